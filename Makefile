@@ -1,0 +1,55 @@
+# kvsieve — plain Makefile. `make` builds the CPU engine (and CUDA when nvcc is found or
+# CUDA=1); `make test` is the single test entry point; `make test SANITIZE=1` runs the CPU
+# suite under ASan + UBSan.
+
+CC      ?= cc
+BUILD   ?= build
+OPT     ?= -O2 -march=x86-64-v2
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter $(OPT) -g -pthread \
+           -fopenmp -Iinclude -Icore -Ilua -Irepl -Itests -I/usr/include/lua5.4
+LDLIBS  += -lm -lpthread
+# Static third-party libraries so the binary runs on the GPU machine (no package manager).
+STATIC_LIBS = /usr/lib/x86_64-linux-gnu/libopenblas.a /usr/lib/x86_64-linux-gnu/libpcre2-8.a \
+              /usr/lib/x86_64-linux-gnu/libutf8proc.a /usr/lib/x86_64-linux-gnu/liblua5.4.a
+# gfortran/quadmath/gomp runtimes statically too (the GPU machine may lack them)
+LDLIBS  += $(STATIC_LIBS) $(shell $(CC) -print-file-name=libgfortran.a) \
+           $(shell $(CC) -print-file-name=libquadmath.a) $(shell $(CC) -print-file-name=libgomp.a) -lm -ldl
+
+ifeq ($(SANITIZE),1)
+  BUILD  := build-san
+  OPT    := -O1
+  CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  LDFLAGS += -fsanitize=address,undefined
+endif
+
+CORE_SRC  := $(wildcard core/*.c)
+LUA_SRC   := $(wildcard lua/*.c)
+REPL_SRC  := $(wildcard repl/*.c)
+TEST_SRC  := $(wildcard tests/*.c)
+LIB_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(CORE_SRC) $(LUA_SRC))
+
+all: $(BUILD)/kvsieve $(BUILD)/ks_tests                         # build everything (CPU)
+
+$(BUILD)/%.o: %.c                                               # compile one C file
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libkvsieve.a: $(LIB_OBJ)                               # the engine as a static library
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/kvsieve: $(patsubst %.c,$(BUILD)/%.o,$(REPL_SRC)) $(BUILD)/libkvsieve.a   # the CLI
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/ks_tests: $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC)) $(BUILD)/libkvsieve.a  # the C test runner
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+test: $(BUILD)/kvsieve $(BUILD)/ks_tests                        # the whole CPU suite
+	KS_BIN=$(BUILD)/kvsieve $(BUILD)/ks_tests
+	@if [ -x tests/run_scripts.sh ]; then KS_BIN=$(BUILD)/kvsieve bash tests/run_scripts.sh; fi
+
+clean:                                                          # remove build outputs
+	rm -rf build build-san
+
+.PHONY: all test clean
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

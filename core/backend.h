@@ -1,0 +1,104 @@
+/* backend.h — the interface every compute backend implements (CPU here, CUDA in kernels/).
+ *
+ * The engine (core/engine.c) drives a forward pass only through these calls, so the same
+ * engine runs on any backend. Contract:
+ *   - Activation buffers come from ->alloc and live in backend memory (host for CPU, device
+ *     for CUDA). Activations are float32 at the interface; a backend may keep weights and
+ *     the KV cache in a narrower type (CUDA: bf16) and accumulate in fp32.
+ *   - Weights are ks_weight handles created from safetensors tensors (any of F32/F16/BF16 on
+ *     disk); the backend converts to its storage type once, at load.
+ *   - Every call returns ks_status and records a message on failure; none aborts.
+ *   - Shapes are given explicitly; row-major throughout. Positions are int32 host arrays
+ *     mirrored by the backend as needed.
+ */
+#ifndef KS_BACKEND_H
+#define KS_BACKEND_H
+
+#include "config.h"
+#include "safetensors.h"
+
+typedef struct ks_backend ks_backend;
+typedef struct ks_weight ks_weight;
+
+/* The KV rows of one layer. Rows may differ between KV heads after per-head retention, so
+ * each head has its own row count and position ids. Storage is backend memory. */
+typedef struct ks_kv_layer {
+    int n_kv_heads, head_dim;
+    int capacity;        /* rows allocated per head */
+    int *n;              /* (n_kv_heads) rows in use per head (host) */
+    int32_t *pos;        /* (n_kv_heads, capacity) position id of each row (host) */
+    void *k;             /* (n_kv_heads, capacity, head_dim) backend storage */
+    void *v;             /* (n_kv_heads, capacity, head_dim) backend storage */
+    void *pos_dev;       /* backend mirror of pos (NULL on CPU) */
+} ks_kv_layer;
+
+/* Attention description shared by prefill and decode. Query row i (of n) sits at position
+ * qpos[i]; key row j of head kv is visible iff pos[kv][j] <= qpos[i] (and, with a sliding
+ * window w > 0, qpos[i] - pos[kv][j] < w). Query head h reads KV head h / (n_heads/n_kv).
+ * Optional per-KV-head index lists restrict the keys (TokenSelect's attend). */
+typedef struct ks_attn_args {
+    int n;                       /* query rows */
+    int n_heads;                 /* query heads */
+    const int32_t *qpos;         /* (n) query positions (host) */
+    float scale;                 /* usually 1/sqrt(head_dim) */
+    int window;                  /* sliding window, 0 = none */
+    const int32_t *const *idx;   /* NULL, or (n_kv_heads) lists of row indices to attend */
+    const int *n_idx;            /* (n_kv_heads) lengths of those lists */
+    int renumber;                /* with idx: keys take positions 0..n_idx-1 for masking */
+} ks_attn_args;
+
+struct ks_backend {
+    const char *name;            /* "cpu", "cuda" */
+    void *ctx;
+
+    /* ---- memory */
+    void *(*alloc)(ks_backend *b, size_t bytes);            /* NULL + KS_ERR_OOM */
+    void (*free)(ks_backend *b, void *p);
+    ks_status (*upload)(ks_backend *b, void *dst, const void *src, size_t bytes);
+    ks_status (*download)(ks_backend *b, void *dst, const void *src, size_t bytes);
+    ks_status (*copy)(ks_backend *b, void *dst, const void *src, size_t bytes);
+    ks_status (*sync)(ks_backend *b);
+
+    /* ---- weights: rows [row0, row0+rows) of a 1-D or 2-D safetensors tensor */
+    ks_status (*weight_create)(ks_backend *b, const ks_st_tensor *t, int64_t row0, int64_t rows, ks_weight **out);
+    void (*weight_free)(ks_backend *b, ks_weight *w);
+
+    /* ---- dense ops (x, y: float32 backend buffers) */
+    /* y (n, out) = x (n, in) @ W^T (W: (out, in)) [+ bias (out)] */
+    ks_status (*matmul)(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias,
+                        int n, int in, int out);
+    /* out (n, dim) = E[ids] ; ids host array */
+    ks_status (*embed)(ks_backend *b, float *out, const ks_weight *E, const int32_t *ids, int n, int dim);
+    /* out (n, dim) = x / rms(x) * w */
+    ks_status (*rmsnorm)(ks_backend *b, float *out, const float *x, const ks_weight *w, int n, int dim, float eps);
+    /* in place: x (n, n_heads, head_dim) rotated by positions pos (n, host) with rotate-half pairing */
+    ks_status (*rope)(ks_backend *b, float *x, int n, int n_heads, const int32_t *pos, const ks_rope *r, int max_pos);
+    /* out (n) = silu(gate) * up, elementwise over n floats (out may alias gate) */
+    ks_status (*swiglu)(ks_backend *b, float *out, const float *gate, const float *up, size_t n);
+    /* x += y over n floats */
+    ks_status (*add)(ks_backend *b, float *x, const float *y, size_t n);
+    /* rows gather: out (k, d) = x[idx] (idx host) */
+    ks_status (*gather_rows)(ks_backend *b, float *out, const float *x, const int32_t *idx, int k, int d);
+
+    /* ---- KV cache */
+    ks_status (*kv_alloc)(ks_backend *b, ks_kv_layer *L, int capacity);
+    void (*kv_free)(ks_backend *b, ks_kv_layer *L);
+    /* append rows: k, v (n, n_kv_heads, head_dim) float32 with positions pos (n) to every head */
+    ks_status (*kv_append)(ks_backend *b, ks_kv_layer *L, const float *k, const float *v, const int32_t *pos, int n);
+    /* keep only rows idx[h][0..cnt[h]) of each head (ascending, unique), compacting in place;
+     * with shrink, reallocate to the new size so the memory is really returned */
+    ks_status (*kv_retain)(ks_backend *b, ks_kv_layer *L, const int32_t *const *idx, const int *cnt, int shrink);
+    /* attention of q (n, n_heads, head_dim) over the layer's rows -> out (n, n_heads*head_dim) */
+    ks_status (*attention)(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a);
+
+    void (*destroy)(ks_backend *b);
+
+    /* ---- counters (bench): time and FLOPs spent in matmul since the last reset */
+    double stat_matmul_s, stat_matmul_flop;
+    int count_stats;              /* 0: don't time (a timed matmul synchronises) */
+};
+
+/* The CPU backend (float32, OpenBLAS, OpenMP threads). n_threads <= 0: all cores. */
+ks_status ks_cpu_backend_create(int n_threads, ks_backend **out);
+
+#endif

@@ -1,0 +1,659 @@
+/* engine.c — the forward pass with policy events, the KV cache, sampling and generation. */
+#include "engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MLP_CHUNK 1024 /* rows per MLP chunk: never n x ffn activations at once */
+
+const char *ks_event_name(ks_event_kind k) {
+    static const char *n[] = {"prefill_qkv", "prefill_layer_end", "prefill_end", "decode_qkv", "token"};
+    return (unsigned)k < KS_EV_COUNT ? n[k] : "?";
+}
+
+/* ================================================================ actions */
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Copy, sort and check a list: in [0, n), no duplicates, k >= 1. */
+static ks_status take_list(const ks_event *ev, const char *action, const int32_t *idx, int k, int n, int32_t **out) {
+    if (k < 1) return ks_errorf(KS_ERR_POLICY, "%s in %s: empty index list", action, ks_event_name(ev->kind));
+    if (!idx) return ks_errorf(KS_ERR_POLICY, "%s in %s: NULL index list", action, ks_event_name(ev->kind));
+    int32_t *c = ks_malloc(sizeof(int32_t) * (size_t)k);
+    if (!c) return KS_ERR_OOM;
+    memcpy(c, idx, sizeof(int32_t) * (size_t)k);
+    qsort(c, (size_t)k, sizeof *c, cmp_i32);
+    for (int i = 0; i < k; i++) {
+        if (c[i] < 0 || c[i] >= n) {
+            ks_status st = ks_errorf(KS_ERR_POLICY, "%s in %s (layer %d): index %d out of range [0, %d)", action,
+                                     ks_event_name(ev->kind), ev->layer, c[i], n);
+            free(c);
+            return st;
+        }
+        if (i && c[i] == c[i - 1]) {
+            ks_status st = ks_errorf(KS_ERR_POLICY, "%s in %s (layer %d): duplicate index %d", action,
+                                     ks_event_name(ev->kind), ev->layer, c[i]);
+            free(c);
+            return st;
+        }
+    }
+    *out = c;
+    return KS_OK;
+}
+
+static ks_status illegal(const ks_event *ev, const char *action) {
+    return ks_errorf(KS_ERR_POLICY, "%s is not allowed in event %s", action, ks_event_name(ev->kind));
+}
+
+ks_status ks_action_restart(ks_event *ev, const int32_t *idx, int k) {
+    if (ev->kind != KS_EV_PREFILL_QKV) return illegal(ev, "restart");
+    if (ev->pass > 0) return ks_errorf(KS_ERR_POLICY, "restart: only one restart per request (already in pass %d)", ev->pass);
+    if (ev->act.restart) return ks_errorf(KS_ERR_POLICY, "restart: asked twice in one event");
+    ks_status st = take_list(ev, "restart", idx, k, ev->n, &ev->act.restart_idx);
+    if (st) return st;
+    ev->act.n_restart = k;
+    ev->act.restart = 1;
+    return KS_OK;
+}
+
+ks_status ks_action_propagate(ks_event *ev, const int32_t *idx, int k) {
+    if (ev->kind != KS_EV_PREFILL_QKV && ev->kind != KS_EV_PREFILL_LAYER_END) return illegal(ev, "propagate");
+    if (ev->act.propagate) return ks_errorf(KS_ERR_POLICY, "propagate: asked twice in one event");
+    ks_status st = take_list(ev, "propagate", idx, k, ev->n, &ev->act.prop_idx);
+    if (st) return st;
+    ev->act.n_prop = k;
+    ev->act.propagate = 1;
+    return KS_OK;
+}
+
+static void free_head_lists(int32_t **l, int *n, int H) {
+    if (l)
+        for (int h = 0; h < H; h++) free(l[h]);
+    free(l);
+    free(n);
+}
+
+/* Per-head lists against each head's row count (rows of the layer after this event's append). */
+static ks_status take_heads(ks_event *ev, const char *action, const int32_t *const *idx, const int *k, int shared,
+                            int32_t ***out, int **nout) {
+    int H = ev->n_kv_heads;
+    int32_t **l = ks_calloc(H, sizeof *l);
+    int *n = ks_calloc(H, sizeof *n);
+    if (!l || !n) { free(l); free(n); return KS_ERR_OOM; }
+    for (int h = 0; h < H; h++) {
+        int rows = ev->kv ? ev->kv->n[h] : ev->n;
+        const int32_t *src = shared ? idx[0] : idx[h];
+        int kh = shared ? k[0] : k[h];
+        ks_status st = take_list(ev, action, src, kh, rows, &l[h]);
+        if (st) { free_head_lists(l, n, H); return st; }
+        n[h] = kh;
+    }
+    *out = l;
+    *nout = n;
+    return KS_OK;
+}
+
+static ks_status retain_common(ks_event *ev, const int32_t *const *idx, const int *k, int shared) {
+    if (ev->kind != KS_EV_PREFILL_QKV && ev->kind != KS_EV_PREFILL_LAYER_END && ev->kind != KS_EV_DECODE_QKV)
+        return illegal(ev, "retain");
+    if (ev->act.retain) return ks_errorf(KS_ERR_POLICY, "retain: asked twice in one event");
+    ks_status st = take_heads(ev, "retain", idx, k, shared, &ev->act.retain_idx, &ev->act.n_retain);
+    if (st) return st;
+    ev->act.retain = 1;
+    return KS_OK;
+}
+ks_status ks_action_retain(ks_event *ev, const int32_t *idx, int k) { return retain_common(ev, &idx, &k, 1); }
+ks_status ks_action_retain_heads(ks_event *ev, const int32_t *const *idx, const int *k) {
+    return retain_common(ev, idx, k, 0);
+}
+
+static ks_status attend_common(ks_event *ev, const int32_t *const *idx, const int *k, int shared, int renumber) {
+    if (ev->kind != KS_EV_DECODE_QKV) return illegal(ev, "attend");
+    if (ev->act.attend) return ks_errorf(KS_ERR_POLICY, "attend: asked twice in one event");
+    ks_status st = take_heads(ev, "attend", idx, k, shared, &ev->act.attend_idx, &ev->act.n_attend);
+    if (st) return st;
+    ev->act.attend = 1;
+    ev->act.renumber = renumber;
+    return KS_OK;
+}
+ks_status ks_action_attend(ks_event *ev, const int32_t *idx, int k, int renumber) {
+    return attend_common(ev, &idx, &k, 1, renumber);
+}
+ks_status ks_action_attend_heads(ks_event *ev, const int32_t *const *idx, const int *k, int renumber) {
+    return attend_common(ev, idx, k, 0, renumber);
+}
+
+ks_status ks_action_stop(ks_event *ev) {
+    if (ev->kind == KS_EV_DECODE_QKV || ev->kind == KS_EV_TOKEN) return illegal(ev, "stop");
+    ev->act.stop = 1;
+    return KS_OK;
+}
+
+static void actions_clear(ks_event *ev) {
+    free(ev->act.restart_idx);
+    free(ev->act.prop_idx);
+    free_head_lists(ev->act.retain_idx, ev->act.n_retain, ev->n_kv_heads);
+    free_head_lists(ev->act.attend_idx, ev->act.n_attend, ev->n_kv_heads);
+    memset(&ev->act, 0, sizeof ev->act);
+}
+
+/* ================================================================ session */
+
+ks_status ks_session_new(ks_model *m, ks_session **out) {
+    ks_session *s = ks_calloc(1, sizeof *s);
+    if (!s) return KS_ERR_OOM;
+    s->m = m;
+    s->be = m->be;
+    s->stopped_at = -1;
+    const ks_config *c = &m->cfg;
+    s->kv = ks_calloc(c->n_layers, sizeof *s->kv);
+    s->logits = ks_malloc(sizeof(float) * c->vocab);
+    s->prop_layer_n = ks_calloc(c->n_layers, sizeof(int));
+    if (!s->kv || !s->logits || !s->prop_layer_n) { ks_session_free_(s); return KS_ERR_OOM; }
+    for (int l = 0; l < c->n_layers; l++) {
+        s->kv[l].n_kv_heads = c->n_kv_heads;
+        s->kv[l].head_dim = c->head_dim;
+    }
+    *out = s;
+    return KS_OK;
+}
+
+void ks_session_reset(ks_session *s) {
+    for (int l = 0; l < s->m->cfg.n_layers; l++) {
+        s->be->kv_free(s->be, &s->kv[l]);
+        s->kv[l].n_kv_heads = s->m->cfg.n_kv_heads;
+        s->kv[l].head_dim = s->m->cfg.head_dim;
+    }
+    s->n_past = 0;
+    s->n_tokens = 0;
+    s->n_prompt = 0;
+    s->restarted = 0;
+    free(s->restart_idx);
+    s->restart_idx = NULL;
+    s->n_restart = 0;
+    s->stopped_at = -1;
+    s->policy_failed = 0;
+    s->policy_error[0] = 0;
+    s->t_prefill = s->t_decode = 0;
+    s->n_decoded = 0;
+}
+
+void ks_session_free_(ks_session *s) {
+    if (!s) return;
+    if (s->kv) {
+        for (int l = 0; l < s->m->cfg.n_layers; l++) s->be->kv_free(s->be, &s->kv[l]);
+        free(s->kv);
+    }
+    free(s->logits);
+    free(s->tokens);
+    free(s->restart_idx);
+    free(s->prop_layer_n);
+    free(s);
+}
+
+static ks_status push_tokens(ks_session *s, const int32_t *ids, int n) {
+    if (s->n_tokens + n > s->cap_tokens) {
+        int cap = KS_MAX(s->n_tokens + n, s->cap_tokens * 2 + 64);
+        int32_t *t = ks_realloc(s->tokens, sizeof(int32_t) * cap);
+        if (!t) return KS_ERR_OOM;
+        s->tokens = t;
+        s->cap_tokens = cap;
+    }
+    memcpy(s->tokens + s->n_tokens, ids, sizeof(int32_t) * n);
+    s->n_tokens += n;
+    return KS_OK;
+}
+
+size_t ks_session_kv_rows(const ks_session *s, int layer) {
+    size_t r = 0;
+    const ks_kv_layer *L = &s->kv[layer];
+    if (!L->n) return 0;
+    for (int h = 0; h < L->n_kv_heads; h++) r += L->n[h];
+    return r;
+}
+
+/* ================================================================ forward */
+
+/* Scratch activations for a forward over n rows. */
+typedef struct fwd_buf {
+    float *x, *xn, *q, *k, *v, *kpre, *att, *tmp, *gate, *up;
+} fwd_buf;
+
+static void fwd_free(ks_backend *be, fwd_buf *b) {
+    float *p[] = {b->x, b->xn, b->q, b->k, b->v, b->kpre, b->att, b->tmp, b->gate, b->up};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        if (p[i]) be->free(be, p[i]);
+    memset(b, 0, sizeof *b);
+}
+
+static ks_status fwd_alloc(ks_backend *be, const ks_config *c, int n, int pre_rope, fwd_buf *b) {
+    size_t D = c->dim, QD = (size_t)c->n_heads * c->head_dim, KD = (size_t)c->n_kv_heads * c->head_dim;
+    size_t ch = (size_t)KS_MIN(n, MLP_CHUNK);
+    memset(b, 0, sizeof *b);
+    b->x = be->alloc(be, sizeof(float) * n * D);
+    b->xn = be->alloc(be, sizeof(float) * n * D);
+    b->q = be->alloc(be, sizeof(float) * n * QD);
+    b->k = be->alloc(be, sizeof(float) * n * KD);
+    b->v = be->alloc(be, sizeof(float) * n * KD);
+    b->att = be->alloc(be, sizeof(float) * n * QD);
+    b->tmp = be->alloc(be, sizeof(float) * n * D);
+    b->gate = be->alloc(be, sizeof(float) * ch * c->ffn);
+    b->up = be->alloc(be, sizeof(float) * ch * c->ffn);
+    if (pre_rope) b->kpre = be->alloc(be, sizeof(float) * n * KD);
+    if (!b->x || !b->xn || !b->q || !b->k || !b->v || !b->att || !b->tmp || !b->gate || !b->up || (pre_rope && !b->kpre)) {
+        fwd_free(be, b);
+        return ks_errorf(KS_ERR_OOM, "%s: out of memory for activations of %d rows", be->name, n);
+    }
+    return KS_OK;
+}
+
+/* Layer body after attention: o-proj, residual, MLP (chunked), residual. x (n, dim) updated. */
+static ks_status layer_tail(ks_session *s, int l, fwd_buf *b, int n) {
+    ks_backend *be = s->be;
+    const ks_config *c = &s->m->cfg;
+    const ks_layer_w *W = &s->m->layers[l];
+    int D = c->dim, QD = c->n_heads * c->head_dim, F = c->ffn;
+    ks_status st;
+    if ((st = be->matmul(be, b->tmp, b->att, W->wo, W->bo, n, QD, D))) return st;
+    if ((st = be->add(be, b->x, b->tmp, (size_t)n * D))) return st;
+    if ((st = be->rmsnorm(be, b->xn, b->x, W->ffn_norm, n, D, c->eps))) return st;
+    for (int r0 = 0; r0 < n; r0 += MLP_CHUNK) {
+        int rn = KS_MIN(MLP_CHUNK, n - r0);
+        const float *xin = b->xn + (size_t)r0 * D;
+        if ((st = be->matmul(be, b->gate, xin, W->w_gate, NULL, rn, D, F))) return st;
+        if ((st = be->matmul(be, b->up, xin, W->w_up, NULL, rn, D, F))) return st;
+        if ((st = be->swiglu(be, b->gate, b->gate, b->up, (size_t)rn * F))) return st;
+        if ((st = be->matmul(be, b->tmp + (size_t)r0 * D, b->gate, W->w_down, NULL, rn, F, D))) return st;
+    }
+    return be->add(be, b->x, b->tmp, (size_t)n * D);
+}
+
+/* q, k, v of n rows at positions pos, RoPE applied; kpre keeps k before RoPE when asked. */
+static ks_status layer_qkv(ks_session *s, int l, fwd_buf *b, int n, const int32_t *pos, int max_pos) {
+    ks_backend *be = s->be;
+    const ks_config *c = &s->m->cfg;
+    const ks_layer_w *W = &s->m->layers[l];
+    int D = c->dim, QD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim;
+    ks_status st;
+    if ((st = be->rmsnorm(be, b->xn, b->x, W->attn_norm, n, D, c->eps))) return st;
+    if ((st = be->matmul(be, b->q, b->xn, W->wq, W->bq, n, D, QD))) return st;
+    if ((st = be->matmul(be, b->k, b->xn, W->wk, W->bk, n, D, KD))) return st;
+    if ((st = be->matmul(be, b->v, b->xn, W->wv, W->bv, n, D, KD))) return st;
+    if (b->kpre && (st = be->copy(be, b->kpre, b->k, sizeof(float) * (size_t)n * KD))) return st;
+    if ((st = be->rope(be, b->q, n, c->n_heads, pos, &c->rope, max_pos))) return st;
+    return be->rope(be, b->k, n, c->n_kv_heads, pos, &c->rope, max_pos);
+}
+
+/* Run one policy handler (if any) and turn its failure into a policy error. */
+static ks_status fire(ks_session *s, ks_event *ev) {
+    const ks_policy *p = s->policy;
+    ks_event_fn fn = p ? p->on[ev->kind] : NULL;
+    if (!fn) return KS_OK;
+    ev->sess = s;
+    ev->generation = ++s->generation;
+    ks_status st = fn(p->ud, ev);
+    ++s->generation; /* views of this event are stale from now on */
+    if (st) {
+        if (st != KS_ERR_POLICY && st != KS_ERR_INTERRUPTED && st != KS_ERR_OOM)
+            st = ks_error_prefix(KS_ERR_POLICY, "policy %s", p->name ? p->name : "?");
+        return st;
+    }
+    return KS_OK;
+}
+
+static void event_init(ks_session *s, ks_event *ev, ks_event_kind kind, int layer, int pass, int n) {
+    const ks_config *c = &s->m->cfg;
+    memset(ev, 0, sizeof *ev);
+    ev->kind = kind;
+    ev->layer = layer;
+    ev->pass = pass;
+    ev->n = n;
+    ev->n_prompt = s->n_prompt;
+    ev->n_heads = c->n_heads;
+    ev->n_kv_heads = c->n_kv_heads;
+    ev->head_dim = c->head_dim;
+    ev->dim = c->dim;
+    ev->n_layers = c->n_layers;
+    ev->be = s->be;
+}
+
+static ks_status check_interrupt(ks_session *s) {
+    if (s->interrupt && *s->interrupt) return ks_errorf(KS_ERR_INTERRUPTED, "interrupted");
+    return KS_OK;
+}
+
+/* Logits of row `row` of x: final norm + lm_head, into s->logits (host). */
+static ks_status head_logits(ks_session *s, fwd_buf *b, int row) {
+    ks_backend *be = s->be;
+    const ks_config *c = &s->m->cfg;
+    ks_status st;
+    float *xr = b->x + (size_t)row * c->dim;
+    if ((st = be->rmsnorm(be, b->xn, xr, s->m->final_norm, 1, c->dim, c->eps))) return st;
+    float *lg = be->alloc(be, sizeof(float) * c->vocab);
+    if (!lg) return KS_ERR_OOM;
+    st = be->matmul(be, lg, b->xn, s->m->lm_head, NULL, 1, c->dim, c->vocab);
+    if (!st) st = be->download(be, s->logits, lg, sizeof(float) * c->vocab);
+    be->free(be, lg);
+    return st;
+}
+
+/* Validate retention lists against the layer as it is now and apply them. */
+static ks_status apply_retain(ks_session *s, int l, ks_event *ev) {
+    ks_kv_layer *L = &s->kv[l];
+    for (int h = 0; h < L->n_kv_heads; h++)
+        if (ev->act.retain_idx[h][ev->act.n_retain[h] - 1] >= L->n[h])
+            return ks_errorf(KS_ERR_POLICY, "retain at layer %d: row %d out of range for KV head %d (%d rows)", l,
+                             ev->act.retain_idx[h][ev->act.n_retain[h] - 1], h, L->n[h]);
+    return s->be->kv_retain(s->be, L, (const int32_t *const *)ev->act.retain_idx, ev->act.n_retain, 1);
+}
+
+ks_status ks_session_prefill(ks_session *s, const int32_t *ids_in, int n_in) {
+    const ks_config *c = &s->m->cfg;
+    ks_backend *be = s->be;
+    if (n_in < 1) return ks_errorf(KS_ERR_ARG, "prefill: empty prompt");
+    if (s->n_past + n_in > c->max_pos)
+        return ks_errorf(KS_ERR_CONTEXT, "prompt of %d tokens (after %d) exceeds the model's context of %d tokens",
+                         n_in, s->n_past, c->max_pos);
+    for (int i = 0; i < n_in; i++)
+        if (ids_in[i] < 0 || ids_in[i] >= c->vocab)
+            return ks_errorf(KS_ERR_ARG, "prefill: token id %d at index %d out of range [0, %d)", ids_in[i], i, c->vocab);
+    double t0 = ks_now();
+    ks_status st = push_tokens(s, ids_in, n_in);
+    if (st) return st;
+    if (s->n_prompt == 0) s->n_prompt = n_in;
+    s->stopped_at = -1;
+
+    const ks_policy *pol = s->policy;
+    int base = s->n_past, pass = 0;
+    int n = n_in;
+    int32_t *ids = ks_malloc(sizeof(int32_t) * n), *pos = ks_malloc(sizeof(int32_t) * n),
+            *orig = ks_malloc(sizeof(int32_t) * n);
+    fwd_buf b = {0};
+    ks_event ev;
+    memset(&ev, 0, sizeof ev);
+    if (!ids || !pos || !orig) { st = KS_ERR_OOM; goto out; }
+    for (int i = 0; i < n; i++) { ids[i] = ids_in[i]; pos[i] = base + i; orig[i] = i; }
+
+restart:
+    if ((st = fwd_alloc(be, c, n, pol && pol->want_pre_rope_keys, &b))) goto out;
+    if ((st = be->embed(be, b.x, s->m->embed, ids, n, c->dim))) goto out;
+    for (int l = 0; l < c->n_layers; l++) {
+        if ((st = check_interrupt(s))) goto out;
+        int max_pos = pos[n - 1];
+        for (int i = 0; i < n; i++) max_pos = KS_MAX(max_pos, pos[i]);
+        if ((st = layer_qkv(s, l, &b, n, pos, max_pos))) goto out;
+        int stop = 0, propagate = 0;
+        ks_event keep; /* actions carried past attention */
+        memset(&keep, 0, sizeof keep);
+        if (pol && pol->on[KS_EV_PREFILL_QKV]) {
+            event_init(s, &ev, KS_EV_PREFILL_QKV, l, pass, n);
+            ev.q = b.q; ev.k = b.k; ev.v = b.v; ev.k_pre = b.kpre;
+            ev.pos = pos; ev.ids = ids; ev.orig = orig; ev.kv = NULL;
+            if ((st = fire(s, &ev))) goto out;
+            if (ev.act.restart) {
+                /* abandon this pass: fresh prefill on the chosen ids, positions renumbered */
+                int k = ev.act.n_restart;
+                for (int i = 0; i < k; i++) {
+                    int j = ev.act.restart_idx[i];
+                    ids[i] = ids[j];
+                    orig[i] = orig[j];
+                    pos[i] = base + i;
+                }
+                free(s->restart_idx);
+                s->restart_idx = ks_malloc(sizeof(int32_t) * k);
+                if (!s->restart_idx) { st = KS_ERR_OOM; goto out; }
+                memcpy(s->restart_idx, orig, sizeof(int32_t) * k);
+                s->n_restart = k;
+                s->restarted = 1;
+                n = k;
+                actions_clear(&ev);
+                fwd_free(be, &b);
+                for (int j = 0; j <= l; j++) {
+                    /* drop what this pass appended */
+                    be->kv_free(be, &s->kv[j]);
+                    s->kv[j].n_kv_heads = c->n_kv_heads;
+                    s->kv[j].head_dim = c->head_dim;
+                }
+                pass++;
+                goto restart;
+            }
+            keep.act = ev.act;
+            memset(&ev.act, 0, sizeof ev.act);
+        }
+        if ((st = be->kv_append(be, &s->kv[l], b.k, b.v, pos, n))) { ev.act = keep.act; actions_clear(&ev); goto out; }
+        ks_attn_args aa = {.n = n, .n_heads = c->n_heads, .qpos = pos, .scale = 1.0f / sqrtf((float)c->head_dim),
+                           .window = c->sliding_window};
+        if ((st = be->attention(be, b.att, b.q, &s->kv[l], &aa))) { ev.act = keep.act; actions_clear(&ev); goto out; }
+        if ((st = layer_tail(s, l, &b, n))) { ev.act = keep.act; actions_clear(&ev); goto out; }
+        if (pol && pol->on[KS_EV_PREFILL_LAYER_END]) {
+            event_init(s, &ev, KS_EV_PREFILL_LAYER_END, l, pass, n);
+            ev.hidden = b.x; ev.pos = pos; ev.ids = ids; ev.orig = orig; ev.kv = &s->kv[l];
+            ev.act = keep.act; /* actions accumulate; a second ask of the same one is an error */
+            memset(&keep.act, 0, sizeof keep.act);
+            st = fire(s, &ev);
+            keep.act = ev.act;
+            memset(&ev.act, 0, sizeof ev.act);
+            if (st) { ev.act = keep.act; actions_clear(&ev); goto out; }
+        }
+        ev.act = keep.act;
+        ev.n_kv_heads = c->n_kv_heads;
+        if (ev.act.retain && (st = apply_retain(s, l, &ev))) { actions_clear(&ev); goto out; }
+        if (ev.act.propagate) {
+            int k = ev.act.n_prop;
+            const int32_t *ix = ev.act.prop_idx;
+            if ((st = be->gather_rows(be, b.x, b.x, ix, k, c->dim))) { actions_clear(&ev); goto out; }
+            for (int i = 0; i < k; i++) { ids[i] = ids[ix[i]]; pos[i] = pos[ix[i]]; orig[i] = orig[ix[i]]; }
+            n = k;
+            propagate = 1;
+        }
+        stop = ev.act.stop;
+        actions_clear(&ev);
+        s->prop_layer_n[l] = n;
+        (void)propagate;
+        if (stop) { s->stopped_at = l; break; }
+    }
+    if ((st = head_logits(s, &b, n - 1))) goto out;
+    s->n_past = pos[n - 1] + 1;
+    if (pol && pol->on[KS_EV_PREFILL_END]) {
+        event_init(s, &ev, KS_EV_PREFILL_END, -1, pass, n);
+        ev.pos = pos; ev.ids = ids; ev.orig = orig;
+        st = fire(s, &ev);
+        if (!st && (ev.act.restart || ev.act.propagate || ev.act.retain || ev.act.attend))
+            st = ks_errorf(KS_ERR_INTERNAL, "prefill_end: unexpected action");
+        actions_clear(&ev);
+    }
+out:
+    fwd_free(be, &b);
+    free(ids);
+    free(pos);
+    free(orig);
+    s->t_prefill += ks_now() - t0;
+    return st;
+}
+
+ks_status ks_session_decode(ks_session *s, int32_t id) {
+    const ks_config *c = &s->m->cfg;
+    ks_backend *be = s->be;
+    if (id < 0 || id >= c->vocab) return ks_errorf(KS_ERR_ARG, "decode: token id %d out of range [0, %d)", id, c->vocab);
+    if (s->n_past + 1 > c->max_pos)
+        return ks_errorf(KS_ERR_CONTEXT, "decode: position %d exceeds the model's context of %d tokens", s->n_past, c->max_pos);
+    double t0 = ks_now();
+    const ks_policy *pol = s->policy;
+    int32_t pos = s->n_past;
+    fwd_buf b;
+    ks_event ev;
+    memset(&ev, 0, sizeof ev);
+    ks_status st = fwd_alloc(be, c, 1, pol && pol->want_pre_rope_keys, &b);
+    if (st) return st;
+    if ((st = push_tokens(s, &id, 1))) goto out;
+    if ((st = be->embed(be, b.x, s->m->embed, &id, 1, c->dim))) goto out;
+    for (int l = 0; l < c->n_layers; l++) {
+        if ((st = layer_qkv(s, l, &b, 1, &pos, pos))) goto out;
+        if ((st = be->kv_append(be, &s->kv[l], b.k, b.v, &pos, 1))) goto out;
+        ks_attn_args aa = {.n = 1, .n_heads = c->n_heads, .qpos = &pos, .scale = 1.0f / sqrtf((float)c->head_dim),
+                           .window = c->sliding_window};
+        int have_ev = 0;
+        if (pol && pol->on[KS_EV_DECODE_QKV]) {
+            event_init(s, &ev, KS_EV_DECODE_QKV, l, 0, 1);
+            ev.q = b.q; ev.k = b.k; ev.v = b.v; ev.k_pre = b.kpre;
+            ev.pos = &pos; ev.ids = &id; ev.kv = &s->kv[l];
+            if ((st = fire(s, &ev))) { actions_clear(&ev); goto out; }
+            have_ev = 1;
+            if (ev.act.attend) {
+                aa.idx = (const int32_t *const *)ev.act.attend_idx;
+                aa.n_idx = ev.act.n_attend;
+                aa.renumber = ev.act.renumber;
+            }
+        }
+        st = be->attention(be, b.att, b.q, &s->kv[l], &aa);
+        if (!st && have_ev && ev.act.retain) st = apply_retain(s, l, &ev);
+        if (have_ev) actions_clear(&ev);
+        if (st) goto out;
+        if ((st = layer_tail(s, l, &b, 1))) goto out;
+    }
+    if ((st = head_logits(s, &b, 0))) goto out;
+    s->n_past++;
+out:
+    fwd_free(be, &b);
+    s->t_decode += ks_now() - t0;
+    return st;
+}
+
+/* ================================================================ sampling */
+
+static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void ks_sampler_init(ks_sampler *s, float temperature, float top_p, uint64_t seed) {
+    s->temperature = temperature;
+    s->top_p = top_p <= 0 || top_p > 1 ? 1 : top_p;
+    s->seed = seed;
+    s->state = seed;
+}
+
+typedef struct { float p; int32_t id; } prob_id;
+static int cmp_prob(const void *a, const void *b) {
+    const prob_id *x = a, *y = b;
+    if (x->p != y->p) return x->p < y->p ? 1 : -1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+int32_t ks_sample(ks_sampler *s, const float *logits, int vocab) {
+    int32_t best = 0;
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (s->temperature <= 0) return best;
+    prob_id *pi = malloc(sizeof(prob_id) * vocab);
+    if (!pi) return best;
+    double sum = 0, mx = logits[best];
+    for (int i = 0; i < vocab; i++) {
+        pi[i].p = (float)exp((logits[i] - mx) / s->temperature);
+        pi[i].id = i;
+        sum += pi[i].p;
+    }
+    qsort(pi, vocab, sizeof *pi, cmp_prob);
+    double cum = 0;
+    int keep = vocab;
+    for (int i = 0; i < vocab; i++) {
+        cum += pi[i].p / sum;
+        if (cum >= s->top_p) { keep = i + 1; break; }
+    }
+    double mass = 0;
+    for (int i = 0; i < keep; i++) mass += pi[i].p;
+    double r = (double)(rng_next(&s->state) >> 11) * (1.0 / 9007199254740992.0) * mass;
+    int32_t out = pi[keep - 1].id;
+    for (int i = 0; i < keep; i++) {
+        r -= pi[i].p;
+        if (r < 0) { out = pi[i].id; break; }
+    }
+    free(pi);
+    return out;
+}
+
+/* ================================================================ generation */
+
+static int is_eos(const ks_config *c, int32_t id) {
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos[i] == id) return 1;
+    return 0;
+}
+
+/* Longest prefix of s (len n) that is complete UTF-8. */
+static size_t utf8_complete(const char *s, size_t n) {
+    size_t i = n, back = 0;
+    while (i > 0 && back < 4) {
+        unsigned char ch = (unsigned char)s[i - 1];
+        if ((ch & 0xC0) != 0x80) {
+            size_t need = ch < 0x80 ? 1 : (ch >> 5) == 6 ? 2 : (ch >> 4) == 14 ? 3 : (ch >> 3) == 30 ? 4 : 1;
+            return (back + 1 >= need) ? n : i - 1;
+        }
+        i--;
+        back++;
+    }
+    return n;
+}
+
+ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks_gen_params *p, ks_token_cb cb,
+                              void *ud, int32_t **out_ids, int *n_out) {
+    const ks_config *c = &s->m->cfg;
+    if (out_ids) *out_ids = NULL;
+    if (n_out) *n_out = 0;
+    if (p->max_new < 0) return ks_errorf(KS_ERR_ARG, "generate: max_new must be >= 0");
+    ks_status st = ks_session_prefill(s, ids, n);
+    if (st) return st;
+    ks_sampler smp;
+    ks_sampler_init(&smp, p->temperature, p->top_p, p->seed);
+    int32_t *gen = ks_malloc(sizeof(int32_t) * (p->max_new + 1));
+    if (!gen) return KS_ERR_OOM;
+    int ng = 0;
+    size_t emitted = 0; /* bytes of decoded text already streamed */
+    for (int t = 0; t < p->max_new; t++) {
+        int32_t id = ks_sample(&smp, s->logits, c->vocab);
+        gen[ng++] = id;
+        if (s->policy && s->policy->on[KS_EV_TOKEN]) {
+            ks_event ev;
+            event_init(s, &ev, KS_EV_TOKEN, -1, 0, 1);
+            ev.token = id;
+            st = fire(s, &ev);
+            actions_clear(&ev);
+            if (st) break;
+        }
+        int eos = p->stop_at_eos && is_eos(c, id);
+        if (cb) {
+            const char *piece = "";
+            char *text = NULL;
+            size_t len = 0;
+            if (s->m->tok && !eos) {
+                if (ks_tokenizer_decode(s->m->tok, gen, ng, 1, &text, &len) == KS_OK) {
+                    size_t ok = utf8_complete(text, len);
+                    if (ok > emitted) {
+                        text[ok] = 0;
+                        piece = text + emitted;
+                        emitted = ok;
+                    }
+                }
+            }
+            int stop = cb(ud, id, piece);
+            free(text);
+            if (stop) break;
+        }
+        if (eos) break;
+        if (t + 1 == p->max_new) break;
+        if ((st = check_interrupt(s))) break;
+        if ((st = ks_session_decode(s, id))) break;
+        s->n_decoded++;
+    }
+    if (out_ids) *out_ids = gen;
+    else free(gen);
+    if (n_out) *n_out = ng;
+    return st;
+}

@@ -1,0 +1,98 @@
+/* policy.h — the engine's policy interface: a struct of optional event handlers.
+ *
+ * A policy reacts to engine events and may ask for actions. C policies fill ks_policy
+ * directly; the Lua binding fills it with trampolines. A NULL handler costs nothing: the
+ * engine neither builds the event nor computes anything for it. Handlers return KS_OK or
+ * an error status with a message (ks_errorf); the engine stops the request (or falls back
+ * to full attention when the session asks for that).
+ *
+ * Events (DESIGN.md "One request, as data"):
+ *   PREFILL_QKV(l)       after RoPE at layer l: q, k, v, positions, ids of the active rows
+ *   PREFILL_LAYER_END(l) after layer l's MLP: hidden rows
+ *   PREFILL_END          after the last layer, before sampling the first token
+ *   DECODE_QKV(l)        one decode step at layer l, after the new row was appended
+ *   TOKEN                a token was sampled
+ *
+ * Actions (validated when asked: legal in this event, indices in range, no duplicates):
+ *   restart(idx)    PREFILL_QKV, first pass only: prefill again on ids[idx], positions 0..k-1
+ *   propagate(idx)  PREFILL_QKV / PREFILL_LAYER_END: after this layer only rows idx go on
+ *                   (original positions kept)
+ *   retain(idx)     PREFILL_QKV / PREFILL_LAYER_END / DECODE_QKV: the layer keeps only these
+ *                   KV rows (shared list, or one list per KV head); the rest are freed after
+ *                   this layer's attention
+ *   attend(idx)     DECODE_QKV: this step attends only these rows of the layer (per KV head
+ *                   or shared), optionally renumbering key positions 0..k-1
+ *   stop()          any prefill event: end the forward pass here
+ * Index lists may be given in any order; the engine sorts them ascending.
+ */
+#ifndef KS_POLICY_H
+#define KS_POLICY_H
+
+#include "backend.h"
+
+typedef enum ks_event_kind {
+    KS_EV_PREFILL_QKV = 0,
+    KS_EV_PREFILL_LAYER_END,
+    KS_EV_PREFILL_END,
+    KS_EV_DECODE_QKV,
+    KS_EV_TOKEN,
+    KS_EV_COUNT
+} ks_event_kind;
+
+const char *ks_event_name(ks_event_kind k);
+
+typedef struct ks_session ks_session;
+
+/* What a handler asked for (filled by ks_action_*; read by the engine). */
+typedef struct ks_actions {
+    int restart, propagate, retain, attend, stop, renumber;
+    int32_t *restart_idx; int n_restart;          /* sorted */
+    int32_t *prop_idx; int n_prop;                /* sorted */
+    int32_t **retain_idx; int *n_retain;          /* (n_kv_heads) sorted lists */
+    int32_t **attend_idx; int *n_attend;          /* (n_kv_heads) sorted lists */
+} ks_actions;
+
+typedef struct ks_event {
+    ks_event_kind kind;
+    int layer;               /* -1 for PREFILL_END / TOKEN */
+    int pass;                /* 0, or 1 after a restart */
+    int n;                   /* active rows (prefill) or 1 (decode) */
+    int n_prompt;            /* tokens in the original prompt */
+    int n_heads, n_kv_heads, head_dim, dim, n_layers;
+    const ks_backend *be;
+    const float *q;          /* (n, n_heads, head_dim) post-RoPE, backend memory */
+    const float *k;          /* (n, n_kv_heads, head_dim) post-RoPE */
+    const float *v;          /* (n, n_kv_heads, head_dim) */
+    const float *k_pre;      /* (n, n_kv_heads, head_dim) pre-RoPE keys (when the policy asked) */
+    const float *hidden;     /* PREFILL_LAYER_END: (n, dim) */
+    const int32_t *pos;      /* (n) positions of the active rows (host) */
+    const int32_t *ids;      /* (n) token ids of the active rows (host) */
+    const int32_t *orig;     /* (n) each active row's index in the prompt as given (host) */
+    const ks_kv_layer *kv;   /* the layer's KV rows (NULL for PREFILL_END / TOKEN) */
+    int32_t token;           /* TOKEN: the sampled id */
+    ks_session *sess;
+    unsigned generation;     /* bumped after each event: views with an older one are stale */
+    ks_actions act;
+} ks_event;
+
+typedef ks_status (*ks_event_fn)(void *ud, ks_event *ev);
+
+typedef struct ks_policy {
+    const char *name;
+    void *ud;
+    ks_event_fn on[KS_EV_COUNT];   /* NULL = not handled: costs nothing */
+    int want_pre_rope_keys;        /* keep pre-RoPE keys available to events (TokenSelect) */
+    void (*free)(void *ud);        /* called by ks_policy_free */
+} ks_policy;
+
+/* Actions. Each validates and records; errors are KS_ERR_POLICY with a message naming the
+ * action, the event and the bad value. Lists are copied. */
+ks_status ks_action_restart(ks_event *ev, const int32_t *idx, int k);
+ks_status ks_action_propagate(ks_event *ev, const int32_t *idx, int k);
+ks_status ks_action_retain(ks_event *ev, const int32_t *idx, int k);
+ks_status ks_action_retain_heads(ks_event *ev, const int32_t *const *idx, const int *k);
+ks_status ks_action_attend(ks_event *ev, const int32_t *idx, int k, int renumber);
+ks_status ks_action_attend_heads(ks_event *ev, const int32_t *const *idx, const int *k, int renumber);
+ks_status ks_action_stop(ks_event *ev);
+
+#endif

@@ -1,0 +1,96 @@
+/* cmd_bench.c — `kvsieve bench`: prefill / decode speed per context length, the linear
+ * layers' GFLOP/s next to what the backend's GEMM alone reaches on the same shapes. */
+#include "cli.h"
+#include "engine.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* GFLOP/s of plain sgemm over the model's linear shapes with n rows (the ceiling). */
+static double sgemm_ceiling(const ks_config *c, int n) {
+    int QD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim;
+    int shapes[][2] = {{c->dim, QD}, {c->dim, KD}, {c->dim, KD}, {QD, c->dim}, {c->dim, c->ffn}, {c->dim, c->ffn}, {c->ffn, c->dim}};
+    size_t maxw = 0;
+    for (int i = 0; i < 7; i++) maxw = KS_MAX(maxw, (size_t)shapes[i][0] * shapes[i][1]);
+    size_t maxin = (size_t)n * KS_MAX(KS_MAX(c->dim, QD), c->ffn);
+    float *W = malloc(sizeof(float) * maxw), *x = malloc(sizeof(float) * maxin), *y = malloc(sizeof(float) * maxin);
+    if (!W || !x || !y) { free(W); free(x); free(y); return 0; }
+    uint64_t r = 12345;
+    for (size_t i = 0; i < maxw; i++) { r = r * 6364136223846793005ull + 1; W[i] = ((r >> 40) / 16777216.0f - 0.5f) * 0.1f; }
+    for (size_t i = 0; i < maxin; i++) { r = r * 6364136223846793005ull + 1; x[i] = (r >> 40) / 16777216.0f - 0.5f; }
+    double flop = 0, t = 0;
+    for (int rep = 0; rep < 2; rep++) {
+        flop = 0;
+        double t0 = ks_now();
+        for (int i = 0; i < 7; i++) {
+            int in = shapes[i][0], out = shapes[i][1];
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+            flop += 2.0 * n * in * out;
+        }
+        t = ks_now() - t0; /* the second repetition counts (warm) */
+    }
+    free(W); free(x); free(y);
+    return flop / t / 1e9;
+}
+
+int ks_cli_bench(int argc, char **argv) {
+    const char *model = NULL, *lengths = "128,512,1024", *backend = NULL;
+    int gen = 16;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "-m") && v) { model = v; i++; }
+        else if (!strcmp(argv[i], "--lengths") && v) { lengths = v; i++; }
+        else if (!strcmp(argv[i], "--gen") && v) { gen = atoi(v); i++; }
+        else if (!strcmp(argv[i], "--backend") && v) { backend = v; i++; }
+        else { fprintf(stderr, "kvsieve: bench: unknown or incomplete option %s\n", argv[i]); return 2; }
+    }
+    if (!model) { fprintf(stderr, "kvsieve: bench needs -m DIR\n"); return 2; }
+    ks_model *m;
+    if (ks_model_open(model, backend, &m)) return ks_cli_fail("cannot load model");
+    const ks_config *c = &m->cfg;
+    ks_session *s;
+    if (ks_session_new(m, &s)) { ks_model_close(m); return ks_cli_fail("session"); }
+    printf("kvsieve bench: %s (%s, %d layers, dim %d, %zu M params) on %s\n", model, ks_arch_name(c->arch), c->n_layers,
+           c->dim, m->n_params / 1000000, m->be->name);
+    printf("%8s %12s %12s %14s %14s %10s %12s\n", "tokens", "prefill_s", "prefill_t/s", "linear_GF/s", "sgemm_GF/s",
+           "linear%", "decode_t/s");
+    int rc = 0;
+    char *list = strdup(lengths);
+    for (char *tk = strtok(list, ","); tk; tk = strtok(NULL, ",")) {
+        int L = atoi(tk);
+        if (L < 1 || L + gen > c->max_pos) { fprintf(stderr, "kvsieve: bench: length %d out of the model's context %d\n", L, c->max_pos); rc = 2; break; }
+        int32_t *ids = malloc(sizeof(int32_t) * L);
+        uint64_t r = 99;
+        for (int i = 0; i < L; i++) { r = r * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((r >> 33) % c->vocab); }
+        /* warm-up on a short prompt, then the timed run */
+        ks_session_reset(s);
+        ks_session_prefill(s, ids, KS_MIN(L, 16));
+        ks_session_reset(s);
+        m->be->stat_matmul_s = m->be->stat_matmul_flop = 0;
+        m->be->count_stats = 1;
+        double t0 = ks_now();
+        ks_status st = ks_session_prefill(s, ids, L);
+        double tp = ks_now() - t0;
+        double lin_gf = m->be->stat_matmul_flop / m->be->stat_matmul_s / 1e9;
+        m->be->count_stats = 0;
+        if (st) { free(ids); rc = ks_cli_fail("prefill"); break; }
+        ks_sampler smp;
+        ks_sampler_init(&smp, 0, 1, 0);
+        double t1 = ks_now();
+        for (int g = 0; g < gen && !st; g++) st = ks_session_decode(s, ks_sample(&smp, s->logits, c->vocab));
+        double td = ks_now() - t1;
+        free(ids);
+        if (st) { rc = ks_cli_fail("decode"); break; }
+        double ceil = sgemm_ceiling(c, L);
+        printf("%8d %12.3f %12.1f %14.1f %14.1f %9.0f%% %12.1f\n", L, tp, L / tp, lin_gf, ceil, 100 * lin_gf / ceil,
+               gen > 0 ? gen / td : 0.0);
+    }
+    free(list);
+    printf("peak memory %.1f MiB\n", ks_peak_rss() / 1048576.0);
+    ks_session_free_(s);
+    ks_model_close(m);
+    return rc;
+}

@@ -1,0 +1,29 @@
+/* testutil.h — helpers for tests: temp folders, files, a safetensors writer and a tiny
+ * random-weight Llama model writer (with knobs to corrupt it). */
+#ifndef KS_TESTUTIL_H
+#define KS_TESTUTIL_H
+#include <stddef.h>
+#include <stdint.h>
+
+int kt_tmpdir(char *out, size_t n);                       /* mkdtemp under /tmp */
+int kt_rmdir(const char *dir);                            /* rm -r (files one level deep) */
+int kt_write_file(const char *dir, const char *name, const char *text);
+int kt_truncate(const char *dir, const char *name, long size);
+int kt_poke_u64(const char *dir, const char *name, long offset, uint64_t value);
+
+/* One tensor to write. dtype "F32", "BF16", "F16" or "I32"; data is float32 (converted). */
+typedef struct kt_tensor { const char *name, *dtype; int ndim; int64_t shape[4]; const float *data; } kt_tensor;
+int kt_write_safetensors(const char *path, const kt_tensor *t, int n);
+
+typedef struct kt_tiny_cfg {
+    const char *model_type;   /* "llama" */
+    int dim, n_layers, n_heads, n_kv_heads, ffn, vocab, max_pos;
+    int tied;
+    unsigned seed;
+    int bad_shape, bad_dtype, drop_tensor; /* corruptions */
+} kt_tiny_cfg;
+kt_tiny_cfg kt_tiny_default(void);
+/* Write config.json + model.safetensors (random weights, never zero) into dir. */
+int kt_write_tiny_model(const char *dir, const kt_tiny_cfg *c);
+
+#endif
