@@ -44,12 +44,20 @@ $(BUILD)/kvsieve: $(patsubst %.c,$(BUILD)/%.o,$(REPL_SRC)) $(BUILD)/libkvsieve.a
 $(BUILD)/ks_tests: $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC)) $(BUILD)/libkvsieve.a  # the C test runner
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-test: $(BUILD)/kvsieve $(BUILD)/ks_tests                        # the whole CPU suite
+deps:                                                           # install missing Debian packages (as root)
+	@bash tools/deps.sh
+
+test: deps                                                      # the whole CPU suite (the README's test command)
+	@$(MAKE) --no-print-directory $(BUILD)/kvsieve $(BUILD)/ks_tests
+	@bash tests/tokenizer/setup.sh
 	KS_BIN=$(BUILD)/kvsieve $(BUILD)/ks_tests
-	@if [ -x tests/run_scripts.sh ]; then KS_BIN=$(BUILD)/kvsieve bash tests/run_scripts.sh; fi
+
+demo: deps                                                      # the main job on the embedded default (CPU)
+	@$(MAKE) --no-print-directory $(BUILD)/kvsieve
+	$(BUILD)/kvsieve generate -m ../shared/models/stories260K -p "Once upon a time" -n 64
 
 clean:                                                          # remove build outputs
 	rm -rf build build-san
 
-.PHONY: all test clean
+.PHONY: all deps test demo clean
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -367,6 +367,10 @@ ks_status ks_session_prefill(ks_session *s, const int32_t *ids_in, int n_in) {
     if (st) return st;
     if (s->n_prompt == 0) s->n_prompt = n_in;
     s->stopped_at = -1;
+    if (s->n_past == 0 && s->policy && s->policy->begin) {
+        st = s->policy->begin(s->policy->ud, s);
+        if (st) return st == KS_ERR_POLICY ? st : ks_error_prefix(KS_ERR_POLICY, "policy %s", s->policy->name);
+    }
 
     const ks_policy *pol = s->policy;
     int base = s->n_past, pass = 0;

@@ -82,6 +82,8 @@ typedef struct ks_policy {
     void *ud;
     ks_event_fn on[KS_EV_COUNT];   /* NULL = not handled: costs nothing */
     int want_pre_rope_keys;        /* keep pre-RoPE keys available to events (TokenSelect) */
+    /* called at the start of each request (fresh session state), before any event; NULL = none */
+    ks_status (*begin)(void *ud, ks_session *s);
     void (*free)(void *ud);        /* called by ks_policy_free */
 } ks_policy;
 

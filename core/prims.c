@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -38,9 +39,11 @@ static ks_status mul_size(const char *prim, int64_t a, int64_t b, int64_t *out) 
 static inline uint32_t f32_key(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0; /* NaN */
-    if ((u & 0x7fffffffu) == 0) u = 0;             /* -0.0 -> +0.0 */
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    /* branch-free (random signs would mispredict): negatives flip all bits, positives the sign */
+    uint32_t key = u ^ ((uint32_t)-(int32_t)(u >> 31) | 0x80000000u);
+    uint32_t mag = u & 0x7fffffffu;
+    key = mag == 0 ? 0x80000000u : key; /* -0.0 -> +0.0 */
+    return mag > 0x7f800000u ? 0 : key; /* NaN */
 }
 
 /* Stable ascending sort of (key, val) pairs by key; val may be NULL. tk, tv: scratch of n
@@ -447,37 +450,41 @@ ks_status ks_cpu_pool1d(const float *x, int64_t rows, int64_t n, int64_t kernel,
 /* ================================================================ top-k and ordering */
 
 /* Top k of one row (0 < k < n, or k == n). oi receives the winners in ascending index
- * order; kk (k) their keys; tk/tv (k) scratch for the value-order sort. */
+ * order; kk (k) their keys; tk/tv (k) scratch for the value-order sort; hist (65536) scratch. */
 static void topk_row(const float *x, int64_t n, int64_t k, ks_topk_order order, int32_t *oi, float *ov, uint32_t *kk,
-                     uint32_t *tk, int32_t *tv) {
+                     uint32_t *tk, int32_t *tv, uint32_t *hist) {
     uint32_t thr = 0; /* the k-th largest key */
     int64_t need = k; /* how many keys equal to thr are taken (lowest indices first) */
     if (k < n) {
-        /* Radix select, most significant byte first, among keys that match the prefix so far. */
-        uint32_t prefix = 0, mask = 0;
-        for (int shift = 24; shift >= 0; shift -= 8) {
-            int64_t cnt[256];
-            memset(cnt, 0, sizeof cnt);
-            for (int64_t i = 0; i < n; i++) {
-                uint32_t u = f32_key(x[i]);
-                if ((u & mask) == prefix) cnt[(u >> shift) & 255]++;
-            }
-            int v = 255;
-            for (; v > 0 && cnt[v] < need; v--) need -= cnt[v];
-            prefix |= (uint32_t)v << shift;
-            mask |= 255u << shift;
+        /* Radix select, most significant digit first, among keys that match the prefix so far.
+         * Long rows use 2 x 16-bit digits (fewer passes, and a wide first histogram so that
+         * same-bucket increments do not serialise); short rows 4 x 8-bit (small histogram). */
+        int bits = n >= (1 << 16) ? 16 : 8;
+        uint32_t nb = 1u << bits, prefix = 0, mask = 0;
+        for (int shift = 32 - bits; shift >= 0; shift -= bits) {
+            memset(hist, 0, nb * sizeof *hist);
+            if (mask == 0)
+                for (int64_t i = 0; i < n; i++) hist[f32_key(x[i]) >> shift]++;
+            else
+                for (int64_t i = 0; i < n; i++) {
+                    uint32_t u = f32_key(x[i]);
+                    if ((u & mask) == prefix) hist[(u >> shift) & (nb - 1)]++;
+                }
+            uint32_t v = nb - 1;
+            for (; v > 0 && hist[v] < need; v--) need -= hist[v];
+            prefix |= v << shift;
+            mask |= (nb - 1) << shift;
         }
         thr = prefix;
     }
     int64_t t = 0;
-    for (int64_t i = 0; i < n && t < k; i++) {
+    for (int64_t i = 0; i < n && t < k; i++) { /* branch-free: slot t is written, kept if taken */
         uint32_t u = f32_key(x[i]);
-        if (u > thr || (u == thr && need > 0)) {
-            if (u == thr) need--;
-            oi[t] = (int32_t)i;
-            kk[t] = ~u; /* ascending ~key == descending value */
-            t++;
-        }
+        int eq = u == thr, take = (u > thr) | (eq & (need > 0));
+        need -= eq & take;
+        oi[t] = (int32_t)i;
+        kk[t] = ~u; /* ascending ~key == descending value */
+        t += take;
     }
     if (order == KS_TOPK_BY_VALUE) radix_sort(kk, oi, k, tk, tv); /* stable: ties stay index-ascending */
     if (ov)
@@ -500,11 +507,13 @@ ks_status ks_cpu_topk(const float *x, int64_t rows, int64_t n, int64_t k, ks_top
     if (ktotal == 0) return KS_OK;
     uint32_t *kk = ks_malloc((size_t)k * 2 * sizeof *kk);
     int32_t *tv = ks_malloc((size_t)k * sizeof *tv);
-    if (!kk || !tv) { free(kk); free(tv); return KS_ERR_OOM; }
+    uint32_t *hist = ks_malloc((n >= (1 << 16) ? 65536 : 256) * sizeof *hist);
+    if (!kk || !tv || !hist) { free(kk); free(tv); free(hist); return KS_ERR_OOM; }
     for (int64_t r = 0; r < rows; r++)
-        topk_row(x + r * n, n, k, order, out_idx + r * k, out_val ? out_val + r * k : NULL, kk, kk + k, tv);
+        topk_row(x + r * n, n, k, order, out_idx + r * k, out_val ? out_val + r * k : NULL, kk, kk + k, tv, hist);
     free(kk);
     free(tv);
+    free(hist);
     return KS_OK;
 }
 

