@@ -5,20 +5,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+ks_status ks_backend_create(const char *name, ks_backend **out) {
+    *out = NULL;
+    if (!name || !strcmp(name, "cpu")) return ks_cpu_backend_create(0, out);
+    if (!strcmp(name, "cuda")) {
+#ifdef KS_HAVE_CUDA
+        extern ks_status ks_cuda_backend_create(int device, ks_backend **out);
+        return ks_cuda_backend_create(0, out);
+#else
+        return ks_errorf(KS_ERR_UNSUPPORTED, "this build has no CUDA backend (build with make CUDA=1)");
+#endif
+    }
+    return ks_errorf(KS_ERR_ARG, "unknown backend \"%s\" (cpu or cuda)", name);
+}
+
 ks_status ks_model_open(const char *dir, const char *backend, ks_model **out) {
     *out = NULL;
     if (!dir) return ks_errorf(KS_ERR_ARG, "ks_model_open: no model folder given");
     ks_backend *be = NULL;
-    ks_status st;
-    if (!backend || !strcmp(backend, "cpu")) st = ks_cpu_backend_create(0, &be);
-    else if (!strcmp(backend, "cuda")) {
-#ifdef KS_HAVE_CUDA
-        extern ks_status ks_cuda_backend_create(int device, ks_backend **out);
-        st = ks_cuda_backend_create(0, &be);
-#else
-        return ks_errorf(KS_ERR_UNSUPPORTED, "this build has no CUDA backend (build with make CUDA=1)");
-#endif
-    } else return ks_errorf(KS_ERR_ARG, "unknown backend \"%s\" (cpu or cuda)", backend);
+    ks_status st = ks_backend_create(backend, &be);
     if (st) return st;
     st = ks_model_load(dir, be, 0, out);
     if (st) { be->destroy(be); return st; }

@@ -44,7 +44,10 @@ typedef struct ks_attn_args {
     int window;                  /* sliding window, 0 = none */
     const int32_t *const *idx;   /* NULL, or (n_kv_heads) lists of row indices to attend */
     const int *n_idx;            /* (n_kv_heads) lengths of those lists */
-    int renumber;                /* with idx: keys take positions 0..n_idx-1 for masking */
+    int renumber;                /* with idx: keys take positions 0..n_idx-1 (queries n_idx-n+i) */
+    const ks_rope *rope;         /* non-NULL: q and the KV rows are pre-RoPE; rotate each query and
+                                    key at its effective position (renumbered or stored) first */
+    int rope_max_pos;            /* largest position of the request (longrope's factor choice) */
 } ks_attn_args;
 
 struct ks_backend {
@@ -62,6 +65,10 @@ struct ks_backend {
     /* ---- weights: rows [row0, row0+rows) of a 1-D or 2-D safetensors tensor */
     ks_status (*weight_create)(ks_backend *b, const ks_st_tensor *t, int64_t row0, int64_t rows, ks_weight **out);
     void (*weight_free)(ks_backend *b, ks_weight *w);
+    /* a (rows, cols) weight of seeded uniform random values offset +- scale/2, never zero
+     * (benchmarks with --random-weights; no checkpoint needed) */
+    ks_status (*weight_random)(ks_backend *b, int64_t rows, int64_t cols, uint64_t seed, float scale, float offset,
+                               ks_weight **out);
 
     /* ---- dense ops (x, y: float32 backend buffers) */
     /* y (n, out) = x (n, in) @ W^T (W: (out, in)) [+ bias (out)] */
@@ -97,6 +104,9 @@ struct ks_backend {
     double stat_matmul_s, stat_matmul_flop;
     int count_stats;              /* 0: don't time (a timed matmul synchronises) */
 };
+
+/* A backend by name: "cpu" (NULL too) or "cuda" (when built with CUDA). */
+ks_status ks_backend_create(const char *name, ks_backend **out);
 
 /* The CPU backend (float32, OpenBLAS, OpenMP threads). n_threads <= 0: all cores. */
 ks_status ks_cpu_backend_create(int n_threads, ks_backend **out);

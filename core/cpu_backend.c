@@ -74,6 +74,29 @@ static ks_status cpu_weight_create(ks_backend *b, const ks_st_tensor *t, int64_t
     return KS_OK;
 }
 
+static ks_status cpu_weight_random(ks_backend *b, int64_t rows, int64_t cols, uint64_t seed, float scale, float offset,
+                                   ks_weight **out) {
+    ks_weight *w = ks_calloc(1, sizeof *w);
+    if (!w) return KS_ERR_OOM;
+    size_t n = (size_t)rows * (size_t)cols;
+    w->data = cpu_alloc(b, n * sizeof(float));
+    if (!w->data) { free(w); return KS_ERR_OOM; }
+    w->rows = rows;
+    w->cols = cols;
+    w->owned = 1;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        uint64_t st = seed * 0x9e3779b97f4a7c15ull + (uint64_t)r * 0xbf58476d1ce4e5b9ull + 1;
+        for (int64_t c = 0; c < cols; c++) {
+            st ^= st << 13; st ^= st >> 7; st ^= st << 17; /* xorshift64 */
+            float u = (float)((st >> 40) + 1) / 16777218.0f - 0.5f; /* (-0.5, 0.5), never exactly 0 */
+            w->data[r * cols + c] = offset + scale * u;
+        }
+    }
+    *out = w;
+    return KS_OK;
+}
+
 static void cpu_weight_free(ks_backend *b, ks_weight *w) {
     if (!w) return;
     if (w->owned) free(w->data);
@@ -259,21 +282,64 @@ static ks_status cpu_kv_retain(ks_backend *b, ks_kv_layer *L, const int32_t *con
     return KS_OK;
 }
 
-/* One (query row, head) pair: online softmax over the visible keys. */
+/* Rotate one head vector v (d) at position p with precomputed inverse frequencies. */
+static void rope_vec(float *v, int d, int32_t p, const float *inv, float af) {
+    int half = d / 2;
+    for (int k = 0; k < half; k++) {
+        float a = (float)p * inv[k], c = cosf(a) * af, s = sinf(a) * af;
+        float x0 = v[k], x1 = v[k + half];
+        v[k] = x0 * c - x1 * s;
+        v[k + half] = x1 * c + x0 * s;
+    }
+}
+
+/* Attention of each (query row, head) pair over the visible keys, online softmax.
+ * Pre-RoPE mode (a->rope): keys are rotated once per KV head into a scratch copy at their
+ * effective positions, queries per (row, head). */
 static ks_status cpu_attention(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a) {
     int d = L->head_dim, H = a->n_heads, Hkv = L->n_kv_heads, g = H / Hkv;
+    if (d > 1024) return ks_errorf(KS_ERR_UNSUPPORTED, "attention: head_dim %d > 1024", d);
+    float inv[512];
+    float *krot = NULL;      /* (Hkv, maxk, d) rotated keys in pre-RoPE mode */
+    int maxk = 0;
+    float af = 1.0f;
+    if (a->rope) {
+        ks_rope_inv_freq(a->rope, a->rope_max_pos, inv);
+        af = (float)a->rope->attn_factor;
+        for (int h = 0; h < Hkv; h++) maxk = KS_MAX(maxk, a->idx ? a->n_idx[h] : L->n[h]);
+        krot = cpu_alloc(b, sizeof(float) * (size_t)Hkv * KS_MAX(maxk, 1) * d);
+        if (!krot) return KS_ERR_OOM;
+        for (int h = 0; h < Hkv; h++) {
+            const int32_t *ix = a->idx ? a->idx[h] : NULL;
+            int nk = ix ? a->n_idx[h] : L->n[h];
+            const float *K = (const float *)L->k + (size_t)h * L->capacity * d;
+            const int32_t *P = L->pos + (size_t)h * L->capacity;
+#pragma omp parallel for if (nk > 256)
+            for (int t = 0; t < nk; t++) {
+                int j = ix ? ix[t] : t;
+                float *dst = krot + ((size_t)h * maxk + t) * d;
+                memcpy(dst, K + (size_t)j * d, sizeof(float) * d);
+                rope_vec(dst, d, (ix && a->renumber) ? t : P[j], inv, af);
+            }
+        }
+    }
 #pragma omp parallel for collapse(2) schedule(dynamic, 4)
     for (int i = 0; i < a->n; i++) {
         for (int h = 0; h < H; h++) {
             int kv = h / g;
-            const float *qi = q + ((size_t)i * H + h) * d;
             const float *K = (const float *)L->k + (size_t)kv * L->capacity * d;
             const float *V = (const float *)L->v + (size_t)kv * L->capacity * d;
             const int32_t *P = L->pos + (size_t)kv * L->capacity;
             const int32_t *ix = a->idx ? a->idx[kv] : NULL;
             int nk = ix ? a->n_idx[kv] : L->n[kv];
-            int32_t qp = a->qpos[i];
-            float acc[1024];
+            int32_t qp = (ix && a->renumber) ? nk - a->n + i : a->qpos[i];
+            float qbuf[1024], acc[1024];
+            const float *qi = q + ((size_t)i * H + h) * d;
+            if (krot) {
+                memcpy(qbuf, qi, sizeof(float) * d);
+                rope_vec(qbuf, d, qp, inv, af);
+                qi = qbuf;
+            }
             float m = -INFINITY, l = 0;
             for (int t = 0; t < d; t++) acc[t] = 0;
             for (int t = 0; t < nk; t++) {
@@ -281,7 +347,7 @@ static ks_status cpu_attention(ks_backend *b, float *out, const float *q, const 
                 int32_t kp = (ix && a->renumber) ? t : P[j];
                 if (kp > qp) continue;
                 if (a->window > 0 && qp - kp >= a->window) continue;
-                const float *kj = K + (size_t)j * d;
+                const float *kj = krot ? krot + ((size_t)kv * maxk + t) * d : K + (size_t)j * d;
                 float s = 0;
                 for (int c = 0; c < d; c++) s += qi[c] * kj[c];
                 s *= a->scale;
@@ -298,10 +364,11 @@ static ks_status cpu_attention(ks_backend *b, float *out, const float *q, const 
                 }
             }
             float *oi = out + ((size_t)i * H + h) * d;
-            float inv = l > 0 ? 1.0f / l : 0.0f;
-            for (int c = 0; c < d; c++) oi[c] = acc[c] * inv;
+            float inv_l = l > 0 ? 1.0f / l : 0.0f;
+            for (int c = 0; c < d; c++) oi[c] = acc[c] * inv_l;
         }
     }
+    free(krot);
     return KS_OK;
 }
 
@@ -330,6 +397,7 @@ ks_status ks_cpu_backend_create(int n_threads, ks_backend **out) {
     b->sync = cpu_sync;
     b->weight_create = cpu_weight_create;
     b->weight_free = cpu_weight_free;
+    b->weight_random = cpu_weight_random;
     b->matmul = cpu_matmul;
     b->embed = cpu_embed;
     b->rmsnorm = cpu_rmsnorm;

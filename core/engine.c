@@ -86,7 +86,8 @@ static ks_status take_heads(ks_event *ev, const char *action, const int32_t *con
     int *n = ks_calloc(H, sizeof *n);
     if (!l || !n) { free(l); free(n); return KS_ERR_OOM; }
     for (int h = 0; h < H; h++) {
-        int rows = ev->kv ? ev->kv->n[h] : ev->n;
+        /* rows of the layer once this step's rows are in (PREFILL_QKV fires before the append) */
+        int rows = (ev->kv && ev->kv->n ? ev->kv->n[h] : 0) + (ev->kind == KS_EV_PREFILL_QKV ? ev->n : 0);
         const int32_t *src = shared ? idx[0] : idx[h];
         int kh = shared ? k[0] : k[h];
         ks_status st = take_list(ev, action, src, kh, rows, &l[h]);
@@ -113,7 +114,7 @@ ks_status ks_action_retain_heads(ks_event *ev, const int32_t *const *idx, const 
 }
 
 static ks_status attend_common(ks_event *ev, const int32_t *const *idx, const int *k, int shared, int renumber) {
-    if (ev->kind != KS_EV_DECODE_QKV) return illegal(ev, "attend");
+    if (ev->kind != KS_EV_DECODE_QKV && ev->kind != KS_EV_PREFILL_QKV) return illegal(ev, "attend");
     if (ev->act.attend) return ks_errorf(KS_ERR_POLICY, "attend: asked twice in one event");
     ks_status st = take_heads(ev, "attend", idx, k, shared, &ev->act.attend_idx, &ev->act.n_attend);
     if (st) return st;
@@ -225,7 +226,7 @@ typedef struct fwd_buf {
 } fwd_buf;
 
 static void fwd_free(ks_backend *be, fwd_buf *b) {
-    float *p[] = {b->x, b->xn, b->q, b->k, b->v, b->kpre, b->att, b->tmp, b->gate, b->up};
+    float *p[] = {b->x, b->xn, b->q, b->k, b->v, b->att, b->tmp, b->gate, b->up};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i]) be->free(be, p[i]);
     memset(b, 0, sizeof *b);
@@ -244,8 +245,8 @@ static ks_status fwd_alloc(ks_backend *be, const ks_config *c, int n, int pre_ro
     b->tmp = be->alloc(be, sizeof(float) * n * D);
     b->gate = be->alloc(be, sizeof(float) * ch * c->ffn);
     b->up = be->alloc(be, sizeof(float) * ch * c->ffn);
-    if (pre_rope) b->kpre = be->alloc(be, sizeof(float) * n * KD);
-    if (!b->x || !b->xn || !b->q || !b->k || !b->v || !b->att || !b->tmp || !b->gate || !b->up || (pre_rope && !b->kpre)) {
+    if (pre_rope) b->kpre = b->k; /* marks pre-RoPE mode: k stays unrotated */
+    if (!b->x || !b->xn || !b->q || !b->k || !b->v || !b->att || !b->tmp || !b->gate || !b->up) {
         fwd_free(be, b);
         return ks_errorf(KS_ERR_OOM, "%s: out of memory for activations of %d rows", be->name, n);
     }
@@ -284,7 +285,7 @@ static ks_status layer_qkv(ks_session *s, int l, fwd_buf *b, int n, const int32_
     if ((st = be->matmul(be, b->q, b->xn, W->wq, W->bq, n, D, QD))) return st;
     if ((st = be->matmul(be, b->k, b->xn, W->wk, W->bk, n, D, KD))) return st;
     if ((st = be->matmul(be, b->v, b->xn, W->wv, W->bv, n, D, KD))) return st;
-    if (b->kpre && (st = be->copy(be, b->kpre, b->k, sizeof(float) * (size_t)n * KD))) return st;
+    if (b->kpre) return KS_OK; /* pre-RoPE mode: attention rotates q and k itself */
     if ((st = be->rope(be, b->q, n, c->n_heads, pos, &c->rope, max_pos))) return st;
     return be->rope(be, b->k, n, c->n_kv_heads, pos, &c->rope, max_pos);
 }
@@ -352,26 +353,11 @@ static ks_status apply_retain(ks_session *s, int l, ks_event *ev) {
     return s->be->kv_retain(s->be, L, (const int32_t *const *)ev->act.retain_idx, ev->act.n_retain, 1);
 }
 
-ks_status ks_session_prefill(ks_session *s, const int32_t *ids_in, int n_in) {
+/* One forward over rows ids_in (a whole prompt, or one chunk of a chunked prefill). */
+static ks_status prefill_once(ks_session *s, const int32_t *ids_in, int n_in, int chunked) {
     const ks_config *c = &s->m->cfg;
     ks_backend *be = s->be;
-    if (n_in < 1) return ks_errorf(KS_ERR_ARG, "prefill: empty prompt");
-    if (s->n_past + n_in > c->max_pos)
-        return ks_errorf(KS_ERR_CONTEXT, "prompt of %d tokens (after %d) exceeds the model's context of %d tokens",
-                         n_in, s->n_past, c->max_pos);
-    for (int i = 0; i < n_in; i++)
-        if (ids_in[i] < 0 || ids_in[i] >= c->vocab)
-            return ks_errorf(KS_ERR_ARG, "prefill: token id %d at index %d out of range [0, %d)", ids_in[i], i, c->vocab);
-    double t0 = ks_now();
-    ks_status st = push_tokens(s, ids_in, n_in);
-    if (st) return st;
-    if (s->n_prompt == 0) s->n_prompt = n_in;
-    s->stopped_at = -1;
-    if (s->n_past == 0 && s->policy && s->policy->begin) {
-        st = s->policy->begin(s->policy->ud, s);
-        if (st) return st == KS_ERR_POLICY ? st : ks_error_prefix(KS_ERR_POLICY, "policy %s", s->policy->name);
-    }
-
+    ks_status st = KS_OK;
     const ks_policy *pol = s->policy;
     int base = s->n_past, pass = 0;
     int n = n_in;
@@ -397,8 +383,13 @@ restart:
         if (pol && pol->on[KS_EV_PREFILL_QKV]) {
             event_init(s, &ev, KS_EV_PREFILL_QKV, l, pass, n);
             ev.q = b.q; ev.k = b.k; ev.v = b.v; ev.k_pre = b.kpre;
-            ev.pos = pos; ev.ids = ids; ev.orig = orig; ev.kv = NULL;
+            ev.pos = pos; ev.ids = ids; ev.orig = orig; ev.kv = &s->kv[l];
             if ((st = fire(s, &ev))) goto out;
+            if (ev.act.restart && chunked) {
+                actions_clear(&ev);
+                st = ks_errorf(KS_ERR_POLICY, "restart is not allowed in a chunked prefill");
+                goto out;
+            }
             if (ev.act.restart) {
                 /* abandon this pass: fresh prefill on the chosen ids, positions renumbered */
                 int k = ev.act.n_restart;
@@ -432,6 +423,12 @@ restart:
         if ((st = be->kv_append(be, &s->kv[l], b.k, b.v, pos, n))) { ev.act = keep.act; actions_clear(&ev); goto out; }
         ks_attn_args aa = {.n = n, .n_heads = c->n_heads, .qpos = pos, .scale = 1.0f / sqrtf((float)c->head_dim),
                            .window = c->sliding_window};
+        if (b.kpre) { aa.rope = &c->rope; aa.rope_max_pos = max_pos; }
+        if (keep.act.attend) {
+            aa.idx = (const int32_t *const *)keep.act.attend_idx;
+            aa.n_idx = keep.act.n_attend;
+            aa.renumber = keep.act.renumber;
+        }
         if ((st = be->attention(be, b.att, b.q, &s->kv[l], &aa))) { ev.act = keep.act; actions_clear(&ev); goto out; }
         if ((st = layer_tail(s, l, &b, n))) { ev.act = keep.act; actions_clear(&ev); goto out; }
         if (pol && pol->on[KS_EV_PREFILL_LAYER_END]) {
@@ -476,6 +473,34 @@ out:
     free(ids);
     free(pos);
     free(orig);
+    return st;
+}
+
+ks_status ks_session_prefill(ks_session *s, const int32_t *ids_in, int n_in) {
+    const ks_config *c = &s->m->cfg;
+    if (n_in < 1) return ks_errorf(KS_ERR_ARG, "prefill: empty prompt");
+    if (s->n_past + n_in > c->max_pos)
+        return ks_errorf(KS_ERR_CONTEXT, "prompt of %d tokens (after %d) exceeds the model's context of %d tokens",
+                         n_in, s->n_past, c->max_pos);
+    for (int i = 0; i < n_in; i++)
+        if (ids_in[i] < 0 || ids_in[i] >= c->vocab)
+            return ks_errorf(KS_ERR_ARG, "prefill: token id %d at index %d out of range [0, %d)", ids_in[i], i, c->vocab);
+    double t0 = ks_now();
+    ks_status st = push_tokens(s, ids_in, n_in);
+    if (st) return st;
+    if (s->n_prompt == 0) s->n_prompt = n_in;
+    s->stopped_at = -1;
+    if (s->n_past == 0 && s->policy && s->policy->begin) {
+        st = s->policy->begin(s->policy->ud, s);
+        if (st) return st == KS_ERR_POLICY ? st : ks_error_prefix(KS_ERR_POLICY, "policy %s", s->policy->name);
+    }
+    int chunk = s->policy ? s->policy->prefill_chunk : 0;
+    if (chunk > 0 && n_in > chunk) {
+        for (int c0 = 0; c0 < n_in && !st; c0 += chunk)
+            st = prefill_once(s, ids_in + c0, KS_MIN(chunk, n_in - c0), 1);
+    } else {
+        st = prefill_once(s, ids_in, n_in, 0);
+    }
     s->t_prefill += ks_now() - t0;
     return st;
 }
@@ -501,6 +526,7 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
         if ((st = be->kv_append(be, &s->kv[l], b.k, b.v, &pos, 1))) goto out;
         ks_attn_args aa = {.n = 1, .n_heads = c->n_heads, .qpos = &pos, .scale = 1.0f / sqrtf((float)c->head_dim),
                            .window = c->sliding_window};
+        if (b.kpre) { aa.rope = &c->rope; aa.rope_max_pos = pos; }
         int have_ev = 0;
         if (pol && pol->on[KS_EV_DECODE_QKV]) {
             event_init(s, &ev, KS_EV_DECODE_QKV, l, 0, 1);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <sys/stat.h>
 
 /* Find a tensor and check its shape (ndim 1 or 2). */
@@ -155,4 +156,62 @@ void ks_model_free(ks_model *m) {
     ks_config_free(&m->cfg);
     free(m->dir);
     free(m);
+}
+
+ks_status ks_model_random(const char *config, ks_backend *be, uint64_t seed, ks_model **out) {
+    *out = NULL;
+    ks_model *m = ks_calloc(1, sizeof *m);
+    if (!m) return KS_ERR_OOM;
+    m->be = be;
+    m->dir = ks_strdup(config);
+    struct stat sd;
+    ks_status st;
+    if (stat(config, &sd) == 0 && S_ISDIR(sd.st_mode)) st = ks_config_load(config, &m->cfg);
+    else {
+        char *text;
+        size_t len;
+        st = ks_read_file(config, &text, &len);
+        if (!st) { st = ks_config_parse(text, len, config, &m->cfg); free(text); }
+    }
+    if (st) { free(m->dir); free(m); return st; }
+    const ks_config *c = &m->cfg;
+    int64_t D = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim, F = c->ffn;
+    uint64_t k = seed * 1000;
+    /* weights ~ U(-s/2, s/2) with s ~ 2/sqrt(fan_in) keeps activations O(1) through the layers */
+#define RW(dst, rows, cols, scale, off)                                                       \
+    do {                                                                                      \
+        if ((st = be->weight_random(be, rows, cols, ++k, scale, off, &(dst)))) goto fail;     \
+        m->n_params += (size_t)(rows) * (cols);                                               \
+    } while (0)
+    RW(m->embed, c->vocab, D, 2.0f, 0.0f);
+    RW(m->final_norm, D, 1, 0.2f, 1.0f);
+    if (c->tied) m->lm_head = m->embed;
+    else RW(m->lm_head, c->vocab, D, 2.0f / sqrtf((float)D), 0.0f);
+    m->layers = ks_calloc(c->n_layers, sizeof *m->layers);
+    if (!m->layers) { st = KS_ERR_OOM; goto fail; }
+    for (int l = 0; l < c->n_layers; l++) {
+        ks_layer_w *L = &m->layers[l];
+        float sD = 2.0f / sqrtf((float)D), sQ = 2.0f / sqrtf((float)qd), sF = 2.0f / sqrtf((float)F);
+        RW(L->attn_norm, D, 1, 0.2f, 1.0f);
+        RW(L->ffn_norm, D, 1, 0.2f, 1.0f);
+        RW(L->wq, qd, D, sD, 0.0f);
+        RW(L->wk, kd, D, sD, 0.0f);
+        RW(L->wv, kd, D, sD, 0.0f);
+        RW(L->wo, D, qd, sQ, 0.0f);
+        RW(L->w_gate, F, D, sD, 0.0f);
+        RW(L->w_up, F, D, sD, 0.0f);
+        RW(L->w_down, D, F, sF, 0.0f);
+        if (c->qkv_bias) {
+            RW(L->bq, qd, 1, 0.1f, 0.0f);
+            RW(L->bk, kd, 1, 0.1f, 0.0f);
+            RW(L->bv, kd, 1, 0.1f, 0.0f);
+        }
+        if (c->o_bias) RW(L->bo, D, 1, 0.1f, 0.0f);
+    }
+#undef RW
+    *out = m;
+    return KS_OK;
+fail:
+    ks_model_free(m);
+    return st;
 }

@@ -35,5 +35,8 @@ typedef struct ks_model {
 /* Load a model folder onto backend `be`. require_tokenizer: fail if tokenizer.json is absent. */
 ks_status ks_model_load(const char *dir, ks_backend *be, int require_tokenizer, ks_model **out);
 void ks_model_free(ks_model *m);
+/* A model with seeded random weights (never zero; norms near 1) from a config.json path or a
+ * folder holding one: for speed benchmarks at any shape without a checkpoint. No tokenizer. */
+ks_status ks_model_random(const char *config, ks_backend *be, uint64_t seed, ks_model **out);
 
 #endif

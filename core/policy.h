@@ -20,8 +20,10 @@
  *   retain(idx)     PREFILL_QKV / PREFILL_LAYER_END / DECODE_QKV: the layer keeps only these
  *                   KV rows (shared list, or one list per KV head); the rest are freed after
  *                   this layer's attention
- *   attend(idx)     DECODE_QKV: this step attends only these rows of the layer (per KV head
- *                   or shared), optionally renumbering key positions 0..k-1
+ *   attend(idx)     DECODE_QKV / PREFILL_QKV: this step (or prefill chunk) attends only these
+ *                   rows of the layer — indices into the layer's rows including the ones this
+ *                   step appends — per KV head or shared, optionally renumbering key positions
+ *                   0..k-1 (queries then sit at k - n + i)
  *   stop()          any prefill event: end the forward pass here
  * Index lists may be given in any order; the engine sorts them ascending.
  */
@@ -81,7 +83,10 @@ typedef struct ks_policy {
     const char *name;
     void *ud;
     ks_event_fn on[KS_EV_COUNT];   /* NULL = not handled: costs nothing */
-    int want_pre_rope_keys;        /* keep pre-RoPE keys available to events (TokenSelect) */
+    /* TokenSelect mode: the KV cache holds keys BEFORE RoPE, q/k in events are pre-RoPE, and
+     * attention rotates queries and keys at their (possibly renumbered) positions */
+    int want_pre_rope_keys;
+    int prefill_chunk;             /* > 0: prefill in chunks of this many tokens (restart refused) */
     /* called at the start of each request (fresh session state), before any event; NULL = none */
     ks_status (*begin)(void *ud, ks_session *s);
     void (*free)(void *ud);        /* called by ks_policy_free */

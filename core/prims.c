@@ -654,10 +654,12 @@ ks_status ks_cpu_concat_f32(const float *a, int64_t na, const float *b, int64_t 
 
 int64_t ks_arange_len(int64_t start, int64_t stop, int64_t step) {
     if (step == 0) return -1;
-    __int128 span = (__int128)stop - start;
-    if ((step > 0 && span <= 0) || (step < 0 && span >= 0)) return 0;
-    __int128 len = step > 0 ? (span + step - 1) / step : (-span + (-(__int128)step) - 1) / (-(__int128)step);
-    return len > INT64_MAX ? INT64_MAX : (int64_t)len;
+    if (step > 0 ? stop <= start : stop >= start) return 0;
+    /* magnitudes in uint64: exact for any int64 arguments */
+    uint64_t span = step > 0 ? (uint64_t)stop - (uint64_t)start : (uint64_t)start - (uint64_t)stop;
+    uint64_t ustep = step > 0 ? (uint64_t)step : 0 - (uint64_t)step;
+    uint64_t len = (span - 1) / ustep + 1;
+    return len > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)len;
 }
 
 ks_status ks_cpu_arange(int64_t start, int64_t stop, int64_t step, int32_t *out) {

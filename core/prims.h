@@ -72,8 +72,9 @@ typedef struct ks_scores_opts {
                                           * (m, n_q_heads, d) buffer: (d, n_q_heads*d) */
     int64_t k_head_stride, k_row_stride; /* in floats; 0 = contiguous (n*d, d). A KV cache
                                           * (n_kv_heads, capacity, d): (capacity*d, d) */
-    int n_threads;              /* default 0 = automatic (online CPUs, at most 16, at most n_q_heads,
-                                 * 1 for small problems); 1 = run on the calling thread */
+    int n_threads;              /* default 0 = automatic (online CPUs, 1 for small problems);
+                                 * 1 = the calling thread only. Capped at 16 and at n_q_heads
+                                 * (work is split by query head) */
 } ks_scores_opts;
 
 ks_scores_opts ks_scores_opts_default(void);
@@ -87,7 +88,7 @@ ks_status ks_scores_out_shape(const ks_scores_opts *opts, int64_t n_q_heads, int
 /* Attention scores of m chosen query rows against n keys, reduced over the query rows and
  * (optionally) over heads, without materialising any (m, n) or (n, n) matrix.
  *
- *   q     // (n_q_heads, m, d)   queries (after RoPE as the model applies it), strides in opts
+ *   q     // (n_q_heads, m, d)   queries, strides in opts
  *   qpos  // (m)   absolute position of each query row; only read when opts->causal.
  *         //       NULL: the queries are the last m rows of the key sequence,
  *         //       qpos[i] = kpos[n - m + i] (or n - m + i without kpos); then m <= n is required
@@ -123,11 +124,12 @@ ks_status ks_scores_out_shape(const ks_scores_opts *opts, int64_t n_q_heads, int
  *               the head sum, so heads SUM would be wrong there.
  *   ASL         SnapKV with w = 32, then avg pool and a sum over all heads (avg pooling is
  *               linear: heads SUM then pool == pool then sum, up to rounding).
- *   TokenSelect q = fingerprint (H, 1, d); ONE, softmax 1, causal 0, domain = out =
+ *   TokenSelect q = fingerprint (H, 1, d) (ks_cpu_mean axis 0 of the chunk's token-major
+ *               (c, H*d) queries, then RoPE); ONE, softmax 1, causal 0, domain = out =
  *               [n_init, N - n_local) (softmax over the candidates only), heads SUM;
  *               gqa MOD reproduces the released kernel.
  * Errors: KS_ERR_ARG for n_q_heads or n_kv_heads < 1, n_q_heads % n_kv_heads != 0, d < 1,
- * m or n < 0, ranges not within [0, n) (KS_END aside), negative strides or n_threads,
+ * m or n < 0, a range without 0 <= begin <= end <= n (KS_END = n), negative strides or n_threads,
  * a non-finite custom scale, causal with qpos NULL and m > n; KS_ERR_OOM. */
 ks_status ks_cpu_scores(const float *q, const int32_t *qpos, int64_t n_q_heads, int64_t m,
                         const float *k, const int32_t *kpos, int64_t n_kv_heads, int64_t n, int64_t d,
@@ -166,8 +168,9 @@ typedef enum ks_topk_order {
  *   out_val // (rows, k)   the values x[r, out_idx[r, t]], or NULL if not wanted
  * The selected set is exactly the first k of the stable descending order (float order in
  * the header comment: NaN below -inf, so NaNs are taken last). k = n returns every index;
- * k = 0 writes nothing. O(rows * (n + k)) time (4-pass radix select on the order-preserving
- * 32-bit key, then a stable radix sort of the k winners), O(k) extra memory.
+ * k = 0 writes nothing. O(rows * (n + k)) time: a radix select on the order-preserving 32-bit
+ * key (2 passes of 16 bits for n >= 65536, else 4 of 8 bits), one collecting pass, then a
+ * stable radix sort of the k winners; O(k) extra memory plus a 256 KiB histogram.
  * Errors: KS_ERR_ARG for rows < 0, n < 0 or n > INT32_MAX, k < 0, k > n, unknown order. */
 ks_status ks_cpu_topk(const float *x, int64_t rows, int64_t n, int64_t k, ks_topk_order order,
                       int32_t *out_idx, float *out_val);

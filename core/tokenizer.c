@@ -468,6 +468,7 @@ typedef struct idinfo { uint32_t off, len, doff, dlen; uint8_t flags; } idinfo;
 #define ID_PRESENT 1
 #define ID_SPECIAL 2
 #define ID_ADDED 4
+#define ID_SKIP 8 /* decode(skip_special) drops it: its decode string is a special token's content */
 
 struct ks_tokenizer {
     sbuf arena; /* every string the tokenizer keeps, NUL-terminated */
@@ -1255,7 +1256,7 @@ ks_status ks_tokenizer_decode(const ks_tokenizer *tok, const int32_t *ids, size_
     if (sb_put(&l.b, "", 0)) return KS_ERR_OOM;
     for (size_t i = 0; i < n && !st; i++) {
         const idinfo *d = &tok->ids[ids[i]];
-        if (skip_special && (d->flags & ID_SPECIAL)) continue;
+        if (skip_special && (d->flags & ID_SKIP)) continue;
         if (sl_add(&l, ARENA(tok) + d->doff, d->dlen)) st = KS_ERR_OOM;
     }
     rxctx rc = {0};
@@ -1372,9 +1373,9 @@ static ks_status jbool(const ks_json *o, const char *key, int def, int *out, con
 
 static ks_status jstr(const ks_json *o, const char *key, const ks_json **out, const char *where) {
     const ks_json *v = ks_json_get(o, key);
+    *out = v;
     if (!v || v->type != KS_JSON_STRING)
         return ks_errorf(KS_ERR_FORMAT, "%s.%s: expected a string, found %s", where, key, jtype_name(v));
-    *out = v;
     return KS_OK;
 }
 
@@ -1925,6 +1926,15 @@ static ks_status build_ids(ks_tokenizer *t) {
         d->doff = a->noff; d->dlen = a->nlen; /* decoding sees the normalized form */
         d->flags = ID_PRESENT | ID_ADDED | (a->special ? ID_SPECIAL : 0);
     }
+    /* HF skips by string: a token is dropped when the string it decodes from is the content
+     * of a special added token (so a normalized special token whose form changed is kept) */
+    if (t->n_added)
+        for (int32_t id = 0; id < t->n_ids; id++) {
+            idinfo *d = &t->ids[id];
+            if (!(d->flags & ID_PRESENT)) continue;
+            int32_t a = sm_get(&t->added_map, ARENA(t), ARENA(t) + d->doff, d->dlen);
+            if (a >= 0 && (t->ids[a].flags & ID_SPECIAL)) d->flags |= ID_SKIP;
+        }
     return KS_OK;
 }
 

@@ -37,19 +37,25 @@ static double sgemm_ceiling(const ks_config *c, int n) {
 }
 
 int ks_cli_bench(int argc, char **argv) {
-    const char *model = NULL, *lengths = "128,512,1024", *backend = NULL;
+    const char *model = NULL, *random_cfg = NULL, *lengths = "128,512,1024", *backend = NULL;
     int gen = 16;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "-m") && v) { model = v; i++; }
+        else if (!strcmp(argv[i], "--random-weights") && v) { random_cfg = v; i++; }
         else if (!strcmp(argv[i], "--lengths") && v) { lengths = v; i++; }
         else if (!strcmp(argv[i], "--gen") && v) { gen = atoi(v); i++; }
         else if (!strcmp(argv[i], "--backend") && v) { backend = v; i++; }
         else { fprintf(stderr, "kvsieve: bench: unknown or incomplete option %s\n", argv[i]); return 2; }
     }
-    if (!model) { fprintf(stderr, "kvsieve: bench needs -m DIR\n"); return 2; }
+    if (!model && !random_cfg) { fprintf(stderr, "kvsieve: bench needs -m DIR or --random-weights CONFIG\n"); return 2; }
     ks_model *m;
-    if (ks_model_open(model, backend, &m)) return ks_cli_fail("cannot load model");
+    if (random_cfg) {
+        ks_backend *be;
+        if (ks_backend_create(backend, &be)) return ks_cli_fail("backend");
+        if (ks_model_random(random_cfg, be, 1, &m)) { be->destroy(be); return ks_cli_fail("cannot build random model"); }
+        model = random_cfg;
+    } else if (ks_model_open(model, backend, &m)) return ks_cli_fail("cannot load model");
     const ks_config *c = &m->cfg;
     ks_session *s;
     if (ks_session_new(m, &s)) { ks_model_close(m); return ks_cli_fail("session"); }

@@ -626,6 +626,10 @@ KT_TEST(prims_arange_gather) {
         for (int64_t v = s; st > 0 ? v < e : v > e; v += st) { KT_CHECK(cnt < len && out[cnt] == v, "arange %zu", c); cnt++; }
         KT_CHECK(cnt == len, "arange len %lld vs %lld", (long long)len, (long long)cnt);
     }
+    KT_CHECK(ks_arange_len(0, 10, 0) == -1, "step 0");
+    KT_CHECK(ks_arange_len(INT64_MIN, INT64_MAX, 1) == INT64_MAX, "clamped length");
+    KT_CHECK(ks_arange_len(INT64_MAX, INT64_MIN, INT64_MIN) == 2, "extreme negative step");
+    KT_CHECK(ks_cpu_arange(INT64_MIN, INT64_MAX, 1, NULL) == KS_ERR_ARG, "int32 range");
     rng_seed(11);
     const int64_t n = 37, d = 13, k = 50;
     float x[37 * 13], y[50 * 13];

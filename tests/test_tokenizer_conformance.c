@@ -505,12 +505,14 @@ static void tc_run(kt_ctx *kt_, const char *name) {
                         "      dec1s/dec1 = decode(HF ids1, skip_special=1/0); rt = decode(encode(x, 0), 0) == x where HF round-trips\n");
         fprintf(stderr, "      %-13s %5s %6s %5s  %s\n", "class", "docs", "bytes", "bad", "failing documents per check (first bad doc)");
         for (int i = 0; i < ncl; i++) {
+            if (!cl[i].failed_docs) continue;
             fprintf(stderr, "      %-13s %5d %6zu %5d ", cl[i].cls, cl[i].docs, cl[i].bytes, cl[i].failed_docs);
             for (int k = 0; k < K_N; k++)
                 if (cl[i].kind_fail[k]) fprintf(stderr, " %s:%d", tc_kind_short[k], cl[i].kind_fail[k]);
             if (cl[i].first_bad >= 0) fprintf(stderr, " (doc %d)", cl[i].first_bad);
             fputc('\n', stderr);
         }
+        fprintf(stderr, "      (the other classes: no failures)\n");
     }
     size_t n_docs = d.n;
     if (bad_docs == 0 && bytes >= TC_MIN_BYTES) fprintf(stderr, "  %-44s ", ""); /* realign the runner's "ok" */

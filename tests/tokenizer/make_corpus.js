@@ -550,6 +550,14 @@ function mixedDocs() {
     add('unicode-new', 'Unicode 13-15: 🫠🫨🫶🪿🫎🩷 \u{1fae8}\u{1fa77} CJK Ext G/H: \u{30000}\u{30001}\u{31350}\u{31351} ' +
         'Kawi: \u{11f04}\u{11f05}\u{11f06} Nag Mundari: \u{1e4d0}\u{1e4d1}\u{1e4d2} Vithkuqi: \u{10570}\u{10571} ' +
         'Toto: \u{1e290}\u{1e291} Cypro-Minoan: \u{12f90}\u{12f91} Kaktovik digits: \u{1d2c0}\u{1d2c1}\u{1d2c2}');
+    // digits of Unicode 15 (Kaktovik, Kawi, Nag Mundari) and 16 (Garay, Gurung Khema, Kirat
+    // Rai, Sunuwar, Ol Onal, outlined digits): \p{N} for HF's regex engine; the split
+    // regexes glue a preceding space to them only if they are not (Llama 3 and Qwen differ)
+    const newDigits = [[0x1d2c0, 0x1d2d3], [0x11f50, 0x11f59], [0x1e4f0, 0x1e4f9], [0x10d40, 0x10d49],
+        [0x16130, 0x16139], [0x16d70, 0x16d79], [0x11bf0, 0x11bf9], [0x1e5f1, 0x1e5fa], [0x1ccf0, 0x1ccf9]];
+    let nd = '';
+    for (const r of newDigits) nd += `U+${r[0].toString(16)}: ` + repeat(5, () => rcp(r[0], r[1])) + ' x' + rcp(r[0], r[1]) + '! ' + rcp(r[0], r[1]) + '1\n';
+    add('unicode-new', nd);
 }
 
 // ---- long runs (stress BPE on long pre-tokens)

@@ -1,0 +1,22 @@
+/* rope.cuh — rotary embedding, rotate-half pairing, in place. C-callable. */
+#ifndef KS_CUDA_ROPE_CUH
+#define KS_CUDA_ROPE_CUH
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kvsieve.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* x (n, n_heads, head_dim) float rotated in place: for k < head_dim/2, angle = (float)pos[i] *
+ * inv_freq[k] (float32, as HF and the CPU backend compute it), c = cos * attn_factor,
+ * s = sin * attn_factor; (x[k], x[k+half]) -> (x[k] c - x[k+half] s, x[k+half] c + x[k] s).
+ * pos (n) and inv_freq (head_dim/2) live on the device. */
+ks_status ks_cuda_rope(cudaStream_t s, float *x, int n, int n_heads, int head_dim, const int32_t *pos,
+                       const float *inv_freq, float attn_factor);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,171 @@
+/* ks_lua.h — the Lua 5.4 binding of kvsieve (internal to lua/ and repl/).
+ *
+ * Pieces (one file each):
+ *   lua/tensor.c      the tensor userdata ("kvsieve.tensor"): owned data or views into engine
+ *                     memory that die with their event
+ *   lua/prims_lua.c   the native primitives (scores, pool1d, topk, ...) over core/prims.h
+ *   lua/policy_lua.c  Lua policies: loader, sandbox, trampolines, the event object and its
+ *                     actions, parameters, reports; the public ks_policy_* C API
+ *   lua/module.c      the `kvsieve` module for scripts and the REPL: models, sessions,
+ *                     generate, results, policy objects; the embedded prelude
+ *
+ * Every lua_State the binding touches carries a ks_lctx in its extra space (LUA_EXTRASPACE):
+ * the event scope (which event is running, for views and error messages) and, in a policy's
+ * sandboxed state, its limits. Conventions of the Lua API: token positions, rows, heads and
+ * tensor dimensions are 0-based everywhere; Lua tables returned are ordinary 1-based
+ * sequences. Only this layer raises Lua errors; core calls return a status and the binding
+ * converts it with luaL_error after its own cleanup (no longjmp ever crosses a core frame).
+ */
+#ifndef KS_LUA_H
+#define KS_LUA_H
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <signal.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+/* ---------------------------------------------------------------- per-state context */
+
+/* Failure kinds of policy calls (counted per policy; each kind is logged once). */
+typedef enum ks_fail_kind {
+    KS_FAIL_NONE = 0,
+    KS_FAIL_ERROR,        /* a Lua error raised by the handler (or a primitive / action) */
+    KS_FAIL_MEMORY,       /* the policy's memory limit */
+    KS_FAIL_INSTRUCTIONS, /* the per-call instruction budget */
+    KS_FAIL_TIMEOUT,      /* the per-call wall-clock budget */
+    KS_FAIL_RETURN,       /* a handler returned something */
+    KS_FAIL_STALE,        /* a view or event object used after its event ended */
+    KS_FAIL_FORBIDDEN,    /* a call outside the sandbox's allow-list */
+    KS_FAIL_INTERRUPTED,  /* Ctrl-C */
+    KS_FAIL_COUNT
+} ks_fail_kind;
+
+const char *ks_fail_kind_name(ks_fail_kind k);
+
+struct ks_lpol;
+
+typedef struct ks_lctx {
+    int sandboxed;                 /* a policy's own state (limits apply) */
+    const char *name;              /* policy name for messages / print (sandboxed states) */
+    /* event scope: views created during an event are valid while serial stays the same */
+    int in_event;
+    uint64_t serial, next_serial;
+    const char *event;             /* name of the running event, or NULL */
+    int layer;                     /* its layer (-1 if none) */
+    ks_event *ev;                  /* the running engine event (NULL outside events) */
+    struct ks_lpol *pol;           /* the policy whose handler runs */
+    /* sandbox limits (0 = unlimited) */
+    size_t mem_used, mem_limit;
+    int mem_exceeded;              /* the allocator refused a block since the last reset */
+    int budget_active;             /* instruction / time budgets apply to the current call */
+    long long instr_count, instr_limit;
+    double seconds, deadline;
+    volatile sig_atomic_t *interrupt;
+    ks_fail_kind fail_kind;        /* set just before raising a classified error */
+} ks_lctx;
+
+/* The context of L (every state made by the binding has one). */
+static inline ks_lctx *ks_lua_ctx(lua_State *L) { return *(ks_lctx **)lua_getextraspace(L); }
+static inline void ks_lua_set_ctx(lua_State *L, ks_lctx *c) { *(ks_lctx **)lua_getextraspace(L) = c; }
+
+/* " (in prefill_qkv, layer 3)" when an event runs on L, else "". buf >= 64 bytes. */
+const char *ks_lua_where_event(lua_State *L, char *buf, size_t n);
+/* Raise "fn: <formatted message> (in EVENT, layer L)" with the caller's file:line. */
+int ks_lua_errorf(lua_State *L, const char *fn, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Raise the core's last error (ks_last_error), naming fn if the message does not already. */
+int ks_lua_core_error(lua_State *L, const char *fn, ks_status st);
+
+/* ---------------------------------------------------------------- tensors */
+
+#define KS_TENSOR_MT "kvsieve.tensor"
+#define KS_TENSOR_MAXDIM 4
+
+typedef enum ks_dtype { KS_F32 = 0, KS_I32 = 1 } ks_dtype;
+
+typedef struct ks_tensor {
+    ks_dtype dtype;
+    int ndim;                          /* 0..4 (0 = scalar) */
+    int64_t shape[KS_TENSOR_MAXDIM];
+    int64_t stride[KS_TENSOR_MAXDIM];  /* in elements */
+    int64_t numel;
+    void *data;                        /* first element */
+    ks_lctx *scope;                    /* non-NULL: valid only while scope->serial == serial */
+    uint64_t serial;
+    const char *origin;                /* the event it came from (static string) */
+    int origin_layer;
+    int closed;                        /* closed by __close */
+} ks_tensor;
+
+/* A new owned contiguous tensor on the stack (data uninitialised unless zero). Raises on
+ * memory errors. */
+ks_tensor *ks_lt_new(lua_State *L, ks_dtype dt, int ndim, const int64_t *shape, int zero);
+/* A new view on the stack. stride NULL = contiguous. Scoped to the running event when
+ * scoped != 0 (raises if none runs). owner_idx != 0: keep that stack value alive (uservalue). */
+ks_tensor *ks_lt_view(lua_State *L, ks_dtype dt, int ndim, const int64_t *shape, const int64_t *stride, void *data,
+                      int scoped, int owner_idx);
+/* Check argument arg is a usable tensor (not closed, not a stale view); fn names the caller. */
+ks_tensor *ks_lt_check(lua_State *L, int arg, const char *fn);
+#define ks_checktensor(L, arg, fn) ks_lt_check((L), (arg), (fn))
+/* Is the value at idx a tensor? (no checks) */
+ks_tensor *ks_lt_test(lua_State *L, int idx);
+int ks_lt_is_contig(const ks_tensor *t);
+/* Contiguous data of tensor at arg: t->data if contiguous, else a contiguous copy pushed on
+ * the stack (*pushed = 1). */
+void *ks_lt_contig(lua_State *L, int arg, ks_tensor *t, int *pushed);
+/* The value at arg as a tensor of dtype dt: a tensor (converted if needed) or a (nested)
+ * Lua table of numbers. Always pushes exactly one value (the tensor to use). */
+ks_tensor *ks_lt_arg(lua_State *L, int arg, ks_dtype dt, const char *fn);
+/* Register the tensor metatable and add ks.tensor / ks.zeros / ks.stack to the table on top. */
+void ks_lt_open(lua_State *L);
+const char *ks_dtype_name(ks_dtype d);
+
+/* ---------------------------------------------------------------- primitives */
+
+/* Add the native primitives (scores, pool1d, topk, ...) to the module table on top. */
+void ks_prims_open(lua_State *L);
+
+/* ---------------------------------------------------------------- policies */
+
+/* A policy implemented in Lua: either in its own sandboxed state (loaded from a file or a
+ * string) or inline in a host state (REPL / script: a table of handlers; not sandboxed). */
+typedef struct ks_lpol ks_lpol;
+
+/* The ks_lpol behind a ks_policy made by this binding, or NULL (a C policy). */
+ks_lpol *ks_lpol_of(ks_policy *p);
+/* Make the handlers run on thread L for the next request (inline policies: the thread that
+ * called generate). */
+void ks_lpol_set_thread(ks_lpol *lp, lua_State *L);
+/* Create an inline policy from the table at idx of host state L (not sandboxed). On error
+ * returns a status with ks_last_error set (nothing raised). */
+ks_status ks_lpol_inline(lua_State *L, int idx, ks_policy **out);
+/* Push a table of the policy's report (key -> number/boolean/string). */
+void ks_lpol_push_report(lua_State *L, const ks_policy *p);
+/* Push a table of parameter name -> current value (converted to Lua values). */
+void ks_lpol_push_params(lua_State *L, ks_policy *p);
+/* Push a table of failure kind -> count. */
+void ks_lpol_push_failures(lua_State *L, const ks_policy *p);
+/* Add the policy-state module functions (report, config) to the module table on top. */
+void ks_policy_module_open(lua_State *L, int sandboxed);
+
+/* ---------------------------------------------------------------- the module */
+
+/* The full `kvsieve` module (models, sessions, policies, primitives, prelude): for scripts
+ * and the REPL. Usable with luaL_requiref(L, "kvsieve", luaopen_kvsieve, 0). The state must
+ * have a ks_lctx (ks_lua_host_state makes one). */
+int luaopen_kvsieve(lua_State *L);
+/* A new unsandboxed host state with the standard libraries and the kvsieve module
+ * preloaded (require "kvsieve"), or NULL on out of memory. Close with ks_lua_host_close. */
+lua_State *ks_lua_host_state(void);
+void ks_lua_host_close(lua_State *L);
+/* Every session the module runs checks *flag (Ctrl-C); NULL = none. Policies' instruction
+ * hooks check it too. */
+void ks_lua_set_interrupt(volatile sig_atomic_t *flag);
+volatile sig_atomic_t *ks_lua_get_interrupt(void);
+
+/* The embedded prelude (lua/prelude.lua, linked in by lua/prelude_blob.c). */
+extern const char ks_prelude_lua[];
+extern const unsigned ks_prelude_lua_len;
+
+#endif
