@@ -1365,7 +1365,8 @@ static ks_status want(const ks_json *j, ks_json_type ty, const char *where) {
 /* optional boolean member (absent or null -> def) */
 static ks_status jbool(const ks_json *o, const char *key, int def, int *out, const char *where) {
     const ks_json *v = ks_json_get(o, key);
-    if (!v || v->type == KS_JSON_NULL) { *out = def; return KS_OK; }
+    *out = def;
+    if (!v || v->type == KS_JSON_NULL) return KS_OK;
     if (v->type != KS_JSON_BOOL) return ks_errorf(KS_ERR_FORMAT, "%s.%s: expected a boolean, found %s", where, key, jtype_name(v));
     *out = v->boolean;
     return KS_OK;
@@ -1632,6 +1633,7 @@ static ks_status post_items_add(kpost *p, int32_t v) {
 /* ["[CLS]", 101] style pair -> id */
 static ks_status post_pair(const ks_json *j, const char *key, int32_t *id, const char *where) {
     const ks_json *a = ks_json_get(j, key);
+    *id = -1;
     if (!a || a->type != KS_JSON_ARRAY || a->len != 2 || a->items[1].type != KS_JSON_NUMBER || !a->items[1].is_int ||
         a->items[1].inum < 0 || a->items[1].inum > INT32_MAX)
         return ks_errorf(KS_ERR_FORMAT, "%s.%s: expected [token, id]", where, key);

@@ -1,0 +1,47 @@
+/* attn_decode.cuh — attention over a bf16 KV cache, general form: any query count, per-KV-head
+ * row counts, optional per-KV-head index lists (TokenSelect's attend) with optional position
+ * renumbering, causal masking by position ids, sliding window, GQA. Split-KV: the keys of
+ * each head are cut into n_splits chunks processed by separate blocks, then combined. This is
+ * the decode path (and the fallback for shapes the flash prefill kernel does not take).
+ * C-callable. */
+#ifndef KS_CUDA_ATTN_DECODE_CUH
+#define KS_CUDA_ATTN_DECODE_CUH
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kvsieve.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One attention call; every pointer is device memory. Query row i (of n) sits at position
+ * qpos[i]; query head h reads KV head h / (n_heads / n_kv_heads). Key t of KV head kv is row
+ * j = idx ? idx[idx_off[kv] + t] : t, for t < nk[kv], at position
+ * (idx && renumber) ? t : kpos[kv * capacity + j]; it is visible iff position <= qpos[i] and
+ * (window == 0 || qpos[i] - position < window). A query row that sees no key gets zeros. */
+typedef struct ks_cuda_attn_params {
+    float *out;            /* (n, n_heads * head_dim) float32 */
+    const float *q;        /* (n, n_heads, head_dim) float32 */
+    const void *k, *v;     /* (n_kv_heads, capacity, head_dim) bf16 */
+    const int32_t *kpos;   /* (n_kv_heads, capacity) */
+    const int32_t *qpos;   /* (n) */
+    const int32_t *nk;     /* (n_kv_heads) keys per KV head (rows in use, or list lengths) */
+    const int32_t *idx;    /* NULL, or the lists concatenated */
+    const int32_t *idx_off;/* (n_kv_heads) start of each head's list in idx */
+    int n, n_heads, n_kv_heads, head_dim, capacity;
+    int max_nk;            /* max over heads of nk (host copy, sizes the grid) */
+    float scale;
+    int window, renumber;
+} ks_cuda_attn_params;
+
+/* Work decomposition for p on a device with n_sm multiprocessors: *n_splits and the
+ * workspace bytes ks_cuda_attn_decode needs (0 when n_splits == 1). */
+size_t ks_cuda_attn_decode_workspace(const ks_cuda_attn_params *p, int n_sm, int *n_splits);
+
+/* Run; ws of the size above (NULL when 0). */
+ks_status ks_cuda_attn_decode(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
