@@ -9,7 +9,7 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter $(OPT) -g 
            -fopenmp -Iinclude -Icore -Ilua -Irepl -Itests -I/usr/include/lua5.4
 LDLIBS  += -lm -lpthread
 # Static third-party libraries so the binary runs on the GPU machine (no package manager).
-STATIC_LIBS = /usr/lib/x86_64-linux-gnu/libopenblas.a /usr/lib/x86_64-linux-gnu/libpcre2-8.a \
+STATIC_LIBS = /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.a /usr/lib/x86_64-linux-gnu/libpcre2-8.a \
               /usr/lib/x86_64-linux-gnu/libutf8proc.a /usr/lib/x86_64-linux-gnu/liblua5.4.a
 # gfortran/quadmath/gomp runtimes statically too (the GPU machine may lack them)
 LDLIBS  += $(STATIC_LIBS) $(shell $(CC) -print-file-name=libgfortran.a) \

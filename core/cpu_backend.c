@@ -293,83 +293,143 @@ static void rope_vec(float *v, int d, int32_t p, const float *inv, float af) {
     }
 }
 
-/* Attention of each (query row, head) pair over the visible keys, online softmax.
- * Pre-RoPE mode (a->rope): keys are rotated once per KV head into a scratch copy at their
- * effective positions, queries per (row, head). */
+/* Attention, blocked: for each KV head and block of query rows, S = Q K^T and O = P V run
+ * as sgemm over key chunks with an online softmax across chunks (flash-attention's recurrence
+ * at block granularity), so no n x n matrix exists. Keys come straight from the cache, or from
+ * a gathered copy when an index list or pre-RoPE rotation is in play. Masking is by position:
+ * key visible iff kpos <= qpos (and within the sliding window). */
+#define ATT_QB 64     /* query rows per block */
+#define ATT_KC 1024   /* keys per chunk */
+
 static ks_status cpu_attention(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a) {
-    int d = L->head_dim, H = a->n_heads, Hkv = L->n_kv_heads, g = H / Hkv;
+    int d = L->head_dim, H = a->n_heads, Hkv = L->n_kv_heads, g = H / Hkv, n = a->n;
     if (d > 1024) return ks_errorf(KS_ERR_UNSUPPORTED, "attention: head_dim %d > 1024", d);
-    float inv[512];
-    float *krot = NULL;      /* (Hkv, maxk, d) rotated keys in pre-RoPE mode */
-    int maxk = 0;
-    float af = 1.0f;
+    float inv[512], af = 1.0f;
     if (a->rope) {
         ks_rope_inv_freq(a->rope, a->rope_max_pos, inv);
         af = (float)a->rope->attn_factor;
-        for (int h = 0; h < Hkv; h++) maxk = KS_MAX(maxk, a->idx ? a->n_idx[h] : L->n[h]);
-        krot = cpu_alloc(b, sizeof(float) * (size_t)Hkv * KS_MAX(maxk, 1) * d);
-        if (!krot) return KS_ERR_OOM;
-        for (int h = 0; h < Hkv; h++) {
-            const int32_t *ix = a->idx ? a->idx[h] : NULL;
-            int nk = ix ? a->n_idx[h] : L->n[h];
-            const float *K = (const float *)L->k + (size_t)h * L->capacity * d;
-            const int32_t *P = L->pos + (size_t)h * L->capacity;
-#pragma omp parallel for if (nk > 256)
-            for (int t = 0; t < nk; t++) {
-                int j = ix ? ix[t] : t;
-                float *dst = krot + ((size_t)h * maxk + t) * d;
-                memcpy(dst, K + (size_t)j * d, sizeof(float) * d);
-                rope_vec(dst, d, (ix && a->renumber) ? t : P[j], inv, af);
+    }
+    int gathered = a->idx || a->rope;
+    int maxk = 0;
+    for (int h = 0; h < Hkv; h++) maxk = KS_MAX(maxk, a->idx ? a->n_idx[h] : L->n[h]);
+    maxk = KS_MAX(maxk, 1);
+    /* per KV head: contiguous keys/values (cache rows or a gathered copy) and their positions */
+    float *kg = NULL, *vg = NULL;
+    int32_t *pg = ks_malloc(sizeof(int32_t) * (size_t)Hkv * maxk);
+    if (!pg) return KS_ERR_OOM;
+    if (gathered) {
+        kg = cpu_alloc(b, sizeof(float) * (size_t)Hkv * maxk * d);
+        vg = cpu_alloc(b, sizeof(float) * (size_t)Hkv * maxk * d);
+        if (!kg || !vg) { free(kg); free(vg); free(pg); return KS_ERR_OOM; }
+    }
+    for (int h = 0; h < Hkv; h++) {
+        const int32_t *ix = a->idx ? a->idx[h] : NULL;
+        int nk = ix ? a->n_idx[h] : L->n[h];
+        const float *K = (const float *)L->k + (size_t)h * L->capacity * d;
+        const float *V = (const float *)L->v + (size_t)h * L->capacity * d;
+        const int32_t *P = L->pos + (size_t)h * L->capacity;
+#pragma omp parallel for if (nk > 512)
+        for (int t = 0; t < nk; t++) {
+            int j = ix ? ix[t] : t;
+            int32_t p = (ix && a->renumber) ? t : P[j];
+            pg[(size_t)h * maxk + t] = p;
+            if (gathered) {
+                float *kd = kg + ((size_t)h * maxk + t) * d;
+                memcpy(kd, K + (size_t)j * d, sizeof(float) * d);
+                memcpy(vg + ((size_t)h * maxk + t) * d, V + (size_t)j * d, sizeof(float) * d);
+                if (a->rope) rope_vec(kd, d, p, inv, af);
             }
         }
     }
-#pragma omp parallel for collapse(2) schedule(dynamic, 4)
-    for (int i = 0; i < a->n; i++) {
-        for (int h = 0; h < H; h++) {
-            int kv = h / g;
-            const float *K = (const float *)L->k + (size_t)kv * L->capacity * d;
-            const float *V = (const float *)L->v + (size_t)kv * L->capacity * d;
-            const int32_t *P = L->pos + (size_t)kv * L->capacity;
-            const int32_t *ix = a->idx ? a->idx[kv] : NULL;
-            int nk = ix ? a->n_idx[kv] : L->n[kv];
-            int32_t qp = (ix && a->renumber) ? nk - a->n + i : a->qpos[i];
-            float qbuf[1024], acc[1024];
-            const float *qi = q + ((size_t)i * H + h) * d;
-            if (krot) {
-                memcpy(qbuf, qi, sizeof(float) * d);
-                rope_vec(qbuf, d, qp, inv, af);
-                qi = qbuf;
-            }
-            float m = -INFINITY, l = 0;
-            for (int t = 0; t < d; t++) acc[t] = 0;
-            for (int t = 0; t < nk; t++) {
-                int j = ix ? ix[t] : t;
-                int32_t kp = (ix && a->renumber) ? t : P[j];
-                if (kp > qp) continue;
-                if (a->window > 0 && qp - kp >= a->window) continue;
-                const float *kj = krot ? krot + ((size_t)kv * maxk + t) * d : K + (size_t)j * d;
-                float s = 0;
-                for (int c = 0; c < d; c++) s += qi[c] * kj[c];
-                s *= a->scale;
-                const float *vj = V + (size_t)j * d;
-                if (s > m) {
-                    float corr = expf(m - s);
-                    l = l * corr + 1.0f;
-                    for (int c = 0; c < d; c++) acc[c] = acc[c] * corr + vj[c];
-                    m = s;
-                } else {
-                    float p = expf(s - m);
-                    l += p;
-                    for (int c = 0; c < d; c++) acc[c] += p * vj[c];
+    int nqb = (n + ATT_QB - 1) / ATT_QB;
+    ks_status st = KS_OK;
+#pragma omp parallel
+    {
+        /* per thread: Q block (g*QB, d), scores (g*QB, KC), running max/sum, output acc */
+        int R = g * ATT_QB;
+        float *Qb = malloc(sizeof(float) * (size_t)R * d), *S = malloc(sizeof(float) * (size_t)R * ATT_KC);
+        float *Ob = malloc(sizeof(float) * (size_t)R * d), *mx = malloc(sizeof(float) * R), *sm = malloc(sizeof(float) * R);
+        int32_t *qp = malloc(sizeof(int32_t) * R);
+        if (!Qb || !S || !Ob || !mx || !sm || !qp) {
+#pragma omp critical
+            st = ks_errorf(KS_ERR_OOM, "attention: out of memory for scratch");
+        } else {
+#pragma omp for collapse(2) schedule(dynamic, 1)
+            for (int h = 0; h < Hkv; h++) {
+                for (int qb = 0; qb < nqb; qb++) {
+                    int i0 = qb * ATT_QB, rows = KS_MIN(ATT_QB, n - i0), RR = g * rows;
+                    int nk = a->idx ? a->n_idx[h] : L->n[h];
+                    const float *K = gathered ? kg + (size_t)h * maxk * d : (const float *)L->k + (size_t)h * L->capacity * d;
+                    const float *V = gathered ? vg + (size_t)h * maxk * d : (const float *)L->v + (size_t)h * L->capacity * d;
+                    const int32_t *P = pg + (size_t)h * maxk;
+                    int32_t qmax = INT32_MIN, qmin = INT32_MAX;
+                    /* row r = gg * rows + i: query head h*g+gg, query row i0+i */
+                    for (int gg = 0; gg < g; gg++)
+                        for (int i = 0; i < rows; i++) {
+                            int r = gg * rows + i;
+                            const float *src = q + ((size_t)(i0 + i) * H + h * g + gg) * d;
+                            int32_t p = (a->idx && a->renumber) ? nk - n + i0 + i : a->qpos[i0 + i];
+                            qp[r] = p;
+                            qmax = KS_MAX(qmax, p);
+                            qmin = KS_MIN(qmin, p);
+                            memcpy(Qb + (size_t)r * d, src, sizeof(float) * d);
+                            if (a->rope) rope_vec(Qb + (size_t)r * d, d, p, inv, af);
+                            mx[r] = -INFINITY;
+                            sm[r] = 0;
+                        }
+                    memset(Ob, 0, sizeof(float) * (size_t)RR * d);
+                    for (int k0 = 0; k0 < nk; k0 += ATT_KC) {
+                        int kc = KS_MIN(ATT_KC, nk - k0);
+                        /* skip chunks no query of the block can see (positions usually ascend) */
+                        int32_t pmin = INT32_MAX, pmax = INT32_MIN;
+                        for (int t = 0; t < kc; t++) { pmin = KS_MIN(pmin, P[k0 + t]); pmax = KS_MAX(pmax, P[k0 + t]); }
+                        if (pmin > qmax) continue;
+                        if (a->window > 0 && qmin - pmax >= a->window) continue;
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, RR, kc, d, a->scale, Qb, d,
+                                    K + (size_t)k0 * d, d, 0.0f, S, kc);
+                        for (int r = 0; r < RR; r++) {
+                            float *sr = S + (size_t)r * kc, m_new = mx[r];
+                            for (int t = 0; t < kc; t++) {
+                                int32_t kp = P[k0 + t];
+                                if (kp > qp[r] || (a->window > 0 && qp[r] - kp >= a->window)) sr[t] = -INFINITY;
+                                else if (sr[t] > m_new) m_new = sr[t];
+                            }
+                            if (m_new == -INFINITY) { /* nothing visible in this chunk */
+                                for (int t = 0; t < kc; t++) sr[t] = 0;
+                                continue;
+                            }
+                            float corr = expf(mx[r] - m_new), sum = 0;
+                            for (int t = 0; t < kc; t++) {
+                                float e = sr[t] == -INFINITY ? 0.0f : expf(sr[t] - m_new);
+                                sr[t] = e;
+                                sum += e;
+                            }
+                            sm[r] = sm[r] * corr + sum;
+                            mx[r] = m_new;
+                            if (corr != 1.0f) {
+                                float *o = Ob + (size_t)r * d;
+                                for (int c = 0; c < d; c++) o[c] *= corr;
+                            }
+                        }
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, RR, d, kc, 1.0f, S, kc,
+                                    V + (size_t)k0 * d, d, 1.0f, Ob, d);
+                    }
+                    for (int gg = 0; gg < g; gg++)
+                        for (int i = 0; i < rows; i++) {
+                            int r = gg * rows + i;
+                            float il = sm[r] > 0 ? 1.0f / sm[r] : 0.0f;
+                            float *o = out + ((size_t)(i0 + i) * H + h * g + gg) * d;
+                            for (int c = 0; c < d; c++) o[c] = Ob[(size_t)r * d + c] * il;
+                        }
                 }
             }
-            float *oi = out + ((size_t)i * H + h) * d;
-            float inv_l = l > 0 ? 1.0f / l : 0.0f;
-            for (int c = 0; c < d; c++) oi[c] = acc[c] * inv_l;
         }
+        free(Qb); free(S); free(Ob); free(mx); free(sm); free(qp);
     }
-    free(krot);
-    return KS_OK;
+    free(kg);
+    free(vg);
+    free(pg);
+    return st;
 }
 
 static void cpu_destroy(ks_backend *b) {
