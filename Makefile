@@ -28,6 +28,24 @@ REPL_SRC  := $(wildcard repl/*.c)
 TEST_SRC  := $(wildcard tests/*.c)
 LIB_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(CORE_SRC) $(LUA_SRC))
 
+# CUDA backend: CUDA=1 (nvcc from PATH or /usr/local/cuda), or automatically when nvcc is on
+# PATH. CUDA builds go to build-cuda/ so CPU and CUDA objects never mix.
+ifeq ($(CUDA),)
+  ifneq ($(shell command -v nvcc 2>/dev/null),)
+    CUDA := 1
+  endif
+endif
+ifeq ($(CUDA),1)
+  ifeq ($(shell command -v nvcc 2>/dev/null),)
+    NVCC := /usr/local/cuda/bin/nvcc
+  endif
+  ifneq ($(SANITIZE),1)
+    BUILD := build-cuda
+  endif
+  LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(CORE_SRC) $(LUA_SRC))
+  include kernels/cuda.mk
+endif
+
 all: $(BUILD)/kvsieve $(BUILD)/ks_tests                         # build everything (CPU)
 
 $(BUILD)/%.o: %.c                                               # compile one C file
@@ -57,7 +75,7 @@ demo: deps                                                      # the main job o
 	$(BUILD)/kvsieve generate -m ../shared/models/stories260K -p "Once upon a time" -n 64
 
 clean:                                                          # remove build outputs
-	rm -rf build build-san
+	rm -rf build build-san build-cuda
 
 .PHONY: all deps test demo clean
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
