@@ -153,9 +153,21 @@ static int is_ws(uint32_t c) {
            (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
            c == 0x3000;
 }
-/* Rust regex's Unicode \w: alphabetic, marks, decimal digits, connector punctuation, join controls. */
+/* Rust regex's Unicode \w (Unicode 16): alphabetic, marks, decimal digits, connector
+ * punctuation, join controls. utf8proc's categories plus the Other_Alphabetic symbols and the
+ * word characters added after utf8proc's Unicode version (measured against HF). */
 static int is_word(uint32_t c) {
-    if (c == 0x200C || c == 0x200D || (c >= 0x24B6 && c <= 0x24E9)) return 1;
+    static const uint32_t extra[][2] = {
+        {0x897, 0x897}, {0x1C89, 0x1C8A}, {0x200C, 0x200D}, {0x24B6, 0x24E9}, {0xA7CB, 0xA7CD}, {0xA7DA, 0xA7DC},
+        {0x105C0, 0x105F3}, {0x10D40, 0x10D65}, {0x10D69, 0x10D6D}, {0x10D6F, 0x10D85}, {0x10EC2, 0x10EC4},
+        {0x10EFC, 0x10EFC}, {0x11380, 0x11389}, {0x1138B, 0x1138B}, {0x1138E, 0x1138E}, {0x11390, 0x113B5},
+        {0x113B7, 0x113C0}, {0x113C2, 0x113C2}, {0x113C5, 0x113C5}, {0x113C7, 0x113CA}, {0x113CC, 0x113D3},
+        {0x113E1, 0x113E2}, {0x116D0, 0x116E3}, {0x11BC0, 0x11BE0}, {0x11BF0, 0x11BF9}, {0x11F5A, 0x11F5A},
+        {0x13460, 0x143FA}, {0x16100, 0x16139}, {0x16D40, 0x16D6C}, {0x16D70, 0x16D79}, {0x18CFF, 0x18CFF},
+        {0x1CCF0, 0x1CCF9}, {0x1E5D0, 0x1E5FA}, {0x1F130, 0x1F149}, {0x1F150, 0x1F169}, {0x1F170, 0x1F189},
+        {0x2EBF0, 0x2EE5D}};
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
+        if (c >= extra[i][0] && c <= extra[i][1]) return 1;
     switch (utf8proc_category((utf8proc_int32_t)c)) {
     case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
     case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
@@ -164,10 +176,17 @@ static int is_word(uint32_t c) {
     default: return 0;
     }
 }
-/* Rust char::is_numeric: general categories Nd, Nl, No. */
+/* Rust char::is_numeric: general categories Nd, Nl, No (Rust's std is at Unicode 17; utf8proc
+ * may be older, so the numbers added since Unicode 14 are listed; measured against HF). */
 static int is_numeric(uint32_t c) {
+    static const uint32_t added[][2] = {{0x10D40, 0x10D49}, {0x116D0, 0x116E3}, {0x11BF0, 0x11BF9}, {0x11F50, 0x11F59},
+                                        {0x16130, 0x16139}, {0x16D70, 0x16D79}, {0x1CCF0, 0x1CCF9}, {0x1D2C0, 0x1D2D3},
+                                        {0x1E4F0, 0x1E4F9}, {0x1E5F1, 0x1E5FA}, {0x11DE0, 0x11DE9}, {0x16FF4, 0x16FF6}};
     int k = utf8proc_category((utf8proc_int32_t)c);
-    return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
+    if (k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO) return 1;
+    for (size_t i = 0; i < sizeof added / sizeof added[0]; i++)
+        if (c >= added[i][0] && c <= added[i][1]) return 1;
+    return 0;
 }
 
 /* ================================================================ hashing, maps */
@@ -258,6 +277,49 @@ static int pm_get(const pairmap *m, int32_t a, int32_t b, uint32_t *rank, int32_
  * U+180E. Spell the set out so both agree. */
 #define WS_SET "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
+/* HF's Oniguruma has Unicode 16 tables; PCRE2 10.42 has Unicode 14's. For the properties the
+ * split regexes use, these are the code points Unicode 16 has and PCRE2 10.42 lacks (PCRE2
+ * never has extra ones; a newer PCRE2 already has some of these, which is harmless). The
+ * rewrite below turns \p{L} into [\p{L}<these>], etc. Measured by running both engines over
+ * every code point. */
+static const struct uprop { const char *name; const char *extra; } UPROPS[] = {
+    {"L",
+     "\\x{1C89}-\\x{1C8A}\\x{A7CB}-\\x{A7CD}\\x{A7DA}-\\x{A7DC}\\x{105C0}-\\x{105F3}"
+     "\\x{10D4A}-\\x{10D65}\\x{10D6F}-\\x{10D85}\\x{10EC2}-\\x{10EC4}\\x{1123F}-\\x{11240}"
+     "\\x{11380}-\\x{11389}\\x{1138B}\\x{1138E}\\x{11390}-\\x{113B5}\\x{113B7}\\x{113D1}\\x{113D3}"
+     "\\x{11BC0}-\\x{11BE0}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}\\x{1342F}"
+     "\\x{13441}-\\x{13446}\\x{13460}-\\x{143FA}\\x{16100}-\\x{1611D}\\x{16D40}-\\x{16D6C}\\x{18CFF}"
+     "\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}\\x{1E4D0}-\\x{1E4EB}"
+     "\\x{1E5D0}-\\x{1E5ED}\\x{1E5F0}\\x{2B739}\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}"},
+    {"N",
+     "\\x{10D40}-\\x{10D49}\\x{116D0}-\\x{116E3}\\x{11BF0}-\\x{11BF9}\\x{11F50}-\\x{11F59}"
+     "\\x{16130}-\\x{16139}\\x{16D70}-\\x{16D79}\\x{1CCF0}-\\x{1CCF9}\\x{1D2C0}-\\x{1D2D3}"
+     "\\x{1E4F0}-\\x{1E4F9}\\x{1E5F1}-\\x{1E5FA}"},
+    {"M",
+     "\\x{897}\\x{CF3}\\x{ECE}\\x{10D69}-\\x{10D6D}\\x{10EFC}-\\x{10EFF}\\x{11241}"
+     "\\x{113B8}-\\x{113C0}\\x{113C2}\\x{113C5}\\x{113C7}-\\x{113CA}\\x{113CC}-\\x{113D0}\\x{113D2}"
+     "\\x{113E1}-\\x{113E2}\\x{11F00}-\\x{11F01}\\x{11F03}\\x{11F34}-\\x{11F3A}\\x{11F3E}-\\x{11F42}"
+     "\\x{11F5A}\\x{13440}\\x{13447}-\\x{13455}\\x{1611E}-\\x{1612F}\\x{1E08F}\\x{1E4EC}-\\x{1E4EF}"
+     "\\x{1E5EE}-\\x{1E5EF}"},
+    {"Lu",
+     "\\x{1C89}\\x{A7CB}-\\x{A7CC}\\x{A7DA}\\x{A7DC}\\x{10D50}-\\x{10D65}"},
+    {"Ll",
+     "\\x{1C8A}\\x{A7CD}\\x{A7DB}\\x{10D70}-\\x{10D85}\\x{1DF25}-\\x{1DF2A}"},
+    {"Lm",
+     "\\x{10D4E}\\x{10D6F}\\x{16D40}-\\x{16D42}\\x{16D6B}-\\x{16D6C}\\x{1E030}-\\x{1E06D}\\x{1E4EB}"},
+    {"Lo",
+     "\\x{105C0}-\\x{105F3}\\x{10D4A}-\\x{10D4D}\\x{10D4F}\\x{10EC2}-\\x{10EC4}\\x{1123F}-\\x{11240}"
+     "\\x{11380}-\\x{11389}\\x{1138B}\\x{1138E}\\x{11390}-\\x{113B5}\\x{113B7}\\x{113D1}\\x{113D3}"
+     "\\x{11BC0}-\\x{11BE0}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}\\x{1342F}"
+     "\\x{13441}-\\x{13446}\\x{13460}-\\x{143FA}\\x{16100}-\\x{1611D}\\x{16D43}-\\x{16D6A}\\x{18CFF}"
+     "\\x{1B132}\\x{1B155}\\x{1E4D0}-\\x{1E4EA}\\x{1E5D0}-\\x{1E5ED}\\x{1E5F0}\\x{2B739}"
+     "\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}"},
+    {"Nd",
+     "\\x{10D40}-\\x{10D49}\\x{116D0}-\\x{116E3}\\x{11BF0}-\\x{11BF9}\\x{11F50}-\\x{11F59}"
+     "\\x{16130}-\\x{16139}\\x{16D70}-\\x{16D79}\\x{1CCF0}-\\x{1CCF9}\\x{1E4F0}-\\x{1E4F9}"
+     "\\x{1E5F1}-\\x{1E5FA}"},
+};
+
 typedef struct ks_rx { pcre2_code *code; } ks_rx;
 
 /* per-call matching state (match data, JIT stack): encode/decode stay thread-safe */
@@ -280,7 +342,25 @@ static ks_status rx_compile(const char *pat, size_t len, ks_rx **out) {
         if (c == '\\' && i + 1 < len) {
             char d = pat[i + 1];
             i++;
-            if (d == 's') r = in_class ? sb_put(&p, WS_SET, strlen(WS_SET)) : sb_put(&p, "[" WS_SET "]", strlen(WS_SET) + 2);
+            const char *name = NULL, *extra = NULL;
+            size_t nlen = 0, skip = 0;
+            if ((d == 'p' || d == 'P') && i + 1 < len) { /* \p{Name} or \pX */
+                if (pat[i + 1] == '{') {
+                    const char *e = memchr(pat + i + 2, '}', len - i - 2);
+                    if (e) { name = pat + i + 2; nlen = (size_t)(e - name); skip = nlen + 2; }
+                } else { name = pat + i + 1; nlen = 1; skip = 1; }
+            } else if (d == 'd' || d == 'D') { name = "Nd"; nlen = 2; }
+            for (size_t k = 0; name && k < sizeof UPROPS / sizeof UPROPS[0]; k++)
+                if (strlen(UPROPS[k].name) == nlen && !memcmp(UPROPS[k].name, name, nlen)) extra = UPROPS[k].extra;
+            int neg = d == 'P' || d == 'D';
+            if (extra && !(in_class && neg)) { /* a class of the property plus what PCRE2 lacks */
+                if (!in_class) r |= sb_put(&p, neg ? "[^" : "[", neg ? 2 : 1);
+                if (d == 'd' || d == 'D') r |= sb_put(&p, "\\d", 2);
+                else { r |= sb_put(&p, "\\p", 2); r |= sb_put(&p, pat + i + 1, skip); }
+                r |= sb_put(&p, extra, strlen(extra));
+                if (!in_class) r |= sb_put(&p, "]", 1);
+                i += skip;
+            } else if (d == 's') r = in_class ? sb_put(&p, WS_SET, strlen(WS_SET)) : sb_put(&p, "[" WS_SET "]", strlen(WS_SET) + 2);
             else if (d == 'S' && !in_class) r = sb_put(&p, "[^" WS_SET "]", strlen(WS_SET) + 3);
             else if (d == 'Q') { /* quoted literal up to \E: copy through */
                 const char *e = NULL;
@@ -497,6 +577,8 @@ struct ks_tokenizer {
 /* ================================================================ normalizers */
 
 static ks_status norm_apply(const knorm *nm, rxctx *c, const char *in, size_t n, sbuf *out);
+static int norm_inert(uint32_t c);
+static ks_status unicode_norm(const char *in, size_t n, int opt, sbuf *out);
 
 static ks_status norm_one(const knorm *nm, rxctx *c, const char *in, size_t n, sbuf *out) {
     switch (nm->type) {
@@ -515,16 +597,21 @@ static ks_status norm_one(const knorm *nm, rxctx *c, const char *in, size_t n, s
         return r ? KS_ERR_OOM : KS_OK;
     }
     case N_NFC: case N_NFD: case N_NFKC: case N_NFKD: {
-        if (n == 0) return KS_OK;
         int opt = UTF8PROC_STABLE;
         opt |= (nm->type == N_NFC || nm->type == N_NFKC) ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
         if (nm->type == N_NFKC || nm->type == N_NFKD) opt |= UTF8PROC_COMPAT;
-        utf8proc_uint8_t *dst = NULL;
-        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)in, (utf8proc_ssize_t)n, &dst, (utf8proc_option_t)opt);
-        if (r < 0) return ks_errorf(KS_ERR_ARG, "unicode normalization failed: %s", utf8proc_errmsg(r));
-        int e = sb_put(out, dst, (size_t)r);
-        free(dst);
-        return e ? KS_ERR_OOM : KS_OK;
+        /* characters HF's tables do not know are inert starters: normalize around them */
+        size_t i = 0, run = 0, l;
+        while (i <= n) {
+            if (i < n && !norm_inert(u8_dec((const unsigned char *)in + i, &l))) { i += l; continue; }
+            ks_status st = unicode_norm(in + run, i - run, opt, out);
+            if (st) return st;
+            if (i == n) break;
+            if (sb_put(out, in + i, l)) return KS_ERR_OOM;
+            i += l;
+            run = i;
+        }
+        return KS_OK;
     }
     case N_PREPEND:
         if (n && sb_put(out, nm->a, nm->alen)) return KS_ERR_OOM;
@@ -555,6 +642,42 @@ static ks_status norm_one(const knorm *nm, rxctx *c, const char *in, size_t n, s
     }
     }
     return ks_errorf(KS_ERR_INTERNAL, "unknown normalizer kind %d", nm->type);
+}
+
+/* HF normalizes with the tables of the `unicode-normalization-alignments` crate, which
+ * predate Unicode 11: characters utf8proc (Unicode 15) normalizes but those tables do not
+ * know are, for HF, starters without decomposition or composition. Measured over every code
+ * point (alone, after "a" before U+0301, before U+0308 U+0323) in NFC/NFD/NFKC/NFKD. */
+static int norm_inert(uint32_t c) {
+    static const uint32_t r[][2] = {
+        {0x7FD, 0x7FD}, {0x898, 0x89F}, {0x8CA, 0x8D3}, {0x9FE, 0x9FE}, {0xC3C, 0xC3C}, {0xD3B, 0xD3C},
+        {0xEBA, 0xEBA}, {0x1715, 0x1715}, {0x1ABF, 0x1ACE}, {0x1DF6, 0x1DFA}, {0x32FF, 0x32FF},
+        {0xA7F2, 0xA7F4}, {0xA82C, 0xA82C}, {0xAB69, 0xAB69}, {0x10781, 0x10785}, {0x10787, 0x107B0},
+        {0x107B2, 0x107BA}, {0x10D24, 0x10D27}, {0x10EAB, 0x10EAC}, {0x10EFD, 0x10EFF}, {0x10F46, 0x10F50},
+        {0x10F82, 0x10F85}, {0x11070, 0x11070}, {0x1133B, 0x1133B}, {0x1145E, 0x1145E}, {0x11839, 0x1183A},
+        {0x11938, 0x11938}, {0x1193D, 0x1193E}, {0x11943, 0x11943}, {0x119E0, 0x119E0}, {0x11A34, 0x11A34},
+        {0x11A47, 0x11A47}, {0x11A99, 0x11A99}, {0x11D42, 0x11D42}, {0x11D44, 0x11D45}, {0x11D97, 0x11D97},
+        {0x11F41, 0x11F42}, {0x16FF0, 0x16FF1}, {0x1E030, 0x1E06D}, {0x1E08F, 0x1E08F}, {0x1E130, 0x1E136},
+        {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF}, {0x1E4EC, 0x1E4EF}, {0x1F16C, 0x1F16C}, {0x1FBF0, 0x1FBF9}};
+    if (c < 0x7FD) return 0;
+    size_t lo = 0, hi = sizeof r / sizeof r[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (c < r[mid][0]) hi = mid;
+        else if (c > r[mid][1]) lo = mid + 1;
+        else return 1;
+    }
+    return 0;
+}
+
+static ks_status unicode_norm(const char *in, size_t n, int opt, sbuf *out) {
+    if (n == 0) return KS_OK;
+    utf8proc_uint8_t *dst = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)in, (utf8proc_ssize_t)n, &dst, (utf8proc_option_t)opt);
+    if (r < 0) return ks_errorf(KS_ERR_ARG, "unicode normalization failed: %s", utf8proc_errmsg(r));
+    int e = sb_put(out, dst, (size_t)r);
+    free(dst);
+    return e ? KS_ERR_OOM : KS_OK;
 }
 
 /* Appends the normalized form of in[0..n) to out. A NULL normalizer copies. */
@@ -747,13 +870,14 @@ typedef struct hent { uint32_t rank, pos; int32_t nid; } hent;
 
 static int hless(const hent *a, const hent *b) { return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos; }
 
+/* a 4-ary min-heap (shallower than a binary one: fewer cache misses on long words) */
 static int heap_push(vec *h, hent e) {
     hent *x = vec_push(h);
     if (!x) return -1;
     hent *v = h->v;
     size_t i = h->n - 1;
     while (i > 0) {
-        size_t p = (i - 1) / 2;
+        size_t p = (i - 1) / 4;
         if (!hless(&e, &v[p])) break;
         v[i] = v[p];
         i = p;
@@ -765,10 +889,10 @@ static hent heap_pop(vec *h) {
     hent *v = h->v, top = v[0], e = v[--h->n];
     size_t i = 0, n = h->n;
     for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
+        size_t c = 4 * i + 1, m = i;
         const hent *best = &e;
-        if (l < n && hless(&v[l], best)) { m = l; best = &v[l]; }
-        if (r < n && hless(&v[r], best)) { m = r; }
+        for (size_t k = c; k < c + 4 && k < n; k++)
+            if (hless(&v[k], best)) { m = k; best = &v[k]; }
         if (m == i) break;
         v[i] = v[m];
         i = m;
@@ -1213,11 +1337,9 @@ static ks_status dec_apply(const ks_tokenizer *t, const kdec *d, rxctx *rc, slis
         for (size_t i = 0; !st && i < in->s.n; i++) {
             const char *s = SL_STR(in, i);
             size_t n = SL_LEN(in, i), l, a = 0, e = n, nch = u8_count(s, n);
-            size_t cut_chars = 0;
             for (size_t k = 0; k < d->start && a < n; k++) { /* leading */
                 if (u8_dec((const unsigned char *)s + a, &l) != d->strip_cp) break;
                 a += l;
-                cut_chars++;
             }
             for (size_t k = 0; k < d->stop && e > 0 && k < nch; k++) { /* trailing */
                 size_t b = e - 1;
@@ -1225,7 +1347,6 @@ static ks_status dec_apply(const ks_tokenizer *t, const kdec *d, rxctx *rc, slis
                 if (u8_dec((const unsigned char *)s + b, &l) != d->strip_cp) break;
                 e = b;
             }
-            (void)cut_chars;
             if (e < a) e = a; /* HF would slice an inverted range and panic; keep it empty */
             if (sl_add(&out, s + a, e - a)) st = KS_ERR_OOM;
         }
@@ -1641,7 +1762,7 @@ static ks_status post_pair(const ks_json *j, const char *key, int32_t *id, const
     return KS_OK;
 }
 
-static ks_status load_post(const ks_tokenizer *t, const ks_json *j, kpost *p, const char *where, int depth) {
+static ks_status load_post(const ks_json *j, kpost *p, const char *where, int depth) {
     memset(p, 0, sizeof *p);
     if (depth > 32) return ks_errorf(KS_ERR_FORMAT, "%s: nested too deeply", where);
     ks_status st = want(j, KS_JSON_OBJECT, where);
@@ -1659,7 +1780,7 @@ static ks_status load_post(const ks_tokenizer *t, const ks_json *j, kpost *p, co
         for (size_t i = 0; i < a->len; i++) {
             snprintf(sub, sizeof sub, "%s.processors[%zu]", where, i);
             p->nk = i + 1;
-            if ((st = load_post(t, &a->items[i], &p->kids[i], sub, depth + 1))) return st;
+            if ((st = load_post(&a->items[i], &p->kids[i], sub, depth + 1))) return st;
         }
         return KS_OK;
     }
@@ -1702,7 +1823,6 @@ static ks_status load_post(const ks_tokenizer *t, const ks_json *j, kpost *p, co
             } else
                 return ks_errorf(KS_ERR_FORMAT, "%s: expected {\"Sequence\": ...} or {\"SpecialToken\": ...}", sub);
         }
-        (void)t;
         return KS_OK;
     }
     return ks_errorf(KS_ERR_UNSUPPORTED, "%s: post-processor type \"%s\" is not supported", where, ty);
@@ -1732,6 +1852,8 @@ static ks_status load_model(ks_tokenizer *t, const ks_json *m) {
     if ((st = want(vocab, KS_JSON_OBJECT, "model.vocab"))) return st;
     if ((st = want(merges, KS_JSON_ARRAY, "model.merges"))) return st;
     const ks_json *dropout = ks_json_get(m, "dropout");
+    if (dropout && dropout->type != KS_JSON_NULL && dropout->type != KS_JSON_NUMBER)
+        return ks_errorf(KS_ERR_FORMAT, "model.dropout: expected a number or null, found %s", jtype_name(dropout));
     if (dropout && dropout->type == KS_JSON_NUMBER && dropout->num != 0.0)
         return ks_errorf(KS_ERR_UNSUPPORTED, "model.dropout = %g: BPE dropout is not supported", dropout->num);
     if ((st = jbool(m, "fuse_unk", 0, &t->fuse_unk, "model")) || (st = jbool(m, "byte_fallback", 0, &t->byte_fallback, "model")) ||
@@ -1786,6 +1908,10 @@ static ks_status load_model(ks_tokenizer *t, const ks_json *m) {
     size_t rank = 0;
     for (size_t i = 0; i < merges->len; i++) {
         const ks_json *e = &merges->items[i];
+        if (e->type != merges->items[0].type) { /* HF takes one format or the other, never both */
+            sb_free(&joined);
+            return ks_errorf(KS_ERR_FORMAT, "model.merges[%zu]: mixes \"a b\" strings and [\"a\", \"b\"] pairs", i);
+        }
         const char *a, *b;
         size_t al, bl;
         if (e->type == KS_JSON_STRING) {
@@ -1866,6 +1992,7 @@ static ks_status load_added(ks_tokenizer *t, const ks_json *arr) {
         a.normalized = (uint8_t)nz; a.special = (uint8_t)sp;
         if (content->len == 0) continue;
         int32_t id = sm_get(&t->added_map, ARENA(t), content->str, content->len);
+        int repeated = id >= 0; /* only a repeated content can land on an existing entry */
         if (id < 0) id = sm_get(&t->vocab, ARENA(t), content->str, content->len);
         if (id < 0) {
             if (next_id >= MAX_ID) { st = ks_errorf(KS_ERR_FORMAT, "%s: too many tokens", where); break; }
@@ -1884,7 +2011,7 @@ static ks_status load_added(ks_tokenizer *t, const ks_json *arr) {
             a.nlen = (uint32_t)nb.n;
         }
         /* one entry per id: a repeated content overrides the earlier properties */
-        size_t k = 0;
+        size_t k = repeated ? 0 : t->n_added;
         for (; k < t->n_added; k++) if (t->added[k].id == id) break;
         if (k < t->n_added) {
             uint8_t was_special = t->added[k].special;
@@ -1982,7 +2109,7 @@ static ks_status load_root(ks_tokenizer *t, const ks_json *root) {
     if ((st = load_added(t, ks_json_get(root, "added_tokens")))) return st;
     if ((j = ks_json_get(root, "post_processor")) && j->type != KS_JSON_NULL) {
         if (!(t->post = ks_calloc(1, sizeof *t->post))) return KS_ERR_OOM;
-        if ((st = load_post(t, j, t->post, "post_processor", 0))) return st;
+        if ((st = load_post(j, t->post, "post_processor", 0))) return st;
     }
     return build_ids(t);
 }
