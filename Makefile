@@ -46,6 +46,7 @@ ifeq ($(CUDA),1)
   include kernels/cuda.mk
 endif
 
+.DEFAULT_GOAL := all
 all: $(BUILD)/kvsieve $(BUILD)/ks_tests                         # build everything (CPU)
 
 $(BUILD)/%.o: %.c                                               # compile one C file

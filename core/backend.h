@@ -15,6 +15,7 @@
 #define KS_BACKEND_H
 
 #include "config.h"
+#include "prims.h"
 #include "safetensors.h"
 
 typedef struct ks_backend ks_backend;
@@ -49,6 +50,43 @@ typedef struct ks_attn_args {
                                     key at its effective position (renumbered or stored) first */
     int rope_max_pos;            /* largest position of the request (longrope's factor choice) */
 } ks_attn_args;
+
+/* The policy primitives on backend buffers: the meaning of core/prims.h, the same results
+ * (index results identical, floats to rounding). Every pointer is backend memory; a result
+ * core/prims.h returns through a host pointer (unique/union's count: int64, cosine: float)
+ * is written to backend memory, so nothing waits for the device until it is downloaded.
+ * gather's index check likewise goes to `err` (backend int64, set to -1 first; receives the
+ * lowest bad position), NULL = unchecked (indices known valid). */
+#define KS_BACKEND_PRIMS 1
+typedef struct ks_backend_prims {
+    ks_status (*scores)(ks_backend *b, const float *q, const int32_t *qpos, int64_t n_q_heads, int64_t m,
+                        const void *k, int k_bf16, const int32_t *kpos, int64_t n_kv_heads, int64_t n, int64_t d,
+                        const ks_scores_opts *opts, float *out);
+    ks_status (*pool1d)(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t kernel, ks_pool_mode mode,
+                        float *out);
+    ks_status (*topk)(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, ks_topk_order order,
+                      int32_t *out_idx, float *out_val);
+    ks_status (*argsort)(ks_backend *b, const float *x, int64_t n, int descending, int32_t *out_idx);
+    ks_status (*sort_f32)(ks_backend *b, const float *x, int64_t n, int descending, float *out);
+    ks_status (*sort_i32)(ks_backend *b, const int32_t *x, int64_t n, int32_t *out);
+    ks_status (*rank)(ks_backend *b, const float *x, int64_t n, int32_t *out_rank);
+    ks_status (*unique)(ks_backend *b, const int32_t *x, int64_t n, int32_t *out, int64_t *n_out);
+    ks_status (*union_)(ks_backend *b, const int32_t *a, int64_t na, const int32_t *bb, int64_t nb, int32_t *out,
+                        int64_t *n_out);
+    ks_status (*concat_i32)(ks_backend *b, const int32_t *a, int64_t na, const int32_t *bb, int64_t nb, int32_t *out);
+    ks_status (*concat_f32)(ks_backend *b, const float *a, int64_t na, const float *bb, int64_t nb, float *out);
+    ks_status (*arange)(ks_backend *b, int64_t start, int64_t stop, int64_t step, int32_t *out);
+    ks_status (*gather)(ks_backend *b, const float *x, int64_t n, int64_t d, const int32_t *idx, int64_t k,
+                        float *out, int64_t *err);
+    ks_status (*gather_i32)(ks_backend *b, const int32_t *x, int64_t n, const int32_t *idx, int64_t k, int32_t *out,
+                            int64_t *err);
+    ks_status (*softmax)(ks_backend *b, const float *x, int64_t rows, int64_t n, float *out);
+    ks_status (*sum)(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, float *out);
+    ks_status (*mean)(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, float *out);
+    ks_status (*var)(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, int64_t ddof, float *out);
+    ks_status (*cosine)(ks_backend *b, const float *a, const float *bb, int64_t n, float *out);
+    ks_status (*cosine_rows)(ks_backend *b, const float *a, const float *bb, int64_t rows, int64_t d, float *out);
+} ks_backend_prims;
 
 struct ks_backend {
     const char *name;            /* "cpu", "cuda" */
@@ -99,6 +137,9 @@ struct ks_backend {
     ks_status (*attention)(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a);
 
     void (*destroy)(ks_backend *b);
+
+    /* ---- policy primitives on backend buffers; NULL on the CPU (use core/prims.h directly) */
+    const ks_backend_prims *prims;
 
     /* ---- counters (bench): time and FLOPs spent in matmul since the last reset */
     double stat_matmul_s, stat_matmul_flop;

@@ -384,7 +384,7 @@ restart:
             event_init(s, &ev, KS_EV_PREFILL_QKV, l, pass, n);
             ev.q = b.q; ev.k = b.k; ev.v = b.v; ev.k_pre = b.kpre;
             ev.pos = pos; ev.ids = ids; ev.orig = orig; ev.kv = &s->kv[l];
-            if ((st = fire(s, &ev))) goto out;
+            if ((st = fire(s, &ev))) { actions_clear(&ev); goto out; } /* a failed handler may have asked for actions */
             if (ev.act.restart && chunked) {
                 actions_clear(&ev);
                 st = ks_errorf(KS_ERR_POLICY, "restart is not allowed in a chunked prefill");

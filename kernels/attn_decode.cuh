@@ -14,16 +14,18 @@
 extern "C" {
 #endif
 
-/* One attention call; every pointer is device memory. Query row i (of n) sits at position
- * qpos[i]; query head h reads KV head h / (n_heads / n_kv_heads). Key t of KV head kv is row
- * j = idx ? idx[idx_off[kv] + t] : t, for t < nk[kv], at position
- * (idx && renumber) ? t : kpos[kv * capacity + j]; it is visible iff position <= qpos[i] and
- * (window == 0 || qpos[i] - position < window). A query row that sees no key gets zeros. */
+/* One attention call; every pointer is device memory. Query head h reads KV head
+ * h / (n_heads / n_kv_heads). Key t of KV head kv is row j = idx ? idx[idx_off[kv] + t] : t, for
+ * t < nk[kv], at position renumber ? t : (kpos ? kpos[kv * capacity + j] : j). Query row i (of n)
+ * sits at position q_renumber ? nk[kv] - n + i : qpos[i]. A key is visible iff its position
+ * <= the query's and (window == 0 || query - key < window). A query row that sees no key gets
+ * zeros. (The backend's renumbered attend sets renumber and q_renumber, as core/cpu_backend.c
+ * does; after gathering the listed rows into a compact copy it sets q_renumber only.) */
 typedef struct ks_cuda_attn_params {
     float *out;            /* (n, n_heads * head_dim) float32 */
     const float *q;        /* (n, n_heads, head_dim) float32 */
-    const void *k, *v;     /* (n_kv_heads, capacity, head_dim) bf16 */
-    const int32_t *kpos;   /* (n_kv_heads, capacity) */
+    const void *k, *v;     /* (n_kv_heads, capacity, head_dim): v bf16; k bf16, or float32 with k_f32 */
+    const int32_t *kpos;   /* (n_kv_heads, capacity), or NULL: positions = row index */
     const int32_t *qpos;   /* (n) */
     const int32_t *nk;     /* (n_kv_heads) keys per KV head (rows in use, or list lengths) */
     const int32_t *idx;    /* NULL, or the lists concatenated */
@@ -31,7 +33,8 @@ typedef struct ks_cuda_attn_params {
     int n, n_heads, n_kv_heads, head_dim, capacity;
     int max_nk;            /* max over heads of nk (host copy, sizes the grid) */
     float scale;
-    int window, renumber;
+    int window, renumber, q_renumber;
+    int k_f32;             /* k is float32 (split-KV kernel only) */
 } ks_cuda_attn_params;
 
 /* Work decomposition for p on a device with n_sm multiprocessors: *n_splits and the

@@ -4,7 +4,7 @@
 #include "common.cuh"
 #include "rope.cuh"
 
-__global__ void rope_kernel(float *__restrict__ x, int n, int n_heads, int half, const int32_t *__restrict__ pos,
+__global__ void rope_kernel(float *__restrict__ x, int n, int n_heads, int d, int half, const int32_t *__restrict__ pos,
                             const float *__restrict__ inv, float af) {
     size_t total = (size_t)n * n_heads * half, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
@@ -15,7 +15,7 @@ __global__ void rope_kernel(float *__restrict__ x, int n, int n_heads, int half,
         float sn, cs;
         sincosf(a, &sn, &cs);
         float c = __fmul_rn(cs, af), s = __fmul_rn(sn, af);
-        float *v = x + ih * (size_t)(2 * half);
+        float *v = x + ih * (size_t)d;
         float x0 = v[k], x1 = v[k + half];
         v[k] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
         v[k + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
@@ -27,7 +27,7 @@ extern "C" ks_status ks_cuda_rope(cudaStream_t s, float *x, int n, int n_heads, 
     int half = head_dim / 2;
     size_t total = (size_t)n * n_heads * half;
     if (!total) return KS_OK;
-    rope_kernel<<<ks_grid1d(total, 256), 256, 0, s>>>(x, n, n_heads, half, pos, inv_freq, attn_factor);
+    rope_kernel<<<ks_grid1d(total, 256), 256, 0, s>>>(x, n, n_heads, head_dim, half, pos, inv_freq, attn_factor);
     KS_CU_LAUNCH("rope kernel");
     return KS_OK;
 }

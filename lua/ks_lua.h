@@ -82,10 +82,10 @@ int ks_lua_core_error(lua_State *L, const char *fn, ks_status st);
 #define KS_TENSOR_MT "kvsieve.tensor"
 #define KS_TENSOR_MAXDIM 4
 
-typedef enum ks_dtype { KS_F32 = 0, KS_I32 = 1 } ks_dtype;
+typedef enum ks_tdtype { KS_T_ANY = -1 /* arguments: keep / infer */, KS_T_F32 = 0, KS_T_I32 = 1 } ks_tdtype;
 
 typedef struct ks_tensor {
-    ks_dtype dtype;
+    ks_tdtype dtype;
     int ndim;                          /* 0..4 (0 = scalar) */
     int64_t shape[KS_TENSOR_MAXDIM];
     int64_t stride[KS_TENSOR_MAXDIM];  /* in elements */
@@ -100,10 +100,10 @@ typedef struct ks_tensor {
 
 /* A new owned contiguous tensor on the stack (data uninitialised unless zero). Raises on
  * memory errors. */
-ks_tensor *ks_lt_new(lua_State *L, ks_dtype dt, int ndim, const int64_t *shape, int zero);
+ks_tensor *ks_lt_new(lua_State *L, ks_tdtype dt, int ndim, const int64_t *shape, int zero);
 /* A new view on the stack. stride NULL = contiguous. Scoped to the running event when
  * scoped != 0 (raises if none runs). owner_idx != 0: keep that stack value alive (uservalue). */
-ks_tensor *ks_lt_view(lua_State *L, ks_dtype dt, int ndim, const int64_t *shape, const int64_t *stride, void *data,
+ks_tensor *ks_lt_view(lua_State *L, ks_tdtype dt, int ndim, const int64_t *shape, const int64_t *stride, void *data,
                       int scoped, int owner_idx);
 /* Check argument arg is a usable tensor (not closed, not a stale view); fn names the caller. */
 ks_tensor *ks_lt_check(lua_State *L, int arg, const char *fn);
@@ -115,11 +115,12 @@ int ks_lt_is_contig(const ks_tensor *t);
  * the stack (*pushed = 1). */
 void *ks_lt_contig(lua_State *L, int arg, ks_tensor *t, int *pushed);
 /* The value at arg as a tensor of dtype dt: a tensor (converted if needed) or a (nested)
- * Lua table of numbers. Always pushes exactly one value (the tensor to use). */
-ks_tensor *ks_lt_arg(lua_State *L, int arg, ks_dtype dt, const char *fn);
+ * Lua table of numbers (KS_T_ANY: tensors as they are, tables inferred: all integers ->
+ * i32). Always pushes exactly one value (the tensor to use). */
+ks_tensor *ks_lt_arg(lua_State *L, int arg, ks_tdtype dt, const char *fn);
 /* Register the tensor metatable and add ks.tensor / ks.zeros / ks.stack to the table on top. */
 void ks_lt_open(lua_State *L);
-const char *ks_dtype_name(ks_dtype d);
+const char *ks_tdtype_name(ks_tdtype d);
 
 /* ---------------------------------------------------------------- primitives */
 
@@ -137,13 +138,23 @@ ks_lpol *ks_lpol_of(ks_policy *p);
 /* Make the handlers run on thread L for the next request (inline policies: the thread that
  * called generate). */
 void ks_lpol_set_thread(ks_lpol *lp, lua_State *L);
-/* Create an inline policy from the table at idx of host state L (not sandboxed). On error
- * returns a status with ks_last_error set (nothing raised). */
-ks_status ks_lpol_inline(lua_State *L, int idx, ks_policy **out);
+/* Inline policies: a table of handlers in host state L (not sandboxed). _new allocates an
+ * empty one (NULL on out of memory; raises nothing) so the caller can box it for the GC
+ * first; _take then validates the table at idx and takes its handlers (raises on errors). */
+ks_policy *ks_lpol_inline_new(lua_State *L);
+void ks_lpol_inline_take(lua_State *L, int idx, ks_policy *p);
+/* LUA_TNUMBER / LUA_TBOOLEAN / LUA_TSTRING / LUA_TTABLE of a parameter's default, or LUA_TNONE. */
+int ks_lpol_param_type(const ks_policy *p, const char *key);
+/* Push the model's config table (n_layers, n_heads, ...). */
+void ks_lua_push_config(lua_State *L, const ks_model *m);
+/* Non-zero: do not log the first failure of each kind to stderr (tests). */
+extern int ks_lua_quiet;
 /* Push a table of the policy's report (key -> number/boolean/string). */
 void ks_lpol_push_report(lua_State *L, const ks_policy *p);
 /* Push a table of parameter name -> current value (converted to Lua values). */
 void ks_lpol_push_params(lua_State *L, ks_policy *p);
+/* How many calls of the policy failed with kind k (since it was loaded). */
+long ks_lpol_failures(const ks_policy *p, ks_fail_kind k);
 /* Push a table of failure kind -> count. */
 void ks_lpol_push_failures(lua_State *L, const ks_policy *p);
 /* Add the policy-state module functions (report, config) to the module table on top. */
@@ -164,8 +175,7 @@ void ks_lua_host_close(lua_State *L);
 void ks_lua_set_interrupt(volatile sig_atomic_t *flag);
 volatile sig_atomic_t *ks_lua_get_interrupt(void);
 
-/* The embedded prelude (lua/prelude.lua, linked in by lua/prelude_blob.c). */
+/* The embedded prelude (lua/prelude.lua, linked in by lua/prelude_blob.c), NUL-terminated. */
 extern const char ks_prelude_lua[];
-extern const unsigned ks_prelude_lua_len;
 
 #endif

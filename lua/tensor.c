@@ -40,13 +40,16 @@ int ks_lua_core_error(lua_State *L, const char *fn, ks_status st) {
     const char *e = ks_last_error();
     if (!e || !*e) e = ks_status_name(st);
     size_t fl = strlen(fn);
-    /* core messages usually start with the primitive's name already */
-    if (!strncmp(e, fn, fl) && e[fl] == ':') snprintf(msg, sizeof msg, "%s", e);
+    /* core messages usually start with the primitive's / action's name already */
+    if (!strncmp(e, fn, fl) && (e[fl] == ':' || e[fl] == ' ')) snprintf(msg, sizeof msg, "%s", e);
     else snprintf(msg, sizeof msg, "%s: %s", fn, e);
-    return luaL_error(L, "%s%s", msg, ks_lua_where_event(L, where, sizeof where));
+    ks_lctx *c = ks_lua_ctx(L);
+    if (c && c->event && strstr(msg, c->event)) where[0] = 0; /* already names the event */
+    else ks_lua_where_event(L, where, sizeof where);
+    return luaL_error(L, "%s%s", msg, where);
 }
 
-const char *ks_dtype_name(ks_dtype d) { return d == KS_I32 ? "i32" : "f32"; }
+const char *ks_tdtype_name(ks_tdtype d) { return d == KS_T_I32 ? "i32" : "f32"; }
 
 /* ================================================================ construction */
 
@@ -55,7 +58,7 @@ const char *ks_dtype_name(ks_dtype d) { return d == KS_I32 ? "i32" : "f32"; }
 static int64_t shape_numel(lua_State *L, int ndim, const int64_t *shape) {
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0) luaL_error(L, "tensor: negative dimension %lld", (long long)shape[i]);
+        if (shape[i] < 0) luaL_error(L, "tensor: negative dimension %I", (lua_Integer)shape[i]);
         if (__builtin_mul_overflow(n, shape[i], &n) || n > ((int64_t)1 << 40))
             luaL_error(L, "tensor: too many elements");
     }
@@ -70,7 +73,7 @@ static void contig_strides(int ndim, const int64_t *shape, int64_t *stride) {
     }
 }
 
-ks_tensor *ks_lt_new(lua_State *L, ks_dtype dt, int ndim, const int64_t *shape, int zero) {
+ks_tensor *ks_lt_new(lua_State *L, ks_tdtype dt, int ndim, const int64_t *shape, int zero) {
     if (ndim < 0 || ndim > KS_TENSOR_MAXDIM) luaL_error(L, "tensor: %d dimensions (at most %d)", ndim, KS_TENSOR_MAXDIM);
     int64_t n = shape_numel(L, ndim, shape);
     size_t bytes = (size_t)n * 4;
@@ -88,7 +91,7 @@ ks_tensor *ks_lt_new(lua_State *L, ks_dtype dt, int ndim, const int64_t *shape, 
     return t;
 }
 
-ks_tensor *ks_lt_view(lua_State *L, ks_dtype dt, int ndim, const int64_t *shape, const int64_t *stride, void *data,
+ks_tensor *ks_lt_view(lua_State *L, ks_tdtype dt, int ndim, const int64_t *shape, const int64_t *stride, void *data,
                       int scoped, int owner_idx) {
     if (owner_idx) owner_idx = lua_absindex(L, owner_idx);
     ks_lctx *c = ks_lua_ctx(L);
@@ -190,11 +193,11 @@ void *ks_lt_contig(lua_State *L, int arg, ks_tensor *t, int *pushed) {
 }
 
 static double elem_get(const ks_tensor *t, int64_t off) {
-    return t->dtype == KS_F32 ? (double)((const float *)t->data)[off] : (double)((const int32_t *)t->data)[off];
+    return t->dtype == KS_T_F32 ? (double)((const float *)t->data)[off] : (double)((const int32_t *)t->data)[off];
 }
 
 static void push_elem(lua_State *L, const ks_tensor *t, int64_t off) {
-    if (t->dtype == KS_F32) lua_pushnumber(L, ((const float *)t->data)[off]);
+    if (t->dtype == KS_T_F32) lua_pushnumber(L, ((const float *)t->data)[off]);
     else lua_pushinteger(L, ((const int32_t *)t->data)[off]);
 }
 
@@ -237,7 +240,7 @@ static void fill_from_table(lua_State *L, int idx, ks_tensor *t, int depth, int6
             fill_from_table(L, lua_gettop(L), t, depth + 1, pos, fn);
         } else {
             int isnum;
-            if (t->dtype == KS_I32) {
+            if (t->dtype == KS_T_I32) {
                 lua_Integer v = lua_tointegerx(L, -1, &isnum);
                 if (!isnum) {
                     if (lua_isnumber(L, -1))
@@ -256,44 +259,44 @@ static void fill_from_table(lua_State *L, int idx, ks_tensor *t, int depth, int6
     }
 }
 
-static ks_tensor *tensor_from_table(lua_State *L, int idx, int dt /* -1 = infer */, const char *fn) {
+static ks_tensor *tensor_from_table(lua_State *L, int idx, int dt /* KS_T_ANY = infer */, const char *fn) {
     idx = lua_absindex(L, idx);
     int64_t shape[KS_TENSOR_MAXDIM];
     int nd = table_shape(L, idx, shape);
     if (nd < 0) ks_lua_errorf(L, fn, "table nested deeper than %d levels", KS_TENSOR_MAXDIM);
-    if (dt < 0) dt = all_integers(L, idx, 0, nd) ? KS_I32 : KS_F32;
-    ks_tensor *t = ks_lt_new(L, (ks_dtype)dt, nd, shape, 0);
+    if (dt < 0) dt = all_integers(L, idx, 0, nd) ? KS_T_I32 : KS_T_F32;
+    ks_tensor *t = ks_lt_new(L, (ks_tdtype)dt, nd, shape, 0);
     int64_t pos = 0;
     if (t->numel > 0 || nd == 1) fill_from_table(L, idx, t, 0, &pos, fn);
     return t;
 }
 
 /* Convert tensor t into a new owned tensor of dtype dt (pushed). */
-static ks_tensor *convert(lua_State *L, const ks_tensor *t, ks_dtype dt) {
+static ks_tensor *convert(lua_State *L, const ks_tensor *t, ks_tdtype dt) {
     ks_tensor *o = ks_lt_new(L, dt, t->ndim, t->shape, 0);
     for (int64_t i = 0; i < t->numel; i++) {
         int64_t off = flat_off(t, i);
-        if (dt == KS_F32) ((float *)o->data)[i] = (float)elem_get(t, off);
+        if (dt == KS_T_F32) ((float *)o->data)[i] = (float)elem_get(t, off);
         else {
             double v = elem_get(t, off);
-            if (!(v >= INT32_MIN && v <= INT32_MAX)) luaL_error(L, "int: value %g is outside int32", v);
+            if (!(v >= INT32_MIN && v <= INT32_MAX)) luaL_error(L, "int: value %f is outside int32", v);
             ((int32_t *)o->data)[i] = (int32_t)v; /* truncation toward zero, like torch */
         }
     }
     return o;
 }
 
-ks_tensor *ks_lt_arg(lua_State *L, int arg, ks_dtype dt, const char *fn) {
+ks_tensor *ks_lt_arg(lua_State *L, int arg, ks_tdtype dt, const char *fn) {
     arg = lua_absindex(L, arg);
     if (lua_istable(L, arg)) return tensor_from_table(L, arg, dt, fn);
-    if (dt == KS_F32 && lua_type(L, arg) == LUA_TNUMBER) {
-        ks_tensor *t = ks_lt_new(L, KS_F32, 0, NULL, 0);
+    if (dt != KS_T_I32 && lua_type(L, arg) == LUA_TNUMBER) {
+        ks_tensor *t = ks_lt_new(L, KS_T_F32, 0, NULL, 0);
         *(float *)t->data = (float)lua_tonumber(L, arg);
         return t;
     }
     ks_tensor *t = ks_lt_check(L, arg, fn);
-    if (t->dtype == dt) { lua_pushvalue(L, arg); return t; }
-    if (dt == KS_I32) ks_lua_errorf(L, fn, "argument %d: an i32 tensor (or a table of integers) expected, got f32", arg);
+    if (t->dtype == dt || dt == KS_T_ANY) { lua_pushvalue(L, arg); return t; }
+    if (dt == KS_T_I32) ks_lua_errorf(L, fn, "argument %d: an i32 tensor (or a table of integers) expected, got f32", arg);
     return convert(L, t, dt);
 }
 
@@ -396,13 +399,13 @@ static int l_t_clone(lua_State *L) {
 
 static int l_t_float(lua_State *L) {
     ks_tensor *t = ks_lt_check(L, 1, "float");
-    convert(L, t, KS_F32);
+    convert(L, t, KS_T_F32);
     return 1;
 }
 
 static int l_t_int(lua_State *L) {
     ks_tensor *t = ks_lt_check(L, 1, "int");
-    convert(L, t, KS_I32);
+    convert(L, t, KS_T_I32);
     return 1;
 }
 
@@ -473,15 +476,13 @@ static int l_t_index(lua_State *L) {
     lua_pushvalue(L, 2);
     if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
     lua_pop(L, 1);
+    if (lua_type(L, 2) == LUA_TNUMBER)
+        return ks_lua_errorf(L, "tensor", "t[i] is not supported (indices are 0-based): use t:item(i) or t:row(i)");
+    if (lua_type(L, 2) != LUA_TSTRING) return ks_lua_errorf(L, "tensor", "no field of type %s", luaL_typename(L, 2));
     const char *k = lua_tostring(L, 2);
-    if (!k) {
-        if (lua_type(L, 2) == LUA_TNUMBER)
-            return ks_lua_errorf(L, "tensor", "t[i] is not supported (indices are 0-based): use t:item(i) or t:row(i)");
-        return ks_lua_errorf(L, "tensor", "no field of type %s", luaL_typename(L, 2));
-    }
     ks_tensor *t = ks_lt_check(L, 1, k);
     if (!strcmp(k, "shape")) push_shape(L, t);
-    else if (!strcmp(k, "dtype")) lua_pushstring(L, ks_dtype_name(t->dtype));
+    else if (!strcmp(k, "dtype")) lua_pushstring(L, ks_tdtype_name(t->dtype));
     else if (!strcmp(k, "device")) lua_pushliteral(L, "cpu");
     else if (!strcmp(k, "ndim")) lua_pushinteger(L, t->ndim);
     else if (!strcmp(k, "is_view")) lua_pushboolean(L, t->scope != NULL);
@@ -506,7 +507,7 @@ static int l_t_close(lua_State *L) {
 }
 
 static void fmt_elem(char *b, size_t n, const ks_tensor *t, int64_t off) {
-    if (t->dtype == KS_I32) snprintf(b, n, "%d", ((const int32_t *)t->data)[off]);
+    if (t->dtype == KS_T_I32) snprintf(b, n, "%d", ((const int32_t *)t->data)[off]);
     else snprintf(b, n, "%.4g", ((const float *)t->data)[off]);
 }
 
@@ -516,7 +517,7 @@ static int l_t_tostring(lua_State *L) {
     luaL_buffinit(L, &b);
     char tmp[64];
     luaL_addstring(&b, "tensor(");
-    luaL_addstring(&b, ks_dtype_name(t->dtype));
+    luaL_addstring(&b, ks_tdtype_name(t->dtype));
     luaL_addstring(&b, ", [");
     for (int i = 0; i < t->ndim; i++) {
         snprintf(tmp, sizeof tmp, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
@@ -555,9 +556,9 @@ static int arith(lua_State *L, char op) {
         if (a->ndim != b->ndim || memcmp(a->shape, b->shape, sizeof(int64_t) * a->ndim))
             return ks_lua_errorf(L, fn, "shapes differ (no broadcasting except with a scalar)");
     }
-    int ints = (!a || a->dtype == KS_I32) && (!b || b->dtype == KS_I32) && op != '/' && (a || lua_isinteger(L, 1)) &&
+    int ints = (!a || a->dtype == KS_T_I32) && (!b || b->dtype == KS_T_I32) && op != '/' && (a || lua_isinteger(L, 1)) &&
                (b || lua_isinteger(L, 2));
-    ks_tensor *o = ks_lt_new(L, ints ? KS_I32 : KS_F32, shape_of->ndim, shape_of->shape, 0);
+    ks_tensor *o = ks_lt_new(L, ints ? KS_T_I32 : KS_T_F32, shape_of->ndim, shape_of->shape, 0);
     double sa = a ? 0 : lua_tonumber(L, 1), sb = b ? 0 : lua_tonumber(L, 2);
     for (int64_t i = 0; i < o->numel; i++) {
         double x = a ? elem_get(a, a->numel == 1 ? 0 : flat_off(a, i)) : sa;
@@ -587,20 +588,20 @@ static int l_tensor(lua_State *L) {
     int dt = -1;
     if (!lua_isnoneornil(L, 2)) {
         const char *s = luaL_checkstring(L, 2);
-        if (!strcmp(s, "f32") || !strcmp(s, "float")) dt = KS_F32;
-        else if (!strcmp(s, "i32") || !strcmp(s, "int")) dt = KS_I32;
+        if (!strcmp(s, "f32") || !strcmp(s, "float")) dt = KS_T_F32;
+        else if (!strcmp(s, "i32") || !strcmp(s, "int")) dt = KS_T_I32;
         else return ks_lua_errorf(L, "tensor", "unknown dtype \"%s\" (f32 or i32)", s);
     }
     ks_tensor *t = ks_lt_test(L, 1);
     if (t) {
         ks_lt_check(L, 1, "tensor");
-        convert(L, t, dt < 0 ? t->dtype : (ks_dtype)dt);
+        convert(L, t, dt < 0 ? t->dtype : (ks_tdtype)dt);
         return 1;
     }
     if (lua_type(L, 1) == LUA_TNUMBER) {
-        ks_dtype d = dt >= 0 ? (ks_dtype)dt : lua_isinteger(L, 1) ? KS_I32 : KS_F32;
+        ks_tdtype d = dt >= 0 ? (ks_tdtype)dt : lua_isinteger(L, 1) ? KS_T_I32 : KS_T_F32;
         ks_tensor *s = ks_lt_new(L, d, 0, NULL, 0);
-        if (d == KS_F32) *(float *)s->data = (float)lua_tonumber(L, 1);
+        if (d == KS_T_F32) *(float *)s->data = (float)lua_tonumber(L, 1);
         else *(int32_t *)s->data = (int32_t)luaL_checkinteger(L, 1);
         return 1;
     }
@@ -629,8 +630,8 @@ static int l_zeros(lua_State *L) {
     int64_t shape[KS_TENSOR_MAXDIM];
     int nd = read_shape(L, 1, shape, "zeros");
     const char *s = luaL_optstring(L, 2, "f32");
-    ks_dtype dt = !strcmp(s, "i32") || !strcmp(s, "int") ? KS_I32 : KS_F32;
-    if (dt == KS_F32 && strcmp(s, "f32") && strcmp(s, "float")) return ks_lua_errorf(L, "zeros", "unknown dtype \"%s\"", s);
+    ks_tdtype dt = !strcmp(s, "i32") || !strcmp(s, "int") ? KS_T_I32 : KS_T_F32;
+    if (dt == KS_T_F32 && strcmp(s, "f32") && strcmp(s, "float")) return ks_lua_errorf(L, "zeros", "unknown dtype \"%s\"", s);
     ks_lt_new(L, dt, nd, shape, 1);
     return 1;
 }

@@ -1,0 +1,27 @@
+/* attn_prefill.cuh — flash attention for prefill on the tensor cores: bf16 Q (converted from
+ * the float32 queries), bf16 K/V from the cache, float32 online softmax and accumulation, no
+ * (n x n) matrix, key tiles that no query of a block can see are skipped. Same semantics as
+ * ks_cuda_attn_params (attn_decode.cuh) without index lists. C-callable. */
+#ifndef KS_CUDA_ATTN_PREFILL_CUH
+#define KS_CUDA_ATTN_PREFILL_CUH
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kvsieve.h"
+#include "attn_decode.cuh"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when the flash kernel takes these parameters (head_dim 64 or 128, no index lists). */
+int ks_cuda_attn_prefill_supported(const ks_cuda_attn_params *p);
+
+/* Workspace bytes ks_cuda_attn_prefill needs (per-tile position bounds). */
+size_t ks_cuda_attn_prefill_workspace(const ks_cuda_attn_params *p);
+
+ks_status ks_cuda_attn_prefill(cudaStream_t s, const ks_cuda_attn_params *p, void *ws);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

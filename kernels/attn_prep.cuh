@@ -1,0 +1,32 @@
+/* attn_prep.cuh — attention inputs that are not in cache order: rows gathered through per-KV-
+ * head index lists into a compact copy, and/or pre-RoPE queries and keys rotated at their
+ * effective positions (ks_attn_args.rope: TokenSelect keeps keys before RoPE). C-callable. */
+#ifndef KS_CUDA_ATTN_PREP_CUH
+#define KS_CUDA_ATTN_PREP_CUH
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include "kvsieve.h"
+#include "attn_decode.cuh"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* For each KV head kv and t < nk[kv] of p (p->k bf16, p->idx optional): row j (as in
+ * ks_cuda_attn_params), position pos = p->renumber ? t : (p->kpos ? kpos[kv][j] : j).
+ *   k_out // (n_kv_heads, maxk, d) float32 (k_f32) or bf16: K row j, rotated at pos when
+ *            inv_freq != NULL (rotate-half pairing, float32 angle pos * inv_freq[k], cos/sin
+ *            times attn_factor, as core/cpu_backend.c)
+ *   v_out // (n_kv_heads, maxk, d) bf16: V row j          pos_out // (n_kv_heads, maxk) int32 */
+ks_status ks_cuda_attn_gather(cudaStream_t s, const ks_cuda_attn_params *p, const float *inv_freq, float attn_factor,
+                              void *k_out, int k_f32, void *v_out, int32_t *pos_out, int maxk);
+
+/* q_out (n, n_heads, d) = q rotated per query head h at position
+ * (q_renumber ? nk[h / g] - n + i : qpos[i]) for row i. */
+ks_status ks_cuda_attn_rope_q(cudaStream_t s, float *q_out, const float *q, int n, int n_heads, int n_kv_heads, int d,
+                              const int32_t *qpos, const int32_t *nk, int q_renumber, const float *inv_freq,
+                              float attn_factor);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,64 @@
+# kernels/cuda.mk — the CUDA backend. Include from the main Makefile (when CUDA=1 or nvcc is
+# found) right after LIB_OBJ is defined and before the $(BUILD)/libkvsieve.a rule:
+#     include kernels/cuda.mk
+# It appends the kernel objects to LIB_OBJ, defines KS_HAVE_CUDA for core/api.c, adds the
+# CUDA libraries to LDLIBS and provides the targets below. cuBLAS is linked dynamically
+# (this toolkit ships no libcublas_static.a), with an rpath to $(CUDA_HOME)/lib64; the CUDA
+# runtime statically (libcudart_static.a). On the GPU machine the toolkit's lib64 (or
+# LD_LIBRARY_PATH) must provide libcublas.so.13 and libcublasLt.so.13.
+
+NVCC        ?= nvcc
+CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+# Hopper only: sm_90a machine code (wgmma / setmaxnreg need the "a" target; HOPPER.md)
+CUDA_ARCH   ?= -gencode=arch=compute_90a,code=sm_90a
+NVCCFLAGS   ?= -O3 -std=c++17 $(CUDA_ARCH) -lineinfo -Xcompiler -Wall,-Wno-unused-parameter,-Wno-unused-function
+CUDA_INC    := -Iinclude -Icore -Ikernels
+CUDA_SRC    := $(wildcard kernels/*.cu)
+CUDA_OBJ    := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
+CUDA_HDR    := $(wildcard kernels/*.cuh kernels/*.h)
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcublasLt \
+               $(CUDA_HOME)/lib64/libcudart_static.a -lrt -ldl -lpthread -lstdc++
+
+CFLAGS  += -DKS_HAVE_CUDA
+LIB_OBJ += $(CUDA_OBJ)
+LDLIBS  += $(CUDA_LDLIBS)
+
+$(BUILD)/kernels/%.o: kernels/%.cu $(CUDA_HDR)                  # compile one CUDA file
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(CUDA_INC) -c $< -o $@
+
+$(BUILD)/tests/cuda/%.o: CFLAGS += -Ikernels -I$(CUDA_HOME)/include
+$(BUILD)/tests/cuda/%.o: tests/cuda/%.c $(CUDA_HDR)              # compile a CUDA test (C)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/tests/cuda/%.o: tests/cuda/%.cu $(CUDA_HDR)             # compile a CUDA test (CUDA)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(CUDA_INC) -Itests -c $< -o $@
+
+# the parity test: every backend op vs the CPU backend, end to end on tiny models + stories260K
+$(BUILD)/test_cuda: $(BUILD)/tests/cuda/test_cuda.o $(BUILD)/tests/testutil.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# per-kernel benchmark: TFLOP/s and GB/s next to a cuBLAS GEMM and a device copy
+$(BUILD)/bench_kernels: $(BUILD)/tests/cuda/bench_kernels.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# device primitives vs core/prims.c
+$(BUILD)/test_cuda_prims: $(BUILD)/tests/cuda/test_cuda_prims.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/bench_kernels  # build the CUDA test programs
+
+test-cuda: cuda-tests                                           # run the CUDA parity tests (GPU machine)
+	$(BUILD)/test_cuda
+	$(BUILD)/test_cuda_prims
+
+test-cuda-sanitize: cuda-tests                                  # the same under compute-sanitizer (memcheck)
+	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/test_cuda --quick
+	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/test_cuda_prims --quick
+
+bench-kernels: $(BUILD)/bench_kernels                           # per-kernel benchmark (GPU machine)
+	$(BUILD)/bench_kernels
+
+.PHONY: cuda-tests test-cuda test-cuda-sanitize bench-kernels

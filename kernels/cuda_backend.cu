@@ -1,0 +1,871 @@
+/* cuda_backend.cu — the CUDA implementation of core/backend.h (see ks_cuda.h).
+ *
+ * Storage: weights bf16 (vectors float32), KV cache bf16 + int32 positions, activations float32.
+ * Host arrays handed to an operation (token ids, positions, index lists) are copied through a
+ * pinned staging ring into stream-ordered device buffers, so no operation waits for the GPU
+ * except download/sync (and a wrap of the ring). GEMMs: cuBLAS bf16 x bf16 -> float32 with
+ * float32 compute, the float32 activations converted to bf16 in a scratch buffer first. */
+#include "common.cuh"
+#include "ks_cuda.h"
+#include "attn_prep.cuh"
+
+#include <cublas_v2.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "backend.h"
+#include "config.h"
+}
+
+/* ================================================================ context */
+
+struct ks_weight {
+    void *data;            /* (rows, cols) bf16, or float32 for vectors (cols == 1) */
+    int64_t rows, cols;
+    int type;              /* KS_CUDA_BF16 or KS_CUDA_F32 */
+};
+
+typedef struct cuda_ctx {
+    int device, n_sm;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;
+    cudaMemPool_t pool;
+    unsigned char *pin;    /* pinned staging ring for small host -> device copies */
+    size_t pin_cap, pin_off;
+    int attn_path;         /* see ks_cuda_backend_set_attn_path */
+} cuda_ctx;
+
+#define PIN_CAP ((size_t)16 << 20)
+#define BLAS_WS ((size_t)32 << 20)
+
+static cuda_ctx *CTX(ks_backend *b) { return (cuda_ctx *)b->ctx; }
+
+static ks_status blas_status(cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return KS_OK;
+    return ks_errorf(s == CUBLAS_STATUS_ALLOC_FAILED ? KS_ERR_OOM : KS_ERR_DEVICE, "cuda: %s: cuBLAS status %d", what,
+                     (int)s);
+}
+
+static ks_status oom(size_t bytes, const char *what) {
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    return ks_errorf(KS_ERR_OOM, "cuda: out of device memory allocating %zu bytes for %s (%zu of %zu MiB free)", bytes,
+                     what, fr >> 20, tot >> 20);
+}
+
+/* Stream-ordered scratch from the pool; on exhaustion the pool's cached memory is released
+ * and the allocation retried once. */
+static ks_status dev_alloc(cuda_ctx *c, size_t bytes, const char *what, void **out) {
+    *out = NULL;
+    if (!bytes) bytes = 16;
+    cudaError_t e = cudaMallocFromPoolAsync(out, bytes, c->pool, c->stream);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        cudaStreamSynchronize(c->stream);
+        cudaMemPoolTrimTo(c->pool, 0);
+        e = cudaMallocFromPoolAsync(out, bytes, c->pool, c->stream);
+    }
+    if (e == cudaErrorMemoryAllocation) { cudaGetLastError(); *out = NULL; return oom(bytes, what); }
+    if (e != cudaSuccess) { *out = NULL; return ks_cuda_status(e, what); }
+    return KS_OK;
+}
+static void dev_free(cuda_ctx *c, void *p) {
+    if (p) cudaFreeAsync(p, c->stream);
+}
+
+/* Long-lived memory (weights, KV cache): plain cudaMalloc, so cudaFree really returns it. */
+static ks_status raw_alloc(cuda_ctx *c, size_t bytes, const char *what, void **out) {
+    *out = NULL;
+    if (!bytes) bytes = 16;
+    cudaError_t e = cudaMalloc(out, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        cudaStreamSynchronize(c->stream);
+        cudaMemPoolTrimTo(c->pool, 0);
+        e = cudaMalloc(out, bytes);
+    }
+    if (e == cudaErrorMemoryAllocation) { cudaGetLastError(); *out = NULL; return oom(bytes, what); }
+    if (e != cudaSuccess) { *out = NULL; return ks_cuda_status(e, what); }
+    return KS_OK;
+}
+static void raw_free(void *p) {
+    if (p) cudaFree(p);
+}
+
+/* Queue a host -> device copy of a host array the caller may reuse as soon as this returns. */
+static ks_status stage_h2d(cuda_ctx *c, void *dst, const void *src, size_t bytes, const char *what) {
+    if (!bytes) return KS_OK;
+    if (bytes > c->pin_cap / 4) { /* large: copy straight from pageable memory and wait */
+        KS_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), what);
+        KS_CU(cudaStreamSynchronize(c->stream), what);
+        return KS_OK;
+    }
+    size_t need = (bytes + 255) & ~(size_t)255;
+    if (c->pin_off + need > c->pin_cap) { /* wrap: earlier copies out of the ring must be done */
+        KS_CU(cudaStreamSynchronize(c->stream), what);
+        c->pin_off = 0;
+    }
+    memcpy(c->pin + c->pin_off, src, bytes);
+    KS_CU(cudaMemcpyAsync(dst, c->pin + c->pin_off, bytes, cudaMemcpyHostToDevice, c->stream), what);
+    c->pin_off += need;
+    return KS_OK;
+}
+
+/* A device copy of a host array; free with dev_free after the kernels that read it are queued. */
+static ks_status upload_tmp(cuda_ctx *c, const void *src, size_t bytes, const char *what, void **out) {
+    ks_status st = dev_alloc(c, bytes, what, out);
+    if (st) return st;
+    st = stage_h2d(c, *out, src, bytes, what);
+    if (st) { dev_free(c, *out); *out = NULL; }
+    return st;
+}
+
+/* ================================================================ memory */
+
+static void *cu_alloc(ks_backend *b, size_t bytes) {
+    void *p;
+    if (dev_alloc(CTX(b), bytes, "alloc", &p)) return NULL;
+    return p;
+}
+static void cu_free(ks_backend *b, void *p) { dev_free(CTX(b), p); }
+
+static ks_status cu_upload(ks_backend *b, void *dst, const void *src, size_t n) {
+    cuda_ctx *c = CTX(b);
+    if (!n) return KS_OK;
+    KS_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream), "upload");
+    KS_CU(cudaStreamSynchronize(c->stream), "upload");
+    return KS_OK;
+}
+static ks_status cu_download(ks_backend *b, void *dst, const void *src, size_t n) {
+    cuda_ctx *c = CTX(b);
+    if (!n) return KS_OK;
+    KS_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream), "download");
+    KS_CU(cudaStreamSynchronize(c->stream), "download (or an earlier kernel)");
+    return KS_OK;
+}
+static ks_status cu_copy(ks_backend *b, void *dst, const void *src, size_t n) {
+    cuda_ctx *c = CTX(b);
+    if (!n || dst == src) return KS_OK;
+    const char *d = (const char *)dst, *s = (const char *)src;
+    if (d < s + n && s < d + n) { /* overlap: memmove through a temporary */
+        void *t;
+        ks_status st = dev_alloc(c, n, "copy", &t);
+        if (st) return st;
+        cudaError_t e = cudaMemcpyAsync(t, src, n, cudaMemcpyDeviceToDevice, c->stream);
+        if (!e) e = cudaMemcpyAsync(dst, t, n, cudaMemcpyDeviceToDevice, c->stream);
+        dev_free(c, t);
+        return ks_cuda_status(e, "copy");
+    }
+    KS_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->stream), "copy");
+    return KS_OK;
+}
+static ks_status cu_sync(ks_backend *b) {
+    KS_CU(cudaStreamSynchronize(CTX(b)->stream), "sync (an earlier kernel failed)");
+    return KS_OK;
+}
+
+/* ================================================================ weights */
+
+static int st_type(ks_dtype dt) {
+    return dt == KS_DT_F32 ? KS_CUDA_F32 : dt == KS_DT_F16 ? KS_CUDA_F16 : dt == KS_DT_BF16 ? KS_CUDA_BF16 : -1;
+}
+
+static ks_status cu_weight_create(ks_backend *b, const ks_st_tensor *t, int64_t row0, int64_t rows, ks_weight **out) {
+    cuda_ctx *c = CTX(b);
+    *out = NULL;
+    if (t->ndim < 1 || t->ndim > 2) return ks_errorf(KS_ERR_SHAPE, "tensor %s: expected 1 or 2 dims, has %d", t->name, t->ndim);
+    int64_t cols = t->ndim == 1 ? 1 : t->shape[1], trows = t->shape[0];
+    if (row0 < 0 || rows < 0 || row0 + rows > trows)
+        return ks_errorf(KS_ERR_SHAPE, "tensor %s: rows [%lld, %lld) out of its %lld rows", t->name, (long long)row0,
+                         (long long)(row0 + rows), (long long)trows);
+    int src = st_type(t->dtype);
+    if (src < 0)
+        return ks_errorf(KS_ERR_DTYPE, "tensor %s: dtype %s is not a float type (F32, F16 or BF16)", t->name,
+                         ks_dtype_name(t->dtype));
+    ks_weight *w = (ks_weight *)ks_calloc(1, sizeof *w);
+    if (!w) return KS_ERR_OOM;
+    w->rows = rows;
+    w->cols = cols;
+    w->type = cols == 1 ? KS_CUDA_F32 : KS_CUDA_BF16;
+    size_t n = (size_t)rows * cols, esz = ks_dtype_size(t->dtype), osz = w->type == KS_CUDA_F32 ? 4 : 2;
+    const unsigned char *sp = (const unsigned char *)t->data + (size_t)row0 * cols * esz;
+    ks_status st = raw_alloc(c, n * osz, t->name, &w->data);
+    if (st) { free(w); return st; }
+    if (src == w->type) {
+        cudaError_t e = cudaMemcpyAsync(w->data, sp, n * esz, cudaMemcpyHostToDevice, c->stream);
+        if (!e) e = cudaStreamSynchronize(c->stream);
+        if (e) st = ks_cuda_status(e, "weight upload");
+    } else {
+        /* convert on the device, in chunks of up to 64 MiB of source */
+        size_t chunk = ((size_t)64 << 20) / esz;
+        void *tmp = NULL;
+        st = dev_alloc(c, KS_MIN(chunk, n) * esz, "weight conversion", &tmp);
+        for (size_t i = 0; !st && i < n; i += chunk) {
+            size_t m = KS_MIN(chunk, n - i);
+            cudaError_t e = cudaMemcpyAsync(tmp, sp + i * esz, m * esz, cudaMemcpyHostToDevice, c->stream);
+            if (e) { st = ks_cuda_status(e, "weight upload"); break; }
+            st = ks_cuda_convert(c->stream, (unsigned char *)w->data + i * osz, w->type, tmp, src, m);
+            if (!st) st = ks_cuda_status(cudaStreamSynchronize(c->stream), "weight conversion");
+        }
+        dev_free(c, tmp);
+    }
+    if (st) { raw_free(w->data); free(w); return ks_error_prefix(st, "tensor %s", t->name); }
+    *out = w;
+    return KS_OK;
+}
+
+static ks_status cu_weight_random(ks_backend *b, int64_t rows, int64_t cols, uint64_t seed, float scale, float offset,
+                                  ks_weight **out) {
+    cuda_ctx *c = CTX(b);
+    *out = NULL;
+    if (rows < 0 || cols < 1) return ks_errorf(KS_ERR_SHAPE, "weight_random: bad shape (%lld, %lld)", (long long)rows, (long long)cols);
+    ks_weight *w = (ks_weight *)ks_calloc(1, sizeof *w);
+    if (!w) return KS_ERR_OOM;
+    w->rows = rows;
+    w->cols = cols;
+    w->type = cols == 1 ? KS_CUDA_F32 : KS_CUDA_BF16;
+    size_t n = (size_t)rows * cols;
+    ks_status st = raw_alloc(c, n * (w->type == KS_CUDA_F32 ? 4 : 2), "random weight", &w->data);
+    if (!st) st = ks_cuda_random(c->stream, w->data, w->type, rows, cols, seed, scale, offset);
+    if (!st) st = ks_cuda_status(cudaStreamSynchronize(c->stream), "random weight");
+    if (st) { raw_free(w->data); free(w); return st; }
+    *out = w;
+    return KS_OK;
+}
+
+static void cu_weight_free(ks_backend *b, ks_weight *w) {
+    if (!w) return;
+    cudaStreamSynchronize(CTX(b)->stream);
+    raw_free(w->data);
+    free(w);
+}
+
+/* ================================================================ dense ops */
+
+static ks_status cu_matmul(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias, int n,
+                           int in, int out) {
+    cuda_ctx *c = CTX(b);
+    if (W->cols != in || W->rows != out)
+        return ks_errorf(KS_ERR_INTERNAL, "matmul: weight is (%lld, %lld), expected (%d, %d)", (long long)W->rows,
+                         (long long)W->cols, out, in);
+    if (n <= 0) return KS_OK;
+    double t0 = 0;
+    if (b->count_stats) {
+        KS_CU(cudaStreamSynchronize(c->stream), "matmul (timing)");
+        t0 = ks_now();
+    }
+    const float one = 1.0f, zero = 0.0f;
+    ks_status st;
+    if (W->type == KS_CUDA_BF16) {
+        void *xb;
+        if ((st = dev_alloc(c, (size_t)n * in * 2, "matmul input (bf16)", &xb))) return st;
+        st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, x, KS_CUDA_F32, (size_t)n * in);
+        if (!st)
+            st = blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W->data, CUDA_R_16BF, in,
+                                          xb, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT),
+                             "matmul (cublasGemmEx bf16)");
+        dev_free(c, xb);
+    } else {
+        st = blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W->data, CUDA_R_32F, in, x,
+                                      CUDA_R_32F, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         "matmul (cublasGemmEx f32)");
+    }
+    if (st) return st;
+    if (bias) {
+        if (bias->type != KS_CUDA_F32 || bias->rows * bias->cols != out)
+            return ks_errorf(KS_ERR_INTERNAL, "matmul: bias of %lld values for %d outputs", (long long)(bias->rows * bias->cols), out);
+        if ((st = ks_cuda_add_bias(c->stream, y, (const float *)bias->data, n, out))) return st;
+    }
+    if (b->count_stats) {
+        KS_CU(cudaStreamSynchronize(c->stream), "matmul (timing)");
+        b->stat_matmul_s += ks_now() - t0;
+        b->stat_matmul_flop += 2.0 * n * in * out;
+    }
+    return KS_OK;
+}
+
+static ks_status cu_embed(ks_backend *b, float *out, const ks_weight *E, const int32_t *ids, int n, int dim) {
+    cuda_ctx *c = CTX(b);
+    if (E->cols != dim || E->type != KS_CUDA_BF16)
+        return ks_errorf(KS_ERR_INTERNAL, "embed: table is (%lld, %lld), expected %d columns", (long long)E->rows,
+                         (long long)E->cols, dim);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= E->rows)
+            return ks_errorf(KS_ERR_ARG, "embed: token id %d out of range [0, %lld)", ids[i], (long long)E->rows);
+    if (n <= 0) return KS_OK;
+    void *d_ids;
+    ks_status st = upload_tmp(c, ids, sizeof(int32_t) * n, "embed ids", &d_ids);
+    if (st) return st;
+    st = ks_cuda_embed(c->stream, out, E->data, (const int32_t *)d_ids, n, dim);
+    dev_free(c, d_ids);
+    return st;
+}
+
+static ks_status cu_rmsnorm(ks_backend *b, float *out, const float *x, const ks_weight *w, int n, int dim, float eps) {
+    if (w->type != KS_CUDA_F32 || w->rows * w->cols != dim)
+        return ks_errorf(KS_ERR_INTERNAL, "rmsnorm: weight of %lld values for dim %d", (long long)(w->rows * w->cols), dim);
+    if (n <= 0) return KS_OK;
+    return ks_cuda_rmsnorm(CTX(b)->stream, out, x, (const float *)w->data, n, dim, eps);
+}
+
+static ks_status cu_rope(ks_backend *b, float *x, int n, int n_heads, const int32_t *pos, const ks_rope *r, int max_pos) {
+    cuda_ctx *c = CTX(b);
+    int d = r->head_dim, half = d / 2;
+    if (half > 512) return ks_errorf(KS_ERR_UNSUPPORTED, "rope: head_dim %d too large", d);
+    if (n <= 0) return KS_OK;
+    /* one upload: inv_freq (half floats) then the positions (n ints) */
+    size_t bytes = sizeof(float) * half + sizeof(int32_t) * n;
+    unsigned char *h = (unsigned char *)ks_malloc(bytes);
+    if (!h) return KS_ERR_OOM;
+    ks_rope_inv_freq(r, max_pos, (float *)h);
+    memcpy(h + sizeof(float) * half, pos, sizeof(int32_t) * n);
+    void *d_buf;
+    ks_status st = upload_tmp(c, h, bytes, "rope positions", &d_buf);
+    free(h);
+    if (st) return st;
+    st = ks_cuda_rope(c->stream, x, n, n_heads, d, (const int32_t *)((unsigned char *)d_buf + sizeof(float) * half),
+                      (const float *)d_buf, (float)r->attn_factor);
+    dev_free(c, d_buf);
+    return st;
+}
+
+static ks_status cu_swiglu(ks_backend *b, float *out, const float *gate, const float *up, size_t n) {
+    return ks_cuda_swiglu(CTX(b)->stream, out, gate, up, n);
+}
+static ks_status cu_add(ks_backend *b, float *x, const float *y, size_t n) { return ks_cuda_add(CTX(b)->stream, x, y, n); }
+
+static ks_status cu_gather_rows(ks_backend *b, float *out, const float *x, const int32_t *idx, int k, int d) {
+    cuda_ctx *c = CTX(b);
+    if (k <= 0) return KS_OK;
+    int32_t mx = 0;
+    for (int i = 0; i < k; i++) {
+        if (idx[i] < 0) return ks_errorf(KS_ERR_ARG, "gather_rows: negative index %d at position %d", idx[i], i);
+        mx = KS_MAX(mx, idx[i]);
+    }
+    void *d_idx;
+    ks_status st = upload_tmp(c, idx, sizeof(int32_t) * k, "gather_rows indices", &d_idx);
+    if (st) return st;
+    size_t ob = sizeof(float) * (size_t)k * d, xb = sizeof(float) * ((size_t)mx + 1) * d;
+    const char *o = (const char *)out, *s = (const char *)x;
+    if (o < s + xb && s < o + ob) { /* in place (the engine's propagate): through a temporary */
+        void *t;
+        if (!(st = dev_alloc(c, ob, "gather_rows temporary", &t))) {
+            st = ks_cuda_gather_rows(c->stream, (float *)t, x, (const int32_t *)d_idx, k, d);
+            if (!st) st = ks_cuda_status(cudaMemcpyAsync(out, t, ob, cudaMemcpyDeviceToDevice, c->stream), "gather_rows copy");
+            dev_free(c, t);
+        }
+    } else {
+        st = ks_cuda_gather_rows(c->stream, out, x, (const int32_t *)d_idx, k, d);
+    }
+    dev_free(c, d_idx);
+    return st;
+}
+
+/* ================================================================ KV cache */
+
+static void kv_release(ks_kv_layer *L) {
+    raw_free(L->k);
+    raw_free(L->v);
+    raw_free(L->pos_dev);
+    free(L->pos);
+    L->k = L->v = L->pos_dev = NULL;
+    L->pos = NULL;
+}
+
+/* (Re)allocate to `capacity` rows per head, keeping min(n[h], capacity) rows of each head. */
+static ks_status cu_kv_alloc(ks_backend *b, ks_kv_layer *L, int capacity) {
+    cuda_ctx *c = CTX(b);
+    int H = L->n_kv_heads, d = L->head_dim;
+    if (capacity < 1) capacity = 1;
+    size_t rows = (size_t)H * capacity, rb = (size_t)d * 2;
+    void *k = NULL, *v = NULL, *pd = NULL;
+    int32_t *pos = (int32_t *)ks_malloc(rows * sizeof(int32_t));
+    if (!pos) return KS_ERR_OOM;
+    ks_status st = raw_alloc(c, rows * rb, "KV cache (keys)", &k);
+    if (!st) st = raw_alloc(c, rows * rb, "KV cache (values)", &v);
+    if (!st) st = raw_alloc(c, rows * sizeof(int32_t), "KV cache (positions)", &pd);
+    if (!st && !L->n) {
+        L->n = (int *)ks_calloc(H, sizeof(int));
+        if (!L->n) st = KS_ERR_OOM;
+    }
+    if (!st && L->k) {
+        int keep = KS_MIN(capacity, L->capacity), mrows = 0;
+        for (int h = 0; h < H; h++) {
+            L->n[h] = KS_MIN(L->n[h], keep);
+            mrows = KS_MAX(mrows, L->n[h]);
+            memcpy(pos + (size_t)h * capacity, L->pos + (size_t)h * L->capacity, sizeof(int32_t) * L->n[h]);
+        }
+        if (mrows > 0) {
+            cudaError_t e = cudaMemcpy2DAsync(k, capacity * rb, L->k, L->capacity * rb, mrows * rb, H,
+                                              cudaMemcpyDeviceToDevice, c->stream);
+            if (!e) e = cudaMemcpy2DAsync(v, capacity * rb, L->v, L->capacity * rb, mrows * rb, H,
+                                          cudaMemcpyDeviceToDevice, c->stream);
+            if (!e) e = cudaMemcpy2DAsync(pd, capacity * sizeof(int32_t), L->pos_dev, L->capacity * sizeof(int32_t),
+                                          mrows * sizeof(int32_t), H, cudaMemcpyDeviceToDevice, c->stream);
+            if (!e) e = cudaStreamSynchronize(c->stream);
+            if (e) st = ks_cuda_status(e, "KV cache reallocation");
+        }
+    }
+    if (st) {
+        raw_free(k);
+        raw_free(v);
+        raw_free(pd);
+        free(pos);
+        return st;
+    }
+    kv_release(L);
+    L->k = k;
+    L->v = v;
+    L->pos_dev = pd;
+    L->pos = pos;
+    L->capacity = capacity;
+    return KS_OK;
+}
+
+static void cu_kv_free(ks_backend *b, ks_kv_layer *L) {
+    if (L->k || L->v || L->pos_dev) cudaStreamSynchronize(CTX(b)->stream);
+    kv_release(L);
+    free(L->n);
+    L->n = NULL;
+    L->capacity = 0;
+}
+
+static ks_status cu_kv_append(ks_backend *b, ks_kv_layer *L, const float *k, const float *v, const int32_t *pos, int n) {
+    cuda_ctx *c = CTX(b);
+    int H = L->n_kv_heads, need = 0;
+    if (n <= 0) return KS_OK;
+    for (int h = 0; h < H; h++) need = KS_MAX(need, (L->n ? L->n[h] : 0) + n);
+    if (!L->k || need > L->capacity) {
+        /* grow by a quarter (+256 rows): amortised O(1) appends without doubling a long cache */
+        int64_t cap = KS_MAX((int64_t)need, (int64_t)L->capacity + L->capacity / 4 + 256);
+        if (cap > INT32_MAX) return ks_errorf(KS_ERR_OOM, "KV cache: %lld rows per head is too many", (long long)cap);
+        ks_status st = cu_kv_alloc(b, L, (int)cap);
+        if (st) return st;
+    }
+    /* positions (n) then each head's first free row (H) */
+    size_t bytes = sizeof(int32_t) * ((size_t)n + H);
+    int32_t *h_buf = (int32_t *)ks_malloc(bytes);
+    if (!h_buf) return KS_ERR_OOM;
+    memcpy(h_buf, pos, sizeof(int32_t) * n);
+    for (int h = 0; h < H; h++) h_buf[n + h] = L->n[h];
+    void *d_buf;
+    ks_status st = upload_tmp(c, h_buf, bytes, "KV append positions", &d_buf);
+    free(h_buf);
+    if (st) return st;
+    st = ks_cuda_kv_append(c->stream, L->k, L->v, (int32_t *)L->pos_dev, L->capacity, H, L->head_dim, k, v,
+                           (const int32_t *)d_buf, (const int32_t *)d_buf + n, n);
+    dev_free(c, d_buf);
+    if (st) return st;
+    for (int h = 0; h < H; h++) {
+        memcpy(L->pos + (size_t)h * L->capacity + L->n[h], pos, sizeof(int32_t) * n);
+        L->n[h] += n;
+    }
+    return KS_OK;
+}
+
+static ks_status cu_kv_retain(ks_backend *b, ks_kv_layer *L, const int32_t *const *idx, const int *cnt, int shrink) {
+    cuda_ctx *c = CTX(b);
+    int H = L->n_kv_heads, d = L->head_dim, maxc = 0, moves = 0;
+    size_t total = 0;
+    for (int h = 0; h < H; h++) {
+        if (cnt[h] < 0 || cnt[h] > L->n[h]) return ks_errorf(KS_ERR_ARG, "kv_retain: %d rows asked of head %d (%d rows)", cnt[h], h, L->n[h]);
+        for (int i = 0; i < cnt[h]; i++) {
+            if (idx[h][i] < 0 || idx[h][i] >= L->n[h] || (i && idx[h][i] <= idx[h][i - 1]))
+                return ks_errorf(KS_ERR_ARG, "kv_retain: head %d: index %d at position %d is out of range [0, %d) or not ascending",
+                                 h, idx[h][i], i, L->n[h]);
+            if (idx[h][i] != i) moves = 1;
+        }
+        total += cnt[h];
+        maxc = KS_MAX(maxc, cnt[h]);
+    }
+    /* reallocate only when at least half the capacity goes: a decode-time retain of one row
+     * per step (StreamingLLM) must not reallocate at every step */
+    int realloc_to = shrink && maxc < L->capacity / 2 ? KS_MAX(maxc, 1) : 0;
+    if (moves || realloc_to) {
+        /* host index buffer: offsets (H + 1) then the lists */
+        int32_t *h_buf = (int32_t *)ks_malloc(sizeof(int32_t) * (H + 1 + total));
+        if (!h_buf) return KS_ERR_OOM;
+        int32_t *off = h_buf, *cat = h_buf + H + 1;
+        off[0] = 0;
+        for (int h = 0; h < H; h++) {
+            memcpy(cat + off[h], idx[h], sizeof(int32_t) * cnt[h]);
+            off[h + 1] = off[h] + cnt[h];
+        }
+        void *d_buf = NULL, *nk = NULL, *nv = NULL, *np = NULL;
+        int ncap = realloc_to ? realloc_to : maxc; /* without reallocation: a compact temporary */
+        size_t rb = (size_t)d * 2;
+        ks_status st = upload_tmp(c, h_buf, sizeof(int32_t) * (H + 1 + total), "kv_retain indices", &d_buf);
+        free(h_buf);
+        if (st) return st;
+        if (realloc_to) {
+            st = raw_alloc(c, (size_t)H * ncap * rb, "KV cache (keys)", &nk);
+            if (!st) st = raw_alloc(c, (size_t)H * ncap * rb, "KV cache (values)", &nv);
+            if (!st) st = raw_alloc(c, (size_t)H * ncap * 4, "KV cache (positions)", &np);
+        } else {
+            st = dev_alloc(c, (size_t)H * ncap * rb, "kv_retain temporary", &nk);
+            if (!st) st = dev_alloc(c, (size_t)H * ncap * rb, "kv_retain temporary", &nv);
+            if (!st) st = dev_alloc(c, (size_t)H * ncap * 4, "kv_retain temporary", &np);
+        }
+        if (!st)
+            st = ks_cuda_kv_gather(c->stream, nk, nv, (int32_t *)np, ncap, L->k, L->v, (const int32_t *)L->pos_dev,
+                                   L->capacity, H, d, (const int32_t *)d_buf + H + 1, (const int32_t *)d_buf, maxc);
+        if (!st && !realloc_to && maxc > 0) {
+            cudaError_t e = cudaMemcpy2DAsync(L->k, L->capacity * rb, nk, ncap * rb, maxc * rb, H,
+                                              cudaMemcpyDeviceToDevice, c->stream);
+            if (!e) e = cudaMemcpy2DAsync(L->v, L->capacity * rb, nv, ncap * rb, maxc * rb, H,
+                                          cudaMemcpyDeviceToDevice, c->stream);
+            if (!e) e = cudaMemcpy2DAsync(L->pos_dev, L->capacity * 4, np, ncap * 4, maxc * 4, H,
+                                          cudaMemcpyDeviceToDevice, c->stream);
+            if (e) st = ks_cuda_status(e, "kv_retain copy back");
+        }
+        dev_free(c, d_buf);
+        if (realloc_to) {
+            int32_t *pos = NULL;
+            if (!st && !(pos = (int32_t *)ks_malloc(sizeof(int32_t) * (size_t)H * ncap))) st = KS_ERR_OOM;
+            if (!st) st = ks_cuda_status(cudaStreamSynchronize(c->stream), "kv_retain");
+            if (st) {
+                free(pos);
+                raw_free(nk);
+                raw_free(nv);
+                raw_free(np);
+                return st;
+            }
+            for (int h = 0; h < H; h++)
+                for (int i = 0; i < cnt[h]; i++) pos[(size_t)h * ncap + i] = L->pos[(size_t)h * L->capacity + idx[h][i]];
+            kv_release(L);
+            L->k = nk;
+            L->v = nv;
+            L->pos_dev = np;
+            L->pos = pos;
+            L->capacity = ncap;
+            for (int h = 0; h < H; h++) L->n[h] = cnt[h];
+            return KS_OK;
+        }
+        dev_free(c, nk);
+        dev_free(c, nv);
+        dev_free(c, np);
+        if (st) return st;
+    }
+    for (int h = 0; h < H; h++) {
+        int32_t *pb = L->pos + (size_t)h * L->capacity;
+        for (int i = 0; i < cnt[h]; i++) pb[i] = pb[idx[h][i]];
+        L->n[h] = cnt[h];
+    }
+    return KS_OK;
+}
+
+/* ================================================================ attention */
+
+static ks_status cu_attention(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a) {
+    cuda_ctx *c = CTX(b);
+    int H = a->n_heads, Hkv = L->n_kv_heads, n = a->n, d = L->head_dim;
+    if (n <= 0) return KS_OK;
+    if (Hkv < 1 || H % Hkv)
+        return ks_errorf(KS_ERR_ARG, "attention: %d query heads are not a multiple of %d KV heads", H, Hkv);
+    int half = a->rope ? a->rope->head_dim / 2 : 0;
+    if (a->rope && (a->rope->head_dim != d || half > 512))
+        return ks_errorf(KS_ERR_UNSUPPORTED, "attention: rope over %d of %d dims", a->rope->head_dim, d);
+    /* host buffer: qpos (n), nk (Hkv), idx_off (Hkv), lists, inv_freq (half floats) */
+    size_t total = 0;
+    int max_nk = 0;
+    for (int h = 0; h < Hkv; h++) {
+        int nk = a->idx ? a->n_idx[h] : (L->n ? L->n[h] : 0);
+        if (a->idx) {
+            for (int t = 0; t < nk; t++)
+                if (a->idx[h][t] < 0 || a->idx[h][t] >= L->n[h])
+                    return ks_errorf(KS_ERR_ARG, "attention: index %d of KV head %d out of range [0, %d)", a->idx[h][t],
+                                     h, L->n[h]);
+            total += nk;
+        }
+        max_nk = KS_MAX(max_nk, nk);
+    }
+    size_t words = (size_t)n + 2 * Hkv + total + half;
+    int32_t *hb = (int32_t *)ks_malloc(sizeof(int32_t) * words);
+    if (!hb) return KS_ERR_OOM;
+    memcpy(hb, a->qpos, sizeof(int32_t) * n);
+    int32_t *nkh = hb + n, *offh = nkh + Hkv, *cat = offh + Hkv;
+    size_t o = 0;
+    for (int h = 0; h < Hkv; h++) {
+        nkh[h] = a->idx ? a->n_idx[h] : (L->n ? L->n[h] : 0);
+        offh[h] = (int32_t)o;
+        if (a->idx) {
+            memcpy(cat + o, a->idx[h], sizeof(int32_t) * nkh[h]);
+            o += nkh[h];
+        }
+    }
+    if (a->rope) ks_rope_inv_freq(a->rope, a->rope_max_pos, (float *)(cat + total));
+    void *db;
+    ks_status st = upload_tmp(c, hb, sizeof(int32_t) * words, "attention positions", &db);
+    free(hb);
+    if (st) return st;
+    const int32_t *dq = (const int32_t *)db;
+    const float *d_inv = a->rope ? (const float *)(dq + n + 2 * Hkv + total) : NULL;
+    int rn = a->idx && a->renumber;
+    ks_cuda_attn_params p;
+    memset(&p, 0, sizeof p);
+    p.out = out;
+    p.q = q;
+    p.k = L->k;
+    p.v = L->v;
+    p.kpos = (const int32_t *)L->pos_dev;
+    p.qpos = dq;
+    p.nk = dq + n;
+    p.idx = a->idx ? dq + n + 2 * Hkv : NULL;
+    p.idx_off = dq + n + Hkv;
+    p.n = n;
+    p.n_heads = H;
+    p.n_kv_heads = Hkv;
+    p.head_dim = d;
+    p.capacity = L->capacity;
+    p.max_nk = max_nk;
+    p.scale = a->scale;
+    p.window = a->window;
+    p.renumber = rn;
+    p.q_renumber = rn;
+    if (max_nk == 0) { /* nothing to attend to: zeros, as the CPU reference gives */
+        st = ks_cuda_status(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)n * H * d, c->stream), "attention");
+        dev_free(c, db);
+        return st;
+    }
+    /* the flash kernel for prefill-sized calls (it reads bf16 keys in cache order) */
+    int flash_shape = d == 64 || d == 128;
+    int want_flash = c->attn_path != 1 && flash_shape && (c->attn_path == 2 || n >= 64);
+    void *kc = NULL, *vc = NULL, *pc = NULL, *qr = NULL, *ws = NULL;
+    if (a->rope || (a->idx && want_flash)) {
+        /* compact copy of the attended rows (rotated when pre-RoPE); the split-KV kernel gets
+         * float32 rotated keys, so only the flash path rounds them to bf16 */
+        int k_f32 = !want_flash;
+        size_t rows = (size_t)Hkv * max_nk;
+        if (!(st = dev_alloc(c, rows * d * (k_f32 ? 4 : 2), "attention gathered keys", &kc)) &&
+            !(st = dev_alloc(c, rows * d * 2, "attention gathered values", &vc)) &&
+            !(st = dev_alloc(c, rows * 4, "attention gathered positions", &pc)))
+            st = ks_cuda_attn_gather(c->stream, &p, d_inv, a->rope ? (float)a->rope->attn_factor : 1.0f, kc, k_f32, vc,
+                                     (int32_t *)pc, max_nk);
+        if (!st && a->rope && !(st = dev_alloc(c, sizeof(float) * (size_t)n * H * d, "attention rotated queries", &qr)))
+            st = ks_cuda_attn_rope_q(c->stream, (float *)qr, q, n, H, Hkv, d, p.qpos, p.nk, rn, d_inv,
+                                     (float)a->rope->attn_factor);
+        p.k = kc;
+        p.v = vc;
+        p.kpos = (const int32_t *)pc;
+        p.capacity = max_nk;
+        p.idx = NULL;
+        p.renumber = 0; /* the gathered positions already are the list indices */
+        p.k_f32 = k_f32;
+        if (qr) p.q = (const float *)qr;
+    }
+    if (!st) {
+        if (want_flash && ks_cuda_attn_prefill_supported(&p)) {
+            size_t wsb = ks_cuda_attn_prefill_workspace(&p);
+            if (!(st = dev_alloc(c, wsb, "attention workspace", &ws))) st = ks_cuda_attn_prefill(c->stream, &p, ws);
+        } else {
+            int splits;
+            size_t wsb = ks_cuda_attn_decode_workspace(&p, c->n_sm, &splits);
+            if (wsb) st = dev_alloc(c, wsb, "attention workspace", &ws);
+            if (!st) st = ks_cuda_attn_decode(c->stream, &p, splits, ws);
+        }
+    }
+    dev_free(c, ws);
+    dev_free(c, qr);
+    dev_free(c, kc);
+    dev_free(c, vc);
+    dev_free(c, pc);
+    dev_free(c, db);
+    return st;
+}
+
+/* ================================================================ policy primitives (ks_backend.prims) */
+
+#ifdef KS_BACKEND_PRIMS
+#define PRIM_CTX(b) cuda_ctx *c_ = CTX(b); ks_cuda_scratch sc_ = ks_cuda_backend_scratch(b); (void)sc_
+static ks_status pr_scores(ks_backend *b, const float *q, const int32_t *qpos, int64_t hq, int64_t m, const void *k,
+                           int k_bf16, const int32_t *kpos, int64_t hkv, int64_t n, int64_t d, const ks_scores_opts *o,
+                           float *out) {
+    PRIM_CTX(b);
+    return ks_cuda_scores(c_->stream, &sc_, q, qpos, hq, m, k, k_bf16, kpos, hkv, n, d, o, out);
+}
+static ks_status pr_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t kernel, ks_pool_mode mode,
+                           float *out) {
+    PRIM_CTX(b);
+    return ks_cuda_pool1d(c_->stream, &sc_, x, rows, n, kernel, mode, out);
+}
+static ks_status pr_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, ks_topk_order order,
+                         int32_t *oi, float *ov) {
+    PRIM_CTX(b);
+    return ks_cuda_topk(c_->stream, &sc_, x, rows, n, k, order, oi, ov);
+}
+static ks_status pr_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *oi) {
+    PRIM_CTX(b);
+    return ks_cuda_argsort(c_->stream, &sc_, x, n, desc, oi);
+}
+static ks_status pr_sort_f32(ks_backend *b, const float *x, int64_t n, int desc, float *out) {
+    PRIM_CTX(b);
+    return ks_cuda_sort_f32(c_->stream, &sc_, x, n, desc, out);
+}
+static ks_status pr_sort_i32(ks_backend *b, const int32_t *x, int64_t n, int32_t *out) {
+    PRIM_CTX(b);
+    return ks_cuda_sort_i32(c_->stream, &sc_, x, n, out);
+}
+static ks_status pr_rank(ks_backend *b, const float *x, int64_t n, int32_t *out) {
+    PRIM_CTX(b);
+    return ks_cuda_rank(c_->stream, &sc_, x, n, out);
+}
+static ks_status pr_unique(ks_backend *b, const int32_t *x, int64_t n, int32_t *out, int64_t *n_out) {
+    PRIM_CTX(b);
+    return ks_cuda_unique(c_->stream, &sc_, x, n, out, n_out);
+}
+static ks_status pr_union(ks_backend *b, const int32_t *a, int64_t na, const int32_t *bb, int64_t nb, int32_t *out,
+                          int64_t *n_out) {
+    PRIM_CTX(b);
+    return ks_cuda_union(c_->stream, &sc_, a, na, bb, nb, out, n_out);
+}
+static ks_status pr_concat_i32(ks_backend *b, const int32_t *a, int64_t na, const int32_t *bb, int64_t nb, int32_t *out) {
+    return ks_cuda_concat_i32(CTX(b)->stream, a, na, bb, nb, out);
+}
+static ks_status pr_concat_f32(ks_backend *b, const float *a, int64_t na, const float *bb, int64_t nb, float *out) {
+    return ks_cuda_concat_f32(CTX(b)->stream, a, na, bb, nb, out);
+}
+static ks_status pr_arange(ks_backend *b, int64_t start, int64_t stop, int64_t step, int32_t *out) {
+    return ks_cuda_arange(CTX(b)->stream, start, stop, step, out);
+}
+static ks_status pr_gather(ks_backend *b, const float *x, int64_t n, int64_t d, const int32_t *idx, int64_t k, float *out,
+                           int64_t *err) {
+    return ks_cuda_gather(CTX(b)->stream, x, n, d, idx, k, out, err);
+}
+static ks_status pr_gather_i32(ks_backend *b, const int32_t *x, int64_t n, const int32_t *idx, int64_t k, int32_t *out,
+                               int64_t *err) {
+    return ks_cuda_gather_i32(CTX(b)->stream, x, n, idx, k, out, err);
+}
+static ks_status pr_softmax(ks_backend *b, const float *x, int64_t rows, int64_t n, float *out) {
+    return ks_cuda_softmax(CTX(b)->stream, x, rows, n, out);
+}
+static ks_status pr_sum(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, float *out) {
+    return ks_cuda_sum(CTX(b)->stream, x, rows, cols, axis, out);
+}
+static ks_status pr_mean(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, float *out) {
+    return ks_cuda_mean(CTX(b)->stream, x, rows, cols, axis, out);
+}
+static ks_status pr_var(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, int64_t ddof, float *out) {
+    return ks_cuda_var(CTX(b)->stream, x, rows, cols, axis, ddof, out);
+}
+static ks_status pr_cosine(ks_backend *b, const float *a, const float *bb, int64_t n, float *out) {
+    return ks_cuda_cosine(CTX(b)->stream, a, bb, n, out);
+}
+static ks_status pr_cosine_rows(ks_backend *b, const float *a, const float *bb, int64_t rows, int64_t d, float *out) {
+    return ks_cuda_cosine_rows(CTX(b)->stream, a, bb, rows, d, out);
+}
+static const ks_backend_prims cuda_prims = {
+    pr_scores, pr_pool1d, pr_topk, pr_argsort, pr_sort_f32, pr_sort_i32, pr_rank, pr_unique, pr_union,
+    pr_concat_i32, pr_concat_f32, pr_arange, pr_gather, pr_gather_i32, pr_softmax, pr_sum, pr_mean, pr_var,
+    pr_cosine, pr_cosine_rows,
+};
+#endif
+
+/* ================================================================ lifetime */
+
+static void cu_destroy(ks_backend *b) {
+    if (!b) return;
+    cuda_ctx *c = CTX(b);
+    if (c) {
+        if (c->stream) cudaStreamSynchronize(c->stream);
+        if (c->blas) cublasDestroy(c->blas);
+        raw_free(c->blas_ws);
+        if (c->pin) cudaFreeHost(c->pin);
+        if (c->pool) cudaMemPoolDestroy(c->pool);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        free(c);
+    }
+    free(b);
+}
+
+static void *scratch_alloc(void *ud, size_t bytes) {
+    void *p;
+    return dev_alloc((cuda_ctx *)ud, bytes, "primitive scratch", &p) ? NULL : p;
+}
+static void scratch_free(void *ud, void *p) { dev_free((cuda_ctx *)ud, p); }
+extern "C" ks_cuda_scratch ks_cuda_backend_scratch(ks_backend *b) {
+    ks_cuda_scratch s = {scratch_alloc, scratch_free, b->ctx};
+    return s;
+}
+
+extern "C" cudaStream_t ks_cuda_backend_stream(ks_backend *b) { return CTX(b)->stream; }
+extern "C" int ks_cuda_backend_sm_count(ks_backend *b) { return CTX(b)->n_sm; }
+extern "C" void ks_cuda_backend_set_attn_path(ks_backend *b, int path) { CTX(b)->attn_path = path; }
+
+extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
+    *out = NULL;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        return ks_errorf(KS_ERR_DEVICE, "cuda: no usable GPU (%s)", e ? cudaGetErrorString(e) : "no devices");
+    }
+    if (device < 0 || device >= count) return ks_errorf(KS_ERR_ARG, "cuda: device %d out of range (%d GPUs)", device, count);
+    ks_backend *b = (ks_backend *)ks_calloc(1, sizeof *b);
+    cuda_ctx *c = (cuda_ctx *)ks_calloc(1, sizeof *c);
+    if (!b || !c) { free(b); free(c); return KS_ERR_OOM; }
+    b->ctx = c;
+    ks_status st = KS_OK;
+    c->device = device;
+    if ((e = cudaSetDevice(device))) { st = ks_cuda_status(e, "cudaSetDevice"); goto fail; }
+    if ((e = cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device))) {
+        st = ks_cuda_status(e, "device attributes");
+        goto fail;
+    }
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking))) { st = ks_cuda_status(e, "stream"); goto fail; }
+    {
+        cudaMemPoolProps pp;
+        memset(&pp, 0, sizeof pp);
+        pp.allocType = cudaMemAllocationTypePinned;
+        pp.handleTypes = cudaMemHandleTypeNone;
+        pp.location.type = cudaMemLocationTypeDevice;
+        pp.location.id = device;
+        if ((e = cudaMemPoolCreate(&c->pool, &pp))) { st = ks_cuda_status(e, "memory pool"); goto fail; }
+        uint64_t keep = UINT64_MAX;
+        if ((e = cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep))) {
+            st = ks_cuda_status(e, "memory pool");
+            goto fail;
+        }
+    }
+    if ((e = cudaMallocHost((void **)&c->pin, PIN_CAP))) { st = ks_cuda_status(e, "pinned staging buffer"); goto fail; }
+    c->pin_cap = PIN_CAP;
+    if ((st = blas_status(cublasCreate(&c->blas), "cublasCreate"))) goto fail;
+    if ((st = blas_status(cublasSetStream(c->blas, c->stream), "cublasSetStream"))) goto fail;
+    if ((st = raw_alloc(c, BLAS_WS, "cuBLAS workspace", &c->blas_ws))) goto fail;
+    if ((st = blas_status(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS), "cublasSetWorkspace"))) goto fail;
+    cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
+
+    b->name = "cuda";
+    b->alloc = cu_alloc;
+    b->free = cu_free;
+    b->upload = cu_upload;
+    b->download = cu_download;
+    b->copy = cu_copy;
+    b->sync = cu_sync;
+    b->weight_create = cu_weight_create;
+    b->weight_free = cu_weight_free;
+    b->weight_random = cu_weight_random;
+    b->matmul = cu_matmul;
+    b->embed = cu_embed;
+    b->rmsnorm = cu_rmsnorm;
+    b->rope = cu_rope;
+    b->swiglu = cu_swiglu;
+    b->add = cu_add;
+    b->gather_rows = cu_gather_rows;
+    b->kv_alloc = cu_kv_alloc;
+    b->kv_free = cu_kv_free;
+    b->kv_append = cu_kv_append;
+    b->kv_retain = cu_kv_retain;
+    b->attention = cu_attention;
+    b->destroy = cu_destroy;
+#ifdef KS_BACKEND_PRIMS
+    b->prims = &cuda_prims;
+#endif
+    *out = b;
+    return KS_OK;
+fail:
+    cu_destroy(b);
+    return st;
+}

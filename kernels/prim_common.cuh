@@ -1,0 +1,71 @@
+/* prim_common.cuh — helpers shared by the primitive kernels (prim_*.cu). Internal. */
+#ifndef KS_CUDA_PRIM_COMMON_CUH
+#define KS_CUDA_PRIM_COMMON_CUH
+
+#include "common.cuh"
+#include "ks_cuda_prims.h"
+
+#include <math.h>
+
+#define IDX_MAX ((int64_t)INT32_MAX)
+
+/* Argument checks with the CPU reference's messages; return KS_ERR_ARG from the caller. */
+#define P_NONNEG(prim, name, v)                                                                    \
+    do {                                                                                           \
+        if ((v) < 0) return ks_errorf(KS_ERR_ARG, "%s: %s = %lld is negative", prim, name, (long long)(v)); \
+    } while (0)
+#define P_PTR(prim, name, p, count)                                                                \
+    do {                                                                                           \
+        if (!(p) && (count) > 0) return ks_errorf(KS_ERR_ARG, "%s: %s is NULL", prim, name);       \
+    } while (0)
+#define P_IDX_RANGE(prim, name, v)                                                                 \
+    do {                                                                                           \
+        if ((v) > IDX_MAX)                                                                         \
+            return ks_errorf(KS_ERR_ARG, "%s: %s = %lld exceeds the int32 index range", prim, name, (long long)(v)); \
+    } while (0)
+
+static inline ks_status p_mul_size(const char *prim, int64_t a, int64_t b, int64_t *out) {
+    if (__builtin_mul_overflow(a, b, out) || *out > (int64_t)(SIZE_MAX / 8))
+        return ks_errorf(KS_ERR_ARG, "%s: size %lld x %lld is too large", prim, (long long)a, (long long)b);
+    return KS_OK;
+}
+
+/* The order-preserving key of core/prims.c: unsigned order == float order, NaN -> 0 (below
+ * -inf), -0.0 -> +0.0. */
+static __device__ __forceinline__ uint32_t f32_key(float f) {
+    uint32_t u = __float_as_uint(f);
+    uint32_t key = u ^ ((uint32_t) - (int32_t)(u >> 31) | 0x80000000u);
+    uint32_t mag = u & 0x7fffffffu;
+    key = mag == 0 ? 0x80000000u : key;
+    return mag > 0x7f800000u ? 0u : key;
+}
+
+/* NaN-propagating max, as the CPU's max_nan. */
+static __device__ __forceinline__ float max_nan(float a, float b) { return (a > b || isnan(a)) ? a : b; }
+
+/* Scratch allocations released when the holder goes out of scope (after the launches). */
+struct scratch_set {
+    const ks_cuda_scratch *sc;
+    void *p[8];
+    int n;
+    explicit scratch_set(const ks_cuda_scratch *s) : sc(s), n(0) {}
+    ~scratch_set() {
+        for (int i = 0; i < n; i++)
+            if (p[i]) sc->free(sc->ud, p[i]);
+    }
+    /* 256-byte aligned block of `bytes` (at least 16); NULL + KS_ERR_OOM recorded on failure */
+    void *get(size_t bytes) {
+        if (n == 8) { ks_errorf(KS_ERR_INTERNAL, "scratch: too many allocations"); return NULL; }
+        void *q = sc->alloc(sc->ud, bytes ? bytes : 16);
+        p[n++] = q;
+        return q;
+    }
+};
+
+#define P_SCRATCH(ptr, set, bytes, what)                                                           \
+    do {                                                                                           \
+        if (!((ptr) = (decltype(ptr))(set).get(bytes)))                                            \
+            return ks_error_prefix(KS_ERR_OOM, "%s", what);                                        \
+    } while (0)
+
+#endif

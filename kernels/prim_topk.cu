@@ -1,0 +1,237 @@
+/* prim_topk.cu — top-k by radix select (ks_cuda_prims.h).
+ *
+ * Per row, on the order-preserving 32-bit key (prim_common.cuh): three histogram passes over
+ * 11 / 11 / 10-bit digits, most significant first, each counting only the keys that match
+ * the digits chosen so far; after each pass one block scans the histogram from the top and
+ * fixes the digit holding the k-th largest key (state kept on the device, so nothing waits).
+ * That yields the k-th largest key `thr` and `need`, how many keys equal to thr are taken.
+ * A stable compaction then writes, in index order, every key > thr and the first `need` keys
+ * == thr: exactly the CPU's set (ties to the lower index). KS_TOPK_BY_VALUE sorts the k
+ * winners by descending key with a stable radix sort (CUB), so equal values stay in index
+ * order. Cost: 4 passes over the row plus O(k log) for the value order. */
+#include "prim_common.cuh"
+
+#include <cub/cub.cuh>
+
+#define TK_BINS 2048
+#define TK_CHUNK 2048 /* elements per compaction block: 256 threads x 8 */
+#define TK_IPT 8
+
+struct tk_state {
+    uint32_t prefix, mask;
+    int32_t need;
+    int32_t pad;
+};
+
+__global__ void tk_init(tk_state *st, int rows, int32_t need) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < rows) st[r] = tk_state{0u, 0u, need, 0};
+}
+
+__global__ void tk_hist(const float *__restrict__ x, int64_t n, const tk_state *__restrict__ st, int shift, int bits,
+                        unsigned *__restrict__ ghist) {
+    __shared__ unsigned h[TK_BINS];
+    const int row = blockIdx.y, nb = 1 << bits;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) h[i] = 0;
+    __syncthreads();
+    const uint32_t prefix = st[row].prefix, mask = st[row].mask;
+    const float *xr = x + (int64_t)row * n;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t u = f32_key(xr[i]);
+        if ((u & mask) == prefix) atomicAdd(&h[(u >> shift) & (nb - 1)], 1u);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nb; i += blockDim.x)
+        if (h[i]) atomicAdd(&ghist[(int64_t)row * TK_BINS + i], h[i]);
+}
+
+/* One block of 1024 per row: suffix counts from the top bin down; the bin where the count
+ * reaches `need` is the next digit. Clears the histogram for the next pass. */
+__global__ void __launch_bounds__(1024) tk_select(unsigned *__restrict__ ghist, tk_state *__restrict__ st, int shift,
+                                                  int bits) {
+    typedef cub::BlockScan<unsigned, 1024> scan_t;
+    __shared__ typename scan_t::TempStorage tmp;
+    const int row = blockIdx.x, nb = 1 << bits, t = threadIdx.x;
+    unsigned *hr = ghist + (int64_t)row * TK_BINS;
+    unsigned v[2], c[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int q = t * 2 + j; /* reversed bin: q = 0 is the top bin */
+        c[j] = q < nb ? hr[nb - 1 - q] : 0u;
+        v[j] = c[j];
+    }
+    scan_t(tmp).InclusiveSum(v, v);
+    const int32_t need = st[row].need;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int q = t * 2 + j;
+        unsigned prev = v[j] - c[j];
+        if (q < nb && prev < (unsigned)need && v[j] >= (unsigned)need) {
+            uint32_t b = (uint32_t)(nb - 1 - q);
+            st[row].prefix |= b << shift;
+            st[row].mask |= (uint32_t)(nb - 1) << shift;
+            st[row].need = need - (int32_t)prev;
+        }
+        if (q < nb) hr[nb - 1 - q] = 0u;
+    }
+}
+
+/* counts of keys > thr and == thr per chunk */
+__global__ void tk_count(const float *__restrict__ x, int64_t n, const tk_state *__restrict__ st, int nch,
+                         int2 *__restrict__ cnt) {
+    typedef cub::BlockReduce<int, 256> red_t;
+    __shared__ typename red_t::TempStorage tmp;
+    const int row = blockIdx.y, c = blockIdx.x;
+    const uint32_t thr = st[row].prefix;
+    const float *xr = x + (int64_t)row * n;
+    int packed = 0; /* gt in the high 16 bits, eq in the low */
+    for (int j = 0; j < TK_IPT; j++) {
+        int64_t i = (int64_t)c * TK_CHUNK + j * 256 + threadIdx.x;
+        if (i < n) {
+            uint32_t u = f32_key(xr[i]);
+            packed += (u > thr ? 0x10000 : 0) + (u == thr ? 1 : 0);
+        }
+    }
+    int tot = red_t(tmp).Sum(packed);
+    if (threadIdx.x == 0) cnt[(int64_t)row * nch + c] = make_int2(tot >> 16, tot & 0xffff);
+}
+
+/* exclusive scan of the chunk counts of each row (one block per row) */
+__global__ void __launch_bounds__(1024) tk_scan(int2 *__restrict__ cnt, int nch) {
+    typedef cub::BlockScan<int, 1024> scan_t;
+    __shared__ typename scan_t::TempStorage tmp;
+    __shared__ int carry_g, carry_e;
+    int2 *cr = cnt + (int64_t)blockIdx.x * nch;
+    if (threadIdx.x == 0) { carry_g = 0; carry_e = 0; }
+    __syncthreads();
+    for (int base = 0; base < nch; base += 1024) {
+        int i = base + threadIdx.x;
+        int2 v = i < nch ? cr[i] : make_int2(0, 0);
+        int g, e, tg, te;
+        scan_t(tmp).ExclusiveSum(v.x, g, tg);
+        __syncthreads();
+        scan_t(tmp).ExclusiveSum(v.y, e, te);
+        int cg = carry_g, ce = carry_e;
+        if (i < nch) cr[i] = make_int2(g + cg, e + ce);
+        __syncthreads();
+        if (threadIdx.x == 0) { carry_g = cg + tg; carry_e = ce + te; }
+        __syncthreads();
+    }
+}
+
+/* stable compaction: thread t of chunk c holds elements c*CHUNK + t*IPT .. + IPT (blocked) */
+__global__ void tk_scatter(const float *__restrict__ x, int64_t n, int64_t k, const tk_state *__restrict__ st, int nch,
+                           const int2 *__restrict__ off, int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key) {
+    typedef cub::BlockScan<int, 256> scan_t;
+    __shared__ typename scan_t::TempStorage tmp;
+    const int row = blockIdx.y, c = blockIdx.x;
+    const uint32_t thr = st[row].prefix;
+    const int64_t need = st[row].need;
+    const float *xr = x + (int64_t)row * n;
+    const int64_t i0 = (int64_t)c * TK_CHUNK + threadIdx.x * TK_IPT;
+    uint32_t u[TK_IPT];
+    int packed = 0;
+#pragma unroll
+    for (int j = 0; j < TK_IPT; j++) {
+        int64_t i = i0 + j;
+        u[j] = i < n ? f32_key(xr[i]) : 0u;
+        if (i < n) packed += (u[j] > thr ? 0x10000 : 0) + (u[j] == thr ? 1 : 0);
+    }
+    int before;
+    scan_t(tmp).ExclusiveSum(packed, before);
+    int2 o = off[(int64_t)row * nch + c];
+    int64_t gt = o.x + (before >> 16), eq = o.y + (before & 0xffff);
+    int32_t *oi = out_idx + (int64_t)row * k;
+    uint32_t *ok = out_key ? out_key + (int64_t)row * k : nullptr;
+#pragma unroll
+    for (int j = 0; j < TK_IPT; j++) {
+        int64_t i = i0 + j;
+        if (i >= n) break;
+        bool g = u[j] > thr, e = u[j] == thr;
+        if (g || (e && eq < need)) {
+            int64_t pos = gt + (eq < need ? eq : need);
+            oi[pos] = (int32_t)i;
+            if (ok) ok[pos] = ~u[j];
+        }
+        gt += g;
+        eq += e;
+    }
+}
+
+__global__ void tk_values(const float *__restrict__ x, int64_t n, int64_t k, int64_t rows,
+                          const int32_t *__restrict__ idx, float *__restrict__ val) {
+    int64_t total = rows * k, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride)
+        val[e] = x[(e / k) * n + idx[e]];
+}
+
+extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, const float *x, int64_t rows, int64_t n,
+                                  int64_t k, ks_topk_order order, int32_t *out_idx, float *out_val) {
+    P_NONNEG("topk", "rows", rows);
+    P_NONNEG("topk", "n", n);
+    P_IDX_RANGE("topk", "n", n);
+    P_NONNEG("topk", "k", k);
+    if (k > n) return ks_errorf(KS_ERR_ARG, "topk: k = %lld > n = %lld", (long long)k, (long long)n);
+    if ((unsigned)order > KS_TOPK_BY_INDEX) return ks_errorf(KS_ERR_ARG, "topk: unknown order %d", (int)order);
+    int64_t total, ktotal;
+    ks_status st;
+    if ((st = p_mul_size("topk", rows, n, &total)) || (st = p_mul_size("topk", rows, k, &ktotal))) return st;
+    P_PTR("topk", "x", x, total);
+    P_PTR("topk", "out_idx", out_idx, ktotal);
+    if (ktotal == 0) return KS_OK;
+    if (rows > 65535) return ks_errorf(KS_ERR_ARG, "topk: %lld rows is too many for one call (65535)", (long long)rows);
+
+    scratch_set ss(sc);
+    tk_state *state;
+    unsigned *hist;
+    int2 *cnt;
+    const int nch = (int)((n + TK_CHUNK - 1) / TK_CHUNK);
+    P_SCRATCH(state, ss, sizeof(tk_state) * rows, "topk");
+    P_SCRATCH(hist, ss, sizeof(unsigned) * TK_BINS * rows, "topk");
+    P_SCRATCH(cnt, ss, sizeof(int2) * nch * rows, "topk");
+    uint32_t *keys = NULL, *keys2 = NULL;
+    int32_t *idx2 = NULL;
+    void *cub_tmp = NULL;
+    size_t cub_bytes = 0;
+    if (order == KS_TOPK_BY_VALUE && k > 1) {
+        P_SCRATCH(keys, ss, sizeof(uint32_t) * ktotal, "topk");
+        P_SCRATCH(keys2, ss, sizeof(uint32_t) * k, "topk");
+        P_SCRATCH(idx2, ss, sizeof(int32_t) * k, "topk");
+        cub::DeviceRadixSort::SortPairs(NULL, cub_bytes, keys, keys2, out_idx, idx2, (int)k, 0, 32, s);
+        P_SCRATCH(cub_tmp, ss, cub_bytes, "topk");
+    }
+
+    tk_init<<<ks_cdiv((size_t)rows, 128), 128, 0, s>>>(state, (int)rows, k == n ? INT32_MAX : (int32_t)k);
+    KS_CU_LAUNCH("topk init kernel");
+    if (k < n) {
+        KS_CU(cudaMemsetAsync(hist, 0, sizeof(unsigned) * TK_BINS * rows, s), "topk histogram clear");
+        unsigned bx = (unsigned)KS_MIN((int64_t)((n + 4095) / 4096), (int64_t)KS_MAX(1, 1024 / (int)KS_MIN(rows, 1024)));
+        const int shifts[3] = {21, 10, 0}, bits[3] = {11, 11, 10};
+        for (int p = 0; p < 3; p++) {
+            tk_hist<<<dim3(bx, (unsigned)rows), 256, 0, s>>>(x, n, state, shifts[p], bits[p], hist);
+            KS_CU_LAUNCH("topk histogram kernel");
+            tk_select<<<(unsigned)rows, 1024, 0, s>>>(hist, state, shifts[p], bits[p]);
+            KS_CU_LAUNCH("topk select kernel");
+        }
+    }
+    tk_count<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, state, nch, cnt);
+    KS_CU_LAUNCH("topk count kernel");
+    tk_scan<<<(unsigned)rows, 1024, 0, s>>>(cnt, nch);
+    KS_CU_LAUNCH("topk scan kernel");
+    tk_scatter<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, k, state, nch, cnt, out_idx, keys);
+    KS_CU_LAUNCH("topk scatter kernel");
+    if (keys) {
+        for (int64_t r = 0; r < rows; r++) {
+            KS_CU(cub::DeviceRadixSort::SortPairs(cub_tmp, cub_bytes, keys + r * k, keys2, out_idx + r * k, idx2, (int)k,
+                                                  0, 32, s),
+                  "topk sort (cub)");
+            KS_CU(cudaMemcpyAsync(out_idx + r * k, idx2, sizeof(int32_t) * k, cudaMemcpyDeviceToDevice, s), "topk copy");
+        }
+    }
+    if (out_val) {
+        tk_values<<<ks_grid1d((size_t)ktotal, 256), 256, 0, s>>>(x, n, k, rows, out_idx, out_val);
+        KS_CU_LAUNCH("topk values kernel");
+    }
+    return KS_OK;
+}

@@ -1,0 +1,73 @@
+/* policy_lua.h — the policy part of the public embedding API (implemented in lua/policy_lua.c).
+ * These declarations belong in include/kvsieve.h ("policies" section); this header repeats
+ * them until they are pasted there (identical prototypes, so both may be included).
+ *
+ * A policy file is a Lua 5.4 chunk returning a table:
+ *
+ *   return {
+ *     name = "gemfilter",                 -- default: the file name without .lua
+ *     description = "...", paper = "...", -- optional text
+ *     params = { layer = 13, k = 1024 },  -- defaults; the type of each default is the
+ *                                         -- type a --set value is parsed as
+ *     pre_rope_keys = false,              -- true (TokenSelect): the KV cache keeps keys before
+ *                                         -- RoPE, ev.q / ev.k (and ev.k_pre) are unrotated and
+ *                                         -- attention rotates at the (renumbered) positions
+ *     prefill_chunk = 0,                  -- > 0: prefill in chunks of this many tokens
+ *     begin = function(p) end,            -- at the start of each request (reset state here)
+ *     prefill_qkv = function(ev, p) end,  -- event handlers, all optional; a missing one costs
+ *     prefill_layer_end = ..., prefill_end = ..., decode_qkv = ..., token = ...,
+ *   }
+ *
+ * Any other top-level key is an error at load (typo protection), except names starting
+ * with "_" (private helpers). Each loaded policy runs in its own sandboxed Lua state:
+ * memory limit (default 64 MB), per-call instruction budget (default 100 million) and
+ * wall-clock budget (default 30 s), standard library allow-list (base without dofile /
+ * loadfile / binary chunks, string, table, math, utf8, coroutine, os.clock/time/date/
+ * difftime; no io; print goes to stderr; require only "kvsieve"). The limits are the
+ * reserved parameters _memory_mb, _instructions and _seconds (0 = unlimited).
+ * Handlers return nothing and act through the event object (ev:retain(...), ...). Every
+ * failure (error, budget, memory, invalid return value, stale view, forbidden call) makes
+ * the engine call fail with KS_ERR_POLICY and a message "policy NAME: EVENT (layer L):
+ * FILE:LINE: ..." plus a traceback — or fall back to full attention where the session
+ * asked for that (ks_session_set_fallback). A policy is not thread-safe: use it from one
+ * thread (one session at a time).
+ */
+#ifndef KS_POLICY_LUA_H
+#define KS_POLICY_LUA_H
+
+#include "kvsieve.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Load a policy by name or path. A name (no '/' and not ending in ".lua") is looked up as
+ * NAME.lua in: each folder of $KVSIEVE_POLICY_PATH (colon-separated), ./policies, and
+ * <folder of the executable>/../policies. m (may be NULL) exposes the model's config to the
+ * policy as require("kvsieve").config. Free with ks_policy_free. */
+ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out);
+/* The same from source text; chunkname names it in messages (e.g. "inline.lua"). */
+ks_status ks_policy_load_string(ks_model *m, const char *chunkname, const char *source, ks_policy **out);
+/* Set a parameter from text: parsed as an integer, number, boolean (true/false/1/0/yes/no/
+ * on/off) or string, following the type of its default. Unknown keys are KS_ERR_ARG with
+ * the list of valid ones. Also the reserved limits _memory_mb, _instructions, _seconds. */
+ks_status ks_policy_set(ks_policy *p, const char *key, const char *value);
+/* The current value of a parameter as text (numbers in %.17g), into buf (n bytes). */
+ks_status ks_policy_get(const ks_policy *p, const char *key, char *buf, size_t n);
+/* Parameter names, in sorted order: i in [0, ks_policy_n_params). */
+int ks_policy_n_params(const ks_policy *p);
+const char *ks_policy_param_name(const ks_policy *p, int i);
+const char *ks_policy_name(const ks_policy *p);
+/* What the policy reported during the last request (ev:report(key, value)), e.g.
+ * "selection_layer" -> "13": the value as text, or NULL if the key was not reported.
+ * Reports are cleared when a request starts. */
+const char *ks_policy_report(const ks_policy *p, const char *key);
+int ks_policy_n_reports(const ks_policy *p);
+const char *ks_policy_report_key(const ks_policy *p, int i);
+/* Free a policy made by ks_policy_load*; for a C policy struct, calls its free(ud) hook. */
+void ks_policy_free(ks_policy *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,565 @@
+/* prims_lua.c — the native primitives of the `kvsieve` module (over core/prims.h).
+ *
+ * Each function checks its arguments (tensors that are alive, dtypes, shapes, option names)
+ * and names itself — and the running event, if any — in every error. Outputs are new owned
+ * tensors allocated before the core call, so a core failure leaves nothing to clean up but
+ * Lua garbage; the status is turned into a Lua error afterwards. Index lists are 0-based.
+ *
+ *   ks.scores(q, k [, opts])       attention scores, see l_scores
+ *   ks.pool1d(x, kernel [, mode])  mode "avg" (default) | "max"; x (n) or (rows, n)
+ *   ks.topk(x, k [, opts])         -> idx (i32), vals (f32); opts.sorted = "index" (default) | "value"
+ *   ks.sort(x [, opts]) / ks.argsort(x [, opts])   opts.descending
+ *   ks.rank(x)                     1 = highest, ties to the lower index
+ *   ks.unique(x) ks.union(a, b) ks.concat(a, b, ...) ks.arange([start,] stop [, step])
+ *   ks.gather(x, idx)              rows of x
+ *   ks.softmax(x) ks.sum(x [, axis]) ks.mean(x [, axis]) ks.var(x [, axis [, {ddof=0}]])
+ *   ks.cosine(a, b)                (d) -> number, (rows, d) -> (rows)
+ */
+#include "ks_lua.h"
+
+#include "prims.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ================================================================ option tables */
+
+/* Check that every key of the options table at idx is one of `allowed` (NULL-terminated). */
+static void check_opts(lua_State *L, int idx, const char *fn, const char *const *allowed) {
+    if (lua_isnoneornil(L, idx)) return;
+    if (!lua_istable(L, idx)) ks_lua_errorf(L, fn, "options must be a table, got %s", luaL_typename(L, idx));
+    idx = lua_absindex(L, idx);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        int ok = 0;
+        for (int i = 0; k && allowed[i]; i++)
+            if (!strcmp(k, allowed[i])) ok = 1;
+        if (!ok) {
+            char list[256] = "";
+            for (int i = 0; allowed[i]; i++) {
+                strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+                strncat(list, allowed[i], sizeof list - strlen(list) - 1);
+            }
+            ks_lua_errorf(L, fn, "unknown option '%s' (options: %s)", k ? k : luaL_typename(L, -1), list);
+        }
+    }
+}
+
+/* opts[key] pushed (nil when opts is absent). */
+static int opt_get(lua_State *L, int idx, const char *key) {
+    if (!lua_istable(L, idx)) { lua_pushnil(L); return LUA_TNIL; }
+    return lua_getfield(L, idx, key);
+}
+
+static int opt_bool(lua_State *L, int idx, const char *key, int def, const char *fn) {
+    int t = opt_get(L, idx, key);
+    int v = def;
+    if (t == LUA_TBOOLEAN) v = lua_toboolean(L, -1);
+    else if (t != LUA_TNIL) ks_lua_errorf(L, fn, "option %s must be a boolean, got %s", key, luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return v;
+}
+
+static const char *opt_str(lua_State *L, int idx, const char *key, const char *def, const char *fn) {
+    int t = opt_get(L, idx, key);
+    const char *v = def;
+    if (t == LUA_TSTRING) v = lua_tostring(L, -1); /* stays alive: it is in the options table */
+    else if (t != LUA_TNIL) ks_lua_errorf(L, fn, "option %s must be a string, got %s", key, luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return v;
+}
+
+/* A {begin, end} pair, 0-based half-open; negative values count from n. */
+static int opt_range(lua_State *L, int idx, const char *key, int64_t n, int64_t *b, int64_t *e, const char *fn) {
+    int t = opt_get(L, idx, key);
+    if (t == LUA_TNIL) { lua_pop(L, 1); return 0; }
+    if (t != LUA_TTABLE || lua_rawlen(L, -1) != 2) ks_lua_errorf(L, fn, "option %s must be {begin, end}", key);
+    lua_rawgeti(L, -1, 1);
+    lua_rawgeti(L, -2, 2);
+    if (!lua_isinteger(L, -2) || !lua_isinteger(L, -1)) ks_lua_errorf(L, fn, "option %s must hold two integers", key);
+    *b = lua_tointeger(L, -2);
+    *e = lua_tointeger(L, -1);
+    if (*b < 0) *b += n;
+    if (*e < 0) *e += n;
+    lua_pop(L, 3);
+    if (*b < 0 || *e > n || *b > *e)
+        ks_lua_errorf(L, fn, "option %s = {%lld, %lld} is not within [0, %lld]", key, (long long)*b, (long long)*e, (long long)n);
+    return 1;
+}
+
+/* Contiguous float data of a tensor argument (converting i32, copying strided). Pushes at
+ * most one value. */
+static const float *f32_data(lua_State *L, int arg, const char *fn, ks_tensor **out) {
+    ks_tensor *t = ks_lt_arg(L, arg, KS_T_F32, fn); /* pushes the tensor to use */
+    int pushed;
+    const float *d = ks_lt_contig(L, lua_gettop(L), t, &pushed);
+    if (pushed) lua_remove(L, -2);
+    *out = t;
+    return d;
+}
+
+static const int32_t *i32_data(lua_State *L, int arg, const char *fn, ks_tensor **out) {
+    ks_tensor *t = ks_lt_arg(L, arg, KS_T_I32, fn);
+    int pushed;
+    const int32_t *d = ks_lt_contig(L, lua_gettop(L), t, &pushed);
+    if (pushed) lua_remove(L, -2);
+    *out = t;
+    return d;
+}
+
+#define CORE(fn, call)                                                                                               \
+    do {                                                                                                             \
+        ks_status st_ = (call);                                                                                      \
+        if (st_) return ks_lua_core_error(L, fn, st_);                                                               \
+    } while (0)
+
+/* ================================================================ scores */
+
+/* ks.scores(q, k [, opts]) -> attention scores, never an (m, n) matrix.
+ *   q     (m, H, d) queries, token-major as the engine holds them (ev.q); (H, d) = one query
+ *   k     (n, Hkv, d) keys (ev.k, or ev:kv_keys() in decode)
+ * opts:
+ *   rows    which query rows: "last" | w (the last w) | {begin, end}; default all of q
+ *   qpos    i32 (m) query positions (causal); default: rows of k's sequence (see prims.h)
+ *   kpos    i32 (n) key positions; default 0..n-1
+ *   scale   "sqrt_d" (default: 1/sqrt(d)) | "none" | a number
+ *   causal  false (default) | true
+ *   softmax false (default) | true   (probabilities over the visible keys of key_range)
+ *   key_range {b, e}  the key domain (softmax normalises over it); default all
+ *   out       {b, e}  the key columns reported (not renormalised); default all
+ *   reduce  "none" (H, n_out) | "group" (Hkv, n_out) | "sum" (n_out) | "mean" (n_out)
+ *   gqa     "div" (model mapping, default) | "mod" (TokenSelect's released kernel)
+ *   threads 0 = automatic */
+static int l_scores(lua_State *L) {
+    lua_settop(L, 3);
+    static const char *const allowed[] = {"rows", "qpos", "kpos", "scale", "causal", "softmax", "key_range",
+                                          "out", "reduce", "gqa", "threads", NULL};
+    const char *fn = "scores";
+    ks_tensor *q = ks_lt_check(L, 1, fn), *k = ks_lt_check(L, 2, fn);
+    check_opts(L, 3, fn, allowed);
+    if (q->dtype != KS_T_F32 || k->dtype != KS_T_F32) return ks_lua_errorf(L, fn, "q and k must be f32 tensors");
+    if (k->ndim != 3) return ks_lua_errorf(L, fn, "k must be (n, n_kv_heads, head_dim), got %d dimensions", k->ndim);
+    int64_t m, H, d, qs0, qs1;
+    const float *qd = q->data;
+    if (q->ndim == 3) { m = q->shape[0]; H = q->shape[1]; d = q->shape[2]; qs0 = q->stride[0]; qs1 = q->stride[1]; }
+    else if (q->ndim == 2) { m = 1; H = q->shape[0]; d = q->shape[1]; qs0 = H * d; qs1 = q->stride[0]; }
+    else return ks_lua_errorf(L, fn, "q must be (m, n_heads, head_dim) or (n_heads, head_dim), got %d dimensions", q->ndim);
+    int64_t n = k->shape[0], Hkv = k->shape[1];
+    if (k->shape[2] != d) return ks_lua_errorf(L, fn, "head_dim of q (%lld) and k (%lld) differ", (long long)d, (long long)k->shape[2]);
+    if (q->stride[q->ndim - 1] != 1 || k->stride[2] != 1) return ks_lua_errorf(L, fn, "the last dimension of q and k must be contiguous");
+
+    ks_scores_opts o = ks_scores_opts_default();
+    /* rows */
+    int64_t r0 = 0, r1 = m;
+    int rows_given = 0;
+    int t = opt_get(L, 3, "rows");
+    if (t == LUA_TSTRING) {
+        if (strcmp(lua_tostring(L, -1), "last")) return ks_lua_errorf(L, fn, "option rows: \"last\", a count or {begin, end}");
+        r0 = m - 1;
+        rows_given = 1;
+    } else if (t == LUA_TNUMBER) {
+        lua_Integer w = lua_tointeger(L, -1);
+        if (w < 1 || w > m) return ks_lua_errorf(L, fn, "option rows = %lld: must be in [1, %lld]", (long long)w, (long long)m);
+        r0 = m - w;
+        rows_given = 1;
+    } else if (t != LUA_TNIL) {
+        lua_pop(L, 1);
+        opt_range(L, 3, "rows", m, &r0, &r1, fn);
+        rows_given = 1;
+        lua_pushnil(L);
+    }
+    lua_pop(L, 1);
+    if (rows_given && r1 - r0 < 1) return ks_lua_errorf(L, fn, "option rows selects no query row");
+    qd += r0 * qs0;
+    int64_t mq = r1 - r0;
+    o.q_row_stride = qs0;
+    o.q_head_stride = qs1;
+    o.k_row_stride = k->stride[0];
+    o.k_head_stride = k->stride[1];
+    /* positions */
+    const int32_t *kpos = NULL, *qpos = NULL;
+    ks_tensor *tk = NULL, *tq = NULL;
+    if (opt_get(L, 3, "kpos") != LUA_TNIL) {
+        kpos = i32_data(L, lua_gettop(L), fn, &tk);
+        if (tk->numel != n) return ks_lua_errorf(L, fn, "kpos has %lld entries for %lld keys", (long long)tk->numel, (long long)n);
+    } /* the pushed values stay on the stack until we return */
+    if (opt_get(L, 3, "qpos") != LUA_TNIL) {
+        qpos = i32_data(L, lua_gettop(L), fn, &tq);
+        if (tq->numel != mq) return ks_lua_errorf(L, fn, "qpos has %lld entries for %lld query rows", (long long)tq->numel, (long long)mq);
+    }
+    o.causal = opt_bool(L, 3, "causal", 0, fn);
+    o.softmax = opt_bool(L, 3, "softmax", 0, fn);
+    if (o.causal && !qpos && rows_given && r1 != m) {
+        /* explicit rows that are not the last ones: their positions are those of the same
+         * rows of k (q and k come from the same event) */
+        if (m != n) return ks_lua_errorf(L, fn, "causal rows {%lld, %lld} need qpos (q has %lld rows, k %lld)", (long long)r0,
+                                         (long long)r1, (long long)m, (long long)n);
+        int64_t sh[1] = {mq};
+        ks_tensor *p = ks_lt_new(L, KS_T_I32, 1, sh, 0);
+        for (int64_t i = 0; i < mq; i++) ((int32_t *)p->data)[i] = kpos ? kpos[r0 + i] : (int32_t)(r0 + i);
+        qpos = p->data;
+    } else if (o.causal && !qpos && mq > n)
+        return ks_lua_errorf(L, fn, "causal scores of %lld query rows over %lld keys need qpos", (long long)mq, (long long)n);
+    /* scale */
+    t = opt_get(L, 3, "scale");
+    if (t == LUA_TNUMBER) { o.scale_mode = KS_SCALE_CUSTOM; o.scale = (float)lua_tonumber(L, -1); }
+    else if (t == LUA_TSTRING) {
+        const char *s = lua_tostring(L, -1);
+        if (!strcmp(s, "sqrt_d") || !strcmp(s, "rsqrt_d")) o.scale_mode = KS_SCALE_RSQRT_D;
+        else if (!strcmp(s, "none")) o.scale_mode = KS_SCALE_ONE;
+        else return ks_lua_errorf(L, fn, "option scale: \"sqrt_d\", \"none\" or a number, got \"%s\"", s);
+    } else if (t != LUA_TNIL) return ks_lua_errorf(L, fn, "option scale: \"sqrt_d\", \"none\" or a number");
+    lua_pop(L, 1);
+    int64_t b, e;
+    if (opt_range(L, 3, "key_range", n, &b, &e, fn)) { o.k_begin = b; o.k_end = e; }
+    if (opt_range(L, 3, "out", n, &b, &e, fn)) { o.out_begin = b; o.out_end = e; }
+    const char *red = opt_str(L, 3, "reduce", "none", fn);
+    if (!strcmp(red, "none")) o.heads = KS_HEADS_NONE;
+    else if (!strcmp(red, "group")) o.heads = KS_HEADS_GROUP_SUM;
+    else if (!strcmp(red, "sum")) o.heads = KS_HEADS_SUM;
+    else if (!strcmp(red, "mean")) o.heads = KS_HEADS_MEAN;
+    else return ks_lua_errorf(L, fn, "option reduce: \"none\", \"group\", \"sum\" or \"mean\", got \"%s\"", red);
+    const char *gqa = opt_str(L, 3, "gqa", "div", fn);
+    if (!strcmp(gqa, "div")) o.gqa = KS_GQA_DIV;
+    else if (!strcmp(gqa, "mod")) o.gqa = KS_GQA_MOD;
+    else return ks_lua_errorf(L, fn, "option gqa: \"div\" or \"mod\", got \"%s\"", gqa);
+    if (opt_get(L, 3, "threads") != LUA_TNIL) o.n_threads = (int)luaL_checkinteger(L, -1);
+    lua_pop(L, 1);
+
+    int64_t rows, cols;
+    CORE(fn, ks_scores_out_shape(&o, H, Hkv, n, &rows, &cols));
+    int64_t shape[2] = {rows, cols};
+    int reduce_all = o.heads == KS_HEADS_SUM || o.heads == KS_HEADS_MEAN;
+    ks_tensor *out = reduce_all ? ks_lt_new(L, KS_T_F32, 1, &cols, 0) : ks_lt_new(L, KS_T_F32, 2, shape, 0);
+    CORE(fn, ks_cpu_scores(qd, qpos, H, mq, k->data, kpos, Hkv, n, d, &o, out->data));
+    return 1;
+}
+
+/* ================================================================ pooling and ordering */
+
+/* rows x n view of a 1-D or 2-D tensor */
+static void rows_cols(lua_State *L, const ks_tensor *t, int64_t *rows, int64_t *n, const char *fn) {
+    if (t->ndim == 1) { *rows = 1; *n = t->shape[0]; }
+    else if (t->ndim == 2) { *rows = t->shape[0]; *n = t->shape[1]; }
+    else ks_lua_errorf(L, fn, "x must be 1-d or 2-d, got %d dimensions", t->ndim);
+}
+
+static int l_pool1d(lua_State *L) {
+    lua_settop(L, 3);
+    const char *fn = "pool1d";
+    ks_tensor *t;
+    const float *x = f32_data(L, 1, fn, &t);
+    lua_Integer kernel = luaL_checkinteger(L, 2);
+    const char *mode = luaL_optstring(L, 3, "avg");
+    ks_pool_mode pm;
+    if (!strcmp(mode, "avg")) pm = KS_POOL_AVG;
+    else if (!strcmp(mode, "max")) pm = KS_POOL_MAX;
+    else return ks_lua_errorf(L, fn, "mode must be \"avg\" or \"max\", got \"%s\"", mode);
+    int64_t rows = 0, n = 0;
+    rows_cols(L, t, &rows, &n, fn);
+    ks_tensor *o = ks_lt_new(L, KS_T_F32, t->ndim, t->shape, 0);
+    CORE(fn, ks_cpu_pool1d(x, rows, n, kernel, pm, o->data));
+    return 1;
+}
+
+static int l_topk(lua_State *L) {
+    lua_settop(L, 3);
+    const char *fn = "topk";
+    static const char *const allowed[] = {"sorted", NULL};
+    ks_tensor *t;
+    const float *x = f32_data(L, 1, fn, &t);
+    lua_Integer k = luaL_checkinteger(L, 2);
+    ks_topk_order order = KS_TOPK_BY_INDEX;
+    const char *s = NULL;
+    if (lua_type(L, 3) == LUA_TSTRING) s = lua_tostring(L, 3);
+    else {
+        check_opts(L, 3, fn, allowed);
+        s = opt_str(L, 3, "sorted", "index", fn);
+    }
+    if (!strcmp(s, "value")) order = KS_TOPK_BY_VALUE;
+    else if (strcmp(s, "index")) return ks_lua_errorf(L, fn, "sorted must be \"index\" or \"value\", got \"%s\"", s);
+    int64_t rows = 0, n = 0;
+    rows_cols(L, t, &rows, &n, fn);
+    if (k < 0 || k > n) return ks_lua_errorf(L, fn, "k = %lld > n = %lld", (long long)k, (long long)n);
+    int64_t sh[2] = {rows, k};
+    ks_tensor *idx = t->ndim == 1 ? ks_lt_new(L, KS_T_I32, 1, &sh[1], 0) : ks_lt_new(L, KS_T_I32, 2, sh, 0);
+    ks_tensor *val = t->ndim == 1 ? ks_lt_new(L, KS_T_F32, 1, &sh[1], 0) : ks_lt_new(L, KS_T_F32, 2, sh, 0);
+    CORE(fn, ks_cpu_topk(x, rows, n, k, order, idx->data, val->data));
+    return 2;
+}
+
+static int one_d(lua_State *L, const ks_tensor *t, const char *fn) {
+    if (t->ndim != 1) return ks_lua_errorf(L, fn, "x must be 1-d, got %d dimensions", t->ndim);
+    return 0;
+}
+
+static int opt_descending(lua_State *L, int idx, const char *fn) {
+    static const char *const allowed[] = {"descending", NULL};
+    check_opts(L, idx, fn, allowed);
+    return opt_bool(L, idx, "descending", 0, fn);
+}
+
+static int l_sort(lua_State *L) {
+    lua_settop(L, 2);
+    const char *fn = "sort";
+    int desc = opt_descending(L, 2, fn);
+    ks_tensor *t0 = ks_lt_arg(L, 1, KS_T_ANY, fn); /* a table of integers sorts as integers */
+    lua_replace(L, 1);
+    if (t0->dtype == KS_T_I32) {
+        ks_tensor *t;
+        const int32_t *x = i32_data(L, 1, fn, &t);
+        one_d(L, t, fn);
+        ks_tensor *o = ks_lt_new(L, KS_T_I32, 1, t->shape, 0);
+        CORE(fn, ks_cpu_sort_i32(x, t->numel, o->data));
+        if (desc)
+            for (int64_t i = 0, j = t->numel - 1; i < j; i++, j--) {
+                int32_t *v = o->data, tmp = v[i];
+                v[i] = v[j];
+                v[j] = tmp;
+            }
+        return 1;
+    }
+    ks_tensor *t;
+    const float *x = f32_data(L, 1, fn, &t);
+    one_d(L, t, fn);
+    ks_tensor *o = ks_lt_new(L, KS_T_F32, 1, t->shape, 0);
+    CORE(fn, ks_cpu_sort_f32(x, t->numel, desc, o->data));
+    return 1;
+}
+
+static int l_argsort(lua_State *L) {
+    lua_settop(L, 2);
+    const char *fn = "argsort";
+    int desc = opt_descending(L, 2, fn);
+    ks_tensor *t;
+    const float *x = f32_data(L, 1, fn, &t);
+    one_d(L, t, fn);
+    ks_tensor *o = ks_lt_new(L, KS_T_I32, 1, t->shape, 0);
+    CORE(fn, ks_cpu_argsort(x, t->numel, desc, o->data));
+    return 1;
+}
+
+static int l_rank(lua_State *L) {
+    lua_settop(L, 1);
+    const char *fn = "rank";
+    ks_tensor *t;
+    const float *x = f32_data(L, 1, fn, &t);
+    one_d(L, t, fn);
+    ks_tensor *o = ks_lt_new(L, KS_T_I32, 1, t->shape, 0);
+    CORE(fn, ks_cpu_rank(x, t->numel, o->data));
+    return 1;
+}
+
+/* ================================================================ index lists */
+
+/* Shrink a fresh 1-D output to its first n entries (a view of it: no copy). */
+static void shrink_1d(lua_State *L, ks_tensor *o, int64_t n) {
+    int64_t sh[1] = {n};
+    ks_lt_view(L, o->dtype, 1, sh, NULL, o->data, 0, -1);
+}
+
+static int l_unique(lua_State *L) {
+    lua_settop(L, 1);
+    const char *fn = "unique";
+    ks_tensor *t;
+    const int32_t *x = i32_data(L, 1, fn, &t);
+    one_d(L, t, fn);
+    ks_tensor *o = ks_lt_new(L, KS_T_I32, 1, t->shape, 0);
+    int64_t n;
+    CORE(fn, ks_cpu_unique(x, t->numel, o->data, &n));
+    shrink_1d(L, o, n);
+    return 1;
+}
+
+static int strictly_ascending(const int32_t *x, int64_t n) {
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] <= x[i - 1]) return 0;
+    return 1;
+}
+
+/* union(a, b): the sorted set of values in a or b (inputs in any order). */
+static int l_union(lua_State *L) {
+    lua_settop(L, 2);
+    const char *fn = "union";
+    ks_tensor *ta, *tb;
+    const int32_t *a = i32_data(L, 1, fn, &ta);
+    const int32_t *b = i32_data(L, 2, fn, &tb);
+    one_d(L, ta, fn);
+    one_d(L, tb, fn);
+    int64_t sh[1] = {ta->numel + tb->numel}, n;
+    ks_tensor *o = ks_lt_new(L, KS_T_I32, 1, sh, 0);
+    if (strictly_ascending(a, ta->numel) && strictly_ascending(b, tb->numel)) {
+        CORE(fn, ks_cpu_union(a, ta->numel, b, tb->numel, o->data, &n));
+    } else {
+        CORE(fn, ks_cpu_concat_i32(a, ta->numel, b, tb->numel, o->data));
+        CORE(fn, ks_cpu_unique(o->data, sh[0], o->data, &n));
+    }
+    shrink_1d(L, o, n);
+    return 1;
+}
+
+/* concat(a, b, ...) of 1-d tensors or tables; f32 if any input is f32. */
+static int l_concat(lua_State *L) {
+    const char *fn = "concat";
+    int nargs = lua_gettop(L);
+    if (nargs < 1) return ks_lua_errorf(L, fn, "needs at least one argument");
+    ks_tdtype dt = KS_T_I32;
+    for (int i = 1; i <= nargs; i++) {
+        ks_tensor *t = ks_lt_test(L, i);
+        if (t && t->dtype == KS_T_F32) dt = KS_T_F32;
+        if (!t && !lua_istable(L, i)) return ks_lua_errorf(L, fn, "argument %d: tensor or table expected, got %s", i, luaL_typename(L, i));
+    }
+    int64_t total = 0;
+    for (int i = 1; i <= nargs; i++) {
+        ks_tensor *t = ks_lt_arg(L, i, dt, fn); /* pushed at nargs + i */
+        if (t->ndim != 1) return ks_lua_errorf(L, fn, "argument %d is %d-d (1-d expected)", i, t->ndim);
+        total += t->numel;
+    }
+    ks_tensor *o = ks_lt_new(L, dt, 1, &total, 0);
+    int64_t at = 0;
+    for (int i = 1; i <= nargs; i++) {
+        ks_tensor *t = ks_lt_test(L, nargs + i);
+        int pushed;
+        const void *d = ks_lt_contig(L, nargs + i, t, &pushed);
+        memcpy((char *)o->data + at * 4, d, (size_t)t->numel * 4);
+        if (pushed) lua_pop(L, 1);
+        at += t->numel;
+    }
+    return 1;
+}
+
+static int l_arange(lua_State *L) {
+    const char *fn = "arange";
+    lua_Integer a = 0, b, s = 1;
+    if (lua_isnoneornil(L, 2)) b = luaL_checkinteger(L, 1);
+    else { a = luaL_checkinteger(L, 1); b = luaL_checkinteger(L, 2); s = luaL_optinteger(L, 3, 1); }
+    int64_t n = ks_arange_len(a, b, s);
+    if (n < 0) return ks_lua_errorf(L, fn, "step must not be 0");
+    ks_tensor *o = ks_lt_new(L, KS_T_I32, 1, &n, 0);
+    CORE(fn, ks_cpu_arange(a, b, s, o->data));
+    return 1;
+}
+
+/* gather(x, idx): rows idx of x (n, ...) -> (k, ...); indices may repeat. */
+static int l_gather(lua_State *L) {
+    lua_settop(L, 2);
+    const char *fn = "gather";
+    ks_tensor *x = ks_lt_check(L, 1, fn);
+    ks_tensor *ti;
+    const int32_t *idx = i32_data(L, 2, fn, &ti);
+    if (ti->ndim != 1) return ks_lua_errorf(L, fn, "idx must be 1-d");
+    if (x->ndim < 1) return ks_lua_errorf(L, fn, "x must have at least one dimension");
+    int pushed;
+    const void *xd = ks_lt_contig(L, 1, x, &pushed);
+    int64_t n = x->shape[0], d = n ? x->numel / n : 0;
+    int64_t shape[KS_TENSOR_MAXDIM];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[0] = ti->numel;
+    ks_tensor *o = ks_lt_new(L, x->dtype, x->ndim, shape, 0);
+    if (x->dtype == KS_T_F32) CORE(fn, ks_cpu_gather(xd, n, d, idx, ti->numel, o->data));
+    else if (d == 1) CORE(fn, ks_cpu_gather_i32(xd, n, idx, ti->numel, o->data));
+    else {
+        for (int64_t i = 0; i < ti->numel; i++)
+            if (idx[i] < 0 || idx[i] >= n)
+                return ks_lua_errorf(L, fn, "index %d at position %lld out of range [0, %lld)", idx[i], (long long)i, (long long)n);
+        for (int64_t i = 0; i < ti->numel; i++)
+            memcpy((int32_t *)o->data + i * d, (const int32_t *)xd + (int64_t)idx[i] * d, sizeof(int32_t) * d);
+    }
+    return 1;
+}
+
+/* ================================================================ small numerics */
+
+static int l_softmax(lua_State *L) {
+    lua_settop(L, 1);
+    const char *fn = "softmax";
+    ks_tensor *t;
+    const float *x = f32_data(L, 1, fn, &t);
+    if (t->ndim < 1) return ks_lua_errorf(L, fn, "x must have at least one dimension");
+    int64_t n = t->shape[t->ndim - 1], rows = n ? t->numel / n : 0;
+    ks_tensor *o = ks_lt_new(L, KS_T_F32, t->ndim, t->shape, 0);
+    CORE(fn, ks_cpu_softmax(x, rows, n, o->data));
+    return 1;
+}
+
+typedef enum { R_SUM, R_MEAN, R_VAR } red_kind;
+
+/* sum/mean/var over one axis (0-based, negative from the end) or over everything. A
+ * 0-d result is returned as a number. */
+static int reduce(lua_State *L, red_kind kind, const char *fn) {
+    lua_settop(L, 3);
+    ks_tensor *t;
+    const float *x = f32_data(L, 1, fn, &t);
+    int64_t ddof = 0;
+    if (kind == R_VAR) {
+        static const char *const allowed[] = {"ddof", NULL};
+        check_opts(L, 3, fn, allowed);
+        if (opt_get(L, 3, "ddof") != LUA_TNIL) ddof = luaL_checkinteger(L, -1);
+        lua_pop(L, 1);
+    }
+    float r;
+    if (lua_isnoneornil(L, 2) || t->ndim <= 1) {
+        if (!lua_isnoneornil(L, 2)) {
+            lua_Integer a = luaL_checkinteger(L, 2);
+            if (a != 0 && a != -1) return ks_lua_errorf(L, fn, "axis %lld out of range for a %d-d tensor", (long long)a, t->ndim);
+        }
+        if (kind == R_SUM) CORE(fn, ks_cpu_sum(x, 1, t->numel, 1, &r));
+        else if (kind == R_MEAN) CORE(fn, ks_cpu_mean(x, 1, t->numel, 1, &r));
+        else CORE(fn, ks_cpu_var(x, 1, t->numel, 1, ddof, &r));
+        lua_pushnumber(L, r);
+        return 1;
+    }
+    lua_Integer a = luaL_checkinteger(L, 2);
+    if (a < 0) a += t->ndim;
+    if (a < 0 || a >= t->ndim) return ks_lua_errorf(L, fn, "axis %lld out of range for a %d-d tensor", (long long)lua_tointeger(L, 2), t->ndim);
+    int64_t outer = 1, inner = 1, mid = t->shape[a];
+    for (int i = 0; i < a; i++) outer *= t->shape[i];
+    for (int i = (int)a + 1; i < t->ndim; i++) inner *= t->shape[i];
+    int64_t shape[KS_TENSOR_MAXDIM];
+    int nd = 0;
+    for (int i = 0; i < t->ndim; i++)
+        if (i != a) shape[nd++] = t->shape[i];
+    ks_tensor *o = ks_lt_new(L, KS_T_F32, nd, shape, 0);
+    for (int64_t i = 0; i < outer; i++) {
+        const float *xi = x + i * mid * inner;
+        float *oi = (float *)o->data + i * inner;
+        if (kind == R_SUM) CORE(fn, ks_cpu_sum(xi, mid, inner, 0, oi));
+        else if (kind == R_MEAN) CORE(fn, ks_cpu_mean(xi, mid, inner, 0, oi));
+        else CORE(fn, ks_cpu_var(xi, mid, inner, 0, ddof, oi));
+    }
+    return 1;
+}
+static int l_sum(lua_State *L) { return reduce(L, R_SUM, "sum"); }
+static int l_mean(lua_State *L) { return reduce(L, R_MEAN, "mean"); }
+static int l_var(lua_State *L) { return reduce(L, R_VAR, "var"); }
+
+static int l_cosine(lua_State *L) {
+    lua_settop(L, 2);
+    const char *fn = "cosine";
+    ks_tensor *ta, *tb;
+    const float *a = f32_data(L, 1, fn, &ta);
+    const float *b = f32_data(L, 2, fn, &tb);
+    if (ta->ndim != tb->ndim || memcmp(ta->shape, tb->shape, sizeof(int64_t) * ta->ndim))
+        return ks_lua_errorf(L, fn, "a and b differ in shape");
+    if (ta->ndim <= 1) {
+        float r;
+        CORE(fn, ks_cpu_cosine(a, b, ta->numel, &r));
+        lua_pushnumber(L, r);
+        return 1;
+    }
+    if (ta->ndim != 2) return ks_lua_errorf(L, fn, "a and b must be (d) or (rows, d)");
+    ks_tensor *o = ks_lt_new(L, KS_T_F32, 1, ta->shape, 0);
+    CORE(fn, ks_cpu_cosine_rows(a, b, ta->shape[0], ta->shape[1], o->data));
+    return 1;
+}
+
+void ks_prims_open(lua_State *L) {
+    static const luaL_Reg fns[] = {
+        {"scores", l_scores}, {"pool1d", l_pool1d}, {"topk", l_topk},       {"sort", l_sort},     {"argsort", l_argsort},
+        {"rank", l_rank},     {"unique", l_unique}, {"union", l_union},     {"concat", l_concat}, {"arange", l_arange},
+        {"gather", l_gather}, {"softmax", l_softmax}, {"sum", l_sum},       {"mean", l_mean},     {"var", l_var},
+        {"cosine", l_cosine}, {NULL, NULL}};
+    luaL_setfuncs(L, fns, 0);
+}

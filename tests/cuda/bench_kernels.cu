@@ -1,0 +1,325 @@
+/* bench_kernels.cu — per-kernel benchmark of the CUDA backend next to two measured ceilings:
+ * a device-to-device copy (GB/s, bytes read + written) and a cuBLAS bf16 GEMM 8192^3
+ * (TFLOP/s). Each number is the median of timed repeats (CUDA events) after warm-up, on
+ * random data (never zeros); memory-bound kernels rotate over several buffers so that repeats
+ * do not run out of L2. Prints one table; "--quick" runs smaller sizes.
+ *
+ * FLOP conventions: attention = 4 * d * (visible query-key pairs) per head (QK^T and PV),
+ * so causal attention counts the causal half, as FlashAttention reports it. */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include "common.cuh"
+#include "ks_cuda.h"
+
+static int g_quick;
+static cudaStream_t S;
+
+#define CK(x)                                                                                   \
+    do {                                                                                        \
+        cudaError_t e_ = (x);                                                                   \
+        if (e_) { fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } \
+    } while (0)
+#define KS(x)                                                                                   \
+    do {                                                                                        \
+        ks_status s_ = (x);                                                                     \
+        if (s_) { fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, ks_last_error()); exit(1); } \
+    } while (0)
+
+template <typename F> static double time_ms(F fn, int warm = 3, int reps = 15) {
+    for (int i = 0; i < warm; i++) fn(i);
+    CK(cudaStreamSynchronize(S));
+    std::vector<double> t;
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(a, S));
+        fn(warm + i);
+        CK(cudaEventRecord(b, S));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms);
+    }
+    CK(cudaGetLastError());
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+static void *dmalloc(size_t bytes) {
+    void *p;
+    CK(cudaMalloc(&p, bytes));
+    return p;
+}
+static void *drand_bf16(size_t n, uint64_t seed, float scale) {
+    void *p = dmalloc(n * 2);
+    KS(ks_cuda_random(S, p, KS_CUDA_BF16, (int64_t)(n / 64), 64, seed, scale, 0.f));
+    return p;
+}
+static float *drand_f32(size_t n, uint64_t seed, float scale) {
+    float *p = (float *)dmalloc(n * 4);
+    KS(ks_cuda_random(S, p, KS_CUDA_F32, (int64_t)(n / 64), 64, seed, scale, 0.f));
+    return p;
+}
+static int32_t *dints(const std::vector<int32_t> &v) {
+    int32_t *p = (int32_t *)dmalloc(v.size() * 4 + 4);
+    CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return p;
+}
+
+struct row { char name[96]; double ms, val; const char *unit; double pct; };
+static std::vector<row> rows;
+static double g_copy_gbs, g_gemm_tflops;
+
+static void report(const char *name, double ms, double val, const char *unit) {
+    row r;
+    snprintf(r.name, sizeof r.name, "%s", name);
+    r.ms = ms;
+    r.val = val;
+    r.unit = unit;
+    r.pct = !strcmp(unit, "GB/s") ? (g_copy_gbs > 0 ? 100 * val / g_copy_gbs : 0)
+          : !strcmp(unit, "TFLOP/s") ? (g_gemm_tflops > 0 ? 100 * val / g_gemm_tflops : 0) : 0;
+    rows.push_back(r);
+    printf("%-64s %10.4f ms %10.1f %-8s %5.0f%%\n", r.name, ms, val, unit, r.pct);
+    fflush(stdout);
+}
+
+/* ---------------------------------------------------------------- ceilings */
+
+static void bench_ceilings(cublasHandle_t h) {
+    size_t bytes = (size_t)(g_quick ? 256 : 2048) << 20;
+    void *a = dmalloc(bytes), *b = dmalloc(bytes);
+    KS(ks_cuda_random(S, a, KS_CUDA_F32, (int64_t)(bytes / 4 / 64), 64, 1, 1.f, 0.f));
+    double ms = time_ms([&](int) { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, S)); });
+    g_copy_gbs = 2.0 * bytes / (ms * 1e-3) / 1e9;
+    report("ceiling: device-to-device copy (read + write)", ms, g_copy_gbs, "GB/s");
+    cudaFree(a);
+    cudaFree(b);
+
+    int N = g_quick ? 4096 : 8192;
+    void *A = drand_bf16((size_t)N * N, 2, 1.f), *B = drand_bf16((size_t)N * N, 3, 1.f);
+    void *C = dmalloc((size_t)N * N * 4);
+    float one = 1, zero = 0;
+    char name[96];
+    ms = time_ms([&](int) {
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, N, N, &one, A, CUDA_R_16BF, N, B, CUDA_R_16BF, N, &zero, C,
+                     CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    });
+    g_gemm_tflops = 2.0 * N * N * (double)N / (ms * 1e-3) / 1e12;
+    snprintf(name, sizeof name, "ceiling: cuBLAS bf16 GEMM %d^3 (bf16 out)", N);
+    report(name, ms, g_gemm_tflops, "TFLOP/s");
+    ms = time_ms([&](int) {
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, N, N, &one, A, CUDA_R_16BF, N, B, CUDA_R_16BF, N, &zero, C,
+                     CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    });
+    snprintf(name, sizeof name, "cuBLAS bf16 GEMM %d^3 (f32 out, the backend's matmul)", N);
+    report(name, ms, 2.0 * N * N * (double)N / (ms * 1e-3) / 1e12, "TFLOP/s");
+    cudaFree(A);
+    cudaFree(B);
+    cudaFree(C);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* one KV cache of Hkv heads x cap rows, positions 0..cap-1 */
+struct cache { void *k, *v; int32_t *pos, *nk; int cap, Hkv, d; };
+static cache make_cache(int Hkv, int cap, int d, uint64_t seed) {
+    cache c;
+    c.cap = cap;
+    c.Hkv = Hkv;
+    c.d = d;
+    c.k = drand_bf16((size_t)Hkv * cap * d, seed, 1.f);
+    c.v = drand_bf16((size_t)Hkv * cap * d, seed + 1, 1.f);
+    std::vector<int32_t> pos((size_t)Hkv * cap), nk(Hkv, cap);
+    for (int h = 0; h < Hkv; h++)
+        for (int j = 0; j < cap; j++) pos[(size_t)h * cap + j] = j;
+    c.pos = dints(pos);
+    c.nk = dints(nk);
+    return c;
+}
+static void free_cache(cache &c) {
+    cudaFree(c.k);
+    cudaFree(c.v);
+    cudaFree(c.pos);
+    cudaFree(c.nk);
+}
+
+static void bench_prefill(int n, int H, int Hkv, int d, int causal, int window) {
+    cache c = make_cache(Hkv, n, d, 10);
+    float *q = drand_f32((size_t)n * H * d, 20, 1.f), *out = (float *)dmalloc((size_t)n * H * d * 4);
+    std::vector<int32_t> qp(n);
+    for (int i = 0; i < n; i++) qp[i] = causal ? i : n - 1;
+    int32_t *dq = dints(qp);
+    ks_cuda_attn_params p;
+    memset(&p, 0, sizeof p);
+    p.out = out; p.q = q; p.k = c.k; p.v = c.v; p.kpos = c.pos; p.qpos = dq; p.nk = c.nk;
+    p.n = n; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = d; p.capacity = n; p.max_nk = n;
+    p.scale = 1.0f / sqrtf((float)d); p.window = window;
+    void *ws = dmalloc(ks_cuda_attn_prefill_workspace(&p));
+    double pairs = 0;
+    for (int i = 0; i < n; i++) {
+        int lo = 0, hi = causal ? i : n - 1;
+        if (window > 0) lo = std::max(0, qp[i] - window + 1);
+        pairs += hi - lo + 1;
+    }
+    double ms = time_ms([&](int) { KS(ks_cuda_attn_prefill(S, &p, ws)); }, 2, g_quick ? 5 : 10);
+    char name[96];
+    snprintf(name, sizeof name, "flash prefill n=%d H=%d/%d d=%d %s%s", n, H, Hkv, d, causal ? "causal" : "full",
+             window ? " window" : "");
+    report(name, ms, 4.0 * d * pairs * H / (ms * 1e-3) / 1e12, "TFLOP/s");
+    cudaFree(ws);
+    cudaFree(q);
+    cudaFree(out);
+    cudaFree(dq);
+    free_cache(c);
+}
+
+static void bench_decode(int ctx, int H, int Hkv, int d, int n_idx) {
+    /* rotate over several caches so the total exceeds L2 several times */
+    size_t one = (size_t)Hkv * ctx * d * 2 * 2;
+    int nc = (int)std::max<size_t>(1, std::min<size_t>(16, ((size_t)512 << 20) / one + 1));
+    std::vector<cache> cs;
+    for (int i = 0; i < nc; i++) cs.push_back(make_cache(Hkv, ctx, d, 100 + 2 * i));
+    float *q = drand_f32((size_t)H * d, 30, 1.f), *out = (float *)dmalloc((size_t)H * d * 4);
+    std::vector<int32_t> qp(1, ctx - 1);
+    int32_t *dq = dints(qp);
+    int32_t *didx = NULL, *doff = NULL, *dnk = NULL;
+    if (n_idx) { /* TokenSelect-like: a spread subset of each head's rows */
+        std::vector<int32_t> idx, off, nk;
+        for (int h = 0; h < Hkv; h++) {
+            off.push_back((int32_t)idx.size());
+            for (int t = 0; t < n_idx; t++) idx.push_back((int32_t)((long long)t * ctx / n_idx));
+            nk.push_back(n_idx);
+        }
+        didx = dints(idx);
+        doff = dints(off);
+        dnk = dints(nk);
+    }
+    ks_cuda_attn_params p;
+    memset(&p, 0, sizeof p);
+    p.out = out; p.q = q; p.qpos = dq; p.n = 1; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = d;
+    p.capacity = ctx; p.max_nk = n_idx ? n_idx : ctx; p.scale = 1.0f / sqrtf((float)d);
+    p.idx = didx; p.idx_off = doff;
+    int nsm;
+    CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
+    int splits;
+    size_t wsb = ks_cuda_attn_decode_workspace(&p, nsm, &splits);
+    void *ws = wsb ? dmalloc(wsb) : NULL;
+    double ms = time_ms([&](int i) {
+        cache &c = cs[i % nc];
+        ks_cuda_attn_params pp = p;
+        pp.k = c.k; pp.v = c.v; pp.kpos = c.pos; pp.nk = dnk ? dnk : c.nk;
+        KS(ks_cuda_attn_decode(S, &pp, splits, ws));
+    }, 3, 30);
+    double rows_read = n_idx ? n_idx : ctx;
+    double bytes = rows_read * Hkv * d * 2 * 2 + rows_read * Hkv * 4;
+    char name[96];
+    snprintf(name, sizeof name, "decode split-KV ctx=%d H=%d/%d d=%d%s (splits %d)", ctx, H, Hkv, d,
+             n_idx ? " idx" : "", splits);
+    report(name, ms, bytes / (ms * 1e-3) / 1e9, "GB/s");
+    if (ws) cudaFree(ws);
+    cudaFree(q); cudaFree(out); cudaFree(dq);
+    if (didx) { cudaFree(didx); cudaFree(doff); cudaFree(dnk); }
+    for (auto &c : cs) free_cache(c);
+}
+
+/* ---------------------------------------------------------------- dense ops */
+
+static void bench_matmul(cublasHandle_t h, int n, int in, int out) {
+    int nb = n == 1 ? 8 : 1; /* rotate weights for the bandwidth-bound GEMV */
+    std::vector<void *> W;
+    for (int i = 0; i < nb; i++) W.push_back(drand_bf16((size_t)in * out, 40 + i, 0.1f));
+    float *x = drand_f32((size_t)n * in, 50, 1.f), *y = (float *)dmalloc((size_t)n * out * 4);
+    void *xb = dmalloc((size_t)n * in * 2);
+    float one = 1, zero = 0;
+    double ms = time_ms([&](int i) {
+        KS(ks_cuda_convert(S, xb, KS_CUDA_BF16, x, KS_CUDA_F32, (size_t)n * in));
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W[i % nb], CUDA_R_16BF, in, xb, CUDA_R_16BF, in,
+                     &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    });
+    char name[96];
+    snprintf(name, sizeof name, "matmul (convert + cuBLAS) n=%d in=%d out=%d", n, in, out);
+    if (n == 1) report(name, ms, ((double)in * out * 2 + in * 4 + out * 4) / (ms * 1e-3) / 1e9, "GB/s");
+    else report(name, ms, 2.0 * n * in * out / (ms * 1e-3) / 1e12, "TFLOP/s");
+    for (void *w : W) cudaFree(w);
+    cudaFree(x); cudaFree(y); cudaFree(xb);
+}
+
+static void bench_elementwise() {
+    size_t n = (size_t)(g_quick ? 16 : 64) << 20; /* floats */
+    float *a = drand_f32(n, 60, 1.f), *b = drand_f32(n, 61, 1.f), *c = (float *)dmalloc(n * 4);
+    double ms = time_ms([&](int) { KS(ks_cuda_add(S, a, b, n)); });
+    report("add (x += y)", ms, 3.0 * n * 4 / (ms * 1e-3) / 1e9, "GB/s");
+    ms = time_ms([&](int) { KS(ks_cuda_swiglu(S, c, a, b, n)); });
+    report("swiglu", ms, 3.0 * n * 4 / (ms * 1e-3) / 1e9, "GB/s");
+    int dim = 4096, rows_ = (int)(n / dim);
+    float *w = drand_f32(dim, 62, 1.f);
+    ms = time_ms([&](int) { KS(ks_cuda_rmsnorm(S, c, a, w, rows_, dim, 1e-5f)); });
+    report("rmsnorm dim=4096", ms, 2.0 * n * 4 / (ms * 1e-3) / 1e9, "GB/s");
+    int hd = 128, heads = (int)(n / hd / 4096);
+    std::vector<int32_t> pos(4096), inv(hd / 2);
+    for (int i = 0; i < 4096; i++) pos[i] = i;
+    int32_t *dpos = dints(pos);
+    float *dinv = (float *)dmalloc(hd / 2 * 4);
+    std::vector<float> invf(hd / 2);
+    for (int k = 0; k < hd / 2; k++) invf[k] = powf(10000.f, -2.f * k / hd);
+    CK(cudaMemcpy(dinv, invf.data(), hd / 2 * 4, cudaMemcpyHostToDevice));
+    ms = time_ms([&](int) { KS(ks_cuda_rope(S, a, 4096, heads, hd, dpos, dinv, 1.f)); });
+    report("rope hd=128 (in place)", ms, 2.0 * 4096 * heads * hd * 4 / (ms * 1e-3) / 1e9, "GB/s");
+    /* kv append of 4096 rows, 8 heads, d 128 */
+    int H = 8, d = 128, m = 4096, cap = 8192;
+    void *K = dmalloc((size_t)H * cap * d * 2), *V = dmalloc((size_t)H * cap * d * 2);
+    int32_t *P = (int32_t *)dmalloc((size_t)H * cap * 4);
+    std::vector<int32_t> r0(H, 0);
+    int32_t *dr0 = dints(r0);
+    ms = time_ms([&](int) { KS(ks_cuda_kv_append(S, K, V, P, cap, H, d, a, b, dpos, dr0, m)); });
+    report("kv_append 4096 rows x 8 heads x 128", ms, ((double)m * H * d * (8 + 4)) / (ms * 1e-3) / 1e9, "GB/s");
+    cudaFree(K); cudaFree(V); cudaFree(P); cudaFree(dr0);
+    cudaFree(a); cudaFree(b); cudaFree(c); cudaFree(w); cudaFree(dpos); cudaFree(dinv);
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--quick")) g_quick = 1;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, %.0f MB L2, %.0f GB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6,
+           prop.totalGlobalMem / 1e9);
+    CK(cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking));
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasCreate failed\n"); return 1; }
+    cublasSetStream(h, S);
+    printf("%-64s %13s %10s %-8s %6s\n", "kernel", "median", "rate", "", "of ceil");
+    bench_ceilings(h);
+    bench_matmul(h, 1, 4096, 14336);
+    bench_matmul(h, 4096, 4096, 14336);
+    bench_elementwise();
+    int big = g_quick ? 4096 : 16384;
+    bench_prefill(big, 32, 8, 128, 1, 0);
+    bench_prefill(big, 32, 8, 64, 1, 0);
+    bench_prefill(4096, 32, 8, 128, 1, 0);
+    if (!g_quick) {
+        bench_prefill(32768, 32, 8, 128, 1, 0);
+        bench_prefill(16384, 32, 8, 128, 0, 0);
+        bench_prefill(16384, 32, 8, 128, 1, 4096);
+    }
+    bench_decode(4096, 32, 8, 128, 0);
+    bench_decode(32768, 32, 8, 128, 0);
+    if (!g_quick) bench_decode(131072, 32, 8, 128, 0);
+    bench_decode(32768, 32, 8, 128, 2048 + 640);
+    bench_decode(32768, 32, 32, 128, 0);
+    cublasDestroy(h);
+    printf("\nsummary (median ms; %% of the measured copy bandwidth or cuBLAS bf16 GEMM rate)\n");
+    for (auto &r : rows) printf("%-64s %10.4f ms %10.1f %-8s %5.0f%%\n", r.name, r.ms, r.val, r.unit, r.pct);
+    return 0;
+}

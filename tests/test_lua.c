@@ -1,0 +1,612 @@
+/* test_lua.c — the Lua binding: the module and primitives (the scripts in tests/lua), the policy C API
+ * (load by name / path / string, parameters, reports), the sandbox (each forbidden call, an
+ * infinite loop, memory bombs, a timeout, handler errors, invalid return values, stale views:
+ * each gives its named error and the process is fine afterwards), fallback, interrupts, a C
+ * policy and the same policy in Lua giving identical results, and the CLI (`kvsieve run`,
+ * `kvsieve repl` on piped stdin, `generate --policy --set`) when KS_BIN names the binary.
+ * Run from the repository root (policies/ and tests/lua/ are found relative to it). */
+#include "engine.h"
+#include "ks_lua.h"
+#include "ktest.h"
+#include "policy_lua.h"
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+/* ================================================================ helpers */
+
+static int make_tiny(char *dir, size_t n) {
+    if (kt_tmpdir(dir, n)) return -1;
+    kt_tiny_cfg c = kt_tiny_default();
+    return kt_write_tiny_model(dir, &c);
+}
+
+/* Run a Lua file in a fresh host state with `arg1` as its argument; 0 on success, else the
+ * error (with traceback) in err. */
+static int run_lua_file(const char *path, const char *arg1, char *err, size_t n) {
+    err[0] = 0;
+    lua_State *L = ks_lua_host_state();
+    if (!L) { snprintf(err, n, "no state"); return -1; }
+    int rc = 0;
+    lua_getglobal(L, "debug");
+    lua_getfield(L, -1, "traceback");
+    lua_remove(L, -2);
+    if (luaL_loadfile(L, path) != LUA_OK) rc = -1;
+    else {
+        int nargs = 0;
+        if (arg1) { lua_pushstring(L, arg1); nargs = 1; }
+        if (lua_pcall(L, nargs, 0, 1) != LUA_OK) rc = -1;
+    }
+    if (rc) snprintf(err, n, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "?");
+    ks_lua_host_close(L);
+    return rc;
+}
+
+/* Run a Lua chunk in a fresh host state; returns its error message ("" on success). */
+static const char *run_lua(const char *code) {
+    static char err[4096];
+    err[0] = 0;
+    lua_State *L = ks_lua_host_state();
+    if (luaL_dostring(L, code) != LUA_OK) snprintf(err, sizeof err, "%s", lua_tostring(L, -1));
+    ks_lua_host_close(L);
+    return err;
+}
+
+typedef struct gen_out {
+    int32_t ids[64];
+    int n;
+    ks_status st;
+    char err[2048];
+} gen_out;
+
+static void generate(ks_session *s, ks_policy *p, const int32_t *prompt, int n, int max_new, gen_out *o) {
+    ks_session_set_policy(s, p);
+    ks_generate_opts opts;
+    ks_generate_opts_default(&opts);
+    opts.max_new_tokens = max_new;
+    o->st = ks_generate_ids(s, prompt, n, &opts, NULL, NULL);
+    snprintf(o->err, sizeof o->err, "%s", o->st ? ks_last_error() : "");
+    const int32_t *ids = ks_result_ids(s, &o->n);
+    if (o->n > 64) o->n = 64;
+    if (ids) memcpy(o->ids, ids, sizeof(int32_t) * o->n);
+    ks_session_set_policy(s, NULL);
+}
+
+static int same_ids(const gen_out *a, const gen_out *b) {
+    return a->n == b->n && !memcmp(a->ids, b->ids, sizeof(int32_t) * a->n);
+}
+
+static const int32_t prompt14[] = {1, 5, 9, 12, 3, 7, 22, 40, 17, 33, 8, 50, 11, 2};
+
+/* ================================================================ scripts */
+
+KT_TEST(lua_prims_binding) {
+    ks_lua_quiet = 1;
+    char err[8192];
+    KT_CHECK(run_lua_file("tests/lua/test_prims.lua", NULL, err, sizeof err) == 0, "%s", err);
+}
+
+KT_TEST(lua_module_and_actions) {
+    ks_lua_quiet = 1;
+    char dir[256], err[8192];
+    KT_CHECK(make_tiny(dir, sizeof dir) == 0, "tiny model");
+    int rc = run_lua_file("tests/lua/test_module.lua", dir, err, sizeof err);
+    kt_rmdir(dir);
+    KT_CHECK(rc == 0, "%s", err);
+}
+
+KT_TEST(lua_host_state_basics) {
+    KT_CHECK(!*run_lua("local ks = require 'kvsieve'; assert(ks.version and ks.scores and ks.show_kept)"), "%s", run_lua(""));
+    const char *e = run_lua("local ks = require 'kvsieve'; ks.topk(ks.tensor({1.0, 2.0}), 3)");
+    KT_CHECK(strstr(e, "topk: k = 3 > n = 2"), "%s", e);
+    e = run_lua("local ks = require 'kvsieve'; ks.load('no/such/dir')");
+    KT_CHECK(strstr(e, "no/such/dir"), "%s", e);
+}
+
+/* ================================================================ the policy C API */
+
+KT_TEST(lua_policy_c_api) {
+    ks_lua_quiet = 1;
+    char dir[256];
+    KT_CHECK(make_tiny(dir, sizeof dir) == 0, "tiny model");
+    ks_model *m;
+    KT_CHECK(ks_model_open(dir, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_session *s;
+    KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
+
+    /* by name (./policies), parameters of each type */
+    ks_policy *p;
+    KT_CHECK(ks_policy_load(m, "test_params", &p) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(!strcmp(ks_policy_name(p), "test_params"), "%s", ks_policy_name(p));
+    KT_CHECK(ks_policy_n_params(p) == 5, "%d params", ks_policy_n_params(p));
+    KT_CHECK(!strcmp(ks_policy_param_name(p, 0), "k") && !strcmp(ks_policy_param_name(p, 4), "ratio"), "sorted names");
+    char buf[256];
+    KT_CHECK(ks_policy_get(p, "ratio", buf, sizeof buf) == KS_OK && !strcmp(buf, "0.5"), "%s", buf);
+    KT_CHECK(ks_policy_set(p, "k", "12") == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_policy_set(p, "ratio", "0.125") == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_policy_set(p, "on", "off") == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_policy_set(p, "mode", "max") == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_policy_set(p, "kk", "1") == KS_ERR_ARG, "unknown key accepted");
+    KT_CHECK(strstr(ks_last_error(), "unknown parameter 'kk' (parameters: k, list, mode, on, ratio"), "%s", ks_last_error());
+    KT_CHECK(ks_policy_set(p, "k", "abc") == KS_ERR_ARG && strstr(ks_last_error(), "expects an integer"), "%s", ks_last_error());
+    KT_CHECK(ks_policy_set(p, "ratio", "x1") == KS_ERR_ARG && strstr(ks_last_error(), "expects a number"), "%s", ks_last_error());
+    KT_CHECK(ks_policy_set(p, "_memory_mb", "-1") == KS_ERR_ARG, "negative limit");
+    KT_CHECK(ks_policy_get(p, "k", buf, sizeof buf) == KS_OK && !strcmp(buf, "12"), "%s", buf);
+    gen_out o;
+    generate(s, p, prompt14, 14, 3, &o);
+    KT_CHECK(o.st == KS_OK, "%s", o.err);
+    KT_CHECK(ks_policy_report(p, "k") && !strcmp(ks_policy_report(p, "k"), "12"), "report k");
+    KT_CHECK(!strcmp(ks_policy_report(p, "ratio"), "0.125") && !strcmp(ks_policy_report(p, "ratio_type"), "float"), "ratio");
+    KT_CHECK(!strcmp(ks_policy_report(p, "on"), "false") && !strcmp(ks_policy_report(p, "mode"), "max"), "on/mode");
+    KT_CHECK(ks_policy_report(p, "nope") == NULL, "absent report");
+    KT_CHECK(ks_policy_n_reports(p) == 9 && ks_policy_report_key(p, 0), "%d reports", ks_policy_n_reports(p));
+    ks_policy_free(p);
+
+    /* from a string; the chunk name is the default policy name */
+    KT_CHECK(ks_policy_load_string(m, "mine.lua", "return { params = {w = 2}, prefill_end = function(ev, p) ev:report('w', p.w * 2) end }", &p) == KS_OK,
+             "%s", ks_last_error());
+    KT_CHECK(!strcmp(ks_policy_name(p), "mine"), "%s", ks_policy_name(p));
+    generate(s, p, prompt14, 14, 1, &o);
+    KT_CHECK(o.st == KS_OK && !strcmp(ks_policy_report(p, "w"), "4"), "%s", o.err);
+    ks_policy_free(p);
+    /* load errors: syntax, not a table, bad keys */
+    KT_CHECK(ks_policy_load_string(m, "syn.lua", "return {\n prefill_qkv = function(ev) ev:retain( end }", &p) == KS_ERR_POLICY && !p, "syntax");
+    KT_CHECK(strstr(ks_last_error(), "syn.lua:2:"), "%s", ks_last_error());
+    KT_CHECK(ks_policy_load_string(m, "num.lua", "return 42", &p) == KS_ERR_POLICY, "number");
+    KT_CHECK(strstr(ks_last_error(), "must return a table"), "%s", ks_last_error());
+    KT_CHECK(ks_policy_load_string(m, "typo.lua", "return { prefil_qkv = function() end }", &p) == KS_ERR_POLICY, "typo");
+    KT_CHECK(strstr(ks_last_error(), "policy typo: load: unknown handler 'prefil_qkv'"), "%s", ks_last_error());
+    KT_CHECK(ks_policy_load_string(m, "pk.lua", "return { params = { _x = 1 } }", &p) == KS_ERR_POLICY, "reserved");
+    KT_CHECK(ks_policy_load_string(m, "hk.lua", "return { decode_qkv = 3 }", &p) == KS_ERR_POLICY, "handler type");
+    KT_CHECK(strstr(ks_last_error(), "decode_qkv must be a function"), "%s", ks_last_error());
+    KT_CHECK(ks_policy_load_string(m, "top.lua", "os.exit(1)", &p) == KS_ERR_POLICY, "top-level forbidden");
+    KT_CHECK(strstr(ks_last_error(), "os.exit is not allowed"), "%s", ks_last_error());
+
+    ks_session_free(s);
+    ks_model_close(m);
+    kt_rmdir(dir);
+}
+
+KT_TEST(lua_policy_search_path) {
+    ks_lua_quiet = 1;
+    char dir[256];
+    KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    KT_CHECK(kt_write_file(dir, "zz_mine.lua", "return { name = 'zz', params = { a = 1 } }") == 0, "write");
+    ks_policy *p;
+    KT_CHECK(ks_policy_load(NULL, "zz_mine", &p) == KS_ERR_IO, "found without the path");
+    KT_CHECK(strstr(ks_last_error(), "no policy named \"zz_mine\"") && strstr(ks_last_error(), "policies"), "%s", ks_last_error());
+    char env[600];
+    snprintf(env, sizeof env, "/nonexistent:%s", dir);
+    setenv("KVSIEVE_POLICY_PATH", env, 1);
+    ks_status st = ks_policy_load(NULL, "zz_mine", &p);
+    unsetenv("KVSIEVE_POLICY_PATH");
+    KT_CHECK(st == KS_OK, "%s", ks_last_error());
+    KT_CHECK(!strcmp(ks_policy_name(p), "zz"), "%s", ks_policy_name(p));
+    ks_policy_free(p);
+    char path[600];
+    snprintf(path, sizeof path, "%s/zz_mine.lua", dir);
+    KT_CHECK(ks_policy_load(NULL, path, &p) == KS_OK, "%s", ks_last_error());
+    ks_policy_free(p);
+    KT_CHECK(ks_policy_load(NULL, "no/such/file.lua", &p) == KS_ERR_IO && strstr(ks_last_error(), "no/such/file.lua"), "%s", ks_last_error());
+    kt_rmdir(dir);
+}
+
+/* ================================================================ the sandbox */
+
+typedef struct bad_case {
+    const char *src;      /* the policy (one file) */
+    const char *set;      /* "key=value" or NULL */
+    const char *expect;   /* in the error message */
+    ks_fail_kind kind;
+} bad_case;
+
+#define H(body) "return { prefill_qkv = function(ev, p)\n" body "\nend }"
+
+static const bad_case bad_cases[] = {
+    {H("os.execute('true')"), NULL, "bad.lua:2: os.execute is not allowed in a policy (sandbox)", KS_FAIL_FORBIDDEN},
+    {H("os.exit(3)"), NULL, "os.exit is not allowed", KS_FAIL_FORBIDDEN},
+    {H("os.remove('x')"), NULL, "os.remove is not allowed", KS_FAIL_FORBIDDEN},
+    {H("os.getenv('HOME')"), NULL, "os.getenv is not allowed", KS_FAIL_FORBIDDEN},
+    {H("io.open('/tmp/kvsieve_sandbox_probe', 'w')"), NULL, "io.open is not allowed", KS_FAIL_FORBIDDEN},
+    {H("io.popen('ls')"), NULL, "io.popen is not allowed", KS_FAIL_FORBIDDEN},
+    {H("io.write('x')"), NULL, "io.write is not allowed", KS_FAIL_FORBIDDEN},
+    {H("package.loadlib('libc.so.6', 'puts')"), NULL, "package.loadlib is not allowed", KS_FAIL_FORBIDDEN},
+    {H("dofile('/etc/passwd')"), NULL, "dofile is not allowed", KS_FAIL_FORBIDDEN},
+    {H("loadfile('/etc/passwd')"), NULL, "loadfile is not allowed", KS_FAIL_FORBIDDEN},
+    {H("load('\\27Lua')"), NULL, "binary chunks are not allowed", KS_FAIL_FORBIDDEN},
+    {H("load('return 1', 'x', 'b')"), NULL, "only text chunks", KS_FAIL_FORBIDDEN},
+    {H("require('io')"), NULL, "require \"io\": only \"kvsieve\" is available", KS_FAIL_FORBIDDEN},
+    {H("string.dump(function() end)"), NULL, "string.dump is not allowed", KS_FAIL_FORBIDDEN},
+    {H("debug.sethook()"), NULL, "debug.sethook is not allowed", KS_FAIL_FORBIDDEN},
+    {H("collectgarbage('stop')"), NULL, "collectgarbage(\"stop\") is not allowed", KS_FAIL_FORBIDDEN},
+    {H("setmetatable({}, {__gc = function() while true do end end})"), NULL, "__gc metamethods are not allowed", KS_FAIL_FORBIDDEN},
+    {H("while true do end"), "_instructions=1000000", "bad.lua:2: instruction budget exceeded (1000000 instructions per call", KS_FAIL_INSTRUCTIONS},
+    {H("while true do pcall(function() while true do end end) end"), "_instructions=200000", "instruction budget exceeded", KS_FAIL_INSTRUCTIONS},
+    {H("local co = coroutine.wrap(function() while true do end end) co()"), "_instructions=200000", "instruction budget exceeded", KS_FAIL_INSTRUCTIONS},
+    {H("while true do end"), "_seconds=0.05", "wall-clock budget exceeded (0.05 s per call", KS_FAIL_TIMEOUT},
+    {H("local t = {} for i = 1, 1e9 do t[i] = i end"), "_memory_mb=8", "memory limit of 8 MB exceeded", KS_FAIL_MEMORY},
+    {H("local ks = require 'kvsieve' local t = {} for i = 1, 100 do t[i] = ks.zeros({1024, 1024}) end"), NULL, "memory limit of 64 MB exceeded", KS_FAIL_MEMORY},
+    {H("local s = ('x'):rep(1 << 30)"), NULL, "memory limit", KS_FAIL_MEMORY},
+    {"local function deep(x)\n  error('boom ' .. x)\nend\nreturn { prefill_qkv = function(ev, p)\n  deep(ev.layer)\nend }", NULL,
+     "bad.lua:2: boom 0\nstack traceback:", KS_FAIL_ERROR},
+    {H("error({code = 7})"), NULL, "(error object is a table value)", KS_FAIL_ERROR},
+    {H("return ev.n"), NULL, "invalid return value: the prefill_qkv handler returned a number", KS_FAIL_RETURN},
+    {"local saved\nreturn { prefill_qkv = function(ev, p)\n  if ev.layer == 0 then saved = ev.k else return saved:tolist() end\nend }", NULL,
+     "bad.lua:3: tolist: tensor view used after its event ended (it came from prefill_qkv, layer 0", KS_FAIL_STALE},
+    {"local saved\nreturn { prefill_qkv = function(ev, p)\n  if ev.layer == 0 then saved = ev else saved:stop() end\nend }", NULL,
+     "stop: event object used after its event ended (it was prefill_qkv, layer 0)", KS_FAIL_STALE},
+    {"local ks = require 'kvsieve'\nlocal saved\nreturn { prefill_qkv = function(ev, p)\n  if ev.layer == 0 then saved = ev.pos else ks.topk(ks.tensor({1.0}), 1) ks.gather(ev.q, saved) end\nend }", NULL,
+     "gather: tensor view used after its event ended", KS_FAIL_STALE},
+    {H("ev:retain({0, 0})"), NULL, "retain in prefill_qkv (layer 0): duplicate index 0", KS_FAIL_ERROR},
+};
+
+KT_TEST(lua_sandbox_named_errors) {
+    ks_lua_quiet = 1;
+    char dir[256];
+    KT_CHECK(make_tiny(dir, sizeof dir) == 0, "tiny model");
+    ks_model *m;
+    KT_CHECK(ks_model_open(dir, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_session *s;
+    KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
+    gen_out before, after, o;
+    generate(s, NULL, prompt14, 14, 6, &before);
+    KT_CHECK(before.st == KS_OK, "%s", before.err);
+    for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
+        const bad_case *c = &bad_cases[i];
+        ks_policy *p;
+        KT_CHECK(ks_policy_load_string(m, "bad.lua", c->src, &p) == KS_OK, "case %zu: %s", i, ks_last_error());
+        if (c->set) {
+            char key[64];
+            const char *eq = strchr(c->set, '=');
+            snprintf(key, sizeof key, "%.*s", (int)(eq - c->set), c->set);
+            if (!strcmp(key, "_seconds")) KT_CHECK(ks_policy_set(p, "_instructions", "0") == KS_OK, "%s", ks_last_error());
+            KT_CHECK(ks_policy_set(p, key, eq + 1) == KS_OK, "%s", ks_last_error());
+        }
+        double t0 = ks_now();
+        generate(s, p, prompt14, 14, 4, &o);
+        double dt = ks_now() - t0;
+        long nk = ks_lpol_failures(p, c->kind);
+        ks_policy_free(p);
+        KT_CHECK(o.st == KS_ERR_POLICY, "case %zu: status %d (%s)", i, o.st, o.err);
+        KT_CHECK(strstr(o.err, c->expect), "case %zu: message\n%s\nlacks\n%s", i, o.err, c->expect);
+        KT_CHECK(strstr(o.err, "policy bad: prefill_qkv (layer "), "case %zu: %s", i, o.err);
+        KT_CHECK(nk == 1, "case %zu: %ld failures of kind %s", i, nk, ks_fail_kind_name(c->kind));
+        KT_CHECK(dt < 20, "case %zu took %.1f s", i, dt);
+    }
+    /* the process is fine afterwards: same answer as before, and a good policy works */
+    generate(s, NULL, prompt14, 14, 6, &after);
+    KT_CHECK(after.st == KS_OK && same_ids(&before, &after), "%s", after.err);
+    ks_policy *p;
+    KT_CHECK(ks_policy_load(m, "test_events", &p) == KS_OK, "%s", ks_last_error());
+    generate(s, p, prompt14, 14, 6, &o);
+    KT_CHECK(o.st == KS_OK && same_ids(&before, &o), "%s", o.err);
+    KT_CHECK(!strcmp(ks_policy_report(p, "token"), "6"), "events");
+    ks_policy_free(p);
+    ks_session_free(s);
+    ks_model_close(m);
+    kt_rmdir(dir);
+}
+
+KT_TEST(lua_sandbox_state_survives_failures) {
+    /* a policy that fails once keeps working (its state is collected and reusable) */
+    ks_lua_quiet = 1;
+    char dir[256];
+    KT_CHECK(make_tiny(dir, sizeof dir) == 0, "tiny model");
+    ks_model *m;
+    KT_CHECK(ks_model_open(dir, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_session *s;
+    KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
+    const char *src =
+        "local calls = 0\n"
+        "return { params = { bomb = true }, prefill_end = function(ev, p)\n"
+        "  calls = calls + 1\n"
+        "  if p.bomb then local t = {} for i = 1, 1e9 do t[i] = {} end end\n"
+        "  ev:report('calls', calls)\n"
+        "end }";
+    ks_policy *p;
+    KT_CHECK(ks_policy_load_string(m, "survive.lua", src, &p) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_policy_set(p, "_memory_mb", "4") == KS_OK, "%s", ks_last_error());
+    gen_out o;
+    generate(s, p, prompt14, 14, 2, &o);
+    KT_CHECK(o.st == KS_ERR_POLICY && strstr(o.err, "memory limit of 4 MB exceeded"), "%s", o.err);
+    KT_CHECK(ks_policy_set(p, "bomb", "false") == KS_OK, "%s", ks_last_error());
+    generate(s, p, prompt14, 14, 2, &o);
+    KT_CHECK(o.st == KS_OK, "%s", o.err);
+    KT_CHECK(!strcmp(ks_policy_report(p, "calls"), "2"), "calls %s", ks_policy_report(p, "calls"));
+    ks_policy_free(p);
+    ks_session_free(s);
+    ks_model_close(m);
+    kt_rmdir(dir);
+}
+
+/* ================================================================ fallback and interrupts */
+
+KT_TEST(lua_fallback_to_full_attention) {
+    ks_lua_quiet = 1;
+    char dir[256];
+    KT_CHECK(make_tiny(dir, sizeof dir) == 0, "tiny model");
+    ks_model *m;
+    KT_CHECK(ks_model_open(dir, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_session *s;
+    KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
+    gen_out full, o;
+    generate(s, NULL, prompt14, 14, 6, &full);
+    ks_policy *p;
+    KT_CHECK(ks_policy_load_string(m, "fb.lua", "return { decode_qkv = function(ev) if ev.pos:item() == 16 then error('boom') end end }", &p) == KS_OK,
+             "%s", ks_last_error());
+    generate(s, p, prompt14, 14, 6, &o);
+    KT_CHECK(o.st == KS_ERR_POLICY && strstr(o.err, "fb.lua:1: boom"), "%s", o.err);
+    KT_CHECK(!*ks_result_policy_error(s), "no fallback asked");
+    ks_session_set_fallback(s, 1);
+    generate(s, p, prompt14, 14, 6, &o);
+    KT_CHECK(o.st == KS_OK && same_ids(&full, &o), "%s", o.err);
+    KT_CHECK(strstr(ks_result_policy_error(s), "policy fb: decode_qkv (layer 0): fb.lua:1: boom"), "%s", ks_result_policy_error(s));
+    ks_policy_free(p);
+    ks_session_free(s);
+    ks_model_close(m);
+    kt_rmdir(dir);
+}
+
+KT_TEST(lua_interrupt) {
+    ks_lua_quiet = 1;
+    char dir[256];
+    KT_CHECK(make_tiny(dir, sizeof dir) == 0, "tiny model");
+    volatile sig_atomic_t flag = 1;
+    ks_lua_set_interrupt(&flag);
+    /* the module's generate */
+    char code[1024];
+    snprintf(code, sizeof code,
+             "local ks = require 'kvsieve'; local s = ks.load('%s'):session()\n"
+             "local ok, e = pcall(s.generate, s, {1, 2, 3}, {n = 4}); assert(not ok and e:find('interrupted'), e)\n", dir);
+    const char *e = run_lua(code);
+    ks_lua_set_interrupt(NULL);
+    KT_CHECK(!*e, "%s", e);
+    /* a policy stuck in Lua is stopped by its instruction hook */
+    ks_model *m;
+    KT_CHECK(ks_model_open(dir, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_session *s;
+    KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
+    ks_policy *p;
+    KT_CHECK(ks_policy_load_string(m, "stuck.lua", "return { begin = function() while true do end end, token = function() end }", &p) == KS_OK,
+             "%s", ks_last_error());
+    KT_CHECK(ks_policy_set(p, "_instructions", "0") == KS_OK && ks_policy_set(p, "_seconds", "0") == KS_OK, "%s", ks_last_error());
+    s->interrupt = &flag;
+    gen_out o;
+    generate(s, p, prompt14, 14, 2, &o);
+    KT_CHECK(o.st == KS_ERR_INTERRUPTED && strstr(o.err, "interrupted"), "%d %s", o.st, o.err);
+    KT_CHECK(ks_lpol_failures(p, KS_FAIL_INTERRUPTED) == 1, "counted");
+    flag = 0;
+    ks_policy_free(p);
+    ks_session_free(s);
+    ks_model_close(m);
+    kt_rmdir(dir);
+}
+
+/* ================================================================ C policy == Lua policy */
+
+/* The C twin of policies/test_retain.lua. */
+typedef struct twin { int layer, prop_layer; int calls; } twin;
+
+static ks_status twin_layer_end(void *ud, ks_event *ev) {
+    twin *t = ud;
+    t->calls++;
+    if (ev->layer != t->prop_layer || ev->pass != 0) return KS_OK;
+    int32_t idx[256];
+    int k = 0;
+    for (int i = 0; i < ev->n; i += 2) idx[k++] = i;
+    if ((ev->n - 1) % 2 == 1) idx[k++] = ev->n - 1;
+    return ks_action_propagate(ev, idx, k);
+}
+
+static ks_status twin_qkv(void *ud, ks_event *ev) {
+    twin *t = ud;
+    t->calls++;
+    if (ev->layer != t->layer) return KS_OK;
+    int32_t lists[8][4];
+    const int32_t *ptr[8];
+    int cnt[8];
+    for (int h = 0; h < ev->n_kv_heads; h++) {
+        int cand[4] = {0, KS_MIN(2 + h, ev->n - 1), KS_MIN(5, ev->n - 1), ev->n - 1};
+        cnt[h] = 0;
+        for (int i = 0; i < 4; i++) {
+            int dup = 0;
+            for (int j = 0; j < cnt[h]; j++) dup |= lists[h][j] == cand[i];
+            if (!dup) lists[h][cnt[h]++] = cand[i];
+        }
+        ptr[h] = lists[h];
+    }
+    return ks_action_retain_heads(ev, ptr, cnt);
+}
+
+static ks_status twin_decode(void *ud, ks_event *ev) {
+    twin *t = ud;
+    t->calls++;
+    static int32_t lists[8][512];
+    const int32_t *ptr[8];
+    int cnt[8];
+    for (int h = 0; h < ev->n_kv_heads; h++) {
+        cnt[h] = 0;
+        for (int r = 0; r < ev->kv->n[h]; r++)
+            if (r != 1 + h) lists[h][cnt[h]++] = r;
+        ptr[h] = lists[h];
+    }
+    return ks_action_attend_heads(ev, ptr, cnt, 0);
+}
+
+typedef struct kept_copy { int n[4][4]; int32_t pos[4][4][64]; int cap[4]; } kept_copy;
+
+static void copy_kept(const ks_session *s, kept_copy *k) {
+    memset(k, 0, sizeof *k);
+    for (int l = 0; l < 2; l++) {
+        for (int h = 0; h < 2; h++) {
+            const int32_t *p;
+            k->n[l][h] = ks_result_kept(s, l, h, &p);
+            memcpy(k->pos[l][h], p, sizeof(int32_t) * KS_MIN(k->n[l][h], 64));
+        }
+        k->cap[l] = s->kv[l].capacity;
+    }
+}
+
+KT_TEST(lua_c_policy_equals_lua_policy) {
+    ks_lua_quiet = 1;
+    char dir[256];
+    KT_CHECK(make_tiny(dir, sizeof dir) == 0, "tiny model");
+    ks_model *m;
+    KT_CHECK(ks_model_open(dir, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_session *s;
+    KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
+
+    twin tw = {.layer = 1, .prop_layer = 0};
+    ks_policy cp = {.name = "test_retain_c", .ud = &tw};
+    cp.on[KS_EV_PREFILL_QKV] = twin_qkv;
+    cp.on[KS_EV_PREFILL_LAYER_END] = twin_layer_end;
+    cp.on[KS_EV_DECODE_QKV] = twin_decode;
+    gen_out oc, ol, full;
+    kept_copy kc, kl;
+    generate(s, &cp, prompt14, 14, 8, &oc);
+    KT_CHECK(oc.st == KS_OK, "%s", oc.err);
+    copy_kept(s, &kc);
+    KT_CHECK(tw.calls > 0, "C handlers ran");
+
+    ks_policy *lp;
+    KT_CHECK(ks_policy_load(m, "test_retain", &lp) == KS_OK, "%s", ks_last_error());
+    generate(s, lp, prompt14, 14, 8, &ol);
+    KT_CHECK(ol.st == KS_OK, "%s", ol.err);
+    copy_kept(s, &kl);
+    KT_CHECK(same_ids(&oc, &ol), "generated ids differ between the C and the Lua policy");
+    for (int l = 0; l < 2; l++)
+        for (int h = 0; h < 2; h++) {
+            KT_CHECK(kc.n[l][h] == kl.n[l][h], "layer %d head %d: %d vs %d rows", l, h, kc.n[l][h], kl.n[l][h]);
+            KT_CHECK(!memcmp(kc.pos[l][h], kl.pos[l][h], sizeof(int32_t) * kc.n[l][h]), "layer %d head %d positions differ", l, h);
+        }
+    /* what the policy asked for: layer 1 got rows {0,2,4,6,8,10,12,13} (propagated), and
+     * KV head h kept rows {0, 2 + h, 5, 7} of them, then the 7 decoded positions */
+    static const int32_t want0[] = {0, 4, 10, 13, 14, 15, 16, 17, 18, 19, 20};
+    static const int32_t want1[] = {0, 6, 10, 13, 14, 15, 16, 17, 18, 19, 20};
+    KT_CHECK(kl.n[1][0] == 11 && !memcmp(kl.pos[1][0], want0, sizeof want0), "layer 1 head 0");
+    KT_CHECK(kl.n[1][1] == 11 && !memcmp(kl.pos[1][1], want1, sizeof want1), "layer 1 head 1");
+    KT_CHECK(kl.n[0][0] == 21, "layer 0 keeps everything (%d)", kl.n[0][0]);
+    /* dropped rows are freed: layer 1's KV storage is smaller than layer 0's */
+    KT_CHECK(kl.cap[1] < kl.cap[0], "capacity layer 1 %d, layer 0 %d", kl.cap[1], kl.cap[0]);
+    /* the policy does change the output relative to full attention (so the test means something) */
+    generate(s, NULL, prompt14, 14, 8, &full);
+    KT_CHECK(!same_ids(&full, &ol) || kl.n[1][0] != 21, "no effect");
+    ks_policy_free(lp);
+    ks_session_free(s);
+    ks_model_close(m);
+    kt_rmdir(dir);
+}
+
+/* ================================================================ overhead (not timed here) */
+
+KT_TEST(lua_noop_policy_is_transparent) {
+    /* handlers that do nothing leave the output bit-identical (the timing of this is in the
+     * report, not a unit test) */
+    ks_lua_quiet = 1;
+    char dir[256];
+    KT_CHECK(make_tiny(dir, sizeof dir) == 0, "tiny model");
+    ks_model *m;
+    KT_CHECK(ks_model_open(dir, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_session *s;
+    KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
+    ks_policy *p;
+    KT_CHECK(ks_policy_load_string(m, "noop.lua",
+                                   "return { begin = function() end, prefill_qkv = function() end, prefill_layer_end = function() end,"
+                                   " prefill_end = function() end, decode_qkv = function() end, token = function() end }",
+                                   &p) == KS_OK,
+             "%s", ks_last_error());
+    for (int e = 0; e < KS_EV_COUNT; e++) KT_CHECK(p->on[e] != NULL, "handler %d bound", e);
+    ks_policy *q;
+    KT_CHECK(ks_policy_load_string(m, "one.lua", "return { token = function() end }", &q) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(!q->on[KS_EV_PREFILL_QKV] && !q->on[KS_EV_DECODE_QKV] && q->on[KS_EV_TOKEN], "absent handlers stay NULL");
+    gen_out a, b;
+    generate(s, NULL, prompt14, 14, 10, &a);
+    generate(s, p, prompt14, 14, 10, &b);
+    KT_CHECK(a.st == KS_OK && b.st == KS_OK && same_ids(&a, &b), "%s %s", a.err, b.err);
+    ks_policy_free(p);
+    ks_policy_free(q);
+    ks_session_free(s);
+    ks_model_close(m);
+    kt_rmdir(dir);
+}
+
+/* ================================================================ stories260K (real tokenizer) */
+
+KT_TEST(lua_stories260k_views) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/stories260K", kt_shared_dir());
+    struct stat st;
+    if (stat(dir, &st)) KT_SKIP("%s absent", dir);
+    char code[4096];
+    snprintf(code, sizeof code,
+             "local ks = require 'kvsieve'\n"
+             "local m = ks.load('%s')\n"
+             "local ids = m:encode('Once upon a time, there was a little girl named Lily.')\n"
+             "assert(ids[1] == 1 and m:decode(ids) == 'Once upon a time, there was a little girl named Lily.', m:decode(ids))\n"
+             "local s = m:session()\n"
+             "local r = s:generate('Once upon a time', {n = 16})\n"
+             "assert(r.text:find('^, there was'), r.text)\n"
+             "local out = {}\n"
+             "local old = print; print = function(...) out[#out + 1] = table.concat({...}, ' ') end\n"
+             "local r2 = s:generate('Once upon a time, there was a little girl named Lily.', {n = 4, policy = {\n"
+             "  prefill_qkv = function(ev) if ev.layer == 2 then ev:retain({0, 3, 5}) end end }})\n"
+             "ks.show_kept(r2, m, {layer = 2, color = false})\n"
+             "ks.kept_table(r2); ks.occupancy(r2); ks.timings(r2)\n"
+             "print = old\n"
+             "assert(out[1]:find('kept 3 of', 1, true), out[1])\n"
+             "assert(out[2]:find('[<s>] Once upon[ a] time[,] there', 1, true), out[2])\n"
+             "assert(#ks.sparkline({1, 5, 2, 8, 3}) > 0 and ks.sparkline({0, 1}) == '\u2581\u2588')\n"
+             "local toks = ks.pieces(m, ids); assert(toks[2] == ' Once' or toks[2] == 'Once', toks[2])\n",
+             dir);
+    const char *e = run_lua(code);
+    KT_CHECK(!*e, "%s", e);
+}
+
+/* ================================================================ the CLI */
+
+static int sh(const char *cmd, char *out, size_t n) {
+    FILE *f = popen(cmd, "r");
+    if (!f) return -1;
+    size_t k = fread(out, 1, n - 1, f);
+    out[k] = 0;
+    int rc = pclose(f);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+KT_TEST(lua_cli_run_repl_generate) {
+    const char *bin = getenv("KS_BIN");
+    if (!bin) KT_SKIP("KS_BIN not set (make test sets it)");
+    char dir[256], cmd[2048], out[8192];
+    KT_CHECK(make_tiny(dir, sizeof dir) == 0, "tiny model");
+    /* kvsieve run SCRIPT args */
+    snprintf(cmd, sizeof cmd, "%s run tests/lua/test_module.lua %s 2>&1", bin, dir);
+    int rc = sh(cmd, out, sizeof out);
+    KT_CHECK(rc == 0, "run: rc %d\n%s", rc, out);
+    snprintf(cmd, sizeof cmd, "printf 'error(\"x\" .. arg[1])' | %s run - A1 2>&1", bin);
+    rc = sh(cmd, out, sizeof out);
+    KT_CHECK(rc == 1 && strstr(out, "xA1") && strstr(out, "stack traceback"), "rc %d: %s", rc, out);
+    /* the REPL on piped stdin: expression echo, statements, continuation, errors, no prompts */
+    snprintf(cmd, sizeof cmd,
+             "printf '1 + 1\\nx = 20\\nx + 1\\nfunction f(a)\\n  return a * 3\\nend\\nf(5)\\n#s:generate({1, 2, 3}, {n = 2}).ids\\n"
+             "error(\"bad\")\\n/help\\n\"after\"\\n' | %s repl -m %s 2>&1",
+             bin, dir);
+    rc = sh(cmd, out, sizeof out);
+    KT_CHECK(rc == 1, "repl: rc %d (an input failed)\n%s", rc, out);
+    KT_CHECK(strstr(out, "2\n21\n15\n2\n"), "repl output:\n%s", out);
+    KT_CHECK(strstr(out, "bad") && strstr(out, "after") && !strstr(out, "> "), "repl output:\n%s", out);
+    /* generate --policy --set */
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,5,9,12 -n 3 --policy test_retain --set layer=0 -q 2>&1", bin, dir);
+    rc = sh(cmd, out, sizeof out);
+    KT_CHECK(rc == 0, "generate: rc %d\n%s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,5,9,12 -n 3 --policy test_retain --set lyer=0 -q 2>&1", bin, dir);
+    rc = sh(cmd, out, sizeof out);
+    KT_CHECK(rc != 0 && strstr(out, "unknown parameter 'lyer' (parameters: layer, prop_layer"), "rc %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s eval 2>&1", bin);
+    rc = sh(cmd, out, sizeof out);
+    KT_CHECK(rc == 2 && strstr(out, "not built yet"), "eval: %d %s", rc, out);
+    kt_rmdir(dir);
+}
