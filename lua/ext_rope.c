@@ -1,0 +1,161 @@
+/* ext_rope.c — ks.rope(x, positions [, opts]): rotary position embedding as a policy primitive.
+ *
+ * TokenSelect keeps keys before RoPE and scores a query "fingerprint" made of the chunk's
+ * queries rotated at chosen positions; this rotates them exactly as the engine does (the
+ * model's ks_rope: default, linear, llama3 or longrope frequencies, longrope's attn_factor;
+ * rotate-half pairing (x[k], x[k + d/2]); float32 angles pos * inv_freq[k] as HF and
+ * core/cpu_backend.c compute them).
+ *
+ *   ks.rope(x, positions [, opts]) -> a new f32 tensor of x's shape (x is never modified)
+ *     x          f32 (m, H, d) rows of heads, or (H, d) one row (ev.q, ev.k, ev:kv_keys(), ...)
+ *     positions  an integer (every row at that position) or m integers (i32 tensor or table)
+ *     opts.max_pos    the largest position of the forward pass, which picks longrope's long or
+ *                     short factors (HF: long when max_pos + 1 > original_max_position_embeddings);
+ *                     default: inside an event the largest position of the event's rows (what
+ *                     the engine's own rotation of this forward uses), else max(positions)
+ *     opts.theta      rotate with a plain RoPE of this base instead of the model's (the only
+ *                     way outside an event handler, where no model is running; tests)
+ *
+ * The model's RoPE is the one of the session whose event is running (ev->sess->m->cfg.rope),
+ * so a policy needs nothing else; outside an event handler, without opts.theta, it is an
+ * error. Cost O(m * H * d) plus O(m * d / 2) cos/sin.
+ *
+ * Wiring (one line each, after ks_prims_open(L)): lua/module.c luaopen_kvsieve and
+ * lua/policy_lua.c l_open_sandbox call ks_ext_rope_open(L) with the module table on top. */
+#include "ks_lua.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void ks_ext_rope_open(lua_State *L);
+
+#define ROPE_MAX_HALF 512
+
+static int l_rope(lua_State *L) {
+    const char *fn = "rope";
+    lua_settop(L, 3);
+    ks_tensor *x = ks_lt_check(L, 1, fn);
+    if (x->dtype != KS_T_F32) return ks_lua_errorf(L, fn, "x must be an f32 tensor");
+    int64_t m, H, d;
+    if (x->ndim == 3) { m = x->shape[0]; H = x->shape[1]; d = x->shape[2]; }
+    else if (x->ndim == 2) { m = 1; H = x->shape[0]; d = x->shape[1]; }
+    else return ks_lua_errorf(L, fn, "x must be (m, n_heads, head_dim) or (n_heads, head_dim), got %d dimensions", x->ndim);
+    if (d < 2 || d % 2) return ks_lua_errorf(L, fn, "head_dim must be even, got %lld", (long long)d);
+    if (d / 2 > ROPE_MAX_HALF) return ks_lua_errorf(L, fn, "head_dim %lld too large (at most %d)", (long long)d, 2 * ROPE_MAX_HALF);
+
+    /* options */
+    double theta = 0;
+    int64_t max_pos = -1;
+    if (!lua_isnoneornil(L, 3)) {
+        luaL_checktype(L, 3, LUA_TTABLE);
+        lua_pushnil(L);
+        while (lua_next(L, 3)) {
+            lua_pop(L, 1);
+            const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+            if (!k || (strcmp(k, "theta") && strcmp(k, "max_pos")))
+                return ks_lua_errorf(L, fn, "unknown option '%s' (options: theta, max_pos)", k ? k : luaL_typename(L, -1));
+        }
+        if (lua_getfield(L, 3, "theta") != LUA_TNIL) {
+            if (!lua_isnumber(L, -1) || !(lua_tonumber(L, -1) > 0))
+                return ks_lua_errorf(L, fn, "option theta must be a positive number");
+            theta = lua_tonumber(L, -1);
+        }
+        lua_pop(L, 1);
+        if (lua_getfield(L, 3, "max_pos") != LUA_TNIL) {
+            if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0)
+                return ks_lua_errorf(L, fn, "option max_pos must be a non-negative integer");
+            max_pos = lua_tointeger(L, -1);
+        }
+        lua_pop(L, 1);
+    }
+
+    /* positions: stack slot 4 holds the i32 tensor when a list is given */
+    int32_t one = 0;
+    const int32_t *pos = NULL;
+    int64_t npos = 0;
+    if (lua_type(L, 2) == LUA_TNUMBER) {
+        if (!lua_isinteger(L, 2)) return ks_lua_errorf(L, fn, "positions must be integers");
+        lua_Integer p = lua_tointeger(L, 2);
+        if (p < 0 || p > INT32_MAX) return ks_lua_errorf(L, fn, "position %lld out of range", (long long)p);
+        one = (int32_t)p;
+        lua_pushnil(L);
+    } else {
+        if (lua_isnoneornil(L, 2)) return ks_lua_errorf(L, fn, "positions expected (an integer or a list of integers)");
+        ks_tensor *tp = ks_lt_arg(L, 2, KS_T_I32, fn); /* pushes the tensor to use (slot 4) */
+        if (tp->ndim > 1) return ks_lua_errorf(L, fn, "positions must be 1-d");
+        int pushed;
+        pos = ks_lt_contig(L, 4, tp, &pushed);
+        if (pushed) lua_replace(L, 4);
+        npos = tp->numel;
+        if (npos != m) return ks_lua_errorf(L, fn, "%lld positions for %lld rows", (long long)npos, (long long)m);
+        for (int64_t i = 0; i < npos; i++)
+            if (pos[i] < 0) return ks_lua_errorf(L, fn, "negative position %d at index %lld", pos[i], (long long)i);
+    }
+
+    /* the RoPE parameters: opts.theta, else the model of the running event */
+    ks_rope plain;
+    const ks_rope *r = NULL;
+    ks_lctx *c = ks_lua_ctx(L);
+    const ks_event *ev = c && c->in_event ? c->ev : NULL;
+    if (theta > 0) {
+        memset(&plain, 0, sizeof plain);
+        plain.type = KS_ROPE_DEFAULT;
+        plain.head_dim = (int)d;
+        plain.theta = theta;
+        plain.factor = 1;
+        plain.attn_factor = 1;
+        r = &plain;
+    } else {
+        if (!ev || !ev->sess || !ev->sess->m)
+            return ks_lua_errorf(L, fn, "the model's RoPE is known only inside an event handler (outside one, pass {theta = ...})");
+        r = &ev->sess->m->cfg.rope;
+        if (r->head_dim != d)
+            return ks_lua_errorf(L, fn, "x has head_dim %lld but the model rotates %d dims", (long long)d, r->head_dim);
+    }
+    if (max_pos < 0) {
+        if (ev && ev->pos && ev->n > 0 && theta <= 0) {
+            max_pos = ev->pos[0];
+            for (int i = 1; i < ev->n; i++)
+                if (ev->pos[i] > max_pos) max_pos = ev->pos[i];
+        } else {
+            max_pos = pos ? 0 : one;
+            for (int64_t i = 0; pos && i < npos; i++)
+                if (pos[i] > max_pos) max_pos = pos[i];
+        }
+    }
+    if (max_pos > INT32_MAX) max_pos = INT32_MAX;
+
+    /* the input as contiguous (m, H, d) data; the output is a new tensor of x's shape */
+    int pushed;
+    const float *xd = ks_lt_contig(L, 1, x, &pushed); /* pushed: slot 5 keeps the copy alive */
+    ks_tensor *o = ks_lt_new(L, KS_T_F32, x->ndim, x->shape, 0);
+    float *od = o->data;
+    int half = (int)(d / 2);
+    float inv[ROPE_MAX_HALF], cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    ks_rope_inv_freq(r, (int)max_pos, inv);
+    float af = (float)r->attn_factor;
+    for (int64_t i = 0; i < m; i++) {
+        int32_t p = pos ? pos[i] : one;
+        for (int k = 0; k < half; k++) {
+            float a = (float)p * inv[k]; /* float32 angle, as HF and the CPU backend compute it */
+            cs[k] = cosf(a) * af;
+            sn[k] = sinf(a) * af;
+        }
+        for (int64_t h = 0; h < H; h++) {
+            const float *v = xd + (i * H + h) * d;
+            float *w = od + (i * H + h) * d;
+            for (int k = 0; k < half; k++) {
+                float x0 = v[k], x1 = v[k + half];
+                w[k] = x0 * cs[k] - x1 * sn[k];
+                w[k + half] = x1 * cs[k] + x0 * sn[k];
+            }
+        }
+    }
+    return 1;
+}
+
+void ks_ext_rope_open(lua_State *L) {
+    lua_pushcfunction(L, l_rope);
+    lua_setfield(L, -2, "rope");
+}
