@@ -12,6 +12,9 @@ LDLIBS  += -lm -lpthread
 STATIC_LIBS = /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.a /usr/lib/x86_64-linux-gnu/libpcre2-8.a \
               /usr/lib/x86_64-linux-gnu/libutf8proc.a /usr/lib/x86_64-linux-gnu/liblua5.4.a
 # gfortran/quadmath/gomp runtimes statically too (the GPU machine may lack them)
+# the REPL's line editing: GNU readline, statically
+CFLAGS  += -DKS_HAVE_READLINE
+STATIC_LIBS += /usr/lib/x86_64-linux-gnu/libreadline.a /usr/lib/x86_64-linux-gnu/libtinfo.a
 LDLIBS  += $(STATIC_LIBS) $(shell $(CC) -print-file-name=libgfortran.a) \
            $(shell $(CC) -print-file-name=libquadmath.a) $(shell $(CC) -print-file-name=libgomp.a) -lm -ldl
 
@@ -47,7 +50,7 @@ ifeq ($(CUDA),1)
 endif
 
 .DEFAULT_GOAL := all
-all: $(BUILD)/kvsieve $(BUILD)/ks_tests                         # build everything (CPU)
+all: $(BUILD)/kvsieve $(BUILD)/ks_tests $(BUILD)/host                         # build everything (CPU)
 
 $(BUILD)/%.o: %.c                                               # compile one C file
 	@mkdir -p $(dir $@)
@@ -60,6 +63,9 @@ $(BUILD)/libkvsieve.a: $(LIB_OBJ)                               # the engine as 
 $(BUILD)/kvsieve: $(patsubst %.c,$(BUILD)/%.o,$(REPL_SRC)) $(BUILD)/libkvsieve.a   # the CLI
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+$(BUILD)/host: $(BUILD)/examples/host.o $(BUILD)/libkvsieve.a                # examples/host.c, the embedding example
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 $(BUILD)/ks_tests: $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC)) $(BUILD)/libkvsieve.a  # the C test runner
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -67,13 +73,15 @@ deps:                                                           # install missin
 	@bash tools/deps.sh
 
 test: deps                                                      # the whole CPU suite (the README's test command)
-	@$(MAKE) --no-print-directory $(BUILD)/kvsieve $(BUILD)/ks_tests
+	@$(MAKE) --no-print-directory $(BUILD)/kvsieve $(BUILD)/ks_tests $(BUILD)/host
 	@bash tests/tokenizer/setup.sh
-	KS_BIN=$(BUILD)/kvsieve $(BUILD)/ks_tests
+	KS_BIN=$(BUILD)/kvsieve KS_HOST=$(BUILD)/host $(BUILD)/ks_tests
 
 demo: deps                                                      # the main job on the embedded default (CPU)
 	@$(MAKE) --no-print-directory $(BUILD)/kvsieve
 	$(BUILD)/kvsieve generate -m ../shared/models/stories260K -p "Once upon a time" -n 64
+
+$(BUILD)/lua/prelude_blob.o: lua/prelude.lua                    # the prelude is embedded with .incbin
 
 clean:                                                          # remove build outputs
 	rm -rf build build-san build-cuda

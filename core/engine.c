@@ -492,7 +492,9 @@ ks_status ks_session_prefill(ks_session *s, const int32_t *ids_in, int n_in) {
     s->stopped_at = -1;
     if (s->n_past == 0 && s->policy && s->policy->begin) {
         st = s->policy->begin(s->policy->ud, s);
-        if (st) return st == KS_ERR_POLICY ? st : ks_error_prefix(KS_ERR_POLICY, "policy %s", s->policy->name);
+        if (st) /* like fire(): keep policy errors, interrupts and OOM as they are */
+            return (st == KS_ERR_POLICY || st == KS_ERR_INTERRUPTED || st == KS_ERR_OOM)
+                       ? st : ks_error_prefix(KS_ERR_POLICY, "policy %s", s->policy->name);
     }
     int chunk = s->policy ? s->policy->prefill_chunk : 0;
     if (chunk > 0 && n_in > chunk) {

@@ -111,6 +111,29 @@ int ks_result_restart(const ks_session *s, const int32_t **prompt_idx);
 /* Non-empty when a policy failed and the request fell back to full attention. */
 const char *ks_result_policy_error(const ks_session *s);
 
+/* ---------------------------------------------------------------- policies
+ * A policy is a Lua 5.4 file returning {name, params, handlers...}; see lua/policy_lua.h for
+ * the file format, the event object and the sandbox. Each policy runs in its own sandboxed
+ * Lua state; errors come back as KS_ERR_POLICY with "policy NAME: EVENT (layer L): FILE:LINE: ...". */
+
+/* Load by name (policies/NAME.lua on $KVSIEVE_POLICY_PATH, ./policies, <exe>/../policies) or
+ * by path. m may be NULL (then the policy sees no model config). */
+ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out);
+/* Load from source text; chunkname names it in messages. */
+ks_status ks_policy_load_string(ks_model *m, const char *chunkname, const char *source, ks_policy **out);
+/* Set a parameter from text, parsed by the type of its default; unknown keys are KS_ERR_ARG. */
+ks_status ks_policy_set(ks_policy *p, const char *key, const char *value);
+/* A parameter's current value as text. */
+ks_status ks_policy_get(const ks_policy *p, const char *key, char *buf, size_t n);
+int ks_policy_n_params(const ks_policy *p);
+const char *ks_policy_param_name(const ks_policy *p, int i);
+const char *ks_policy_name(const ks_policy *p);
+/* What the policy reported during the last request (ev:report), e.g. "selection_layer". */
+const char *ks_policy_report(const ks_policy *p, const char *key);
+int ks_policy_n_reports(const ks_policy *p);
+const char *ks_policy_report_key(const ks_policy *p, int i);
+void ks_policy_free(ks_policy *p);
+
 /* Model facts. */
 int ks_model_n_layers(const ks_model *m);
 int ks_model_n_kv_heads(const ks_model *m);

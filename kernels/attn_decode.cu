@@ -289,6 +289,14 @@ __global__ void attn_combine_kernel(float *__restrict__ out, const float *__rest
     }
 }
 
+extern "C" ks_status ks_cuda_attn_combine(cudaStream_t s, float *out, const float *ws_acc, const float *ws_ml,
+                                          size_t rows, int n_splits, int head_dim) {
+    if (!rows) return KS_OK;
+    attn_combine_kernel<<<(unsigned)rows, 128, 0, s>>>(out, ws_acc, ws_ml, n_splits, head_dim);
+    KS_CU_LAUNCH("attention combine kernel");
+    return KS_OK;
+}
+
 extern "C" size_t ks_cuda_attn_decode_workspace(const ks_cuda_attn_params *p, int n_sm, int *n_splits) {
     ad_shape sh;
     *n_splits = 1;
@@ -338,8 +346,7 @@ extern "C" ks_status ks_cuda_attn_decode(cudaStream_t s, const ks_cuda_attn_para
     KS_CU_LAUNCH("attention (decode) kernel");
     if (n_splits > 1) {
         size_t rows = (size_t)p->n * p->n_heads;
-        attn_combine_kernel<<<(unsigned)rows, 128, 0, s>>>(p->out, ws_acc, ws_ml, n_splits, p->head_dim);
-        KS_CU_LAUNCH("attention combine kernel");
+        return ks_cuda_attn_combine(s, p->out, ws_acc, ws_ml, rows, n_splits, p->head_dim);
     }
     return KS_OK;
 }

@@ -41,6 +41,12 @@ typedef struct ks_cuda_attn_params {
  * workspace bytes ks_cuda_attn_decode needs (0 when n_splits == 1). */
 size_t ks_cuda_attn_decode_workspace(const ks_cuda_attn_params *p, int n_sm, int *n_splits);
 
+/* Merge split-KV partials: for each of `rows` (query row, head) pairs, ws_acc (rows, n_splits,
+ * head_dim) unnormalised outputs and ws_ml (rows, n_splits, 2) (max logit in natural-log units,
+ * sum of exp) -> out (rows, head_dim). Rows that saw no key get zeros. */
+ks_status ks_cuda_attn_combine(cudaStream_t s, float *out, const float *ws_acc, const float *ws_ml, size_t rows,
+                               int n_splits, int head_dim);
+
 /* Run; ws of the size above (NULL when 0). */
 ks_status ks_cuda_attn_decode(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws);
 

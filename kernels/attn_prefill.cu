@@ -11,58 +11,12 @@
  * Query blocks are launched heaviest (latest positions) first. */
 #include "common.cuh"
 #include "attn_prefill.cuh"
+#include "mma.cuh"
 
 #include <limits.h>
 #include <math.h>
 
-#define FP_BM 128  /* query rows per block */
 #define FP_BN 64   /* keys per tile */
-#define FP_WARPS 8
-#define FP_THREADS (FP_WARPS * 32)
-
-/* ---------------------------------------------------------------- PTX helpers */
-
-static __device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
-}
-static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> static __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-static __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-static __device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* Element offset (in bf16) of 16-byte chunk `ch` of row `r` in a swizzled tile of D columns. */
-template <int D> static __device__ __forceinline__ int swz(int r, int ch) { return r * D + ((ch ^ (r & 7)) << 3); }
 
 /* ---------------------------------------------------------------- tile bounds */
 
@@ -93,27 +47,34 @@ struct fp_args {
     float scale_log2; /* scale * log2(e) */
 };
 
-template <int D>
-__global__ void __launch_bounds__(FP_THREADS, 1) flash_prefill_kernel(const fp_args A) {
+/* W warps, each owning MT m16 tiles (16 * MT query rows) of a block of BM = 16 * W * MT rows.
+ * v1: W = 8, MT = 1 (every warp reads all of K and V from shared memory for 16 rows);
+ * v2: W = 4, MT = 2 (each K/V fragment feeds two MMAs: half the ldmatrix traffic per FLOP,
+ * Q fragments reloaded from shared memory per k-step to stay within 255 registers). */
+template <int D, int W, int MT, int BN>
+__global__ void __launch_bounds__(W * 32, 8 / W) flash_prefill_kernel(const fp_args A) {
     extern __shared__ __align__(128) unsigned char smem[];
+    constexpr int BM = 16 * W * MT;  /* query rows per block */
+    constexpr int THREADS = W * 32;
     constexpr int NCH = D / 8;       /* 16-byte chunks per row */
     constexpr int KS = D / 16;       /* k16 steps over the head dimension */
     constexpr int DT = D / 8;        /* n8 tiles of the output */
-    constexpr int NT = FP_BN / 8;    /* n8 tiles of S */
+    constexpr int NT = BN / 8;    /* n8 tiles of S */
+    constexpr bool QREG = MT == 1;   /* Q fragments held in registers */
     bf16 *sQ = (bf16 *)smem;                                  /* (BM, D) */
-    bf16 *sK = sQ + FP_BM * D;                                /* 2 x (BN, D) */
-    bf16 *sV = sK + 2 * FP_BN * D;                            /* 2 x (BN, D) */
-    int *sKP = (int *)(sV + 2 * FP_BN * D);                   /* 2 x BN key positions */
-    int *sQP = sKP + 2 * FP_BN;                               /* BM query positions */
-    int *sRed = sQP + FP_BM;                                  /* 2 x FP_WARPS */
+    bf16 *sK = sQ + BM * D;                                   /* 2 x (BN, D) */
+    bf16 *sV = sK + 2 * BN * D;                            /* 2 x (BN, D) */
+    int *sKP = (int *)(sV + 2 * BN * D);                   /* 2 x BN key positions */
+    int *sQP = sKP + 2 * BN;                               /* BM query positions */
+    int *sRed = sQP + BM;                                     /* 2 x W */
 
     const ks_cuda_attn_params &p = A.p;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tig = lane & 3;
     const int h = blockIdx.x, kv = h / (p.n_heads / p.n_kv_heads);
     const int qb = A.n_qblocks - 1 - blockIdx.y; /* heaviest first */
-    const int q0 = qb * FP_BM, H = p.n_heads;
-    const int nk = p.nk[kv], ntiles = (nk + FP_BN - 1) / FP_BN;
+    const int q0 = qb * BM, H = p.n_heads;
+    const int nk = p.nk[kv], ntiles = (nk + BN - 1) / BN;
     const bf16 *Kg = (const bf16 *)p.k + (size_t)kv * p.capacity * D;
     const bf16 *Vg = (const bf16 *)p.v + (size_t)kv * p.capacity * D;
     /* key positions: the cache's, or the row index (kpos NULL or renumbered keys) */
@@ -121,7 +82,7 @@ __global__ void __launch_bounds__(FP_THREADS, 1) flash_prefill_kernel(const fp_a
     const int2 *TB = A.bounds + (size_t)kv * A.max_tiles;
 
     /* ---- Q: float32 -> bf16, swizzled; query positions and the block's bounds */
-    for (int e = tid; e < FP_BM * NCH; e += FP_THREADS) {
+    for (int e = tid; e < BM * NCH; e += THREADS) {
         int r = e / NCH, ch = e - r * NCH;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (q0 + r < p.n) {
@@ -135,27 +96,31 @@ __global__ void __launch_bounds__(FP_THREADS, 1) flash_prefill_kernel(const fp_a
         *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch)) = v;
     }
     int qlo = INT_MAX, qhi = INT_MIN;
-    if (tid < FP_BM) {
-        int qp = q0 + tid >= p.n ? INT_MIN : p.q_renumber ? nk - p.n + q0 + tid : p.qpos[q0 + tid];
-        sQP[tid] = qp;
-        if (q0 + tid < p.n) { qlo = qp; qhi = qp; }
+    for (int r = tid; r < BM; r += THREADS) {
+        int qp = q0 + r >= p.n ? INT_MIN : p.q_renumber ? nk - p.n + q0 + r : p.qpos[q0 + r];
+        sQP[r] = qp;
+        if (q0 + r < p.n) { qlo = min(qlo, qp); qhi = max(qhi, qp); }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         qlo = min(qlo, __shfl_xor_sync(0xffffffffu, qlo, o));
         qhi = max(qhi, __shfl_xor_sync(0xffffffffu, qhi, o));
     }
-    if (lane == 0) { sRed[warp] = qlo; sRed[FP_WARPS + warp] = qhi; }
+    if (lane == 0) { sRed[warp] = qlo; sRed[W + warp] = qhi; }
     __syncthreads();
     int qmin = INT_MAX, qmax = INT_MIN;
 #pragma unroll
-    for (int w = 0; w < FP_WARPS; w++) { qmin = min(qmin, sRed[w]); qmax = max(qmax, sRed[FP_WARPS + w]); }
+    for (int w = 0; w < W; w++) { qmin = min(qmin, sRed[w]); qmax = max(qmax, sRed[W + w]); }
     const int window = p.window;
-    const int r_lo = warp * 16 + g, r_hi = r_lo + 8;
-    const int qp_lo = sQP[r_lo], qp_hi = sQP[r_hi];
+    int qp_r[MT][2]; /* positions of this thread's rows: m-tile mt, rows g and g + 8 */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        qp_r[mt][0] = sQP[warp * 16 * MT + mt * 16 + g];
+        qp_r[mt][1] = sQP[warp * 16 * MT + mt * 16 + g + 8];
+    }
 
     auto skipped = [&](int t) -> bool {
-        int2 b = TB[t];
+        int2 b = TB[t * BN / FP_BN]; /* bounds are kept per 64-key tile: a superset for BN = 32 */
         return b.x > qmax || (window > 0 && (long long)qmin - b.y >= window);
     };
     auto next_tile = [&](int t) -> int {
@@ -163,36 +128,43 @@ __global__ void __launch_bounds__(FP_THREADS, 1) flash_prefill_kernel(const fp_a
         return t;
     };
     auto load_tile = [&](int t, int buf) {
-        bf16 *dk = sK + buf * FP_BN * D, *dv = sV + buf * FP_BN * D;
-        for (int e = tid; e < FP_BN * NCH; e += FP_THREADS) {
+        bf16 *dk = sK + buf * BN * D, *dv = sV + buf * BN * D;
+        for (int e = tid; e < BN * NCH; e += THREADS) {
             int r = e / NCH, ch = e - r * NCH;
-            int j = t * FP_BN + r;
+            int j = t * BN + r;
             int ok = j < nk;
             size_t off = (size_t)(ok ? j : 0) * D + ch * 8;
             cp_async16(dk + swz<D>(r, ch), Kg + off, ok ? 16 : 0);
             cp_async16(dv + swz<D>(r, ch), Vg + off, ok ? 16 : 0);
         }
-        if (tid < FP_BN) {
-            int j = t * FP_BN + tid;
-            if (KPg) cp_async4(sKP + buf * FP_BN + tid, KPg + (j < nk ? j : 0), j < nk ? 4 : 0);
-            else sKP[buf * FP_BN + tid] = j;
+        for (int r = tid; r < BN; r += THREADS) {
+            int j = t * BN + r;
+            if (KPg) cp_async4(sKP + buf * BN + r, KPg + (j < nk ? j : 0), j < nk ? 4 : 0);
+            else sKP[buf * BN + r] = j;
         }
     };
-
-    /* ---- Q fragments for this warp's 16 rows, kept in registers */
-    uint32_t qf[KS][4];
-    __syncthreads();
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-        int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+    /* A fragment (16 rows x 16 of the head dim) of m-tile mt at k-step ks */
+    auto load_q = [&](uint32_t a[4], int mt, int ks) {
+        int r = warp * 16 * MT + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
         int ch = ks * 2 + (lane >> 4);
-        ldsm_x4(qf[ks], sQ + swz<D>(r, ch));
+        ldsm_x4(a, sQ + swz<D>(r, ch));
+    };
+
+    uint32_t qf[QREG ? KS : 1][4];
+    __syncthreads();
+    if (QREG) {
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) load_q(qf[QREG ? ks : 0], 0, ks);
     }
 
-    float o[DT][4];
+    float o[MT][DT][4];
 #pragma unroll
-    for (int i = 0; i < DT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < DT; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+    float m_r[MT][2], l_r[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) m_r[mt][0] = m_r[mt][1] = -INFINITY, l_r[mt][0] = l_r[mt][1] = 0.f;
     const float sl2 = A.scale_log2;
 
     int t = next_tile(0);
@@ -206,95 +178,112 @@ __global__ void __launch_bounds__(FP_THREADS, 1) flash_prefill_kernel(const fp_a
         cp_async_wait<1>();
         __syncthreads();
 
-        const bf16 *cK = sK + buf * FP_BN * D, *cV = sV + buf * FP_BN * D;
+        const bf16 *cK = sK + buf * BN * D, *cV = sV + buf * BN * D;
         /* S = Q K^T */
-        float s[NT][4];
+        float s[MT][NT][4];
 #pragma unroll
-        for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < NT; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
+            uint32_t a[MT][4];
+            if (QREG) {
+#pragma unroll
+                for (int x = 0; x < 4; x++) a[0][x] = qf[QREG ? ks : 0][x];
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) load_q(a[mt], mt, ks);
+            }
 #pragma unroll
             for (int jp = 0; jp < NT / 2; jp++) {
                 uint32_t b[4];
                 int r = jp * 16 + (lane & 7) + (lane >> 4) * 8;
                 int ch = ks * 2 + ((lane >> 3) & 1);
                 ldsm_x4(b, cK + swz<D>(r, ch));
-                mma16816(s[2 * jp], qf[ks], b[0], b[1]);
-                mma16816(s[2 * jp + 1], qf[ks], b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma16816(s[mt][2 * jp], a[mt], b[0], b[1]);
+                    mma16816(s[mt][2 * jp + 1], a[mt], b[2], b[3]);
+                }
             }
         }
         /* scale to the log2 domain; mask unless the whole tile is visible to every row */
-        int2 tb = TB[t];
-        bool full = (t + 1) * FP_BN <= nk && tb.y <= qmin && (window <= 0 || (long long)qmax - tb.x < window);
+        int2 tb = TB[t * BN / FP_BN];
+        bool full = (t + 1) * BN <= nk && tb.y <= qmin && (window <= 0 || (long long)qmax - tb.x < window);
         if (full) {
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[j][e] *= sl2;
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[mt][j][e] *= sl2;
         } else {
-            const int *kp = sKP + buf * FP_BN;
+            const int *kp = sKP + buf * BN;
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int col = j * 8 + tig * 2 + (e & 1);
-                    int key = kp[col];
-                    int qp = e < 2 ? qp_lo : qp_hi;
-                    bool vis = t * FP_BN + col < nk && key <= qp && (window <= 0 || (long long)qp - key < window);
-                    s[j][e] = vis ? s[j][e] * sl2 : -INFINITY;
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int col = j * 8 + tig * 2 + (e & 1);
+                        int key = kp[col];
+                        int qp = qp_r[mt][e >> 1];
+                        bool vis = t * BN + col < nk && key <= qp && (window <= 0 || (long long)qp - key < window);
+                        s[mt][j][e] = vis ? s[mt][j][e] * sl2 : -INFINITY;
+                    }
+        }
+        /* online softmax, per row (elements 0,1: row g; 2,3: row g + 8) */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[mt][j][2 * hf], s[mt][j][2 * hf + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                float mn = fmaxf(m_r[mt][hf], mx);
+                float base = mn == -INFINITY ? 0.f : mn;
+                float c = fast_exp2(m_r[mt][hf] - base); /* -inf -> 0 */
+                m_r[mt][hf] = mn;
+                float ps = 0.f;
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    s[mt][j][2 * hf] = fast_exp2(s[mt][j][2 * hf] - base);
+                    s[mt][j][2 * hf + 1] = fast_exp2(s[mt][j][2 * hf + 1] - base);
+                    ps += s[mt][j][2 * hf] + s[mt][j][2 * hf + 1];
                 }
-        }
-        /* online softmax (rows r_lo: elements 0,1; r_hi: elements 2,3) */
-        float mx_lo = -INFINITY, mx_hi = -INFINITY;
+                l_r[mt][hf] = l_r[mt][hf] * c + ps;
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
-            mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
-        }
-        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-        float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-        float base_lo = mn_lo == -INFINITY ? 0.f : mn_lo, base_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
-        float c_lo = fast_exp2(m_lo - base_lo), c_hi = fast_exp2(m_hi - base_hi); /* -inf -> 0 */
-        m_lo = mn_lo;
-        m_hi = mn_hi;
-        float ps_lo = 0.f, ps_hi = 0.f;
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            s[j][0] = fast_exp2(s[j][0] - base_lo);
-            s[j][1] = fast_exp2(s[j][1] - base_lo);
-            s[j][2] = fast_exp2(s[j][2] - base_hi);
-            s[j][3] = fast_exp2(s[j][3] - base_hi);
-            ps_lo += s[j][0] + s[j][1];
-            ps_hi += s[j][2] + s[j][3];
-        }
-        l_lo = l_lo * c_lo + ps_lo;
-        l_hi = l_hi * c_hi + ps_hi;
-#pragma unroll
-        for (int i = 0; i < DT; i++) {
-            o[i][0] *= c_lo;
-            o[i][1] *= c_lo;
-            o[i][2] *= c_hi;
-            o[i][3] *= c_hi;
+                for (int i = 0; i < DT; i++) {
+                    o[mt][i][2 * hf] *= c;
+                    o[mt][i][2 * hf + 1] *= c;
+                }
+            }
         }
         /* O += P V */
 #pragma unroll
-        for (int kk = 0; kk < FP_BN / 16; kk++) {
-            uint32_t a[4];
-            a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-            a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-            a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                a[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int dp = 0; dp < DT / 2; dp++) {
                 uint32_t b[4];
                 int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
                 int ch = dp * 2 + (lane >> 4);
                 ldsm_x4_t(b, cV + swz<D>(r, ch));
-                mma16816(o[2 * dp], a, b[0], b[1]);
-                mma16816(o[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma16816(o[mt][2 * dp], a[mt], b[0], b[1]);
+                    mma16816(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                }
             }
         }
         __syncthreads();
@@ -303,30 +292,35 @@ __global__ void __launch_bounds__(FP_THREADS, 1) flash_prefill_kernel(const fp_a
     cp_async_wait<0>();
 
     /* ---- normalise and store */
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
-    float inv_lo = l_lo > 0.f ? 1.0f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.0f / l_hi : 0.f;
-    if (q0 + r_lo < p.n) {
-        float *dst = p.out + ((size_t)(q0 + r_lo) * H + h) * D + tig * 2;
 #pragma unroll
-        for (int i = 0; i < DT; i++)
-            *reinterpret_cast<float2 *>(dst + i * 8) = make_float2(o[i][0] * inv_lo, o[i][1] * inv_lo);
-    }
-    if (q0 + r_hi < p.n) {
-        float *dst = p.out + ((size_t)(q0 + r_hi) * H + h) * D + tig * 2;
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int i = 0; i < DT; i++)
-            *reinterpret_cast<float2 *>(dst + i * 8) = make_float2(o[i][2] * inv_hi, o[i][3] * inv_hi);
-    }
+        for (int hf = 0; hf < 2; hf++) {
+            float l = l_r[mt][hf];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            float inv = l > 0.f ? 1.0f / l : 0.f;
+            int r = warp * 16 * MT + mt * 16 + g + 8 * hf;
+            if (q0 + r < p.n) {
+                float *dst = p.out + ((size_t)(q0 + r) * H + h) * D + tig * 2;
+#pragma unroll
+                for (int i = 0; i < DT; i++)
+                    *reinterpret_cast<float2 *>(dst + i * 8) =
+                        make_float2(o[mt][i][2 * hf] * inv, o[mt][i][2 * hf + 1] * inv);
+            }
+        }
 }
 
 /* ---------------------------------------------------------------- entry points */
 
-template <int D> static size_t fp_smem() {
-    return (size_t)FP_BM * D * 2 + 4 * (size_t)FP_BN * D * 2 + 2 * FP_BN * 4 + FP_BM * 4 + 2 * FP_WARPS * 4;
+template <int D, int W, int MT, int BN> static size_t fp_smem() {
+    return (size_t)16 * W * MT * D * 2 + 4 * (size_t)BN * D * 2 + 2 * BN * 4 + 16 * W * MT * 4 + 2 * W * 4;
 }
+
+/* 1: 8 warps x 16 rows, 64-key tiles (v1); 2: 4 warps x 32 rows, 64-key tiles; 3: 4 warps x 32
+ * rows, 32-key tiles (fewer registers) */
+static int g_variant = 2;
+extern "C" void ks_cuda_attn_prefill_set_variant(int v) { g_variant = v >= 1 && v <= 3 ? v : 2; }
 
 extern "C" int ks_cuda_attn_prefill_supported(const ks_cuda_attn_params *p) {
     return (p->head_dim == 64 || p->head_dim == 128) && !p->idx && !p->k_f32 && p->n_kv_heads > 0 &&
@@ -338,16 +332,19 @@ extern "C" size_t ks_cuda_attn_prefill_workspace(const ks_cuda_attn_params *p) {
     return (tiles ? tiles : 1) * p->n_kv_heads * sizeof(int2);
 }
 
-template <int D> static ks_status fp_launch(cudaStream_t s, const fp_args &a) {
+template <int D, int W, int MT, int BN> static ks_status fp_launch(cudaStream_t s, fp_args a) {
     static int attr_done = 0; /* per process; the attribute is per device function */
-    size_t smem = fp_smem<D>();
+    size_t smem = fp_smem<D, W, MT, BN>();
     if (!attr_done) {
-        KS_CU(cudaFuncSetAttribute(flash_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+        KS_CU(cudaFuncSetAttribute(flash_prefill_kernel<D, W, MT, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention (flash) shared memory");
         attr_done = 1;
     }
+    const int bm = 16 * W * MT;
+    a.n_qblocks = (a.p.n + bm - 1) / bm;
+    if (a.n_qblocks > 65535) return ks_errorf(KS_ERR_UNSUPPORTED, "attention (flash): %d query rows is too many", a.p.n);
     dim3 grid(a.p.n_heads, a.n_qblocks);
-    flash_prefill_kernel<D><<<grid, FP_THREADS, smem, s>>>(a);
+    flash_prefill_kernel<D, W, MT, BN><<<grid, W * 32, smem, s>>>(a);
     KS_CU_LAUNCH("attention (flash prefill) kernel");
     return KS_OK;
 }
@@ -362,13 +359,13 @@ extern "C" ks_status ks_cuda_attn_prefill(cudaStream_t s, const ks_cuda_attn_par
     fp_args a;
     a.p = *p;
     a.max_tiles = KS_MAX(1, (p->max_nk + FP_BN - 1) / FP_BN);
-    a.n_qblocks = (p->n + FP_BM - 1) / FP_BM;
     a.bounds = (const int2 *)ws;
     a.scale_log2 = p->scale * 1.4426950408889634f;
-    if (a.n_qblocks > 65535) return ks_errorf(KS_ERR_UNSUPPORTED, "attention (flash): %d query rows is too many", p->n);
     int total = a.max_tiles * p->n_kv_heads;
     tile_bounds_kernel<<<ks_cdiv(total, 128), 128, 0, s>>>((int2 *)ws, p->renumber ? NULL : p->kpos, p->nk, p->n_kv_heads, p->capacity,
                                                            a.max_tiles);
     KS_CU_LAUNCH("attention tile bounds kernel");
-    return p->head_dim == 128 ? fp_launch<128>(s, a) : fp_launch<64>(s, a);
+    if (g_variant == 1) return p->head_dim == 128 ? fp_launch<128, 8, 1, 64>(s, a) : fp_launch<64, 8, 1, 64>(s, a);
+    if (g_variant == 3) return p->head_dim == 128 ? fp_launch<128, 4, 2, 32>(s, a) : fp_launch<64, 4, 2, 32>(s, a);
+    return p->head_dim == 128 ? fp_launch<128, 4, 2, 64>(s, a) : fp_launch<64, 4, 2, 64>(s, a);
 }

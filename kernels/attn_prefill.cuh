@@ -21,6 +21,10 @@ size_t ks_cuda_attn_prefill_workspace(const ks_cuda_attn_params *p);
 
 ks_status ks_cuda_attn_prefill(cudaStream_t s, const ks_cuda_attn_params *p, void *ws);
 
+/* Kernel variant for benchmarks and tests (process-wide): 1 = 8 warps x 16 rows, 64-key tiles;
+ * 2 = 4 warps x 32 rows, 64-key tiles (default); 3 = 4 warps x 32 rows, 32-key tiles. */
+void ks_cuda_attn_prefill_set_variant(int variant);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,6 +8,7 @@
 #include "common.cuh"
 #include "ks_cuda.h"
 #include "attn_prep.cuh"
+#include "gemv.cuh"
 
 #include <cublas_v2.h>
 #include <stdlib.h>
@@ -258,7 +259,14 @@ static ks_status cu_matmul(ks_backend *b, float *y, const float *x, const ks_wei
     }
     const float one = 1.0f, zero = 0.0f;
     ks_status st;
-    if (W->type == KS_CUDA_BF16) {
+    if (W->type == KS_CUDA_BF16 && n == 1 && ks_cuda_gemv_supported(W->data, in) && (uintptr_t)x % 16 == 0 &&
+        (!bias || bias->type == KS_CUDA_F32)) {
+        /* one row (decode, logits): stream the bf16 weights once, float32 input, bias fused */
+        if (bias && bias->rows * bias->cols != out)
+            return ks_errorf(KS_ERR_INTERNAL, "matmul: bias of %lld values for %d outputs", (long long)(bias->rows * bias->cols), out);
+        if ((st = ks_cuda_gemv(c->stream, y, x, W->data, bias ? (const float *)bias->data : NULL, in, out))) return st;
+        bias = NULL;
+    } else if (W->type == KS_CUDA_BF16) {
         void *xb;
         if ((st = dev_alloc(c, (size_t)n * in * 2, "matmul input (bf16)", &xb))) return st;
         st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, x, KS_CUDA_F32, (size_t)n * in);
@@ -439,8 +447,9 @@ static ks_status cu_kv_append(ks_backend *b, ks_kv_layer *L, const float *k, con
     if (n <= 0) return KS_OK;
     for (int h = 0; h < H; h++) need = KS_MAX(need, (L->n ? L->n[h] : 0) + n);
     if (!L->k || need > L->capacity) {
-        /* grow by a quarter (+256 rows): amortised O(1) appends without doubling a long cache */
-        int64_t cap = KS_MAX((int64_t)need, (int64_t)L->capacity + L->capacity / 4 + 256);
+        /* room for 1024 more rows (a prefill is followed by decode steps), growing by at least a
+         * quarter: amortised O(1) appends without doubling a long cache */
+        int64_t cap = KS_MAX((int64_t)need + 1024, (int64_t)L->capacity + L->capacity / 4 + 256);
         if (cap > INT32_MAX) return ks_errorf(KS_ERR_OOM, "KV cache: %lld rows per head is too many", (long long)cap);
         ks_status st = cu_kv_alloc(b, L, (int)cap);
         if (st) return st;
@@ -632,12 +641,19 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
     }
     /* the flash kernel for prefill-sized calls (it reads bf16 keys in cache order) */
     int flash_shape = d == 64 || d == 128;
-    int want_flash = c->attn_path != 1 && flash_shape && (c->attn_path == 2 || n >= 64);
+    int want_flash = (c->attn_path == 0 || c->attn_path == 2) && flash_shape && (c->attn_path == 2 || n >= 64);
+    /* otherwise the tensor-core decode kernel where it takes the shape (bf16 keys) */
+    int want_tc = 0;
+    if (!want_flash && c->attn_path != 1 && c->attn_path != 2) {
+        ks_cuda_attn_params t = p;
+        t.k_f32 = 0;
+        want_tc = ks_cuda_attn_decode_tc_supported(&t);
+    }
     void *kc = NULL, *vc = NULL, *pc = NULL, *qr = NULL, *ws = NULL;
     if (a->rope || (a->idx && want_flash)) {
-        /* compact copy of the attended rows (rotated when pre-RoPE); the split-KV kernel gets
-         * float32 rotated keys, so only the flash path rounds them to bf16 */
-        int k_f32 = !want_flash;
+        /* compact copy of the attended rows (rotated when pre-RoPE); the float32 split-KV kernel
+         * gets float32 rotated keys, the mma kernels (which round q and p anyway) bf16 ones */
+        int k_f32 = !want_flash && !want_tc;
         size_t rows = (size_t)Hkv * max_nk;
         if (!(st = dev_alloc(c, rows * d * (k_f32 ? 4 : 2), "attention gathered keys", &kc)) &&
             !(st = dev_alloc(c, rows * d * 2, "attention gathered values", &vc)) &&
@@ -660,6 +676,11 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
         if (want_flash && ks_cuda_attn_prefill_supported(&p)) {
             size_t wsb = ks_cuda_attn_prefill_workspace(&p);
             if (!(st = dev_alloc(c, wsb, "attention workspace", &ws))) st = ks_cuda_attn_prefill(c->stream, &p, ws);
+        } else if (want_tc && ks_cuda_attn_decode_tc_supported(&p)) {
+            int splits;
+            size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
+            if (wsb) st = dev_alloc(c, wsb, "attention workspace", &ws);
+            if (!st) st = ks_cuda_attn_decode_tc(c->stream, &p, splits, ws);
         } else {
             int splits;
             size_t wsb = ks_cuda_attn_decode_workspace(&p, c->n_sm, &splits);

@@ -20,11 +20,13 @@
 
 #include "add.cuh"
 #include "attn_decode.cuh"
+#include "attn_decode_tc.cuh"
 #include "attn_prefill.cuh"
 #include "attn_prep.cuh"
 #include "convert.cuh"
 #include "embed.cuh"
 #include "gather_rows.cuh"
+#include "gemv.cuh"
 #include "ks_cuda_prims.h"
 #include "ks_cuda_scratch.h"
 #include "kv_cache.cuh"
@@ -52,8 +54,9 @@ ks_cuda_scratch ks_cuda_backend_scratch(struct ks_backend *b);
 int ks_cuda_backend_sm_count(struct ks_backend *b);
 
 /* Attention path selection, for tests and benchmarks: 0 = automatic (flash kernel for
- * prefill shapes it supports, split-KV kernel otherwise), 1 = always the split-KV kernel,
- * 2 = flash kernel whenever it supports the shape. */
+ * prefill-sized calls of head_dim 64/128, else the tensor-core decode kernel where it takes
+ * the shape, else the float32 split-KV kernel), 1 = always the float32 split-KV kernel,
+ * 2 = flash whenever the head_dim allows, 3 = tensor-core decode where it takes the shape. */
 void ks_cuda_backend_set_attn_path(struct ks_backend *b, int path);
 
 #ifdef __cplusplus

@@ -15,10 +15,21 @@ __global__ void kv_append_kernel(bf16 *__restrict__ K, bf16 *__restrict__ V, int
         int h = (int)(ih % H), i = (int)(ih / H);
         size_t dst = ((size_t)h * cap + row0[h] + i) * d + (size_t)u * W;
         const float *ks = k + ih * d + (size_t)u * W, *vs = v + ih * d + (size_t)u * W;
+        if (W == 8) { /* 2 x 16-byte loads, one 16-byte store per tensor */
+            float4 k0 = reinterpret_cast<const float4 *>(ks)[0], k1 = reinterpret_cast<const float4 *>(ks)[1];
+            float4 v0 = reinterpret_cast<const float4 *>(vs)[0], v1 = reinterpret_cast<const float4 *>(vs)[1];
+            __nv_bfloat162 kb[4] = {__floats2bfloat162_rn(k0.x, k0.y), __floats2bfloat162_rn(k0.z, k0.w),
+                                    __floats2bfloat162_rn(k1.x, k1.y), __floats2bfloat162_rn(k1.z, k1.w)};
+            __nv_bfloat162 vb[4] = {__floats2bfloat162_rn(v0.x, v0.y), __floats2bfloat162_rn(v0.z, v0.w),
+                                    __floats2bfloat162_rn(v1.x, v1.y), __floats2bfloat162_rn(v1.z, v1.w)};
+            *reinterpret_cast<uint4 *>(K + dst) = *reinterpret_cast<uint4 *>(kb);
+            *reinterpret_cast<uint4 *>(V + dst) = *reinterpret_cast<uint4 *>(vb);
+        } else {
 #pragma unroll
-        for (int w = 0; w < W; w++) {
-            K[dst + w] = __float2bfloat16_rn(ks[w]);
-            V[dst + w] = __float2bfloat16_rn(vs[w]);
+            for (int w = 0; w < W; w++) {
+                K[dst + w] = __float2bfloat16_rn(ks[w]);
+                V[dst + w] = __float2bfloat16_rn(vs[w]);
+            }
         }
         if (u == 0) P[(size_t)h * cap + row0[h] + i] = pos[i];
     }
@@ -46,7 +57,11 @@ extern "C" ks_status ks_cuda_kv_append(cudaStream_t s, void *K, void *V, int32_t
                                        int head_dim, const float *k, const float *v, const int32_t *pos,
                                        const int32_t *row0, int n) {
     if (n <= 0) return KS_OK;
-    if (head_dim % 4 == 0) {
+    if (head_dim % 8 == 0 && ((uintptr_t)k | (uintptr_t)v | (uintptr_t)K | (uintptr_t)V) % 16 == 0) {
+        size_t total = (size_t)n * n_kv_heads * (head_dim / 8);
+        kv_append_kernel<8><<<ks_grid1d(total, 256), 256, 0, s>>>((bf16 *)K, (bf16 *)V, P, capacity, n_kv_heads,
+                                                                   head_dim, k, v, pos, row0, n);
+    } else if (head_dim % 4 == 0) {
         size_t total = (size_t)n * n_kv_heads * (head_dim / 4);
         kv_append_kernel<4><<<ks_grid1d(total, 256), 256, 0, s>>>((bf16 *)K, (bf16 *)V, P, capacity, n_kv_heads,
                                                                    head_dim, k, v, pos, row0, n);

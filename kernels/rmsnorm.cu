@@ -1,33 +1,74 @@
-/* rmsnorm.cu — see rmsnorm.cuh. One block of 256 threads per row; double sum of squares. */
+/* rmsnorm.cu — see rmsnorm.cuh. One block of 256 threads per row; double sum of squares.
+ * Rows of up to 8192 floats (dim % 4 == 0, aligned) stay in registers between the two passes
+ * (one read of x); other shapes read x twice. */
 #include "common.cuh"
 #include "rmsnorm.cuh"
 
-__global__ void rmsnorm_kernel(float *out, const float *x, const float *__restrict__ w, int dim, float eps) {
-    __shared__ double part[8];
-    __shared__ float rs;
-    const float *xi = x + (size_t)blockIdx.x * dim;
-    float *oi = out + (size_t)blockIdx.x * dim;
-    double ss = 0;
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += (double)xi[j] * xi[j];
+#define RN_THREADS 256
+
+static __device__ float rms_inverse(double ss, int dim, float eps, double *part) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0;
-        for (int k = 0; k < (int)(blockDim.x >> 5); k++) t += part[k];
-        rs = 1.0f / sqrtf((float)(t / dim) + eps);
+    double t = 0;
+#pragma unroll
+    for (int k = 0; k < RN_THREADS / 32; k++) t += part[k];
+    return 1.0f / sqrtf((float)(t / dim) + eps);
+}
+
+/* VPT float4 per thread held in registers */
+template <int VPT>
+__global__ void __launch_bounds__(RN_THREADS) rmsnorm_reg_kernel(float *out, const float *x, const float *__restrict__ w,
+                                                                  int dim, float eps) {
+    __shared__ double part[RN_THREADS / 32];
+    const float4 *xi = reinterpret_cast<const float4 *>(x + (size_t)blockIdx.x * dim);
+    float4 *oi = reinterpret_cast<float4 *>(out + (size_t)blockIdx.x * dim);
+    const float4 *w4 = reinterpret_cast<const float4 *>(w);
+    const int n4 = dim / 4;
+    float4 v[VPT];
+    double ss = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        int j = threadIdx.x + k * RN_THREADS;
+        v[k] = j < n4 ? xi[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+        ss += (double)v[k].x * v[k].x + (double)v[k].y * v[k].y + (double)v[k].z * v[k].z + (double)v[k].w * v[k].w;
     }
-    __syncthreads();
-    float r = rs;
+    float r = rms_inverse(ss, dim, eps, part);
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        int j = threadIdx.x + k * RN_THREADS;
+        if (j < n4) {
+            float4 g = w4[j];
+            oi[j] = make_float4(__fmul_rn(g.x, __fmul_rn(v[k].x, r)), __fmul_rn(g.y, __fmul_rn(v[k].y, r)),
+                                __fmul_rn(g.z, __fmul_rn(v[k].z, r)), __fmul_rn(g.w, __fmul_rn(v[k].w, r)));
+        }
+    }
+}
+
+__global__ void __launch_bounds__(RN_THREADS) rmsnorm_kernel(float *out, const float *x, const float *__restrict__ w,
+                                                              int dim, float eps) {
+    __shared__ double part[RN_THREADS / 32];
+    const float *xi = x + (size_t)blockIdx.x * dim;
+    float *oi = out + (size_t)blockIdx.x * dim;
+    double ss = 0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += (double)xi[j] * xi[j];
+    float r = rms_inverse(ss, dim, eps, part);
     for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = __fmul_rn(w[j], __fmul_rn(xi[j], r));
 }
 
 extern "C" ks_status ks_cuda_rmsnorm(cudaStream_t s, float *out, const float *x, const float *w, int n, int dim,
                                      float eps) {
+    bool vec = dim % 4 == 0 && ((uintptr_t)out | (uintptr_t)x | (uintptr_t)w) % 16 == 0;
+    int n4 = dim / 4;
     for (int i0 = 0; i0 < n; i0 += 65535) {
         int cnt = KS_MIN(65535, n - i0);
-        rmsnorm_kernel<<<cnt, 256, 0, s>>>(out + (size_t)i0 * dim, x + (size_t)i0 * dim, w, dim, eps);
+        float *o = out + (size_t)i0 * dim;
+        const float *xi = x + (size_t)i0 * dim;
+        if (vec && n4 <= RN_THREADS * 2) rmsnorm_reg_kernel<2><<<cnt, RN_THREADS, 0, s>>>(o, xi, w, dim, eps);
+        else if (vec && n4 <= RN_THREADS * 4) rmsnorm_reg_kernel<4><<<cnt, RN_THREADS, 0, s>>>(o, xi, w, dim, eps);
+        else if (vec && n4 <= RN_THREADS * 8) rmsnorm_reg_kernel<8><<<cnt, RN_THREADS, 0, s>>>(o, xi, w, dim, eps);
+        else rmsnorm_kernel<<<cnt, RN_THREADS, 0, s>>>(o, xi, w, dim, eps);
         KS_CU_LAUNCH("rmsnorm kernel");
     }
     return KS_OK;

@@ -61,7 +61,9 @@ typedef struct ks_lctx {
     int mem_exceeded;              /* the allocator refused a block since the last reset */
     int budget_active;             /* instruction / time budgets apply to the current call */
     long long instr_count, instr_limit;
-    double seconds, deadline;
+    double seconds, deadline;      /* deadline is set at the call's first hook tick (lazily:
+                                    * no clock read for calls that run fewer instructions) */
+    int event_mt_ref;              /* registry ref of the event metatable (0 = not yet) */
     volatile sig_atomic_t *interrupt;
     ks_fail_kind fail_kind;        /* set just before raising a classified error */
 } ks_lctx;
@@ -126,6 +128,8 @@ const char *ks_tdtype_name(ks_tdtype d);
 
 /* Add the native primitives (scores, pool1d, topk, ...) to the module table on top. */
 void ks_prims_open(lua_State *L);
+/* ks.rope (lua/ext_rope.c), added to the module table on top. */
+void ks_ext_rope_open(lua_State *L);
 
 /* ---------------------------------------------------------------- policies */
 

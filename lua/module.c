@@ -163,6 +163,7 @@ static model_box *check_model(lua_State *L, int arg) {
 
 /* ks.load(dir [, {backend = "cpu" | "cuda", threads = N}]) */
 static int l_load(lua_State *L) {
+    lua_settop(L, 2);
     const char *dir = luaL_checkstring(L, 1);
     static const char *const allowed[] = {"backend", "threads", NULL};
     check_keys(L, 2, "load", allowed);
@@ -204,6 +205,7 @@ static int l_model_close(lua_State *L) {
 }
 
 static int l_model_encode(lua_State *L) {
+    lua_settop(L, 3);
     model_box *b = check_model(L, 1);
     const char *text = luaL_checkstring(L, 2);
     static const char *const allowed[] = {"special", NULL};
@@ -224,6 +226,7 @@ static int l_model_encode(lua_State *L) {
 }
 
 static int l_model_decode(lua_State *L) {
+    lua_settop(L, 2);
     model_box *b = check_model(L, 1);
     ks_tensor *t = ks_lt_arg(L, 2, KS_T_I32, "decode");
     if (t->ndim != 1) return luaL_error(L, "decode: ids must be a 1-d list");
@@ -239,6 +242,7 @@ static int l_model_decode(lua_State *L) {
 }
 
 static int l_model_token_str(lua_State *L) {
+    lua_settop(L, 2);
     model_box *b = check_model(L, 1);
     lua_Integer id = luaL_checkinteger(L, 2);
     const ks_model *m = b->lm->m;
@@ -382,6 +386,7 @@ static policy_box *resolve_policy(lua_State *L, int arg, ks_model *m) {
 
 /* ks.policy(name_or_path_or_table [, sets]) */
 static int l_policy(lua_State *L) {
+    lua_settop(L, 2);
     policy_box *b = resolve_policy(L, 1, NULL);
     if (!lua_isnoneornil(L, 2)) {
         luaL_checktype(L, 2, LUA_TTABLE);
@@ -392,6 +397,7 @@ static int l_policy(lua_State *L) {
 
 /* m:policy(name_or_path [, sets]): the policy sees m.config as require("kvsieve").config */
 static int l_model_policy(lua_State *L) {
+    lua_settop(L, 3);
     model_box *mb = check_model(L, 1);
     policy_box *b = resolve_policy(L, 2, mb->lm->m);
     if (!lua_isnoneornil(L, 3)) {
@@ -402,6 +408,7 @@ static int l_model_policy(lua_State *L) {
 }
 
 static int l_policy_set(lua_State *L) {
+    lua_settop(L, 3);
     policy_box *b = check_policy(L, 1);
     if (lua_istable(L, 2)) apply_sets(L, b->p, 2);
     else set_param(L, b->p, 2, 3);
@@ -410,6 +417,7 @@ static int l_policy_set(lua_State *L) {
 }
 
 static int l_policy_get(lua_State *L) {
+    lua_settop(L, 2);
     policy_box *b = check_policy(L, 1);
     const char *k = luaL_checkstring(L, 2);
     char buf[4096];
@@ -742,6 +750,7 @@ static int l_session_generate(lua_State *L) {
         if (t->ndim != 1) return luaL_error(L, "generate: the prompt must be text or a list of token ids");
         int pushed;
         ids = ks_lt_contig(L, 4, t, &pushed);
+        if (pushed) lua_replace(L, 4); /* keep the contiguous copy alive in slot 4 */
         n = (int)t->numel;
     }
     if (n == 0) return luaL_error(L, "generate: the prompt is empty");
@@ -812,6 +821,7 @@ static int l_session_generate(lua_State *L) {
 }
 
 static int l_session_kept(lua_State *L) {
+    lua_settop(L, 3);
     session_box *b = check_session(L, 1);
     const ks_config *c = &b->s->m->cfg;
     lua_Integer l = luaL_checkinteger(L, 2), h = luaL_optinteger(L, 3, 0);
@@ -897,6 +907,7 @@ int luaopen_kvsieve(lua_State *L) {
     int mod = lua_gettop(L);
     ks_lt_open(L);
     ks_prims_open(L);
+    ks_ext_rope_open(L);
     ks_policy_module_open(L, 0);
     static const luaL_Reg fns[] = {{"load", l_load}, {"policy", l_policy}, {"_isatty", l_isatty}, {NULL, NULL}};
     luaL_setfuncs(L, fns, 0);

@@ -139,8 +139,12 @@ void ks_lua_count_hook(lua_State *L, lua_Debug *ar) {
     if (c->instr_limit > 0 && c->instr_count > c->instr_limit)
         hook_raise(L, c, KS_FAIL_INSTRUCTIONS, "instruction budget exceeded (%lld instructions per call; parameter _instructions)",
                    c->instr_limit);
-    if (c->deadline > 0 && ks_now() > c->deadline)
-        hook_raise(L, c, KS_FAIL_TIMEOUT, "wall-clock budget exceeded (%.3g s per call; parameter _seconds)", c->seconds);
+    if (c->seconds > 0) {
+        double now = ks_now();
+        if (c->deadline == 0) c->deadline = now + c->seconds; /* the call's first tick */
+        else if (now > c->deadline)
+            hook_raise(L, c, KS_FAIL_TIMEOUT, "wall-clock budget exceeded (%.3g s per call; parameter _seconds)", c->seconds);
+    }
 }
 
 static void budget_start(ks_lctx *c) {
@@ -148,7 +152,7 @@ static void budget_start(ks_lctx *c) {
     c->mem_exceeded = 0;
     if (!c->sandboxed) return;
     c->instr_count = 0;
-    c->deadline = c->seconds > 0 ? ks_now() + c->seconds : 0;
+    c->deadline = 0;
     c->budget_active = 1;
 }
 
@@ -188,10 +192,11 @@ static void trim_traceback(char *s) {
     if (n >= k && !strcmp(s + n - k, "\nstack traceback:")) s[n - k] = 0;
 }
 
-/* Run fn(ud) on L under lua_pcall with the traceback handler and the budgets. what is the
- * call's description in messages ("prefill_qkv (layer 3)", "load", "begin"). Returns KS_OK,
- * or KS_ERR_POLICY / KS_ERR_INTERRUPTED with "policy NAME: WHAT: MESSAGE" recorded. */
-static ks_status lpol_protected(ks_lpol *p, lua_State *L, lua_CFunction fn, void *ud, const char *what) {
+/* Run fn(ud) on L under lua_pcall with the traceback handler and the budgets. what (and
+ * layer >= 0) describe the call in messages ("prefill_qkv (layer 3)", "load", "begin"); they
+ * are only formatted on failure. Returns KS_OK, or KS_ERR_POLICY / KS_ERR_INTERRUPTED with
+ * "policy NAME: WHAT: MESSAGE" recorded. */
+static ks_status lpol_protected(ks_lpol *p, lua_State *L, lua_CFunction fn, void *ud, const char *what, int layer) {
     if (!lua_checkstack(L, 4)) return ks_errorf(KS_ERR_POLICY, "policy %s: %s: Lua stack overflow", p->name, what);
     ks_lctx *c = ks_lua_ctx(L);
     int base = lua_gettop(L);
@@ -218,7 +223,7 @@ static ks_status lpol_protected(ks_lpol *p, lua_State *L, lua_CFunction fn, void
     } else snprintf(msg, sizeof msg, "error in the error handler");
     lua_settop(L, base);
     if (c->mem_exceeded && kind == KS_FAIL_ERROR) kind = KS_FAIL_MEMORY;
-    /* reclaim what the failed call left behind (finalizers run under a budget too) */
+    /* reclaim what the failed call left behind (a policy cannot define finalizers) */
     if (c->sandboxed) {
         budget_start(c);
         lua_gc(L, LUA_GCCOLLECT);
@@ -226,7 +231,9 @@ static ks_status lpol_protected(ks_lpol *p, lua_State *L, lua_CFunction fn, void
     }
     c->fail_kind = KS_FAIL_NONE;
     if (p->pol.name) log_failure(p, kind, msg); /* not while loading */
-    return ks_errorf(kind == KS_FAIL_INTERRUPTED ? KS_ERR_INTERRUPTED : KS_ERR_POLICY, "policy %s: %s: %s", p->name, what, msg);
+    char wl[32] = "";
+    if (layer >= 0) snprintf(wl, sizeof wl, " (layer %d)", layer);
+    return ks_errorf(kind == KS_FAIL_INTERRUPTED ? KS_ERR_INTERRUPTED : KS_ERR_POLICY, "policy %s: %s%s: %s", p->name, what, wl, msg);
 }
 
 /* ================================================================ the event object */
@@ -282,7 +289,8 @@ static int not_here(lua_State *L, const l_event *e, const char *field, const cha
 static int l_ev_index(lua_State *L) {
     const char *k = luaL_checkstring(L, 2);
     /* methods: upvalue 1 */
-    if (lua_getfield(L, lua_upvalueindex(1), k) != LUA_TNIL) return 1;
+    lua_pushvalue(L, 2);
+    if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
     lua_pop(L, 1);
     l_event *e = check_event(L, 1, k);
     ks_event *ev = e->ev;
@@ -611,7 +619,8 @@ static int l_dispatch(lua_State *L) {
     e->ev = a->ev;
     e->name = ks_event_name(a->ev->kind);
     e->layer = a->ev->layer;
-    luaL_setmetatable(L, KS_EVENT_MT);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, c->event_mt_ref);
+    lua_setmetatable(L, -2);
     lua_rawgeti(L, LUA_REGISTRYINDEX, a->p->ref_params);
     int top = lua_gettop(L) - 3;
     lua_call(L, 2, LUA_MULTRET);
@@ -640,12 +649,9 @@ static ks_status l_trampoline(void *ud, ks_event *ev) {
     c->ev = ev;
     c->pol = p;
     if (ev->sess && ev->sess->interrupt) c->interrupt = ev->sess->interrupt;
-    char what[64];
-    if (ev->layer >= 0) snprintf(what, sizeof what, "%s (layer %d)", name, ev->layer);
-    else snprintf(what, sizeof what, "%s", name);
     call_args a = {p, ev, p->ref_fn[ev->kind]};
     p->busy = 1;
-    ks_status st = lpol_protected(p, L, l_dispatch, &a, what);
+    ks_status st = lpol_protected(p, L, l_dispatch, &a, name, ev->layer);
     p->busy = 0;
     c->in_event = saved.in_event;
     c->serial = saved.serial;
@@ -682,7 +688,7 @@ static ks_status l_begin(void *ud, ks_session *s) {
     if (s && s->interrupt) c->interrupt = s->interrupt;
     call_args a = {p, NULL, p->ref_begin};
     p->busy = 1;
-    ks_status st = lpol_protected(p, L, l_begin_call, &a, "begin");
+    ks_status st = lpol_protected(p, L, l_begin_call, &a, "begin", -1);
     p->busy = 0;
     c->pol = saved_pol;
     c->interrupt = saved_int;
@@ -842,6 +848,11 @@ void ks_policy_module_open(lua_State *L, int sandboxed) {
     lua_pushcfunction(L, l_report);
     lua_setfield(L, -2, "report");
     event_mt(L);
+    ks_lctx *c = ks_lua_ctx(L);
+    if (c && !c->event_mt_ref) {
+        luaL_getmetatable(L, KS_EVENT_MT);
+        c->event_mt_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    }
 }
 
 static void event_mt(lua_State *L) {
@@ -912,6 +923,7 @@ static int l_open_sandbox(lua_State *L) {
     int mod = lua_gettop(L);
     ks_lt_open(L);
     ks_prims_open(L);
+    ks_ext_rope_open(L);
     ks_policy_module_open(L, 1);
     if (p->model) {
         push_config(L, p->model);
@@ -1115,12 +1127,12 @@ ks_status ks_policy_load_string(ks_model *m, const char *chunkname, const char *
     p->run_L = p->L;
     lua_sethook(p->L, ks_lua_count_hook, LUA_MASKCOUNT, HOOK_EVERY);
     p->ctx.interrupt = ks_lua_get_interrupt();
-    ks_status st = lpol_protected(p, p->L, l_open_sandbox, p, "setup");
+    ks_status st = lpol_protected(p, p->L, l_open_sandbox, p, "setup", -1);
     if (!st) {
         char cn[1024];
         snprintf(cn, sizeof cn, "@%s", chunkname);
         load_args a = {p, source, strlen(source), cn};
-        st = lpol_protected(p, p->L, l_load_chunk, &a, "load");
+        st = lpol_protected(p, p->L, l_load_chunk, &a, "load", -1);
     }
     if (st) {
         /* a load failure is not a runtime failure of the policy: do not keep counts */
@@ -1329,7 +1341,7 @@ ks_status ks_policy_set(ks_policy *pol, const char *key, const char *value) {
     default: return ks_errorf(KS_ERR_ARG, "policy %s: parameter %s is a table; set it from Lua (p.%s = ...)", p->name, key, key);
     }
     if (p->busy) return ks_errorf(KS_ERR_ARG, "policy %s: cannot set parameters while it runs", p->name);
-    return lpol_protected(p, p->own_state ? p->L : p->run_L, l_set_param, &a, "set");
+    return lpol_protected(p, p->own_state ? p->L : p->run_L, l_set_param, &a, "set", -1);
 }
 
 static int l_get_param(lua_State *L) {
@@ -1361,7 +1373,7 @@ ks_status ks_policy_get(const ks_policy *pol, const char *key, char *buf, size_t
     if (!pp) return unknown_param(p, key ? key : "(null)");
     if (p->busy) return ks_errorf(KS_ERR_ARG, "policy %s: cannot read parameters while it runs", p->name);
     set_args a = {.p = p, .key = pp->name, .out = buf, .n = n};
-    return lpol_protected(p, p->own_state ? p->L : p->run_L, l_get_param, &a, "get");
+    return lpol_protected(p, p->own_state ? p->L : p->run_L, l_get_param, &a, "get", -1);
 }
 
 int ks_policy_n_params(const ks_policy *pol) {

@@ -18,6 +18,23 @@
  *     prefill_layer_end = ..., prefill_end = ..., decode_qkv = ..., token = ...,
  *   }
  *
+ * The event object `ev` (valid only during its event; using it, or a tensor view taken from
+ * it, later is the error "... used after its event ended"; :clone() keeps a copy). All
+ * rows, positions, heads and layers are 0-based; Lua tables returned are 1-based sequences.
+ *   ev.event ev.layer (-1 in prefill_end / token) ev.pass (1 after a restart) ev.n (rows)
+ *   ev.n_prompt ev.n_heads ev.n_kv_heads ev.head_dim ev.dim ev.n_layers ev.token (token)
+ *   ev.q (n, n_heads, head_dim)  ev.k / ev.v / ev.k_pre (n, n_kv_heads, head_dim)   [qkv events]
+ *   ev.hidden (n, dim) [prefill_layer_end]   ev.pos / ev.ids (n) i32, ev.orig (n) [prefill]
+ *   ev.kv_rows {rows per KV head}   ev:kv_pos(h) i32 positions of head h's rows
+ *   ev:kv_keys([h]) / ev:kv_values([h]) (rows, n_kv_heads | 1, head_dim) views of the cache
+ *     (prefill_qkv: the rows before this step's; prefill_layer_end / decode_qkv: after)
+ * Actions (the engine validates each; idx = an i32 tensor or a table of integers; per-head =
+ * a table of n_kv_heads such lists, or a 2-d i32 tensor):
+ *   ev:restart(idx)  ev:propagate(idx)  ev:retain(idx | per-head)
+ *   ev:attend(idx | per-head [, {renumber = true}])  ev:stop()  ev:report(key, value)
+ * require("kvsieve") in a policy gives the tensors and primitives (ks.scores, ks.topk, ...),
+ * ks.report(key, value) (also from begin) and ks.config (when loaded with a model).
+ *
  * Any other top-level key is an error at load (typo protection), except names starting
  * with "_" (private helpers). Each loaded policy runs in its own sandboxed Lua state:
  * memory limit (default 64 MB), per-call instruction budget (default 100 million) and

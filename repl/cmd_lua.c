@@ -158,19 +158,30 @@ int ks_cli_eval(int argc, char **argv) {
 /* ================================================================ kvsieve repl */
 
 static int g_tty;
+static int g_cancel_chunk; /* readline: Ctrl-C at a prompt since the line began */
 
 #ifdef KS_HAVE_READLINE
+/* Ctrl-C at the prompt: drop the line being edited and start a fresh prompt (readline keeps
+ * running; called from readline's read loop after the signal interrupted it). */
 static int rl_check_cancel(void) {
     if (g_sigint) {
+        g_sigint = 0;
+        g_cancel_chunk = 1; /* a pending multi-line chunk is abandoned too */
+        rl_set_prompt("> ");
+        rl_free_line_state();
         rl_replace_line("", 0);
-        rl_done = 1;
+        rl_point = rl_end = rl_mark = 0;
+        fputc('\n', rl_outstream ? rl_outstream : stdout);
+        rl_on_new_line();
+        rl_redisplay();
     }
     return 0;
 }
 #endif
 
 /* One line of input without its newline (malloc'd), or NULL at end of input. *cancelled is
- * set when Ctrl-C abandoned the line. */
+ * set when Ctrl-C abandoned input: without readline the line comes back empty; with readline
+ * the prompt starts afresh and the line typed after it comes back (a new chunk). */
 static char *read_line(const char *prompt, int *cancelled) {
     *cancelled = 0;
     g_sigint = 0;
@@ -178,14 +189,9 @@ static char *read_line(const char *prompt, int *cancelled) {
     char *line = NULL;
 #ifdef KS_HAVE_READLINE
     if (g_tty) {
+        g_cancel_chunk = 0;
         line = readline(prompt);
-        if (g_sigint) {
-            *cancelled = 1;
-            free(line);
-            line = malloc(1);
-            if (line) line[0] = 0;
-            fputc('\n', stdout);
-        }
+        *cancelled = g_cancel_chunk;
         set_sigint(SIG_DFL);
         return line;
     }
@@ -299,11 +305,13 @@ int ks_cli_repl(int argc, char **argv) {
         }
     }
 #endif
+    char *next = NULL; /* a line typed after Ctrl-C abandoned a multi-line chunk */
     for (;;) {
-        int cancelled;
-        char *line = read_line("> ", &cancelled);
+        int cancelled = 0;
+        char *line = next ? next : read_line("> ", &cancelled);
+        next = NULL;
         if (!line) break;
-        if (cancelled) { free(line); continue; }
+        if (cancelled && !*line) { free(line); continue; }
         const char *t = line;
         while (*t == ' ' || *t == '\t') t++;
         if (!*t) { free(line); continue; }
@@ -327,8 +335,9 @@ int ks_cli_repl(int argc, char **argv) {
                 status = luaL_loadbuffer(L, lua_tostring(L, base + 1), lua_rawlen(L, base + 1), "=stdin");
                 if (!incomplete(L, status)) break;
                 char *more = read_line(">> ", &cancelled);
-                if (!more || cancelled) {
-                    free(more);
+                if (!more || cancelled) { /* end of input, or Ctrl-C: abandon the chunk */
+                    if (more && *more) next = more;
+                    else free(more);
                     status = -1;
                     break;
                 }
@@ -341,7 +350,7 @@ int ks_cli_repl(int argc, char **argv) {
                 lua_replace(L, base + 1);
                 free(more);
             }
-            if (status == -1) { /* abandoned continuation */
+            if (status == -1) {
                 lua_settop(L, base);
                 free(line);
                 continue;

@@ -134,3 +134,25 @@ KT_TEST(sampler_properties) {
     KT_CHECK(!memcmp(a, b, sizeof a), "same seed, different draws");
     KT_CHECK(seen[0] + seen[1] + seen[2] + seen[3] + seen[4] >= 4, "high temperature should reach most tokens");
 }
+
+KT_TEST(example_host_embeds_the_library) {
+    const char *host = getenv("KS_HOST");
+    if (!host || !*host) KT_SKIP("KS_HOST not set (run through make test)");
+    char cmd[1024], out[16384];
+    snprintf(cmd, sizeof cmd, "%s/models/stories260K", kt_shared_dir());
+    FILE *f = fopen(cmd, "r");
+    if (!f) KT_SKIP("../shared/models/stories260K absent");
+    fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "%s %s/models/stories260K 'Once upon a time there was a little girl named Lily. She loved to play "
+             "outside in the park with her friends.'", host, kt_shared_dir());
+    int rc = sh(cmd, out, sizeof out);
+    KT_CHECK(rc == 0, "exit %d: %s", rc, out);
+    KT_CHECK(strstr(out, "policy host_sinks"), "no policy line: %s", out);
+    /* 4 sinks + 12 recent rows kept after prefill, plus one row per decode step after it */
+    KT_CHECK(strstr(out, "layer 0, KV head 0: 47 rows resident (positions 0 .. 65)"), "kept rows: %s", out);
+    KT_CHECK(strstr(out, "report kept = 16"), "report: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s/models/stories260K hi no_such_policy", host, kt_shared_dir());
+    rc = sh(cmd, out, sizeof out);
+    KT_CHECK(rc == 1 && strstr(out, "no_such_policy"), "bad policy: exit %d: %s", rc, out);
+}

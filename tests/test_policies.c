@@ -1,4 +1,4 @@
-/* test_policies.c — runs every policies/*.test.lua (the policy tests beside each policy) in a
+/* test_policies.c — runs every policies/NAME.test.lua (the policy tests beside each policy) in a
  * host Lua state with the kvsieve module, from the repository root. A test script fails by
  * raising an error; it prints its own findings. */
 #include "ks_lua.h"

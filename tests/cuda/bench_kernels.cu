@@ -154,7 +154,7 @@ static void free_cache(cache &c) {
     cudaFree(c.nk);
 }
 
-static void bench_prefill(int n, int H, int Hkv, int d, int causal, int window) {
+static void bench_prefill(int n, int H, int Hkv, int d, int causal, int window, int variant = 2) {
     cache c = make_cache(Hkv, n, d, 10);
     float *q = drand_f32((size_t)n * H * d, 20, 1.f), *out = (float *)dmalloc((size_t)n * H * d * 4);
     std::vector<int32_t> qp(n);
@@ -172,10 +172,12 @@ static void bench_prefill(int n, int H, int Hkv, int d, int causal, int window) 
         if (window > 0) lo = std::max(0, qp[i] - window + 1);
         pairs += hi - lo + 1;
     }
+    ks_cuda_attn_prefill_set_variant(variant);
     double ms = time_ms([&](int) { KS(ks_cuda_attn_prefill(S, &p, ws)); }, 2, g_quick ? 5 : 10);
+    ks_cuda_attn_prefill_set_variant(2);
     char name[96];
-    snprintf(name, sizeof name, "flash prefill n=%d H=%d/%d d=%d %s%s", n, H, Hkv, d, causal ? "causal" : "full",
-             window ? " window" : "");
+    snprintf(name, sizeof name, "flash v%d prefill n=%d H=%d/%d d=%d %s%s", variant, n, H, Hkv, d,
+             causal ? "causal" : "full", window ? " window" : "");
     report(name, ms, 4.0 * d * pairs * H / (ms * 1e-3) / 1e12, "TFLOP/s");
     cudaFree(ws);
     cudaFree(q);
@@ -184,7 +186,7 @@ static void bench_prefill(int n, int H, int Hkv, int d, int causal, int window) 
     free_cache(c);
 }
 
-static void bench_decode(int ctx, int H, int Hkv, int d, int n_idx) {
+static void bench_decode(int ctx, int H, int Hkv, int d, int n_idx, int tc = 1) {
     /* rotate over several caches so the total exceeds L2 several times */
     size_t one = (size_t)Hkv * ctx * d * 2 * 2;
     int nc = (int)std::max<size_t>(1, std::min<size_t>(16, ((size_t)512 << 20) / one + 1));
@@ -213,19 +215,21 @@ static void bench_decode(int ctx, int H, int Hkv, int d, int n_idx) {
     int nsm;
     CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
     int splits;
-    size_t wsb = ks_cuda_attn_decode_workspace(&p, nsm, &splits);
+    tc = tc && ks_cuda_attn_decode_tc_supported(&p);
+    size_t wsb = tc ? ks_cuda_attn_decode_tc_workspace(&p, nsm, &splits) : ks_cuda_attn_decode_workspace(&p, nsm, &splits);
     void *ws = wsb ? dmalloc(wsb) : NULL;
     double ms = time_ms([&](int i) {
         cache &c = cs[i % nc];
         ks_cuda_attn_params pp = p;
         pp.k = c.k; pp.v = c.v; pp.kpos = c.pos; pp.nk = dnk ? dnk : c.nk;
-        KS(ks_cuda_attn_decode(S, &pp, splits, ws));
+        if (tc) KS(ks_cuda_attn_decode_tc(S, &pp, splits, ws));
+        else KS(ks_cuda_attn_decode(S, &pp, splits, ws));
     }, 3, 30);
     double rows_read = n_idx ? n_idx : ctx;
     double bytes = rows_read * Hkv * d * 2 * 2 + rows_read * Hkv * 4;
     char name[96];
-    snprintf(name, sizeof name, "decode split-KV ctx=%d H=%d/%d d=%d%s (splits %d)", ctx, H, Hkv, d,
-             n_idx ? " idx" : "", splits);
+    snprintf(name, sizeof name, "decode %s ctx=%d H=%d/%d d=%d%s (splits %d)", tc ? "tensor-core" : "f32 split-KV",
+             ctx, H, Hkv, d, n_idx ? " idx" : "", splits);
     report(name, ms, bytes / (ms * 1e-3) / 1e9, "GB/s");
     if (ws) cudaFree(ws);
     cudaFree(q); cudaFree(out); cudaFree(dq);
@@ -236,7 +240,8 @@ static void bench_decode(int ctx, int H, int Hkv, int d, int n_idx) {
 /* ---------------------------------------------------------------- dense ops */
 
 static void bench_matmul(cublasHandle_t h, int n, int in, int out) {
-    int nb = n == 1 ? 8 : 1; /* rotate weights for the bandwidth-bound GEMV */
+    size_t wbytes = (size_t)in * out * 2; /* rotate weights for the bandwidth-bound GEMV (beyond L2) */
+    int nb = n == 1 ? (int)std::max<size_t>(1, std::min<size_t>(8, ((size_t)512 << 20) / wbytes)) : 1;
     std::vector<void *> W;
     for (int i = 0; i < nb; i++) W.push_back(drand_bf16((size_t)in * out, 40 + i, 0.1f));
     float *x = drand_f32((size_t)n * in, 50, 1.f), *y = (float *)dmalloc((size_t)n * out * 4);
@@ -251,6 +256,11 @@ static void bench_matmul(cublasHandle_t h, int n, int in, int out) {
     snprintf(name, sizeof name, "matmul (convert + cuBLAS) n=%d in=%d out=%d", n, in, out);
     if (n == 1) report(name, ms, ((double)in * out * 2 + in * 4 + out * 4) / (ms * 1e-3) / 1e9, "GB/s");
     else report(name, ms, 2.0 * n * in * out / (ms * 1e-3) / 1e12, "TFLOP/s");
+    if (n == 1 && ks_cuda_gemv_supported(W[0], in)) {
+        ms = time_ms([&](int i) { KS(ks_cuda_gemv(S, y, x, W[i % nb], NULL, in, out)); });
+        snprintf(name, sizeof name, "gemv kernel (the backend's n=1 path) in=%d out=%d", in, out);
+        report(name, ms, ((double)in * out * 2 + in * 4 + out * 4) / (ms * 1e-3) / 1e9, "GB/s");
+    }
     for (void *w : W) cudaFree(w);
     cudaFree(x); cudaFree(y); cudaFree(xb);
 }
@@ -302,22 +312,27 @@ int main(int argc, char **argv) {
     printf("%-64s %13s %10s %-8s %6s\n", "kernel", "median", "rate", "", "of ceil");
     bench_ceilings(h);
     bench_matmul(h, 1, 4096, 14336);
+    bench_matmul(h, 1, 14336, 4096);
+    bench_matmul(h, 1, 4096, 128256);
     bench_matmul(h, 4096, 4096, 14336);
     bench_elementwise();
     int big = g_quick ? 4096 : 16384;
-    bench_prefill(big, 32, 8, 128, 1, 0);
-    bench_prefill(big, 32, 8, 64, 1, 0);
+    for (int v = 1; v <= 3; v++) bench_prefill(big, 32, 8, 128, 1, 0, v);
+    for (int v = 1; v <= 3; v++) bench_prefill(big, 32, 8, 64, 1, 0, v);
     bench_prefill(4096, 32, 8, 128, 1, 0);
     if (!g_quick) {
         bench_prefill(32768, 32, 8, 128, 1, 0);
         bench_prefill(16384, 32, 8, 128, 0, 0);
         bench_prefill(16384, 32, 8, 128, 1, 4096);
     }
-    bench_decode(4096, 32, 8, 128, 0);
-    bench_decode(32768, 32, 8, 128, 0);
-    if (!g_quick) bench_decode(131072, 32, 8, 128, 0);
-    bench_decode(32768, 32, 8, 128, 2048 + 640);
-    bench_decode(32768, 32, 32, 128, 0);
+    for (int tc = 1; tc >= 0; tc--) {
+        bench_decode(4096, 32, 8, 128, 0, tc);
+        bench_decode(32768, 32, 8, 128, 0, tc);
+        if (!g_quick) bench_decode(131072, 32, 8, 128, 0, tc);
+        bench_decode(32768, 32, 8, 128, 2048 + 640, tc);
+        bench_decode(32768, 32, 32, 128, 0, tc);
+        bench_decode(32768, 64, 8, 128, 0, tc);
+    }
     cublasDestroy(h);
     printf("\nsummary (median ms; %% of the measured copy bandwidth or cuBLAS bf16 GEMM rate)\n");
     for (auto &r : rows) printf("%-64s %10.4f ms %10.1f %-8s %5.0f%%\n", r.name, r.ms, r.val, r.unit, r.pct);

@@ -99,7 +99,7 @@ class RowGen:
         """A random block repeated 2-4 times with a variable period, then random tail."""
         lo = max(4, R // 8)
         if P is None:
-            P = lo + rng.below(max(1, R // 2 - lo + 1))
+            P = lo + rng.below(max(1, (R - 1) // 2 - lo + 1))
         rep = min(4, (R - 1) // P)
         block = self.rand_tokens(rng, P)
         ids, codes = [BOS], [C_NONE]

@@ -1,0 +1,278 @@
+/* attn_decode_tc.cu — see attn_decode_tc.cuh.
+ *
+ * Block = (split of the keys, KV head). Its M = n * g query rows (row r = i * g + hh: query row
+ * i, head hh of the group) are one m16 tile held as bf16 A fragments in every warp. Warp w of
+ * the block takes the 16-key tiles w, w + 4, w + 8, ... of the split, each staged through its
+ * own two shared-memory buffers with cp.async (rows gathered through the index list if any,
+ * zero-filled past the end), and keeps its own online-softmax state (log2 domain). At the end
+ * the four warps' (max, sum, O) are merged in shared memory and the block writes either the
+ * final rows or an unnormalised partial for attn_combine (attn_decode.cu). */
+#include "common.cuh"
+#include "attn_decode_tc.cuh"
+#include "mma.cuh"
+
+#include <limits.h>
+#include <math.h>
+
+#define TC_WARPS 4
+#define TC_KT 16     /* keys per warp tile */
+#define TC_STAGES 2
+
+/* bytes of one warp's region: stages x (K, V tiles) + key positions */
+template <int D> static __host__ __device__ constexpr size_t tc_wregion() {
+    return (size_t)TC_STAGES * (2 * TC_KT * D * 2) + TC_STAGES * TC_KT * 4;
+}
+template <int D> static constexpr size_t tc_smem() {
+    return (size_t)16 * D * 2 + TC_WARPS * tc_wregion<D>() + TC_WARPS * 16 * 2 * 4;
+}
+
+template <int D>
+__global__ void __launch_bounds__(TC_WARPS * 32)
+attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, float *__restrict__ ws_acc,
+                      float *__restrict__ ws_ml) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    constexpr int NCH = D / 8, KS = D / 16, DT = D / 8;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, tig = lane & 3;
+    const int H = p.n_heads, g = H / p.n_kv_heads, M = p.n * g;
+    const int kv = blockIdx.y, split = blockIdx.x;
+    bf16 *sQ = (bf16 *)smem;                                                  /* (16, D) */
+    unsigned char *wr = smem + 16 * D * 2 + (size_t)warp * tc_wregion<D>();   /* this warp's region */
+    bf16 *wK = (bf16 *)wr;                                                    /* stages x (KT, D) */
+    bf16 *wV = wK + TC_STAGES * TC_KT * D;                                    /* stages x (KT, D) */
+    int *wP = (int *)(wV + TC_STAGES * TC_KT * D);                            /* stages x KT */
+    float *sML = (float *)(smem + 16 * D * 2 + TC_WARPS * tc_wregion<D>());   /* (warps, 16, 2) */
+
+    const int nkh = p.nk[kv];
+    const int quantum = TC_WARPS * TC_KT;
+    int per = (nkh + n_splits - 1) / n_splits;
+    per = (per + quantum - 1) / quantum * quantum;
+    const int tb = split * per, te = min(nkh, tb + per);
+    const int32_t *ix = p.idx ? p.idx + p.idx_off[kv] : nullptr;
+    const bf16 *Kh = (const bf16 *)p.k + (size_t)kv * p.capacity * D;
+    const bf16 *Vh = (const bf16 *)p.v + (size_t)kv * p.capacity * D;
+    const int32_t *Ph = (p.kpos && !p.renumber) ? p.kpos + (size_t)kv * p.capacity : nullptr;
+
+    /* ---- Q rows (bf16, swizzled; rows >= M are zeros) and this thread's two row positions */
+    for (int e = tid; e < 16 * NCH; e += TC_WARPS * 32) {
+        int r = e / NCH, ch = e - r * NCH;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < M) {
+            int i = r / g, hh = r - i * g;
+            const float4 *src = reinterpret_cast<const float4 *>(p.q + ((size_t)i * H + kv * g + hh) * D + ch * 8);
+            float4 a = src[0], b = src[1];
+            v.x = pack_bf16(a.x, a.y);
+            v.y = pack_bf16(a.z, a.w);
+            v.z = pack_bf16(b.x, b.y);
+            v.w = pack_bf16(b.z, b.w);
+        }
+        *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch)) = v;
+    }
+    int qp[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        int r = gq + 8 * hf, i = r / g;
+        qp[hf] = r >= M ? INT_MIN : p.q_renumber ? nkh - p.n + i : p.qpos[i];
+    }
+    __syncthreads();
+    uint32_t qf[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        int r = (lane & 7) + ((lane >> 3) & 1) * 8, ch = ks * 2 + (lane >> 4);
+        ldsm_x4(qf[ks], sQ + swz<D>(r, ch));
+    }
+
+    /* ---- this warp's tiles: keys t0 = tb + (warp + TC_WARPS * it) * KT */
+    auto load = [&](int t0, int st) {
+        bf16 *dk = wK + st * TC_KT * D, *dv = wV + st * TC_KT * D;
+        for (int e = lane; e < TC_KT * NCH; e += 32) {
+            int r = e / NCH, ch = e - r * NCH;
+            int t = t0 + r;
+            bool ok = t < te;
+            int j = ok ? (ix ? ix[t] : t) : 0;
+            size_t off = (size_t)j * D + ch * 8;
+            cp_async16(dk + swz<D>(r, ch), Kh + off, ok ? 16 : 0);
+            cp_async16(dv + swz<D>(r, ch), Vh + off, ok ? 16 : 0);
+        }
+        if (lane < TC_KT) {
+            int t = t0 + lane;
+            bool ok = t < te;
+            int j = ok ? (ix ? ix[t] : t) : 0;
+            if (Ph) cp_async4(wP + st * TC_KT + lane, Ph + j, ok ? 4 : 0);
+            else wP[st * TC_KT + lane] = p.renumber ? t : j;
+        }
+    };
+
+    float o[DT][4];
+#pragma unroll
+    for (int i = 0; i < DT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    const int window = p.window;
+
+    int t0 = tb + warp * TC_KT;
+    if (t0 < te) load(t0, 0);
+    cp_async_commit();
+    for (int it = 0; t0 < te; it++, t0 += TC_WARPS * TC_KT) {
+        const int st = it & 1;
+        const int tn = t0 + TC_WARPS * TC_KT;
+        if (tn < te) load(tn, st ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncwarp();
+        const bf16 *cK = wK + st * TC_KT * D, *cV = wV + st * TC_KT * D;
+        const int *kp = wP + st * TC_KT;
+
+        float s[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t b[4];
+            int r = (lane & 7) + (lane >> 4) * 8, ch = ks * 2 + ((lane >> 3) & 1);
+            ldsm_x4(b, cK + swz<D>(r, ch));
+            mma16816(s[0], qf[ks], b[0], b[1]);
+            mma16816(s[1], qf[ks], b[2], b[3]);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int col = j * 8 + tig * 2 + (e & 1);
+                int key = kp[col], q = qp[e >> 1];
+                bool vis = t0 + col < te && key <= q && (window <= 0 || (long long)q - key < window);
+                s[j][e] = vis ? s[j][e] * sl2 : -INFINITY;
+            }
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float mx = fmaxf(fmaxf(s[0][2 * hf], s[0][2 * hf + 1]), fmaxf(s[1][2 * hf], s[1][2 * hf + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float mn = fmaxf(m_r[hf], mx);
+            float base = mn == -INFINITY ? 0.f : mn;
+            float c = fast_exp2(m_r[hf] - base);
+            m_r[hf] = mn;
+            float ps = 0.f;
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                s[j][2 * hf] = fast_exp2(s[j][2 * hf] - base);
+                s[j][2 * hf + 1] = fast_exp2(s[j][2 * hf + 1] - base);
+                ps += s[j][2 * hf] + s[j][2 * hf + 1];
+            }
+            l_r[hf] = l_r[hf] * c + ps;
+#pragma unroll
+            for (int i = 0; i < DT; i++) {
+                o[i][2 * hf] *= c;
+                o[i][2 * hf + 1] *= c;
+            }
+        }
+        uint32_t a[4];
+        a[0] = pack_bf16(s[0][0], s[0][1]);
+        a[1] = pack_bf16(s[0][2], s[0][3]);
+        a[2] = pack_bf16(s[1][0], s[1][1]);
+        a[3] = pack_bf16(s[1][2], s[1][3]);
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; dp++) {
+            uint32_t b[4];
+            int r = (lane & 7) + ((lane >> 3) & 1) * 8, ch = dp * 2 + (lane >> 4);
+            ldsm_x4_t(b, cV + swz<D>(r, ch));
+            mma16816(o[2 * dp], a, b[0], b[1]);
+            mma16816(o[2 * dp + 1], a, b[2], b[3]);
+        }
+        __syncwarp(); /* the next load overwrites this stage */
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+
+    /* ---- merge the warps: each writes (m, l) per row and its O into its own region */
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float l = l_r[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (tig == 0) {
+            sML[(warp * 16 + gq + 8 * hf) * 2] = m_r[hf];
+            sML[(warp * 16 + gq + 8 * hf) * 2 + 1] = l;
+        }
+    }
+    float *wO = (float *)wr; /* (16, D + 4) floats fit in the warp's region */
+#pragma unroll
+    for (int i = 0; i < DT; i++) {
+        *reinterpret_cast<float2 *>(wO + gq * (D + 4) + i * 8 + tig * 2) = make_float2(o[i][0], o[i][1]);
+        *reinterpret_cast<float2 *>(wO + (gq + 8) * (D + 4) + i * 8 + tig * 2) = make_float2(o[i][2], o[i][3]);
+    }
+    __syncthreads();
+    for (int e = tid; e < M * D; e += TC_WARPS * 32) {
+        int r = e / D, c = e - r * D;
+        float mw[TC_WARPS], mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < TC_WARPS; w++) { mw[w] = sML[(w * 16 + r) * 2]; mx = fmaxf(mx, mw[w]); }
+        float L = 0.f, O = 0.f;
+        if (mx != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < TC_WARPS; w++) {
+                if (mw[w] == -INFINITY) continue;
+                float f = fast_exp2(mw[w] - mx);
+                L += sML[(w * 16 + r) * 2 + 1] * f;
+                O += ((const float *)(smem + 16 * D * 2 + (size_t)w * tc_wregion<D>()))[r * (D + 4) + c] * f;
+            }
+        }
+        int i = r / g, h = kv * g + (r - i * g);
+        if (n_splits == 1) {
+            p.out[((size_t)i * H + h) * D + c] = L > 0.f ? O * (1.0f / L) : 0.f;
+        } else {
+            size_t base = ((size_t)i * H + h) * n_splits + split;
+            ws_acc[base * D + c] = O;
+            if (c == 0) {
+                ws_ml[2 * base] = mx == -INFINITY ? -INFINITY : mx * 0.69314718055994531f; /* natural-log units */
+                ws_ml[2 * base + 1] = L;
+            }
+        }
+    }
+}
+
+extern "C" int ks_cuda_attn_decode_tc_supported(const ks_cuda_attn_params *p) {
+    if (p->n_kv_heads < 1 || p->n_heads % p->n_kv_heads) return 0;
+    return (p->head_dim == 64 || p->head_dim == 128) && !p->k_f32 && p->n >= 1 &&
+           (long long)p->n * (p->n_heads / p->n_kv_heads) <= 16;
+}
+
+extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p, int n_sm, int *n_splits) {
+    size_t target = (size_t)3 * (n_sm > 0 ? n_sm : 132); /* one wave of 3 blocks per SM */
+    int splits = (int)((target + p->n_kv_heads - 1) / p->n_kv_heads);
+    int most = (p->max_nk + 2 * TC_WARPS * TC_KT - 1) / (2 * TC_WARPS * TC_KT); /* >= 2 tiles per warp */
+    splits = KS_MAX(1, KS_MIN(splits, most));
+    *n_splits = splits;
+    if (splits == 1) return 0;
+    size_t rh = (size_t)p->n * p->n_heads * splits;
+    return rh * p->head_dim * sizeof(float) + rh * 2 * sizeof(float);
+}
+
+template <int D> static ks_status tc_launch(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, float *acc,
+                                            float *ml) {
+    static int attr = 0;
+    if (!attr) {
+        KS_CU(cudaFuncSetAttribute(attn_decode_tc_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_smem<D>()),
+              "attention (decode, tensor cores) shared memory");
+        attr = 1;
+    }
+    dim3 grid(n_splits, p->n_kv_heads);
+    attn_decode_tc_kernel<D><<<grid, TC_WARPS * 32, tc_smem<D>(), s>>>(*p, n_splits, p->scale * 1.4426950408889634f,
+                                                                      acc, ml);
+    KS_CU_LAUNCH("attention (decode, tensor cores) kernel");
+    return KS_OK;
+}
+
+extern "C" ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws) {
+    if (!ks_cuda_attn_decode_tc_supported(p))
+        return ks_errorf(KS_ERR_UNSUPPORTED, "attention: the tensor-core decode kernel does not take this shape");
+    if (p->n <= 0) return KS_OK;
+    if ((uintptr_t)p->q % 16 || (uintptr_t)p->k % 16 || (uintptr_t)p->v % 16)
+        return ks_errorf(KS_ERR_ARG, "attention (decode, tensor cores): misaligned buffers");
+    if (n_splits < 1) n_splits = 1;
+    if (n_splits > 1 && !ws) return ks_errorf(KS_ERR_INTERNAL, "attention: split-KV without a workspace");
+    float *acc = (float *)ws;
+    float *ml = acc ? acc + (size_t)p->n * p->n_heads * n_splits * p->head_dim : nullptr;
+    ks_status st = p->head_dim == 128 ? tc_launch<128>(s, p, n_splits, acc, ml) : tc_launch<64>(s, p, n_splits, acc, ml);
+    if (st || n_splits == 1) return st;
+    return ks_cuda_attn_combine(s, p->out, acc, ml, p->n * p->n_heads, n_splits, p->head_dim);
+}
