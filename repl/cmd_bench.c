@@ -36,9 +36,15 @@ static double sgemm_ceiling(const ks_config *c, int n) {
     return flop / t / 1e9;
 }
 
+/* Provided by the Lua layer. */
+ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out);
+ks_status ks_policy_set(ks_policy *p, const char *key, const char *value);
+void ks_policy_free(ks_policy *p);
+
 int ks_cli_bench(int argc, char **argv) {
-    const char *model = NULL, *random_cfg = NULL, *lengths = "128,512,1024", *backend = NULL;
-    int gen = 16, reps = 3;
+    const char *model = NULL, *random_cfg = NULL, *lengths = "128,512,1024", *backend = NULL, *policies = "none";
+    const char *sets[64];
+    int n_sets = 0, gen = 16, reps = 3;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "-m") && v) { model = v; i++; }
@@ -47,6 +53,8 @@ int ks_cli_bench(int argc, char **argv) {
         else if (!strcmp(argv[i], "--gen") && v) { gen = atoi(v); i++; }
         else if (!strcmp(argv[i], "--backend") && v) { backend = v; i++; }
         else if (!strcmp(argv[i], "--repeat") && v) { reps = atoi(v) > 0 ? atoi(v) : 1; i++; }
+        else if (!strcmp(argv[i], "--policy") && v) { policies = v; i++; }
+        else if (!strcmp(argv[i], "--set") && v) { if (n_sets < 64) sets[n_sets++] = v; i++; }
         else { fprintf(stderr, "kvsieve: bench: unknown or incomplete option %s\n", argv[i]); return 2; }
     }
     if (!model && !random_cfg) { fprintf(stderr, "kvsieve: bench needs -m DIR or --random-weights CONFIG\n"); return 2; }
@@ -60,50 +68,82 @@ int ks_cli_bench(int argc, char **argv) {
     const ks_config *c = &m->cfg;
     ks_session *s;
     if (ks_session_new(m, &s)) { ks_model_close(m); return ks_cli_fail("session"); }
-    printf("kvsieve bench: %s (%s, %d layers, dim %d, %zu M params) on %s\n", model, ks_arch_name(c->arch), c->n_layers,
-           c->dim, m->n_params / 1000000, m->be->name);
-    printf("%8s %12s %12s %14s %14s %10s %12s\n", "tokens", "prefill_s", "prefill_t/s", "linear_GF/s", "sgemm_GF/s",
-           "linear%", "decode_t/s");
+    printf("kvsieve bench: %s (%s, %d layers, dim %d, %zu M params) on %s, batch 1, best of %d\n", model,
+           ks_arch_name(c->arch), c->n_layers, c->dim, m->n_params / 1000000, m->be->name, reps);
+    printf("%-12s %8s %10s %12s %12s %11s %8s %10s %9s\n", "policy", "tokens", "TTFT_s", "prefill_t/s", "linear_GF/s",
+           "sgemm_GF/s", "linear%", "TPOT_ms", "KV_rows");
     int rc = 0;
-    char *list = strdup(lengths);
-    for (char *tk = strtok(list, ","); tk; tk = strtok(NULL, ",")) {
-        int L = atoi(tk);
-        if (L < 1 || L + gen > c->max_pos) { fprintf(stderr, "kvsieve: bench: length %d out of the model's context %d\n", L, c->max_pos); rc = 2; break; }
-        int32_t *ids = malloc(sizeof(int32_t) * L);
-        uint64_t r = 99;
-        for (int i = 0; i < L; i++) { r = r * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((r >> 33) % c->vocab); }
-        /* warm-up on a short prompt, then the timed run */
-        ks_session_reset(s);
-        ks_session_prefill(s, ids, KS_MIN(L, 16));
-        ks_session_reset(s);
-        /* best of `reps` runs: this machine's timings are noisy */
-        double tp = 1e30, td = 1e30, lin_gf = 0;
-        ks_status st = KS_OK;
-        for (int rep = 0; rep < reps && !st; rep++) {
-            ks_session_reset(s);
-            m->be->stat_matmul_s = m->be->stat_matmul_flop = 0;
-            m->be->count_stats = 1;
-            double t0 = ks_now();
-            st = ks_session_prefill(s, ids, L);
-            double t = ks_now() - t0;
-            m->be->count_stats = 0;
-            if (st) break;
-            if (t < tp) { tp = t; lin_gf = m->be->stat_matmul_flop / m->be->stat_matmul_s / 1e9; }
-            ks_sampler smp;
-            ks_sampler_init(&smp, 0, 1, 0);
-            double t1 = ks_now();
-            for (int g = 0; g < gen && !st; g++) st = ks_session_decode(s, ks_sample(&smp, s->logits, c->vocab));
-            td = fmin(td, ks_now() - t1);
+    char *plist = strdup(policies);
+    char *psave = NULL;
+    for (char *pn = strtok_r(plist, ",", &psave); pn && !rc; pn = strtok_r(NULL, ",", &psave)) {
+        ks_policy *pol = NULL;
+        if (strcmp(pn, "none")) {
+            if (ks_policy_load(m, pn, &pol)) { rc = ks_cli_fail("policy"); break; }
+            /* --set NAME.key=value applies to policy NAME; --set key=value to every policy that has key */
+            for (int i = 0; i < n_sets && !rc; i++) {
+                char key[256];
+                const char *eq = strchr(sets[i], '='), *kk = sets[i], *dot = strchr(sets[i], '.');
+                if (!eq || (size_t)(eq - kk) >= sizeof key) { fprintf(stderr, "kvsieve: --set expects key=value\n"); rc = 2; break; }
+                if (dot && dot < eq) {
+                    if ((size_t)(dot - kk) != strlen(pn) || strncmp(kk, pn, dot - kk)) continue;
+                    kk = dot + 1;
+                }
+                memcpy(key, kk, eq - kk);
+                key[eq - kk] = 0;
+                if (ks_policy_set(pol, key, eq + 1) && dot && dot < eq) rc = ks_cli_fail("--set");
+            }
+            if (rc) { ks_policy_free(pol); break; }
         }
-        free(ids);
-        if (st) { rc = ks_cli_fail("bench"); break; }
-        /* the CPU's sgemm ceiling only means something next to the CPU backend */
-        double ceil = strcmp(m->be->name, "cpu") ? NAN : sgemm_ceiling(c, L);
-        printf("%8d %12.3f %12.1f %14.1f %14.1f %9.0f%% %12.1f\n", L, tp, L / tp, lin_gf, ceil, 100 * lin_gf / ceil,
-               gen > 0 ? gen / td : 0.0);
+        s->policy = pol;
+        char *list = strdup(lengths), *lsave = NULL;
+        for (char *tk = strtok_r(list, ",", &lsave); tk; tk = strtok_r(NULL, ",", &lsave)) {
+            int L = atoi(tk);
+            if (L < 1 || L + gen > c->max_pos) {
+                fprintf(stderr, "kvsieve: bench: length %d (+%d generated) exceeds the model's context %d\n", L, gen, c->max_pos);
+                rc = 2;
+                break;
+            }
+            int32_t *ids = malloc(sizeof(int32_t) * L);
+            uint64_t r = 99;
+            for (int i = 0; i < L; i++) { r = r * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((r >> 33) % c->vocab); }
+            /* warm-up on a short prompt, then the timed runs (best of `reps`: timings here are noisy) */
+            ks_session_reset(s);
+            ks_session_prefill(s, ids, KS_MIN(L, 16));
+            double tp = 1e30, td = 1e30, lin_gf = 0;
+            size_t kv_rows = 0;
+            ks_status st = KS_OK;
+            for (int rep = 0; rep < reps && !st; rep++) {
+                ks_session_reset(s);
+                m->be->stat_matmul_s = m->be->stat_matmul_flop = 0;
+                m->be->count_stats = 1;
+                double t0 = ks_now();
+                st = ks_session_prefill(s, ids, L);
+                double t = ks_now() - t0;
+                m->be->count_stats = 0;
+                if (st) break;
+                if (t < tp) { tp = t; lin_gf = m->be->stat_matmul_s > 0 ? m->be->stat_matmul_flop / m->be->stat_matmul_s / 1e9 : 0; }
+                ks_sampler smp;
+                ks_sampler_init(&smp, 0, 1, 0);
+                double t1 = ks_now();
+                for (int g = 0; g < gen && !st; g++) st = ks_session_decode(s, ks_sample(&smp, s->logits, c->vocab));
+                td = fmin(td, ks_now() - t1);
+                kv_rows = 0;
+                for (int l = 0; l < c->n_layers; l++) kv_rows += ks_session_kv_rows(s, l);
+            }
+            free(ids);
+            if (st) { rc = ks_cli_fail("bench"); break; }
+            /* the CPU's sgemm ceiling only means something next to the CPU backend */
+            double ceil = strcmp(m->be->name, "cpu") ? NAN : sgemm_ceiling(c, L);
+            printf("%-12s %8d %10.3f %12.1f %12.1f %11.1f %7.0f%% %10.2f %9zu\n", pn, L, tp, L / tp, lin_gf, ceil,
+                   100 * lin_gf / ceil, gen > 0 ? 1e3 * td / gen : 0.0, kv_rows / ((size_t)c->n_layers * c->n_kv_heads));
+            fflush(stdout);
+        }
+        free(list);
+        s->policy = NULL;
+        ks_policy_free(pol);
     }
-    free(list);
-    printf("peak memory %.1f MiB\n", ks_peak_rss() / 1048576.0);
+    free(plist);
+    printf("peak host memory %.1f MiB\n", ks_peak_rss() / 1048576.0);
     ks_session_free_(s);
     ks_model_close(m);
     return rc;
