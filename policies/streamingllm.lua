@@ -15,7 +15,8 @@
 --     than `budget` rows (the new one included), the step attends only the sinks and the
 --     most recent `budget - sinks` rows and the others are freed (ev:attend + ev:retain in
 --     decode_qkv), so the cache never exceeds `budget` rows (evicted rows never return).
--- All KV heads keep the same rows. Work per event: O(budget) index building in native code.
+-- All KV heads keep the same rows. Reports "compressed" (whether the prefill evicted rows).
+-- Work per event: O(budget) index building in native code.
 --
 -- Parameters (defaults):
 --   budget  = 2048   KV rows kept per layer (> sinks)
@@ -64,11 +65,8 @@ return {
 
   prefill_qkv = function(ev, p)
     local rows = ev.kv_rows[1] + ev.n -- the layer's rows once this prefill's are appended
+    if ev.layer == 0 then ev:report("compressed", rows > p.budget) end
     if rows > p.budget then ev:retain(keep_rows(rows, p)) end
-  end,
-
-  prefill_end = function(ev, p)
-    ev:report("budget", p.budget)
   end,
 
   decode_qkv = function(ev, p)

@@ -105,6 +105,7 @@ do
       local r = s:generate(case.prompt_ids, { n = case.n_new, policy = POLICY, set = set })
       eq_list(r.ids, want, fmt("%s budget %d%s == full", name, set.budget, set.rolling and " rolling" or ""))
       eq_list(r.kept(0), range(0, n + case.n_new - 1), "nothing evicted")
+      if r.report.compressed ~= (set.budget < n) then fail("report compressed = %s", tostring(r.report.compressed)) end
     end
     print(fmt("  %-14s budget >= n: same tokens as full (budget n, n+16, rolling n+%d)", name, case.n_new))
   end
@@ -123,6 +124,7 @@ for _, entry in ipairs(cases) do
     local steps = case.n_new - 1 -- decode steps (the last token is never fed back)
     local L = case.model.n_layers
     if not case.kept.compressed then fail("%s: the fixture did not compress (n < budget)", case.case) end
+    if r.report.compressed ~= true then fail("%s: report compressed = %s", case.case, tostring(r.report.compressed)) end
     if not pr.rolling then
       -- after the prefill: kept positions in every layer and head, then the decode rows
       local want = concat(case.kept.positions, range(n, n + steps))
