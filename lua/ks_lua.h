@@ -66,6 +66,11 @@ typedef struct ks_lctx {
     int event_mt_ref;              /* registry ref of the event metatable (0 = not yet) */
     volatile sig_atomic_t *interrupt;
     ks_fail_kind fail_kind;        /* set just before raising a classified error */
+    /* host copies of device buffers viewed during the running event (non-CPU backends):
+     * allocated outside the policy's Lua allocator (they are engine data, not policy memory)
+     * and freed when the event ends */
+    void *stage[16];
+    int n_stage;
 } ks_lctx;
 
 /* The context of L (every state made by the binding has one). */

@@ -272,14 +272,18 @@ static void push_view(lua_State *L, const ks_event *ev, ks_tdtype dt, int ndim, 
         ks_lt_view(L, dt, ndim, shape, stride, (void *)data, 1, 0);
         return;
     }
-    ks_tensor *t = ks_lt_new(L, dt, ndim, shape, 0);
-    ks_status st = ((ks_backend *)ev->be)->download((ks_backend *)ev->be, t->data, data, (size_t)t->numel * 4);
-    if (st) ks_lua_core_error(L, "event", st);
+    /* a host copy staged for the event's duration; scoped like any view */
     ks_lctx *c = ks_lua_ctx(L);
-    t->scope = c;
-    t->serial = c->serial;
-    t->origin = c->event;
-    t->origin_layer = c->layer;
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) numel *= shape[i];
+    if (c->n_stage >= (int)(sizeof c->stage / sizeof c->stage[0]))
+        ks_lua_errorf(L, "event", "too many device views in one event (at most %d)", (int)(sizeof c->stage / sizeof c->stage[0]));
+    void *buf = malloc((size_t)(numel > 0 ? numel : 1) * 4);
+    if (!buf) ks_lua_errorf(L, "event", "out of host memory for a %lld-element copy of a device buffer", (long long)numel);
+    c->stage[c->n_stage++] = buf;
+    ks_status st = ((ks_backend *)ev->be)->download((ks_backend *)ev->be, buf, data, (size_t)numel * 4);
+    if (st) ks_lua_core_error(L, "event", st);
+    ks_lt_view(L, dt, ndim, shape, NULL, buf, 1, 0);
 }
 
 static int not_here(lua_State *L, const l_event *e, const char *field, const char *where) {
@@ -653,6 +657,8 @@ static ks_status l_trampoline(void *ud, ks_event *ev) {
     p->busy = 1;
     ks_status st = lpol_protected(p, L, l_dispatch, &a, name, ev->layer);
     p->busy = 0;
+    for (int i = 0; i < c->n_stage; i++) free(c->stage[i]); /* the event's device-view copies */
+    c->n_stage = 0;
     c->in_event = saved.in_event;
     c->serial = saved.serial;
     c->event = saved.event;
