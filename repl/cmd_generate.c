@@ -150,8 +150,10 @@ int ks_cli_generate(int argc, char **argv) {
     o.temperature = a.temp;
     o.top_p = a.top_p;
     o.seed = a.seed;
+    if (!a.quiet && !a.ids && !a.chat) { fputs(a.prompt, stdout); fflush(stdout); } /* the text continues the prompt */
     ks_status st = ks_generate_ids(s, ids, n, &o, a.quiet ? NULL : stream_print, NULL);
     if (!a.quiet) printf("\n");
+    fflush(stdout);
     if (st) { rc = ks_cli_fail("generate"); goto out; }
     if (*ks_result_policy_error(s))
         fprintf(stderr, "kvsieve: the policy failed and the request fell back to full attention: %s\n",
