@@ -9,88 +9,24 @@
 --   2. k >= n (every row selected) and tau = 0 give exactly full attention's tokens;
 --   3. the fallback/deadline layer, the KV budget, and the refused configurations.
 package.path = "tests/lua/?.lua;" .. package.path
-local ks = require "kvsieve"
 local json = require "json"
+local polfix = require "polfix"
 
-local FIX = "tests/fixtures/policies/"
-local STORIES = "../shared/models/stories260K"
+local FIX = polfix.ROOT
 local NEAR_REL = 1e-4   -- a boundary this close (relative gap) may come out swapped in float32
-local MARGIN = 1e-3     -- compare generated ids while the reference's top1 - top2 logit gap exceeds this
 local RATIO_TOL = 1e-4  -- relative variances (float32 here, float64 in the reference)
 local SCORE_TOL = 1e-4  -- scores, relative to their maximum
 local ASL = dofile("policies/asl.lua")
-
-local function fmt_list(t, max)
-  local out = {}
-  for i = 1, math.min(#t, max or 12) do out[i] = tostring(t[i]) end
-  if #t > (max or 12) then out[#out + 1] = "..." end
-  return "{" .. table.concat(out, ",") .. "}"
-end
-
-local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
-end
-
-local function below(list, n)
-  local out = {}
-  for _, p in ipairs(list) do if p < n then out[#out + 1] = p end end
-  return out
-end
-
-local function range(a, b) local t = {} for i = a, b - 1 do t[#t + 1] = i end return t end
-
-local function eq_list(a, b, what)
-  if #a ~= #b then error(string.format("%s: %d entries vs %d", what, #a, #b), 2) end
-  for i = 1, #a do
-    if a[i] ~= b[i] then error(string.format("%s: entry %d is %s vs %s", what, i, tostring(a[i]), tostring(b[i])), 2) end
-  end
-end
-
-local function split_ints(s)
-  local t = {}
-  for x in tostring(s):gmatch("%-?%d+") do t[#t + 1] = tonumber(x) end
-  return t
-end
+local below, range, eq_list, split_ints = polfix.below, polfix.range, polfix.eq_list, polfix.split_ints
 
 -- Compare our set with the reference's given its top-k boundary: "exact", or "near" (a swap
 -- across a near tie); anything else raises.
-local function cmp_set(what, ours, ref, bnd)
-  local so, sr = {}, {}
-  for _, p in ipairs(ours) do so[p] = true end
-  for _, p in ipairs(ref) do sr[p] = true end
-  local extra, missing = {}, {}
-  for _, p in ipairs(ours) do if not sr[p] then extra[#extra + 1] = p end end
-  for _, p in ipairs(ref) do if not so[p] then missing[#missing + 1] = p end end
-  if #extra == 0 and #missing == 0 and #ours == #ref then return "exact" end
-  local b = bnd ~= json.null and bnd or nil
-  local desc = b and string.format(" (boundary: k %d of %d, kth %s, next %s, rel_gap %s, exact_tie %s)", b.k, b.n_cand,
-    tostring(b.kth), tostring(b.next), tostring(b.rel_gap), tostring(b.exact_tie)) or " (no boundary in the fixture)"
-  if #ours == #ref and b and not b.exact_tie and (b.near_tie or math.abs(b.rel_gap) <= NEAR_REL) and #extra <= 2 then
-    print(string.format("    note: %s swaps %s for %s across a near tie%s", what, fmt_list(missing), fmt_list(extra), desc))
-    return "near"
-  end
-  error(string.format("%s: %d positions vs the reference's %d; we have %s that it lacks, it has %s that we lack%s",
-    what, #ours, #ref, fmt_list(extra), fmt_list(missing), desc), 2)
-end
+local function cmp_set(what, ours, ref, bnd) return polfix.cmp_set(what, ours, ref, bnd, NEAR_REL) end
 
 local function close(a, b, tol) return math.abs(a - b) <= tol * math.max(math.abs(b), 1e-30) end
 
 -- ---------------------------------------------------------------- models
-local models = {}
-local function model_for(d)
-  local dir = d.model.dir == "stories260K" and STORIES or FIX .. d.model.dir
-  if models[dir] == nil then
-    if exists(dir .. "/config.json") or exists(dir .. "/model.bin") or exists(dir .. "/model.safetensors") then
-      local m = ks.load(dir, { threads = 1 }) -- one thread: the fastest on a busy 2-core machine
-      models[dir] = { m = m, s = m:session() }
-    else
-      models[dir] = false
-    end
-  end
-  return models[dir], dir
-end
+local function model_for(d) return polfix.model(d.model.name), polfix.model_dir(d.model.name) end
 
 local function params_of(d)
   local P = d.params
@@ -213,18 +149,8 @@ local function run_case(path)
   end
 
   -- generated ids
-  local upto = 0
-  for i, mg in ipairs(d.step_margins) do
-    if mg <= MARGIN then break end
-    upto = i
-  end
-  if not comparable then upto = 0 end
-  for i = 1, upto do
-    if r.ids[i] ~= d.generated_ids[i] then
-      error(string.format("%s: generated id %d is %d, the reference's %d (ours %s, reference %s)", d.case, i, r.ids[i],
-        d.generated_ids[i], fmt_list(r.ids), fmt_list(d.generated_ids)))
-    end
-  end
+  -- (while the reference's margin is > 1e-3; none after a near-tie swap)
+  local upto = polfix.check_ids(r.ids, d, d.case, not comparable and 0 or nil)
   -- (the scores of pass 1 are the same in every variant: checked once per model)
   local sdiff = d.variant == "adaptive_1pass" and check_scores(d, M) or nil
   print(string.format("  %-32s ok: %d layers scored, selection %s%s, %s selected, %sids %d/%d%s", d.case, #d.layers,
@@ -234,13 +160,10 @@ local function run_case(path)
     upto, #d.generated_ids, notes > 0 and string.format(", %d near-tie swaps", notes) or ""))
 end
 
-local manifest = json.read(FIX .. "manifest.json")
 local ncases = 0
-for _, c in ipairs(manifest.cases) do
-  if c.policy == "asl" then
-    run_case(FIX .. "cases/" .. c.file:gsub("^cases/", ""))
-    ncases = ncases + 1
-  end
+for _, c in ipairs(polfix.cases_of("asl")) do
+  run_case(FIX .. "cases/" .. c.file:gsub("^cases/", ""))
+  ncases = ncases + 1
 end
 assert(ncases >= 12, "expected asl fixture cases in the manifest, found " .. ncases)
 
@@ -299,8 +222,7 @@ do
 
   -- refused configurations
   local function expect_error(pat, t)
-    local ok, e = pcall(s.generate, s, { 1, 2, 3, 4, 5, 6, 7, 8 }, { n = 1, policy = "asl", set = t })
-    assert(not ok and tostring(e):find(pat, 1, true), "expected an error with '" .. pat .. "', got " .. tostring(e))
+    polfix.expect_error(pat, s.generate, s, { 1, 2, 3, 4, 5, 6, 7, 8 }, { n = 1, policy = "asl", set = t })
   end
   expect_error("L_min = 5 < L_obs - 1 = 7 is refused", { L_min = 5, L_obs = 8 })
   expect_error("L_obs must be >= 2", { L_obs = 1, L_min = 3 })

@@ -10,83 +10,19 @@
 --      (while the reference's greedy margin is > 1e-3);
 --   3. parameter errors.
 package.path = "tests/lua/?.lua;" .. package.path
-local ks = require "kvsieve"
 local json = require "json"
+local polfix = require "polfix"
 
-local FIX = "tests/fixtures/policies/"
-local STORIES = "../shared/models/stories260K"
+local FIX = polfix.ROOT
 local NEAR_REL = 1e-4 -- a boundary this close (relative gap) may come out swapped in float32
-local MARGIN = 1e-3   -- compare generated ids while the reference's top1 - top2 logit gap exceeds this
-
-local function fmt_list(t, max)
-  local out = {}
-  for i = 1, math.min(#t, max or 12) do out[i] = tostring(t[i]) end
-  if #t > (max or 12) then out[#out + 1] = "..." end
-  return "{" .. table.concat(out, ",") .. "}"
-end
-
-local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
-end
-
-local function below(list, n) -- prompt positions of a kept list (decode rows dropped)
-  local out = {}
-  for _, p in ipairs(list) do if p < n then out[#out + 1] = p end end
-  return out
-end
-
-local function range(a, b) local t = {} for i = a, b - 1 do t[#t + 1] = i end return t end
-
-local function eq_list(a, b, what)
-  if #a ~= #b then error(string.format("%s: %d entries vs %d", what, #a, #b), 2) end
-  for i = 1, #a do
-    if a[i] ~= b[i] then error(string.format("%s: entry %d is %s vs %s", what, i, tostring(a[i]), tostring(b[i])), 2) end
-  end
-end
+local below, range, eq_list, split_ints = polfix.below, polfix.range, polfix.eq_list, polfix.split_ints
 
 -- Compare our kept set with the reference's, given the reference's top-k boundary. Returns
 -- "exact", or "near" (a swap across a near tie: later results are no longer comparable).
-local function cmp_set(what, ours, ref, bnd)
-  local so, sr = {}, {}
-  for _, p in ipairs(ours) do so[p] = true end
-  for _, p in ipairs(ref) do sr[p] = true end
-  local extra, missing = {}, {}
-  for _, p in ipairs(ours) do if not sr[p] then extra[#extra + 1] = p end end
-  for _, p in ipairs(ref) do if not so[p] then missing[#missing + 1] = p end end
-  if #extra == 0 and #missing == 0 and #ours == #ref then return "exact" end
-  local b = bnd ~= json.null and bnd or nil
-  local desc = b and string.format(" (boundary: k %d of %d, kth %s, next %s, rel_gap %s, exact_tie %s)", b.k, b.n_cand,
-    tostring(b.kth), tostring(b.next), tostring(b.rel_gap), tostring(b.exact_tie)) or " (no boundary in the fixture)"
-  if #ours == #ref and b and not b.exact_tie and (b.near_tie or math.abs(b.rel_gap) <= NEAR_REL) and #extra <= 2 then
-    print(string.format("    note: %s swaps %s for %s across a near tie%s", what, fmt_list(missing), fmt_list(extra), desc))
-    return "near"
-  end
-  error(string.format("%s: %d positions vs the reference's %d; we keep %s that it drops, it keeps %s that we drop%s",
-    what, #ours, #ref, fmt_list(extra), fmt_list(missing), desc), 2)
-end
-
-local function split_ints(s)
-  local t = {}
-  for x in tostring(s):gmatch("%-?%d+") do t[#t + 1] = tonumber(x) end
-  return t
-end
+local function cmp_set(what, ours, ref, bnd) return polfix.cmp_set(what, ours, ref, bnd, NEAR_REL) end
 
 -- ---------------------------------------------------------------- fixtures
-local models = {}
-local function model_for(d)
-  local dir = d.model.dir == "stories260K" and STORIES or FIX .. d.model.dir
-  if models[dir] == nil then
-    if exists(dir .. "/config.json") or exists(dir .. "/model.bin") or exists(dir .. "/model.safetensors") then
-      local m = ks.load(dir, { threads = 1 }) -- one thread: the fastest on a busy 2-core machine
-      models[dir] = { m = m, s = m:session() }
-    else
-      models[dir] = false
-    end
-  end
-  return models[dir], dir
-end
+local function model_for(d) return polfix.model(d.model.name), polfix.model_dir(d.model.name) end
 
 -- The policy's own scoring function (a private field of its table), run by an inline
 -- observer that replays the reference's propagation: per KV head pooled group-summed scores
@@ -176,31 +112,17 @@ local function run_case(path)
   end
   -- generated ids while the reference's margin is comfortable (a KV set that swapped across
   -- a near tie changes decoding: then only the first token, which comes from the prefill)
-  local upto = 0
-  for i, mg in ipairs(d.step_margins) do
-    if mg <= MARGIN then break end
-    upto = i
-  end
-  if not comparable then upto = 0 elseif notes > 0 then upto = math.min(upto, 1) end
-  for i = 1, upto do
-    if r.ids[i] ~= d.generated_ids[i] then
-      error(string.format("%s: generated id %d is %d, the reference's %d (ours %s, reference %s)", d.case, i, r.ids[i],
-        d.generated_ids[i], fmt_list(r.ids), fmt_list(d.generated_ids)))
-    end
-  end
+  local upto = polfix.check_ids(r.ids, d, d.case, (not comparable and 0) or (notes > 0 and 1) or nil)
   local nl, worst = check_scores(d, M)
   print(string.format("  %-38s ok: %d (layer, head) sets, TSP %s (%s rows), scores of %d layers (max rel diff %.1e), ids %d/%d%s",
     d.case, checked, tsp.propagated and ("at " .. t) or "none", tostring(tsp.tsp_len), nl, worst, upto, #d.generated_ids,
     notes > 0 and string.format(", %d near-tie swaps", notes) or ""))
 end
 
-local manifest = json.read(FIX .. "manifest.json")
 local ncases = 0
-for _, c in ipairs(manifest.cases) do
-  if c.policy == "fastkv" then
-    run_case(FIX .. "cases/" .. c.file:gsub("^cases/", ""))
-    ncases = ncases + 1
-  end
+for _, c in ipairs(polfix.cases_of("fastkv")) do
+  run_case(FIX .. "cases/" .. c.file:gsub("^cases/", ""))
+  ncases = ncases + 1
 end
 assert(ncases >= 4, "expected fastkv fixture cases in the manifest, found " .. ncases)
 
@@ -238,8 +160,7 @@ do
 
   -- parameter errors
   local function expect_error(pat, set)
-    local ok, e = pcall(M.s.generate, M.s, short, { n = 1, policy = "fastkv", set = set })
-    assert(not ok and tostring(e):find(pat, 1, true), "expected an error with '" .. pat .. "', got " .. tostring(e))
+    polfix.expect_error(pat, M.s.generate, M.s, short, { n = 1, policy = "fastkv", set = set })
   end
   expect_error("mode must be", { mode = "pyramid" })
   expect_error("pool must be", { pool = "min" })

@@ -13,144 +13,20 @@
 --        the others are printed (a query head also sees its siblings' rows here);
 --   3. bad parameters fail with a message naming the parameter.
 package.path = "tests/lua/?.lua;" .. package.path
-local ks = require "kvsieve"
 local json = require "json"
+local polfix = require "polfix"
 
 local POLICY = "snapkv"
-local ROOT = "tests/fixtures/policies/"
-local manifest = json.read(ROOT .. "manifest.json")
 local fmt = string.format
+local fail, session, range, eq_list = polfix.fail, polfix.session, polfix.range, polfix.eq_list
+local check_ids, check_topk, rel_err = polfix.check_ids, polfix.check_topk, polfix.rel_err
+local split, union = polfix.split, polfix.union -- split a kept list at n; the sorted union of lists
 
--- ---------------------------------------------------------------- helpers
-local function fail(f, ...) error(fmt(f, ...), 2) end
-
-local function model_dir(name)
-  if name == "stories260K" then return "../shared/models/stories260K" end
-  return ROOT .. manifest.models[name].dir
-end
-
-local function readable(path)
-  local f = io.open(path)
-  if f then f:close() return true end
-  return false
-end
-
-local models = {}
-local function session(name)
-  if models[name] == nil then
-    local dir = model_dir(name)
-    if not readable(dir .. "/model.safetensors") then
-      print(fmt("  %-14s skipped: model folder %s is absent", name, dir))
-      models[name] = false
-    else
-      local m = ks.load(dir, { threads = 1 })
-      models[name] = { m = m, s = m:session() }
-    end
-  end
-  return models[name] and models[name].s
-end
-
-local function range(a, b) local t = {} for i = a, b - 1 do t[#t + 1] = i end return t end
-
-local function eq_list(got, want, what)
-  if #got ~= #want then fail("%s: %d entries, expected %d", what, #got, #want) end
-  for i = 1, #want do
-    if got[i] ~= want[i] then fail("%s: entry %d is %s, expected %s", what, i, tostring(got[i]), tostring(want[i])) end
-  end
-end
-
-local function check_ids(got, case, what)
-  local n = 0
-  for i, want in ipairs(case.generated_ids) do
-    if case.step_margins[i] <= 1e-3 then break end
-    if got[i] ~= want then
-      fail("%s: generated id %d is %s, expected %d (ids %s vs %s)", what, i, tostring(got[i]), want,
-        table.concat(got, ","), table.concat(case.generated_ids, ","))
-    end
-    n = n + 1
-  end
-  return n
-end
-
-local function expect_error(pattern, f, ...)
-  local ok, e = pcall(f, ...)
-  if ok then fail("expected an error matching '%s'", pattern) end
-  if not tostring(e):find(pattern, 1, true) then fail("error '%s' lacks '%s'", tostring(e), pattern) end
-end
-
--- A top-k set against the reference's, with its boundary object `bnd` (tools/README.md):
--- every candidate above the k-th value must be taken; of an exact tie group exactly the
--- lowest `tie_taken`; a near tie may swap the boundary entries. `value` (optional) gives a
--- position's reference score, to check that a swap really is at the boundary.
--- Returns "exact" or "near-tie swap".
-local function check_topk(got, want, bnd, what, value)
-  local gs, ws = {}, {}
-  for _, x in ipairs(got) do gs[x] = true end
-  for _, x in ipairs(want) do ws[x] = true end
-  local missing, extra = {}, {}
-  for _, x in ipairs(want) do if not gs[x] then missing[#missing + 1] = x end end
-  for _, x in ipairs(got) do if not ws[x] then extra[#extra + 1] = x end end
-  if #got ~= #want then fail("%s: %d selected, expected %d", what, #got, #want) end
-  if #missing == 0 then return "exact" end
-  local msg = fmt("%s: %d positions differ (missing %s; extra %s)", what, #missing,
-    table.concat(missing, ",", 1, math.min(#missing, 8)), table.concat(extra, ",", 1, math.min(#extra, 8)))
-  if not bnd or bnd == json.null then fail("%s; every candidate should be taken", msg) end
-  if bnd.exact_tie then fail("%s; exact tie at %.9g: the lower indices must win", msg, bnd.kth) end
-  if not bnd.near_tie then fail("%s; no tie at the boundary (rel_gap %.3g)", msg, bnd.rel_gap) end
-  if value then
-    local tol = 1e-5 * math.max(math.abs(bnd.kth), math.abs(bnd.next))
-    for _, x in ipairs(missing) do
-      if math.abs(value(x) - bnd.kth) > tol then fail("%s; missing %d is not at the boundary", msg, x) end
-    end
-    for _, x in ipairs(extra) do
-      if math.abs(value(x) - bnd.next) > tol and math.abs(value(x) - bnd.kth) > tol then
-        fail("%s; extra %d is not at the boundary", msg, x)
-      end
-    end
-  end
-  return "near-tie swap"
-end
-
--- max |got - want| / max |want| (the error relative to the vector's scale)
-local function rel_err(got, want)
-  if #got ~= #want then fail("score vectors of %d and %d entries", #got, #want) end
-  local scale, worst = 0, 0
-  for i, w in ipairs(want) do
-    scale = math.max(scale, math.abs(w))
-    worst = math.max(worst, math.abs(got[i] - w))
-  end
-  return worst / scale
-end
-
--- split a kept list at `n`: prompt positions below, decode rows from n on
-local function split(list, n)
-  local a, b = {}, {}
-  for _, x in ipairs(list) do if x < n then a[#a + 1] = x else b[#b + 1] = x end end
-  return a, b
-end
-
-local function union(lists)
-  local set, out = {}, {}
-  for _, l in ipairs(lists) do for _, x in ipairs(l) do if not set[x] then set[x] = true; out[#out + 1] = x end end end
-  table.sort(out)
-  return out
-end
-
-local cases = {}
-for _, c in ipairs(manifest.cases) do
-  if c.policy == POLICY then cases[#cases + 1] = c end
-end
-if #cases == 0 then error("no " .. POLICY .. " cases in the fixture manifest") end
+local cases = polfix.cases_of(POLICY)
 
 -- ---------------------------------------------------------------- 1. budget >= n is full
 do
-  local case -- the shortest prompt of an available model
-  for _, c in ipairs(cases) do
-    if session(c.model) then
-      local cc = json.read(ROOT .. c.file)
-      if not case or cc.n_prompt < case.n_prompt then case = cc end
-    end
-  end
+  local case = polfix.shortest_case(cases) -- the shortest prompt of an available model
   local name, n = case and case.model.name, case and case.n_prompt
   local s = case and session(name)
   if s then
@@ -169,90 +45,86 @@ end
 
 -- ---------------------------------------------------------------- 2. fixture cases
 local P = dofile("policies/" .. POLICY .. ".lua")
-for _, entry in ipairs(cases) do
-  local case = json.read(ROOT .. entry.file)
-  local name, n = case.model.name, case.n_prompt
-  local s = session(name)
-  if s then
-    local pr = case.params
-    local pqh = pr.granularity == "query_head"
-    local set = { budget = pr.budget, window = pr.window, kernel = pr.kernel, pool = pr.pool, per_query_head = pqh }
-    local L, H, Hkv = case.model.n_layers, case.model.n_heads, case.model.n_kv_heads
-    local steps = case.n_new - 1
-    -- the policy's own handler run inline, recording what its functions compute: the pooled
-    -- scores of the fixture's layers and the selected set of each cache (or query) head
-    local got_scores, got_sets = {}, {}
-    local r = s:generate(case.prompt_ids, { n = case.n_new, policy = { params = set, prefill_qkv = function(ev, p)
-      if case.scores.layers[tostring(ev.layer)] then got_scores[ev.layer] = P._scores(ev, p):tolist() end
-      got_sets[ev.layer] = {}
-      for h, t in ipairs(P._select(ev, p)) do got_sets[ev.layer][h] = t:tolist() end
-      return P.prefill_qkv(ev, p)
-    end } })
-    if r.report.compressed ~= true then fail("%s: not compressed", case.case) end
-    -- the file itself, sandboxed (the per-query-head cases; the default path is compared on
-    -- a short prompt in part 3): the same tokens and the same cache
-    if pqh then
-      local r2 = s:generate(case.prompt_ids, { n = case.n_new, policy = POLICY, set = set })
-      eq_list(r2.ids, r.ids, case.case .. ": sandboxed ids == inline ids")
-      for l = 0, L - 1 do
-        for kv = 0, Hkv - 1 do eq_list(r2.kept(l, kv), r.kept(l, kv), fmt("%s: sandboxed kept, layer %d KV head %d", case.case, l, kv)) end
-      end
+for case, s in polfix.fixture_cases(cases) do
+  local n = case.n_prompt
+  local pr = case.params
+  local pqh = pr.granularity == "query_head"
+  local set = { budget = pr.budget, window = pr.window, kernel = pr.kernel, pool = pr.pool, per_query_head = pqh }
+  local L, H, Hkv = case.model.n_layers, case.model.n_heads, case.model.n_kv_heads
+  local steps = case.n_new - 1
+  -- the policy's own handler run inline, recording what its functions compute: the pooled
+  -- scores of the fixture's layers and the selected set of each cache (or query) head
+  local got_scores, got_sets = {}, {}
+  local r = s:generate(case.prompt_ids, { n = case.n_new, policy = { params = set, prefill_qkv = function(ev, p)
+    if case.scores.layers[tostring(ev.layer)] then got_scores[ev.layer] = P._scores(ev, p):tolist() end
+    got_sets[ev.layer] = {}
+    for h, t in ipairs(P._select(ev, p)) do got_sets[ev.layer][h] = t:tolist() end
+    return P.prefill_qkv(ev, p)
+  end } })
+  if r.report.compressed ~= true then fail("%s: not compressed", case.case) end
+  -- the file itself, sandboxed (the per-query-head cases; the default path is compared on
+  -- a short prompt in part 3): the same tokens and the same cache
+  if pqh then
+    local r2 = s:generate(case.prompt_ids, { n = case.n_new, policy = POLICY, set = set })
+    eq_list(r2.ids, r.ids, case.case .. ": sandboxed ids == inline ids")
+    for l = 0, L - 1 do
+      for kv = 0, Hkv - 1 do eq_list(r2.kept(l, kv), r.kept(l, kv), fmt("%s: sandboxed kept, layer %d KV head %d", case.case, l, kv)) end
     end
-    local worst, swaps, ties = 0, 0, 0
-    for _, lay in ipairs(case.kept.layers) do
-      local l = lay.layer
-      if not lay.compressed then fail("%s layer %d: the fixture did not compress", case.case, l) end
-      local ref_scores = case.scores.layers[tostring(l)]
-      if ref_scores then
-        for h = 1, #ref_scores do
-          worst = math.max(worst, rel_err(got_scores[l][h], ref_scores[h]))
-        end
-      end
-      local nsets = pqh and H or Hkv
-      if #lay.heads ~= nsets or #got_sets[l] ~= nsets then fail("%s layer %d: %d / %d sets", case.case, l, #lay.heads, #got_sets[l]) end
-      local window = range(n - pr.window, n)
-      for h = 1, nsets do
-        local what = fmt("%s layer %d %s head %d", case.case, l, pqh and "query" or "KV", h - 1)
-        local want_prefix, want_win = split(lay.heads[h], n - pr.window)
-        local got_prefix, got_win = split(got_sets[l][h], n - pr.window)
-        eq_list(got_win, window, what .. " window")
-        eq_list(want_win, window, what .. " fixture window")
-        local value = ref_scores and function(x) return ref_scores[h][x + 1] end
-        local how = check_topk(got_prefix, want_prefix, lay.bnd[h], what, value)
-        if how ~= "exact" then swaps = swaps + 1 end
-        if lay.bnd[h] ~= json.null and lay.bnd[h].exact_tie then ties = ties + 1 end
-      end
-      -- what the cache holds per KV head: the selection (the union of the query heads' sets
-      -- with per_query_head), then every decoded row
-      local g = nsets // Hkv
-      for kv = 0, Hkv - 1 do
-        local mine = {}
-        for j = 1, g do mine[j] = got_sets[l][kv * g + j] end
-        local held, dec = split(r.kept(l, kv), n)
-        eq_list(held, union(mine), fmt("%s layer %d KV head %d: cache == selection", case.case, l, kv))
-        eq_list(dec, range(n, n + steps), fmt("%s layer %d KV head %d: decode rows", case.case, l, kv))
-        if pqh and swaps == 0 then
-          local ref = {}
-          for j = 1, g do ref[j] = lay.heads[kv * g + j] end
-          eq_list(held, union(ref), fmt("%s layer %d KV head %d: cache == union of the reference's sets", case.case, l, kv))
-        end
-      end
-    end
-    if worst > 1e-4 then fail("%s: pooled scores differ by %.3g of their scale", case.case, worst) end
-    local ids
-    if swaps > 0 then
-      ids = "ids not compared (a near tie swapped)"
-    elseif pqh then
-      if r.ids[1] ~= case.generated_ids[1] then fail("%s: first id %d, expected %d", case.case, r.ids[1], case.generated_ids[1]) end
-      local same = 0
-      for i = 1, #case.generated_ids do if r.ids[i] == case.generated_ids[i] then same = same + 1 end end
-      ids = fmt("first id equal, %d/%d ids equal (union per KV head)", same, #case.generated_ids)
-    else
-      ids = fmt("%d/%d ids compared", check_ids(r.ids, case, case.case), #case.generated_ids)
-    end
-    print(fmt("  %-38s %d layers x %d sets exact (%d exact ties, %d near-tie swaps), scores within %.1e, %s: ok",
-      case.case, L, pqh and H or Hkv, ties, swaps, worst, ids))
   end
+  local worst, swaps, ties = 0, 0, 0
+  for _, lay in ipairs(case.kept.layers) do
+    local l = lay.layer
+    if not lay.compressed then fail("%s layer %d: the fixture did not compress", case.case, l) end
+    local ref_scores = case.scores.layers[tostring(l)]
+    if ref_scores then
+      for h = 1, #ref_scores do
+        worst = math.max(worst, rel_err(got_scores[l][h], ref_scores[h]))
+      end
+    end
+    local nsets = pqh and H or Hkv
+    if #lay.heads ~= nsets or #got_sets[l] ~= nsets then fail("%s layer %d: %d / %d sets", case.case, l, #lay.heads, #got_sets[l]) end
+    local window = range(n - pr.window, n)
+    for h = 1, nsets do
+      local what = fmt("%s layer %d %s head %d", case.case, l, pqh and "query" or "KV", h - 1)
+      local want_prefix, want_win = split(lay.heads[h], n - pr.window)
+      local got_prefix, got_win = split(got_sets[l][h], n - pr.window)
+      eq_list(got_win, window, what .. " window")
+      eq_list(want_win, window, what .. " fixture window")
+      local value = ref_scores and function(x) return ref_scores[h][x + 1] end
+      local how = check_topk(got_prefix, want_prefix, lay.bnd[h], what, value)
+      if how ~= "exact" then swaps = swaps + 1 end
+      if lay.bnd[h] ~= json.null and lay.bnd[h].exact_tie then ties = ties + 1 end
+    end
+    -- what the cache holds per KV head: the selection (the union of the query heads' sets
+    -- with per_query_head), then every decoded row
+    local g = nsets // Hkv
+    for kv = 0, Hkv - 1 do
+      local mine = {}
+      for j = 1, g do mine[j] = got_sets[l][kv * g + j] end
+      local held, dec = split(r.kept(l, kv), n)
+      eq_list(held, union(mine), fmt("%s layer %d KV head %d: cache == selection", case.case, l, kv))
+      eq_list(dec, range(n, n + steps), fmt("%s layer %d KV head %d: decode rows", case.case, l, kv))
+      if pqh and swaps == 0 then
+        local ref = {}
+        for j = 1, g do ref[j] = lay.heads[kv * g + j] end
+        eq_list(held, union(ref), fmt("%s layer %d KV head %d: cache == union of the reference's sets", case.case, l, kv))
+      end
+    end
+  end
+  if worst > 1e-4 then fail("%s: pooled scores differ by %.3g of their scale", case.case, worst) end
+  local ids
+  if swaps > 0 then
+    ids = "ids not compared (a near tie swapped)"
+  elseif pqh then
+    if r.ids[1] ~= case.generated_ids[1] then fail("%s: first id %d, expected %d", case.case, r.ids[1], case.generated_ids[1]) end
+    local same = 0
+    for i = 1, #case.generated_ids do if r.ids[i] == case.generated_ids[i] then same = same + 1 end end
+    ids = fmt("first id equal, %d/%d ids equal (union per KV head)", same, #case.generated_ids)
+  else
+    ids = fmt("%d/%d ids compared", check_ids(r.ids, case, case.case), #case.generated_ids)
+  end
+  print(fmt("  %-38s %d layers x %d sets exact (%d exact ties, %d near-tie swaps), scores within %.1e, %s: ok",
+    case.case, L, pqh and H or Hkv, ties, swaps, worst, ids))
 end
 
 -- ---------------------------------------------------------------- 3. bad parameters
@@ -260,9 +132,7 @@ do
   local s
   for _, c in ipairs(cases) do s = s or session(c.model) end
   local prompt = range(1, 40)
-  local function bad(set, pattern)
-    expect_error(pattern, function() return s:generate(prompt, { n = 1, policy = POLICY, set = set }) end)
-  end
+  local bad = polfix.bad_params(s, POLICY, prompt)
   bad({ budget = 32 }, "parameter budget = 32 must exceed window = 32")
   bad({ budget = 8, window = 16 }, "parameter budget = 8 must exceed window = 16")
   bad({ window = 0 }, "parameter window = 0 must be >= 1")

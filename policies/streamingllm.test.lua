@@ -7,72 +7,14 @@
 --      reference's step margin is > 1e-3);
 --   3. bad parameters fail with a message naming the parameter.
 package.path = "tests/lua/?.lua;" .. package.path
-local ks = require "kvsieve"
-local json = require "json"
+local polfix = require "polfix"
 
 local POLICY = "streamingllm"
-local ROOT = "tests/fixtures/policies/"
-local manifest = json.read(ROOT .. "manifest.json")
 local fmt = string.format
+local fail, session, range, eq_list = polfix.fail, polfix.session, polfix.range, polfix.eq_list
+local check_ids = polfix.check_ids
 
--- ---------------------------------------------------------------- helpers
-local function fail(f, ...) error(fmt(f, ...), 2) end
-
-local function model_dir(name)
-  if name == "stories260K" then return "../shared/models/stories260K" end
-  return ROOT .. manifest.models[name].dir
-end
-
-local function readable(path)
-  local f = io.open(path)
-  if f then f:close() return true end
-  return false
-end
-
-local models = {}
-local function session(name)
-  if models[name] == nil then
-    local dir = model_dir(name)
-    if not readable(dir .. "/model.safetensors") then
-      print(fmt("  %-14s skipped: model folder %s is absent", name, dir))
-      models[name] = false
-    else
-      local m = ks.load(dir, { threads = 1 })
-      models[name] = { m = m, s = m:session() }
-    end
-  end
-  return models[name] and models[name].s
-end
-
-local function range(a, b) local t = {} for i = a, b - 1 do t[#t + 1] = i end return t end
 local function concat(a, b) local t = {} for _, x in ipairs(a) do t[#t + 1] = x end for _, x in ipairs(b) do t[#t + 1] = x end return t end
-
-local function eq_list(got, want, what)
-  if #got ~= #want then fail("%s: %d entries, expected %d", what, #got, #want) end
-  for i = 1, #want do
-    if got[i] ~= want[i] then fail("%s: entry %d is %s, expected %s", what, i, tostring(got[i]), tostring(want[i])) end
-  end
-end
-
--- generated ids, compared while the reference's step margin is comfortable
-local function check_ids(got, case, what)
-  local n = 0
-  for i, want in ipairs(case.generated_ids) do
-    if case.step_margins[i] <= 1e-3 then break end
-    if got[i] ~= want then
-      fail("%s: generated id %d is %s, expected %d (ids %s vs %s)", what, i, tostring(got[i]), want,
-        table.concat(got, ","), table.concat(case.generated_ids, ","))
-    end
-    n = n + 1
-  end
-  return n
-end
-
-local function expect_error(pattern, f, ...)
-  local ok, e = pcall(f, ...)
-  if ok then fail("expected an error matching '%s'", pattern) end
-  if not tostring(e):find(pattern, 1, true) then fail("error '%s' lacks '%s'", tostring(e), pattern) end
-end
 
 local full_ids = {}
 local function full(name, case)
@@ -80,21 +22,11 @@ local function full(name, case)
   return full_ids[name]
 end
 
-local cases = {}
-for _, c in ipairs(manifest.cases) do
-  if c.policy == POLICY then cases[#cases + 1] = c end
-end
-if #cases == 0 then error("no " .. POLICY .. " cases in the fixture manifest") end
+local cases = polfix.cases_of(POLICY)
 
 -- ---------------------------------------------------------------- 1. budget >= n is full
 do
-  local case -- the shortest prompt of an available model
-  for _, c in ipairs(cases) do
-    if session(c.model) then
-      local cc = json.read(ROOT .. c.file)
-      if not case or cc.n_prompt < case.n_prompt then case = cc end
-    end
-  end
+  local case = polfix.shortest_case(cases) -- the shortest prompt of an available model
   local name, n = case and case.model.name, case and case.n_prompt
   local s = case and session(name)
   if s then
@@ -113,63 +45,59 @@ end
 
 -- ---------------------------------------------------------------- 2. fixture cases
 local P = dofile("policies/" .. POLICY .. ".lua")
-for _, entry in ipairs(cases) do
-  local case = json.read(ROOT .. entry.file)
-  local name, n = case.model.name, case.n_prompt
-  local s = session(name)
-  if s then
-    local pr = case.params
-    local set = { budget = pr.budget, sinks = pr.sinks, rolling = pr.rolling }
-    local r = s:generate(case.prompt_ids, { n = case.n_new, policy = POLICY, set = set })
-    local steps = case.n_new - 1 -- decode steps (the last token is never fed back)
-    local L = case.model.n_layers
-    if not case.kept.compressed then fail("%s: the fixture did not compress (n < budget)", case.case) end
-    if r.report.compressed ~= true then fail("%s: report compressed = %s", case.case, tostring(r.report.compressed)) end
-    if not pr.rolling then
-      -- after the prefill: kept positions in every layer and head, then the decode rows
-      local want = concat(case.kept.positions, range(n, n + steps))
-      for l = 0, L - 1 do
-        for h = 0, case.model.n_kv_heads - 1 do eq_list(r.kept(l, h), want, fmt("%s layer %d head %d kept", case.case, l, h)) end
-      end
-    else
-      -- the rows resident (and attended) at each decode step: the final state from the result,
-      -- the earlier ones observed at the next step (layer 0, before its eviction, minus the
-      -- row that step appended) through the same handlers run inline
-      local seen = {}
-      local wrapped = {
-        params = set,
-        begin = P.begin,
-        prefill_qkv = P.prefill_qkv,
-        decode_qkv = function(ev, p)
-          if ev.layer == 0 then seen[#seen + 1] = ev:kv_pos(0):tolist() end
-          P.decode_qkv(ev, p)
-        end,
-      }
-      local r2 = s:generate(case.prompt_ids, { n = case.n_new, policy = wrapped })
-      eq_list(r2.ids, r.ids, case.case .. ": inline run == sandboxed run")
-      if #seen ~= steps then fail("%s: %d decode steps seen, expected %d", case.case, #seen, steps) end
-      eq_list(seen[1], concat(case.kept.positions, { n }), case.case .. ": rows after the prefill")
-      for st = 0, steps - 1 do
-        local dk = case.decode_kept[st + 1]
-        if dk.step ~= st then fail("%s: decode_kept entry %d is step %d", case.case, st + 1, dk.step) end
-        local got
-        if st + 1 < steps then
-          got = seen[st + 2]
-          table.remove(got) -- the row step st+1 appended
-        else
-          got = r.kept(0)
-        end
-        eq_list(got, dk.positions, fmt("%s decode step %d resident rows", case.case, st))
-      end
-      local last = case.decode_kept[steps].positions
-      for l = 0, L - 1 do
-        for h = 0, case.model.n_kv_heads - 1 do eq_list(r.kept(l, h), last, fmt("%s layer %d head %d final", case.case, l, h)) end
-      end
+for case, s in polfix.fixture_cases(cases) do
+  local n = case.n_prompt
+  local pr = case.params
+  local set = { budget = pr.budget, sinks = pr.sinks, rolling = pr.rolling }
+  local r = s:generate(case.prompt_ids, { n = case.n_new, policy = POLICY, set = set })
+  local steps = case.n_new - 1 -- decode steps (the last token is never fed back)
+  local L = case.model.n_layers
+  if not case.kept.compressed then fail("%s: the fixture did not compress (n < budget)", case.case) end
+  if r.report.compressed ~= true then fail("%s: report compressed = %s", case.case, tostring(r.report.compressed)) end
+  if not pr.rolling then
+    -- after the prefill: kept positions in every layer and head, then the decode rows
+    local want = concat(case.kept.positions, range(n, n + steps))
+    for l = 0, L - 1 do
+      for h = 0, case.model.n_kv_heads - 1 do eq_list(r.kept(l, h), want, fmt("%s layer %d head %d kept", case.case, l, h)) end
     end
-    local nid = check_ids(r.ids, case, case.case)
-    print(fmt("  %-34s kept sets exact in %d layers%s, %d/%d generated ids compared: ok", case.case, L,
-      pr.rolling and fmt(" and %d decode steps", steps) or "", nid, #case.generated_ids))
+  else
+    -- the rows resident (and attended) at each decode step: the final state from the result,
+    -- the earlier ones observed at the next step (layer 0, before its eviction, minus the
+    -- row that step appended) through the same handlers run inline
+    local seen = {}
+    local wrapped = {
+      params = set,
+      begin = P.begin,
+      prefill_qkv = P.prefill_qkv,
+      decode_qkv = function(ev, p)
+        if ev.layer == 0 then seen[#seen + 1] = ev:kv_pos(0):tolist() end
+        P.decode_qkv(ev, p)
+      end,
+    }
+    local r2 = s:generate(case.prompt_ids, { n = case.n_new, policy = wrapped })
+    eq_list(r2.ids, r.ids, case.case .. ": inline run == sandboxed run")
+    if #seen ~= steps then fail("%s: %d decode steps seen, expected %d", case.case, #seen, steps) end
+    eq_list(seen[1], concat(case.kept.positions, { n }), case.case .. ": rows after the prefill")
+    for st = 0, steps - 1 do
+      local dk = case.decode_kept[st + 1]
+      if dk.step ~= st then fail("%s: decode_kept entry %d is step %d", case.case, st + 1, dk.step) end
+      local got
+      if st + 1 < steps then
+        got = seen[st + 2]
+        table.remove(got) -- the row step st+1 appended
+      else
+        got = r.kept(0)
+      end
+      eq_list(got, dk.positions, fmt("%s decode step %d resident rows", case.case, st))
+    end
+    local last = case.decode_kept[steps].positions
+    for l = 0, L - 1 do
+      for h = 0, case.model.n_kv_heads - 1 do eq_list(r.kept(l, h), last, fmt("%s layer %d head %d final", case.case, l, h)) end
+    end
   end
+  local nid = check_ids(r.ids, case, case.case)
+  print(fmt("  %-34s kept sets exact in %d layers%s, %d/%d generated ids compared: ok", case.case, L,
+    pr.rolling and fmt(" and %d decode steps", steps) or "", nid, #case.generated_ids))
 end
 
 -- ---------------------------------------------------------------- 3. bad parameters
@@ -177,9 +105,7 @@ do
   local s
   for _, c in ipairs(cases) do s = s or session(c.model) end
   local prompt = range(1, 40)
-  local function bad(set, pattern)
-    expect_error(pattern, function() return s:generate(prompt, { n = 1, policy = POLICY, set = set }) end)
-  end
+  local bad = polfix.bad_params(s, POLICY, prompt)
   bad({ budget = 4, sinks = 4 }, "parameter budget = 4 must exceed sinks = 4")
   bad({ budget = 2, sinks = 4 }, "parameter budget = 2 must exceed sinks = 4")
   bad({ sinks = -1 }, "parameter sinks = -1 must be >= 0")

@@ -26,18 +26,14 @@ if not ks.rope then
     .. "in lua/module.c and lua/policy_lua.c)", 0)
 end
 
-local FIX = "tests/fixtures/policies/"
+local polfix = require "polfix"
+
+local FIX = polfix.ROOT
 local POLICY = "policies/tokenselect.lua"
-local STORIES = "../shared/models/stories260K"
+local STORIES = polfix.STORIES
 local VARIANTS = { "base", "mapmod", "pool3", "denseprefill", "cache" }
 
-local function fail(fmt, ...) error(string.format(fmt, ...), 2) end
-
-local function file_exists(p)
-  local f = io.open(p, "rb")
-  if f then f:close() return true end
-  return false
-end
+local fail, file_exists, split_ints, list_str = polfix.fail, polfix.readable, polfix.split_ints, polfix.fmt_list
 
 local function read_all(p)
   local f = assert(io.open(p, "rb"))
@@ -60,12 +56,6 @@ local function policy_with_chunk(chunk)
   return path
 end
 
-local function split_ints(s)
-  local t = {}
-  for w in string.gmatch(s, "[^,]+") do t[#t + 1] = math.tointeger(tonumber(w)) end
-  return t
-end
-
 local function split_nums(s)
   local t = {}
   for w in string.gmatch(s, "[^,]+") do t[#t + 1] = tonumber(w) end
@@ -82,12 +72,6 @@ local function same_list(a, b)
   if #a ~= #b then return false end
   for i = 1, #a do if a[i] ~= b[i] then return false end end
   return true
-end
-
-local function list_str(t, max)
-  local o = {}
-  for i = 1, math.min(#t, max or 12) do o[i] = tostring(t[i]) end
-  return "{" .. table.concat(o, ",") .. (#t > (max or 12) and ",..." or "") .. "}"
 end
 
 -- ---------------------------------------------------------------- ks.rope
