@@ -238,7 +238,7 @@ extern "C" int ks_cuda_attn_decode_tc_supported(const ks_cuda_attn_params *p) {
 
 extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p, int n_sm, int *n_splits) {
     size_t target = (size_t)3 * (n_sm > 0 ? n_sm : 132); /* one wave of 3 blocks per SM */
-    int splits = (int)((target + p->n_kv_heads - 1) / p->n_kv_heads);
+    int splits = (int)(target / p->n_kv_heads); /* floor: a partial second wave would double the time */
     int most = (p->max_nk + 2 * TC_WARPS * TC_KT - 1) / (2 * TC_WARPS * TC_KT); /* >= 2 tiles per warp */
     splits = KS_MAX(1, KS_MIN(splits, most));
     *n_splits = splits;

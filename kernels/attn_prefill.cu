@@ -319,7 +319,7 @@ template <int D, int W, int MT, int BN> static size_t fp_smem() {
 
 /* 1: 8 warps x 16 rows, 64-key tiles (v1); 2: 4 warps x 32 rows, 64-key tiles; 3: 4 warps x 32
  * rows, 32-key tiles (fewer registers) */
-static int g_variant = 2;
+static int g_variant = 1; /* the backend sets it at creation (KS_CUDA_NEW) */
 extern "C" void ks_cuda_attn_prefill_set_variant(int v) { g_variant = v >= 1 && v <= 3 ? v : 2; }
 
 extern "C" int ks_cuda_attn_prefill_supported(const ks_cuda_attn_params *p) {

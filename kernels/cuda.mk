@@ -52,10 +52,11 @@ cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/bench_kernels  
 
 test-cuda: cuda-tests                                           # run the CUDA parity tests (GPU machine)
 	$(BUILD)/test_cuda
+	KS_CUDA_NEW=1 $(BUILD)/test_cuda
 	$(BUILD)/test_cuda_prims
 
 test-cuda-sanitize: cuda-tests                                  # the same under compute-sanitizer (memcheck)
-	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/test_cuda --quick
+	KS_CUDA_NEW=1 compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/test_cuda --quick
 	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/test_cuda_prims --quick
 
 bench-kernels: $(BUILD)/bench_kernels                           # per-kernel benchmark (GPU machine)

@@ -59,6 +59,10 @@ int ks_cuda_backend_sm_count(struct ks_backend *b);
  * 2 = flash whenever the head_dim allows, 3 = tensor-core decode where it takes the shape. */
 void ks_cuda_backend_set_attn_path(struct ks_backend *b, int path);
 
+/* 1 when b uses the kernels not yet validated on a GPU (KS_CUDA_NEW; see cuda_backend.cu):
+ * tensor-core decode, flash variant 2, gemv for one-row matmuls. */
+int ks_cuda_backend_new_kernels(struct ks_backend *b);
+
 #ifdef __cplusplus
 }
 #endif

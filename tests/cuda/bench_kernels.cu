@@ -154,7 +154,7 @@ static void free_cache(cache &c) {
     cudaFree(c.nk);
 }
 
-static void bench_prefill(int n, int H, int Hkv, int d, int causal, int window, int variant = 2) {
+static void bench_prefill(int n, int H, int Hkv, int d, int causal, int window, int variant = 1) {
     cache c = make_cache(Hkv, n, d, 10);
     float *q = drand_f32((size_t)n * H * d, 20, 1.f), *out = (float *)dmalloc((size_t)n * H * d * 4);
     std::vector<int32_t> qp(n);
@@ -174,7 +174,7 @@ static void bench_prefill(int n, int H, int Hkv, int d, int causal, int window, 
     }
     ks_cuda_attn_prefill_set_variant(variant);
     double ms = time_ms([&](int) { KS(ks_cuda_attn_prefill(S, &p, ws)); }, 2, g_quick ? 5 : 10);
-    ks_cuda_attn_prefill_set_variant(2);
+    ks_cuda_attn_prefill_set_variant(1);
     char name[96];
     snprintf(name, sizeof name, "flash v%d prefill n=%d H=%d/%d d=%d %s%s", variant, n, H, Hkv, d,
              causal ? "causal" : "full", window ? " window" : "");

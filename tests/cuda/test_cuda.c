@@ -27,6 +27,7 @@
 /* ================================================================ harness */
 
 static int g_pass, g_fail, g_quick;
+static int g_default_variant = 1; /* the flash variant the backend chose (KS_CUDA_NEW) */
 static const char *g_only;
 static ks_backend *CPU, *GPU;
 
@@ -624,7 +625,7 @@ static void run_attn(const attn_case *ac, int path, int variant) {
     if (path == 2) ks_cuda_attn_prefill_set_variant(variant);
     ks_status st = GPU->attention(GPU, dout, dq, &p.g, &a);
     ks_cuda_backend_set_attn_path(GPU, 0);
-    ks_cuda_attn_prefill_set_variant(2);
+    ks_cuda_attn_prefill_set_variant(g_default_variant);
     NEED(st, name);
     float *og = gpu_get(dout, (size_t)n * H * d);
     double e = relerr(og, oc, (size_t)n * H * d), er = row_relerr(og, oc, (size_t)n * H, d);
@@ -968,6 +969,12 @@ int main(int argc, char **argv) {
     }
     if (ks_cpu_backend_create(0, &CPU)) { fprintf(stderr, "cpu backend: %s\n", ks_last_error()); return 2; }
     if (ks_cuda_backend_create(0, &GPU)) { fprintf(stderr, "cuda backend: %s\n", ks_last_error()); return 2; }
+    {
+        const char *nk = getenv("KS_CUDA_NEW");
+        g_default_variant = ks_cuda_backend_new_kernels(GPU) ? 2 : 1;
+        printf("kernels: %s (KS_CUDA_NEW=%s)\n", g_default_variant == 2 ? "new (tc decode, flash v2, gemv)" : "validated defaults",
+               nk ? nk : "unset");
+    }
     test_matmul();
     test_embed();
     test_rmsnorm();
