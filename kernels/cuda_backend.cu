@@ -39,10 +39,10 @@ typedef struct cuda_ctx {
     int new_kernels;       /* use the kernels written after the last GPU validation (see below) */
 } cuda_ctx;
 
-/* Kernels written after the last GPU run that validated the backend (notes: run 2) are off by
- * default: the tensor-core decode kernel, flash variant 2 (4 warps x 32 rows) and the n = 1 gemv.
- * KS_CUDA_NEW=1 in the environment turns them on (test_cuda exercises them either way); set this
- * to 1 once build-cuda/test_cuda passes with KS_CUDA_NEW=1 on the GPU machine. */
+/* The tensor-core decode kernel, flash variant 2 (4 warps x 32 rows) and the n = 1 gemv: on by
+ * default since build-cuda/test_cuda passed with them on an H100 (286/286, compute-sanitizer
+ * clean; bench/results/2026-11-22-h100-test_cuda.log). KS_CUDA_NEW=0 in the environment falls back
+ * to the first versions (float32 split-KV decode, flash variant 1, cuBLAS for n = 1). */
 #define KS_CUDA_NEW_DEFAULT 1
 
 #define PIN_CAP ((size_t)16 << 20)
