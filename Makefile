@@ -79,7 +79,7 @@ test: deps                                                      # the whole CPU 
 
 demo: deps                                                      # the main job on the embedded default (CPU)
 	@$(MAKE) --no-print-directory $(BUILD)/kvsieve
-	$(BUILD)/kvsieve generate -m ../shared/models/stories260K -p "Once upon a time" -n 64
+	bash tools/demo.sh $(BUILD)/kvsieve
 
 $(BUILD)/lua/prelude_blob.o: lua/prelude.lua                    # the prelude is embedded with .incbin
 
