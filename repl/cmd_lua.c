@@ -1,4 +1,4 @@
-/* cmd_lua.c — `kvsieve run SCRIPT.lua [args]`, `kvsieve repl [-m DIR]` and the `eval` stub.
+/* cmd_lua.c — `kvsieve run SCRIPT.lua [args]`, `kvsieve repl [-m DIR]` and `eval`, which is not in the project yet (it says so and exits 2).
  *
  * Both run an unsandboxed host Lua state with the kvsieve module (global `ks`, also
  * require "kvsieve"). The REPL works like lua.c: each input is first tried as an
