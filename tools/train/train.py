@@ -457,6 +457,7 @@ def main():
     ap.add_argument("--time-budget", type=float, default=500.0, help="seconds for the whole run (default 500)")
     ap.add_argument("--eval-reserve", type=float, default=70.0, help="seconds kept for save + final eval")
     ap.add_argument("--max-len", type=int, default=4096, help="longest training length (default 4096)")
+    ap.add_argument("--ladder-start", type=int, default=256, help="first length of the ladder (then doubling)")
     ap.add_argument("--final-steps", type=int, default=0, help="steps at --max-len (0: until the time budget)")
     ap.add_argument("--steps-scale", type=float, default=1.0, help="multiply every stage's step caps")
     ap.add_argument("--vocab", type=int, default=4096)
@@ -494,10 +495,13 @@ def main():
     args = ap.parse_args()
 
     if args.cpu_smoke:
-        # the recipe at toy scale: byte tokenizer, narrow model, copy stage 64-128, growth, 256-512 ladder
-        d = dict(device="cpu", tokenizer="bytes", hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512,
-                 layers=4, max_len=512, batch_tokens=4096, copy_batch_tokens=2048, gate_cases=16,
-                 gate_every=100, eval_cases=22, log_every=25, max_pos=2048, eval_reserve=60.0)
+        # the recipe at toy scale: byte tokenizer, narrow model (hidden 128: a 2-core CPU forms the copy
+        # circuit in a few hundred steps there; width delays it, a large batch brings it back -- see
+        # README), copy stage 64-128, growth to 4 layers, a 512 -> 1024 ladder
+        d = dict(device="cpu", tokenizer="bytes", hidden=128, heads=2, kv_heads=1, head_dim=64, ffn=256,
+                 layers=4, max_len=1024, ladder_start=512, batch_tokens=4096, copy_batch_tokens=8192,
+                 gate_cases=16, gate_every=50, stage_min=50, monitor_every=100, eval_cases=22, log_every=25,
+                 max_pos=2048, eval_reserve=150.0, time_budget=2700.0)
         for k, v in d.items():
             if getattr(args, k) == ap.get_default(k):
                 setattr(args, k, v)
@@ -764,13 +768,14 @@ def main():
                         50)
 
     # ------------------------------------------------------------ the length ladder
-    lad = [L for L in ladder(args.max_len) if L > state.get("trained_len", 0)] or [args.max_len]
+    full = ladder(args.max_len, args.ladder_start)
+    lad = [L for L in full if L > state.get("trained_len", 0)] or [args.max_len]
     caps = {256: 600, 512: 800, 1024: 600, 2048: 500, 4096: 500, 8192: 400}
     for li, L in enumerate(lad):
         if run["stop"]:
             break
         final = li == len(lad) - 1
-        shorter = [x for x in ladder(args.max_len) if x < L][-3:]
+        shorter = [x for x in full if x < L][-3:]
 
         def lens_fn(r, L=L, shorter=shorter):
             if shorter and r.uniform() < 0.3:
