@@ -1,4 +1,4 @@
-/* cmd_lua.c — `kvsieve run SCRIPT.lua [args]`, `kvsieve repl [-m DIR]` and `eval`, which is not in the project yet (it says so and exits 2).
+/* cmd_lua.c — `kvsieve run SCRIPT.lua [args]` and `kvsieve repl [-m DIR]`.
  *
  * Both run an unsandboxed host Lua state with the kvsieve module (global `ks`, also
  * require "kvsieve"). The REPL works like lua.c: each input is first tried as an
@@ -146,13 +146,6 @@ int ks_cli_run(int argc, char **argv) {
     }
     lua_close(L);
     return rc;
-}
-
-int ks_cli_eval(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "kvsieve eval: not built yet\n");
-    return 2;
 }
 
 /* ================================================================ kvsieve repl */

@@ -2,7 +2,7 @@
 # deps.sh — install the Debian packages kvsieve builds and tests with, when missing.
 # Run as root it installs them with apt-get; otherwise it only lists what is missing.
 set -eu
-pkgs="build-essential libopenblas-dev libopenblas-openmp-dev liblua5.4-dev libpcre2-dev libutf8proc-dev libreadline-dev libncurses-dev nodejs npm"
+pkgs="build-essential libopenblas-dev libopenblas-openmp-dev liblua5.4-dev libpcre2-dev libutf8proc-dev libreadline-dev libncurses-dev nodejs npm python3"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -1,0 +1,156 @@
+/* test_eval.c — `kvsieve eval` as a user runs it: a smoke grid on the bundled model
+ * (models/kvsieve-tiny) with two policies side by side, its JSON (read back with the project's
+ * JSON parser), its PNG, its terminal table, and named errors on bad input. Needs KS_BIN. */
+#include "common.h"
+#include "json.h"
+#include "kvsieve.h"
+#include "ktest.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static int sh(const char *cmd, char *out, size_t cap) {
+    char full[4096];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static const char *bin(void) {
+    const char *b = getenv("KS_BIN");
+    return b && *b ? b : NULL;
+}
+
+static int have_model(void) {
+    FILE *f = fopen("models/kvsieve-tiny/model.safetensors", "rb");
+    if (f) fclose(f);
+    return f != NULL;
+}
+
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc(sz + 1);
+    if (b && fread(b, 1, sz, f) != (size_t)sz) { free(b); b = NULL; }
+    if (b) b[sz] = 0;
+    fclose(f);
+    if (n) *n = (size_t)sz;
+    return b;
+}
+
+KT_TEST(eval_smoke_grid_two_policies) {
+    if (!bin()) KT_SKIP("KS_BIN not set (run through make test)");
+    if (!have_model()) KT_SKIP("models/kvsieve-tiny absent");
+    char dir[256], cmd[2048], out[65536], path[512];
+    KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    /* passkey at 512 tokens, three depths, full next to GemFilter at layer 2 keeping 128 tokens */
+    snprintf(cmd, sizeof cmd,
+             "%s eval --model models/kvsieve-tiny --task passkey --lengths 512 --depths 0,0.5,1 "
+             "--compare full,gemfilter --set gemfilter.layer=2 --set gemfilter.k=128 --out %s/r.json --png %s/r.png",
+             bin(), dir, dir);
+    int rc = sh(cmd, out, sizeof out);
+    KT_CHECK(rc == 0, "eval exit %d: %s", rc, out);
+    /* the terminal summary and table */
+    KT_CHECK(strstr(out, "full         exact match 3/3 = 1.000"), "full attention must answer all three: %s", out);
+    KT_CHECK(strstr(out, "gemfilter") && strstr(out, "50%") && strstr(out, "512"), "table: %s", out);
+
+    /* the JSON: 6 cases, full always right with the value kept; GemFilter kept 128 tokens */
+    snprintf(path, sizeof path, "%s/r.json", dir);
+    size_t n;
+    char *text = slurp(path, &n);
+    KT_CHECK(text != NULL, "no %s", path);
+    ks_json *j = ks_json_parse(text, n);
+    KT_CHECK(j != NULL, "JSON does not parse: %s", ks_last_error());
+    const ks_json *cases = ks_json_get(j, "cases");
+    KT_CHECK(cases && cases->type == KS_JSON_ARRAY && cases->len == 6, "6 cases expected");
+    int full_ok = 0, gf = 0;
+    for (size_t i = 0; i < cases->len; i++) {
+        const ks_json *c = &cases->items[i];
+        const char *pol = ks_json_str(c, "policy", "?");
+        int tokens = (int)ks_json_int(c, "tokens", -1);
+        KT_CHECK(tokens > 400 && tokens <= 512, "case %zu: %d tokens for a 512 cell", i, tokens);
+        const ks_json *vt = ks_json_get(c, "value_tokens");
+        KT_CHECK(vt && vt->len == 2 && vt->items[1].num - vt->items[0].num >= 5 && vt->items[1].num - vt->items[0].num <= 6,
+                 "case %zu: a 5-digit key (and its space) is 5-6 value tokens", i);
+        if (!strcmp(pol, "full")) {
+            full_ok += ks_json_bool(c, "correct", 0);
+            KT_CHECK(ks_json_num(c, "value_kept", -1) == 1.0, "full keeps everything");
+            KT_CHECK((int)ks_json_int(c, "kept", -1) == tokens, "full keeps all %d tokens", tokens);
+        } else {
+            KT_CHECK(!strcmp(pol, "gemfilter"), "policy %s", pol);
+            KT_CHECK(ks_json_int(c, "kept", -1) == 128, "gemfilter keeps k = 128 tokens");
+            double vk = ks_json_num(c, "value_kept", -1);
+            KT_CHECK(vk >= 0 && vk <= 1, "value_kept %g", vk);
+            gf++;
+        }
+    }
+    KT_CHECK(full_ok == 3 && gf == 3, "full correct %d/3, gemfilter cases %d", full_ok, gf);
+    const ks_json *pols = ks_json_get(j, "policies");
+    KT_CHECK(pols && pols->type == KS_JSON_ARRAY && pols->len == 2, "two policies");
+    KT_CHECK(!strcmp(ks_json_str(ks_json_get(&pols->items[1], "params"), "layer", "?"), "2"), "gemfilter layer recorded");
+    ks_json_free(j);
+    free(text);
+
+    /* the PNG: signature and IHDR */
+    snprintf(path, sizeof path, "%s/r.png", dir);
+    unsigned char *png = (unsigned char *)slurp(path, &n);
+    KT_CHECK(png && n > 100 && !memcmp(png, "\x89PNG\r\n\x1a\n", 8) && !memcmp(png + 12, "IHDR", 4), "PNG written");
+    free(png);
+    kt_rmdir(dir);
+}
+
+KT_TEST(eval_niah_show_marks_the_needle) {
+    if (!bin()) KT_SKIP("KS_BIN not set (run through make test)");
+    if (!have_model()) KT_SKIP("models/kvsieve-tiny absent");
+    char cmd[2048], out[65536];
+    snprintf(cmd, sizeof cmd, "%s/corpora", kt_shared_dir());
+    FILE *f = fopen(cmd, "r");
+    if (!f) KT_SKIP("../shared/corpora absent");
+    fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "%s eval --model models/kvsieve-tiny --task niah --lengths 1024 --depths 0.5 --policy gemfilter "
+             "--set layer=2 --set k=128 --show --corpora %s/corpora",
+             bin(), kt_shared_dir());
+    int rc = sh(cmd, out, sizeof out);
+    KT_CHECK(rc == 0, "eval exit %d: %s", rc, out);
+    KT_CHECK(strstr(out, "kept 128 of"), "kept count: %s", out);
+    /* the kept text is printed with the needle value between >> << when it was kept */
+    KT_CHECK(strstr(out, "needle value kept") ? strstr(out, ">>") != NULL : strstr(out, "needle value") != NULL, "%s", out);
+}
+
+KT_TEST(eval_bad_inputs_are_named_errors) {
+    if (!bin()) KT_SKIP("KS_BIN not set (run through make test)");
+    if (!have_model()) KT_SKIP("models/kvsieve-tiny absent");
+    char cmd[2048], out[8192];
+    struct { const char *args, *want; } cases[] = {
+        {"--task passkey", "--model DIR is required"},
+        {"--model models/kvsieve-tiny", "--task"},
+        {"--model models/kvsieve-tiny --task haystack", "haystack"},
+        {"--model models/kvsieve-tiny --task passkey --lengths 512,abc", "--lengths"},
+        {"--model models/kvsieve-tiny --task passkey --depths 1.5", "--depths"},
+        {"--model models/kvsieve-tiny --task passkey --lengths 1000000", "exceeds the model's context"},
+        {"--model models/kvsieve-tiny --task passkey --policy nosuchpolicy", "nosuchpolicy"},
+        {"--model models/kvsieve-tiny --task passkey --policy full --compare full,gemfilter", "not both"},
+        {"--model models/kvsieve-tiny --task passkey --policy gemfilter --set nosuchkey=3", "nosuchkey"},
+        {"--model models/kvsieve-tiny --task niah --corpora /nonexistent/corpora", "corpora"},
+        {"--model /nonexistent/model --task passkey", "does not exist"},
+        {"--model models/kvsieve-tiny --task passkey --lengths 512 --depths 0 --out /nonexistent/dir/r.json", "cannot write"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s eval %s", bin(), cases[i].args);
+        int rc = sh(cmd, out, sizeof out);
+        KT_CHECK(rc != 0 && rc < 128, "case %zu (%s): exit %d: %s", i, cases[i].args, rc, out);
+        KT_CHECK(strstr(out, cases[i].want), "case %zu (%s): message lacks \"%s\": %s", i, cases[i].args, cases[i].want, out);
+    }
+}
