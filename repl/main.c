@@ -1,4 +1,4 @@
-/* main.c — the kvsieve command line: generate, bench (and repl / run / eval via the Lua layer).
+/* main.c — the kvsieve command line: generate, bench, eval, tokenize, and repl / run (Lua).
  * Every error prints "kvsieve: <message>" on stderr and exits non-zero. */
 #include "cli.h"
 
@@ -16,7 +16,8 @@ static void usage(FILE *f) {
             "  tokenize -m DIR -p TEXT        print token ids\n"
             "  repl     [-m DIR]              interactive Lua REPL\n"
             "  run      SCRIPT.lua [args]     run a Lua program with the kvsieve module\n"
-            "  eval     --model DIR --task T ...  evaluation grid\n"
+            "  eval     --model DIR --task passkey|niah|multikey|kv [--lengths 1K,4K] [--depths 0,0.5,1|11]\n"
+            "           [--cases N] [--policy P | --compare a,b] [--set [p.]k=v] [--out F.json] [--png F.png] [--show]\n"
             "  help\n");
 }
 
