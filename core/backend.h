@@ -88,6 +88,29 @@ typedef struct ks_backend_prims {
     ks_status (*cosine_rows)(ks_backend *b, const float *a, const float *bb, int64_t rows, int64_t d, float *out);
 } ks_backend_prims;
 
+/* Bytes of a backend's own allocations (ks_backend.mem_stats). "fixed" is long-lived memory
+ * (weights, KV cache, library workspaces), "scratch" activations and temporaries (CUDA: the
+ * stream-ordered pool, counted in stream order). Host arrays (positions, index lists) and
+ * what the runtime itself holds (CUDA context, cuBLAS handle) are not counted. */
+typedef struct ks_mem_stats {
+    size_t cur, fixed, scratch;          /* bytes now: all, long-lived, scratch */
+    size_t peak;                         /* most bytes at once since the last reset */
+    size_t peak_fixed, peak_scratch;     /* the split of that peak */
+    size_t pool_used_high;               /* CUDA: the pool's own high-water mark of used bytes (driver); 0 on CPU */
+    size_t pool_reserved_high;           /* CUDA: ... of bytes the pool reserved from the device; 0 on CPU */
+} ks_mem_stats;
+
+/* Pointer -> size bookkeeping behind mem_stats (core/cpu_backend.c; used by both backends).
+ * Thread-safe. kind: 0 = fixed, 1 = scratch. add returns KS_ERR_OOM (nothing recorded) when
+ * its table cannot grow; remove of an unknown pointer does nothing and returns 0. */
+typedef struct ks_memtrack ks_memtrack;
+ks_memtrack *ks_memtrack_new(void);
+void ks_memtrack_free(ks_memtrack *t);
+ks_status ks_memtrack_add(ks_memtrack *t, const void *p, size_t bytes, int kind);
+size_t ks_memtrack_remove(ks_memtrack *t, const void *p);
+/* Current and peak counters; reset_peak: the peak starts again from the current bytes. */
+void ks_memtrack_stats(ks_memtrack *t, ks_mem_stats *out, int reset_peak);
+
 struct ks_backend {
     const char *name;            /* "cpu", "cuda" */
     void *ctx;
@@ -141,10 +164,26 @@ struct ks_backend {
     /* ---- policy primitives on backend buffers; NULL on the CPU (use core/prims.h directly) */
     const ks_backend_prims *prims;
 
-    /* ---- counters (bench): time and FLOPs spent in matmul since the last reset */
+    /* ---- counters (bench): FLOPs of every matmul since the last reset; with count_stats also
+     * the seconds spent in them (a timed matmul synchronises) */
     double stat_matmul_s, stat_matmul_flop;
-    int count_stats;              /* 0: don't time (a timed matmul synchronises) */
+    int count_stats;              /* 0: don't time */
+
+    /* ---- memory accounting (optional, NULL = none): bytes of the backend's own allocations now
+     * and at their peak; reset_peak starts a new peak from now (bench: once per row) and lets
+     * a caching allocator return what it caches (CUDA: waits for the stream, trims the pool) */
+    void (*mem_stats)(ks_backend *b, ks_mem_stats *out, int reset_peak);
+
+    /* ---- profiling timestamps (optional; NULL = the engine syncs and reads the host clock).
+     * prof_mark records a timestamp in the backend's execution order (CUDA: an event on the
+     * stream; nothing waits); the interval from the previous mark to this one is booked to
+     * `tag` (0 <= tag < KS_PROF_TAGS; tag < 0: a start mark, the interval is dropped).
+     * prof_collect waits for the marks, adds the seconds of each tag's intervals to
+     * sec[0..n_tags) and forgets them. Errors: KS_ERR_DEVICE / KS_ERR_OOM with a message. */
+    ks_status (*prof_mark)(ks_backend *b, int tag);
+    ks_status (*prof_collect)(ks_backend *b, double *sec, int n_tags);
 };
+#define KS_PROF_TAGS 64
 
 /* A backend by name: "cpu" (NULL too) or "cuda" (when built with CUDA). */
 ks_status ks_backend_create(const char *name, ks_backend **out);

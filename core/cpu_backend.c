@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,19 +15,166 @@ struct ks_weight {
     int owned;     /* data was allocated (converted or realigned) rather than mapped */
 };
 
-typedef struct cpu_ctx { int n_threads; } cpu_ctx;
+typedef struct cpu_ctx {
+    int n_threads;
+    ks_memtrack *mem;  /* sizes of what cpu_alloc handed out (mem_stats) */
+} cpu_ctx;
+
+/* ---------------------------------------------------------------- memory accounting */
+
+/* Open addressing over pointer keys (linear probing, tombstones); the counters follow every
+ * add/remove, the peak is taken at each add. */
+#define MT_EMPTY ((uintptr_t)0)
+#define MT_TOMB ((uintptr_t)1)
+struct ks_memtrack {
+    pthread_mutex_t mu;
+    uintptr_t *key;      /* (cap) */
+    size_t *bytes;       /* (cap) */
+    unsigned char *kind; /* (cap) */
+    size_t cap, used;    /* slots; slots not empty (live + tombstones) */
+    size_t cur[2], peak, peak_split[2];
+};
+
+ks_memtrack *ks_memtrack_new(void) {
+    ks_memtrack *t = ks_calloc(1, sizeof *t);
+    if (!t) return NULL;
+    pthread_mutex_init(&t->mu, NULL);
+    return t;
+}
+
+void ks_memtrack_free(ks_memtrack *t) {
+    if (!t) return;
+    pthread_mutex_destroy(&t->mu);
+    free(t->key);
+    free(t->bytes);
+    free(t->kind);
+    free(t);
+}
+
+static size_t mt_hash(uintptr_t k, size_t cap) {
+    uint64_t h = (uint64_t)k * 0x9e3779b97f4a7c15ull;
+    return (size_t)(h >> 17) & (cap - 1);
+}
+
+static int mt_grow(ks_memtrack *t) {
+    size_t ncap = t->cap ? t->cap * 2 : 256;
+    uintptr_t *nk = calloc(ncap, sizeof *nk);
+    size_t *nb = calloc(ncap, sizeof *nb);
+    unsigned char *nd = calloc(ncap, 1);
+    if (!nk || !nb || !nd) { free(nk); free(nb); free(nd); return -1; }
+    size_t used = 0;
+    for (size_t i = 0; i < t->cap; i++) {
+        if (t->key[i] <= MT_TOMB) continue;
+        size_t j = mt_hash(t->key[i], ncap);
+        while (nk[j]) j = (j + 1) & (ncap - 1);
+        nk[j] = t->key[i];
+        nb[j] = t->bytes[i];
+        nd[j] = t->kind[i];
+        used++;
+    }
+    free(t->key); free(t->bytes); free(t->kind);
+    t->key = nk; t->bytes = nb; t->kind = nd;
+    t->cap = ncap;
+    t->used = used;
+    return 0;
+}
+
+ks_status ks_memtrack_add(ks_memtrack *t, const void *p, size_t bytes, int kind) {
+    if (!t || !p) return KS_OK;
+    uintptr_t k = (uintptr_t)p;
+    kind = kind ? 1 : 0;
+    pthread_mutex_lock(&t->mu);
+    if ((t->used + 1) * 2 > t->cap && mt_grow(t)) {
+        pthread_mutex_unlock(&t->mu);
+        return ks_errorf(KS_ERR_OOM, "memory accounting: cannot grow its table");
+    }
+    size_t j = mt_hash(k, t->cap), tomb = (size_t)-1;
+    for (;; j = (j + 1) & (t->cap - 1)) {
+        if (t->key[j] == k) { /* re-registered pointer: replace */
+            t->cur[t->kind[j]] -= t->bytes[j];
+            break;
+        }
+        if (t->key[j] == MT_TOMB && tomb == (size_t)-1) tomb = j;
+        if (t->key[j] == MT_EMPTY) {
+            if (tomb != (size_t)-1) j = tomb;
+            else t->used++;
+            break;
+        }
+    }
+    t->key[j] = k;
+    t->bytes[j] = bytes;
+    t->kind[j] = (unsigned char)kind;
+    t->cur[kind] += bytes;
+    if (t->cur[0] + t->cur[1] > t->peak) {
+        t->peak = t->cur[0] + t->cur[1];
+        t->peak_split[0] = t->cur[0];
+        t->peak_split[1] = t->cur[1];
+    }
+    pthread_mutex_unlock(&t->mu);
+    return KS_OK;
+}
+
+size_t ks_memtrack_remove(ks_memtrack *t, const void *p) {
+    if (!t || !p) return 0;
+    uintptr_t k = (uintptr_t)p;
+    size_t r = 0;
+    pthread_mutex_lock(&t->mu);
+    if (t->cap)
+        for (size_t j = mt_hash(k, t->cap), probes = 0; probes < t->cap; j = (j + 1) & (t->cap - 1), probes++) {
+            if (t->key[j] == MT_EMPTY) break;
+            if (t->key[j] == k) {
+                r = t->bytes[j];
+                t->cur[t->kind[j]] -= r;
+                t->key[j] = MT_TOMB;
+                break;
+            }
+        }
+    pthread_mutex_unlock(&t->mu);
+    return r;
+}
+
+void ks_memtrack_stats(ks_memtrack *t, ks_mem_stats *o, int reset_peak) {
+    memset(o, 0, sizeof *o);
+    if (!t) return;
+    pthread_mutex_lock(&t->mu);
+    if (reset_peak) {
+        t->peak = t->cur[0] + t->cur[1];
+        t->peak_split[0] = t->cur[0];
+        t->peak_split[1] = t->cur[1];
+    }
+    o->fixed = t->cur[0];
+    o->scratch = t->cur[1];
+    o->cur = o->fixed + o->scratch;
+    o->peak = t->peak;
+    o->peak_fixed = t->peak_split[0];
+    o->peak_scratch = t->peak_split[1];
+    pthread_mutex_unlock(&t->mu);
+}
 
 /* ---------------------------------------------------------------- memory */
 
-static void *cpu_alloc(ks_backend *b, size_t bytes) {
+/* kind: 0 = weights / KV cache, 1 = activations and temporaries (mem_stats' split) */
+static void *cpu_alloc_kind(ks_backend *b, size_t bytes, int kind) {
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes ? bytes : 64)) {
         ks_errorf(KS_ERR_OOM, "cpu: out of memory allocating %zu bytes", bytes);
         return NULL;
     }
+    if (ks_memtrack_add(((cpu_ctx *)b->ctx)->mem, p, bytes, kind)) {
+        free(p);
+        return NULL;
+    }
     return p;
 }
-static void cpu_free(ks_backend *b, void *p) { free(p); }
+static void *cpu_alloc(ks_backend *b, size_t bytes) { return cpu_alloc_kind(b, bytes, 1); }
+static void cpu_free(ks_backend *b, void *p) {
+    if (!p) return;
+    ks_memtrack_remove(((cpu_ctx *)b->ctx)->mem, p);
+    free(p);
+}
+static void cpu_mem_stats(ks_backend *b, ks_mem_stats *out, int reset_peak) {
+    ks_memtrack_stats(((cpu_ctx *)b->ctx)->mem, out, reset_peak);
+}
 static ks_status cpu_memcpy(ks_backend *b, void *dst, const void *src, size_t n) {
     if (n) memmove(dst, src, n);
     return KS_OK;
@@ -53,7 +201,7 @@ static ks_status cpu_weight_create(ks_backend *b, const ks_st_tensor *t, int64_t
         *out = w;
         return KS_OK;
     }
-    w->data = cpu_alloc(b, n * sizeof(float));
+    w->data = cpu_alloc_kind(b, n * sizeof(float), 0);
     if (!w->data) { free(w); return KS_ERR_OOM; }
     w->owned = 1;
     switch (t->dtype) {
@@ -65,7 +213,7 @@ static ks_status cpu_weight_create(ks_backend *b, const ks_st_tensor *t, int64_t
         for (size_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, src + 2 * i, 2); w->data[i] = ks_f16_to_f32(h); }
         break;
     default:
-        free(w->data);
+        cpu_free(b, w->data);
         free(w);
         return ks_errorf(KS_ERR_DTYPE, "tensor %s: dtype %s is not a float type (F32, F16 or BF16)", t->name,
                          ks_dtype_name(t->dtype));
@@ -79,7 +227,7 @@ static ks_status cpu_weight_random(ks_backend *b, int64_t rows, int64_t cols, ui
     ks_weight *w = ks_calloc(1, sizeof *w);
     if (!w) return KS_ERR_OOM;
     size_t n = (size_t)rows * (size_t)cols;
-    w->data = cpu_alloc(b, n * sizeof(float));
+    w->data = cpu_alloc_kind(b, n * sizeof(float), 0);
     if (!w->data) { free(w); return KS_ERR_OOM; }
     w->rows = rows;
     w->cols = cols;
@@ -99,7 +247,7 @@ static ks_status cpu_weight_random(ks_backend *b, int64_t rows, int64_t cols, ui
 
 static void cpu_weight_free(ks_backend *b, ks_weight *w) {
     if (!w) return;
-    if (w->owned) free(w->data);
+    if (w->owned) cpu_free(b, w->data);
     free(w);
 }
 
@@ -119,10 +267,8 @@ static ks_status cpu_matmul(ks_backend *b, float *y, const float *x, const ks_we
         for (int i = 0; i < n; i++)
             for (int j = 0; j < out; j++) y[(size_t)i * out + j] += bb[j];
     }
-    if (b->count_stats) {
-        b->stat_matmul_s += ks_now() - t0;
-        b->stat_matmul_flop += 2.0 * n * in * out;
-    }
+    if (b->count_stats) b->stat_matmul_s += ks_now() - t0;
+    b->stat_matmul_flop += 2.0 * n * in * out;
     return KS_OK;
 }
 
@@ -198,10 +344,10 @@ static ks_status cpu_gather_rows(ks_backend *b, float *out, const float *x, cons
 
 static ks_status cpu_kv_alloc(ks_backend *b, ks_kv_layer *L, int capacity) {
     size_t rows = (size_t)L->n_kv_heads * capacity;
-    float *k = cpu_alloc(b, rows * L->head_dim * sizeof(float));
-    float *v = cpu_alloc(b, rows * L->head_dim * sizeof(float));
+    float *k = cpu_alloc_kind(b, rows * L->head_dim * sizeof(float), 0);
+    float *v = cpu_alloc_kind(b, rows * L->head_dim * sizeof(float), 0);
     int32_t *pos = ks_malloc(rows * sizeof(int32_t));
-    if (!k || !v || !pos) { free(k); free(v); free(pos); return KS_ERR_OOM; }
+    if (!k || !v || !pos) { cpu_free(b, k); cpu_free(b, v); free(pos); return KS_ERR_OOM; }
     /* move existing rows (per head) into the new layout */
     if (L->k) {
         int keep = KS_MIN(capacity, L->capacity);
@@ -214,12 +360,12 @@ static ks_status cpu_kv_alloc(ks_backend *b, ks_kv_layer *L, int capacity) {
             memcpy(pos + (size_t)h * capacity, L->pos + (size_t)h * L->capacity, sizeof(int32_t) * nh);
             L->n[h] = nh;
         }
-        free(L->k);
-        free(L->v);
+        cpu_free(b, L->k);
+        cpu_free(b, L->v);
         free(L->pos);
     } else {
         if (!L->n) L->n = ks_calloc(L->n_kv_heads, sizeof(int));
-        if (!L->n) { free(k); free(v); free(pos); return KS_ERR_OOM; }
+        if (!L->n) { cpu_free(b, k); cpu_free(b, v); free(pos); return KS_ERR_OOM; }
     }
     L->k = k;
     L->v = v;
@@ -229,8 +375,8 @@ static ks_status cpu_kv_alloc(ks_backend *b, ks_kv_layer *L, int capacity) {
 }
 
 static void cpu_kv_free(ks_backend *b, ks_kv_layer *L) {
-    free(L->k);
-    free(L->v);
+    cpu_free(b, L->k);
+    cpu_free(b, L->v);
     free(L->pos);
     free(L->n);
     L->k = L->v = NULL;
@@ -320,7 +466,7 @@ static ks_status cpu_attention(ks_backend *b, float *out, const float *q, const 
     if (gathered) {
         kg = cpu_alloc(b, sizeof(float) * (size_t)Hkv * maxk * d);
         vg = cpu_alloc(b, sizeof(float) * (size_t)Hkv * maxk * d);
-        if (!kg || !vg) { free(kg); free(vg); free(pg); return KS_ERR_OOM; }
+        if (!kg || !vg) { cpu_free(b, kg); cpu_free(b, vg); free(pg); return KS_ERR_OOM; }
     }
     for (int h = 0; h < Hkv; h++) {
         const int32_t *ix = a->idx ? a->idx[h] : NULL;
@@ -426,14 +572,15 @@ static ks_status cpu_attention(ks_backend *b, float *out, const float *q, const 
         }
         free(Qb); free(S); free(Ob); free(mx); free(sm); free(qp);
     }
-    free(kg);
-    free(vg);
+    cpu_free(b, kg);
+    cpu_free(b, vg);
     free(pg);
     return st;
 }
 
 static void cpu_destroy(ks_backend *b) {
     if (!b) return;
+    if (b->ctx) ks_memtrack_free(((cpu_ctx *)b->ctx)->mem);
     free(b->ctx);
     free(b);
 }
@@ -442,6 +589,7 @@ ks_status ks_cpu_backend_create(int n_threads, ks_backend **out) {
     ks_backend *b = ks_calloc(1, sizeof *b);
     cpu_ctx *c = ks_calloc(1, sizeof *c);
     if (!b || !c) { free(b); free(c); return KS_ERR_OOM; }
+    if (!(c->mem = ks_memtrack_new())) { free(b); free(c); return KS_ERR_OOM; }
     if (n_threads > 0) {
         omp_set_num_threads(n_threads);
         openblas_set_num_threads(n_threads);
@@ -471,6 +619,7 @@ ks_status ks_cpu_backend_create(int n_threads, ks_backend **out) {
     b->kv_retain = cpu_kv_retain;
     b->attention = cpu_attention;
     b->destroy = cpu_destroy;
+    b->mem_stats = cpu_mem_stats;
     *out = b;
     return KS_OK;
 }

@@ -135,12 +135,113 @@ ks_status ks_action_stop(ks_event *ev) {
     return KS_OK;
 }
 
+ks_status ks_action_discard_kv(ks_event *ev) {
+    if (ev->kind != KS_EV_PREFILL_QKV) return illegal(ev, "discard_kv");
+    if (ev->pass > 0 || ev->layer != 0)
+        return ks_errorf(KS_ERR_POLICY, "discard_kv: only in prefill_qkv at layer 0 of the first pass (asked at layer %d of pass %d)",
+                         ev->layer, ev->pass);
+    ev->act.discard_kv = 1;
+    return KS_OK;
+}
+
 static void actions_clear(ks_event *ev) {
     free(ev->act.restart_idx);
     free(ev->act.prop_idx);
     free_head_lists(ev->act.retain_idx, ev->act.n_retain, ev->n_kv_heads);
     free_head_lists(ev->act.attend_idx, ev->act.n_attend, ev->n_kv_heads);
     memset(&ev->act, 0, sizeof ev->act);
+}
+
+/* ================================================================ profiler */
+
+const char *ks_phase_name(ks_phase p) {
+    static const char *n[] = {"embed", "norm", "qkv", "rope", "kv_append", "attention", "o_proj", "mlp",
+                              "swiglu/add", "policy", "kv_edit", "lm_head", "sync/download", "alloc", "other"};
+    return (unsigned)p < KS_PH_COUNT ? n[p] : "?";
+}
+
+static int use_stamps(const ks_session *s) { return s->be->prof_mark && s->be->prof_collect && !s->prof.host_clock; }
+
+/* Book the time since the previous mark to phase ph. */
+static void prof_mark_(ks_session *s, ks_phase ph) {
+    ks_profile *p = &s->prof;
+    p->calls[p->stage][ph]++;
+    if (use_stamps(s)) {
+        s->be->prof_mark(s->be, p->stage * KS_PH_COUNT + (int)ph);
+        return;
+    }
+    s->be->sync(s->be); /* errors surface in the next real call */
+    double t = ks_now();
+    p->sec[p->stage][ph] += t - p->t_last;
+    p->t_last = t;
+}
+/* one branch when profiling is off */
+#define PROF(s, ph) do { if ((s)->prof.on) prof_mark_((s), (ph)); } while (0)
+
+static void prof_begin(ks_session *s, int stage) {
+    ks_profile *p = &s->prof;
+    if (!p->on) return;
+    p->stage = stage;
+    p->stamps = use_stamps(s);
+    if (use_stamps(s)) s->be->prof_mark(s->be, -1);
+    else s->be->sync(s->be);
+    p->t_begin = p->t_last = ks_now();
+}
+
+static void prof_end(ks_session *s) {
+    ks_profile *p = &s->prof;
+    if (!p->on) return;
+    prof_mark_(s, KS_PH_OTHER);
+    if (use_stamps(s)) {
+        s->be->sync(s->be);
+        p->wall[p->stage] += ks_now() - p->t_begin;
+        double sec[2 * KS_PH_COUNT] = {0};
+        if (s->be->prof_collect(s->be, sec, 2 * KS_PH_COUNT) == KS_OK)
+            for (int i = 0; i < KS_PH_COUNT; i++) {
+                p->sec[0][i] += sec[i];
+                p->sec[1][i] += sec[KS_PH_COUNT + i];
+            }
+    } else {
+        p->wall[p->stage] += p->t_last - p->t_begin;
+    }
+}
+
+void ks_profile_reset(ks_session *s) {
+    ks_profile *p = &s->prof;
+    int on = p->on, hc = p->host_clock;
+    if (s->be->prof_collect) { /* drop marks still pending */
+        double sec[KS_PROF_TAGS] = {0};
+        s->be->prof_collect(s->be, sec, KS_PROF_TAGS);
+    }
+    memset(p, 0, sizeof *p);
+    p->on = on;
+    p->host_clock = hc;
+}
+
+void ks_profile_enable(ks_session *s, int on) {
+    ks_profile_reset(s);
+    s->prof.on = on != 0;
+    s->prof.host_clock = on == 2;
+}
+
+void ks_profile_print(const ks_profile *p, FILE *f, const char *title) {
+    if (!p->forwards[0] && !p->forwards[1]) return;
+    double tot[2] = {0, 0};
+    for (int st = 0; st < 2; st++)
+        for (int i = 0; i < KS_PH_COUNT; i++) tot[st] += p->sec[st][i];
+    double np = p->forwards[0] ? (double)p->forwards[0] : 1, nd = p->forwards[1] ? (double)p->forwards[1] : 1;
+    fprintf(f, "profile: %s (%s; per prefill of %ld, per decode step of %ld)\n", title ? title : "",
+            p->stamps ? "backend timestamps" : "sync + host clock", p->forwards[0], p->forwards[1]);
+    fprintf(f, "  %-14s %11s %7s %9s   %12s %7s %9s\n", "phase", "prefill_s", "%", "calls", "decode_ms", "%", "calls");
+    for (int i = 0; i < KS_PH_COUNT; i++) {
+        if (!p->calls[0][i] && !p->calls[1][i]) continue;
+        fprintf(f, "  %-14s %11.4f %6.1f%% %9.0f   %12.3f %6.1f%% %9.1f\n", ks_phase_name((ks_phase)i), p->sec[0][i] / np,
+                tot[0] > 0 ? 100 * p->sec[0][i] / tot[0] : 0.0, p->calls[0][i] / np, 1e3 * p->sec[1][i] / nd,
+                tot[1] > 0 ? 100 * p->sec[1][i] / tot[1] : 0.0, p->calls[1][i] / nd);
+    }
+    fprintf(f, "  %-14s %11.4f %7s %9s   %12.3f\n", "sum", tot[0] / np, "", "", 1e3 * tot[1] / nd);
+    fprintf(f, "  %-14s %11.4f %7s %9s   %12.3f   (host clock: first mark to the device done)\n", "wall",
+            p->wall[0] / np, "", "", 1e3 * p->wall[1] / nd);
 }
 
 /* ================================================================ session */
@@ -160,6 +261,8 @@ ks_status ks_session_new(ks_model *m, ks_session **out) {
         s->kv[l].n_kv_heads = c->n_kv_heads;
         s->kv[l].head_dim = c->head_dim;
     }
+    const char *pe = getenv("KS_PROFILE");
+    if (pe && *pe && strcmp(pe, "0")) ks_profile_enable(s, strcmp(pe, "sync") ? 1 : 2);
     *out = s;
     return KS_OK;
 }
@@ -186,6 +289,7 @@ void ks_session_reset(ks_session *s) {
 
 void ks_session_free_(ks_session *s) {
     if (!s) return;
+    if (s->prof.on && getenv("KS_PROFILE")) ks_profile_print(&s->prof, stderr, "session"); /* KS_PROFILE=1 for any command */
     if (s->kv) {
         for (int l = 0; l < s->m->cfg.n_layers; l++) s->be->kv_free(s->be, &s->kv[l]);
         free(s->kv);
@@ -220,58 +324,81 @@ size_t ks_session_kv_rows(const ks_session *s, int layer) {
 
 /* ================================================================ forward */
 
-/* Scratch activations for a forward over n rows. */
+/* Scratch activations for a forward over n rows. Five row buffers, each used for several
+ * things in turn (a layer never needs more at once):
+ *   x    residual stream                                  (n, dim)
+ *   xn   rmsnorm output; then the attention output        (n, max(dim, n_heads*head_dim))
+ *   q    queries; then the o-proj and the MLP outputs     (n, max(dim, n_heads*head_dim))
+ *   k, v keys and values of this step, until appended     (n, n_kv_heads*head_dim)
+ * plus the MLP's gate/up for one chunk of rows            (min(n, MLP_CHUNK), ffn) each.
+ * (The attention output can't take q's buffer: attention reads q while writing it.) */
 typedef struct fwd_buf {
-    float *x, *xn, *q, *k, *v, *kpre, *att, *tmp, *gate, *up;
+    float *x, *xn, *q, *k, *v, *kpre, *gate, *up;
 } fwd_buf;
 
 static void fwd_free(ks_backend *be, fwd_buf *b) {
-    float *p[] = {b->x, b->xn, b->q, b->k, b->v, b->att, b->tmp, b->gate, b->up};
+    float *p[] = {b->x, b->xn, b->q, b->k, b->v, b->gate, b->up};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i]) be->free(be, p[i]);
     memset(b, 0, sizeof *b);
 }
 
+/* Bytes fwd_alloc takes for n rows (bench notes and tests). */
+static size_t fwd_bytes(const ks_config *c, int n) {
+    size_t D = c->dim, QD = (size_t)c->n_heads * c->head_dim, KD = (size_t)c->n_kv_heads * c->head_dim;
+    size_t W = KS_MAX(D, QD), ch = (size_t)KS_MIN(n, MLP_CHUNK);
+    return sizeof(float) * ((size_t)n * (D + 2 * W + 2 * KD) + 2 * ch * c->ffn);
+}
+
 static ks_status fwd_alloc(ks_backend *be, const ks_config *c, int n, int pre_rope, fwd_buf *b) {
     size_t D = c->dim, QD = (size_t)c->n_heads * c->head_dim, KD = (size_t)c->n_kv_heads * c->head_dim;
-    size_t ch = (size_t)KS_MIN(n, MLP_CHUNK);
+    size_t W = KS_MAX(D, QD), ch = (size_t)KS_MIN(n, MLP_CHUNK);
     memset(b, 0, sizeof *b);
     b->x = be->alloc(be, sizeof(float) * n * D);
-    b->xn = be->alloc(be, sizeof(float) * n * D);
-    b->q = be->alloc(be, sizeof(float) * n * QD);
+    b->xn = be->alloc(be, sizeof(float) * n * W);
+    b->q = be->alloc(be, sizeof(float) * n * W);
     b->k = be->alloc(be, sizeof(float) * n * KD);
     b->v = be->alloc(be, sizeof(float) * n * KD);
-    b->att = be->alloc(be, sizeof(float) * n * QD);
-    b->tmp = be->alloc(be, sizeof(float) * n * D);
     b->gate = be->alloc(be, sizeof(float) * ch * c->ffn);
     b->up = be->alloc(be, sizeof(float) * ch * c->ffn);
     if (pre_rope) b->kpre = b->k; /* marks pre-RoPE mode: k stays unrotated */
-    if (!b->x || !b->xn || !b->q || !b->k || !b->v || !b->att || !b->tmp || !b->gate || !b->up) {
+    if (!b->x || !b->xn || !b->q || !b->k || !b->v || !b->gate || !b->up) {
         fwd_free(be, b);
-        return ks_errorf(KS_ERR_OOM, "%s: out of memory for activations of %d rows", be->name, n);
+        return ks_errorf(KS_ERR_OOM, "%s: out of memory for activations of %d rows (%.1f MiB)", be->name, n,
+                         fwd_bytes(c, n) / 1048576.0);
     }
     return KS_OK;
 }
 
-/* Layer body after attention: o-proj, residual, MLP (chunked), residual. x (n, dim) updated. */
+/* Layer body after attention (its output in xn): o-proj, residual, MLP (chunked), residual.
+ * x (n, dim) updated; q and xn are overwritten. */
 static ks_status layer_tail(ks_session *s, int l, fwd_buf *b, int n) {
     ks_backend *be = s->be;
     const ks_config *c = &s->m->cfg;
     const ks_layer_w *W = &s->m->layers[l];
     int D = c->dim, QD = c->n_heads * c->head_dim, F = c->ffn;
+    float *out = b->q; /* q is dead once attention ran */
     ks_status st;
-    if ((st = be->matmul(be, b->tmp, b->att, W->wo, W->bo, n, QD, D))) return st;
-    if ((st = be->add(be, b->x, b->tmp, (size_t)n * D))) return st;
+    if ((st = be->matmul(be, out, b->xn, W->wo, W->bo, n, QD, D))) return st;
+    PROF(s, KS_PH_OPROJ);
+    if ((st = be->add(be, b->x, out, (size_t)n * D))) return st;
+    PROF(s, KS_PH_ELEMWISE);
     if ((st = be->rmsnorm(be, b->xn, b->x, W->ffn_norm, n, D, c->eps))) return st;
+    PROF(s, KS_PH_NORM);
     for (int r0 = 0; r0 < n; r0 += MLP_CHUNK) {
         int rn = KS_MIN(MLP_CHUNK, n - r0);
         const float *xin = b->xn + (size_t)r0 * D;
         if ((st = be->matmul(be, b->gate, xin, W->w_gate, NULL, rn, D, F))) return st;
         if ((st = be->matmul(be, b->up, xin, W->w_up, NULL, rn, D, F))) return st;
+        PROF(s, KS_PH_MLP);
         if ((st = be->swiglu(be, b->gate, b->gate, b->up, (size_t)rn * F))) return st;
-        if ((st = be->matmul(be, b->tmp + (size_t)r0 * D, b->gate, W->w_down, NULL, rn, F, D))) return st;
+        PROF(s, KS_PH_ELEMWISE);
+        if ((st = be->matmul(be, out + (size_t)r0 * D, b->gate, W->w_down, NULL, rn, F, D))) return st;
+        PROF(s, KS_PH_MLP);
     }
-    return be->add(be, b->x, b->tmp, (size_t)n * D);
+    st = be->add(be, b->x, out, (size_t)n * D);
+    PROF(s, KS_PH_ELEMWISE);
+    return st;
 }
 
 /* q, k, v of n rows at positions pos, RoPE applied; kpre keeps k before RoPE when asked. */
@@ -282,12 +409,16 @@ static ks_status layer_qkv(ks_session *s, int l, fwd_buf *b, int n, const int32_
     int D = c->dim, QD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim;
     ks_status st;
     if ((st = be->rmsnorm(be, b->xn, b->x, W->attn_norm, n, D, c->eps))) return st;
+    PROF(s, KS_PH_NORM);
     if ((st = be->matmul(be, b->q, b->xn, W->wq, W->bq, n, D, QD))) return st;
     if ((st = be->matmul(be, b->k, b->xn, W->wk, W->bk, n, D, KD))) return st;
     if ((st = be->matmul(be, b->v, b->xn, W->wv, W->bv, n, D, KD))) return st;
+    PROF(s, KS_PH_QKV);
     if (b->kpre) return KS_OK; /* pre-RoPE mode: attention rotates q and k itself */
     if ((st = be->rope(be, b->q, n, c->n_heads, pos, &c->rope, max_pos))) return st;
-    return be->rope(be, b->k, n, c->n_kv_heads, pos, &c->rope, max_pos);
+    st = be->rope(be, b->k, n, c->n_kv_heads, pos, &c->rope, max_pos);
+    PROF(s, KS_PH_ROPE);
+    return st;
 }
 
 /* Run one policy handler (if any) and turn its failure into a policy error. */
@@ -335,10 +466,14 @@ static ks_status head_logits(ks_session *s, fwd_buf *b, int row) {
     ks_status st;
     float *xr = b->x + (size_t)row * c->dim;
     if ((st = be->rmsnorm(be, b->xn, xr, s->m->final_norm, 1, c->dim, c->eps))) return st;
+    PROF(s, KS_PH_NORM);
     float *lg = be->alloc(be, sizeof(float) * c->vocab);
     if (!lg) return KS_ERR_OOM;
+    PROF(s, KS_PH_ALLOC);
     st = be->matmul(be, lg, b->xn, s->m->lm_head, NULL, 1, c->dim, c->vocab);
+    PROF(s, KS_PH_LM_HEAD);
     if (!st) st = be->download(be, s->logits, lg, sizeof(float) * c->vocab);
+    PROF(s, KS_PH_SYNC);
     be->free(be, lg);
     return st;
 }
@@ -366,29 +501,44 @@ static ks_status prefill_once(ks_session *s, const int32_t *ids_in, int n_in, in
     fwd_buf b = {0};
     ks_event ev;
     memset(&ev, 0, sizeof ev);
+    s->discard_kv = 0;
+    prof_begin(s, 0);
     if (!ids || !pos || !orig) { st = KS_ERR_OOM; goto out; }
     for (int i = 0; i < n; i++) { ids[i] = ids_in[i]; pos[i] = base + i; orig[i] = i; }
 
 restart:
     if ((st = fwd_alloc(be, c, n, pol && pol->want_pre_rope_keys, &b))) goto out;
+    PROF(s, KS_PH_ALLOC);
     if ((st = be->embed(be, b.x, s->m->embed, ids, n, c->dim))) goto out;
+    PROF(s, KS_PH_EMBED);
     for (int l = 0; l < c->n_layers; l++) {
         if ((st = check_interrupt(s))) goto out;
         int max_pos = pos[n - 1];
         for (int i = 0; i < n; i++) max_pos = KS_MAX(max_pos, pos[i]);
+        PROF(s, KS_PH_OTHER);
         if ((st = layer_qkv(s, l, &b, n, pos, max_pos))) goto out;
-        int stop = 0, propagate = 0;
+        int stop = 0;
         ks_event keep; /* actions carried past attention */
         memset(&keep, 0, sizeof keep);
         if (pol && pol->on[KS_EV_PREFILL_QKV]) {
             event_init(s, &ev, KS_EV_PREFILL_QKV, l, pass, n);
             ev.q = b.q; ev.k = b.k; ev.v = b.v; ev.k_pre = b.kpre;
             ev.pos = pos; ev.ids = ids; ev.orig = orig; ev.kv = &s->kv[l];
-            if ((st = fire(s, &ev))) { actions_clear(&ev); goto out; } /* a failed handler may have asked for actions */
+            st = fire(s, &ev);
+            PROF(s, KS_PH_POLICY);
+            if (st) { actions_clear(&ev); goto out; } /* a failed handler may have asked for actions */
             if (ev.act.restart && chunked) {
                 actions_clear(&ev);
                 st = ks_errorf(KS_ERR_POLICY, "restart is not allowed in a chunked prefill");
                 goto out;
+            }
+            if (ev.act.discard_kv) {
+                if (chunked) st = ks_errorf(KS_ERR_POLICY, "discard_kv is not allowed in a chunked prefill");
+                else if (base > 0)
+                    st = ks_errorf(KS_ERR_POLICY, "discard_kv: only in the first prefill of a session (it holds %d tokens)",
+                                   base);
+                if (st) { actions_clear(&ev); goto out; }
+                s->discard_kv = 1;
             }
             if (ev.act.restart) {
                 /* abandon this pass: fresh prefill on the chosen ids, positions renumbered */
@@ -399,21 +549,24 @@ restart:
                     orig[i] = orig[j];
                     pos[i] = base + i;
                 }
+                actions_clear(&ev);
                 free(s->restart_idx);
                 s->restart_idx = ks_malloc(sizeof(int32_t) * k);
-                if (!s->restart_idx) { st = KS_ERR_OOM; goto out; }
+                if (!s->restart_idx) { s->n_restart = 0; st = KS_ERR_OOM; goto out; }
                 memcpy(s->restart_idx, orig, sizeof(int32_t) * k);
                 s->n_restart = k;
                 s->restarted = 1;
                 n = k;
-                actions_clear(&ev);
                 fwd_free(be, &b);
+                PROF(s, KS_PH_ALLOC);
                 for (int j = 0; j <= l; j++) {
                     /* drop what this pass appended */
                     be->kv_free(be, &s->kv[j]);
                     s->kv[j].n_kv_heads = c->n_kv_heads;
                     s->kv[j].head_dim = c->head_dim;
                 }
+                PROF(s, KS_PH_KV_EDIT);
+                s->discard_kv = 0;
                 pass++;
                 goto restart;
             }
@@ -421,6 +574,7 @@ restart:
             memset(&ev.act, 0, sizeof ev.act);
         }
         if ((st = be->kv_append(be, &s->kv[l], b.k, b.v, pos, n))) { ev.act = keep.act; actions_clear(&ev); goto out; }
+        PROF(s, KS_PH_KV_APPEND);
         ks_attn_args aa = {.n = n, .n_heads = c->n_heads, .qpos = pos, .scale = 1.0f / sqrtf((float)c->head_dim),
                            .window = c->sliding_window};
         if (b.kpre) { aa.rope = &c->rope; aa.rope_max_pos = max_pos; }
@@ -429,7 +583,17 @@ restart:
             aa.n_idx = keep.act.n_attend;
             aa.renumber = keep.act.renumber;
         }
-        if ((st = be->attention(be, b.att, b.q, &s->kv[l], &aa))) { ev.act = keep.act; actions_clear(&ev); goto out; }
+        /* the attention output goes to xn (free until the MLP's norm), see fwd_buf */
+        st = be->attention(be, b.xn, b.q, &s->kv[l], &aa);
+        PROF(s, KS_PH_ATTENTION);
+        if (st) { ev.act = keep.act; actions_clear(&ev); goto out; }
+        if (s->discard_kv) {
+            /* this pass's KV rows are not kept (a restart follows): free them now */
+            be->kv_free(be, &s->kv[l]);
+            s->kv[l].n_kv_heads = c->n_kv_heads;
+            s->kv[l].head_dim = c->head_dim;
+            PROF(s, KS_PH_KV_EDIT);
+        }
         if ((st = layer_tail(s, l, &b, n))) { ev.act = keep.act; actions_clear(&ev); goto out; }
         if (pol && pol->on[KS_EV_PREFILL_LAYER_END]) {
             event_init(s, &ev, KS_EV_PREFILL_LAYER_END, l, pass, n);
@@ -437,26 +601,47 @@ restart:
             ev.act = keep.act; /* actions accumulate; a second ask of the same one is an error */
             memset(&keep.act, 0, sizeof keep.act);
             st = fire(s, &ev);
+            PROF(s, KS_PH_POLICY);
             keep.act = ev.act;
             memset(&ev.act, 0, sizeof ev.act);
             if (st) { ev.act = keep.act; actions_clear(&ev); goto out; }
         }
         ev.act = keep.act;
         ev.n_kv_heads = c->n_kv_heads;
-        if (ev.act.retain && (st = apply_retain(s, l, &ev))) { actions_clear(&ev); goto out; }
+        if (ev.act.retain && s->discard_kv) {
+            actions_clear(&ev);
+            st = ks_errorf(KS_ERR_POLICY, "retain at layer %d: this pass's KV rows were discarded (discard_kv)", l);
+            goto out;
+        }
+        if (ev.act.retain) {
+            st = apply_retain(s, l, &ev);
+            PROF(s, KS_PH_KV_EDIT);
+            if (st) { actions_clear(&ev); goto out; }
+        }
         if (ev.act.propagate) {
             int k = ev.act.n_prop;
             const int32_t *ix = ev.act.prop_idx;
-            if ((st = be->gather_rows(be, b.x, b.x, ix, k, c->dim))) { actions_clear(&ev); goto out; }
+            st = be->gather_rows(be, b.x, b.x, ix, k, c->dim);
+            PROF(s, KS_PH_KV_EDIT);
+            if (st) { actions_clear(&ev); goto out; }
             for (int i = 0; i < k; i++) { ids[i] = ids[ix[i]]; pos[i] = pos[ix[i]]; orig[i] = orig[ix[i]]; }
             n = k;
-            propagate = 1;
         }
         stop = ev.act.stop;
         actions_clear(&ev);
         s->prop_layer_n[l] = n;
-        (void)propagate;
         if (stop) { s->stopped_at = l; break; }
+    }
+    if (s->discard_kv) {
+        /* the pass ended (all layers, or stop()) without the restart discard_kv promised */
+        for (int j = 0; j < c->n_layers; j++) {
+            be->kv_free(be, &s->kv[j]);
+            s->kv[j].n_kv_heads = c->n_kv_heads;
+            s->kv[j].head_dim = c->head_dim;
+        }
+        st = ks_errorf(KS_ERR_POLICY, "discard_kv: the first pass %s without a restart, and its KV rows are gone",
+                       s->stopped_at >= 0 ? "stopped" : "completed");
+        goto out;
     }
     if ((st = head_logits(s, &b, n - 1))) goto out;
     s->n_past = pos[n - 1] + 1;
@@ -464,12 +649,16 @@ restart:
         event_init(s, &ev, KS_EV_PREFILL_END, -1, pass, n);
         ev.pos = pos; ev.ids = ids; ev.orig = orig;
         st = fire(s, &ev);
+        PROF(s, KS_PH_POLICY);
         if (!st && (ev.act.restart || ev.act.propagate || ev.act.retain || ev.act.attend))
             st = ks_errorf(KS_ERR_INTERNAL, "prefill_end: unexpected action");
         actions_clear(&ev);
     }
 out:
     fwd_free(be, &b);
+    PROF(s, KS_PH_ALLOC);
+    s->discard_kv = 0;
+    prof_end(s);
     free(ids);
     free(pos);
     free(orig);
@@ -496,6 +685,7 @@ ks_status ks_session_prefill(ks_session *s, const int32_t *ids_in, int n_in) {
             return (st == KS_ERR_POLICY || st == KS_ERR_INTERRUPTED || st == KS_ERR_OOM)
                        ? st : ks_error_prefix(KS_ERR_POLICY, "policy %s", s->policy->name);
     }
+    if (s->prof.on) s->prof.forwards[0]++;
     int chunk = s->policy ? s->policy->prefill_chunk : 0;
     if (chunk > 0 && n_in > chunk) {
         for (int c0 = 0; c0 < n_in && !st; c0 += chunk)
@@ -519,13 +709,19 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
     fwd_buf b;
     ks_event ev;
     memset(&ev, 0, sizeof ev);
+    prof_begin(s, 1);
+    if (s->prof.on) s->prof.forwards[1]++;
     ks_status st = fwd_alloc(be, c, 1, pol && pol->want_pre_rope_keys, &b);
-    if (st) return st;
+    PROF(s, KS_PH_ALLOC);
+    if (st) { prof_end(s); return st; }
     if ((st = push_tokens(s, &id, 1))) goto out;
     if ((st = be->embed(be, b.x, s->m->embed, &id, 1, c->dim))) goto out;
+    PROF(s, KS_PH_EMBED);
     for (int l = 0; l < c->n_layers; l++) {
         if ((st = layer_qkv(s, l, &b, 1, &pos, pos))) goto out;
-        if ((st = be->kv_append(be, &s->kv[l], b.k, b.v, &pos, 1))) goto out;
+        st = be->kv_append(be, &s->kv[l], b.k, b.v, &pos, 1);
+        PROF(s, KS_PH_KV_APPEND);
+        if (st) goto out;
         ks_attn_args aa = {.n = 1, .n_heads = c->n_heads, .qpos = &pos, .scale = 1.0f / sqrtf((float)c->head_dim),
                            .window = c->sliding_window};
         if (b.kpre) { aa.rope = &c->rope; aa.rope_max_pos = pos; }
@@ -534,7 +730,9 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
             event_init(s, &ev, KS_EV_DECODE_QKV, l, 0, 1);
             ev.q = b.q; ev.k = b.k; ev.v = b.v; ev.k_pre = b.kpre;
             ev.pos = &pos; ev.ids = &id; ev.kv = &s->kv[l];
-            if ((st = fire(s, &ev))) { actions_clear(&ev); goto out; }
+            st = fire(s, &ev);
+            PROF(s, KS_PH_POLICY);
+            if (st) { actions_clear(&ev); goto out; }
             have_ev = 1;
             if (ev.act.attend) {
                 aa.idx = (const int32_t *const *)ev.act.attend_idx;
@@ -542,8 +740,12 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
                 aa.renumber = ev.act.renumber;
             }
         }
-        st = be->attention(be, b.att, b.q, &s->kv[l], &aa);
-        if (!st && have_ev && ev.act.retain) st = apply_retain(s, l, &ev);
+        st = be->attention(be, b.xn, b.q, &s->kv[l], &aa); /* output to xn, see fwd_buf */
+        PROF(s, KS_PH_ATTENTION);
+        if (!st && have_ev && ev.act.retain) {
+            st = apply_retain(s, l, &ev);
+            PROF(s, KS_PH_KV_EDIT);
+        }
         if (have_ev) actions_clear(&ev);
         if (st) goto out;
         if ((st = layer_tail(s, l, &b, 1))) goto out;
@@ -552,6 +754,8 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
     s->n_past++;
 out:
     fwd_free(be, &b);
+    PROF(s, KS_PH_ALLOC);
+    prof_end(s);
     s->t_decode += ks_now() - t0;
     return st;
 }

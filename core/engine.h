@@ -7,6 +7,7 @@
 #include "policy.h"
 
 #include <signal.h>
+#include <stdio.h>
 
 /* Sampling: temperature 0 = greedy (ties -> lowest id); else softmax(logits / T) restricted
  * to the smallest set whose mass reaches top_p (1 = all), drawn with a seeded PRNG. */
@@ -19,6 +20,47 @@ typedef struct ks_sampler {
 
 void ks_sampler_init(ks_sampler *s, float temperature, float top_p, uint64_t seed);
 int32_t ks_sample(ks_sampler *s, const float *logits, int vocab);
+
+/* ---------------------------------------------------------------- per-phase profiler
+ * With profiling on, every forward (a prefill pass, a decode step) books its time to phases:
+ * the interval from one mark to the next goes to the phase of the later mark, so the phases
+ * of a forward add up to its time from its first mark to its last. Backends with timestamps
+ * (CUDA: events on the stream, nothing waits) are timed on their own clock; otherwise the
+ * engine syncs and reads the host clock after each backend call (KS_PROFILE=sync forces this
+ * on CUDA: then each phase also pays its launch latency). Off, it costs one branch per call. */
+typedef enum ks_phase {
+    KS_PH_EMBED = 0,   /* token embedding */
+    KS_PH_NORM,        /* rmsnorm (attention, MLP, final) */
+    KS_PH_QKV,         /* q, k, v projections */
+    KS_PH_ROPE,        /* RoPE of q and k */
+    KS_PH_KV_APPEND,   /* KV cache append (incl. growth) */
+    KS_PH_ATTENTION,   /* attention (prefill flash / decode) */
+    KS_PH_OPROJ,       /* output projection */
+    KS_PH_MLP,         /* gate, up, down projections */
+    KS_PH_ELEMWISE,    /* SwiGLU and residual adds */
+    KS_PH_POLICY,      /* policy handlers, incl. their host copies and device primitives */
+    KS_PH_KV_EDIT,     /* retain, propagate's gather, restart / discard_kv frees */
+    KS_PH_LM_HEAD,     /* lm_head matmul of the last row */
+    KS_PH_SYNC,        /* logits download and waiting for the device */
+    KS_PH_ALLOC,       /* activation buffers: alloc and free */
+    KS_PH_OTHER,       /* host bookkeeping between backend calls */
+    KS_PH_COUNT
+} ks_phase;
+
+const char *ks_phase_name(ks_phase p);
+
+typedef struct ks_profile {
+    int on;                            /* 0 = off */
+    int host_clock;                    /* 1: sync + host clock even when the backend has timestamps */
+    double sec[2][KS_PH_COUNT];        /* [0] prefill, [1] decode: seconds per phase */
+    long calls[2][KS_PH_COUNT];        /* marks per phase (backend calls, handler runs) */
+    double wall[2];                    /* host seconds of the profiled forwards (first mark to done) */
+    long forwards[2];                  /* prefills (ks_session_prefill calls) / decode steps profiled */
+    int stamps;                        /* the last forward was timed with backend timestamps */
+    /* running state */
+    int stage;                         /* 0 prefill, 1 decode */
+    double t_begin, t_last;
+} ks_profile;
 
 struct ks_session {
     ks_model *m;
@@ -49,6 +91,8 @@ struct ks_session {
     int n_gen;
     char *gen_text;
     ks_backend *owned_be;     /* (unused by sessions; models opened by name own theirs) */
+    ks_profile prof;          /* per-phase times (ks_profile_enable); on at creation with KS_PROFILE=1 */
+    int discard_kv;           /* the running prefill pass discards its KV rows (discard_kv action) */
 };
 
 ks_status ks_session_new(ks_model *m, ks_session **out);
@@ -77,7 +121,16 @@ typedef struct ks_gen_params {
 ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks_gen_params *p, ks_token_cb cb,
                               void *ud, int32_t **out_ids, int *n_out);
 
-/* Bytes of KV storage in use (rows x heads x head_dim x 2 x sizeof element). */
+/* KV rows in use at a layer, summed over its KV heads. */
 size_t ks_session_kv_rows(const ks_session *s, int layer);
+
+/* Profiling: on = 1 turns it on (the backend's timestamps where it has them), 2 = on with sync +
+ * host clock, 0 = off. Counters are kept; ks_profile_reset clears them. */
+void ks_profile_enable(ks_session *s, int on);
+void ks_profile_reset(ks_session *s);
+/* The per-phase table of a profile (s->prof, or a copy): seconds per prefill and ms per decode
+ * step, % of the stage's total, calls; then the phases' sum next to the host wall time.
+ * `title` heads the table. Nothing is printed when nothing was profiled. */
+void ks_profile_print(const ks_profile *p, FILE *f, const char *title);
 
 #endif

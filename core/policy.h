@@ -25,6 +25,10 @@
  *                   step appends — per KV head or shared, optionally renumbering key positions
  *                   0..k-1 (queries then sit at k - n + i)
  *   stop()          any prefill event: end the forward pass here
+ *   discard_kv()    PREFILL_QKV at layer 0 of pass 0 (first prefill of the session, not
+ *                   chunked): this pass's KV rows will not be used (a restart follows), so
+ *                   each layer's rows are freed right after its attention; the pass must end
+ *                   in a restart, else the request fails (GemFilter: ~6.5 GiB less at 128K)
  * Index lists may be given in any order; the engine sorts them ascending.
  */
 #ifndef KS_POLICY_H
@@ -48,6 +52,7 @@ typedef struct ks_session ks_session;
 /* What a handler asked for (filled by ks_action_*; read by the engine). */
 typedef struct ks_actions {
     int restart, propagate, retain, attend, stop, renumber;
+    int discard_kv;                               /* see discard_kv() above */
     int32_t *restart_idx; int n_restart;          /* sorted */
     int32_t *prop_idx; int n_prop;                /* sorted */
     int32_t **retain_idx; int *n_retain;          /* (n_kv_heads) sorted lists */
@@ -101,5 +106,6 @@ ks_status ks_action_retain_heads(ks_event *ev, const int32_t *const *idx, const 
 ks_status ks_action_attend(ks_event *ev, const int32_t *idx, int k, int renumber);
 ks_status ks_action_attend_heads(ks_event *ev, const int32_t *const *idx, const int *k, int renumber);
 ks_status ks_action_stop(ks_event *ev);
+ks_status ks_action_discard_kv(ks_event *ev);
 
 #endif

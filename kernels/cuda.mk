@@ -48,12 +48,17 @@ $(BUILD)/bench_kernels: $(BUILD)/tests/cuda/bench_kernels.o $(CUDA_OBJ) $(BUILD)
 $(BUILD)/test_cuda_prims: $(BUILD)/tests/cuda/test_cuda_prims.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/bench_kernels  # build the CUDA test programs
+# every policy with its primitives on the GPU (device tensors) vs on the CPU, and vs the CPU backend
+$(BUILD)/test_cuda_policies: $(BUILD)/tests/cuda/test_cuda_policies.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_policies $(BUILD)/bench_kernels  # build the CUDA test programs
 
 test-cuda: cuda-tests                                           # run the CUDA parity tests (GPU machine)
 	$(BUILD)/test_cuda
 	KS_CUDA_NEW=1 $(BUILD)/test_cuda
 	$(BUILD)/test_cuda_prims
+	$(BUILD)/test_cuda_policies
 
 test-cuda-sanitize: cuda-tests                                  # the same under compute-sanitizer (memcheck)
 	KS_CUDA_NEW=1 compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/test_cuda --quick

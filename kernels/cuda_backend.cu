@@ -37,6 +37,13 @@ typedef struct cuda_ctx {
     size_t pin_cap, pin_off;
     int attn_path;         /* see ks_cuda_backend_set_attn_path */
     int new_kernels;       /* use the kernels written after the last GPU validation (see below) */
+    ks_memtrack *mem;      /* sizes of our device allocations (mem_stats) */
+    /* profiling marks (prof_mark / prof_collect): events recorded on the stream, resolved in
+     * batches; pacc holds the seconds of intervals already resolved, per tag */
+    cudaEvent_t *pev;      /* (pcap) */
+    int *ptag;             /* (pcap) tag of the interval ending at each event */
+    int pn, pcap;
+    double pacc[KS_PROF_TAGS];
 } cuda_ctx;
 
 /* The tensor-core decode kernel, flash variant 2 (4 warps x 32 rows) and the n = 1 gemv: on by
@@ -47,6 +54,8 @@ typedef struct cuda_ctx {
 
 #define PIN_CAP ((size_t)16 << 20)
 #define BLAS_WS ((size_t)32 << 20)
+#define MM_CONV_BYTES ((size_t)64 << 20) /* bf16 copy of a matmul's input: converted in row chunks of this size */
+#define PROF_CAP 4096                    /* profiling events in flight before a batch is resolved */
 
 static cuda_ctx *CTX(ks_backend *b) { return (cuda_ctx *)b->ctx; }
 
@@ -77,10 +86,14 @@ static ks_status dev_alloc(cuda_ctx *c, size_t bytes, const char *what, void **o
     }
     if (e == cudaErrorMemoryAllocation) { cudaGetLastError(); *out = NULL; return oom(bytes, what); }
     if (e != cudaSuccess) { *out = NULL; return ks_cuda_status(e, what); }
-    return KS_OK;
+    ks_status st = ks_memtrack_add(c->mem, *out, bytes, 1);
+    if (st) { cudaFreeAsync(*out, c->stream); *out = NULL; }
+    return st;
 }
 static void dev_free(cuda_ctx *c, void *p) {
-    if (p) cudaFreeAsync(p, c->stream);
+    if (!p) return;
+    ks_memtrack_remove(c->mem, p);
+    cudaFreeAsync(p, c->stream);
 }
 
 /* Long-lived memory (weights, KV cache): plain cudaMalloc, so cudaFree really returns it. */
@@ -96,10 +109,14 @@ static ks_status raw_alloc(cuda_ctx *c, size_t bytes, const char *what, void **o
     }
     if (e == cudaErrorMemoryAllocation) { cudaGetLastError(); *out = NULL; return oom(bytes, what); }
     if (e != cudaSuccess) { *out = NULL; return ks_cuda_status(e, what); }
-    return KS_OK;
+    ks_status st = ks_memtrack_add(c->mem, *out, bytes, 0);
+    if (st) { cudaFree(*out); *out = NULL; }
+    return st;
 }
-static void raw_free(void *p) {
-    if (p) cudaFree(p);
+static void raw_free(cuda_ctx *c, void *p) {
+    if (!p) return;
+    ks_memtrack_remove(c->mem, p);
+    cudaFree(p);
 }
 
 /* Queue a host -> device copy of a host array the caller may reuse as soon as this returns. */
@@ -219,7 +236,7 @@ static ks_status cu_weight_create(ks_backend *b, const ks_st_tensor *t, int64_t 
         }
         dev_free(c, tmp);
     }
-    if (st) { raw_free(w->data); free(w); return ks_error_prefix(st, "tensor %s", t->name); }
+    if (st) { raw_free(c, w->data); free(w); return ks_error_prefix(st, "tensor %s", t->name); }
     *out = w;
     return KS_OK;
 }
@@ -238,15 +255,16 @@ static ks_status cu_weight_random(ks_backend *b, int64_t rows, int64_t cols, uin
     ks_status st = raw_alloc(c, n * (w->type == KS_CUDA_F32 ? 4 : 2), "random weight", &w->data);
     if (!st) st = ks_cuda_random(c->stream, w->data, w->type, rows, cols, seed, scale, offset);
     if (!st) st = ks_cuda_status(cudaStreamSynchronize(c->stream), "random weight");
-    if (st) { raw_free(w->data); free(w); return st; }
+    if (st) { raw_free(c, w->data); free(w); return st; }
     *out = w;
     return KS_OK;
 }
 
 static void cu_weight_free(ks_backend *b, ks_weight *w) {
     if (!w) return;
-    cudaStreamSynchronize(CTX(b)->stream);
-    raw_free(w->data);
+    cuda_ctx *c = CTX(b);
+    cudaStreamSynchronize(c->stream);
+    raw_free(c, w->data);
     free(w);
 }
 
@@ -274,14 +292,20 @@ static ks_status cu_matmul(ks_backend *b, float *y, const float *x, const ks_wei
         if ((st = ks_cuda_gemv(c->stream, y, x, W->data, bias ? (const float *)bias->data : NULL, in, out))) return st;
         bias = NULL;
     } else if (W->type == KS_CUDA_BF16) {
+        /* the bf16 copy of x in row chunks of at most MM_CONV_BYTES (a 128K-row input would
+         * otherwise need a 1 GiB temporary), one GEMM per chunk */
+        int rc = (int)KS_MAX((size_t)1, KS_MIN((size_t)n, MM_CONV_BYTES / ((size_t)in * 2)));
         void *xb;
-        if ((st = dev_alloc(c, (size_t)n * in * 2, "matmul input (bf16)", &xb))) return st;
-        st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, x, KS_CUDA_F32, (size_t)n * in);
-        if (!st)
-            st = blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W->data, CUDA_R_16BF, in,
-                                          xb, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT),
-                             "matmul (cublasGemmEx bf16)");
+        if ((st = dev_alloc(c, (size_t)rc * in * 2, "matmul input (bf16)", &xb))) return st;
+        for (int r0 = 0; r0 < n && !st; r0 += rc) {
+            int rn = KS_MIN(rc, n - r0);
+            st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, x + (size_t)r0 * in, KS_CUDA_F32, (size_t)rn * in);
+            if (!st)
+                st = blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rn, in, &one, W->data, CUDA_R_16BF,
+                                              in, xb, CUDA_R_16BF, in, &zero, y + (size_t)r0 * out, CUDA_R_32F, out,
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                 "matmul (cublasGemmEx bf16)");
+        }
         dev_free(c, xb);
     } else {
         st = blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W->data, CUDA_R_32F, in, x,
@@ -297,8 +321,8 @@ static ks_status cu_matmul(ks_backend *b, float *y, const float *x, const ks_wei
     if (b->count_stats) {
         KS_CU(cudaStreamSynchronize(c->stream), "matmul (timing)");
         b->stat_matmul_s += ks_now() - t0;
-        b->stat_matmul_flop += 2.0 * n * in * out;
     }
+    b->stat_matmul_flop += 2.0 * n * in * out;
     return KS_OK;
 }
 
@@ -381,10 +405,10 @@ static ks_status cu_gather_rows(ks_backend *b, float *out, const float *x, const
 
 /* ================================================================ KV cache */
 
-static void kv_release(ks_kv_layer *L) {
-    raw_free(L->k);
-    raw_free(L->v);
-    raw_free(L->pos_dev);
+static void kv_release(cuda_ctx *c, ks_kv_layer *L) {
+    raw_free(c, L->k);
+    raw_free(c, L->v);
+    raw_free(c, L->pos_dev);
     free(L->pos);
     L->k = L->v = L->pos_dev = NULL;
     L->pos = NULL;
@@ -425,13 +449,13 @@ static ks_status cu_kv_alloc(ks_backend *b, ks_kv_layer *L, int capacity) {
         }
     }
     if (st) {
-        raw_free(k);
-        raw_free(v);
-        raw_free(pd);
+        raw_free(c, k);
+        raw_free(c, v);
+        raw_free(c, pd);
         free(pos);
         return st;
     }
-    kv_release(L);
+    kv_release(c, L);
     L->k = k;
     L->v = v;
     L->pos_dev = pd;
@@ -441,8 +465,9 @@ static ks_status cu_kv_alloc(ks_backend *b, ks_kv_layer *L, int capacity) {
 }
 
 static void cu_kv_free(ks_backend *b, ks_kv_layer *L) {
-    if (L->k || L->v || L->pos_dev) cudaStreamSynchronize(CTX(b)->stream);
-    kv_release(L);
+    cuda_ctx *c = CTX(b);
+    if (L->k || L->v || L->pos_dev) cudaStreamSynchronize(c->stream);
+    kv_release(c, L);
     free(L->n);
     L->n = NULL;
     L->capacity = 0;
@@ -544,14 +569,14 @@ static ks_status cu_kv_retain(ks_backend *b, ks_kv_layer *L, const int32_t *cons
             if (!st) st = ks_cuda_status(cudaStreamSynchronize(c->stream), "kv_retain");
             if (st) {
                 free(pos);
-                raw_free(nk);
-                raw_free(nv);
-                raw_free(np);
+                raw_free(c, nk);
+                raw_free(c, nv);
+                raw_free(c, np);
                 return st;
             }
             for (int h = 0; h < H; h++)
                 for (int i = 0; i < cnt[h]; i++) pos[(size_t)h * ncap + i] = L->pos[(size_t)h * L->capacity + idx[h][i]];
-            kv_release(L);
+            kv_release(c, L);
             L->k = nk;
             L->v = nv;
             L->pos_dev = np;
@@ -791,6 +816,80 @@ static const ks_backend_prims cuda_prims = {
 };
 #endif
 
+/* ================================================================ memory accounting, profiling */
+
+static void cu_mem_stats(ks_backend *b, ks_mem_stats *out, int reset_peak) {
+    cuda_ctx *c = CTX(b);
+    if (reset_peak) { /* return the pool's cached memory: its reserved high-water mark then covers this region only */
+        cudaStreamSynchronize(c->stream);
+        cudaMemPoolTrimTo(c->pool, 0);
+    }
+    ks_memtrack_stats(c->mem, out, reset_peak);
+    uint64_t used = 0, resv = 0, zero = 0;
+    if (reset_peak) { /* the driver resets a high-water mark (to the current value) by setting it to zero */
+        cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrUsedMemHigh, &zero);
+        cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReservedMemHigh, &zero);
+    }
+    if (!cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrUsedMemHigh, &used)) out->pool_used_high = (size_t)used;
+    if (!cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrReservedMemHigh, &resv)) out->pool_reserved_high = (size_t)resv;
+    cudaGetLastError();
+}
+
+/* Resolve the recorded marks: wait for the last, book each interval to its tag, keep the last
+ * event as the start of the next batch. */
+static ks_status prof_flush(cuda_ctx *c) {
+    if (c->pn < 2) return KS_OK;
+    KS_CU(cudaEventSynchronize(c->pev[c->pn - 1]), "profiling (or an earlier kernel)");
+    for (int i = 1; i < c->pn; i++) {
+        if (c->ptag[i] < 0) continue;
+        float ms = 0;
+        KS_CU(cudaEventElapsedTime(&ms, c->pev[i - 1], c->pev[i]), "profiling (event time)");
+        c->pacc[c->ptag[i]] += ms * 1e-3;
+    }
+    cudaEvent_t last = c->pev[c->pn - 1];
+    c->pev[c->pn - 1] = c->pev[0];
+    c->pev[0] = last;
+    c->ptag[0] = -1;
+    c->pn = 1;
+    return KS_OK;
+}
+
+static ks_status cu_prof_mark(ks_backend *b, int tag) {
+    cuda_ctx *c = CTX(b);
+    if (tag >= KS_PROF_TAGS) return ks_errorf(KS_ERR_ARG, "profiling: tag %d out of range [0, %d)", tag, KS_PROF_TAGS);
+    if (c->pn == c->pcap) {
+        if (c->pcap < PROF_CAP) { /* grow: more events */
+            int ncap = c->pcap ? c->pcap * 2 : 256;
+            cudaEvent_t *ne = (cudaEvent_t *)ks_realloc(c->pev, sizeof *ne * ncap);
+            if (!ne) return KS_ERR_OOM;
+            c->pev = ne;
+            int *nt = (int *)ks_realloc(c->ptag, sizeof *nt * ncap);
+            if (!nt) return KS_ERR_OOM;
+            c->ptag = nt;
+            for (int i = c->pcap; i < ncap; i++) {
+                cudaError_t e = cudaEventCreate(&c->pev[i]);
+                if (e) { c->pcap = i; return ks_cuda_status(e, "profiling (event create)"); }
+                c->pcap = i + 1;
+            }
+        } else {
+            ks_status st = prof_flush(c);
+            if (st) return st;
+        }
+    }
+    KS_CU(cudaEventRecord(c->pev[c->pn], c->stream), "profiling (event record)");
+    c->ptag[c->pn++] = tag;
+    return KS_OK;
+}
+
+static ks_status cu_prof_collect(ks_backend *b, double *sec, int n_tags) {
+    cuda_ctx *c = CTX(b);
+    ks_status st = prof_flush(c);
+    for (int t = 0; t < n_tags && t < KS_PROF_TAGS; t++) sec[t] += c->pacc[t];
+    memset(c->pacc, 0, sizeof c->pacc);
+    c->pn = 0; /* the next mark starts a new timeline */
+    return st;
+}
+
 /* ================================================================ lifetime */
 
 static void cu_destroy(ks_backend *b) {
@@ -798,11 +897,15 @@ static void cu_destroy(ks_backend *b) {
     cuda_ctx *c = CTX(b);
     if (c) {
         if (c->stream) cudaStreamSynchronize(c->stream);
+        for (int i = 0; i < c->pcap; i++) cudaEventDestroy(c->pev[i]);
+        free(c->pev);
+        free(c->ptag);
         if (c->blas) cublasDestroy(c->blas);
-        raw_free(c->blas_ws);
+        raw_free(c, c->blas_ws);
         if (c->pin) cudaFreeHost(c->pin);
         if (c->pool) cudaMemPoolDestroy(c->pool);
         if (c->stream) cudaStreamDestroy(c->stream);
+        ks_memtrack_free(c->mem);
         free(c);
     }
     free(b);
@@ -838,6 +941,7 @@ extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
     b->ctx = c;
     ks_status st = KS_OK;
     c->device = device;
+    if (!(c->mem = ks_memtrack_new())) { st = KS_ERR_OOM; goto fail; }
     if ((e = cudaSetDevice(device))) { st = ks_cuda_status(e, "cudaSetDevice"); goto fail; }
     if ((e = cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device))) {
         st = ks_cuda_status(e, "device attributes");
@@ -894,6 +998,9 @@ extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
     b->kv_retain = cu_kv_retain;
     b->attention = cu_attention;
     b->destroy = cu_destroy;
+    b->mem_stats = cu_mem_stats;
+    b->prof_mark = cu_prof_mark;
+    b->prof_collect = cu_prof_collect;
 #ifdef KS_BACKEND_PRIMS
     b->prims = &cuda_prims;
 #endif

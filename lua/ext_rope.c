@@ -18,7 +18,8 @@
  *
  * The model's RoPE is the one of the session whose event is running (ev->sess->m->cfg.rope),
  * so a policy needs nothing else; outside an event handler, without opts.theta, it is an
- * error. Cost O(m * H * d) plus O(m * d / 2) cos/sin.
+ * error. Cost O(m * H * d) plus O(m * d / 2) cos/sin. A device tensor x (ks_lua.h) is rotated
+ * on its device by the backend's RoPE (the engine's own rotation) into a new device tensor.
  *
  * Wiring (one line each, after ks_prims_open(L)): lua/module.c luaopen_kvsieve and
  * lua/policy_lua.c l_open_sandbox call ks_ext_rope_open(L) with the module table on top. */
@@ -126,11 +127,38 @@ static int l_rope(lua_State *L) {
     }
     if (max_pos > INT32_MAX) max_pos = INT32_MAX;
 
+    if (max_pos > INT32_MAX) max_pos = INT32_MAX;
+    if (x->be && x->be->rope) {
+        /* a device tensor: the backend's own RoPE (the engine's rotation) on a device copy */
+        ks_backend *be = x->be;
+        int pushed;
+        const float *xd = ks_lt_on(L, 1, x, be, &pushed);
+        ks_tensor *o = ks_lt_dnew(L, be, KS_T_F32, x->ndim, x->shape);
+        ks_status st = be->copy(be, o->data, xd, (size_t)x->numel * 4);
+        int32_t *pa = NULL;
+        if (!st && !pos && m > 0) { /* one position for every row: the backend wants one per row */
+            pa = malloc(sizeof(int32_t) * (size_t)m);
+            if (!pa) return ks_lua_errorf(L, fn, "out of memory");
+            for (int64_t i = 0; i < m; i++) pa[i] = one;
+        }
+        ks_rope rr = *r;
+        rr.head_dim = (int)d;
+        if (!st && m > 0) st = be->rope(be, o->data, (int)m, (int)H, pos ? pos : pa, &rr, (int)max_pos);
+        free(pa);
+        if (st) return ks_lua_core_error(L, fn, st);
+        return 1;
+    }
+
     /* the input as contiguous (m, H, d) data; the output is a new tensor of x's shape */
     int pushed;
     const float *xd = ks_lt_contig(L, 1, x, &pushed); /* pushed: slot 5 keeps the copy alive */
     ks_tensor *o = ks_lt_new(L, KS_T_F32, x->ndim, x->shape, 0);
-    float *od = o->data;
+    ks_lua_rope_rows(o->data, xd, m, H, d, pos, one, r, max_pos);
+    return 1;
+}
+
+void ks_lua_rope_rows(float *out, const float *x, int64_t m, int64_t H, int64_t d, const int32_t *pos, int32_t one,
+                      const ks_rope *r, int64_t max_pos) {
     int half = (int)(d / 2);
     float inv[ROPE_MAX_HALF], cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     ks_rope_inv_freq(r, (int)max_pos, inv);
@@ -143,8 +171,8 @@ static int l_rope(lua_State *L) {
             sn[k] = sinf(a) * af;
         }
         for (int64_t h = 0; h < H; h++) {
-            const float *v = xd + (i * H + h) * d;
-            float *w = od + (i * H + h) * d;
+            const float *v = x + (i * H + h) * d;
+            float *w = out + (i * H + h) * d;
             for (int k = 0; k < half; k++) {
                 float x0 = v[k], x1 = v[k + half];
                 w[k] = x0 * cs[k] - x1 * sn[k];
@@ -152,7 +180,6 @@ static int l_rope(lua_State *L) {
             }
         }
     }
-    return 1;
 }
 
 void ks_ext_rope_open(lua_State *L) {

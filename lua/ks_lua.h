@@ -3,7 +3,8 @@
  * Pieces (one file each):
  *   lua/tensor.c      the tensor userdata ("kvsieve.tensor"): owned data or views into engine
  *                     memory that die with their event
- *   lua/prims_lua.c   the native primitives (scores, pool1d, topk, ...) over core/prims.h
+ *   lua/prims_lua.c   the native primitives (scores, pool1d, topk, ...) over core/prims.h, or
+ *                     over a backend's ks_backend_prims for device tensors; the emulated device
  *   lua/policy_lua.c  Lua policies: loader, sandbox, trampolines, the event object and its
  *                     actions, parameters, reports; the public ks_policy_* C API
  *   lua/module.c      the `kvsieve` module for scripts and the REPL: models, sessions,
@@ -66,11 +67,19 @@ typedef struct ks_lctx {
     int event_mt_ref;              /* registry ref of the event metatable (0 = not yet) */
     volatile sig_atomic_t *interrupt;
     ks_fail_kind fail_kind;        /* set just before raising a classified error */
-    /* host copies of device buffers viewed during the running event (non-CPU backends):
-     * allocated outside the policy's Lua allocator (they are engine data, not policy memory)
-     * and freed when the event ends */
+    /* host copies of device buffers viewed during the running event (non-CPU backends in
+     * "host" device mode): allocated outside the policy's Lua allocator (they are engine
+     * data, not policy memory) and freed when the event ends */
     void *stage[16];
     int n_stage;
+    /* device tensors (see "device tensors" below) */
+    struct ks_backend *dev;        /* the running event's views live here (NULL: host views) */
+    struct ks_tensor *dev_head;    /* every live device tensor of this state (a list) */
+    long dev_live;                 /* its length */
+    size_t dev_used, dev_limit;    /* bytes of owned device tensors; limit 0 = none */
+    size_t dev_peak;               /* most bytes at once since the state was made */
+    long dev_downloads;            /* host copies made of device data (tests, reports) */
+    long dev_allocs;               /* device tensors allocated */
 } ks_lctx;
 
 /* The context of L (every state made by the binding has one). */
@@ -91,18 +100,45 @@ int ks_lua_core_error(lua_State *L, const char *fn, ks_status st);
 
 typedef enum ks_tdtype { KS_T_ANY = -1 /* arguments: keep / infer */, KS_T_F32 = 0, KS_T_I32 = 1 } ks_tdtype;
 
+/* Device tensors. A tensor whose `be` is set lives in that backend's memory: `data` is a
+ * backend address the host never dereferences. They come from an event's views when the
+ * engine's backend has primitives (ks_backend.prims; the CUDA backend) or from the emulated
+ * device (below), and from primitives run on such views: a primitive with a device input runs
+ * the backend's primitive and returns owned device tensors (host inputs are uploaded, unless
+ * they outweigh the device ones: then the device ones are downloaded and it runs on the host).
+ * Element access and host-only consumers (item, tolist, tostring, arithmetic other than f32
+ * a + b, dtype conversion, actions taking index tensors) download lazily: one contiguous host
+ * copy per tensor, kept (tensors are read-only, so it never goes stale) and counted in the
+ * policy's Lua memory. Owned device memory is counted separately (ks_lctx.dev_used against
+ * dev_limit: the reserved parameter _device_mb) and freed by the garbage collector.
+ * Lifetime: device tensors live while their event runs. When a handler returns, the state is
+ * collected and every device tensor still reachable (a policy keeping a selection for the next
+ * layer) moves to host memory, so nothing on a device outlives its event; views of engine
+ * buffers are stale instead, as on the host. A handler that fails leaves its device tensors
+ * "lost" (freed; using one is an error). */
 typedef struct ks_tensor {
-    ks_tdtype dtype;
+    ks_tdtype dtype;                   /* logical type (a bf16 device view reads as f32) */
     int ndim;                          /* 0..4 (0 = scalar) */
     int64_t shape[KS_TENSOR_MAXDIM];
     int64_t stride[KS_TENSOR_MAXDIM];  /* in elements */
     int64_t numel;
-    void *data;                        /* first element */
+    void *data;                        /* first element (host, or backend memory when be) */
     ks_lctx *scope;                    /* non-NULL: valid only while scope->serial == serial */
     uint64_t serial;
     const char *origin;                /* the event it came from (static string) */
     int origin_layer;
     int closed;                        /* closed by __close */
+    /* device tensors */
+    struct ks_backend *be;             /* NULL: host data */
+    int bf16;                          /* elements stored as bf16 (views of a bf16 KV cache) */
+    int lost;                          /* its event failed while it was on the device */
+    void *dev_owned;                   /* backend allocation owned (freed on GC / move to host) */
+    size_t dev_bytes;
+    void *host;                        /* contiguous host copy (numel elements of dtype), or NULL;
+                                        * owned, from the state's allocator (host_bytes) */
+    size_t host_bytes;
+    ks_lctx *dctx;                     /* the list it is on (device tensors) */
+    struct ks_tensor *dnext, *dprev;
 } ks_tensor;
 
 /* A new owned contiguous tensor on the stack (data uninitialised unless zero). Raises on
@@ -125,6 +161,45 @@ void *ks_lt_contig(lua_State *L, int arg, ks_tensor *t, int *pushed);
  * Lua table of numbers (KS_T_ANY: tensors as they are, tables inferred: all integers ->
  * i32). Always pushes exactly one value (the tensor to use). */
 ks_tensor *ks_lt_arg(lua_State *L, int arg, ks_tdtype dt, const char *fn);
+/* ---- device tensors (see above) */
+
+/* A new owned device tensor on be (uninitialised) pushed on the stack; counts toward the
+ * device limit (a full collection is tried first when the limit or the backend refuses).
+ * Raises on failure. */
+ks_tensor *ks_lt_dnew(lua_State *L, struct ks_backend *be, ks_tdtype dt, int ndim, const int64_t *shape);
+/* A device view of backend memory (engine buffers, or part of another tensor: owner_idx as in
+ * ks_lt_view). bf16: elements are bf16 (dtype must be KS_T_F32). */
+ks_tensor *ks_lt_dview(lua_State *L, struct ks_backend *be, ks_tdtype dt, int bf16, int ndim, const int64_t *shape,
+                       const int64_t *stride, void *data, int scoped, int owner_idx);
+/* Contiguous host data of t (numel elements of t->dtype): t->data for contiguous host
+ * tensors, else the tensor's cached host copy (made on first use: a download for device
+ * tensors). Valid while t lives. Raises on failure. */
+const void *ks_lt_host(lua_State *L, ks_tensor *t);
+/* The data of the tensor t at stack index arg, contiguous, in t->dtype, on backend be (NULL =
+ * host): no copy when it already is; else a copy (upload, download, device gather of a
+ * strided or bf16 view) pushed on the stack (*pushed = 1). */
+const void *ks_lt_on(lua_State *L, int arg, ks_tensor *t, struct ks_backend *be, int *pushed);
+/* Read n bytes of backend memory into dst (counted in dev_downloads). Raises on failure. */
+void ks_lt_download(lua_State *L, struct ks_backend *be, void *dst, const void *src, size_t n);
+/* End of an event: collect garbage, then move every device tensor still alive to host memory
+ * (views of engine buffers are left stale). Runs under the event's protected call (raises on
+ * memory errors). */
+void ks_lt_dev_settle(lua_State *L);
+/* After a failed event: free what is still on a device and mark those tensors lost. Never
+ * raises. */
+void ks_lt_dev_drop(lua_State *L);
+
+/* The emulated device: core/prims.c behind a ks_backend_prims table, with host memory at
+ * tagged addresses (dereferencing one without going through the backend faults), so the
+ * device-tensor code path runs - and is tested - on the CPU backend (lua/prims_lua.c).
+ * Select it with the environment variable KVSIEVE_LUA_DEVICE=emulate or the policy parameter
+ * _device = "emulate". Test hook: ks_lua_emu_fail_in = n > 0 makes the n-th allocation from
+ * now and every later one fail (KS_ERR_OOM) until it is set to 0 again. */
+struct ks_backend *ks_lua_emu_backend(void);
+void *ks_lua_emu_untag(const void *p);
+void *ks_lua_emu_tag(const void *p);
+extern long ks_lua_emu_fail_in;
+
 /* Register the tensor metatable and add ks.tensor / ks.zeros / ks.stack to the table on top. */
 void ks_lt_open(lua_State *L);
 const char *ks_tdtype_name(ks_tdtype d);
@@ -135,6 +210,10 @@ const char *ks_tdtype_name(ks_tdtype d);
 void ks_prims_open(lua_State *L);
 /* ks.rope (lua/ext_rope.c), added to the module table on top. */
 void ks_ext_rope_open(lua_State *L);
+/* The rotation behind ks.rope on host memory: out (m, H, d) = x rotated at pos[i] (or at `one`
+ * for every row when pos is NULL) with r's frequencies for max_pos; out may be x. */
+void ks_lua_rope_rows(float *out, const float *x, int64_t m, int64_t H, int64_t d, const int32_t *pos, int32_t one,
+                      const ks_rope *r, int64_t max_pos);
 
 /* ---------------------------------------------------------------- policies */
 
@@ -166,6 +245,14 @@ void ks_lpol_push_params(lua_State *L, ks_policy *p);
 long ks_lpol_failures(const ks_policy *p, ks_fail_kind k);
 /* Push a table of failure kind -> count. */
 void ks_lpol_push_failures(lua_State *L, const ks_policy *p);
+/* Device-tensor counters of a Lua policy's state (all zero for a C policy): mode is the
+ * _device setting ("auto", "host", "emulate"). */
+typedef struct ks_lpol_devstats {
+    const char *mode;
+    long allocs, downloads;        /* device tensors allocated, downloads made */
+    size_t used, peak, limit;      /* device bytes now (0 between events), at most, allowed */
+} ks_lpol_devstats;
+void ks_lpol_dev_stats(const ks_policy *p, ks_lpol_devstats *out);
 /* Add the policy-state module functions (report, config) to the module table on top. */
 void ks_policy_module_open(lua_State *L, int sandboxed);
 

@@ -28,6 +28,22 @@
 #define DEFAULT_MEMORY_MB 64
 #define DEFAULT_INSTRUCTIONS 100000000LL
 #define DEFAULT_SECONDS 30.0
+#define DEFAULT_DEVICE_MB 1024
+
+/* Where an event's views live (the reserved parameter _device, default from the environment
+ * variable KVSIEVE_LUA_DEVICE): */
+enum {
+    DEV_AUTO = 0,   /* on the engine's device when its backend has primitives (CUDA), else host */
+    DEV_HOST = 1,   /* always host views (copies of device buffers): primitives run on the CPU */
+    DEV_EMULATE = 2 /* like auto, and on the CPU backend the emulated device (ks_lua.h) */
+};
+static const char *const dev_mode_names[] = {"auto", "host", "emulate"};
+
+static int dev_mode_parse(const char *v) {
+    for (int i = 0; i < 3; i++)
+        if (v && !strcasecmp(v, dev_mode_names[i])) return i;
+    return -1;
+}
 
 int ks_lua_quiet = 0; /* tests: do not log failure kinds to stderr */
 
@@ -65,6 +81,8 @@ struct ks_lpol {
     long fail_count[KS_FAIL_COUNT];
     unsigned fail_logged;      /* bit per kind */
     ks_model *model;
+    int dev_mode;              /* DEV_AUTO / DEV_HOST / DEV_EMULATE */
+    size_t dev_limit;          /* bytes of device tensors at once (0 = unlimited): _device_mb */
 };
 
 /* ================================================================ small helpers */
@@ -265,15 +283,33 @@ static l_event *check_event(lua_State *L, int arg, const char *fn) {
 
 static int is_cpu(const ks_event *ev) { return !ev->be || !strcmp(ev->be->name, "cpu"); }
 
-/* A scoped view of engine memory (host copy on other backends). */
+/* A scoped view of engine memory: a host view (CPU backend), a device view (the event runs
+ * with a device: ctx->dev), or a host copy of a device buffer staged for the event ("host"
+ * device mode, or a backend without primitives). bf16: the buffer holds bf16 elements (the
+ * CUDA KV cache); host: data is host memory whatever the backend (positions, ids). */
 static void push_view(lua_State *L, const ks_event *ev, ks_tdtype dt, int ndim, const int64_t *shape, const int64_t *stride,
-                      const void *data, int host) {
-    if (host || is_cpu(ev)) {
+                      const void *data, int host, int bf16) {
+    ks_lctx *c = ks_lua_ctx(L);
+    if (host || (is_cpu(ev) && !c->dev)) {
         ks_lt_view(L, dt, ndim, shape, stride, (void *)data, 1, 0);
         return;
     }
+    if (c->dev) {
+        void *p = c->dev == ks_lua_emu_backend() ? ks_lua_emu_tag(data) : (void *)data;
+        ks_lt_dview(L, c->dev, dt, bf16, ndim, shape, stride, p, 1, 0);
+        return;
+    }
+    ks_backend *be = (ks_backend *)ev->be;
+    if (stride || bf16) {
+        /* a strided / bf16 device buffer (the KV cache): a device view read through its host
+         * copy (which counts as the policy's memory), handed out as a host view of that copy */
+        ks_tensor *dv = ks_lt_dview(L, be, dt, bf16, ndim, shape, stride, (void *)data, 1, 0);
+        const void *h = ks_lt_host(L, dv);
+        ks_lt_view(L, dt, ndim, shape, NULL, (void *)h, 1, -1);
+        lua_remove(L, -2);
+        return;
+    }
     /* a host copy staged for the event's duration; scoped like any view */
-    ks_lctx *c = ks_lua_ctx(L);
     int64_t numel = 1;
     for (int i = 0; i < ndim; i++) numel *= shape[i];
     if (c->n_stage >= (int)(sizeof c->stage / sizeof c->stage[0]))
@@ -281,7 +317,8 @@ static void push_view(lua_State *L, const ks_event *ev, ks_tdtype dt, int ndim, 
     void *buf = malloc((size_t)(numel > 0 ? numel : 1) * 4);
     if (!buf) ks_lua_errorf(L, "event", "out of host memory for a %lld-element copy of a device buffer", (long long)numel);
     c->stage[c->n_stage++] = buf;
-    ks_status st = ((ks_backend *)ev->be)->download((ks_backend *)ev->be, buf, data, (size_t)numel * 4);
+    c->dev_downloads++;
+    ks_status st = be->download(be, buf, data, (size_t)numel * 4);
     if (st) ks_lua_core_error(L, "event", st);
     ks_lt_view(L, dt, ndim, shape, NULL, buf, 1, 0);
 }
@@ -319,15 +356,15 @@ static int l_ev_index(lua_State *L) {
             return not_here(L, e, k, "only in prefill_qkv and decode_qkv");
         }
         int64_t shape[3] = {n, k[0] == 'q' ? H : Hkv, d};
-        push_view(L, ev, KS_T_F32, 3, shape, NULL, p, 0);
+        push_view(L, ev, KS_T_F32, 3, shape, NULL, p, 0, 0);
     } else if (!strcmp(k, "hidden")) {
         if (!ev->hidden) return not_here(L, e, k, "only in prefill_layer_end");
         int64_t shape[2] = {n, ev->dim};
-        push_view(L, ev, KS_T_F32, 2, shape, NULL, ev->hidden, 0);
+        push_view(L, ev, KS_T_F32, 2, shape, NULL, ev->hidden, 0, 0);
     } else if (!strcmp(k, "pos") || !strcmp(k, "ids") || !strcmp(k, "orig")) {
         const int32_t *p = k[0] == 'p' ? ev->pos : k[0] == 'i' ? ev->ids : ev->orig;
         if (!p) return not_here(L, e, k, "only in prefill events");
-        push_view(L, ev, KS_T_I32, 1, &n, NULL, p, 1);
+        push_view(L, ev, KS_T_I32, 1, &n, NULL, p, 1, 0);
     } else if (!strcmp(k, "kv_rows")) {
         if (!ev->kv) return not_here(L, e, k, "only in prefill_qkv, prefill_layer_end and decode_qkv");
         lua_createtable(L, ev->n_kv_heads, 0);
@@ -487,6 +524,14 @@ static int l_ev_stop(lua_State *L) {
     return 0;
 }
 
+/* ev:discard_kv() — prefill_qkv, pass 0, layer 0 only: this pass's KV will not be kept (the
+ * policy promises a restart; the engine frees each layer's KV after its attention). */
+static int l_ev_discard_kv(lua_State *L) {
+    l_event *e = check_event(L, 1, "discard_kv");
+    ACT("discard_kv", ks_action_discard_kv(e->ev));
+    return 0;
+}
+
 static int kv_head_arg(lua_State *L, const l_event *e, int arg, const char *fn) {
     if (!e->ev->kv) ks_lua_errorf(L, fn, "the layer's KV rows are only available in prefill_qkv, prefill_layer_end and decode_qkv");
     lua_Integer h = luaL_checkinteger(L, arg);
@@ -503,24 +548,27 @@ static int l_ev_kv_pos(lua_State *L) {
     int h = kv_head_arg(L, e, 2, "kv_pos");
     const ks_kv_layer *kv = e->ev->kv;
     int64_t n = kv_n(kv, h);
-    push_view(L, e->ev, KS_T_I32, 1, &n, NULL, n ? kv->pos + (size_t)h * kv->capacity : NULL, 1);
+    push_view(L, e->ev, KS_T_I32, 1, &n, NULL, n ? kv->pos + (size_t)h * kv->capacity : NULL, 1, 0);
     return 1;
 }
 
 /* ev:kv_keys() -> (rows, n_kv_heads, head_dim) view of the cached keys (all heads must hold
- * the same number of rows); ev:kv_keys(h) -> (rows_h, 1, head_dim). kv_values likewise. */
+ * the same number of rows); ev:kv_keys(h) -> (rows_h, 1, head_dim). kv_values likewise. On a
+ * device these are device views of the cache (bf16 on CUDA: they read as f32; ks.scores takes
+ * them as keys directly, other consumers get an f32 copy). */
 static int kv_tensor(lua_State *L, int values) {
     const char *fn = values ? "kv_values" : "kv_keys";
     l_event *e = check_event(L, 1, fn);
     const ks_kv_layer *kv = e->ev->kv;
     if (!kv) return ks_lua_errorf(L, fn, "the layer's KV rows are only available in prefill_qkv, prefill_layer_end and decode_qkv");
-    if (!is_cpu(e->ev)) return ks_lua_errorf(L, fn, "only on the cpu backend for now");
-    const float *base = values ? kv->v : kv->k;
+    int bf16 = !is_cpu(e->ev); /* backend.h: the CUDA cache is bf16, the CPU cache float32 */
+    size_t es = bf16 ? 2 : 4;
+    const char *base = values ? kv->v : kv->k;
     int64_t d = e->ev->head_dim, cap = kv->capacity;
     if (!lua_isnoneornil(L, 2)) {
         int h = kv_head_arg(L, e, 2, fn);
         int64_t shape[3] = {kv_n(kv, h), 1, d}, stride[3] = {d, cap * d, 1};
-        push_view(L, e->ev, KS_T_F32, 3, shape, stride, shape[0] ? base + (size_t)h * cap * d : NULL, 1);
+        push_view(L, e->ev, KS_T_F32, 3, shape, stride, shape[0] ? base + (size_t)h * cap * d * es : NULL, 0, bf16);
         return 1;
     }
     for (int h = 1; h < e->ev->n_kv_heads; h++)
@@ -528,7 +576,7 @@ static int kv_tensor(lua_State *L, int values) {
             return ks_lua_errorf(L, fn, "KV heads hold different row counts (%d and %d): ask per head, ev:%s(h)", kv_n(kv, 0), kv_n(kv, h), fn);
     int64_t shape[3] = {kv_n(kv, 0), e->ev->n_kv_heads, d}, stride[3] = {d, cap * d, 1};
     if (!shape[0]) base = NULL;
-    push_view(L, e->ev, KS_T_F32, 3, shape, stride, base, 1);
+    push_view(L, e->ev, KS_T_F32, 3, shape, stride, base, 0, bf16);
     return 1;
 }
 static int l_ev_kv_keys(lua_State *L) { return kv_tensor(L, 0); }
@@ -635,6 +683,7 @@ static int l_dispatch(lua_State *L) {
                              "through ev:retain(...), ev:propagate(...), ...)",
                           e->name, luaL_typename(L, top + 1));
     }
+    ks_lt_dev_settle(L); /* nothing stays on a device after its event */
     return 0;
 }
 
@@ -653,12 +702,22 @@ static ks_status l_trampoline(void *ud, ks_event *ev) {
     c->ev = ev;
     c->pol = p;
     if (ev->sess && ev->sess->interrupt) c->interrupt = ev->sess->interrupt;
+    /* where the views live: on the engine's device when it has primitives (or emulated) */
+    c->dev = NULL;
+    if (ev->be && p->dev_mode != DEV_HOST) {
+        if (ev->be->prims) c->dev = (ks_backend *)ev->be;
+        else if (p->dev_mode == DEV_EMULATE && is_cpu(ev)) c->dev = ks_lua_emu_backend();
+    }
+    c->dev_limit = p->dev_limit;
     call_args a = {p, ev, p->ref_fn[ev->kind]};
     p->busy = 1;
     ks_status st = lpol_protected(p, L, l_dispatch, &a, name, ev->layer);
     p->busy = 0;
+    ks_lt_dev_drop(L); /* after a failure: what is still on the device is freed */
     for (int i = 0; i < c->n_stage; i++) free(c->stage[i]); /* the event's device-view copies */
     c->n_stage = 0;
+    c->dev = saved.dev;
+    c->dev_limit = saved.dev_limit;
     c->in_event = saved.in_event;
     c->serial = saved.serial;
     c->event = saved.event;
@@ -864,7 +923,7 @@ void ks_policy_module_open(lua_State *L, int sandboxed) {
 static void event_mt(lua_State *L) {
     if (luaL_newmetatable(L, KS_EVENT_MT)) {
         static const luaL_Reg methods[] = {{"restart", l_ev_restart}, {"propagate", l_ev_propagate}, {"retain", l_ev_retain},
-                                           {"attend", l_ev_attend},   {"stop", l_ev_stop},           {"report", l_ev_report},
+                                           {"attend", l_ev_attend},   {"stop", l_ev_stop}, {"discard_kv", l_ev_discard_kv},           {"report", l_ev_report},
                                            {"kv_pos", l_ev_kv_pos},   {"kv_keys", l_ev_kv_keys},     {"kv_values", l_ev_kv_values},
                                            {NULL, NULL}};
         luaL_newlib(L, methods);
@@ -1107,6 +1166,9 @@ static ks_lpol *lpol_new(const char *chunk) {
     if (nl > 4 && !strcmp(p->name + nl - 4, ".lua")) p->name[nl - 4] = 0;
     for (int i = 0; i < KS_EV_COUNT; i++) p->ref_fn[i] = LUA_NOREF;
     p->ref_begin = p->ref_params = p->ref_module = LUA_NOREF;
+    const char *dm = getenv("KVSIEVE_LUA_DEVICE");
+    p->dev_mode = dm && *dm && dev_mode_parse(dm) >= 0 ? dev_mode_parse(dm) : DEV_AUTO;
+    p->dev_limit = (size_t)DEFAULT_DEVICE_MB << 20;
     p->pol.ud = p;
     p->pol.free = ks_lpol_free_;
     p->pol.begin = l_begin;
@@ -1264,8 +1326,8 @@ static ks_status unknown_param(const ks_lpol *p, const char *key) {
         size_t l = strlen(list);
         snprintf(list + l, sizeof list - l, "%s%s", i ? ", " : "", p->params[i].name);
     }
-    return ks_errorf(KS_ERR_ARG, "policy %s: unknown parameter '%s' (parameters: %s%s_memory_mb, _instructions, _seconds)", p->name,
-                     key, list, p->n_params ? "; limits: " : "limits: ");
+    return ks_errorf(KS_ERR_ARG, "policy %s: unknown parameter '%s' (parameters: %s%s_memory_mb, _instructions, _seconds, _device, _device_mb)",
+                     p->name, key, list, p->n_params ? "; limits: " : "limits: ");
 }
 
 static int parse_bool(const char *v, int *out) {
@@ -1305,6 +1367,21 @@ ks_status ks_policy_set(ks_policy *pol, const char *key, const char *value) {
     if (!p) return KS_ERR_ARG;
     if (!key || !value) return ks_errorf(KS_ERR_ARG, "ks_policy_set: NULL key or value");
     char *end;
+    if (!strcmp(key, "_device")) {
+        int m = dev_mode_parse(value);
+        if (m < 0) return ks_errorf(KS_ERR_ARG, "policy %s: _device expects auto, host or emulate, got \"%s\"", p->name, value);
+        if (p->busy) return ks_errorf(KS_ERR_ARG, "policy %s: cannot set parameters while it runs", p->name);
+        p->dev_mode = m;
+        return KS_OK;
+    }
+    if (!strcmp(key, "_device_mb")) {
+        errno = 0;
+        double v = strtod(value, &end);
+        if (end == value || *end || errno || !(v >= 0))
+            return ks_errorf(KS_ERR_ARG, "policy %s: %s expects a non-negative number, got \"%s\"", p->name, key, value);
+        p->dev_limit = (size_t)(v * 1048576.0);
+        return KS_OK;
+    }
     if (key[0] == '_') {
         if (!p->own_state) return ks_errorf(KS_ERR_ARG, "policy %s: limits apply only to sandboxed policies (loaded from a file)", p->name);
         errno = 0;
@@ -1368,6 +1445,14 @@ ks_status ks_policy_get(const ks_policy *pol, const char *key, char *buf, size_t
     if (!p) return KS_ERR_ARG;
     if (!buf || n == 0) return ks_errorf(KS_ERR_ARG, "ks_policy_get: no buffer");
     buf[0] = 0;
+    if (key && !strcmp(key, "_device")) {
+        snprintf(buf, n, "%s", dev_mode_names[p->dev_mode]);
+        return KS_OK;
+    }
+    if (key && !strcmp(key, "_device_mb")) {
+        snprintf(buf, n, "%.17g", p->dev_limit / 1048576.0);
+        return KS_OK;
+    }
     if (key && key[0] == '_' && p->own_state) {
         if (!strcmp(key, "_memory_mb")) snprintf(buf, n, "%.17g", p->ctx.mem_limit / 1048576.0);
         else if (!strcmp(key, "_instructions")) snprintf(buf, n, "%lld", p->ctx.instr_limit);
@@ -1471,6 +1556,20 @@ int ks_lpol_param_type(const ks_policy *pol, const char *key) {
     ks_lpol *p = ks_lpol_of((ks_policy *)pol);
     const lparam *pp = p ? find_param(p, key) : NULL;
     return pp ? pp->type : LUA_TNONE;
+}
+
+void ks_lpol_dev_stats(const ks_policy *pol, ks_lpol_devstats *out) {
+    memset(out, 0, sizeof *out);
+    ks_lpol *p = ks_lpol_of((ks_policy *)pol);
+    out->mode = dev_mode_names[p ? p->dev_mode : DEV_AUTO];
+    if (!p || !p->L) return;
+    const ks_lctx *c = p->own_state ? &p->ctx : ks_lua_ctx(p->L);
+    if (!c) return;
+    out->allocs = c->dev_allocs;
+    out->downloads = c->dev_downloads;
+    out->used = c->dev_used;
+    out->peak = c->dev_peak;
+    out->limit = p->dev_limit;
 }
 
 long ks_lpol_failures(const ks_policy *pol, ks_fail_kind k) {

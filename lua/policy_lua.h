@@ -32,6 +32,7 @@
  * a table of n_kv_heads such lists, or a 2-d i32 tensor):
  *   ev:restart(idx)  ev:propagate(idx)  ev:retain(idx | per-head)
  *   ev:attend(idx | per-head [, {renumber = true}])  ev:stop()  ev:report(key, value)
+ *   ev:discard_kv()  (prefill_qkv of pass 0 at layer 0: this pass's KV is not kept; a restart must follow)
  * require("kvsieve") in a policy gives the tensors and primitives (ks.scores, ks.topk, ...),
  * ks.report(key, value) (also from begin) and ks.config (when loaded with a model).
  *
@@ -42,6 +43,17 @@
  * loadfile / binary chunks, string, table, math, utf8, coroutine, os.clock/time/date/
  * difftime; no io; print goes to stderr; require only "kvsieve"). The limits are the
  * reserved parameters _memory_mb, _instructions and _seconds (0 = unlimited).
+ * Device tensors: on a backend with primitives on the device (CUDA), ev.q, ev.k, ev.v, ev.hidden
+ * and ev:kv_keys() / kv_values() are views of the device buffers (no copy) and the primitives
+ * called on them run on the device, returning device tensors; element access (t:item(),
+ * t:tolist(), tostring) and actions download what they read. Results a handler keeps past its
+ * event (a selection reused at the next layer) move to host memory when the handler returns.
+ * Reserved parameter _device = "auto" (default; or the environment variable KVSIEVE_LUA_DEVICE):
+ * device views where the backend has device primitives; "host": host copies and CPU
+ * primitives everywhere (the behaviour before device tensors); "emulate": on the CPU backend,
+ * the emulated device of lua/prims_lua.c (tests of the device path without a GPU). _device_mb
+ * (default 1024, 0 = unlimited) bounds the bytes of device tensors alive at once (not counted
+ * in _memory_mb; host copies of device data are).
  * Handlers return nothing and act through the event object (ev:retain(...), ...). Every
  * failure (error, budget, memory, invalid return value, stale view, forbidden call) makes
  * the engine call fail with KS_ERR_POLICY and a message "policy NAME: EVENT (layer L):
@@ -67,7 +79,8 @@ ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out)
 ks_status ks_policy_load_string(ks_model *m, const char *chunkname, const char *source, ks_policy **out);
 /* Set a parameter from text: parsed as an integer, number, boolean (true/false/1/0/yes/no/
  * on/off) or string, following the type of its default. Unknown keys are KS_ERR_ARG with
- * the list of valid ones. Also the reserved limits _memory_mb, _instructions, _seconds. */
+ * the list of valid ones. Also the reserved limits _memory_mb, _instructions, _seconds, and
+ * _device (auto / host / emulate) and _device_mb (any Lua policy, inline ones too). */
 ks_status ks_policy_set(ks_policy *p, const char *key, const char *value);
 /* The current value of a parameter as text (numbers in %.17g), into buf (n bytes). */
 ks_status ks_policy_get(const ks_policy *p, const char *key, char *buf, size_t n);

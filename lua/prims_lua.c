@@ -1,9 +1,14 @@
-/* prims_lua.c — the native primitives of the `kvsieve` module (over core/prims.h).
+/* prims_lua.c — the native primitives of the `kvsieve` module (over core/prims.h, or a
+ * backend's ks_backend_prims for device tensors), and the emulated device.
  *
  * Each function checks its arguments (tensors that are alive, dtypes, shapes, option names)
  * and names itself — and the running event, if any — in every error. Outputs are new owned
  * tensors allocated before the core call, so a core failure leaves nothing to clean up but
  * Lua garbage; the status is turned into a Lua error afterwards. Index lists are 0-based.
+ * Placement (see place()): a primitive with a device input runs on that device and returns
+ * device tensors; what the host needs to know to shape a result (unique / union counts, a
+ * gather's bad index, a reduction to one number) is downloaded, nothing else waits for the
+ * device. ks.arange always makes a host tensor (it is uploaded where it meets device data).
  *
  *   ks.scores(q, k [, opts])       attention scores, see l_scores
  *   ks.pool1d(x, kernel [, mode])  mode "avg" (default) | "max"; x (n) or (rows, n)
@@ -18,7 +23,10 @@
 #include "ks_lua.h"
 
 #include "prims.h"
+#include "backend.h"
+#include "common.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,24 +97,56 @@ static int opt_range(lua_State *L, int idx, const char *key, int64_t n, int64_t 
     return 1;
 }
 
-/* Contiguous float data of a tensor argument (converting i32, copying strided). Pushes at
- * most one value. */
-static const float *f32_data(lua_State *L, int arg, const char *fn, ks_tensor **out) {
-    ks_tensor *t = ks_lt_arg(L, arg, KS_T_F32, fn); /* pushes the tensor to use */
-    int pushed;
-    const float *d = ks_lt_contig(L, lua_gettop(L), t, &pushed);
-    if (pushed) lua_remove(L, -2);
-    *out = t;
-    return d;
+/* ================================================================ placement (host or device)
+
+ * A primitive runs where its tensor inputs are: on the backend of its device inputs when
+ * there are any (host inputs are uploaded), else on the host. When the host inputs outweigh
+ * the device ones, the device ones are downloaded instead ("move the small one"). Outputs are
+ * new owned tensors on the same side. */
+static ks_backend *place(ks_tensor *const *ts, int n) {
+    ks_backend *be = NULL;
+    size_t dev = 0, host = 0;
+    for (int i = 0; i < n; i++)
+        if (ts[i] && ts[i]->be && !be) be = ts[i]->be;
+    if (!be || !be->prims) return NULL;
+    for (int i = 0; i < n; i++) {
+        if (!ts[i]) continue;
+        size_t b = (size_t)ts[i]->numel * 4;
+        if (ts[i]->be == be) dev += b;
+        else host += b;
+    }
+    return host > dev ? NULL : be;
 }
 
-static const int32_t *i32_data(lua_State *L, int arg, const char *fn, ks_tensor **out) {
-    ks_tensor *t = ks_lt_arg(L, arg, KS_T_I32, fn);
+/* The tensor argument at arg as dtype dt (tables and numbers converted): pushed, its stack
+ * slot in *slot. */
+static ks_tensor *targ(lua_State *L, int arg, ks_tdtype dt, const char *fn, int *slot) {
+    ks_tensor *t = ks_lt_arg(L, arg, dt, fn);
+    *slot = lua_gettop(L);
+    return t;
+}
+
+/* Contiguous data of the tensor at slot on be (NULL = host); a copy stays on the stack. */
+static const void *dat(lua_State *L, int slot, ks_tensor *t, ks_backend *be) {
     int pushed;
-    const int32_t *d = ks_lt_contig(L, lua_gettop(L), t, &pushed);
-    if (pushed) lua_remove(L, -2);
-    *out = t;
-    return d;
+    return ks_lt_on(L, slot, t, be, &pushed);
+}
+
+/* A new owned output on be (NULL = host). */
+static ks_tensor *newt(lua_State *L, ks_backend *be, ks_tdtype dt, int ndim, const int64_t *shape) {
+    return be ? ks_lt_dnew(L, be, dt, ndim, shape) : ks_lt_new(L, dt, ndim, shape, 0);
+}
+
+/* Read a float / an int64 the device wrote. */
+static float dev_f32(lua_State *L, ks_backend *be, const void *p) {
+    float v;
+    ks_lt_download(L, be, &v, p, sizeof v);
+    return v;
+}
+static int64_t dev_i64(lua_State *L, ks_backend *be, const void *p) {
+    int64_t v;
+    ks_lt_download(L, be, &v, p, sizeof v);
+    return v;
 }
 
 #define CORE(fn, call)                                                                                               \
@@ -114,6 +154,9 @@ static const int32_t *i32_data(lua_State *L, int arg, const char *fn, ks_tensor 
         ks_status st_ = (call);                                                                                      \
         if (st_) return ks_lua_core_error(L, fn, st_);                                                               \
     } while (0)
+
+/* the host call or the backend's primitive, by where the work runs */
+#define RUN(fn, be, dev_call, cpu_call) CORE(fn, (be) ? (be)->prims->dev_call : (cpu_call))
 
 /* ================================================================ scores */
 
@@ -140,15 +183,37 @@ static int l_scores(lua_State *L) {
     ks_tensor *q = ks_lt_check(L, 1, fn), *k = ks_lt_check(L, 2, fn);
     check_opts(L, 3, fn, allowed);
     if (q->dtype != KS_T_F32 || k->dtype != KS_T_F32) return ks_lua_errorf(L, fn, "q and k must be f32 tensors");
+    if (q->bf16) return ks_lua_errorf(L, fn, "q cannot be a bf16 view (only keys can)");
     if (k->ndim != 3) return ks_lua_errorf(L, fn, "k must be (n, n_kv_heads, head_dim), got %d dimensions", k->ndim);
     int64_t m, H, d, qs0, qs1;
+    if (q->ndim != 2 && q->ndim != 3)
+        return ks_lua_errorf(L, fn, "q must be (m, n_heads, head_dim) or (n_heads, head_dim), got %d dimensions", q->ndim);
+    if (q->stride[q->ndim - 1] != 1 || k->stride[2] != 1) return ks_lua_errorf(L, fn, "the last dimension of q and k must be contiguous");
+    /* where it runs; an input on the other side is copied (contiguous) and read through that copy */
+    ks_tensor *both[2] = {q, k};
+    ks_backend *be = place(both, 2);
+    ks_tensor qh = *q, kh = *k;
+    if (be ? q->be != be : q->be != NULL) {
+        qh.data = (void *)dat(L, 1, q, be);
+        int64_t st = 1;
+        for (int i = q->ndim - 1; i >= 0; i--) { qh.stride[i] = st; st *= q->shape[i] ? q->shape[i] : 1; }
+        qh.be = be;
+    }
+    if (be ? k->be != be : k->be != NULL) {
+        kh.data = (void *)dat(L, 2, k, be);
+        int64_t st = 1;
+        for (int i = 2; i >= 0; i--) { kh.stride[i] = st; st *= k->shape[i] ? k->shape[i] : 1; }
+        kh.be = be;
+        kh.bf16 = 0;
+    }
+    q = &qh;
+    k = &kh;
     const float *qd = q->data;
     if (q->ndim == 3) { m = q->shape[0]; H = q->shape[1]; d = q->shape[2]; qs0 = q->stride[0]; qs1 = q->stride[1]; }
     else if (q->ndim == 2) { m = 1; H = q->shape[0]; d = q->shape[1]; qs0 = H * d; qs1 = q->stride[0]; }
     else return ks_lua_errorf(L, fn, "q must be (m, n_heads, head_dim) or (n_heads, head_dim), got %d dimensions", q->ndim);
     int64_t n = k->shape[0], Hkv = k->shape[1];
     if (k->shape[2] != d) return ks_lua_errorf(L, fn, "head_dim of q (%lld) and k (%lld) differ", (long long)d, (long long)k->shape[2]);
-    if (q->stride[q->ndim - 1] != 1 || k->stride[2] != 1) return ks_lua_errorf(L, fn, "the last dimension of q and k must be contiguous");
 
     ks_scores_opts o = ks_scores_opts_default();
     /* rows */
@@ -172,7 +237,7 @@ static int l_scores(lua_State *L) {
     }
     lua_pop(L, 1);
     if (rows_given && r1 - r0 < 1) return ks_lua_errorf(L, fn, "option rows selects no query row");
-    qd += r0 * qs0;
+    qd += r0 * qs0; /* a device address too: never dereferenced here */
     int64_t mq = r1 - r0;
     o.q_row_stride = qs0;
     o.q_head_stride = qs1;
@@ -181,13 +246,18 @@ static int l_scores(lua_State *L) {
     /* positions */
     const int32_t *kpos = NULL, *qpos = NULL;
     ks_tensor *tk = NULL, *tq = NULL;
+    const int32_t *kpos_host = NULL;
+    int slot;
     if (opt_get(L, 3, "kpos") != LUA_TNIL) {
-        kpos = i32_data(L, lua_gettop(L), fn, &tk);
+        tk = targ(L, lua_gettop(L), KS_T_I32, fn, &slot);
         if (tk->numel != n) return ks_lua_errorf(L, fn, "kpos has %lld entries for %lld keys", (long long)tk->numel, (long long)n);
+        kpos = dat(L, slot, tk, be);
+        kpos_host = be ? NULL : kpos;
     } /* the pushed values stay on the stack until we return */
     if (opt_get(L, 3, "qpos") != LUA_TNIL) {
-        qpos = i32_data(L, lua_gettop(L), fn, &tq);
+        tq = targ(L, lua_gettop(L), KS_T_I32, fn, &slot);
         if (tq->numel != mq) return ks_lua_errorf(L, fn, "qpos has %lld entries for %lld query rows", (long long)tq->numel, (long long)mq);
+        qpos = dat(L, slot, tq, be);
     }
     o.causal = opt_bool(L, 3, "causal", 0, fn);
     o.softmax = opt_bool(L, 3, "softmax", 0, fn);
@@ -197,9 +267,10 @@ static int l_scores(lua_State *L) {
         if (m != n) return ks_lua_errorf(L, fn, "causal rows {%lld, %lld} need qpos (q has %lld rows, k %lld)", (long long)r0,
                                          (long long)r1, (long long)m, (long long)n);
         int64_t sh[1] = {mq};
+        if (tk && !kpos_host) kpos_host = ks_lt_host(L, tk);
         ks_tensor *p = ks_lt_new(L, KS_T_I32, 1, sh, 0);
-        for (int64_t i = 0; i < mq; i++) ((int32_t *)p->data)[i] = kpos ? kpos[r0 + i] : (int32_t)(r0 + i);
-        qpos = p->data;
+        for (int64_t i = 0; i < mq; i++) ((int32_t *)p->data)[i] = kpos_host ? kpos_host[r0 + i] : (int32_t)(r0 + i);
+        qpos = dat(L, lua_gettop(L), p, be);
     } else if (o.causal && !qpos && mq > n)
         return ks_lua_errorf(L, fn, "causal scores of %lld query rows over %lld keys need qpos", (long long)mq, (long long)n);
     /* scale */
@@ -232,8 +303,9 @@ static int l_scores(lua_State *L) {
     CORE(fn, ks_scores_out_shape(&o, H, Hkv, n, &rows, &cols));
     int64_t shape[2] = {rows, cols};
     int reduce_all = o.heads == KS_HEADS_SUM || o.heads == KS_HEADS_MEAN;
-    ks_tensor *out = reduce_all ? ks_lt_new(L, KS_T_F32, 1, &cols, 0) : ks_lt_new(L, KS_T_F32, 2, shape, 0);
-    CORE(fn, ks_cpu_scores(qd, qpos, H, mq, k->data, kpos, Hkv, n, d, &o, out->data));
+    ks_tensor *out = reduce_all ? newt(L, be, KS_T_F32, 1, &cols) : newt(L, be, KS_T_F32, 2, shape);
+    RUN(fn, be, scores(be, qd, qpos, H, mq, k->data, k->bf16, kpos, Hkv, n, d, &o, out->data),
+        ks_cpu_scores(qd, qpos, H, mq, k->data, kpos, Hkv, n, d, &o, out->data));
     return 1;
 }
 
@@ -249,8 +321,8 @@ static void rows_cols(lua_State *L, const ks_tensor *t, int64_t *rows, int64_t *
 static int l_pool1d(lua_State *L) {
     lua_settop(L, 3);
     const char *fn = "pool1d";
-    ks_tensor *t;
-    const float *x = f32_data(L, 1, fn, &t);
+    int sx;
+    ks_tensor *t = targ(L, 1, KS_T_F32, fn, &sx);
     lua_Integer kernel = luaL_checkinteger(L, 2);
     const char *mode = luaL_optstring(L, 3, "avg");
     ks_pool_mode pm;
@@ -259,8 +331,10 @@ static int l_pool1d(lua_State *L) {
     else return ks_lua_errorf(L, fn, "mode must be \"avg\" or \"max\", got \"%s\"", mode);
     int64_t rows = 0, n = 0;
     rows_cols(L, t, &rows, &n, fn);
-    ks_tensor *o = ks_lt_new(L, KS_T_F32, t->ndim, t->shape, 0);
-    CORE(fn, ks_cpu_pool1d(x, rows, n, kernel, pm, o->data));
+    ks_backend *be = place(&t, 1);
+    const float *x = dat(L, sx, t, be);
+    ks_tensor *o = newt(L, be, KS_T_F32, t->ndim, t->shape);
+    RUN(fn, be, pool1d(be, x, rows, n, kernel, pm, o->data), ks_cpu_pool1d(x, rows, n, kernel, pm, o->data));
     return 1;
 }
 
@@ -268,8 +342,8 @@ static int l_topk(lua_State *L) {
     lua_settop(L, 3);
     const char *fn = "topk";
     static const char *const allowed[] = {"sorted", NULL};
-    ks_tensor *t;
-    const float *x = f32_data(L, 1, fn, &t);
+    int sx;
+    ks_tensor *t = targ(L, 1, KS_T_F32, fn, &sx);
     lua_Integer k = luaL_checkinteger(L, 2);
     ks_topk_order order = KS_TOPK_BY_INDEX;
     const char *s = NULL;
@@ -283,10 +357,12 @@ static int l_topk(lua_State *L) {
     int64_t rows = 0, n = 0;
     rows_cols(L, t, &rows, &n, fn);
     if (k < 0 || k > n) return ks_lua_errorf(L, fn, "k = %lld > n = %lld", (long long)k, (long long)n);
+    ks_backend *be = place(&t, 1);
+    const float *x = dat(L, sx, t, be);
     int64_t sh[2] = {rows, k};
-    ks_tensor *idx = t->ndim == 1 ? ks_lt_new(L, KS_T_I32, 1, &sh[1], 0) : ks_lt_new(L, KS_T_I32, 2, sh, 0);
-    ks_tensor *val = t->ndim == 1 ? ks_lt_new(L, KS_T_F32, 1, &sh[1], 0) : ks_lt_new(L, KS_T_F32, 2, sh, 0);
-    CORE(fn, ks_cpu_topk(x, rows, n, k, order, idx->data, val->data));
+    ks_tensor *idx = t->ndim == 1 ? newt(L, be, KS_T_I32, 1, &sh[1]) : newt(L, be, KS_T_I32, 2, sh);
+    ks_tensor *val = t->ndim == 1 ? newt(L, be, KS_T_F32, 1, &sh[1]) : newt(L, be, KS_T_F32, 2, sh);
+    RUN(fn, be, topk(be, x, rows, n, k, order, idx->data, val->data), ks_cpu_topk(x, rows, n, k, order, idx->data, val->data));
     return 2;
 }
 
@@ -307,13 +383,21 @@ static int l_sort(lua_State *L) {
     int desc = opt_descending(L, 2, fn);
     ks_tensor *t0 = ks_lt_arg(L, 1, KS_T_ANY, fn); /* a table of integers sorts as integers */
     lua_replace(L, 1);
+    int sx;
     if (t0->dtype == KS_T_I32) {
-        ks_tensor *t;
-        const int32_t *x = i32_data(L, 1, fn, &t);
+        ks_tensor *t = targ(L, 1, KS_T_I32, fn, &sx);
         one_d(L, t, fn);
-        ks_tensor *o = ks_lt_new(L, KS_T_I32, 1, t->shape, 0);
-        CORE(fn, ks_cpu_sort_i32(x, t->numel, o->data));
-        if (desc)
+        ks_backend *be = place(&t, 1);
+        const int32_t *x = dat(L, sx, t, be);
+        ks_tensor *o = newt(L, be, KS_T_I32, 1, t->shape);
+        RUN(fn, be, sort_i32(be, x, t->numel, o->data), ks_cpu_sort_i32(x, t->numel, o->data));
+        if (desc && be) { /* reversed on the device: a gather with n-1, ..., 0 */
+            int64_t n = t->numel;
+            ks_tensor *rev = newt(L, be, KS_T_I32, 1, &n);
+            ks_tensor *r = newt(L, be, KS_T_I32, 1, &n);
+            RUN(fn, be, arange(be, n - 1, -1, -1, rev->data), KS_OK);
+            RUN(fn, be, gather_i32(be, o->data, n, rev->data, n, r->data, NULL), KS_OK);
+        } else if (desc)
             for (int64_t i = 0, j = t->numel - 1; i < j; i++, j--) {
                 int32_t *v = o->data, tmp = v[i];
                 v[i] = v[j];
@@ -321,11 +405,12 @@ static int l_sort(lua_State *L) {
             }
         return 1;
     }
-    ks_tensor *t;
-    const float *x = f32_data(L, 1, fn, &t);
+    ks_tensor *t = targ(L, 1, KS_T_F32, fn, &sx);
     one_d(L, t, fn);
-    ks_tensor *o = ks_lt_new(L, KS_T_F32, 1, t->shape, 0);
-    CORE(fn, ks_cpu_sort_f32(x, t->numel, desc, o->data));
+    ks_backend *be = place(&t, 1);
+    const float *x = dat(L, sx, t, be);
+    ks_tensor *o = newt(L, be, KS_T_F32, 1, t->shape);
+    RUN(fn, be, sort_f32(be, x, t->numel, desc, o->data), ks_cpu_sort_f32(x, t->numel, desc, o->data));
     return 1;
 }
 
@@ -333,22 +418,26 @@ static int l_argsort(lua_State *L) {
     lua_settop(L, 2);
     const char *fn = "argsort";
     int desc = opt_descending(L, 2, fn);
-    ks_tensor *t;
-    const float *x = f32_data(L, 1, fn, &t);
+    int sx;
+    ks_tensor *t = targ(L, 1, KS_T_F32, fn, &sx);
     one_d(L, t, fn);
-    ks_tensor *o = ks_lt_new(L, KS_T_I32, 1, t->shape, 0);
-    CORE(fn, ks_cpu_argsort(x, t->numel, desc, o->data));
+    ks_backend *be = place(&t, 1);
+    const float *x = dat(L, sx, t, be);
+    ks_tensor *o = newt(L, be, KS_T_I32, 1, t->shape);
+    RUN(fn, be, argsort(be, x, t->numel, desc, o->data), ks_cpu_argsort(x, t->numel, desc, o->data));
     return 1;
 }
 
 static int l_rank(lua_State *L) {
     lua_settop(L, 1);
     const char *fn = "rank";
-    ks_tensor *t;
-    const float *x = f32_data(L, 1, fn, &t);
+    int sx;
+    ks_tensor *t = targ(L, 1, KS_T_F32, fn, &sx);
     one_d(L, t, fn);
-    ks_tensor *o = ks_lt_new(L, KS_T_I32, 1, t->shape, 0);
-    CORE(fn, ks_cpu_rank(x, t->numel, o->data));
+    ks_backend *be = place(&t, 1);
+    const float *x = dat(L, sx, t, be);
+    ks_tensor *o = newt(L, be, KS_T_I32, 1, t->shape);
+    RUN(fn, be, rank(be, x, t->numel, o->data), ks_cpu_rank(x, t->numel, o->data));
     return 1;
 }
 
@@ -357,18 +446,26 @@ static int l_rank(lua_State *L) {
 /* Shrink a fresh 1-D output to its first n entries (a view of it: no copy). */
 static void shrink_1d(lua_State *L, ks_tensor *o, int64_t n) {
     int64_t sh[1] = {n};
-    ks_lt_view(L, o->dtype, 1, sh, NULL, o->data, 0, -1);
+    if (o->be) ks_lt_dview(L, o->be, o->dtype, 0, 1, sh, NULL, o->data, 0, -1);
+    else ks_lt_view(L, o->dtype, 1, sh, NULL, o->data, 0, -1);
 }
 
 static int l_unique(lua_State *L) {
     lua_settop(L, 1);
     const char *fn = "unique";
-    ks_tensor *t;
-    const int32_t *x = i32_data(L, 1, fn, &t);
+    int sx;
+    ks_tensor *t = targ(L, 1, KS_T_I32, fn, &sx);
     one_d(L, t, fn);
-    ks_tensor *o = ks_lt_new(L, KS_T_I32, 1, t->shape, 0);
-    int64_t n;
-    CORE(fn, ks_cpu_unique(x, t->numel, o->data, &n));
+    ks_backend *be = place(&t, 1);
+    const int32_t *x = dat(L, sx, t, be);
+    ks_tensor *o = newt(L, be, KS_T_I32, 1, t->shape);
+    int64_t n, two = 2;
+    if (be) {
+        ks_tensor *cnt = ks_lt_dnew(L, be, KS_T_F32, 1, &two); /* 8 bytes: the int64 count */
+        RUN(fn, be, unique(be, x, t->numel, o->data, cnt->data), KS_OK);
+        n = dev_i64(L, be, cnt->data);
+        lua_pop(L, 1);
+    } else CORE(fn, ks_cpu_unique(x, t->numel, o->data, &n));
     shrink_1d(L, o, n);
     return 1;
 }
@@ -383,14 +480,24 @@ static int strictly_ascending(const int32_t *x, int64_t n) {
 static int l_union(lua_State *L) {
     lua_settop(L, 2);
     const char *fn = "union";
-    ks_tensor *ta, *tb;
-    const int32_t *a = i32_data(L, 1, fn, &ta);
-    const int32_t *b = i32_data(L, 2, fn, &tb);
+    int sa, sb;
+    ks_tensor *ta = targ(L, 1, KS_T_I32, fn, &sa);
+    ks_tensor *tb = targ(L, 2, KS_T_I32, fn, &sb);
     one_d(L, ta, fn);
     one_d(L, tb, fn);
-    int64_t sh[1] = {ta->numel + tb->numel}, n;
-    ks_tensor *o = ks_lt_new(L, KS_T_I32, 1, sh, 0);
-    if (strictly_ascending(a, ta->numel) && strictly_ascending(b, tb->numel)) {
+    ks_tensor *ts[2] = {ta, tb};
+    ks_backend *be = place(ts, 2);
+    const int32_t *a = dat(L, sa, ta, be);
+    const int32_t *b = dat(L, sb, tb, be);
+    int64_t sh[1] = {ta->numel + tb->numel}, n, two = 2;
+    ks_tensor *o = newt(L, be, KS_T_I32, 1, sh);
+    int oslot = lua_gettop(L);
+    if (be) { /* the device union takes inputs in any order (sorted distinct values of both) */
+        ks_tensor *cnt = ks_lt_dnew(L, be, KS_T_F32, 1, &two);
+        RUN(fn, be, union_(be, a, ta->numel, b, tb->numel, o->data, cnt->data), KS_OK);
+        n = dev_i64(L, be, cnt->data);
+        lua_settop(L, oslot);
+    } else if (strictly_ascending(a, ta->numel) && strictly_ascending(b, tb->numel)) {
         CORE(fn, ks_cpu_union(a, ta->numel, b, tb->numel, o->data, &n));
     } else {
         CORE(fn, ks_cpu_concat_i32(a, ta->numel, b, tb->numel, o->data));
@@ -405,6 +512,7 @@ static int l_concat(lua_State *L) {
     const char *fn = "concat";
     int nargs = lua_gettop(L);
     if (nargs < 1) return ks_lua_errorf(L, fn, "needs at least one argument");
+    if (nargs > 64) return ks_lua_errorf(L, fn, "at most 64 arguments");
     ks_tdtype dt = KS_T_I32;
     for (int i = 1; i <= nargs; i++) {
         ks_tensor *t = ks_lt_test(L, i);
@@ -412,19 +520,25 @@ static int l_concat(lua_State *L) {
         if (!t && !lua_istable(L, i)) return ks_lua_errorf(L, fn, "argument %d: tensor or table expected, got %s", i, luaL_typename(L, i));
     }
     int64_t total = 0;
+    ks_tensor *ts[64];
     for (int i = 1; i <= nargs; i++) {
         ks_tensor *t = ks_lt_arg(L, i, dt, fn); /* pushed at nargs + i */
         if (t->ndim != 1) return ks_lua_errorf(L, fn, "argument %d is %d-d (1-d expected)", i, t->ndim);
         total += t->numel;
+        ts[i - 1] = t;
     }
-    ks_tensor *o = ks_lt_new(L, dt, 1, &total, 0);
+    ks_backend *be = place(ts, nargs);
+    ks_tensor *o = newt(L, be, dt, 1, &total);
+    int oslot = lua_gettop(L);
     int64_t at = 0;
     for (int i = 1; i <= nargs; i++) {
-        ks_tensor *t = ks_lt_test(L, nargs + i);
-        int pushed;
-        const void *d = ks_lt_contig(L, nargs + i, t, &pushed);
-        memcpy((char *)o->data + at * 4, d, (size_t)t->numel * 4);
-        if (pushed) lua_pop(L, 1);
+        ks_tensor *t = ts[i - 1];
+        const void *d = dat(L, nargs + i, t, be);
+        if (be) {
+            ks_status st = be->copy(be, (char *)o->data + at * 4, d, (size_t)t->numel * 4);
+            if (st) return ks_lua_core_error(L, fn, st);
+        } else memcpy((char *)o->data + at * 4, d, (size_t)t->numel * 4);
+        lua_settop(L, oslot);
         at += t->numel;
     }
     return 1;
@@ -447,17 +561,36 @@ static int l_gather(lua_State *L) {
     lua_settop(L, 2);
     const char *fn = "gather";
     ks_tensor *x = ks_lt_check(L, 1, fn);
-    ks_tensor *ti;
-    const int32_t *idx = i32_data(L, 2, fn, &ti);
+    int si;
+    ks_tensor *ti = targ(L, 2, KS_T_I32, fn, &si);
     if (ti->ndim != 1) return ks_lua_errorf(L, fn, "idx must be 1-d");
     if (x->ndim < 1) return ks_lua_errorf(L, fn, "x must have at least one dimension");
-    int pushed;
-    const void *xd = ks_lt_contig(L, 1, x, &pushed);
-    int64_t n = x->shape[0], d = n ? x->numel / n : 0;
+    ks_tensor *ts[2] = {x, ti};
+    ks_backend *be = place(ts, 2);
+    const void *xd = dat(L, 1, x, be);
+    const int32_t *idx = dat(L, si, ti, be);
+    int64_t n = x->shape[0], d = n ? x->numel / n : 0, one = 2;
     int64_t shape[KS_TENSOR_MAXDIM];
     memcpy(shape, x->shape, sizeof shape);
     shape[0] = ti->numel;
-    ks_tensor *o = ks_lt_new(L, x->dtype, x->ndim, shape, 0);
+    ks_tensor *o = newt(L, be, x->dtype, x->ndim, shape);
+    if (be) {
+        /* rows of 32-bit words: the f32 gather moves i32 rows bit for bit; a bad index is
+         * reported through a device word (set to -1 first) */
+        ks_tensor *err = ks_lt_dnew(L, be, KS_T_F32, 1, &one);
+        int64_t m1 = -1;
+        CORE(fn, be->upload(be, err->data, &m1, sizeof m1));
+        if (x->dtype == KS_T_I32 && d == 1) RUN(fn, be, gather_i32(be, xd, n, idx, ti->numel, o->data, err->data), KS_OK);
+        else RUN(fn, be, gather(be, xd, n, d, idx, ti->numel, o->data, err->data), KS_OK);
+        int64_t bad = dev_i64(L, be, err->data);
+        if (bad >= 0) {
+            int32_t v;
+            ks_lt_download(L, be, &v, idx + bad, sizeof v);
+            return ks_lua_errorf(L, fn, "index %d at position %lld out of range [0, %lld)", v, (long long)bad, (long long)n);
+        }
+        lua_pop(L, 1);
+        return 1;
+    }
     if (x->dtype == KS_T_F32) CORE(fn, ks_cpu_gather(xd, n, d, idx, ti->numel, o->data));
     else if (d == 1) CORE(fn, ks_cpu_gather_i32(xd, n, idx, ti->numel, o->data));
     else {
@@ -475,23 +608,37 @@ static int l_gather(lua_State *L) {
 static int l_softmax(lua_State *L) {
     lua_settop(L, 1);
     const char *fn = "softmax";
-    ks_tensor *t;
-    const float *x = f32_data(L, 1, fn, &t);
+    int sx;
+    ks_tensor *t = targ(L, 1, KS_T_F32, fn, &sx);
     if (t->ndim < 1) return ks_lua_errorf(L, fn, "x must have at least one dimension");
     int64_t n = t->shape[t->ndim - 1], rows = n ? t->numel / n : 0;
-    ks_tensor *o = ks_lt_new(L, KS_T_F32, t->ndim, t->shape, 0);
-    CORE(fn, ks_cpu_softmax(x, rows, n, o->data));
+    ks_backend *be = place(&t, 1);
+    const float *x = dat(L, sx, t, be);
+    ks_tensor *o = newt(L, be, KS_T_F32, t->ndim, t->shape);
+    RUN(fn, be, softmax(be, x, rows, n, o->data), ks_cpu_softmax(x, rows, n, o->data));
     return 1;
 }
 
 typedef enum { R_SUM, R_MEAN, R_VAR } red_kind;
 
+static ks_status red_call(ks_backend *be, red_kind kind, const float *x, int64_t rows, int64_t cols, int axis, int64_t ddof,
+                          float *out) {
+    if (be) {
+        if (kind == R_SUM) return be->prims->sum(be, x, rows, cols, axis, out);
+        if (kind == R_MEAN) return be->prims->mean(be, x, rows, cols, axis, out);
+        return be->prims->var(be, x, rows, cols, axis, ddof, out);
+    }
+    if (kind == R_SUM) return ks_cpu_sum(x, rows, cols, axis, out);
+    if (kind == R_MEAN) return ks_cpu_mean(x, rows, cols, axis, out);
+    return ks_cpu_var(x, rows, cols, axis, ddof, out);
+}
+
 /* sum/mean/var over one axis (0-based, negative from the end) or over everything. A
  * 0-d result is returned as a number. */
 static int reduce(lua_State *L, red_kind kind, const char *fn) {
     lua_settop(L, 3);
-    ks_tensor *t;
-    const float *x = f32_data(L, 1, fn, &t);
+    int sx;
+    ks_tensor *t = targ(L, 1, KS_T_F32, fn, &sx);
     int64_t ddof = 0;
     if (kind == R_VAR) {
         static const char *const allowed[] = {"ddof", NULL};
@@ -499,21 +646,27 @@ static int reduce(lua_State *L, red_kind kind, const char *fn) {
         if (opt_get(L, 3, "ddof") != LUA_TNIL) ddof = luaL_checkinteger(L, -1);
         lua_pop(L, 1);
     }
-    float r;
+    ks_backend *be = place(&t, 1);
     if (lua_isnoneornil(L, 2) || t->ndim <= 1) {
         if (!lua_isnoneornil(L, 2)) {
             lua_Integer a = luaL_checkinteger(L, 2);
             if (a != 0 && a != -1) return ks_lua_errorf(L, fn, "axis %lld out of range for a %d-d tensor", (long long)a, t->ndim);
         }
-        if (kind == R_SUM) CORE(fn, ks_cpu_sum(x, 1, t->numel, 1, &r));
-        else if (kind == R_MEAN) CORE(fn, ks_cpu_mean(x, 1, t->numel, 1, &r));
-        else CORE(fn, ks_cpu_var(x, 1, t->numel, 1, ddof, &r));
+        const float *x = dat(L, sx, t, be);
+        float r;
+        if (be) {
+            int64_t one = 1;
+            ks_tensor *o = ks_lt_dnew(L, be, KS_T_F32, 1, &one);
+            CORE(fn, red_call(be, kind, x, 1, t->numel, 1, ddof, o->data));
+            r = dev_f32(L, be, o->data);
+        } else CORE(fn, red_call(NULL, kind, x, 1, t->numel, 1, ddof, &r));
         lua_pushnumber(L, r);
         return 1;
     }
     lua_Integer a = luaL_checkinteger(L, 2);
     if (a < 0) a += t->ndim;
     if (a < 0 || a >= t->ndim) return ks_lua_errorf(L, fn, "axis %lld out of range for a %d-d tensor", (long long)lua_tointeger(L, 2), t->ndim);
+    const float *x = dat(L, sx, t, be);
     int64_t outer = 1, inner = 1, mid = t->shape[a];
     for (int i = 0; i < a; i++) outer *= t->shape[i];
     for (int i = (int)a + 1; i < t->ndim; i++) inner *= t->shape[i];
@@ -521,13 +674,12 @@ static int reduce(lua_State *L, red_kind kind, const char *fn) {
     int nd = 0;
     for (int i = 0; i < t->ndim; i++)
         if (i != a) shape[nd++] = t->shape[i];
-    ks_tensor *o = ks_lt_new(L, KS_T_F32, nd, shape, 0);
+    ks_tensor *o = newt(L, be, KS_T_F32, nd, shape);
+    /* one (mid, inner) block per outer index (device: pointer offsets, one launch each) */
     for (int64_t i = 0; i < outer; i++) {
         const float *xi = x + i * mid * inner;
         float *oi = (float *)o->data + i * inner;
-        if (kind == R_SUM) CORE(fn, ks_cpu_sum(xi, mid, inner, 0, oi));
-        else if (kind == R_MEAN) CORE(fn, ks_cpu_mean(xi, mid, inner, 0, oi));
-        else CORE(fn, ks_cpu_var(xi, mid, inner, 0, ddof, oi));
+        CORE(fn, red_call(be, kind, xi, mid, inner, 0, ddof, oi));
     }
     return 1;
 }
@@ -538,28 +690,197 @@ static int l_var(lua_State *L) { return reduce(L, R_VAR, "var"); }
 static int l_cosine(lua_State *L) {
     lua_settop(L, 2);
     const char *fn = "cosine";
-    ks_tensor *ta, *tb;
-    const float *a = f32_data(L, 1, fn, &ta);
-    const float *b = f32_data(L, 2, fn, &tb);
+    int sa, sb;
+    ks_tensor *ta = targ(L, 1, KS_T_F32, fn, &sa);
+    ks_tensor *tb = targ(L, 2, KS_T_F32, fn, &sb);
     if (ta->ndim != tb->ndim || memcmp(ta->shape, tb->shape, sizeof(int64_t) * ta->ndim))
         return ks_lua_errorf(L, fn, "a and b differ in shape");
+    if (ta->ndim > 2) return ks_lua_errorf(L, fn, "a and b must be (d) or (rows, d)");
+    ks_tensor *ts[2] = {ta, tb};
+    ks_backend *be = place(ts, 2);
+    const float *a = dat(L, sa, ta, be);
+    const float *b = dat(L, sb, tb, be);
     if (ta->ndim <= 1) {
         float r;
-        CORE(fn, ks_cpu_cosine(a, b, ta->numel, &r));
+        if (be) {
+            int64_t one = 1;
+            ks_tensor *o = ks_lt_dnew(L, be, KS_T_F32, 1, &one);
+            RUN(fn, be, cosine(be, a, b, ta->numel, o->data), KS_OK);
+            r = dev_f32(L, be, o->data);
+        } else CORE(fn, ks_cpu_cosine(a, b, ta->numel, &r));
         lua_pushnumber(L, r);
         return 1;
     }
-    if (ta->ndim != 2) return ks_lua_errorf(L, fn, "a and b must be (d) or (rows, d)");
-    ks_tensor *o = ks_lt_new(L, KS_T_F32, 1, ta->shape, 0);
-    CORE(fn, ks_cpu_cosine_rows(a, b, ta->shape[0], ta->shape[1], o->data));
+    ks_tensor *o = newt(L, be, KS_T_F32, 1, ta->shape);
+    RUN(fn, be, cosine_rows(be, a, b, ta->shape[0], ta->shape[1], o->data),
+        ks_cpu_cosine_rows(a, b, ta->shape[0], ta->shape[1], o->data));
     return 1;
 }
+
+/* ks._upload(t): a device copy of t on the running event's device (the device the event's
+ * views live on), or t itself when there is none. Tests and policies that want a table on
+ * the device; an underscore name: not part of the stable API. */
+static int l_upload(lua_State *L) {
+    ks_tensor *t = ks_lt_check(L, 1, "_upload");
+    ks_lctx *c = ks_lua_ctx(L);
+    ks_backend *be = c && c->in_event ? c->dev : NULL;
+    if (!be || t->be == be) { lua_settop(L, 1); return 1; }
+    int pushed;
+    const void *d = ks_lt_on(L, 1, t, be, &pushed);
+    if (!pushed) {
+        ks_tensor *o = ks_lt_dnew(L, be, t->dtype, t->ndim, t->shape);
+        CORE("_upload", be->copy(be, o->data, d, (size_t)t->numel * 4));
+    }
+    return 1;
+}
+
+/* ================================================================ the emulated device
+
+ * core/prims.c behind the backend interface, on host memory at tagged addresses: bit 62 is
+ * flipped, which makes the address non-canonical on x86-64 (and out of any mapping
+ * elsewhere), so code that dereferences a device address without the backend faults at once
+ * instead of silently working on the CPU. Every entry point untags and calls the CPU
+ * reference; results that a device writes to device memory (counts, cosine) are written
+ * there too, and gather reports a bad index through its error word like the CUDA kernel. */
+
+#define EMU_TAG ((uintptr_t)1 << 62)
+long ks_lua_emu_fail_in = 0;
+
+void *ks_lua_emu_tag(const void *p) { return p ? (void *)((uintptr_t)p ^ EMU_TAG) : NULL; }
+void *ks_lua_emu_untag(const void *p) { return p ? (void *)((uintptr_t)p ^ EMU_TAG) : NULL; }
+#define U(p) ks_lua_emu_untag(p)
+
+static void *emu_alloc(ks_backend *b, size_t n) {
+    if (ks_lua_emu_fail_in < 0 || (ks_lua_emu_fail_in > 0 && --ks_lua_emu_fail_in == 0)) {
+        ks_lua_emu_fail_in = -1; /* from now on, until the test resets it */
+        ks_errorf(KS_ERR_OOM, "emu: out of device memory allocating %zu bytes (injected failure)", n);
+        return NULL;
+    }
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        ks_errorf(KS_ERR_OOM, "emu: out of memory allocating %zu bytes", n);
+        return NULL;
+    }
+    return ks_lua_emu_tag(p);
+}
+static void emu_free(ks_backend *b, void *p) { free(U(p)); }
+static ks_status emu_upload(ks_backend *b, void *dst, const void *src, size_t n) {
+    if (n) memcpy(U(dst), src, n);
+    return KS_OK;
+}
+static ks_status emu_download(ks_backend *b, void *dst, const void *src, size_t n) {
+    if (n) memcpy(dst, U(src), n);
+    return KS_OK;
+}
+static ks_status emu_copy(ks_backend *b, void *dst, const void *src, size_t n) {
+    if (n) memmove(U(dst), U(src), n);
+    return KS_OK;
+}
+static ks_status emu_sync(ks_backend *b) { return KS_OK; }
+static ks_status emu_rope(ks_backend *b, float *x, int n, int n_heads, const int32_t *pos, const ks_rope *r, int max_pos) {
+    float *h = U(x);
+    ks_lua_rope_rows(h, h, n, n_heads, r->head_dim, pos, 0, r, max_pos);
+    return KS_OK;
+}
+
+static ks_status e_scores(ks_backend *b, const float *q, const int32_t *qpos, int64_t hq, int64_t m, const void *k, int k_bf16,
+                          const int32_t *kpos, int64_t hkv, int64_t n, int64_t d, const ks_scores_opts *o, float *out) {
+    if (k_bf16) return ks_errorf(KS_ERR_UNSUPPORTED, "scores: the emulated device has no bf16 keys");
+    return ks_cpu_scores(U(q), U(qpos), hq, m, U(k), U(kpos), hkv, n, d, o, U(out));
+}
+static ks_status e_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t kernel, ks_pool_mode mode, float *out) {
+    return ks_cpu_pool1d(U(x), rows, n, kernel, mode, U(out));
+}
+static ks_status e_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, ks_topk_order order, int32_t *oi,
+                        float *ov) {
+    return ks_cpu_topk(U(x), rows, n, k, order, U(oi), U(ov));
+}
+static ks_status e_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *oi) {
+    return ks_cpu_argsort(U(x), n, desc, U(oi));
+}
+static ks_status e_sort_f32(ks_backend *b, const float *x, int64_t n, int desc, float *out) {
+    return ks_cpu_sort_f32(U(x), n, desc, U(out));
+}
+static ks_status e_sort_i32(ks_backend *b, const int32_t *x, int64_t n, int32_t *out) { return ks_cpu_sort_i32(U(x), n, U(out)); }
+static ks_status e_rank(ks_backend *b, const float *x, int64_t n, int32_t *out) { return ks_cpu_rank(U(x), n, U(out)); }
+static ks_status e_unique(ks_backend *b, const int32_t *x, int64_t n, int32_t *out, int64_t *n_out) {
+    return ks_cpu_unique(U(x), n, U(out), U(n_out));
+}
+/* like the CUDA union: the sorted distinct values of both lists, in any order */
+static ks_status e_union(ks_backend *b, const int32_t *a, int64_t na, const int32_t *bb, int64_t nb, int32_t *out, int64_t *n_out) {
+    ks_status st = ks_cpu_concat_i32(U(a), na, U(bb), nb, U(out));
+    return st ? st : ks_cpu_unique(U(out), na + nb, U(out), U(n_out));
+}
+static ks_status e_concat_i32(ks_backend *b, const int32_t *a, int64_t na, const int32_t *bb, int64_t nb, int32_t *out) {
+    return ks_cpu_concat_i32(U(a), na, U(bb), nb, U(out));
+}
+static ks_status e_concat_f32(ks_backend *b, const float *a, int64_t na, const float *bb, int64_t nb, float *out) {
+    return ks_cpu_concat_f32(U(a), na, U(bb), nb, U(out));
+}
+static ks_status e_arange(ks_backend *b, int64_t start, int64_t stop, int64_t step, int32_t *out) {
+    return ks_cpu_arange(start, stop, step, U(out));
+}
+/* rows of d 32-bit words; a bad index leaves a NaN row and its position in *err (lowest) */
+static ks_status e_gather_words(const uint32_t *x, int64_t n, int64_t d, const int32_t *idx, int64_t k, uint32_t *out,
+                                int64_t *err) {
+    int64_t bad = -1;
+    for (int64_t i = 0; i < k; i++) {
+        if (idx[i] < 0 || idx[i] >= n) {
+            if (bad < 0) bad = i;
+            for (int64_t j = 0; j < d; j++) out[i * d + j] = 0x7fc00000u;
+        } else memcpy(out + i * d, x + (int64_t)idx[i] * d, (size_t)d * 4);
+    }
+    if (err && bad >= 0) *err = bad;
+    return KS_OK;
+}
+static ks_status e_gather(ks_backend *b, const float *x, int64_t n, int64_t d, const int32_t *idx, int64_t k, float *out,
+                          int64_t *err) {
+    if (n < 0 || d < 0 || k < 0) return ks_errorf(KS_ERR_ARG, "gather: negative size");
+    return e_gather_words(U(x), n, d, U(idx), k, U(out), U(err));
+}
+static ks_status e_gather_i32(ks_backend *b, const int32_t *x, int64_t n, const int32_t *idx, int64_t k, int32_t *out,
+                              int64_t *err) {
+    if (n < 0 || k < 0) return ks_errorf(KS_ERR_ARG, "gather: negative size");
+    return e_gather_words(U(x), n, 1, U(idx), k, U(out), U(err));
+}
+static ks_status e_softmax(ks_backend *b, const float *x, int64_t rows, int64_t n, float *out) {
+    return ks_cpu_softmax(U(x), rows, n, U(out));
+}
+static ks_status e_sum(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, float *out) {
+    return ks_cpu_sum(U(x), rows, cols, axis, U(out));
+}
+static ks_status e_mean(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, float *out) {
+    return ks_cpu_mean(U(x), rows, cols, axis, U(out));
+}
+static ks_status e_var(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, int64_t ddof, float *out) {
+    return ks_cpu_var(U(x), rows, cols, axis, ddof, U(out));
+}
+static ks_status e_cosine(ks_backend *b, const float *a, const float *bb, int64_t n, float *out) {
+    return ks_cpu_cosine(U(a), U(bb), n, U(out));
+}
+static ks_status e_cosine_rows(ks_backend *b, const float *a, const float *bb, int64_t rows, int64_t d, float *out) {
+    return ks_cpu_cosine_rows(U(a), U(bb), rows, d, U(out));
+}
+
+static const ks_backend_prims emu_prims = {
+    .scores = e_scores, .pool1d = e_pool1d, .topk = e_topk, .argsort = e_argsort, .sort_f32 = e_sort_f32,
+    .sort_i32 = e_sort_i32, .rank = e_rank, .unique = e_unique, .union_ = e_union, .concat_i32 = e_concat_i32,
+    .concat_f32 = e_concat_f32, .arange = e_arange, .gather = e_gather, .gather_i32 = e_gather_i32,
+    .softmax = e_softmax, .sum = e_sum, .mean = e_mean, .var = e_var, .cosine = e_cosine, .cosine_rows = e_cosine_rows,
+};
+
+static ks_backend emu_backend = {
+    .name = "emu", .alloc = emu_alloc, .free = emu_free, .upload = emu_upload, .download = emu_download,
+    .copy = emu_copy, .sync = emu_sync, .rope = emu_rope, .prims = &emu_prims,
+};
+
+ks_backend *ks_lua_emu_backend(void) { return &emu_backend; }
 
 void ks_prims_open(lua_State *L) {
     static const luaL_Reg fns[] = {
         {"scores", l_scores}, {"pool1d", l_pool1d}, {"topk", l_topk},       {"sort", l_sort},     {"argsort", l_argsort},
         {"rank", l_rank},     {"unique", l_unique}, {"union", l_union},     {"concat", l_concat}, {"arange", l_arange},
         {"gather", l_gather}, {"softmax", l_softmax}, {"sum", l_sum},       {"mean", l_mean},     {"var", l_var},
-        {"cosine", l_cosine}, {NULL, NULL}};
+        {"cosine", l_cosine}, {"_upload", l_upload}, {NULL, NULL}};
     luaL_setfuncs(L, fns, 0);
 }

@@ -5,8 +5,14 @@
  * and the garbage collector frees it. A view points into memory it does not own: engine
  * buffers (scoped to the event that handed it out: using it later is an error, not a
  * crash) or another tensor (kept alive through the view's user value). Element access is
- * strided; most primitives take contiguous data and copy a strided argument first. */
+ * strided; most primitives take contiguous data and copy a strided argument first.
+ *
+ * Device tensors (ks_lua.h) keep their elements in backend memory: element access goes
+ * through one cached host copy per tensor (ks_lt_host), views of them are device views, and
+ * the end of each event moves the survivors to the host (ks_lt_dev_settle). */
 #include "ks_lua.h"
+
+#include "common.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -127,6 +133,305 @@ static int view_stale(const ks_tensor *t) {
     return t->scope && !(t->scope->in_event && t->scope->serial == t->serial);
 }
 
+/* ================================================================ device tensors */
+
+static size_t esize(const ks_tensor *t) { return t->bf16 ? 2 : 4; }
+
+static void dev_link(ks_lctx *c, ks_tensor *t) {
+    t->dctx = c;
+    t->dprev = NULL;
+    t->dnext = c->dev_head;
+    if (c->dev_head) c->dev_head->dprev = t;
+    c->dev_head = t;
+    c->dev_live++;
+}
+
+static void dev_unlink(ks_tensor *t) {
+    ks_lctx *c = t->dctx;
+    if (!c) return;
+    if (t->dprev) t->dprev->dnext = t->dnext;
+    else c->dev_head = t->dnext;
+    if (t->dnext) t->dnext->dprev = t->dprev;
+    t->dnext = t->dprev = NULL;
+    t->dctx = NULL;
+    c->dev_live--;
+}
+
+/* Free the backend memory t owns (never raises). */
+static void dev_release(ks_tensor *t, ks_lctx *c) {
+    if (!t->dev_owned) return;
+    t->be->free(t->be, t->dev_owned);
+    if (c) c->dev_used -= t->dev_bytes < c->dev_used ? t->dev_bytes : c->dev_used;
+    t->dev_owned = NULL;
+    t->dev_bytes = 0;
+}
+
+/* Host memory from the state's allocator, so a policy's memory limit counts it. */
+static void *state_alloc(lua_State *L, size_t n, const char *what) {
+    void *ud;
+    lua_Alloc f = lua_getallocf(L, &ud);
+    void *p = f(ud, NULL, LUA_TUSERDATA, n ? n : 1);
+    if (!p) {
+        ks_lctx *c = ks_lua_ctx(L);
+        if (c && c->mem_exceeded) {
+            c->fail_kind = KS_FAIL_MEMORY;
+            ks_lua_errorf(L, what, "memory limit of %.4g MB exceeded by a %zu-byte host copy of a device tensor (parameter _memory_mb)",
+                          c->mem_limit / 1048576.0, n);
+        }
+        ks_lua_errorf(L, what, "out of host memory for a %zu-byte host copy of a device tensor", n);
+    }
+    return p;
+}
+
+static void state_free(lua_State *L, void *p, size_t n) {
+    if (!p) return;
+    void *ud;
+    lua_Alloc f = lua_getallocf(L, &ud);
+    f(ud, p, n ? n : 1, 0);
+}
+
+static int l_t_gc(lua_State *L) {
+    ks_tensor *t = lua_touserdata(L, 1);
+    if (!t) return 0;
+    ks_lctx *c = t->dctx;
+    dev_unlink(t);
+    dev_release(t, c);
+    if (t->host) {
+        if (t->data == t->host) t->data = NULL;
+        state_free(L, t->host, t->host_bytes);
+        t->host = NULL;
+    }
+    return 0;
+}
+
+void ks_lt_download(lua_State *L, ks_backend *be, void *dst, const void *src, size_t n) {
+    if (!n) return;
+    ks_lctx *c = ks_lua_ctx(L);
+    if (c) c->dev_downloads++;
+    ks_status st = be->download(be, dst, src, n);
+    if (st) ks_lua_core_error(L, "download", st);
+}
+
+/* n bytes of backend memory for a device tensor: over the limit or refused by the backend, a
+ * full collection (garbage device tensors are only freed by the collector) and one retry. */
+static void *dev_alloc(lua_State *L, ks_backend *be, size_t n) {
+    ks_lctx *c = ks_lua_ctx(L);
+    if (!n) n = 4;
+    if (c->dev_limit && c->dev_used + n > c->dev_limit) {
+        lua_gc(L, LUA_GCCOLLECT);
+        if (c->dev_used + n > c->dev_limit) {
+            c->fail_kind = KS_FAIL_MEMORY;
+            ks_lua_errorf(L, "device", "device memory limit of %.4g MB exceeded (%.4g MB in use, %zu bytes more asked; parameter _device_mb)",
+                          c->dev_limit / 1048576.0, c->dev_used / 1048576.0, n);
+        }
+    }
+    void *p = be->alloc(be, n);
+    if (!p) {
+        lua_gc(L, LUA_GCCOLLECT);
+        p = be->alloc(be, n);
+        if (!p) ks_lua_core_error(L, "device", KS_ERR_OOM);
+    }
+    c->dev_used += n;
+    c->dev_allocs++;
+    if (c->dev_used > c->dev_peak) c->dev_peak = c->dev_used;
+    return p;
+}
+
+ks_tensor *ks_lt_dview(lua_State *L, ks_backend *be, ks_tdtype dt, int bf16, int ndim, const int64_t *shape,
+                       const int64_t *stride, void *data, int scoped, int owner_idx) {
+    ks_tensor *t = ks_lt_view(L, dt, ndim, shape, stride, data, scoped, owner_idx);
+    t->be = be;
+    t->bf16 = bf16;
+    dev_link(ks_lua_ctx(L), t);
+    return t;
+}
+
+ks_tensor *ks_lt_dnew(lua_State *L, ks_backend *be, ks_tdtype dt, int ndim, const int64_t *shape) {
+    ks_tensor *t = ks_lt_dview(L, be, dt, 0, ndim, shape, NULL, NULL, 0, 0);
+    size_t bytes = (size_t)t->numel * 4;
+    t->dev_owned = dev_alloc(L, be, bytes);
+    t->dev_bytes = bytes ? bytes : 4;
+    t->data = t->dev_owned;
+    return t;
+}
+
+/* Offset (elements) of the last element of t + 1: the extent its strides reach. */
+static int64_t span_of(const ks_tensor *t) {
+    if (t->numel == 0) return 0;
+    int64_t e = 0;
+    for (int i = 0; i < t->ndim; i++) e += (t->shape[i] - 1) * t->stride[i];
+    return e + 1;
+}
+
+/* Runs of contiguous elements along the last dimension (t strided, last stride 1). */
+static int64_t runs_of(const ks_tensor *t) {
+    if (t->ndim == 0 || t->numel == 0) return t->numel ? 1 : 0;
+    return t->numel / t->shape[t->ndim - 1];
+}
+
+static inline int64_t flat_off(const ks_tensor *t, int64_t i);
+
+/* Element j of a downloaded span (es bytes each) as a 32-bit pattern of dtype. */
+static inline uint32_t span_elem(const void *span, int64_t off, int bf16) {
+    if (bf16) {
+        float f = ks_bf16_to_f32(((const uint16_t *)span)[off]);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        return u;
+    }
+    return ((const uint32_t *)span)[off];
+}
+
+/* Download device tensor t into dst (numel contiguous 32-bit elements of t->dtype). */
+static void dev_to_host(lua_State *L, ks_tensor *t, void *dst) {
+    size_t es = esize(t);
+    if (!t->numel) return;
+    if (ks_lt_is_contig(t) && !t->bf16) {
+        ks_lt_download(L, t->be, dst, t->data, (size_t)t->numel * 4);
+        return;
+    }
+    int64_t span = span_of(t), runs = runs_of(t), last = t->ndim ? t->shape[t->ndim - 1] : 1;
+    int last_contig = t->ndim == 0 || t->stride[t->ndim - 1] == 1;
+    uint32_t *out = dst;
+    if (last_contig && runs <= 1024 && span > 4 * t->numel) {
+        /* far-apart runs (a head of ev.k, a slice): one download per run */
+        void *buf = malloc((size_t)last * es);
+        if (!buf) ks_lua_errorf(L, "download", "out of host memory");
+        for (int64_t r = 0; r < runs; r++) {
+            int64_t off = flat_off(t, r * last);
+            ks_lctx *c = ks_lua_ctx(L);
+            if (c) c->dev_downloads++;
+            ks_status st = t->be->download(t->be, buf, (const char *)t->data + off * es, (size_t)last * es);
+            if (st) { free(buf); ks_lua_core_error(L, "download", st); }
+            for (int64_t j = 0; j < last; j++) out[r * last + j] = span_elem(buf, j, t->bf16);
+        }
+        free(buf);
+        return;
+    }
+    void *buf = malloc((size_t)span * es);
+    if (!buf) ks_lua_errorf(L, "download", "out of host memory for %lld elements", (long long)span);
+    ks_lctx *c = ks_lua_ctx(L);
+    if (c) c->dev_downloads++;
+    ks_status st = t->be->download(t->be, buf, t->data, (size_t)span * es);
+    if (st) { free(buf); ks_lua_core_error(L, "download", st); }
+    for (int64_t i = 0; i < t->numel; i++) out[i] = span_elem(buf, flat_off(t, i), t->bf16);
+    free(buf);
+}
+
+static void copy_contig(const ks_tensor *t, void *out);
+
+const void *ks_lt_host(lua_State *L, ks_tensor *t) {
+    if (!t->be && ks_lt_is_contig(t)) return t->data;
+    if (t->host) return t->host;
+    size_t bytes = (size_t)t->numel * 4;
+    void *h = state_alloc(L, bytes, "tensor");
+    if (t->be) {
+        /* keep h owned by t before anything can raise, so an error cannot leak it */
+        t->host = h;
+        t->host_bytes = bytes ? bytes : 1;
+        dev_to_host(L, t, h);
+    } else {
+        copy_contig(t, h);
+        t->host = h;
+        t->host_bytes = bytes ? bytes : 1;
+    }
+    return t->host;
+}
+
+/* A host-readable copy of t's header: the cached contiguous copy for device tensors. */
+static ks_tensor rd(lua_State *L, ks_tensor *t) {
+    ks_tensor h = *t;
+    if (!t->be) return h;
+    h.data = (void *)ks_lt_host(L, t);
+    h.be = NULL;
+    h.bf16 = 0;
+    int64_t s = 1;
+    for (int i = h.ndim - 1; i >= 0; i--) {
+        h.stride[i] = s;
+        s *= h.shape[i] > 0 ? h.shape[i] : 1;
+    }
+    return h;
+}
+
+const void *ks_lt_on(lua_State *L, int arg, ks_tensor *t, ks_backend *be, int *pushed) {
+    *pushed = 0;
+    arg = lua_absindex(L, arg);
+    if (!be) {
+        if (t->be) return ks_lt_host(L, t);
+        return ks_lt_contig(L, arg, t, pushed);
+    }
+    if (t->be == be && !t->bf16 && ks_lt_is_contig(t)) return t->data;
+    ks_tensor *o;
+    if (t->be == be && !t->bf16 && t->ndim && t->stride[t->ndim - 1] == 1 && runs_of(t) <= 256) {
+        /* a strided view on the same device: copy its runs */
+        o = ks_lt_dnew(L, be, t->dtype, t->ndim, t->shape);
+        int64_t last = t->shape[t->ndim - 1], runs = runs_of(t);
+        for (int64_t r = 0; r < runs; r++) {
+            ks_status st = be->copy(be, (char *)o->data + (size_t)(r * last) * 4, (const char *)t->data + (size_t)flat_off(t, r * last) * 4,
+                                    (size_t)last * 4);
+            if (st) ks_lua_core_error(L, "copy", st);
+        }
+    } else {
+        /* host data (or a bf16 / scattered device view: through its host copy) */
+        const void *h = t->be ? ks_lt_host(L, t) : NULL;
+        int hp = 0;
+        if (!h) h = ks_lt_contig(L, arg, t, &hp);
+        o = ks_lt_dnew(L, be, t->dtype, t->ndim, t->shape);
+        ks_status st = be->upload(be, o->data, h, (size_t)t->numel * 4);
+        if (st) ks_lua_core_error(L, "upload", st);
+        if (hp) lua_remove(L, -2);
+    }
+    *pushed = 1;
+    return o->data;
+}
+
+void ks_lt_dev_settle(lua_State *L) {
+    ks_lctx *c = ks_lua_ctx(L);
+    if (!c || !c->dev_head) return;
+    lua_gc(L, LUA_GCCOLLECT);
+    /* host copies first (views of an owned tensor read its memory), then release */
+    for (ks_tensor *t = c->dev_head; t; t = t->dnext)
+        if (!t->scope) ks_lt_host(L, t);
+    while (c->dev_head) {
+        ks_tensor *t = c->dev_head;
+        dev_unlink(t);
+        if (t->scope) continue; /* a view of an engine buffer: stale from now on */
+        dev_release(t, c);
+        t->be = NULL;
+        t->bf16 = 0;
+        t->data = t->host;
+        int64_t s = 1;
+        for (int i = t->ndim - 1; i >= 0; i--) {
+            t->stride[i] = s;
+            s *= t->shape[i] > 0 ? t->shape[i] : 1;
+        }
+    }
+}
+
+void ks_lt_dev_drop(lua_State *L) {
+    ks_lctx *c = ks_lua_ctx(L);
+    if (!c) return;
+    while (c->dev_head) {
+        ks_tensor *t = c->dev_head;
+        dev_unlink(t);
+        if (t->scope) continue;
+        dev_release(t, c);
+        if (t->host) { /* it was downloaded already: keep that copy */
+            t->be = NULL;
+            t->bf16 = 0;
+            t->data = t->host;
+            int64_t s = 1;
+            for (int i = t->ndim - 1; i >= 0; i--) {
+                t->stride[i] = s;
+                s *= t->shape[i] > 0 ? t->shape[i] : 1;
+            }
+        } else {
+            t->lost = 1;
+            t->data = NULL;
+        }
+    }
+}
+
 ks_tensor *ks_lt_check(lua_State *L, int arg, const char *fn) {
     ks_tensor *t = luaL_testudata(L, arg, KS_TENSOR_MT);
     if (!t) {
@@ -134,6 +439,11 @@ ks_tensor *ks_lt_check(lua_State *L, int arg, const char *fn) {
         return NULL;
     }
     if (t->closed) ks_lua_errorf(L, fn, "argument %d: tensor used after it was closed", arg);
+    if (t->lost) {
+        ks_lctx *c = ks_lua_ctx(L);
+        if (c) c->fail_kind = KS_FAIL_STALE;
+        ks_lua_errorf(L, fn, "argument %d: device tensor lost: the handler that made it failed before it could move to host memory", arg);
+    }
     if (view_stale(t)) {
         ks_lctx *c = ks_lua_ctx(L);
         if (c) c->fail_kind = KS_FAIL_STALE;
@@ -185,6 +495,7 @@ static void copy_contig(const ks_tensor *t, void *out) {
 
 void *ks_lt_contig(lua_State *L, int arg, ks_tensor *t, int *pushed) {
     *pushed = 0;
+    if (t->be) return (void *)ks_lt_host(L, t); /* device: the cached host copy */
     if (ks_lt_is_contig(t)) return t->data;
     ks_tensor *c = ks_lt_new(L, t->dtype, t->ndim, t->shape, 0);
     copy_contig(t, c->data);
@@ -272,7 +583,8 @@ static ks_tensor *tensor_from_table(lua_State *L, int idx, int dt /* KS_T_ANY = 
 }
 
 /* Convert tensor t into a new owned tensor of dtype dt (pushed). */
-static ks_tensor *convert(lua_State *L, const ks_tensor *t, ks_tdtype dt) {
+static ks_tensor *convert(lua_State *L, ks_tensor *t0, ks_tdtype dt) {
+    ks_tensor h = rd(L, t0), *t = &h; /* device tensors: through their host copy */
     ks_tensor *o = ks_lt_new(L, dt, t->ndim, t->shape, 0);
     for (int64_t i = 0; i < t->numel; i++) {
         int64_t off = flat_off(t, i);
@@ -319,7 +631,8 @@ static void push_list(lua_State *L, const ks_tensor *t, int d, int64_t off) {
 }
 
 static int l_t_tolist(lua_State *L) {
-    ks_tensor *t = ks_lt_check(L, 1, "tolist");
+    ks_tensor *t0 = ks_lt_check(L, 1, "tolist");
+    ks_tensor h = rd(L, t0), *t = &h;
     if (t->ndim == 0) push_elem(L, t, 0);
     else {
         luaL_checkstack(L, t->ndim + 4, "tolist");
@@ -328,12 +641,26 @@ static int l_t_tolist(lua_State *L) {
     return 1;
 }
 
+/* One element of device tensor t at element offset off (no host copy of the whole tensor). */
+static void push_dev_elem(lua_State *L, const ks_tensor *t, int64_t off) {
+    uint32_t u = 0;
+    ks_lt_download(L, t->be, &u, (const char *)t->data + (size_t)off * esize(t), esize(t));
+    uint32_t v = t->bf16 ? span_elem(&u, 0, 1) : u;
+    ks_tensor one = *t;
+    one.data = &v;
+    one.be = NULL;
+    push_elem(L, &one, 0);
+}
+
 static int l_t_item(lua_State *L) {
     ks_tensor *t = ks_lt_check(L, 1, "item");
+    ks_tensor h;
+    /* device tensors: through the host copy when it exists or is small, else one element */
+    if (t->be && (t->host || t->numel <= 4096)) { h = rd(L, t); t = &h; }
+    int64_t off = 0;
     if (lua_gettop(L) >= 2) { /* item(i, j, ...) : one element, 0-based */
         int nidx = lua_gettop(L) - 1;
         if (nidx != t->ndim) return ks_lua_errorf(L, "item", "%d indices for a %d-d tensor", nidx, t->ndim);
-        int64_t off = 0;
         for (int d = 0; d < t->ndim; d++) {
             lua_Integer i = luaL_checkinteger(L, d + 2);
             if (i < 0) i += t->shape[d];
@@ -342,11 +669,10 @@ static int l_t_item(lua_State *L) {
                                      (long long)t->shape[d], d);
             off += i * t->stride[d];
         }
-        push_elem(L, t, off);
-        return 1;
-    }
-    if (t->numel != 1) return ks_lua_errorf(L, "item", "tensor has %lld elements (item needs exactly 1, or indices)", (long long)t->numel);
-    push_elem(L, t, 0);
+    } else if (t->numel != 1)
+        return ks_lua_errorf(L, "item", "tensor has %lld elements (item needs exactly 1, or indices)", (long long)t->numel);
+    if (t->be) push_dev_elem(L, t, off);
+    else push_elem(L, t, off);
     return 1;
 }
 
@@ -365,8 +691,9 @@ static int l_t_slice(lua_State *L) {
     int64_t shape[KS_TENSOR_MAXDIM];
     memcpy(shape, t->shape, sizeof shape);
     shape[d] = b - a;
-    void *data = (char *)t->data + (size_t)(a * t->stride[d]) * 4;
-    ks_tensor *v = ks_lt_view(L, t->dtype, t->ndim, shape, t->stride, data, 0, 1);
+    void *data = (char *)t->data + (size_t)(a * t->stride[d]) * esize(t);
+    ks_tensor *v = t->be ? ks_lt_dview(L, t->be, t->dtype, t->bf16, t->ndim, shape, t->stride, data, 0, 1)
+                         : ks_lt_view(L, t->dtype, t->ndim, shape, t->stride, data, 0, 1);
     v->scope = t->scope;
     v->serial = t->serial;
     v->origin = t->origin;
@@ -381,8 +708,9 @@ static int l_t_row(lua_State *L) {
     lua_Integer i = luaL_checkinteger(L, 2);
     if (i < 0) i += t->shape[0];
     if (i < 0 || i >= t->shape[0]) return ks_lua_errorf(L, "row", "row %lld out of range [0, %lld)", (long long)lua_tointeger(L, 2), (long long)t->shape[0]);
-    void *data = (char *)t->data + (size_t)(i * t->stride[0]) * 4;
-    ks_tensor *v = ks_lt_view(L, t->dtype, t->ndim - 1, t->shape + 1, t->stride + 1, data, 0, 1);
+    void *data = (char *)t->data + (size_t)(i * t->stride[0]) * esize(t);
+    ks_tensor *v = t->be ? ks_lt_dview(L, t->be, t->dtype, t->bf16, t->ndim - 1, t->shape + 1, t->stride + 1, data, 0, 1)
+                         : ks_lt_view(L, t->dtype, t->ndim - 1, t->shape + 1, t->stride + 1, data, 0, 1);
     v->scope = t->scope;
     v->serial = t->serial;
     v->origin = t->origin;
@@ -390,10 +718,24 @@ static int l_t_row(lua_State *L) {
     return 1;
 }
 
-static int l_t_clone(lua_State *L) {
-    ks_tensor *t = ks_lt_check(L, 1, "clone");
+/* A copy of the tensor at arg, on the same side (device tensors stay on their device). */
+static void clone_at(lua_State *L, int arg, ks_tensor *t) {
+    if (t->be) {
+        int pushed;
+        const void *d = ks_lt_on(L, arg, t, t->be, &pushed);
+        if (pushed) return; /* already a fresh copy */
+        ks_tensor *o = ks_lt_dnew(L, t->be, t->dtype, t->ndim, t->shape);
+        ks_status st = t->be->copy(t->be, o->data, d, (size_t)t->numel * 4);
+        if (st) ks_lua_core_error(L, "clone", st);
+        return;
+    }
     ks_tensor *o = ks_lt_new(L, t->dtype, t->ndim, t->shape, 0);
     copy_contig(t, o->data);
+}
+
+static int l_t_clone(lua_State *L) {
+    ks_tensor *t = ks_lt_check(L, 1, "clone");
+    clone_at(L, 1, t);
     return 1;
 }
 
@@ -442,10 +784,15 @@ static int l_t_reshape(lua_State *L) {
         known *= shape[infer];
     }
     if (known != t->numel) return ks_lua_errorf(L, "reshape", "%lld elements cannot take a shape of %lld", (long long)t->numel, (long long)known);
-    int pushed;
-    void *data = ks_lt_contig(L, 1, t, &pushed);
+    int pushed = 0, bf16 = t->bf16;
+    void *data = t->data;
+    if (!ks_lt_is_contig(t)) {
+        data = (void *)ks_lt_on(L, 1, t, t->be, &pushed); /* a contiguous copy on the same side */
+        bf16 = 0;
+    }
     int owner = pushed ? lua_gettop(L) : 1;
-    ks_tensor *v = ks_lt_view(L, t->dtype, nd, shape, NULL, data, 0, owner);
+    ks_tensor *v = t->be ? ks_lt_dview(L, t->be, t->dtype, bf16, nd, shape, NULL, data, 0, owner)
+                         : ks_lt_view(L, t->dtype, nd, shape, NULL, data, 0, owner);
     v->scope = t->scope;
     v->serial = t->serial;
     v->origin = t->origin;
@@ -483,7 +830,8 @@ static int l_t_index(lua_State *L) {
     ks_tensor *t = ks_lt_check(L, 1, k);
     if (!strcmp(k, "shape")) push_shape(L, t);
     else if (!strcmp(k, "dtype")) lua_pushstring(L, ks_tdtype_name(t->dtype));
-    else if (!strcmp(k, "device")) lua_pushliteral(L, "cpu");
+    else if (!strcmp(k, "device")) /* the emulated device is host memory: "cpu", like the policies expect there */
+        lua_pushstring(L, t->be && t->be != ks_lua_emu_backend() ? t->be->name : "cpu");
     else if (!strcmp(k, "ndim")) lua_pushinteger(L, t->ndim);
     else if (!strcmp(k, "is_view")) lua_pushboolean(L, t->scope != NULL);
     else return ks_lua_errorf(L, "tensor", "no field or method '%s'", k);
@@ -512,7 +860,19 @@ static void fmt_elem(char *b, size_t n, const ks_tensor *t, int64_t off) {
 }
 
 static int l_t_tostring(lua_State *L) {
-    ks_tensor *t = luaL_checkudata(L, 1, KS_TENSOR_MT);
+    ks_tensor *t0 = luaL_checkudata(L, 1, KS_TENSOR_MT), *t = t0;
+    ks_tensor h;
+    if (t->be && !t->lost && !view_stale(t)) {
+        /* a device tensor: its host copy if there is one, else a few elements read one by one */
+        h = *t;
+        if (t->host) {
+            h.data = t->host;
+            h.be = NULL;
+            int64_t s = 1;
+            for (int i = h.ndim - 1; i >= 0; i--) { h.stride[i] = s; s *= h.shape[i] > 0 ? h.shape[i] : 1; }
+            t = &h;
+        }
+    }
     luaL_Buffer b;
     luaL_buffinit(L, &b);
     char tmp[64];
@@ -524,9 +884,29 @@ static int l_t_tostring(lua_State *L) {
         luaL_addstring(&b, tmp);
     }
     luaL_addstring(&b, "])");
+    if (t0->be) {
+        luaL_addstring(&b, " on ");
+        luaL_addstring(&b, t0->be->name);
+    }
     if (t->closed) luaL_addstring(&b, " <closed>");
+    else if (t->lost) luaL_addstring(&b, " <lost>");
     else if (view_stale(t)) luaL_addstring(&b, " <stale view>");
-    else {
+    else if (t->be) { /* peek at the first elements without copying the tensor */
+        luaL_addstring(&b, " [");
+        int64_t show = t->numel < 8 ? t->numel : 8;
+        for (int64_t i = 0; i < show; i++) {
+            uint32_t u = 0;
+            if (t->be->download(t->be, &u, (const char *)t->data + (size_t)flat_off(t, i) * esize(t), esize(t))) break;
+            uint32_t v = t->bf16 ? span_elem(&u, 0, 1) : u;
+            ks_tensor one = *t;
+            one.data = &v;
+            if (i) luaL_addstring(&b, ", ");
+            fmt_elem(tmp, sizeof tmp, &one, 0);
+            luaL_addstring(&b, tmp);
+        }
+        if (show < t->numel) luaL_addstring(&b, ", ...");
+        luaL_addstring(&b, "]");
+    } else {
         luaL_addstring(&b, " [");
         int64_t show = t->numel < 8 ? t->numel : 8;
         for (int64_t i = 0; i < show; i++) {
@@ -544,11 +924,35 @@ static int l_t_tostring(lua_State *L) {
 /* ---------------------------------------------------------------- arithmetic */
 
 /* a OP b where either may be a number; same shapes, or one scalar (0-d / 1 element). */
+/* a + b of two f32 tensors of one shape on a device: the column sums of [a; b] (concat, then
+ * sum over axis 0 in double, rounded once: the same float as the host's a + b). */
+static int dev_add(lua_State *L, ks_tensor *a, ks_tensor *b) {
+    ks_backend *be = a->be ? a->be : b->be;
+    int pa, pb;
+    const float *da = ks_lt_on(L, 1, a, be, &pa);
+    int ia = lua_gettop(L);
+    const float *db = ks_lt_on(L, 2, b, be, &pb);
+    int64_t two = 2 * a->numel;
+    ks_tensor *tmp = ks_lt_dnew(L, be, KS_T_F32, 1, &two);
+    ks_status st = be->prims->concat_f32(be, da, a->numel, db, b->numel, tmp->data);
+    ks_tensor *o = ks_lt_dnew(L, be, KS_T_F32, a->ndim, a->shape);
+    if (!st) st = be->prims->sum(be, tmp->data, 2, a->numel, 0, o->data);
+    if (st) return ks_lua_core_error(L, "add", st);
+    (void)ia;
+    return 1;
+}
+
 static int arith(lua_State *L, char op) {
     const char *fn = op == '+' ? "add" : op == '-' ? "sub" : op == '*' ? "mul" : "div";
     ks_tensor *a = ks_lt_test(L, 1), *b = ks_lt_test(L, 2);
     if (a) ks_lt_check(L, 1, fn);
     if (b) ks_lt_check(L, 2, fn);
+    if (op == '+' && a && b && (a->be || b->be) && a->dtype == KS_T_F32 && b->dtype == KS_T_F32 && a->ndim == b->ndim &&
+        !memcmp(a->shape, b->shape, sizeof(int64_t) * a->ndim) && (a->be ? a->be : b->be)->prims)
+        return dev_add(L, a, b);
+    ks_tensor ha, hb; /* device operands: through their host copies */
+    if (a && a->be) { ha = rd(L, a); a = &ha; }
+    if (b && b->be) { hb = rd(L, b); b = &hb; }
     if (!a && !lua_isnumber(L, 1)) return ks_lua_errorf(L, fn, "a tensor or number expected, got %s", luaL_typename(L, 1));
     if (!b && !lua_isnumber(L, 2)) return ks_lua_errorf(L, fn, "a tensor or number expected, got %s", luaL_typename(L, 2));
     const ks_tensor *shape_of = a && b ? (a->numel >= b->numel ? a : b) : a ? a : b;
@@ -595,7 +999,8 @@ static int l_tensor(lua_State *L) {
     ks_tensor *t = ks_lt_test(L, 1);
     if (t) {
         ks_lt_check(L, 1, "tensor");
-        convert(L, t, dt < 0 ? t->dtype : (ks_tdtype)dt);
+        if (t->be && (dt < 0 || (ks_tdtype)dt == t->dtype)) clone_at(L, 1, t);
+        else convert(L, t, dt < 0 ? t->dtype : (ks_tdtype)dt);
         return 1;
     }
     if (lua_type(L, 1) == LUA_TNUMBER) {
@@ -649,13 +1054,27 @@ static int l_stack(lua_State *L) {
     memcpy(shape + 1, t0->shape, sizeof(int64_t) * t0->ndim);
     ks_tensor o0 = *t0;
     lua_pop(L, 1);
-    ks_tensor *o = ks_lt_new(L, o0.dtype, o0.ndim + 1, shape, 0);
+    /* on a device when any part is there (the others are uploaded) */
+    ks_backend *be = NULL;
+    for (int i = 0; i < k && !be; i++) {
+        lua_rawgeti(L, 1, i + 1);
+        ks_tensor *t = ks_lt_test(L, -1);
+        if (t && t->be) be = t->be;
+        lua_pop(L, 1);
+    }
+    ks_tensor *o = be ? ks_lt_dnew(L, be, o0.dtype, o0.ndim + 1, shape) : ks_lt_new(L, o0.dtype, o0.ndim + 1, shape, 0);
     for (int i = 0; i < k; i++) {
         lua_rawgeti(L, 1, i + 1);
         ks_tensor *t = ks_lt_check(L, -1, "stack");
         if (t->dtype != o0.dtype || t->ndim != o0.ndim || memcmp(t->shape, o0.shape, sizeof(int64_t) * o0.ndim))
             return ks_lua_errorf(L, "stack", "tensor %d differs in shape or dtype from the first", i + 1);
-        copy_contig(t, (char *)o->data + (size_t)i * o0.numel * 4);
+        if (be) {
+            int pushed;
+            const void *d = ks_lt_on(L, -1, t, be, &pushed);
+            ks_status st = be->copy(be, (char *)o->data + (size_t)i * o0.numel * 4, d, (size_t)o0.numel * 4);
+            if (st) return ks_lua_core_error(L, "stack", st);
+            if (pushed) lua_pop(L, 1);
+        } else copy_contig(t, (char *)o->data + (size_t)i * o0.numel * 4);
         lua_pop(L, 1);
     }
     return 1;
@@ -671,7 +1090,7 @@ void ks_lt_open(lua_State *L) {
         luaL_newlib(L, methods);
         lua_pushcclosure(L, l_t_index, 1);
         lua_setfield(L, -2, "__index");
-        static const luaL_Reg meta[] = {{"__newindex", l_t_newindex}, {"__len", l_t_len},   {"__close", l_t_close},
+        static const luaL_Reg meta[] = {{"__gc", l_t_gc}, {"__newindex", l_t_newindex}, {"__len", l_t_len},   {"__close", l_t_close},
                                         {"__tostring", l_t_tostring}, {"__add", l_t_add},   {"__sub", l_t_sub},
                                         {"__mul", l_t_mul},           {"__div", l_t_div},   {"__unm", l_t_unm},
                                         {NULL, NULL}};

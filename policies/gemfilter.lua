@@ -83,7 +83,12 @@ return {
 
   prefill_qkv = function(ev, p)
     if ev.pass ~= 0 then return end
-    if ev.layer == 0 then check_params(p, ev.n_layers) end
+    if ev.layer == 0 then
+      check_params(p, ev.n_layers)
+      -- the first pass only feeds the filter layer: when a restart is certain (k < n), its KV
+      -- is not kept (the engine frees each layer's rows after its attention; peak memory)
+      if p.k < ev.n and ev.pos:item(0) == 0 then ev:discard_kv() end
+    end
     if ev.layer ~= p.layer then return end
     local idx = select(ev, p)
     if not idx then return end

@@ -1,5 +1,7 @@
 /* cmd_bench.c — `kvsieve bench`: prefill / decode speed per context length, the linear
- * layers' GFLOP/s next to what the backend's GEMM alone reaches on the same shapes. */
+ * layers' GFLOP/s next to what the backend's GEMM alone reaches on the same shapes, the peak
+ * of the backend's own memory per row (ks_backend.mem_stats), and with --profile (or
+ * KS_PROFILE=1) a per-phase table per row after the rows. */
 #include "cli.h"
 #include "engine.h"
 
@@ -41,10 +43,19 @@ ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out)
 ks_status ks_policy_set(ks_policy *p, const char *key, const char *value);
 void ks_policy_free(ks_policy *p);
 
+#define GIB(x) ((double)(x) / 1073741824.0)
+
+typedef struct bench_row {
+    char policy[64];
+    int tokens;
+    ks_profile prof;
+    ks_mem_stats mem;
+} bench_row;
+
 int ks_cli_bench(int argc, char **argv) {
     const char *model = NULL, *random_cfg = NULL, *lengths = "128,512,1024", *backend = NULL, *policies = "none";
     const char *sets[64];
-    int n_sets = 0, gen = 16, reps = 3;
+    int n_sets = 0, gen = 16, reps = 3, profile = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "-m") && v) { model = v; i++; }
@@ -55,6 +66,7 @@ int ks_cli_bench(int argc, char **argv) {
         else if (!strcmp(argv[i], "--repeat") && v) { reps = atoi(v) > 0 ? atoi(v) : 1; i++; }
         else if (!strcmp(argv[i], "--policy") && v) { policies = v; i++; }
         else if (!strcmp(argv[i], "--set") && v) { if (n_sets < 64) sets[n_sets++] = v; i++; }
+        else if (!strcmp(argv[i], "--profile")) profile = 1;
         else { fprintf(stderr, "kvsieve: bench: unknown or incomplete option %s\n", argv[i]); return 2; }
     }
     if (!model && !random_cfg) { fprintf(stderr, "kvsieve: bench needs -m DIR or --random-weights CONFIG\n"); return 2; }
@@ -68,11 +80,21 @@ int ks_cli_bench(int argc, char **argv) {
     const ks_config *c = &m->cfg;
     ks_session *s;
     if (ks_session_new(m, &s)) { ks_model_close(m); return ks_cli_fail("session"); }
+    /* --profile, or KS_PROFILE in the environment (already on: =sync keeps the host clock) */
+    if (profile && !s->prof.on) ks_profile_enable(s, 1);
+    profile = s->prof.on;
+    ks_backend *be = m->be;
+    ks_mem_stats ms0 = {0};
+    if (be->mem_stats) be->mem_stats(be, &ms0, 1);
     printf("kvsieve bench: %s (%s, %d layers, dim %d, %zu M params) on %s, batch 1, best of %d\n", model,
-           ks_arch_name(c->arch), c->n_layers, c->dim, m->n_params / 1000000, m->be->name, reps);
-    printf("%-12s %8s %10s %12s %12s %11s %8s %10s %9s\n", "policy", "tokens", "TTFT_s", "prefill_t/s", "linear_GF/s",
-           "sgemm_GF/s", "linear%", "TPOT_ms", "KV_rows");
-    int rc = 0;
+           ks_arch_name(c->arch), c->n_layers, c->dim, m->n_params / 1000000, be->name, reps);
+    if (be->mem_stats) printf("backend memory after loading: %.2f GiB (weights and workspaces)\n", GIB(ms0.cur));
+    if (profile)
+        printf("profiling on: linear_GF/s from the profile's matmul phases, TTFT/TPOT include the profiler's marks\n");
+    printf("%-12s %8s %10s %12s %12s %11s %8s %10s %9s %9s\n", "policy", "tokens", "TTFT_s", "prefill_t/s", "linear_GF/s",
+           "sgemm_GF/s", "linear%", "TPOT_ms", "KV_rows", "peak_GiB");
+    int rc = 0, n_rows = 0, cap_rows = 0;
+    bench_row *rows = NULL;
     char *plist = strdup(policies);
     char *psave = NULL;
     for (char *pn = strtok_r(plist, ",", &psave); pn && !rc; pn = strtok_r(NULL, ",", &psave)) {
@@ -106,22 +128,28 @@ int ks_cli_bench(int argc, char **argv) {
             int32_t *ids = malloc(sizeof(int32_t) * L);
             uint64_t r = 99;
             for (int i = 0; i < L; i++) { r = r * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((r >> 33) % c->vocab); }
-            /* warm-up on a short prompt, then the timed runs (best of `reps`: timings here are noisy) */
+            /* warm-up on a short prompt, then the timed runs (best of `reps`: timings here are noisy);
+             * the memory peak and the profile cover the timed runs */
             ks_session_reset(s);
             ks_session_prefill(s, ids, KS_MIN(L, 16));
-            double tp = 1e30, td = 1e30, lin_gf = 0;
+            ks_session_reset(s);
+            ks_mem_stats ms = {0};
+            if (be->mem_stats) be->mem_stats(be, &ms, 1);
+            ks_profile_reset(s);
+            double tp = 1e30, td = 1e30, lin_gf = 0, pf_flop = 0;
             size_t kv_rows = 0;
             ks_status st = KS_OK;
             for (int rep = 0; rep < reps && !st; rep++) {
                 ks_session_reset(s);
-                m->be->stat_matmul_s = m->be->stat_matmul_flop = 0;
-                m->be->count_stats = 1;
+                be->stat_matmul_s = be->stat_matmul_flop = 0;
+                be->count_stats = !profile; /* timed matmuls synchronise: not while profiling */
                 double t0 = ks_now();
                 st = ks_session_prefill(s, ids, L);
                 double t = ks_now() - t0;
-                m->be->count_stats = 0;
+                be->count_stats = 0;
+                pf_flop += be->stat_matmul_flop;
                 if (st) break;
-                if (t < tp) { tp = t; lin_gf = m->be->stat_matmul_s > 0 ? m->be->stat_matmul_flop / m->be->stat_matmul_s / 1e9 : 0; }
+                if (t < tp) { tp = t; lin_gf = be->stat_matmul_s > 0 ? be->stat_matmul_flop / be->stat_matmul_s / 1e9 : 0; }
                 ks_sampler smp;
                 ks_sampler_init(&smp, 0, 1, 0);
                 double t1 = ks_now();
@@ -132,11 +160,31 @@ int ks_cli_bench(int argc, char **argv) {
             }
             free(ids);
             if (st) { rc = ks_cli_fail("bench"); break; }
+            if (be->mem_stats) be->mem_stats(be, &ms, 0);
+            if (profile) { /* linear rate from the matmul phases of all timed prefills */
+                const double *ps = s->prof.sec[0];
+                double lin_s = ps[KS_PH_QKV] + ps[KS_PH_OPROJ] + ps[KS_PH_MLP] + ps[KS_PH_LM_HEAD];
+                lin_gf = lin_s > 0 ? pf_flop / lin_s / 1e9 : 0;
+            }
             /* the CPU's sgemm ceiling only means something next to the CPU backend */
-            double ceil = strcmp(m->be->name, "cpu") ? NAN : sgemm_ceiling(c, L);
-            printf("%-12s %8d %10.3f %12.1f %12.1f %11.1f %7.0f%% %10.2f %9zu\n", pn, L, tp, L / tp, lin_gf, ceil,
-                   100 * lin_gf / ceil, gen > 0 ? 1e3 * td / gen : 0.0, kv_rows / ((size_t)c->n_layers * c->n_kv_heads));
+            double ceil = strcmp(be->name, "cpu") ? NAN : sgemm_ceiling(c, L);
+            printf("%-12s %8d %10.3f %12.1f %12.1f %11.1f %7.0f%% %10.2f %9zu %9.2f\n", pn, L, tp, L / tp, lin_gf, ceil,
+                   100 * lin_gf / ceil, gen > 0 ? 1e3 * td / gen : 0.0, kv_rows / ((size_t)c->n_layers * c->n_kv_heads),
+                   be->mem_stats ? GIB(ms.peak) : NAN);
             fflush(stdout);
+            if (n_rows == cap_rows) {
+                int nc = cap_rows ? 2 * cap_rows : 8;
+                bench_row *nr = realloc(rows, sizeof *nr * nc);
+                if (!nr) { rc = ks_cli_fail("bench: out of memory"); break; }
+                rows = nr;
+                cap_rows = nc;
+            }
+            bench_row *br = &rows[n_rows++];
+            snprintf(br->policy, sizeof br->policy, "%s", pn);
+            br->tokens = L;
+            br->prof = s->prof;
+            br->mem = ms;
+            ks_profile_reset(s);
         }
         free(list);
         s->policy = NULL;
@@ -144,6 +192,20 @@ int ks_cli_bench(int argc, char **argv) {
     }
     free(plist);
     printf("peak host memory %.1f MiB\n", ks_peak_rss() / 1048576.0);
+    /* per row: what the peak was made of; the CUDA pool's own high-water marks (driver) */
+    for (int i = 0; i < n_rows && be->mem_stats; i++) {
+        const ks_mem_stats *q = &rows[i].mem;
+        printf("memory %-12s %8d: peak %.2f GiB = fixed %.2f (weights, KV) + scratch %.2f", rows[i].policy,
+               rows[i].tokens, GIB(q->peak), GIB(q->peak_fixed), GIB(q->peak_scratch));
+        if (q->pool_reserved_high) printf("; pool used high %.2f, reserved high %.2f", GIB(q->pool_used_high), GIB(q->pool_reserved_high));
+        printf("\n");
+    }
+    for (int i = 0; i < n_rows && profile; i++) {
+        char title[128];
+        snprintf(title, sizeof title, "%s, %d tokens", rows[i].policy, rows[i].tokens);
+        ks_profile_print(&rows[i].prof, stdout, title);
+    }
+    free(rows);
     ks_session_free_(s);
     ks_model_close(m);
     return rc;

@@ -235,3 +235,221 @@ KT_TEST(engine_attend_renumbered_prerope) {
     KT_CHECK(max_diff(ref, got, 64) < 1e-5, "renumbered attend differs: %g", max_diff(ref, got, 64));
     fx_close(&f);
 }
+
+/* ---------------------------------------------------------------- profiler, memory, discard_kv */
+
+static int fx_open_cfg(fixture *f, const kt_tiny_cfg *cfg) {
+    if (kt_tmpdir(f->dir, sizeof f->dir)) return -1;
+    if (kt_write_tiny_model(f->dir, cfg)) return -1;
+    if (ks_model_open(f->dir, "cpu", &f->m)) return -1;
+    return ks_session_new(f->m, &f->s) ? -1 : 0;
+}
+
+static double prof_sum(const ks_profile *p, int stage) {
+    double t = 0;
+    for (int i = 0; i < KS_PH_COUNT; i++) t += p->sec[stage][i];
+    return t;
+}
+
+KT_TEST(engine_profile_phases_sum_to_wall) {
+    kt_tiny_cfg cfg = kt_tiny_default();
+    cfg.dim = 64; cfg.n_layers = 4; cfg.n_heads = 4; cfg.n_kv_heads = 2; cfg.ffn = 160; cfg.max_pos = 1024;
+    fixture f;
+    KT_CHECK(fx_open_cfg(&f, &cfg) == 0, "%s", ks_last_error());
+    int n = 600, steps = 5;
+    int32_t *ids = malloc(sizeof(int32_t) * n);
+    prompt(ids, n);
+    /* off: nothing is booked */
+    KT_CHECK(run(f.s, NULL, ids, 50, 1, NULL, NULL) == KS_OK, "%s", ks_last_error());
+    long calls = 0;
+    for (int i = 0; i < KS_PH_COUNT; i++) calls += f.s->prof.calls[0][i] + f.s->prof.calls[1][i];
+    KT_CHECK(calls == 0 && f.s->prof.forwards[0] == 0, "profiling off booked %ld calls", calls);
+    /* on (the CPU backend has no timestamps: sync + host clock) */
+    ks_profile_enable(f.s, 1);
+    KT_CHECK(run(f.s, NULL, ids, n, steps, NULL, NULL) == KS_OK, "%s", ks_last_error());
+    const ks_profile *p = &f.s->prof;
+    KT_CHECK(p->forwards[0] == 1 && p->forwards[1] == steps, "forwards %ld / %ld", p->forwards[0], p->forwards[1]);
+    double sp = prof_sum(p, 0), sd = prof_sum(p, 1);
+    KT_CHECK(fabs(sp - f.s->t_prefill) <= 0.05 * f.s->t_prefill + 1e-4, "prefill phases sum %.6f s, wall %.6f s", sp,
+             f.s->t_prefill);
+    KT_CHECK(fabs(sd - f.s->t_decode) <= 0.05 * f.s->t_decode + 1e-4, "decode phases sum %.6f s, wall %.6f s", sd,
+             f.s->t_decode);
+    KT_CHECK(fabs(sp - p->wall[0]) <= 1e-9 + 1e-6 * sp, "prefill sum %.9f vs its own wall %.9f", sp, p->wall[0]);
+    ks_phase need[] = {KS_PH_EMBED, KS_PH_NORM, KS_PH_QKV, KS_PH_ROPE, KS_PH_KV_APPEND, KS_PH_ATTENTION, KS_PH_OPROJ,
+                       KS_PH_MLP, KS_PH_ELEMWISE, KS_PH_LM_HEAD};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
+        KT_CHECK(p->sec[0][need[i]] > 0 && p->calls[0][need[i]] > 0, "prefill phase %s: %g s, %ld calls",
+                 ks_phase_name(need[i]), p->sec[0][need[i]], p->calls[0][need[i]]);
+        KT_CHECK(p->sec[1][need[i]] > 0 && p->calls[1][need[i]] > 0, "decode phase %s: %g s, %ld calls",
+                 ks_phase_name(need[i]), p->sec[1][need[i]], p->calls[1][need[i]]);
+    }
+    KT_CHECK(p->calls[1][KS_PH_ATTENTION] == (long)steps * cfg.n_layers, "decode attention calls %ld",
+             p->calls[1][KS_PH_ATTENTION]);
+    KT_CHECK(p->calls[0][KS_PH_POLICY] == 0, "no policy, no policy phase");
+    /* the table prints */
+    FILE *tf = tmpfile();
+    KT_CHECK(tf != NULL, "tmpfile");
+    if (tf) {
+        ks_profile_print(p, tf, "test");
+        long sz = ftell(tf);
+        char buf[4096] = {0};
+        rewind(tf);
+        size_t got = fread(buf, 1, sizeof buf - 1, tf);
+        fclose(tf);
+        KT_CHECK(sz > 200 && got > 0 && strstr(buf, "attention") && strstr(buf, "wall"), "table: %s", buf);
+    }
+    /* a policy's handler time is its own phase */
+    ks_profile_reset(f.s);
+    ks_policy noop = {.name = "noop"};
+    for (int e = 0; e < KS_EV_COUNT; e++) noop.on[e] = h_nothing;
+    KT_CHECK(run(f.s, &noop, ids, 100, 1, NULL, NULL) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(p->calls[0][KS_PH_POLICY] == 2 * cfg.n_layers + 1 && p->calls[1][KS_PH_POLICY] == cfg.n_layers,
+             "policy calls %ld / %ld", p->calls[0][KS_PH_POLICY], p->calls[1][KS_PH_POLICY]);
+    ks_profile_enable(f.s, 0);
+    free(ids);
+    fx_close(&f);
+}
+
+/* GemFilter-like: at layer R of the first pass, restart on the K rows whose keys score highest
+ * against the last query (head 0, dot product); optionally discard_kv at layer 0. */
+#define DK_R 3
+#define DK_K 9
+static int g_dk_mode; /* 0: plain, 1: discard_kv, 2: discard_kv without restart, 3: discard at layer 1,
+                         4: discard in prefill_layer_end */
+static ks_status h_gem(void *ud, ks_event *ev) {
+    (void)ud;
+    if (ev->kind == KS_EV_PREFILL_LAYER_END) return g_dk_mode == 4 && ev->layer == 0 ? ks_action_discard_kv(ev) : KS_OK;
+    if (ev->pass) return KS_OK;
+    if (ev->layer == 0 && (g_dk_mode == 1 || g_dk_mode == 2)) {
+        ks_status st = ks_action_discard_kv(ev);
+        if (st) return st;
+    }
+    if (ev->layer == 1 && g_dk_mode == 3) return ks_action_discard_kv(ev);
+    if (ev->layer != DK_R || g_dk_mode == 2) return KS_OK;
+    int n = ev->n, d = ev->head_dim, H = ev->n_heads, Hkv = ev->n_kv_heads;
+    const float *q = ev->q + (size_t)(n - 1) * H * d; /* last row, head 0 */
+    float *sc = malloc(sizeof(float) * n);
+    int32_t idx[DK_K];
+    for (int j = 0; j < n; j++) {
+        double a = 0;
+        for (int t = 0; t < d; t++) a += (double)q[t] * ev->k[(size_t)j * Hkv * d + t];
+        sc[j] = (float)a;
+    }
+    for (int i = 0; i < DK_K; i++) { /* top-K by selection, ties to the lower index */
+        int best = -1;
+        for (int j = 0; j < n; j++)
+            if (sc[j] > -1e30f && (best < 0 || sc[j] > sc[best])) best = j;
+        idx[i] = best;
+        sc[best] = -1e31f;
+    }
+    free(sc);
+    return ks_action_restart(ev, idx, DK_K);
+}
+
+KT_TEST(engine_discard_kv_same_result_lower_peak) {
+    kt_tiny_cfg cfg = kt_tiny_default();
+    cfg.n_layers = 6; cfg.max_pos = 512;
+    fixture f;
+    KT_CHECK(fx_open_cfg(&f, &cfg) == 0, "%s", ks_last_error());
+    ks_backend *be = f.m->be;
+    KT_CHECK(be->mem_stats != NULL, "the CPU backend reports memory");
+    if (!be->mem_stats) { fx_close(&f); return; }
+    int n = 300, steps = 3, V = cfg.vocab;
+    int32_t *ids = malloc(sizeof(int32_t) * n);
+    prompt(ids, n);
+    ks_policy p = {.name = "gem"};
+    p.on[KS_EV_PREFILL_QKV] = h_gem;
+    p.on[KS_EV_PREFILL_LAYER_END] = h_gem;
+    float lg[2][64];
+    int32_t gen[2][8], kept_idx[2][DK_K];
+    size_t peak[2];
+    ks_mem_stats m0, m1;
+    be->mem_stats(be, &m0, 0);
+    for (int mode = 0; mode < 2; mode++) {
+        g_dk_mode = mode;
+        ks_session_reset(f.s);
+        be->mem_stats(be, &m1, 1);
+        KT_CHECK(run(f.s, &p, ids, n, steps, lg[mode], gen[mode]) == KS_OK, "mode %d: %s", mode, ks_last_error());
+        be->mem_stats(be, &m1, 0);
+        peak[mode] = m1.peak;
+        KT_CHECK(f.s->restarted && f.s->n_restart == DK_K, "mode %d: restart recorded (%d)", mode, f.s->n_restart);
+        memcpy(kept_idx[mode], f.s->restart_idx, sizeof kept_idx[mode]);
+        KT_CHECK(m1.scratch == 0, "mode %d: %zu scratch bytes still allocated after the request", mode, m1.scratch);
+        for (int l = 0; l < cfg.n_layers; l++)
+            KT_CHECK(f.s->kv[l].n && f.s->kv[l].n[0] == DK_K + steps, "mode %d layer %d: %d KV rows", mode, l,
+                     f.s->kv[l].n ? f.s->kv[l].n[0] : -1);
+    }
+    KT_CHECK(memcmp(kept_idx[0], kept_idx[1], sizeof kept_idx[0]) == 0, "discard_kv changed the kept tokens");
+    KT_CHECK(memcmp(gen[0], gen[1], sizeof(int32_t) * steps) == 0, "discard_kv changed the generated ids");
+    KT_CHECK(max_diff(lg[0], lg[1], V) == 0, "discard_kv changed the logits by %g", max_diff(lg[0], lg[1], V));
+    const ks_kv_layer *L = &f.s->kv[2];
+    for (int i = 0; i < DK_K; i++) KT_CHECK(L->pos[i] == i, "renumbered position %d at row %d", L->pos[i], i);
+    /* without discard, layers 0..R-1 hold n rows each when layer R-1 attends; with it, one layer */
+    size_t kv_layer = (size_t)n * cfg.n_kv_heads * (cfg.dim / cfg.n_heads) * sizeof(float) * 2;
+    KT_CHECK(peak[0] >= peak[1] + (DK_R - 1) * kv_layer, "peak %zu without discard_kv, %zu with (expected >= %zu less)",
+             peak[0], peak[1], (DK_R - 1) * kv_layer);
+    /* after a reset only the weights remain */
+    ks_session_reset(f.s);
+    be->mem_stats(be, &m1, 0);
+    KT_CHECK(m1.cur == m0.cur && m1.scratch == 0, "after reset %zu bytes (weights %zu)", m1.cur, m0.cur);
+    free(ids);
+    fx_close(&f);
+}
+
+KT_TEST(engine_discard_kv_errors) {
+    fixture f;
+    KT_CHECK(fx_open(&f, 5) == 0, "%s", ks_last_error());
+    int32_t ids[40];
+    prompt(ids, 40);
+    ks_policy p = {.name = "gem"};
+    p.on[KS_EV_PREFILL_QKV] = h_gem;
+    p.on[KS_EV_PREFILL_LAYER_END] = h_gem;
+    const char *want[] = {"completed without a restart", "only in prefill_qkv at layer 0", "not allowed in event prefill_layer_end"};
+    for (int i = 0; i < 3; i++) {
+        g_dk_mode = 2 + i;
+        ks_status st = run(f.s, &p, ids, 40, 1, NULL, NULL);
+        KT_CHECK(st == KS_ERR_POLICY && strstr(ks_last_error(), want[i]), "mode %d: status %d: %s", g_dk_mode, st,
+                 ks_last_error());
+    }
+    /* chunked prefill: refused */
+    g_dk_mode = 1;
+    ks_policy pc = p;
+    pc.prefill_chunk = 16;
+    ks_status st = run(f.s, &pc, ids, 40, 0, NULL, NULL);
+    KT_CHECK(st == KS_ERR_POLICY && strstr(ks_last_error(), "chunked"), "chunked: %d: %s", st, ks_last_error());
+    /* a second prefill on a session holding tokens: refused */
+    ks_session_reset(f.s);
+    KT_CHECK(ks_session_prefill(f.s, ids, 10) == KS_OK, "%s", ks_last_error());
+    f.s->policy = &p;
+    st = ks_session_prefill(f.s, ids + 10, 30);
+    f.s->policy = NULL;
+    KT_CHECK(st == KS_ERR_POLICY && strstr(ks_last_error(), "first prefill"), "second prefill: %d: %s", st, ks_last_error());
+    /* the session is fine afterwards */
+    KT_CHECK(run(f.s, NULL, ids, 40, 2, NULL, NULL) == KS_OK, "%s", ks_last_error());
+    fx_close(&f);
+}
+
+/* `kvsieve bench --profile` on the CPU: the peak_GiB column and the per-phase table */
+KT_TEST(engine_bench_profile_and_peak_column) {
+    const char *bin = getenv("KS_BIN");
+    if (!bin || !*bin) KT_SKIP("KS_BIN not set (run through make test)");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "%s bench --random-weights bench/configs/cpu-small.json --lengths 64 --gen 2 --repeat 1 --profile 2>&1", bin);
+    FILE *p = popen(cmd, "r");
+    KT_CHECK(p != NULL, "popen");
+    if (!p) return;
+    static char out[16384];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int rc = pclose(p);
+    KT_CHECK(rc == 0, "bench exited %d: %s", rc, out);
+    KT_CHECK(strstr(out, "peak_GiB") != NULL, "no peak_GiB column: %s", out);
+    const char *row = strstr(out, "\nnone ");
+    double peak = 0;
+    int ok = row && sscanf(row, " none %*d %*f %*f %*f %*f %*s %*f %*d %lf", &peak) == 1;
+    KT_CHECK(ok && peak > 0.05 && peak < 1.0, "peak column %g (28 M float32 parameters are 0.1 GiB): %s", peak, out);
+    KT_CHECK(strstr(out, "profile: none, 64 tokens") && strstr(out, "attention") && strstr(out, "mlp"),
+             "no per-phase table: %s", out);
+    KT_CHECK(strstr(out, "memory none") != NULL, "no memory breakdown line: %s", out);
+}

@@ -610,3 +610,343 @@ KT_TEST(lua_cli_run_repl_generate) {
     KT_CHECK(rc == 2 && strstr(out, "--model DIR is required"), "eval: %d %s", rc, out);
     kt_rmdir(dir);
 }
+
+/* ================================================================ device tensors (the emulated device)
+ *
+ * KVSIEVE_LUA_DEVICE=emulate / _device = "emulate" runs a policy's primitives through the
+ * device-tensor path on the CPU backend: views are device views of the emulated device
+ * (lua/prims_lua.c), primitives dispatch to its ks_backend_prims table, element access and
+ * actions download. Every policy must keep exactly what it keeps on the plain host path. */
+
+typedef struct dev_run {
+    ks_status st;
+    char err[2048];
+    int32_t ids[64];
+    int n_ids;
+    int n_layers, n_kv;
+    int kept_n[16][8];
+    int32_t *kept[16][8];
+    int prop[16];
+    int n_restart;
+    int32_t restart[4096];
+    char reports[8192];
+    ks_lpol_devstats ds;
+} dev_run;
+
+static void dev_run_free(dev_run *r) {
+    for (int l = 0; l < 16; l++)
+        for (int h = 0; h < 8; h++) free(r->kept[l][h]);
+}
+
+/* One request of policy `name` (params "k=v,k=v") in device mode `mode`. */
+static void dev_run_policy(ks_model *m, const char *name, const char *params, const char *mode, const int32_t *prompt, int n,
+                           int max_new, dev_run *r) {
+    memset(r, 0, sizeof *r);
+    ks_policy *p = NULL;
+    ks_session *s = NULL;
+    r->st = ks_policy_load(m, name, &p);
+    char kv[512];
+    snprintf(kv, sizeof kv, "%s", params);
+    for (char *save = NULL, *tok = strtok_r(kv, ",", &save); !r->st && tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) continue;
+        *eq = 0;
+        r->st = ks_policy_set(p, tok, eq + 1);
+    }
+    if (!r->st) r->st = ks_policy_set(p, "_device", mode);
+    if (!r->st) r->st = ks_session_create(m, &s);
+    if (!r->st) {
+        ks_session_set_policy(s, p);
+        ks_generate_opts o;
+        ks_generate_opts_default(&o);
+        o.max_new_tokens = max_new;
+        r->st = ks_generate_ids(s, prompt, n, &o, NULL, NULL);
+    }
+    if (r->st) snprintf(r->err, sizeof r->err, "%s", ks_last_error());
+    if (!r->st) {
+        const int32_t *ids = ks_result_ids(s, &r->n_ids);
+        if (r->n_ids > 64) r->n_ids = 64;
+        memcpy(r->ids, ids, sizeof(int32_t) * r->n_ids);
+        r->n_layers = KS_MIN(m->cfg.n_layers, 16);
+        r->n_kv = KS_MIN(m->cfg.n_kv_heads, 8);
+        for (int l = 0; l < r->n_layers; l++) {
+            for (int h = 0; h < r->n_kv; h++) {
+                const int32_t *pos;
+                r->kept_n[l][h] = ks_result_kept(s, l, h, &pos);
+                r->kept[l][h] = malloc(sizeof(int32_t) * (r->kept_n[l][h] + 1));
+                memcpy(r->kept[l][h], pos, sizeof(int32_t) * r->kept_n[l][h]);
+            }
+            r->prop[l] = s->prop_layer_n ? s->prop_layer_n[l] : -1;
+        }
+        const int32_t *ri;
+        r->n_restart = ks_result_restart(s, &ri);
+        if (r->n_restart > 4096) r->n_restart = 4096;
+        if (r->n_restart > 0) memcpy(r->restart, ri, sizeof(int32_t) * r->n_restart);
+        for (int i = 0; i < ks_policy_n_reports(p); i++) {
+            size_t at = strlen(r->reports);
+            const char *k = ks_policy_report_key(p, i);
+            snprintf(r->reports + at, sizeof r->reports - at, "%s=%s;", k, ks_policy_report(p, k));
+        }
+    }
+    if (p) ks_lpol_dev_stats(p, &r->ds);
+    ks_session_free(s);
+    ks_policy_free(p);
+}
+
+/* "" when a and b kept, generated and reported the same, else what differs */
+static const char *dev_run_diff(const dev_run *a, const dev_run *b) {
+    static char why[256];
+    if (a->n_ids != b->n_ids || memcmp(a->ids, b->ids, sizeof(int32_t) * a->n_ids)) return "generated ids";
+    for (int l = 0; l < a->n_layers; l++) {
+        if (a->prop[l] != b->prop[l]) { snprintf(why, sizeof why, "rows after layer %d: %d vs %d", l, a->prop[l], b->prop[l]); return why; }
+        for (int h = 0; h < a->n_kv; h++)
+            if (a->kept_n[l][h] != b->kept_n[l][h] || memcmp(a->kept[l][h], b->kept[l][h], sizeof(int32_t) * a->kept_n[l][h])) {
+                snprintf(why, sizeof why, "kept positions of layer %d head %d (%d vs %d rows)", l, h, a->kept_n[l][h], b->kept_n[l][h]);
+                return why;
+            }
+    }
+    if (a->n_restart != b->n_restart || memcmp(a->restart, b->restart, sizeof(int32_t) * KS_MAX(a->n_restart, 0))) return "restart indices";
+    if (strcmp(a->reports, b->reports)) return "reports";
+    return "";
+}
+
+KT_TEST(lua_device_emulated_policies_match_host) {
+    ks_lua_quiet = 1;
+    ks_model *m;
+    KT_CHECK(ks_model_open("models/kvsieve-tiny", "cpu", &m) == KS_OK, "%s", ks_last_error());
+    /* every policy with budgets that bite at these lengths (8 layers, 2 KV heads) */
+    static const struct { const char *name, *params; int n; } cases[] = {
+        {"full", "", 300},
+        {"streamingllm", "budget=64,sinks=4,rolling=true", 300},
+        {"snapkv", "budget=64,window=8,kernel=7,pool=max", 300},
+        {"snapkv", "budget=48,window=8,kernel=5,pool=avg,per_query_head=true", 300},
+        {"gemfilter", "layer=2,k=100", 300},
+        {"fastkv", "tsp_layer=3,tsp_rate=0.3,retain_rate=0.2,trace=true", 300},
+        {"fastkv", "mode=absolute,tsp_layer=2,tsp_len=128,capacity=64,w=8", 300},
+        {"asl", "L_min=3,L_obs=3,tau=0.9,k=100,w=8,kv_budget=64,trace=true", 300},
+        {"asl", "L_min=2,L_obs=3,tau=0.5,k=80,w=8,two_pass=true,fallback_layer=5", 300},
+        {"tokenselect", "n_init=16,n_local=480,k=64,cache_theta=0.9,trace=true", 1100},
+        {"tokenselect", "n_init=8,n_local=500,k=40,pool_kernel=3,gqa=mod", 1100},
+    };
+    int32_t prompt[1100];
+    uint64_t x = 88172645463325252ull;
+    prompt[0] = m->cfg.bos;
+    for (int i = 1; i < 1100; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        prompt[i] = 3 + (int32_t)(x % (uint64_t)(m->cfg.vocab - 3));
+    }
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        dev_run host, emu;
+        double t0 = ks_now();
+        dev_run_policy(m, cases[c].name, cases[c].params, "host", prompt, cases[c].n, 6, &host);
+        double t1 = ks_now();
+        dev_run_policy(m, cases[c].name, cases[c].params, "emulate", prompt, cases[c].n, 6, &emu);
+        double t2 = ks_now();
+        KT_CHECK(host.st == KS_OK, "%s host: %s", cases[c].name, host.err);
+        KT_CHECK(emu.st == KS_OK, "%s emulate: %s", cases[c].name, emu.err);
+        const char *d = dev_run_diff(&host, &emu);
+        KT_CHECK(!*d, "%s (%s): host and emulated device differ in %s", cases[c].name, cases[c].params, d);
+        /* the device path really ran (full has no handler: nothing to run) */
+        int has_handlers = strcmp(cases[c].name, "full") && strcmp(cases[c].name, "streamingllm"); /* those make no tensor */
+        KT_CHECK(!has_handlers || emu.ds.allocs > 0, "%s: no device tensor was made", cases[c].name);
+        KT_CHECK(host.ds.allocs == 0, "%s: the host mode made device tensors", cases[c].name);
+        KT_CHECK(emu.ds.used == 0, "%s: %zu device bytes outlived the events", cases[c].name, emu.ds.used);
+        if (getenv("KS_TEST_VERBOSE")) fprintf(stderr, "\n      reports: %.300s; restart %d; rows after the last layer %d", emu.reports, emu.n_restart, emu.prop[emu.n_layers - 1]);
+        fprintf(stderr, "\n    %-12s %-62s host %.2f s, emulated %.2f s: %ld device tensors, %ld downloads, peak %.1f KB",
+                cases[c].name, cases[c].params, t1 - t0, t2 - t1, emu.ds.allocs, emu.ds.downloads, emu.ds.peak / 1024.0);
+        dev_run_free(&host);
+        dev_run_free(&emu);
+    }
+    fprintf(stderr, "\n  ");
+    ks_model_close(m);
+}
+
+/* Every primitive and tensor method on device tensors (views of ev.q / ev.k / the KV cache,
+ * uploads, strided slices, mixed host/device inputs) against the same call on host copies:
+ * identical results, device outputs on the device; results kept past an event move to the
+ * host; stale views, bad indices and an out-of-range gather give their named errors. */
+static const char *dev_prims_lua =
+    "local ks = require 'kvsieve'\n"
+    "local m = ks.load('models/kvsieve-tiny')\n"
+    "local s = m:session()\n"
+    "local ids = {} for i = 1, 40 do ids[i] = (i * 37) % 4000 + 3 end\n"
+    "local function eq(a, b, what)\n"
+    "  if type(a) == 'userdata' then a = a:tolist() end\n"
+    "  if type(b) == 'userdata' then b = b:tolist() end\n"
+    "  if type(a) == 'table' then\n"
+    "    assert(type(b) == 'table' and #a == #b, what .. ': shapes differ')\n"
+    "    for i = 1, #a do eq(a[i], b[i], what .. '[' .. i .. ']') end\n"
+    "  else assert(a == b or (a ~= a and b ~= b), string.format('%s: %s vs %s', what, tostring(a), tostring(b))) end\n"
+    "end\n"
+    "local function on_dev(t, what) assert(tostring(t):find(' on emu', 1, true), what .. ': not on the device: ' .. tostring(t)) end\n"
+    "local n_cmp = 0\n"
+    "-- f(true) on device inputs, f(false) on host copies: the same values; device results stay there\n"
+    "local function cmp(what, f)\n"
+    "  local a, b = table.pack(f(true)), table.pack(f(false))\n"
+    "  assert(a.n == b.n, what)\n"
+    "  for i = 1, a.n do\n"
+    "    if type(a[i]) == 'userdata' then on_dev(a[i], what); assert(not tostring(b[i]):find(' on emu', 1, true), what) end\n"
+    "    eq(a[i], b[i], what)\n"
+    "  end\n"
+    "  n_cmp = n_cmp + 1\n"
+    "end\n"
+    "local kept, saved, later = nil, nil, {}\n"
+    "local r = s:generate(ids, {n = 3, policy = {\n"
+    "  prefill_qkv = function(ev)\n"
+    "    if ev.layer == 1 then\n"
+    "      -- what layer 0 kept: moved to the host with its values; its view of ev.q is stale\n"
+    "      assert(not tostring(kept):find(' on emu', 1, true), tostring(kept)); eq(kept, later.kept, 'kept')\n"
+    "      assert(kept.device == 'cpu')\n"
+    "      local ok, e = pcall(function() return saved:tolist() end)\n"
+    "      assert(not ok and e:find('tensor view used after its event ended', 1, true), e)\n"
+    "      later.done = true\n"
+    "    end\n"
+    "    if ev.layer ~= 0 then return end\n"
+    "    local q, k, n = ev.q, ev.k, ev.n\n"
+    "    on_dev(q, 'ev.q'); on_dev(k, 'ev.k'); assert(q.device == 'cpu' and q.is_view)\n"
+    "    local hq, hk = ks.tensor(q:tolist()), ks.tensor(k:tolist())\n"
+    "    local function Q(D) return D and q or hq end\n"
+    "    local function K(D) return D and k or hk end\n"
+    "    -- scores with every kind of option, strided head slices, host q against device keys\n"
+    "    local sopts = { {}, {rows = 'last', scale = 'none', reduce = 'sum'},\n"
+    "      {rows = 8, causal = true, softmax = true, out = {0, n - 8}}, {rows = 8, causal = true, softmax = true, out = {0, n - 8}, reduce = 'group'},\n"
+    "      {rows = {3, 10}, causal = true, reduce = 'mean'}, {scale = 0.5, softmax = true, key_range = {4, 30}, out = {4, 30}, reduce = 'sum', gqa = 'mod'},\n"
+    "      {rows = 4, causal = true, softmax = true, kpos = ks.arange(0, n), qpos = {36, 37, 38, 39}} }\n"
+    "    for i, o in ipairs(sopts) do cmp('scores ' .. i, function(D) return ks.scores(Q(D), K(D), o) end) end\n"
+    "    cmp('scores of slices', function(D) return ks.scores(Q(D):slice(1, 4, 8), K(D):slice(1, 1, 2), {rows = 8, causal = true, softmax = true, out = {0, n - 8}}) end)\n"
+    "    local fp = ks.tensor(q:row(39):tolist())\n"
+    "    cmp('scores host q, device k', function(D) return ks.scores(fp, K(D), {scale = 'none', softmax = true, reduce = 'sum'}) end)\n"
+    "    cmp('rope', function(D) return ks.rope(Q(D), ks.arange(0, n)) end)\n"
+    "    cmp('rope one row', function(D) return ks.rope(Q(D):row(3), 5, {theta = 10000}) end)\n"
+    "    local S = ks.scores(q, k, {rows = 8, causal = true, softmax = true, out = {0, n - 8}}) -- (8, 32) on the device\n"
+    "    local hS = ks.tensor(S:tolist())\n"
+    "    local vals = {} for i = 1, 50 do vals[i] = (i * 7) % 11 - 5 end -- ties\n"
+    "    local hv = ks.tensor(vals, 'f32'); local dv = ks._upload(hv); on_dev(dv, 'upload')\n"
+    "    local hi = ks.tensor({5, 3, 9, 3, 1, 12, 0}); local di = ks._upload(hi)\n"
+    "    local hm = ks.tensor({{1, 2}, {3, 4}, {5, 6}}); local dm = ks._upload(hm)\n"
+    "    local function X(D) return D and S or hS end\n"
+    "    local function V(D) return D and dv or hv end\n"
+    "    local function I(D) return D and di or hi end\n"
+    "    cmp('pool1d max', function(D) return ks.pool1d(X(D), 5, 'max') end)\n"
+    "    cmp('pool1d avg', function(D) return ks.pool1d(V(D), 3, 'avg') end)\n"
+    "    cmp('topk', function(D) return ks.topk(X(D), 5) end)\n"
+    "    cmp('topk by value', function(D) return ks.topk(V(D), 7, {sorted = 'value'}) end)\n"
+    "    cmp('sort', function(D) return ks.sort(V(D)), ks.sort(V(D), {descending = true}) end)\n"
+    "    cmp('sort i32', function(D) return ks.sort(I(D)), ks.sort(I(D), {descending = true}) end)\n"
+    "    cmp('argsort rank', function(D) return ks.argsort(V(D)), ks.argsort(V(D), {descending = true}), ks.rank(V(D)) end)\n"
+    "    cmp('unique', function(D) return ks.unique(I(D)) end)\n"
+    "    cmp('union', function(D) return ks.union(I(D), ks.tensor({2, 40, 2})), ks.union(ks.sort(ks.unique(I(D))), ks.arange(0, 4)) end)\n"
+    "    cmp('concat', function(D) return ks.concat(V(D), hv), ks.concat(I(D), {1, 2}, I(D)) end)\n"
+    "    cmp('gather', function(D) return ks.gather(X(D), {0, 7, 3, 3}), ks.gather(I(D), ks.tensor({4, 0})), ks.gather(D and dm or hm, {2, 0}) end)\n"
+    "    cmp('softmax', function(D) return ks.softmax(X(D)) end)\n"
+    "    cmp('reductions', function(D) return ks.sum(X(D), 0), ks.mean(X(D), 1), ks.var(X(D), 0), ks.var(X(D), -1, {ddof = 1}), ks.sum(V(D)), ks.mean(X(D)), ks.var(V(D)) end)\n"
+    "    cmp('group sum', function(D) return ks.sum(X(D):reshape(2, 4, n - 8), 1) end)\n"
+    "    cmp('cosine', function(D) return ks.cosine(V(D), ks.sort(V(D))), ks.cosine(X(D), ks.softmax(X(D))) end)\n"
+    "    cmp('views', function(D) return X(D):slice(1, 2, 10), X(D):row(3), X(D):reshape(-1), Q(D):slice(1, 0, 2):reshape(-1), X(D):clone() end)\n"
+    "    cmp('add', function(D) return X(D) + X(D), V(D) + hv end)\n"
+    "    cmp('stack', function(D) return ks.stack({X(D), hS}), ks.tensor(X(D)) end)\n"
+    "    -- host-only operations download: the same values as on the host copies\n"
+    "    eq((S - S) * 2, (hS - hS) * 2, 'arith'); eq(-S, -hS, 'unm'); eq(di:float(), hi:float(), 'float'); eq(S:int(), hS:int(), 'int')\n"
+    "    eq(q:item(39, 7, 63), hq:item(39, 7, 63), 'item of a large tensor'); eq(S:item(2, 3), hS:item(2, 3), 'item')\n"
+    "    assert(#S == 8 and S:numel() == 8 * (n - 8) and S.shape[2] == n - 8)\n"
+    "    assert(tostring(S):find('tensor(f32, [8, 32]) on emu [', 1, true), tostring(S))\n"
+    "    -- a gather with a bad index on the device: the CPU's message\n"
+    "    local ok, e = pcall(ks.gather, S, {0, 99})\n"
+    "    assert(not ok and e:find('gather: index 99 at position 1 out of range [0, 8)', 1, true), e)\n"
+    "    -- actions take device index tensors\n"
+    "    ev:retain(ks.concat(ks.topk(ks.sum(S, 0), 10), ks.arange(n - 8, n)))\n"
+    "    kept = ks.topk(dv, 3); later.kept = ks.topk(hv, 3); on_dev(kept, 'kept')\n"
+    "    saved = q:slice(0, 0, 2)\n"
+    "    later.n_cmp = n_cmp\n"
+    "  end,\n"
+    "  decode_qkv = function(ev)\n"
+    "    if later.dec then return end\n"
+    "    later.dec = true\n"
+    "    local K, K1 = ev:kv_keys(), ev:kv_values(1)\n"
+    "    on_dev(K, 'kv_keys'); assert(K.shape[1] == ev.kv_rows[1] and K.shape[2] == 2)\n"
+    "    local hK = ks.tensor(K:tolist())\n"
+    "    eq(K1, ks.tensor(K1:tolist()), 'kv_values(1)')\n"
+    "    local hq = ks.tensor(ev.q:tolist())\n"
+    "    local o = {scale = 'none', softmax = true, key_range = {2, 15}, out = {2, 15}, reduce = 'sum'}\n"
+    "    eq(ks.scores(ev.q, K, o), ks.scores(hq, hK, o), 'scores over the cache')\n"
+    "    eq(K:reshape(-1), hK:reshape(-1), 'reshape of the cache view')\n"
+    "  end }})\n"
+    "assert(later.done and later.dec and later.n_cmp >= 25, 'handlers ran: ' .. tostring(later.n_cmp))\n"
+    "assert(#r.ids == 3)\n";
+
+KT_TEST(lua_device_emulated_prims_match_host) {
+    ks_lua_quiet = 1;
+    setenv("KVSIEVE_LUA_DEVICE", "emulate", 1);
+    const char *e = run_lua(dev_prims_lua);
+    unsetenv("KVSIEVE_LUA_DEVICE");
+    KT_CHECK(!*e, "%s", e);
+}
+
+/* Failures on the device path: an injected device allocation failure, the _device_mb limit,
+ * a device tensor kept by a handler that then failed ("lost"); each a named error, nothing
+ * leaks (ASan), and the policy works again afterwards. */
+KT_TEST(lua_device_emulated_errors) {
+    ks_lua_quiet = 1;
+    ks_model *m;
+    KT_CHECK(ks_model_open("models/kvsieve-tiny", "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_session *s;
+    KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = (i * 37) % 4000 + 3;
+    ks_policy *p;
+    KT_CHECK(ks_policy_load_string(m, "dev_errors.lua",
+                                   "local ks = require 'kvsieve'\n"
+                                   "return { params = { fail = false, use = false },\n"
+                                   "  prefill_qkv = function(ev, p)\n"
+                                   "    if ev.layer ~= 0 then return end\n"
+                                   "    if p.use then ev:report('kept', tostring(G)); return G:tolist() end\n"
+                                   "    local sc = ks.scores(ev.q, ev.k, {rows = 4, causal = true, softmax = true, reduce = 'sum'})\n"
+                                   "    G = ks.topk(ks.pool1d(sc, 3, 'max'), 5)\n"
+                                   "    if p.fail then error('boom') end\n"
+                                   "    ev:report('top', table.concat(G:tolist(), ','))\n"
+                                   "  end }\n",
+                                   &p) == KS_OK,
+             "%s", ks_last_error());
+    KT_CHECK(ks_policy_set(p, "_device", "emulate") == KS_OK, "%s", ks_last_error());
+    char buf[64];
+    KT_CHECK(ks_policy_get(p, "_device", buf, sizeof buf) == KS_OK && !strcmp(buf, "emulate"), "%s", buf);
+    KT_CHECK(ks_policy_set(p, "_device", "gpu") == KS_ERR_ARG && strstr(ks_last_error(), "auto, host or emulate"), "%s", ks_last_error());
+    gen_out ok1, o;
+    generate(s, p, prompt, 40, 2, &ok1);
+    KT_CHECK(ok1.st == KS_OK, "%s", ok1.err);
+    const char *top = ks_policy_report(p, "top");
+    KT_CHECK(top && strlen(top) > 4, "report top: %s", top ? top : "(none)");
+    char top1[256];
+    snprintf(top1, sizeof top1, "%s", top);
+    /* an injected allocation failure of the device */
+    ks_lua_emu_fail_in = 3;
+    generate(s, p, prompt, 40, 2, &o);
+    ks_lua_emu_fail_in = 0;
+    KT_CHECK(o.st == KS_ERR_POLICY && strstr(o.err, "injected failure") && strstr(o.err, "prefill_qkv (layer 0)"), "%d %s", o.st, o.err);
+    /* the device limit */
+    KT_CHECK(ks_policy_set(p, "_device_mb", "0.0001") == KS_OK, "%s", ks_last_error());
+    long mem0 = ks_lpol_failures(p, KS_FAIL_MEMORY);
+    generate(s, p, prompt, 40, 2, &o);
+    KT_CHECK(o.st == KS_ERR_POLICY && strstr(o.err, "device memory limit of") && strstr(o.err, "_device_mb"), "%d %s", o.st, o.err);
+    KT_CHECK(ks_lpol_failures(p, KS_FAIL_MEMORY) == mem0 + 1, "classified as memory");
+    KT_CHECK(ks_policy_set(p, "_device_mb", "64") == KS_OK, "%s", ks_last_error());
+    /* a handler that fails with a device tensor in a global: it is lost, and says so */
+    KT_CHECK(ks_policy_set(p, "fail", "true") == KS_OK, "%s", ks_last_error());
+    generate(s, p, prompt, 40, 2, &o);
+    KT_CHECK(o.st == KS_ERR_POLICY && strstr(o.err, "boom"), "%s", o.err);
+    KT_CHECK(ks_policy_set(p, "fail", "false") == KS_OK && ks_policy_set(p, "use", "true") == KS_OK, "%s", ks_last_error());
+    generate(s, p, prompt, 40, 2, &o);
+    KT_CHECK(o.st == KS_ERR_POLICY && strstr(o.err, "device tensor lost"), "%s", o.err);
+    /* and the policy is fine afterwards, with the same result as before */
+    KT_CHECK(ks_policy_set(p, "use", "false") == KS_OK, "%s", ks_last_error());
+    generate(s, p, prompt, 40, 2, &o);
+    KT_CHECK(o.st == KS_OK && same_ids(&o, &ok1), "%s", o.err);
+    top = ks_policy_report(p, "top");
+    KT_CHECK(top && !strcmp(top, top1), "top %s vs %s", top ? top : "-", top1);
+    ks_lpol_devstats ds;
+    ks_lpol_dev_stats(p, &ds);
+    KT_CHECK(ds.used == 0 && ds.allocs > 0 && !strcmp(ds.mode, "emulate"), "used %zu allocs %ld mode %s", ds.used, ds.allocs, ds.mode);
+    ks_policy_free(p);
+    ks_session_free(s);
+    ks_model_close(m);
+}

@@ -816,3 +816,91 @@ KT_TEST(prims_bad_arguments) {
     BAD(ks_cpu_cosine_rows(x, x, -2, 4, y), "cosine: rows = -2 is negative");
 #undef BAD
 }
+
+/* ================================================================ the emulated device (lua/prims_lua.c)
+ *
+ * The ks_backend_prims table that runs the device-tensor path on the CPU: every entry reached
+ * through tagged addresses (alloc / upload / download), the results equal to core/prims.c's,
+ * the device-only conventions (counts and cosine written to device memory, gather's error
+ * word, union in any order), and an injected allocation failure. */
+#include "backend.h"
+#include "ks_lua.h"
+
+KT_TEST(prims_emulated_device_table) {
+    ks_backend *be = ks_lua_emu_backend();
+    KT_CHECK(be && be->prims && !strcmp(be->name, "emu"), "emu backend");
+    const ks_backend_prims *P = be->prims;
+    enum { N = 300, ROWS = 3 };
+    float hx[ROWS * N], ref[ROWS * N], got[5 * N];
+    int32_t ri[ROWS * N], gi[ROWS * N];
+    for (int i = 0; i < ROWS * N; i++) hx[i] = (float)((i * 37) % 101 - 50) * 0.25f + (i % 7 == 0 ? 0.0f : 0.001f * (i % 13));
+    float *dx = be->alloc(be, sizeof hx), *dy = be->alloc(be, sizeof got);
+    int32_t *di = be->alloc(be, sizeof ri);
+    int64_t *dn = be->alloc(be, 16);
+    KT_CHECK(dx && dy && di && dn, "alloc");
+    /* a device address is not a host address: the tag is visible */
+    KT_CHECK(ks_lua_emu_untag(dx) != (void *)dx && ks_lua_emu_tag(ks_lua_emu_untag(dx)) == (void *)dx, "tagged");
+    KT_CHECK(be->upload(be, dx, hx, sizeof hx) == KS_OK, "upload");
+    /* pool1d, softmax, sums: the CPU's floats bit for bit */
+    KT_CHECK(P->pool1d(be, dx, ROWS, N, 5, KS_POOL_MAX, dy) == KS_OK && ks_cpu_pool1d(hx, ROWS, N, 5, KS_POOL_MAX, ref) == KS_OK, "pool");
+    be->download(be, got, dy, sizeof ref);
+    KT_CHECK(!memcmp(got, ref, sizeof ref), "pool1d differs");
+    KT_CHECK(P->softmax(be, dx, ROWS, N, dy) == KS_OK && ks_cpu_softmax(hx, ROWS, N, ref) == KS_OK, "softmax");
+    be->download(be, got, dy, sizeof ref);
+    KT_CHECK(!memcmp(got, ref, sizeof ref), "softmax differs");
+    KT_CHECK(P->sum(be, dx, ROWS, N, 0, dy) == KS_OK && ks_cpu_sum(hx, ROWS, N, 0, ref) == KS_OK, "sum");
+    be->download(be, got, dy, sizeof(float) * N);
+    KT_CHECK(!memcmp(got, ref, sizeof(float) * N), "sum differs");
+    /* top-k and rank: identical indices */
+    KT_CHECK(P->topk(be, dx, ROWS, N, 17, KS_TOPK_BY_VALUE, di, dy) == KS_OK, "topk");
+    KT_CHECK(ks_cpu_topk(hx, ROWS, N, 17, KS_TOPK_BY_VALUE, ri, ref) == KS_OK, "cpu topk");
+    be->download(be, gi, di, sizeof(int32_t) * ROWS * 17);
+    KT_CHECK(!memcmp(gi, ri, sizeof(int32_t) * ROWS * 17), "topk differs");
+    KT_CHECK(P->rank(be, dx, N, di) == KS_OK && ks_cpu_rank(hx, N, ri) == KS_OK, "rank");
+    be->download(be, gi, di, sizeof(int32_t) * N);
+    KT_CHECK(!memcmp(gi, ri, sizeof(int32_t) * N), "rank differs");
+    /* cosine: the value goes to device memory */
+    float c, cref;
+    KT_CHECK(P->cosine(be, dx, dx + N, N, dy) == KS_OK && ks_cpu_cosine(hx, hx + N, N, &cref) == KS_OK, "cosine");
+    be->download(be, &c, dy, sizeof c);
+    KT_CHECK(c == cref, "cosine %g vs %g", c, cref);
+    /* union in any order (the CUDA semantics): sorted distinct values; count in device memory */
+    int32_t a[] = {9, 2, 5, 2}, b[] = {7, 1, 9}, u[7];
+    int32_t *da = be->alloc(be, 8 * sizeof(int32_t)), *db = be->alloc(be, sizeof b); /* da: room for idx below */
+    be->upload(be, da, a, sizeof a);
+    be->upload(be, db, b, sizeof b);
+    KT_CHECK(P->union_(be, da, 4, db, 3, di, dn) == KS_OK, "union");
+    int64_t nu = 0;
+    be->download(be, &nu, dn, sizeof nu);
+    be->download(be, u, di, sizeof(int32_t) * (size_t)nu);
+    KT_CHECK(nu == 5 && u[0] == 1 && u[1] == 2 && u[2] == 5 && u[3] == 7 && u[4] == 9, "union: %lld values", (long long)nu);
+    /* gather: a bad index leaves its row NaN and its lowest position in the error word */
+    int32_t idx[] = {1, 0, 7, 2, -1};
+    be->upload(be, da, idx, sizeof idx);
+    int64_t m1 = -1, err = 0;
+    be->upload(be, dn, &m1, sizeof m1);
+    KT_CHECK(P->gather(be, dx, ROWS, N, da, 5, dy, dn) == KS_OK, "gather");
+    be->download(be, &err, dn, sizeof err);
+    be->download(be, got, dy, sizeof(float) * 5 * N);
+    KT_CHECK(err == 2, "error word %lld", (long long)err);
+    KT_CHECK(!memcmp(got, hx + N, sizeof(float) * N) && got[2 * N] != got[2 * N], "gathered rows");
+    be->upload(be, dn, &m1, sizeof m1);
+    KT_CHECK(P->gather(be, dx, ROWS, N, da, 2, dy, dn) == KS_OK, "gather");
+    be->download(be, &err, dn, sizeof err);
+    KT_CHECK(err == -1, "no bad index: %lld", (long long)err);
+    /* an injected allocation failure: NULL with a message, until reset */
+    ks_lua_emu_fail_in = 1;
+    void *p = be->alloc(be, 64);
+    KT_CHECK(!p && strstr(ks_last_error(), "injected"), "%s", ks_last_error());
+    KT_CHECK(!be->alloc(be, 8), "still failing");
+    ks_lua_emu_fail_in = 0;
+    p = be->alloc(be, 64);
+    KT_CHECK(p, "allocates again");
+    be->free(be, p);
+    be->free(be, da);
+    be->free(be, db);
+    be->free(be, dx);
+    be->free(be, dy);
+    be->free(be, di);
+    be->free(be, dn);
+}

@@ -228,6 +228,8 @@ static void test_matmul(void) {
         test_matmul_one(1, 14336, 4096, "BF16", 1);
         test_matmul_one(257, 512, 1024, "BF16", 1);
         test_matmul_one(1025, 768, 3072, "F32", 1);
+        /* the bf16 copy of x is converted in row chunks of 64 MiB: 9000 x 4096 is two chunks */
+        test_matmul_one(9000, 4096, 72, "BF16", 1);
     }
 }
 
@@ -943,6 +945,166 @@ static void test_e2e(const char *stories) {
     free(ids);
 }
 
+/* ================================================================ memory accounting, profiler, discard_kv */
+
+static void test_mem_stats(void) {
+    if (!want("mem")) return;
+    const char *name = "mem_stats: alloc/free/KV counted exactly, peak and reset";
+    if (!GPU->mem_stats) { result(0, name, "the CUDA backend has no mem_stats"); return; }
+    ks_mem_stats a, b, c2, d;
+    GPU->sync(GPU);
+    GPU->mem_stats(GPU, &a, 1);
+    size_t sz = (size_t)3 << 20;
+    void *p = GPU->alloc(GPU, sz);
+    GPU->mem_stats(GPU, &b, 0);
+    kv_pair kp;
+    kv_init(&kp, 2, 64);
+    float kvv[2 * 64 * 5];
+    fill(kvv, 2 * 64 * 5, 1.0f);
+    int32_t pos[5] = {0, 1, 2, 3, 4};
+    float *dk = gpu_buf(kvv, 2 * 64 * 5), *dv = gpu_buf(kvv, 2 * 64 * 5);
+    ks_status st = GPU->kv_append(GPU, &kp.g, dk, dv, pos, 5);
+    GPU->mem_stats(GPU, &c2, 0);
+    size_t kvb = (size_t)2 * kp.g.capacity * 64 * 2 * 2 + (size_t)2 * kp.g.capacity * 4;
+    GPU->kv_free(GPU, &kp.g);
+    GPU->free(GPU, p);
+    GPU->free(GPU, dk);
+    GPU->free(GPU, dv);
+    GPU->mem_stats(GPU, &d, 0);
+    int ok = !st && p && b.scratch == a.scratch + sz && b.cur == a.cur + sz && b.peak >= b.cur &&
+             c2.fixed == a.fixed + kvb && d.cur == a.cur && d.peak >= c2.cur && b.pool_used_high >= sz;
+    GPU->mem_stats(GPU, &d, 1);
+    ok = ok && d.peak == d.cur;
+    result(ok, name, "scratch +%zu (want %zu), KV +%zu (want %zu), back to %zu (from %zu), peak %zu, pool used high %zu",
+           b.scratch - a.scratch, sz, c2.fixed - a.fixed, kvb, d.cur, a.cur, c2.peak, b.pool_used_high);
+}
+
+static double prof_total(const ks_profile *p, int stage) {
+    double t = 0;
+    for (int i = 0; i < KS_PH_COUNT; i++) t += p->sec[stage][i];
+    return t;
+}
+
+/* GemFilter-like C policy (as in tests/test_engine.c): at layer 2 of the first pass restart on
+ * the 9 rows whose keys score highest against the last query (head 0), reading q and k from
+ * the device; optionally discard_kv at layer 0. */
+static int g_discard;
+static ks_status pol_gem(void *ud, ks_event *ev) {
+    if (ev->pass) return KS_OK;
+    if (ev->layer == 0 && g_discard) {
+        ks_status st = ks_action_discard_kv(ev);
+        if (st) return st;
+    }
+    if (ev->layer != 2) return KS_OK;
+    int n = ev->n, d = ev->head_dim, H = ev->n_heads, Hkv = ev->n_kv_heads, K = 9;
+    float *q = malloc(sizeof(float) * d), *k = malloc(sizeof(float) * (size_t)n * Hkv * d), *sc = malloc(sizeof(float) * n);
+    ks_backend *be = (ks_backend *)ev->be;
+    ks_status st = be->download(be, q, ev->q + (size_t)(n - 1) * H * d, sizeof(float) * d);
+    if (!st) st = be->download(be, k, ev->k, sizeof(float) * (size_t)n * Hkv * d);
+    int32_t idx[9];
+    for (int j = 0; !st && j < n; j++) {
+        double a = 0;
+        for (int t = 0; t < d; t++) a += (double)q[t] * k[(size_t)j * Hkv * d + t];
+        sc[j] = (float)a;
+    }
+    for (int i = 0; !st && i < K; i++) {
+        int best = -1;
+        for (int j = 0; j < n; j++)
+            if (sc[j] > -1e30f && (best < 0 || sc[j] > sc[best])) best = j;
+        idx[i] = best;
+        sc[best] = -1e31f;
+    }
+    free(q); free(k); free(sc);
+    return st ? st : ks_action_restart(ev, idx, K);
+}
+
+static void test_engine_perf(void) {
+    if (!want("engine")) return;
+    char dir[256];
+    static const char *cfg =
+        "{\"model_type\": \"llama\", \"hidden_size\": 512, \"num_hidden_layers\": 5, \"num_attention_heads\": 8,"
+        " \"num_key_value_heads\": 2, \"intermediate_size\": 1024, \"vocab_size\": 1000,"
+        " \"max_position_embeddings\": 8192, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0,"
+        " \"tie_word_embeddings\": false}";
+    if (kt_tmpdir(dir, sizeof dir) || kt_write_file(dir, "config.json", cfg)) {
+        result(0, "engine: config", "cannot write a temp folder");
+        return;
+    }
+    ks_model *m = NULL;
+    ks_session *s = NULL;
+    ks_status st = ks_model_random(dir, GPU, 5, &m);
+    if (!st) st = ks_session_new(m, &s);
+    if (st) { result(0, "engine: random model on the GPU", "%s", ks_last_error()); goto out; }
+    int n = g_quick ? 300 : 3000, steps = 8;
+    int32_t *ids = malloc(sizeof(int32_t) * n);
+    for (int i = 0; i < n; i++) ids[i] = irand(1000);
+    /* profiler: event stamps, then sync + host clock */
+    for (int mode = 1; mode <= 2; mode++) {
+        char name[160];
+        snprintf(name, sizeof name, "profile (%s): phases sum to the wall time", mode == 1 ? "CUDA events" : "sync + host clock");
+        ks_session_reset(s);
+        ks_profile_enable(s, mode);
+        st = ks_session_prefill(s, ids, n);
+        ks_sampler smp;
+        ks_sampler_init(&smp, 0, 1, 0);
+        for (int t = 0; !st && t < steps; t++) st = ks_session_decode(s, ks_sample(&smp, s->logits, m->cfg.vocab));
+        const ks_profile *p = &s->prof;
+        double sp = prof_total(p, 0), sd = prof_total(p, 1);
+        int ok = !st && p->stamps == (mode == 1) && fabs(sp - p->wall[0]) <= 0.05 * p->wall[0] + 5e-4 &&
+                 fabs(sd - p->wall[1]) <= 0.05 * p->wall[1] + 5e-4 * steps && p->sec[0][KS_PH_ATTENTION] > 0 &&
+                 p->sec[0][KS_PH_MLP] > 0 && p->sec[0][KS_PH_QKV] > 0 && p->sec[1][KS_PH_ATTENTION] > 0 &&
+                 p->calls[1][KS_PH_ATTENTION] == (long)steps * m->cfg.n_layers && sp <= s->t_prefill * 1.05 + 1e-3;
+        result(ok, name, "%s prefill %.2f ms (wall %.2f, session %.2f), decode %.3f ms/step (wall %.3f); attention %.2f ms, mlp %.2f ms",
+               st ? ks_last_error() : "", 1e3 * sp, 1e3 * p->wall[0], 1e3 * s->t_prefill, 1e3 * sd / steps,
+               1e3 * p->wall[1] / steps, 1e3 * p->sec[0][KS_PH_ATTENTION], 1e3 * p->sec[0][KS_PH_MLP]);
+        if (!g_quick) ks_profile_print(p, stdout, name);
+        ks_profile_enable(s, 0);
+        if (st) break;
+    }
+    /* discard_kv: the same kept tokens and logits, a lower peak */
+    {
+        ks_policy pol;
+        memset(&pol, 0, sizeof pol);
+        pol.name = "gem";
+        pol.on[KS_EV_PREFILL_QKV] = pol_gem;
+        float *lg[2] = {malloc(sizeof(float) * 1000), malloc(sizeof(float) * 1000)};
+        int32_t kept[2][9];
+        size_t peak[2] = {0, 0};
+        for (int mode = 0; mode < 2 && !st; mode++) {
+            g_discard = mode;
+            ks_session_reset(s);
+            s->policy = &pol;
+            ks_mem_stats ms;
+            GPU->sync(GPU);
+            GPU->mem_stats(GPU, &ms, 1);
+            st = ks_session_prefill(s, ids, n);
+            for (int t = 0; !st && t < 3; t++) st = ks_session_decode(s, 7 + t);
+            GPU->mem_stats(GPU, &ms, 0);
+            peak[mode] = ms.peak;
+            s->policy = NULL;
+            if (!st && (!s->restarted || s->n_restart != 9)) st = ks_errorf(KS_ERR_INTERNAL, "no restart recorded");
+            if (!st) {
+                memcpy(lg[mode], s->logits, sizeof(float) * 1000);
+                memcpy(kept[mode], s->restart_idx, sizeof kept[mode]);
+            }
+        }
+        size_t kvl = (size_t)m->cfg.n_kv_heads * n * m->cfg.head_dim * 2 * 2; /* one layer, bf16 K and V */
+        double e = st ? INFINITY : relerr(lg[1], lg[0], 1000);
+        int ok = !st && !memcmp(kept[0], kept[1], sizeof kept[0]) && e < 1e-6 && peak[0] >= peak[1] + kvl;
+        result(ok, "discard_kv: same kept tokens and logits, peak lower by >= one layer's KV",
+               "%s kept %s, logits relerr %.1e, peak %.2f MiB -> %.2f MiB (one layer's KV %.2f MiB)", st ? ks_last_error() : "",
+               st || memcmp(kept[0], kept[1], sizeof kept[0]) ? "differ" : "same", e, peak[0] / 1048576.0,
+               peak[1] / 1048576.0, kvl / 1048576.0);
+        free(lg[0]);
+        free(lg[1]);
+    }
+    free(ids);
+out:
+    if (s) ks_session_free_(s);
+    if (m) ks_model_free(m);
+    kt_rmdir(dir);
+}
+
 /* ================================================================ main */
 
 static int is_dir(const char *p) {
@@ -984,6 +1146,8 @@ int main(int argc, char **argv) {
     test_kv();
     test_attention();
     test_oom();
+    test_mem_stats();
+    test_engine_perf();
     test_e2e(stories);
     GPU->destroy(GPU);
     CPU->destroy(CPU);

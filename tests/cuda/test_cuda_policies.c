@@ -1,0 +1,318 @@
+/* test_cuda_policies.c — every policy in policies/ on the CUDA backend, with its primitives on
+ * the GPU (device tensors, lua/ks_lua.h), against the same policy with its primitives on the
+ * CPU (_device = "host": host copies of the device buffers, the path used before device
+ * tensors), and against the CPU backend.
+ *
+ *   A. CUDA, device primitives vs CUDA, host primitives: the same forward pass, so the same q,
+ *      k and KV rows; index primitives are identical on both sides and floats agree to
+ *      rounding, so the kept sets, restarts, propagated rows, reports and generated ids must be
+ *      identical. A set that differs only by a few rows (>= 95% overlap: a near tie decided by
+ *      a last-bit difference of a float sum) is reported as "near" and passes; anything else
+ *      fails.
+ *   B. CUDA (device primitives) vs the CPU backend: informational. The CUDA forward keeps
+ *      weights and KV in bf16, so scores differ by ~1e-3 and near ties can go either way; the
+ *      overlap of the kept sets is printed.
+ * Plus the prefill time of each CUDA run (host vs device primitives) at the longer lengths.
+ *
+ * Models: models/kvsieve-tiny (in the repository; 8 layers, 2 KV heads, 16K positions) and
+ * stories260K (.data/stories260K, ../shared/models/stories260K, or --stories DIR; skipped if
+ * absent). Run from the repository root:
+ *   build-cuda/test_cuda_policies [--quick] [--only NAME] [--stories DIR] [--long N]
+ * --long N: the kvsieve-tiny cases at N prompt tokens too (default 4096; 0 = off; --quick: off).
+ * Prints one line per case and "N passed, N failed"; exits 1 on a failure. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine.h"
+#include "ks_lua.h"
+#include "kvsieve.h"
+#include "policy_lua.h"
+
+static int g_pass, g_fail;
+static const char *g_only;
+
+static void result(int ok, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void result(int ok, const char *name, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s %-58s ", ok ? "  ok  " : "  FAIL", name);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    if (ok) g_pass++;
+    else g_fail++;
+}
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return !stat(p, &st) && S_ISDIR(st.st_mode);
+}
+
+/* ================================================================ one request */
+
+#define MAXL 32
+#define MAXH 8
+
+typedef struct run {
+    ks_status st;
+    char err[2048];
+    int32_t ids[64];
+    int n_ids;
+    int n_layers, n_kv;
+    int kept_n[MAXL][MAXH];
+    int32_t *kept[MAXL][MAXH];
+    int prop[MAXL];
+    int n_restart;
+    int32_t *restart;
+    char reports[16384];
+    double t_prefill;
+    ks_lpol_devstats ds;
+} run;
+
+static void run_free(run *r) {
+    for (int l = 0; l < MAXL; l++)
+        for (int h = 0; h < MAXH; h++) free(r->kept[l][h]);
+    free(r->restart);
+}
+
+static void run_policy(ks_model *m, const char *name, const char *params, const char *mode, const int32_t *prompt, int n,
+                       int max_new, run *r) {
+    memset(r, 0, sizeof *r);
+    ks_policy *p = NULL;
+    ks_session *s = NULL;
+    r->st = ks_policy_load(m, name, &p);
+    char kv[1024];
+    snprintf(kv, sizeof kv, "%s", params);
+    for (char *save = NULL, *tok = strtok_r(kv, ",", &save); !r->st && tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) continue;
+        *eq = 0;
+        r->st = ks_policy_set(p, tok, eq + 1);
+    }
+    if (!r->st) r->st = ks_policy_set(p, "_device", mode);
+    if (!r->st) r->st = ks_session_create(m, &s);
+    if (!r->st) {
+        ks_session_set_policy(s, p);
+        ks_generate_opts o;
+        ks_generate_opts_default(&o);
+        o.max_new_tokens = max_new;
+        r->st = ks_generate_ids(s, prompt, n, &o, NULL, NULL);
+    }
+    if (r->st) snprintf(r->err, sizeof r->err, "%s", ks_last_error());
+    if (!r->st) {
+        r->t_prefill = s->t_prefill;
+        const int32_t *ids = ks_result_ids(s, &r->n_ids);
+        if (r->n_ids > 64) r->n_ids = 64;
+        memcpy(r->ids, ids, sizeof(int32_t) * r->n_ids);
+        r->n_layers = m->cfg.n_layers < MAXL ? m->cfg.n_layers : MAXL;
+        r->n_kv = m->cfg.n_kv_heads < MAXH ? m->cfg.n_kv_heads : MAXH;
+        for (int l = 0; l < r->n_layers; l++) {
+            for (int h = 0; h < r->n_kv; h++) {
+                const int32_t *pos;
+                r->kept_n[l][h] = ks_result_kept(s, l, h, &pos);
+                r->kept[l][h] = malloc(sizeof(int32_t) * (r->kept_n[l][h] + 1));
+                if (r->kept[l][h] && r->kept_n[l][h] > 0) memcpy(r->kept[l][h], pos, sizeof(int32_t) * r->kept_n[l][h]);
+            }
+            r->prop[l] = s->prop_layer_n ? s->prop_layer_n[l] : -1;
+        }
+        const int32_t *ri;
+        r->n_restart = ks_result_restart(s, &ri);
+        if (r->n_restart > 0) {
+            r->restart = malloc(sizeof(int32_t) * r->n_restart);
+            if (r->restart) memcpy(r->restart, ri, sizeof(int32_t) * r->n_restart);
+        }
+        for (int i = 0; i < ks_policy_n_reports(p); i++) {
+            size_t at = strlen(r->reports);
+            const char *k = ks_policy_report_key(p, i);
+            snprintf(r->reports + at, sizeof r->reports - at, "%s=%s;", k, ks_policy_report(p, k));
+        }
+    }
+    if (p) ks_lpol_dev_stats(p, &r->ds);
+    ks_session_free(s);
+    ks_policy_free(p);
+}
+
+/* |a & b| / max(|a|, |b|) of two ascending position lists (1 when both are empty) */
+static double overlap(const int32_t *a, int na, const int32_t *b, int nb) {
+    if (na == 0 && nb == 0) return 1;
+    int i = 0, j = 0, c = 0;
+    while (i < na && j < nb) {
+        if (a[i] == b[j]) { c++; i++; j++; }
+        else if (a[i] < b[j]) i++;
+        else j++;
+    }
+    return (double)c / (na > nb ? na : nb);
+}
+
+typedef struct cmp {
+    int identical;          /* everything equal */
+    int ids_equal, n_ids;   /* generated ids equal up to the first difference */
+    int sets, sets_equal;   /* (layer, head) kept sets compared / equal */
+    double min_overlap, mean_overlap;
+    int restart_equal, prop_equal, reports_equal;
+} cmp;
+
+static void compare(const run *a, const run *b, cmp *c) {
+    memset(c, 0, sizeof *c);
+    c->n_ids = a->n_ids;
+    while (c->ids_equal < a->n_ids && c->ids_equal < b->n_ids && a->ids[c->ids_equal] == b->ids[c->ids_equal]) c->ids_equal++;
+    c->min_overlap = 1;
+    double sum = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        for (int h = 0; h < a->n_kv; h++) {
+            c->sets++;
+            int same = a->kept_n[l][h] == b->kept_n[l][h] &&
+                       !memcmp(a->kept[l][h], b->kept[l][h], sizeof(int32_t) * (size_t)a->kept_n[l][h]);
+            c->sets_equal += same;
+            double o = same ? 1 : overlap(a->kept[l][h], a->kept_n[l][h], b->kept[l][h], b->kept_n[l][h]);
+            sum += o;
+            if (o < c->min_overlap) c->min_overlap = o;
+        }
+    c->mean_overlap = c->sets ? sum / c->sets : 1;
+    c->restart_equal = a->n_restart == b->n_restart &&
+                       (a->n_restart <= 0 || !memcmp(a->restart, b->restart, sizeof(int32_t) * a->n_restart));
+    c->prop_equal = !memcmp(a->prop, b->prop, sizeof a->prop);
+    c->reports_equal = !strcmp(a->reports, b->reports);
+    c->identical = c->ids_equal == a->n_ids && a->n_ids == b->n_ids && c->sets_equal == c->sets && c->restart_equal &&
+                   c->prop_equal && c->reports_equal;
+}
+
+/* ================================================================ the cases */
+
+typedef struct pcase {
+    const char *name, *params;
+} pcase;
+
+static void run_cases(const char *label, ks_model *gpu, ks_model *cpu, const pcase *cases, int n_cases, const int32_t *prompt,
+                      int n, int max_new) {
+    for (int c = 0; c < n_cases; c++) {
+        char title[256];
+        snprintf(title, sizeof title, "%s n=%d %s %s", label, n, cases[c].name, cases[c].params);
+        if (g_only && !strstr(title, g_only)) continue;
+        run dev, host, ref;
+        run_policy(gpu, cases[c].name, cases[c].params, "auto", prompt, n, max_new, &dev);
+        run_policy(gpu, cases[c].name, cases[c].params, "host", prompt, n, max_new, &host);
+        run_policy(cpu, cases[c].name, cases[c].params, "host", prompt, n, max_new, &ref);
+        if (dev.st || host.st || ref.st) {
+            result(0, title, "cuda device: %s | cuda host: %s | cpu: %s", dev.st ? dev.err : "ok", host.st ? host.err : "ok",
+                   ref.st ? ref.err : "ok");
+        } else {
+            cmp a, b;
+            compare(&dev, &host, &a);
+            compare(&dev, &ref, &b);
+            int near = !a.identical && a.min_overlap >= 0.95 && a.restart_equal && a.prop_equal;
+            char why[512] = "";
+            if (!a.identical)
+                snprintf(why, sizeof why, " [vs host prims: %s ids %d/%d, sets %d/%d equal (min overlap %.3f), restart %s, rows %s, reports %s]",
+                         near ? "NEAR" : "DIFFER", a.ids_equal, a.n_ids, a.sets_equal, a.sets, a.min_overlap,
+                         a.restart_equal ? "=" : "!=", a.prop_equal ? "=" : "!=", a.reports_equal ? "=" : "!=");
+            result(a.identical || near, title,
+                   "%s; prefill %.3f s (host prims %.3f s); %ld device tensors, %ld downloads, peak %.1f MB; vs CPU: ids %d/%d, sets %d/%d equal, overlap mean %.3f min %.3f%s",
+                   a.identical ? "identical to host prims" : near ? "near" : "DIFFERENT", dev.t_prefill, host.t_prefill, dev.ds.allocs,
+                   dev.ds.downloads, dev.ds.peak / 1048576.0, b.ids_equal, b.n_ids, b.sets_equal, b.sets, b.mean_overlap, b.min_overlap, why);
+        }
+        run_free(&dev);
+        run_free(&host);
+        run_free(&ref);
+    }
+}
+
+static void make_prompt(int32_t *p, int n, int vocab, int bos, uint64_t seed) {
+    uint64_t x = seed;
+    p[0] = bos;
+    for (int i = 1; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        p[i] = 3 + (int32_t)(x % (uint64_t)(vocab - 3));
+    }
+}
+
+static int open_pair(const char *dir, ks_model **gpu, ks_model **cpu) {
+    *gpu = *cpu = NULL;
+    if (ks_model_open(dir, "cuda", gpu)) { result(0, dir, "cuda: %s", ks_last_error()); return -1; }
+    if (ks_model_open(dir, "cpu", cpu)) { result(0, dir, "cpu: %s", ks_last_error()); ks_model_close(*gpu); return -1; }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    int quick = 0, nlong = 4096;
+    const char *stories = getenv("KS_STORIES");
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
+        else if (!strcmp(argv[i], "--stories") && i + 1 < argc) stories = argv[++i];
+        else if (!strcmp(argv[i], "--long") && i + 1 < argc) nlong = atoi(argv[++i]);
+        else { fprintf(stderr, "usage: %s [--quick] [--only TEXT] [--stories DIR] [--long N]\n", argv[0]); return 2; }
+    }
+    if (quick) nlong = 0;
+    if (!stories) {
+        const char *cands[] = {".data/stories260K", "../shared/models/stories260K", "shared/models/stories260K"};
+        for (int i = 0; i < 3; i++)
+            if (is_dir(cands[i])) { stories = cands[i]; break; }
+    }
+    ks_lua_quiet = 1;
+    ks_model *gpu, *cpu;
+
+    /* kvsieve-tiny: 8 layers, 8 heads / 2 KV heads, head_dim 64 */
+    if (!open_pair("models/kvsieve-tiny", &gpu, &cpu)) {
+        static const pcase tiny[] = {
+            {"full", ""},
+            {"streamingllm", "budget=64,sinks=4,rolling=true"},
+            {"snapkv", "budget=64,window=8,kernel=7,pool=max"},
+            {"snapkv", "budget=48,window=8,kernel=5,pool=avg,per_query_head=true"},
+            {"gemfilter", "layer=2,k=100"},
+            {"fastkv", "tsp_layer=3,tsp_rate=0.3,retain_rate=0.2,trace=true"},
+            {"fastkv", "mode=absolute,tsp_layer=2,tsp_len=128,capacity=64,w=8"},
+            {"asl", "L_min=3,L_obs=3,tau=0.9,k=100,w=8,kv_budget=64,trace=true"},
+            {"asl", "L_min=2,L_obs=3,tau=0.5,k=80,w=8,two_pass=true,fallback_layer=5"},
+        };
+        static const pcase tiny_ts[] = {
+            {"tokenselect", "n_init=16,n_local=480,k=64,cache_theta=0.9,trace=true"},
+            {"tokenselect", "n_init=8,n_local=500,k=40,pool_kernel=3,gqa=mod"},
+        };
+        int32_t *prompt = malloc(sizeof(int32_t) * (nlong > 1100 ? nlong : 1100));
+        make_prompt(prompt, nlong > 1100 ? nlong : 1100, gpu->cfg.vocab, gpu->cfg.bos, 88172645463325252ull);
+        run_cases("tiny", gpu, cpu, tiny, (int)(sizeof tiny / sizeof tiny[0]), prompt, 300, 8);
+        run_cases("tiny", gpu, cpu, tiny_ts, (int)(sizeof tiny_ts / sizeof tiny_ts[0]), prompt, 1100, 8);
+        if (nlong > 0) {
+            static const pcase big[] = {
+                {"snapkv", "budget=512,window=32,kernel=7,pool=max"},
+                {"gemfilter", "layer=3,k=512"},
+                {"fastkv", "tsp_layer=3,trace=true"},
+                {"asl", "L_min=3,L_obs=3,tau=0.9,k=512,w=32,kv_budget=512"},
+                {"tokenselect", "n_init=64,n_local=512,k=512,cache_theta=0.9"},
+                {"streamingllm", "budget=512,sinks=4"},
+            };
+            run_cases("tiny", gpu, cpu, big, (int)(sizeof big / sizeof big[0]), prompt, nlong, 8);
+        }
+        free(prompt);
+        ks_model_close(gpu);
+        ks_model_close(cpu);
+    }
+
+    /* stories260K: 5 layers, 8 heads / 4 KV heads, head_dim 8, 512 positions */
+    if (!stories) printf("  skip   stories260K: no folder (--stories DIR or KS_STORIES)\n");
+    else if (!open_pair(stories, &gpu, &cpu)) {
+        static const pcase st[] = {
+            {"streamingllm", "budget=48,sinks=4,rolling=true"},
+            {"snapkv", "budget=48,window=8,kernel=7,pool=max"},
+            {"snapkv", "budget=40,window=8,kernel=5,pool=avg,per_query_head=true"},
+            {"gemfilter", "layer=1,k=64"},
+            {"fastkv", "tsp_layer=2,tsp_rate=0.3,retain_rate=0.2,trace=true"},
+            {"asl", "L_min=2,L_obs=2,tau=0.9,k=64,w=8,kv_budget=48"},
+            {"tokenselect", "n_init=8,n_local=350,k=32,trace=true"},
+        };
+        int32_t prompt[400];
+        make_prompt(prompt, 400, cpu->cfg.vocab, cpu->cfg.bos, 0x9e3779b97f4a7c15ull);
+        run_cases("stories260K", gpu, cpu, st, (int)(sizeof st / sizeof st[0]) - 1, prompt, 400, 8);
+        run_cases("stories260K", gpu, cpu, st + 6, 1, prompt, 380, 16); /* decode goes sparse after 10 tokens */
+        ks_model_close(gpu);
+        ks_model_close(cpu);
+    }
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
