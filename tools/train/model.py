@@ -83,6 +83,26 @@ class Attention(nn.Module):
             o = torch.matmul(torch.softmax(s.float(), dim=-1).to(v.dtype), v)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.nh * self.hd))
 
+    def last_query_scores(self, x, last, cos, sin):
+        """GemFilter's raw score of one layer: x (B, T, d) is the layer's normed input, last (B,)
+        the index of each row's last prompt token.  Returns (B, T) float32: sum over all H query
+        heads of q_last[h] . k[h // g][j], post-RoPE, no 1/sqrt(d), no softmax (keys j > last are
+        garbage: the caller masks them)."""
+        B, T, _ = x.shape
+        ar = torch.arange(B, device=x.device)
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)          # (B, nkv, T, hd)
+        q = self.q_proj(x[ar, last]).view(B, self.nh, self.hd)                      # (B, H, hd)
+        cos, sin = cos.to(k.dtype), sin.to(k.dtype)
+        k = k * cos + rotate_half(k) * sin
+        cl, sl = cos[last].to(q.dtype)[:, None, :], sin[last].to(q.dtype)[:, None, :]
+        q = q * cl + rotate_half(q) * sl
+        g = self.nh // self.nkv
+        # query head h uses KV head h // g: group the H heads as (nkv, g); the dot products in
+        # float32 even under autocast (bf16 logits would tie often and move the top-k)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            raw = torch.einsum("bcgd,bctd->bcgt", q.float().view(B, self.nkv, g, self.hd), k.float())
+        return raw.sum(dim=(1, 2))
+
 
 class MLP(nn.Module):
     def __init__(self, c):
@@ -176,6 +196,43 @@ class LlamaLM(nn.Module):
             x = L(x, cos, sin)
         return self.model.norm(x)
 
+    @torch.no_grad()
+    def filter_scores(self, ids, last, layers):
+        """The batched GemFilter pass 1 without gradients (see filter_scores_grad)."""
+        return self.filter_scores_grad(ids, last, layers)
+
+    def filter_scores_grad(self, ids, last, layers):
+        """GemFilter pass 1 for a batch (differentiable; filter_scores is the no-grad call).  ids (B, T) right-padded (each row starts at
+        position 0), last (B,) long: index of each row's last prompt token, layers (B,) long: the
+        filter layer r of each row (0-based, < num_hidden_layers).  Runs layers 0..r-1 in full and
+        layer r's input norm + q/k projections + RoPE only; a row leaves the batch once its layer
+        is scored.  Returns raw (B, T) float32 scores (Attention.last_query_scores), exactly 0 at
+        j > last (so that a following zero-padded pool sees the row's true end)."""
+        B, T = ids.shape
+        nl = len(self.model.layers)
+        if int(layers.min()) < 0 or int(layers.max()) >= nl:
+            raise ValueError("filter layer out of range 0..%d: %s" % (nl - 1, layers.tolist()))
+        if int(last.min()) < 0 or int(last.max()) >= T:
+            raise ValueError("last index out of range 0..%d" % (T - 1))
+        cos, sin = self.rope(T, ids.device)
+        out = torch.zeros(B, T, dtype=torch.float32, device=ids.device)
+        rows = torch.arange(B, device=ids.device)                                   # batch rows still active
+        x = self.model.embed_tokens(ids)
+        for li in range(int(layers.max()) + 1):
+            L = self.model.layers[li]
+            here = layers[rows] == li
+            if bool(here.any()):
+                xs = L.input_layernorm(x[here])
+                out[rows[here]] = L.self_attn.last_query_scores(xs, last[rows[here]], cos, sin)
+            go = layers[rows] > li
+            if not bool(go.any()):
+                break
+            if not bool(go.all()):
+                rows, x = rows[go], x[go]
+            x = L(x, cos, sin)
+        pad = torch.arange(T, device=ids.device)[None, :] > last[:, None]
+        return out.masked_fill(pad, 0.0)
+
     def head_weight(self):
         return self.model.embed_tokens.weight if self.c["tie_word_embeddings"] else self.lm_head.weight
 
@@ -225,6 +282,34 @@ class LlamaLM(nn.Module):
         if self.c["tie_word_embeddings"]:
             sd.pop("lm_head.weight", None)
         return sd
+
+
+def gemfilter_select(raw, n, ks, kernel=5):
+    """GemFilter's selection from raw scores (shared/POLICIES.md "gemfilter"): 1-D average pool
+    (kernel, padding kernel // 2, zero padding counted), top-k (ties to the lower index), indices
+    sorted ascending.  raw (B, T) float32 with zeros past each row's end (filter_scores), n: list
+    of B prompt lengths, ks: list of B k's, or a list of B lists of k's (several selections from
+    one pooling).  A k >= n keeps every index (GemFilter does not restart then).  Returns, per
+    row, a sorted index list (or a list of them, in the shape of ks)."""
+    pooled = F.avg_pool1d(raw[:, None, :].float(), kernel, stride=1, padding=kernel // 2,
+                          count_include_pad=True)[:, 0]
+    T = raw.shape[1]
+    pad = torch.arange(T, device=raw.device)[None, :] >= torch.tensor(n, device=raw.device)[:, None]
+    pooled = pooled.masked_fill(pad, float("-inf"))
+    # a stable descending sort keeps equal values in index order: ties go to the lower index
+    order = torch.sort(pooled, dim=1, descending=True, stable=True)[1].cpu()
+    out = []
+    for b in range(raw.shape[0]):
+        kb = ks[b]
+        one = not isinstance(kb, (list, tuple))
+        sels = []
+        for k in ([kb] if one else kb):
+            if k >= n[b]:
+                sels.append(list(range(n[b])))
+            else:
+                sels.append(sorted(order[b, :k].tolist()))
+        out.append(sels[0] if one else sels)
+    return out
 
 
 def config_from_hf(hf):

@@ -6,15 +6,20 @@ short copy / associative-recall rows -> grown to the final depth with identity-i
 layers -> retrieval tasks mixed with plain text on a length ladder 256 -> 512 -> 1K -> 2K -> 4K
 (-> 8K), each step up taken only once retrieval works at the current length -> the final length
 until the time budget -> HF-layout model folder, final evaluation table, tar.gz for transport.
---resume DIR continues from such a folder (e.g. to lengthen to 8K).
+--resume DIR continues from such a folder (e.g. to lengthen to 8K).  --resume DIR --gemfilter-ft
+fine-tunes it at its trained length on the normal rows plus prompts compressed by the model's own
+GemFilter selection, and the final table gains GemFilter columns (README: "GemFilter fine-tuning").
 
 Usage (GPU machine, repo root):
     python3 tools/train/train.py --corpora .data/corpora --out $OUT --time-budget 500
+GemFilter fine-tuning of the committed model (GPU machine, one call):
+    python3 tools/train/train.py --resume models/kvsieve-tiny --gemfilter-ft --corpora .data/corpora --out $OUT --time-budget 450
 CPU check of the recipe (no HF packages needed):
     python3 tools/train/train.py --cpu-smoke --corpora ../shared/corpora --out /tmp/smoke
 """
 
 import argparse
+import contextlib
 import gzip
 import io
 import json
@@ -30,7 +35,8 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import tasks as T  # noqa: E402
-from model import LlamaLM, config_from_hf, default_config, load_safetensors, save_safetensors  # noqa: E402
+from model import (LlamaLM, config_from_hf, default_config, gemfilter_select, load_safetensors,  # noqa: E402
+                   save_safetensors)
 from tok import BOS, EOS, PAD, ByteTok, HFBPE, load_tokenizer  # noqa: E402
 
 T0 = time.time()
@@ -295,6 +301,30 @@ class RowGen:
             p[i], p[j] = p[j], p[i]
         return p
 
+    def gf_prompt(self, kind, seed, R):
+        """A one-question retrieval prompt of at most about R tokens for GemFilter rows:
+        (prompt ids with BOS, ending with the eval-format question; answer ids = the answer, its
+        "." / '"' and EOS), or None if the row came out without an answer.  multikey: 3..7
+        distractors, the target asked."""
+        rng = T.SplitMix64(seed)
+        if kind == "passkey":
+            ids, codes = self.passkey(rng, R)
+        elif kind == "niah":
+            ids, codes = self.niah(rng, R, 1, 1)
+        elif kind == "multikey":
+            ids, codes = self.niah(rng, R, 4 + rng.below(5), 1)
+        elif kind == "kv":
+            ids, codes = self.kv(rng, R, 1)
+        else:
+            raise ValueError("GemFilter rows: unknown task %r" % kind)
+        if C_ANS not in codes:
+            return None
+        i = codes.index(C_ANS)
+        j = i
+        while j < len(codes) and codes[j] == C_ANS:
+            j += 1
+        return ids[:i], ids[i:j]
+
     # ------------------------------------------------------------ dispatch
     def row(self, kind, seed, R):
         rng = T.SplitMix64(seed)
@@ -349,6 +379,213 @@ def show_row(tok, ids, codes, head=40, tail=80):
     if n <= head + tail:
         return seg(0, n)
     return seg(0, head) + " ... " + seg(n - tail, n)
+
+
+# ===================================================================== GemFilter (the model's own selection)
+# GemFilter as shared/POLICIES.md "gemfilter" defines it: pass 1 runs layers 0..r on the whole prompt;
+# at layer r (after RoPE) score[j] = sum over the H query heads of q_last . k_j (raw logits), average
+# pool (kernel 5, padding 2, zeros counted), top-k sorted ascending; pass 2 is a fresh prefill of the
+# k selected ids at positions 0..k-1 (BOS only if it was selected).  The scoring pass is
+# LlamaLM.filter_scores, the pooling and top-k model.gemfilter_select.
+
+@contextlib.contextmanager
+def exact_fp32(dev):
+    """float32 without TF32 (CUDA), so that a selection matches the engine's float32 reference as
+    closely as PyTorch can (autocast is simply not entered)."""
+    if dev.type != "cuda":
+        yield
+        return
+    a, b = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = a, b
+
+
+@torch.no_grad()
+def gf_select(model, prompts, rs, ks, device, amp, fp32, max_tokens=131072, kernel=5):
+    """GemFilter selections for many prompts.  prompts: lists of ids (with BOS, ending with the
+    question), rs: filter layer per prompt, ks: k (or a list of k's) per prompt.  Batched by
+    length (at most max_tokens padded tokens per forward); fp32: exact float32 scoring, else the
+    bf16 autocast of training.  Returns the sorted index list(s) per prompt."""
+    was = model.training
+    model.eval()
+    out = [None] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    i = 0
+    while i < len(order):
+        j = i
+        while j < len(order) and (j - i + 1) * len(prompts[order[j]]) <= max_tokens:
+            j += 1
+        j = max(j, i + 1)
+        idx = order[i:j]
+        W = max(len(prompts[b]) for b in idx)
+        ids = torch.tensor([prompts[b] + [PAD] * (W - len(prompts[b])) for b in idx], dtype=torch.long)
+        n = [len(prompts[b]) for b in idx]
+        ids = ids.to(device)
+        last = torch.tensor([x - 1 for x in n], dtype=torch.long, device=device)
+        lay = torch.tensor([rs[b] for b in idx], dtype=torch.long, device=device)
+        if fp32:
+            with exact_fp32(device):
+                raw = model.filter_scores(ids, last, lay)
+        else:
+            with amp():
+                raw = model.filter_scores(ids, last, lay)
+        sel = gemfilter_select(raw, n, [ks[b] for b in idx], kernel)
+        for b, s_ in zip(idx, sel):
+            out[b] = s_
+        i = j
+    if was:
+        model.train()
+    return out
+
+
+class ValueFinder:
+    """Where a needle's value sits in a prompt: the answer's tokens less leading / trailing tokens
+    without a letter or digit (the space before a number, the "." or '"' after it, EOS), found
+    as a token subsequence of the prompt (every occurrence: the pass key's needle holds it
+    twice).  Prompts and answers are tokenized apart, so a value that tokenizes differently in
+    context is not found (reported as such, never guessed)."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self._alnum = {}
+
+    def alnum(self, t):
+        r = self._alnum.get(t)
+        if r is None:
+            r = t > 2 and any(ch.isalnum() for ch in self.tok.decode([t]))
+            self._alnum[t] = r
+        return r
+
+    def value(self, answer):
+        a = list(answer)
+        while a and not self.alnum(a[0]):
+            a.pop(0)
+        while a and not self.alnum(a[-1]):
+            a.pop()
+        return a
+
+    def spans(self, prompt, answer):
+        v = self.value(answer)
+        if not v:
+            return []
+        out, m, f, i = [], len(v), v[0], 0
+        while True:
+            try:
+                i = prompt.index(f, i)
+            except ValueError:
+                return out
+            if prompt[i:i + m] == v:
+                out.append(range(i, i + m))
+            i += 1
+
+    @staticmethod
+    def kept(spans, sel):
+        """True if some occurrence is wholly selected, False if none is, None if not found."""
+        if not spans:
+            return None
+        s = set(sel)
+        return any(all(i in s for i in sp) for sp in spans)
+
+
+def gemfilter_eval(model, items, r, ks, vf, device, amp):
+    """Exact match after GemFilter (layer r, each k in ks) on eval items (prompt ids with BOS,
+    answer ids), the selection in exact float32, the teacher-forced check as in exact_match.
+    Returns {k: (ok list, kept list)}: kept[i] True/False/None as ValueFinder.kept."""
+    prompts = [p for p, _ in items]
+    sels = gf_select(model, prompts, [r] * len(items), [list(ks)] * len(items), device, amp, fp32=True,
+                     max_tokens=32768)
+    out = {}
+    for ki, k in enumerate(ks):
+        comp = [([p[i] for i in sel[ki]], a) for (p, a), sel in zip(items, sels)]
+        ok = exact_match(model, comp, device, amp)
+        kept = [vf.kept(vf.spans(p, a), sel[ki]) for (p, a), sel in zip(items, sels)]
+        out[k] = (ok, kept)
+    return out
+
+
+def parse_dist(spec, name, cast=str):
+    """"a:0.5,b:0.25" (or "a,b": equal weights) -> [(a, 0.5), (b, 0.25)]."""
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, _, w = part.partition(":")
+        try:
+            out.append((cast(key), float(w) if w else 1.0))
+        except ValueError:
+            raise SystemExit("%s: cannot parse %r (expected NAME:WEIGHT,...)" % (name, part))
+    if not out or sum(w for _, w in out) <= 0 or any(w < 0 for _, w in out):
+        raise SystemExit("%s: %r needs at least one entry and positive weights" % (name, spec))
+    return out
+
+
+class GemFilterRows:
+    """Training rows made of GemFilter-compressed prompts.  Per step: one prompt length R drawn
+    log-uniformly in [lo, hi]; per row: a task (mix), a filter layer r (distribution), a one-
+    question prompt of about R tokens (RowGen.gf_prompt), a k drawn from ks among those < the
+    prompt length.  The model itself selects (one batched no-grad pass 1 for all rows), and each
+    row becomes ids[selected] + answer + EOS at positions 0..: only the answer (with its "." /
+    '"' and the EOS) is supervised.  Rows whose needle value was not selected are dropped unless
+    keep_missing (their answer cannot be read from the context)."""
+
+    def __init__(self, rows, tok, n_rows, tasks, layers, ks, lo, hi, keep_missing, fp32):
+        self.rows, self.tok = rows, tok
+        self.n_rows, self.tasks, self.layers, self.ks = n_rows, tasks, layers, ks
+        self.lo, self.hi = lo, hi
+        self.keep_missing, self.fp32 = keep_missing, fp32
+        self.vf = ValueFinder(tok)
+
+    def batch(self, model, seed, device, amp):
+        """-> (ids list, codes list, stats dict) of the surviving rows, unpadded."""
+        srng = T.SplitMix64(T.derive_seed(seed, 0x6F11))
+        R = int(round(self.lo * (self.hi / self.lo) ** srng.uniform())) if self.hi > self.lo else self.lo
+        prompts, answers, rs, ks = [], [], [], []
+        for b in range(self.n_rows):
+            rs_ = T.derive_seed(seed, 0x6F12, b)
+            rng = T.SplitMix64(rs_ ^ 0xA5A5)
+            kind = pick(rng, self.tasks)
+            r = pick(rng, self.layers)
+            pa = self.rows.gf_prompt(kind, rs_, R)
+            if pa is None:
+                continue
+            p, a = pa
+            can = [k for k in self.ks if k < len(p)]
+            if not can:
+                continue
+            prompts.append(p)
+            answers.append(a)
+            rs.append(r)
+            ks.append(can[rng.below(len(can))])
+        sels = gf_select(model, prompts, rs, ks, device, amp, self.fp32)
+        out_ids, out_codes, kept_n, found_n = [], [], 0, 0
+        for p, a, sel in zip(prompts, answers, sels):
+            kept = self.vf.kept(self.vf.spans(p, a), sel)
+            found_n += kept is not None
+            kept_n += bool(kept)
+            if kept is False and not self.keep_missing:
+                continue
+            out_ids.append([p[i] for i in sel] + a)
+            out_codes.append([C_NONE] * len(sel) + [C_ANS] * len(a))
+        st = {"len": R, "rows": len(prompts), "used": len(out_ids), "kept": kept_n, "found": found_n,
+              "tokens_in": sum(map(len, prompts)), "prompts": prompts, "answers": answers}
+        return out_ids, out_codes, st
+
+
+def gf_log(x):
+    """Log record of summed GemFilter-row stats (GemFilterRows.batch + the loss)."""
+    n = max(1, x.get("steps", 0))
+    nl = max(1, x.get("loss_steps", 0))
+    return {"rows_per_step": round(x.get("used", 0) / n, 2), "drawn_per_step": round(x.get("rows", 0) / n, 2),
+            "kept": round(x.get("kept", 0) / max(1, x.get("found", 0)), 4),
+            "not_found": x.get("rows", 0) - x.get("found", 0),
+            "loss_ans": round(float(x.get("loss", 0.0)) / nl, 4),
+            "ans_tok_acc": round(float(x.get("acc", 0.0)) / nl, 4),
+            "loss_sel": round(float(x.get("sel_loss", 0.0)) / max(1, x.get("sel_steps", 0)), 4),
+            "prompt_tokens_per_step": int(x.get("tokens_in", 0) / n)}
 
 
 # ===================================================================== evaluation
@@ -492,7 +729,36 @@ def main():
     ap.add_argument("--tokenizer", choices=["bpe", "bytes"], default="bpe")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run of the recipe (copy stage, growth, a short ladder)")
     ap.add_argument("--no-tar", action="store_true")
+    g = ap.add_argument_group("GemFilter fine-tuning (README: \"GemFilter fine-tuning\")")
+    g.add_argument("--gemfilter-ft", action="store_true",
+                   help="with --resume: train at the trained length on the normal rows plus GemFilter rows "
+                        "(prompts compressed by the model's own GemFilter selection), then the usual save/eval")
+    g.add_argument("--ft-lr", type=float, default=4e-4, help="peak AdamW lr of the fine-tuning (default 4e-4)")
+    g.add_argument("--gf-rows", type=int, default=24, help="GemFilter rows drawn per step, next to the normal batch")
+    g.add_argument("--gf-weight", type=float, default=1.0, help="weight of the GemFilter rows' answer loss")
+    g.add_argument("--gf-layers", default="1:0.25,2:0.5,3:0.25", help="filter layer r distribution (r:weight,...)")
+    g.add_argument("--gf-ks", default="64,128,256,512", help="k choices (uniform among those < the prompt length)")
+    g.add_argument("--gf-tasks", default="passkey:0.2,niah:0.2,multikey:0.3,kv:0.3", help="task mix of GemFilter rows")
+    g.add_argument("--gf-lens", default="512,0", help="MIN,MAX prompt length, log-uniform per step (0 = trained length)")
+    g.add_argument("--gf-keep-missing", action="store_true",
+                   help="also train rows whose needle value was not selected (default: dropped)")
+    g.add_argument("--gf-select-fp32", action="store_true",
+                   help="training selections in exact float32 (default: bf16 autocast, as the training forward)")
+    g.add_argument("--sel-weight", type=float, default=0.0,
+                   help="weight of the selection objective: GemFilter's layer --sel-layer score trained to put "
+                        "its mass on the needle's value (README: \"GemFilter fine-tuning\"); 0 = off")
+    g.add_argument("--sel-layer", type=int, default=2, help="filter layer the selection objective trains")
+    g.add_argument("--sel-temp", type=float, default=32.0, help="temperature dividing the raw summed scores")
+    g.add_argument("--sel-rows", type=int, default=12, help="GemFilter-row prompts per step that also train the selection")
+    g.add_argument("--gf-eval", default="2:256,2:128",
+                   help="GemFilter configurations r:k of the final table (exact float32 selection); '' = none")
+    g.add_argument("--gf-baseline-cases", type=int, default=22,
+                   help="cases per cell of the GemFilter eval of the starting model (fine-tuning; 0 = skip)")
     args = ap.parse_args()
+    if args.gemfilter_ft and not args.resume:
+        ap.error("--gemfilter-ft needs --resume DIR (the trained model folder to fine-tune)")
+    if args.gemfilter_ft and args.eval_reserve == ap.get_default("eval_reserve"):
+        args.eval_reserve = 110.0                  # the GemFilter columns of the final table
 
     if args.cpu_smoke:
         # the recipe at toy scale: byte tokenizer, narrow model (hidden 128: a 2-core CPU forms the copy
@@ -502,6 +768,8 @@ def main():
                  layers=4, max_len=1024, ladder_start=512, batch_tokens=4096, copy_batch_tokens=8192,
                  gate_cases=16, gate_every=50, stage_min=50, monitor_every=100, eval_cases=22, log_every=25,
                  max_pos=2048, eval_reserve=150.0, time_budget=2700.0)
+        if args.gemfilter_ft:
+            d.update(gf_rows=8, monitor_every=10, eval_reserve=120.0, gf_baseline_cases=11)
         for k, v in d.items():
             if getattr(args, k) == ap.get_default(k):
                 setattr(args, k, v)
@@ -608,6 +876,43 @@ def main():
     say("model: %d layers, %.2fM params, theta %g" % (len(model.model.layers), model.n_params() / 1e6,
                                                       model.c["rope_theta"]))
 
+    # GemFilter settings (checked before any training; layers must exist in the final model)
+    n_final = args.layers if not args.resume else len(model.model.layers)
+    gf_eval = {}
+    for r, k in parse_dist(args.gf_eval, "--gf-eval", int) if args.gf_eval.strip() else []:
+        gf_eval.setdefault(r, []).append(int(k))
+    gf_eval = sorted(gf_eval.items())
+    gf_layers = parse_dist(args.gf_layers, "--gf-layers", int)
+    gf_ks = [int(x) for x in args.gf_ks.split(",") if x.strip()]
+    gf_tasks = parse_dist(args.gf_tasks, "--gf-tasks")
+    for r in [r for r, _ in gf_eval] + ([r for r, _ in gf_layers] if args.gemfilter_ft else []):
+        if not 0 <= r < n_final:
+            raise SystemExit("GemFilter layer %d is out of range: the model has %d layers (0..%d)" % (
+                r, n_final, n_final - 1))
+    if any(k < 1 for k in gf_ks + [k for _, ks in gf_eval for k in ks]) or not gf_ks:
+        raise SystemExit("GemFilter k values must be >= 1 (--gf-ks %r, --gf-eval %r)" % (args.gf_ks, args.gf_eval))
+    try:
+        gf_lens = [int(x) for x in args.gf_lens.split(",")]
+        if len(gf_lens) != 2 or gf_lens[0] < 16 or gf_lens[1] < 0:
+            raise ValueError
+    except ValueError:
+        raise SystemExit("--gf-lens %r: expected MIN,MAX with MIN >= 16 (MAX 0 = the trained length)" % args.gf_lens)
+    for t_, _ in gf_tasks:
+        if t_ not in T.TASKS:
+            raise SystemExit("--gf-tasks: unknown task %r (tasks: %s)" % (t_, ", ".join(T.TASKS)))
+    # the starting model's final table (same held-out cases when the seed is the same): the
+    # summary flags full-attention cells that dropped
+    baseline = None
+    if args.resume and os.path.exists(os.path.join(args.resume, "train_log.json")):
+        try:
+            with open(os.path.join(args.resume, "train_log.json")) as f:
+                bl = json.load(f)
+            if bl.get("args", {}).get("seed") == args.seed:
+                baseline = bl.get("final_eval")
+        except (OSError, ValueError) as e:
+            say("WARNING: cannot read %s/train_log.json (%s): no comparison with the starting model" % (
+                args.resume, e))
+
     def make_opt(lr):
         decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
         nodecay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -628,15 +933,18 @@ def main():
         return None
 
     def train_steps(name, stage_id, lens_fn, mix_fn, batch_tokens, lr, max_steps, warmup, gate_fn,
-                    gate_every, min_steps, cooldown=None, gate_stops=True):
+                    gate_every, min_steps, cooldown=None, gate_stops=True, extra=None):
         """Train until gate_fn() passes (checked every gate_every steps after min_steps), max_steps,
-        or the deadline.  lens_fn(rng) -> row length of this step; mix_fn(R) -> kind mix."""
+        or the deadline.  lens_fn(rng) -> row length of this step; mix_fn(R) -> kind mix.
+        extra(step, seed) -> (loss or None, stats): a second batch of the same step (GemFilter
+        rows), its gradient added to the main batch's before the optimizer step."""
         opt = make_opt(lr)
         layer_fn()
         st = {"name": name, "start_step": run["step"], "t0": round(now(), 1)}
         say("=== stage %s: lr %g, up to %d steps" % (name, lr, max_steps))
         shown = set()
         acc_l, acc_a, acc_c, acc_n, toks, tlog = 0.0, 0.0, 0.0, 0, 0, time.time()
+        xacc = {}
         passed = False
         step = 0
         t_stage = now()
@@ -683,6 +991,13 @@ def main():
             loss = la + args.ctx_weight * lc
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if extra is not None:
+                # built after the main backward is queued, so that the CPU work overlaps the GPU's
+                xl, xs = extra(step, T.derive_seed(args.seed, state["session"], stage_id, step, 0x6F))
+                if xl is not None:
+                    xl.backward()
+                for kk, vv in xs.items():
+                    xacc[kk] = xacc.get(kk, 0) + vv
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             run["step"] += 1
@@ -698,10 +1013,16 @@ def main():
                 rec = {"step": run["step"], "stage": name, "len": R, "loss_ans": round(float(acc_l) / acc_n, 4),
                        "loss_ctx": round(float(acc_c) / acc_n, 4), "ans_tok_acc": round(float(acc_a) / acc_n, 4),
                        "tok_s": int(toks / dt), "lr": opt.param_groups[0]["lr"], "t": round(now(), 1)}
+                msg = ""
+                if xacc:
+                    rec["gf"] = gf_log(xacc)
+                    msg = "  | GF: %(rows_per_step).1f rows/step, value kept %(kept).3f, loss_ans %(loss_ans).4f, " \
+                          "ans_acc %(ans_tok_acc).3f, loss_sel %(loss_sel).3f" % rec["gf"]
                 LOG["train"].append(rec)
-                say("step %d %s len %d loss_ans %.4f loss_ctx %.3f ans_acc %.3f  %.0f tok/s" % (
-                    run["step"], name, R, rec["loss_ans"], rec["loss_ctx"], rec["ans_tok_acc"], rec["tok_s"]))
+                say("step %d %s len %d loss_ans %.4f loss_ctx %.3f ans_acc %.3f  %.0f tok/s%s" % (
+                    run["step"], name, R, rec["loss_ans"], rec["loss_ctx"], rec["ans_tok_acc"], rec["tok_s"], msg))
                 acc_l, acc_a, acc_c, acc_n, toks, tlog = 0.0, 0.0, 0.0, 0, 0, time.time()
+                xacc = {}
             if gate_fn is not None and step >= min_steps and step % gate_every == 0:
                 ok, info = gate_fn()
                 LOG["gates"].append({"stage": name, "step": run["step"], "pass": ok, **info})
@@ -770,6 +1091,8 @@ def main():
     # ------------------------------------------------------------ the length ladder
     full = ladder(args.max_len, args.ladder_start)
     lad = [L for L in full if L > state.get("trained_len", 0)] or [args.max_len]
+    if args.gemfilter_ft:
+        lad = []                                   # the fine-tuning stage below instead
     caps = {256: 600, 512: 800, 1024: 600, 2048: 500, 4096: 500, 8192: 400}
     for li, L in enumerate(lad):
         if run["stop"]:
@@ -809,6 +1132,118 @@ def main():
             if not passed:
                 say("WARNING: gate not passed at %d; moving on (step cap)" % L)
 
+    # ------------------------------------------------------------ GemFilter fine-tuning
+    vf = ValueFinder(tok)
+    if args.gemfilter_ft:
+        L = state.get("trained_len") or args.max_len
+        gf_hi = gf_lens[1] or L
+        gf_lo = min(gf_lens[0], gf_hi)
+        gfr = GemFilterRows(rows, tok, args.gf_rows, gf_tasks, gf_layers, gf_ks, gf_lo, gf_hi,
+                            args.gf_keep_missing, args.gf_select_fp32)
+        say("GemFilter fine-tuning at %d: %d GemFilter rows a step (prompts %d..%d, r %s, k %s, tasks %s), "
+            "lr %g" % (L, args.gf_rows, gf_lo, gf_hi, gf_layers, gf_ks, gf_tasks, args.ft_lr))
+        full = ladder(L, args.ladder_start)
+        shorter = [x for x in full if x < L][-3:]
+        if gf_eval and args.gf_baseline_cases > 0:
+            t = now()
+            lens0 = [x for x in ladder(L, 512) if x <= L]
+            LOG["gf_baseline"] = final_eval(model, evals, lens0, args, dev, amp, gf=gf_eval, vf=vf, full=False,
+                                            n_cases=args.gf_baseline_cases, end=now() + 60.0)
+            say("GemFilter eval of the starting model done in %.1fs" % (now() - t))
+        shown_gf = []
+
+        def gf_fn(step, seed):
+            ids_l, codes_l, st = gfr.batch(model, seed, dev, amp)
+            x = {"steps": 1, "rows": st["rows"], "used": st["used"], "kept": st["kept"], "found": st["found"],
+                 "tokens_in": st["tokens_in"]}
+            sel_loss = selection_loss(st["prompts"], st["answers"]) if args.sel_weight > 0 else None
+            if sel_loss is not None:
+                x.update(sel_loss=sel_loss.detach(), sel_steps=1)
+            if not ids_l:
+                return (None if sel_loss is None else sel_loss * args.sel_weight), x
+            if not shown_gf:
+                shown_gf.append(1)
+                say("example GemFilter row (prompts of ~%d tokens; this row %d tokens with the answer): %s" % (
+                    st["len"], len(ids_l[0]), show_row(tok, ids_l[0], codes_l[0], 60, 60)))
+            W = max(map(len, ids_l))
+            ids = torch.tensor([r + [PAD] * (W - len(r)) for r in ids_l], dtype=torch.long).to(dev)
+            codes = torch.tensor([c + [C_NONE] * (W - len(c)) for c in codes_l], dtype=torch.long).to(dev)
+            with amp():
+                logits = model(ids[:, :-1])
+            tgt, c = ids[:, 1:], codes[:, 1:]
+            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                                 reduction="none").view_as(tgt)
+            ma = (c == C_ANS).float()
+            la = (ce * ma).sum() / ma.sum().clamp(min=1)
+            with torch.no_grad():
+                acc = ((logits.argmax(-1) == tgt).float() * ma).sum() / ma.sum().clamp(min=1)
+            x.update(loss=la.detach(), acc=acc, loss_steps=1)
+            total = la * args.gf_weight
+            if sel_loss is not None:
+                total = total + sel_loss * args.sel_weight
+            return total, x
+
+        def selection_loss(prompts, answers):
+            """The selection objective (--sel-weight > 0): at filter layer --sel-layer, GemFilter's
+            own score of each prompt (last query, raw q.k summed over heads, post-RoPE) divided by
+            --sel-temp, as a distribution over the prompt's positions; loss = -log of the mass on
+            the needle's value tokens (every occurrence). Large LLMs show this early-layer retrieval
+            without being asked (the GemFilter paper's observation); a 20M model does not, so it is
+            trained for here, and that is stated wherever the model's GemFilter figures appear."""
+            items = []
+            for p, a in zip(prompts, answers):
+                pos = sorted({i for sp in vf.spans(p, a) for i in sp})
+                if pos:
+                    items.append((p, pos))
+            items = items[:args.sel_rows]
+            if not items:
+                return None
+            W = max(len(p) for p, _ in items)
+            ids = torch.tensor([p + [PAD] * (W - len(p)) for p, _ in items], dtype=torch.long).to(dev)
+            last = torch.tensor([len(p) - 1 for p, _ in items], dtype=torch.long, device=dev)
+            lay = torch.full((len(items),), args.sel_layer, dtype=torch.long, device=dev)
+            with amp():
+                raw = model.filter_scores_grad(ids, last, lay)
+            z = raw.float() / args.sel_temp
+            valid = torch.arange(W, device=dev)[None, :] <= last[:, None]
+            z = z.masked_fill(~valid, float("-inf"))
+            tgt = torch.zeros_like(valid)
+            for b, (_, pos) in enumerate(items):
+                tgt[b, torch.tensor(pos, device=dev)] = True
+            lse_all = torch.logsumexp(z, dim=1)
+            lse_val = torch.logsumexp(z.masked_fill(~tgt, float("-inf")), dim=1)
+            return (lse_all - lse_val).mean()
+
+        def ft_monitor():
+            info = {}
+            for task in T.TASKS:
+                items = [it for _, it in evals.get(task, L, args.gate_cases)]
+                info[task] = round(sum(exact_match(model, items, dev, amp)) / len(items), 3)
+                for r, ks in gf_eval[:1]:
+                    ok, kept = gemfilter_eval(model, items, r, ks[:1], vf, dev, amp)[ks[0]]
+                    info["%s_gf_r%d_k%d" % (task, r, ks[0])] = round(sum(ok) / len(ok), 3)
+            return False, info
+
+        steps = args.final_steps or 10 ** 9
+        t_start = now()
+
+        def cooldown(step, t_start=t_start):
+            frac = step / args.final_steps if args.final_steps else \
+                (now() - t_start) / max(1.0, deadline - t_start)
+            return 1.0 if frac < 0.7 else max(0.1, 1.0 - (frac - 0.7) / 0.3 * 0.9)
+
+        def lens_fn(r, L=L, shorter=shorter):
+            if shorter and r.uniform() < 0.3:
+                return shorter[r.below(len(shorter))]
+            return L
+
+        train_steps("GF-ft-L%d" % L, 0x6F00 + L, lens_fn, lambda R: SHORT_MIX if R <= 256 else TASK_MIX,
+                    args.batch_tokens, args.ft_lr, steps, 50, ft_monitor, args.monitor_every,
+                    args.monitor_every, cooldown, gate_stops=False, extra=gf_fn)
+        state.setdefault("gemfilter_ft", []).append({"session": state["session"], "steps": run["step"] - state.get(
+            "global_step", 0), "layers": args.gf_layers, "ks": args.gf_ks, "tasks": args.gf_tasks,
+            "lens": [gf_lo, gf_hi], "rows_per_step": args.gf_rows, "lr": args.ft_lr})
+
     # ------------------------------------------------------------ save
     state["global_step"] = run["step"]
     state["history"] = state.get("history", []) + [{"session": state["session"], "steps": run["step"],
@@ -822,7 +1257,7 @@ def main():
     trained = state["trained_len"] or args.max_len
     lens = [int(x) for x in args.eval_lens.split(",")] if args.eval_lens else \
         [x for x in ladder(trained, 512) if x <= trained]
-    table = final_eval(model, evals, lens, args, dev, amp)
+    table = final_eval(model, evals, lens, args, dev, amp, gf=gf_eval, vf=vf)
     LOG["final_eval"] = table
     LOG["parity"] = hf_parity(model_dir, evals, lens, dev)
     LOG["total_s"] = round(now(), 1)
@@ -830,7 +1265,7 @@ def main():
         json.dump(LOG, f, indent=1)
     with open(os.path.join(args.out, "train_log.json"), "w") as f:
         json.dump(LOG, f, indent=1)
-    summary = summarize(table, state, LOG)
+    summary = summarize(table, state, LOG, baseline)
     print(summary)
     with open(os.path.join(args.out, "summary.txt"), "w") as f:
         f.write(summary)
@@ -841,54 +1276,150 @@ def main():
 
 
 # ===================================================================== final eval / summary
-def final_eval(model, evals, lens, args, dev, amp):
+def final_eval(model, evals, lens, args, dev, amp, gf=None, vf=None, full=True, n_cases=None, end=None):
+    """The table: per (task, length) cell the greedy EM with full attention (full=True) and, for
+    each GemFilter configuration (r, [k, ...]) of gf, the EM after the model's own GemFilter
+    selection and the fraction of cases whose needle value was wholly selected.  Cells shrink
+    (never below 11 cases) when the time left before `end` (default: the budget less 8 s) is
+    short; skipped cells are listed."""
     table = {}
-    end = args.time_budget - 8.0
+    end = args.time_budget - 8.0 if end is None else end
+    gf = gf or []
+    cost = (1.0 if full else 0.0) + 2.5 * len(gf)       # relative to one full-attention pass
     for L in lens:
         for task in T.TASKS:
             if now() > end:
                 table.setdefault("skipped", []).append("%s@%d" % (task, L))
                 continue
-            n = args.eval_cases
+            n = n_cases or args.eval_cases
             left = end - now()
             cells_left = max(1, (len(lens) - lens.index(L)) * 4)
             # shrink the cell when time is short (about 0.02 s per case per 1K tokens is ample)
-            if left / cells_left < n * 0.004 * L / 1024 + 1:
-                n = max(11, int((left / cells_left - 1) / (0.004 * L / 1024)))
+            per = 0.004 * L / 1024 * cost
+            if left / cells_left < n * per + 1:
+                n = max(11, int((left / cells_left - 1) / per))
             cases = evals.get(task, L, n)
-            ok = exact_match(model, [it for _, it in cases], dev, amp)
-            by_depth = {}
-            for (c, _), g in zip(cases, ok):
-                d = "%.1f" % c.meta["depth"]
-                a = by_depth.setdefault(d, [0, 0])
-                a[0] += int(g)
-                a[1] += 1
-            toks = [len(it[0]) for _, it in cases]
-            table["%s@%d" % (task, L)] = {"em": round(sum(ok) / len(ok), 4), "n": len(ok),
-                                          "prompt_tokens": [min(toks), max(toks)],
-                                          "by_depth": {k: round(a / b, 3) for k, (a, b) in sorted(by_depth.items())}}
-            say("eval %-8s @%5d: EM %.3f (n=%d)" % (task, L, sum(ok) / len(ok), len(ok)))
+            items = [it for _, it in cases]
+            depths = ["%.1f" % c.meta["depth"] for c, _ in cases]
+
+            def by_depth(ok):
+                acc = {}
+                for d, g in zip(depths, ok):
+                    if g is None:
+                        continue
+                    a = acc.setdefault(d, [0, 0])
+                    a[0] += int(g)
+                    a[1] += 1
+                return {k: round(a / b, 3) for k, (a, b) in sorted(acc.items())}
+
+            toks = [len(it[0]) for it in items]
+            cell = {"n": len(items), "prompt_tokens": [min(toks), max(toks)]}
+            msg = ""
+            if full:
+                ok = exact_match(model, items, dev, amp)
+                cell.update(em=round(sum(ok) / len(ok), 4), by_depth=by_depth(ok))
+                msg = "EM %.3f" % cell["em"]
+            for r, ks in gf:
+                res = gemfilter_eval(model, items, r, ks, vf, dev, amp)
+                for k in ks:
+                    ok, kept = res[k]
+                    found = [x for x in kept if x is not None]
+                    cell.setdefault("gemfilter", {})["r%d_k%d" % (r, k)] = {
+                        "em": round(sum(ok) / len(ok), 4),
+                        "value_kept": round(sum(found) / len(found), 4) if found else None,
+                        "value_found": len(found), "by_depth": by_depth(ok), "kept_by_depth": by_depth(kept)}
+                    msg += "  GF r%d k%d EM %.3f kept %s" % (r, k, sum(ok) / len(ok),
+                                                            "%.3f" % (sum(found) / len(found)) if found else "-")
+            table["%s@%d" % (task, L)] = cell
+            say("eval %-8s @%5d: %s (n=%d)" % (task, L, msg.strip(), len(items)))
     return table
 
 
-def summarize(table, state, log):
+def _gf_keys(table):
+    keys = []
+    for k, c in table.items():
+        if "@" in k:
+            for g in c.get("gemfilter", {}):
+                if g not in keys:
+                    keys.append(g)
+    return sorted(keys, key=lambda g: (int(g.split("_")[0][1:]), -int(g.split("_k")[1])))
+
+
+def summarize(table, state, log, baseline=None):
     lens = sorted({int(k.split("@")[1]) for k in table if "@" in k})
     lines = ["kvsieve-tiny: trained_len %s, steps %s, %.0fs" % (state.get("trained_len"), state.get("global_step"),
                                                                now()),
              "exact match (greedy), cases per cell in parentheses",
              "%-9s" % "task" + "".join("%14d" % L for L in lens)]
+    drops = []
     for task in T.TASKS:
         row = "%-9s" % task
         for L in lens:
-            c = table.get("%s@%d" % (task, L))
-            row += "%14s" % ("%.3f (%d)" % (c["em"], c["n"]) if c else "-")
+            key = "%s@%d" % (task, L)
+            c = table.get(key)
+            b = (baseline or {}).get(key)
+            mark = " "
+            if c and "em" in c and b and "em" in b and c["em"] < b["em"] - 0.01:
+                mark = "!"
+                drops.append("%s %.3f -> %.3f" % (key, b["em"], c["em"]))
+            row += "%14s" % ("%.3f (%d)%s" % (c["em"], c["n"], mark) if c and "em" in c else "-")
         lines.append(row)
+    if baseline:
+        lines.append("vs the starting model (same held-out cases): " +
+                     ("dropped by more than one case (marked !): " + ", ".join(drops) if drops else
+                      "no cell dropped by more than one case"))
+    if lens and any("em" in table.get("%s@%d" % (t, L), {}) for t in T.TASKS for L in lens):
+        miss = []
+        for t in T.TASKS:
+            for L in lens:
+                c = table.get("%s@%d" % (t, L))
+                want = 1.0 if t in ("passkey", "niah") else (0.95 if L == lens[-1] else None)
+                if want is not None and (not c or "em" not in c or c["em"] < want):
+                    miss.append("%s@%d %s" % (t, L, "%.3f" % c["em"] if c and "em" in c else "missing"))
+        lines.append("full-attention targets (passkey/niah 1.000 at every length, multikey/kv >= 0.95 at %d): %s"
+                     % (lens[-1], "met" if not miss else "NOT met: " + ", ".join(miss)))
+    gks = _gf_keys(table)
+    if gks:
+        lines += _gf_table(table, lens, gks, "after GemFilter", True)
+        bl = log.get("gf_baseline")
+        if bl:
+            lines += _gf_table(bl, lens, gks, "the starting model (before fine-tuning) after GemFilter", False)
     if table.get("skipped"):
         lines.append("skipped (time): " + ", ".join(table["skipped"]))
+    ft = state.get("gemfilter_ft")
+    if ft:
+        lines.append("GemFilter fine-tuning: " + json.dumps(ft[-1]))
     p = log.get("parity")
     if p:
         lines.append("HF parity: " + json.dumps(p))
     return "\n".join(lines) + "\n"
+
+
+def _gf_table(table, lens, gks, title, with_full):
+    """Cells 'full EM | GF EM per configuration | value kept per configuration (cases)'."""
+    names = [g.replace("_", " ") for g in gks]
+    cells = {}
+    for task in T.TASKS:
+        for L in lens:
+            c = table.get("%s@%d" % (task, L))
+            if not c or "gemfilter" not in c:
+                cells[task, L] = "-"
+                continue
+            gf = c["gemfilter"]
+            em = " ".join("%.3f" % gf[g]["em"] if g in gf else "-" for g in gks)
+            kept = " ".join("%.2f" % gf[g]["value_kept"] if g in gf and gf[g]["value_kept"] is not None else "-"
+                            for g in gks)
+            cells[task, L] = ("%.3f | " % c["em"] if with_full and "em" in c else "") + em + " | " + kept + \
+                " (%d)" % c["n"]
+    w = max(len(x) for x in cells.values()) + 3
+    out = ["", "%s (the model's own selection, then a fresh prefill of the k kept tokens at positions 0..k-1):"
+           % title,
+           "cell = %sEM %s | needle value wholly selected, %s (cases)" % (
+               "full EM | " if with_full else "", ", ".join(names), ", ".join(names)),
+           "%-9s" % "task" + "".join("%*d" % (w, L) for L in lens)]
+    for task in T.TASKS:
+        out.append("%-9s" % task + "".join("%*s" % (w, cells[task, L]) for L in lens))
+    return out
 
 
 def hf_parity(model_dir, evals, lens, dev):
