@@ -1,4 +1,5 @@
--- gemfilter_kept.lua — which prompt tokens GemFilter keeps on the bundled model, per filter layer:
+-- gemfilter_kept.lua — which prompt tokens GemFilter keeps on the bundled model, per filter layer (the
+-- model was fine-tuned so that layer 2 selects the needle: models/kvsieve-tiny/README.md):
 -- build/kvsieve run examples/gemfilter_kept.lua
 local ks = require "kvsieve"
 local m = ks.load("models/kvsieve-tiny")
@@ -9,7 +10,7 @@ for i = 1, 40 do half[#half + 1] = filler end
 local prompt = "There is a pass key hidden in the following text. Find it and remember it; you will be asked for it at the end.\n"
   .. table.concat(half, " ") .. " The pass key is 68219. Remember it. 68219 is the pass key. " .. table.concat(half, " ")
   .. "\nWhat is the pass key? The pass key is"
-for _, L in ipairs({1, 3, 5, 7}) do
+for _, L in ipairs({1, 2, 3, 5}) do
   local r = s:generate(prompt, {n = 6, policy = "gemfilter", set = {layer = L, k = 128}})
   local idx = r.restart
   local kept = m:decode((function() local ids = m:encode(prompt, {special = true}); local t = {} for _, i in ipairs(idx) do t[#t+1] = ids[i+1] end return t end)())
