@@ -191,7 +191,10 @@ static void params_text(ks_policy *pol, char *buf, size_t n) {
     for (int i = 0; i < ks_policy_n_params(pol) && used < n; i++) {
         char v[64];
         const char *k = ks_policy_param_name(pol, i);
-        if (ks_policy_get(pol, k, v, sizeof v)) continue;
+        if (ks_policy_get(pol, k, v, sizeof v) || !strncmp(k, "trace", 5) || !*v) continue; /* debugging switches */
+        char *end;
+        double d = strtod(v, &end);
+        if (end != v && !*end && strchr(v, '.')) snprintf(v, sizeof v, "%g", d); /* 0.1, not 0.10000000000000001 */
         used += snprintf(buf + used, n - used, "%s%s=%s", used ? " " : "", k, v);
     }
 }
