@@ -174,6 +174,11 @@ struct ks_backend {
      * a caching allocator return what it caches (CUDA: waits for the stream, trims the pool) */
     void (*mem_stats)(ks_backend *b, ks_mem_stats *out, int reset_peak);
 
+    /* ---- measured ceilings for the bench (optional, NULL = not measured): the rate of a large
+     * GEMM in the weights' precision through the vendor library (TFLOP/s) and of a large
+     * device-to-device copy (GB/s, bytes read + written), measured now on this device */
+    ks_status (*ceilings)(ks_backend *b, double *gemm_tflops, double *copy_gbs);
+
     /* ---- profiling timestamps (optional; NULL = the engine syncs and reads the host clock).
      * prof_mark records a timestamp in the backend's execution order (CUDA: an event on the
      * stream; nothing waits); the interval from the previous mark to this one is booked to

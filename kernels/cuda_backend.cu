@@ -9,6 +9,7 @@
 #include "ks_cuda.h"
 #include "attn_prep.cuh"
 #include "gemv.cuh"
+#include "ceilings.cuh"
 
 #include <cublas_v2.h>
 #include <stdlib.h>
@@ -818,6 +819,13 @@ static const ks_backend_prims cuda_prims = {
 
 /* ================================================================ memory accounting, profiling */
 
+static ks_status cu_ceilings(ks_backend *b, double *gemm_tflops, double *copy_gbs) {
+    cuda_ctx *c = CTX(b);
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e) return ks_cuda_status(e, "ceilings");
+    return ks_cuda_ceilings(gemm_tflops, copy_gbs);
+}
+
 static void cu_mem_stats(ks_backend *b, ks_mem_stats *out, int reset_peak) {
     cuda_ctx *c = CTX(b);
     if (reset_peak) { /* return the pool's cached memory: its reserved high-water mark then covers this region only */
@@ -999,6 +1007,7 @@ extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
     b->attention = cu_attention;
     b->destroy = cu_destroy;
     b->mem_stats = cu_mem_stats;
+    b->ceilings = cu_ceilings;
     b->prof_mark = cu_prof_mark;
     b->prof_collect = cu_prof_collect;
 #ifdef KS_BACKEND_PRIMS

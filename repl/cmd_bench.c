@@ -50,7 +50,34 @@ typedef struct bench_row {
     int tokens;
     ks_profile prof;
     ks_mem_stats mem;
+    double pf_flop;   /* matmul FLOPs of the timed prefills */
+    size_t kv_rows;   /* KV rows over all layers and KV heads after the last decode */
 } bench_row;
+
+/* Per row, the rates of the main phases next to the measured ceilings: prefill linear and
+ * (full attention only: causal FLOPs are known) attention TFLOP/s; decode weight and KV
+ * streaming GB/s. */
+static void print_rates(const bench_row *r, const ks_config *c, size_t n_params, int elem_bytes, double gemm_tf,
+                        double copy_gbs) {
+    const double *ps = r->prof.sec[0], *ds = r->prof.sec[1];
+    long nf = r->prof.forwards[0], nd = r->prof.forwards[1];
+    if (nf <= 0) return;
+    double lin_s = ps[KS_PH_QKV] + ps[KS_PH_OPROJ] + ps[KS_PH_MLP] + ps[KS_PH_LM_HEAD];
+    printf("rates: %s, %d tokens:", r->policy, r->tokens);
+    if (lin_s > 0) printf(" prefill linear %.3g TFLOP/s", r->pf_flop / lin_s / 1e12);
+    if (!strcmp(r->policy, "none") && ps[KS_PH_ATTENTION] > 0) {
+        double n = r->tokens, fl = 2.0 * n * n * c->head_dim * c->n_heads * c->n_layers * nf; /* causal */
+        printf(", prefill attention %.3g TFLOP/s", fl / ps[KS_PH_ATTENTION] / 1e12);
+    }
+    if (nd > 0) {
+        double dl = (ds[KS_PH_QKV] + ds[KS_PH_OPROJ] + ds[KS_PH_MLP] + ds[KS_PH_LM_HEAD]) / nd;
+        double kvb = (double)r->kv_rows * c->head_dim * 2 * elem_bytes, da = ds[KS_PH_ATTENTION] / nd;
+        if (dl > 0) printf(", decode weights %.3g GB/s", (double)n_params * elem_bytes / dl / 1e9);
+        if (da > 0) printf(", decode attention %.3g GB/s (%.3g GB of KV)", kvb / da / 1e9, kvb / 1e9);
+    }
+    if (gemm_tf > 0) printf(" | ceilings: GEMM %.0f TFLOP/s, copy %.0f GB/s", gemm_tf, copy_gbs);
+    printf("\n");
+}
 
 int ks_cli_bench(int argc, char **argv) {
     const char *model = NULL, *random_cfg = NULL, *lengths = "128,512,1024", *backend = NULL, *policies = "none";
@@ -184,6 +211,8 @@ int ks_cli_bench(int argc, char **argv) {
             br->tokens = L;
             br->prof = s->prof;
             br->mem = ms;
+            br->pf_flop = pf_flop;
+            br->kv_rows = kv_rows;
             ks_profile_reset(s);
         }
         free(list);
@@ -204,6 +233,14 @@ int ks_cli_bench(int argc, char **argv) {
         char title[128];
         snprintf(title, sizeof title, "%s, %d tokens", rows[i].policy, rows[i].tokens);
         ks_profile_print(&rows[i].prof, stdout, title);
+    }
+    if (profile && n_rows) {
+        /* the ceilings are measured after the rows, so that their allocations miss the peaks */
+        double gemm_tf = 0, copy_gbs = 0;
+        if (be->ceilings && be->ceilings(be, &gemm_tf, &copy_gbs))
+            fprintf(stderr, "kvsieve: bench: ceilings not measured: %s\n", ks_last_error());
+        int elem = strcmp(be->name, "cpu") ? 2 : 4; /* bf16 weights and KV on the GPU, float32 on the CPU */
+        for (int i = 0; i < n_rows; i++) print_rates(&rows[i], c, m->n_params, elem, gemm_tf, copy_gbs);
     }
     free(rows);
     ks_session_free_(s);
