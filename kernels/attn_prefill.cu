@@ -12,6 +12,7 @@
 #include "common.cuh"
 #include "attn_prefill.cuh"
 #include "mma.cuh"
+#include "attn_prefill_wgmma.cuh"
 
 #include <limits.h>
 #include <math.h>
@@ -354,6 +355,8 @@ extern "C" ks_status ks_cuda_attn_prefill(cudaStream_t s, const ks_cuda_attn_par
         return ks_errorf(KS_ERR_UNSUPPORTED, "attention: flash prefill does not take head_dim %d%s", p->head_dim,
                          p->idx ? " with index lists" : "");
     if (p->n <= 0) return KS_OK;
+    if (ks_cuda_attn_prefill_wgmma_enabled() && ks_cuda_attn_prefill_wgmma_supported(p)) /* Hopper wgmma kernel where it takes the shape (KS_CUDA_WGMMA=0: off) */
+        return ks_cuda_attn_prefill_wgmma(s, p, ws, ks_cuda_attn_prefill_wgmma_enabled());
     if ((uintptr_t)p->q % 16 || (uintptr_t)p->out % 8 || (uintptr_t)p->k % 16 || (uintptr_t)p->v % 16)
         return ks_errorf(KS_ERR_ARG, "attention (flash): misaligned buffers");
     fp_args a;

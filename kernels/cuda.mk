@@ -52,17 +52,24 @@ $(BUILD)/test_cuda_prims: $(BUILD)/tests/cuda/test_cuda_prims.o $(CUDA_OBJ) $(BU
 $(BUILD)/test_cuda_policies: $(BUILD)/tests/cuda/test_cuda_policies.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_policies $(BUILD)/bench_kernels  # build the CUDA test programs
+# the wgmma flash-attention prefill kernel vs the mma.sync one and a naive reference, and its
+# speed (GPU machine): $(BUILD)/test_wgmma [--quick]
+$(BUILD)/test_wgmma: $(BUILD)/tests/cuda/test_wgmma.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_policies $(BUILD)/test_wgmma $(BUILD)/bench_kernels  # build the CUDA test programs
 
 test-cuda: cuda-tests                                           # run the CUDA parity tests (GPU machine)
 	$(BUILD)/test_cuda
-	KS_CUDA_NEW=1 $(BUILD)/test_cuda
+	KS_CUDA_WGMMA=0 $(BUILD)/test_cuda
 	$(BUILD)/test_cuda_prims
 	$(BUILD)/test_cuda_policies
+	$(BUILD)/test_wgmma
 
 test-cuda-sanitize: cuda-tests                                  # the same under compute-sanitizer (memcheck)
 	KS_CUDA_NEW=1 compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/test_cuda --quick
 	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/test_cuda_prims --quick
+	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/test_wgmma --quick
 
 bench-kernels: $(BUILD)/bench_kernels                           # per-kernel benchmark (GPU machine)
 	$(BUILD)/bench_kernels
