@@ -105,7 +105,14 @@ template <int D, int BN> struct wg_smem {
     static constexpr int TOTAL = 1024 /* alignment slack */ + Q + 4 * KV + 2 * BN * 4 + 2 * 8 * 4;
 };
 
-template <int D, int BN, int MINB>
+/* PACK 0: the CTA's 128 rows are 128 consecutive queries of query head blockIdx.x.
+ * PACK 1 (variant 3, "GQA packing"): the CTA serves KV head blockIdx.x; its rows are 128
+ * consecutive entries of the flattened (query i, head of the group) order f = i * G + (h % G),
+ * G = n_heads / n_kv_heads, so one K/V tile feeds all G query heads of the group.
+ * SB 1 (variant 4): one __syncthreads per key tile instead of two: the next tile's copies are
+ * issued after the barrier that starts a tile (when every warp is done with the other buffer),
+ * instead of before it with a second barrier at the end of the tile. */
+template <int D, int BN, int MINB, int PACK, int SB>
 __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_args A) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     constexpr int NCH = D / 8;    /* 16-byte chunks per row */
@@ -125,9 +132,14 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, wq = warp & 3;        /* warpgroup, warp within it */
     const int g = lane >> 2, t4 = lane & 3;
-    const int h = blockIdx.x, kv = h / (p.n_heads / p.n_kv_heads);
+    const int G = p.n_heads / p.n_kv_heads;
+    const int kv = PACK ? (int)blockIdx.x : (int)blockIdx.x / G;
     const int qb = A.n_qblocks - 1 - blockIdx.y;    /* heaviest first */
-    const int q0 = qb * WG_BM, H = p.n_heads;
+    const int q0 = qb * WG_BM, H = p.n_heads;       /* q0: first row (flattened when PACK) */
+    const int nrows = PACK ? p.n * G : p.n;
+    /* row f of the (flattened) order -> query index and query head */
+    auto row_q = [&](int f) -> int { return PACK ? f / G : f; };
+    auto row_h = [&](int f) -> int { return PACK ? kv * G + (f - (f / G) * G) : (int)blockIdx.x; };
     const int nk = p.nk[kv], ntiles = (nk + BN - 1) / BN;
     const bf16 *Kg = (const bf16 *)p.k + (size_t)kv * p.capacity * D;
     const bf16 *Vg = (const bf16 *)p.v + (size_t)kv * p.capacity * D;
@@ -139,8 +151,9 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
     for (int e = tid; e < WG_BM * NCH; e += WG_THREADS) {
         int r = e / NCH, c = e - r * NCH;
         uint4 v = make_uint4(0, 0, 0, 0);
-        if (q0 + r < p.n) {
-            const float4 *src = reinterpret_cast<const float4 *>(p.q + ((size_t)(q0 + r) * H + h) * D + c * 8);
+        if (q0 + r < nrows) {
+            const int f = q0 + r;
+            const float4 *src = reinterpret_cast<const float4 *>(p.q + ((size_t)row_q(f) * H + row_h(f)) * D + c * 8);
             float4 a = src[0], b = src[1];
             v.x = pack_bf16(a.x, a.y);
             v.y = pack_bf16(a.z, a.w);
@@ -154,14 +167,14 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
     int qp_r[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        int i = q0 + row0 + 8 * hf;
-        qp_r[hf] = i >= p.n ? INT_MIN : p.q_renumber ? nk - p.n + i : p.qpos[i];
+        int f = q0 + row0 + 8 * hf, i = row_q(f);
+        qp_r[hf] = f >= nrows ? INT_MIN : p.q_renumber ? nk - p.n + i : p.qpos[i];
     }
     /* block-wide bounds of the valid query positions */
     int qlo = INT_MAX, qhi = INT_MIN;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++)
-        if (q0 + row0 + 8 * hf < p.n) { qlo = min(qlo, qp_r[hf]); qhi = max(qhi, qp_r[hf]); }
+        if (q0 + row0 + 8 * hf < nrows) { qlo = min(qlo, qp_r[hf]); qhi = max(qhi, qp_r[hf]); }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         qlo = min(qlo, __shfl_xor_sync(0xffffffffu, qlo, o));
@@ -228,12 +241,22 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
     cp_async_commit();
     for (int it = 0; t < ntiles; it++) {
         const int buf = it & 1;
-        const int tn = next_tile(t + 1);
-        if (tn < ntiles) load_tile(tn, buf ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-        proxy_fence(); /* this thread's copies are read by wgmma */
-        __syncthreads();
+        int tn;
+        if (SB) {
+            cp_async_wait<0>(); /* tile t (the only group in flight) */
+            proxy_fence();      /* this thread's copies are read by wgmma */
+            __syncthreads();    /* also: every warp is done with buffer buf ^ 1 (tile it - 1) */
+            tn = next_tile(t + 1);
+            if (tn < ntiles) load_tile(tn, buf ^ 1);
+            cp_async_commit();
+        } else {
+            tn = next_tile(t + 1);
+            if (tn < ntiles) load_tile(tn, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+            proxy_fence(); /* this thread's copies are read by wgmma */
+            __syncthreads();
+        }
 
         /* ---- S = Q K^T */
         const uint32_t kbase = smem_u32(sK + buf * L::KV), vbase = smem_u32(sV + buf * L::KV);
@@ -312,7 +335,7 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
         wg_commit();
         wg_wait0();
         pin(o);
-        __syncthreads(); /* buffer buf is refilled next iteration */
+        if (!SB) __syncthreads(); /* buffer buf is refilled next iteration */
         t = tn;
     }
     cp_async_wait<0>();
@@ -324,9 +347,9 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         float inv = l > 0.f ? 1.0f / l : 0.f;
-        int i = q0 + row0 + 8 * hf;
-        if (i < p.n) {
-            float *dst = p.out + ((size_t)i * H + h) * D + t4 * 2;
+        int f = q0 + row0 + 8 * hf;
+        if (f < nrows) {
+            float *dst = p.out + ((size_t)row_q(f) * H + row_h(f)) * D + t4 * 2;
 #pragma unroll
             for (int c = 0; c < OR / 4; c++)
                 *reinterpret_cast<float2 *>(dst + c * 8) = make_float2(o[4 * c + 2 * hf] * inv, o[4 * c + 2 * hf + 1] * inv);
@@ -340,15 +363,16 @@ static int g_enabled = -1; /* -1: not yet read from the environment */
 
 extern "C" int ks_cuda_attn_prefill_wgmma_enabled(void) {
     if (g_enabled < 0) {
-        /* on by default (variant 2: 389 TFLOP/s at 16K-64K causal d=128 on an H200 vs 228-239 for
-         * the mma.sync kernel; bench/NOTES.md); KS_CUDA_WGMMA=0 turns it off, =1 picks variant 1 */
+        /* on by default, variant 4 (a CTA serves the query heads of one KV head, one barrier per
+         * key tile): 392-398 TFLOP/s at 16K-128K causal d=128 on an H200, vs 222-240 for the
+         * mma.sync kernel (bench/NOTES.md); KS_CUDA_WGMMA=0 turns it off, =1/2/3 pick those variants */
         const char *e = getenv("KS_CUDA_WGMMA");
-        int v = e && *e ? atoi(e) : 2;
-        g_enabled = v == 1 || v == 2 ? v : 0;
+        int v = e && *e ? atoi(e) : 4;
+        g_enabled = v >= 1 && v <= 4 ? v : 0;
     }
     return g_enabled;
 }
-extern "C" void ks_cuda_attn_prefill_wgmma_set_enabled(int v) { g_enabled = v == 1 || v == 2 ? v : 0; }
+extern "C" void ks_cuda_attn_prefill_wgmma_set_enabled(int v) { g_enabled = v >= 1 && v <= 4 ? v : 0; }
 
 extern "C" int ks_cuda_attn_prefill_wgmma_supported(const ks_cuda_attn_params *p) {
     return (p->head_dim == 64 || p->head_dim == 128) && !p->idx && !p->k_f32 && p->n_kv_heads > 0 &&
@@ -360,18 +384,20 @@ extern "C" size_t ks_cuda_attn_prefill_wgmma_workspace(const ks_cuda_attn_params
     return (tiles ? tiles : 1) * p->n_kv_heads * sizeof(int2);
 }
 
-template <int D, int BN, int MINB> static ks_status wg_launch(cudaStream_t s, wg_args a) {
+template <int D, int BN, int MINB, int PACK, int SB> static ks_status wg_launch(cudaStream_t s, wg_args a) {
     static int attr_done = 0; /* per process; the attribute is per device function */
     const int smem = wg_smem<D, BN>::TOTAL;
     if (!attr_done) {
-        KS_CU(cudaFuncSetAttribute(wg_prefill_kernel<D, BN, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+        KS_CU(cudaFuncSetAttribute(wg_prefill_kernel<D, BN, MINB, PACK, SB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
               "attention (wgmma) shared memory");
         attr_done = 1;
     }
-    a.n_qblocks = (a.p.n + WG_BM - 1) / WG_BM;
-    if (a.n_qblocks > 65535) return ks_errorf(KS_ERR_UNSUPPORTED, "attention (wgmma): %d query rows is too many", a.p.n);
-    dim3 grid(a.p.n_heads, a.n_qblocks);
-    wg_prefill_kernel<D, BN, MINB><<<grid, WG_THREADS, smem, s>>>(a);
+    long long rows = PACK ? (long long)a.p.n * (a.p.n_heads / a.p.n_kv_heads) : a.p.n;
+    if ((rows + WG_BM - 1) / WG_BM > 65535)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "attention (wgmma): %d query rows is too many", a.p.n);
+    a.n_qblocks = (int)((rows + WG_BM - 1) / WG_BM);
+    dim3 grid(PACK ? a.p.n_kv_heads : a.p.n_heads, a.n_qblocks);
+    wg_prefill_kernel<D, BN, MINB, PACK, SB><<<grid, WG_THREADS, smem, s>>>(a);
     KS_CU_LAUNCH("attention (wgmma prefill) kernel");
     return KS_OK;
 }
@@ -394,6 +420,8 @@ extern "C" ks_status ks_cuda_attn_prefill_wgmma(cudaStream_t s, const ks_cuda_at
     wg_bounds_kernel<<<ks_cdiv(total, 128), 128, 0, s>>>((int2 *)ws, p->renumber ? NULL : p->kpos, p->nk,
                                                          p->n_kv_heads, p->capacity, a.max_tiles);
     KS_CU_LAUNCH("attention (wgmma) tile bounds kernel");
-    if (variant == 2) return p->head_dim == 128 ? wg_launch<128, 64, 2>(s, a) : wg_launch<64, 64, 2>(s, a);
-    return p->head_dim == 128 ? wg_launch<128, 128, 1>(s, a) : wg_launch<64, 128, 1>(s, a);
+    if (variant == 4) return p->head_dim == 128 ? wg_launch<128, 64, 2, 1, 1>(s, a) : wg_launch<64, 64, 2, 1, 1>(s, a);
+    if (variant == 3) return p->head_dim == 128 ? wg_launch<128, 64, 2, 1, 0>(s, a) : wg_launch<64, 64, 2, 1, 0>(s, a);
+    if (variant == 2) return p->head_dim == 128 ? wg_launch<128, 64, 2, 0, 0>(s, a) : wg_launch<64, 64, 2, 0, 0>(s, a);
+    return p->head_dim == 128 ? wg_launch<128, 128, 1, 0, 0>(s, a) : wg_launch<64, 128, 1, 0, 0>(s, a);
 }

@@ -17,6 +17,17 @@
  *   mask, online softmax (log2 domain, f32), O *= correction
  *   O(64 x D)  += P(64 x BN) V(BN x D)  wgmma m64nDk16, A (P, bf16) from registers, BN/16 steps
  * Query blocks are launched heaviest (latest positions) first.
+ * Variant 3 ("GQA packing") = variant 2 with the CTA's 128 rows taken from all G = H / Hkv
+ * query heads of one KV head: grid (n_kv_heads, ceil(n * G / 128)), row f of the flattened
+ * order f = i * G + (h % G) is query i of head (kv * G + f % G), so a CTA covers 128 / G
+ * consecutive queries and every K/V tile it loads serves G heads. Per flop this reads 1/G of
+ * the K/V bytes of variants 1/2 (at 386 TFLOP/s, variant 2 streams ~3 TB/s of K/V into the SMs,
+ * mostly from DRAM once the sweep of keys no longer fits in L2, i.e. at 128K); rows and Q/out
+ * addresses: Q/out row of f is ((f / G) * H + kv * G + f % G) * D, contiguous over a group.
+ * Masking is per row (each row has its own position), so nothing else changes.
+ * Variant 4 = variant 3 with one __syncthreads per key tile instead of two (the next tile's
+ * cp.async copies are issued right after the barrier that opens a tile, which proves that every
+ * warp has finished the previous tile and so its buffer; cp.async.wait_group 0 before it).
  *
  * ---- Shared-memory tiles: 128-byte swizzle ("SW128"), the layout TMA writes with
  * CU_TENSOR_MAP_SWIZZLE_128B and wgmma reads with descriptor layout type 1.
@@ -81,13 +92,15 @@ int ks_cuda_attn_prefill_wgmma_supported(const ks_cuda_attn_params *p);
  * ks_cuda_attn_prefill_workspace(p), so a flash workspace can be passed as is. */
 size_t ks_cuda_attn_prefill_wgmma_workspace(const ks_cuda_attn_params *p);
 
-/* Run variant 1 (BN = 128) or 2 (BN = 64, 2 CTAs per SM); any other value picks 1. Errors:
+/* Run variant 1 (BN = 128), 2 (BN = 64, 2 CTAs per SM), 3 (variant 2 with the G query heads of
+ * a KV head packed into one CTA's rows) or 4 (variant 3 with one barrier per key tile); any
+ * other value picks 1. Errors:
  * KS_ERR_UNSUPPORTED for shapes it does not take, KS_ERR_ARG for misaligned buffers,
  * KS_ERR_DEVICE for launch failures. n <= 0 is a no-op. */
 ks_status ks_cuda_attn_prefill_wgmma(cudaStream_t s, const ks_cuda_attn_params *p, void *ws, int variant);
 
 /* Dispatch from ks_cuda_attn_prefill: the variant to use (0 = off). Initially read from the
- * environment variable KS_CUDA_WGMMA (unset or 0: off; 1 or 2: that variant); the setter
+ * environment variable KS_CUDA_WGMMA (unset: 2; 0: off; 1 .. 4: that variant); the setter
  * overrides it for the process (tests set 0 to get the mma.sync kernel as a reference). */
 int ks_cuda_attn_prefill_wgmma_enabled(void);
 void ks_cuda_attn_prefill_wgmma_set_enabled(int variant);
