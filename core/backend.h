@@ -187,6 +187,25 @@ struct ks_backend {
      * sec[0..n_tags) and forgets them. Errors: KS_ERR_DEVICE / KS_ERR_OOM with a message. */
     ks_status (*prof_mark)(ks_backend *b, int tag);
     ks_status (*prof_collect)(ks_backend *b, double *sec, int n_tags);
+
+    /* ---- fused ops (optional; NULL = the engine composes the plain calls above). Each means
+     * exactly its composition, to rounding; the engine uses them for one-row (decode) steps. */
+    /* y (n, out) += x (n, in) @ W^T [+ bias]: matmul then add, without the temporary */
+    ks_status (*matmul_add)(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias, int n,
+                            int in, int out);
+    /* the attention projections of x (n, in): q (n, n_heads*head_dim) = x @ Wq^T [+ bq], k, v
+     * (n, n_kv_heads*head_dim) likewise (bias entries may be NULL); with r non-NULL q and k are
+     * then rotated at positions pos (n, host) as ->rope does (r->head_dim == head_dim). With
+     * norm non-NULL, x is first normalised as ->rmsnorm(xn, x, norm, n, in, eps) does (xn
+     * (n, in) receives it) and the projections read xn. */
+    ks_status (*matmul_qkv)(ks_backend *b, float *q, float *k, float *v, const float *x, const ks_weight *norm,
+                            float eps, float *xn, const ks_weight *Wq, const ks_weight *Wk, const ks_weight *Wv,
+                            const ks_weight *bq, const ks_weight *bk, const ks_weight *bv, int n, int in, int n_heads,
+                            int n_kv_heads, int head_dim, const int32_t *pos, const ks_rope *r, int max_pos);
+    /* y (n, out) = silu(x @ Wg^T) * (x @ Wu^T), as two matmuls and ->swiglu; tmp (n, out) is
+     * scratch the backend may use; norm, eps, xn as for matmul_qkv; y, x, xn and tmp distinct */
+    ks_status (*matmul_swiglu)(ks_backend *b, float *y, const float *x, const ks_weight *norm, float eps, float *xn,
+                               const ks_weight *Wg, const ks_weight *Wu, float *tmp, int n, int in, int out);
 };
 #define KS_PROF_TAGS 64
 

@@ -378,24 +378,42 @@ static ks_status layer_tail(ks_session *s, int l, fwd_buf *b, int n) {
     const ks_layer_w *W = &s->m->layers[l];
     int D = c->dim, QD = c->n_heads * c->head_dim, F = c->ffn;
     float *out = b->q; /* q is dead once attention ran */
+    /* one row (decode): the residual adds fold into the projections, gate/up/SwiGLU in one call */
+    int acc = n == 1 && be->matmul_add, fsw = n == 1 && be->matmul_swiglu;
     ks_status st;
-    if ((st = be->matmul(be, out, b->xn, W->wo, W->bo, n, QD, D))) return st;
-    PROF(s, KS_PH_OPROJ);
-    if ((st = be->add(be, b->x, out, (size_t)n * D))) return st;
-    PROF(s, KS_PH_ELEMWISE);
-    if ((st = be->rmsnorm(be, b->xn, b->x, W->ffn_norm, n, D, c->eps))) return st;
-    PROF(s, KS_PH_NORM);
+    if (acc) {
+        if ((st = be->matmul_add(be, b->x, b->xn, W->wo, W->bo, n, QD, D))) return st;
+        PROF(s, KS_PH_OPROJ);
+    } else {
+        if ((st = be->matmul(be, out, b->xn, W->wo, W->bo, n, QD, D))) return st;
+        PROF(s, KS_PH_OPROJ);
+        if ((st = be->add(be, b->x, out, (size_t)n * D))) return st;
+        PROF(s, KS_PH_ELEMWISE);
+    }
+    if (!fsw) { /* (fused: the norm runs inside matmul_swiglu) */
+        if ((st = be->rmsnorm(be, b->xn, b->x, W->ffn_norm, n, D, c->eps))) return st;
+        PROF(s, KS_PH_NORM);
+    }
     for (int r0 = 0; r0 < n; r0 += MLP_CHUNK) {
         int rn = KS_MIN(MLP_CHUNK, n - r0);
         const float *xin = b->xn + (size_t)r0 * D;
-        if ((st = be->matmul(be, b->gate, xin, W->w_gate, NULL, rn, D, F))) return st;
-        if ((st = be->matmul(be, b->up, xin, W->w_up, NULL, rn, D, F))) return st;
-        PROF(s, KS_PH_MLP);
-        if ((st = be->swiglu(be, b->gate, b->gate, b->up, (size_t)rn * F))) return st;
-        PROF(s, KS_PH_ELEMWISE);
-        if ((st = be->matmul(be, out + (size_t)r0 * D, b->gate, W->w_down, NULL, rn, F, D))) return st;
+        if (fsw) { /* n == 1: one chunk */
+            st = be->matmul_swiglu(be, b->gate, b->x, W->ffn_norm, c->eps, b->xn, W->w_gate, W->w_up, b->up, rn, D, F);
+            if (st) return st;
+            PROF(s, KS_PH_MLP);
+        } else {
+            if ((st = be->matmul(be, b->gate, xin, W->w_gate, NULL, rn, D, F))) return st;
+            if ((st = be->matmul(be, b->up, xin, W->w_up, NULL, rn, D, F))) return st;
+            PROF(s, KS_PH_MLP);
+            if ((st = be->swiglu(be, b->gate, b->gate, b->up, (size_t)rn * F))) return st;
+            PROF(s, KS_PH_ELEMWISE);
+        }
+        if (acc) st = be->matmul_add(be, b->x + (size_t)r0 * D, b->gate, W->w_down, NULL, rn, F, D);
+        else st = be->matmul(be, out + (size_t)r0 * D, b->gate, W->w_down, NULL, rn, F, D);
+        if (st) return st;
         PROF(s, KS_PH_MLP);
     }
+    if (acc) return KS_OK;
     st = be->add(be, b->x, out, (size_t)n * D);
     PROF(s, KS_PH_ELEMWISE);
     return st;
@@ -408,6 +426,12 @@ static ks_status layer_qkv(ks_session *s, int l, fwd_buf *b, int n, const int32_
     const ks_layer_w *W = &s->m->layers[l];
     int D = c->dim, QD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim;
     ks_status st;
+    if (n == 1 && be->matmul_qkv) { /* one row (decode): norm, projections and RoPE in one call, booked to qkv */
+        st = be->matmul_qkv(be, b->q, b->k, b->v, b->x, W->attn_norm, c->eps, b->xn, W->wq, W->wk, W->wv, W->bq, W->bk,
+                            W->bv, n, D, c->n_heads, c->n_kv_heads, c->head_dim, pos, b->kpre ? NULL : &c->rope, max_pos);
+        PROF(s, KS_PH_QKV);
+        return st;
+    }
     if ((st = be->rmsnorm(be, b->xn, b->x, W->attn_norm, n, D, c->eps))) return st;
     PROF(s, KS_PH_NORM);
     if ((st = be->matmul(be, b->q, b->xn, W->wq, W->bq, n, D, QD))) return st;

@@ -28,6 +28,8 @@ struct ks_weight {
     int type;              /* KS_CUDA_BF16 or KS_CUDA_F32 */
 };
 
+#define ROPE_CACHE 4 /* rope configurations whose inv_freq stays on the device */
+
 typedef struct cuda_ctx {
     int device, n_sm;
     cudaStream_t stream;
@@ -45,6 +47,16 @@ typedef struct cuda_ctx {
     int *ptag;             /* (pcap) tag of the interval ending at each event */
     int pn, pcap;
     double pacc[KS_PROF_TAGS];
+    /* inv_freq tables on the device, one per rope configuration seen (rope_inv_dev) */
+    struct rope_cache {
+        struct rope_key {
+            int type, head_dim, orig_max_pos, use_long;
+            double theta, factor, low, high, attn_factor;
+            const float *short_factor, *long_factor;
+        } key;
+        float *dev; /* (head_dim/2) */
+    } rc[ROPE_CACHE];
+    int rc_next;
 } cuda_ctx;
 
 /* The tensor-core decode kernel, flash variant 2 (4 warps x 32 rows) and the n = 1 gemv: on by
@@ -123,6 +135,7 @@ static void raw_free(cuda_ctx *c, void *p) {
 /* Queue a host -> device copy of a host array the caller may reuse as soon as this returns. */
 static ks_status stage_h2d(cuda_ctx *c, void *dst, const void *src, size_t bytes, const char *what) {
     if (!bytes) return KS_OK;
+    if (bytes <= KS_CUDA_PUT_MAX) return ks_cuda_put(c->stream, dst, src, bytes); /* as a kernel argument */
     if (bytes > c->pin_cap / 4) { /* large: copy straight from pageable memory and wait */
         KS_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), what);
         KS_CU(cudaStreamSynchronize(c->stream), what);
@@ -271,8 +284,9 @@ static void cu_weight_free(ks_backend *b, ks_weight *w) {
 
 /* ================================================================ dense ops */
 
-static ks_status cu_matmul(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias, int n,
-                           int in, int out) {
+/* y = x W^T + bias (acc = 0) or y += x W^T + bias (acc = 1) */
+static ks_status matmul_impl(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias, int n,
+                             int in, int out, int acc) {
     cuda_ctx *c = CTX(b);
     if (W->cols != in || W->rows != out)
         return ks_errorf(KS_ERR_INTERNAL, "matmul: weight is (%lld, %lld), expected (%d, %d)", (long long)W->rows,
@@ -283,14 +297,15 @@ static ks_status cu_matmul(ks_backend *b, float *y, const float *x, const ks_wei
         KS_CU(cudaStreamSynchronize(c->stream), "matmul (timing)");
         t0 = ks_now();
     }
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f, zero = 0.0f, *beta = acc ? &one : &zero;
     ks_status st;
     if (c->new_kernels && W->type == KS_CUDA_BF16 && n == 1 && ks_cuda_gemv_supported(W->data, in) && (uintptr_t)x % 16 == 0 &&
         (!bias || bias->type == KS_CUDA_F32)) {
         /* one row (decode, logits): stream the bf16 weights once, float32 input, bias fused */
         if (bias && bias->rows * bias->cols != out)
             return ks_errorf(KS_ERR_INTERNAL, "matmul: bias of %lld values for %d outputs", (long long)(bias->rows * bias->cols), out);
-        if ((st = ks_cuda_gemv(c->stream, y, x, W->data, bias ? (const float *)bias->data : NULL, in, out))) return st;
+        st = (acc ? ks_cuda_gemv_acc : ks_cuda_gemv)(c->stream, y, x, W->data, bias ? (const float *)bias->data : NULL, in, out);
+        if (st) return st;
         bias = NULL;
     } else if (W->type == KS_CUDA_BF16) {
         /* the bf16 copy of x in row chunks of at most MM_CONV_BYTES (a 128K-row input would
@@ -303,14 +318,14 @@ static ks_status cu_matmul(ks_backend *b, float *y, const float *x, const ks_wei
             st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, x + (size_t)r0 * in, KS_CUDA_F32, (size_t)rn * in);
             if (!st)
                 st = blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rn, in, &one, W->data, CUDA_R_16BF,
-                                              in, xb, CUDA_R_16BF, in, &zero, y + (size_t)r0 * out, CUDA_R_32F, out,
+                                              in, xb, CUDA_R_16BF, in, beta, y + (size_t)r0 * out, CUDA_R_32F, out,
                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                                  "matmul (cublasGemmEx bf16)");
         }
         dev_free(c, xb);
     } else {
         st = blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W->data, CUDA_R_32F, in, x,
-                                      CUDA_R_32F, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                      CUDA_R_32F, in, beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                          "matmul (cublasGemmEx f32)");
     }
     if (st) return st;
@@ -325,6 +340,116 @@ static ks_status cu_matmul(ks_backend *b, float *y, const float *x, const ks_wei
     }
     b->stat_matmul_flop += 2.0 * n * in * out;
     return KS_OK;
+}
+
+static ks_status cu_matmul(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias, int n,
+                           int in, int out) {
+    return matmul_impl(b, y, x, W, bias, n, in, out, 0);
+}
+static ks_status cu_matmul_add(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias, int n,
+                               int in, int out) {
+    return matmul_impl(b, y, x, W, bias, n, in, out, 1);
+}
+
+static ks_status cu_rope(ks_backend *b, float *x, int n, int n_heads, const int32_t *pos, const ks_rope *r, int max_pos);
+static ks_status rope_inv_dev(cuda_ctx *c, const ks_rope *r, int max_pos, const float **out);
+
+/* bench counters for a fused call: like matmul_impl's (a timed call synchronises) */
+static ks_status stats_begin(ks_backend *b, double *t0) {
+    *t0 = 0;
+    if (!b->count_stats) return KS_OK;
+    KS_CU(cudaStreamSynchronize(CTX(b)->stream), "matmul (timing)");
+    *t0 = ks_now();
+    return KS_OK;
+}
+static ks_status stats_end(ks_backend *b, double t0, double flop) {
+    if (b->count_stats) {
+        KS_CU(cudaStreamSynchronize(CTX(b)->stream), "matmul (timing)");
+        b->stat_matmul_s += ks_now() - t0;
+    }
+    b->stat_matmul_flop += flop;
+    return KS_OK;
+}
+
+static int gemv_weight_ok(const ks_weight *W, int in, int out) {
+    return W->type == KS_CUDA_BF16 && W->cols == in && W->rows == out && ks_cuda_gemv_supported(W->data, in);
+}
+static int vec_ok(const ks_weight *v, int n) { return !v || (v->type == KS_CUDA_F32 && v->rows * v->cols == n); }
+
+static ks_status cu_rmsnorm(ks_backend *b, float *out, const float *x, const ks_weight *w, int n, int dim, float eps);
+
+/* A fused call's norm: into the gemv (*nw set) when the kernel takes it, else ks_cuda_rmsnorm
+ * first (x then points at xn). */
+static ks_status fused_norm(ks_backend *b, const float **x, const ks_weight *norm, float eps, float *xn, int n, int in,
+                            int gemv, const float **nw) {
+    *nw = NULL;
+    if (!norm) return KS_OK;
+    if (gemv && norm->type == KS_CUDA_F32 && norm->rows * norm->cols == in &&
+        ks_cuda_gemv_norm_supported(*x, (const float *)norm->data, in) && (uintptr_t)xn % 16 == 0) {
+        *nw = (const float *)norm->data;
+        return KS_OK;
+    }
+    ks_status st = cu_rmsnorm(b, xn, *x, norm, n, in, eps);
+    *x = xn;
+    return st;
+}
+
+static ks_status cu_matmul_qkv(ks_backend *b, float *q, float *k, float *v, const float *x, const ks_weight *norm,
+                               float eps, float *xn, const ks_weight *Wq, const ks_weight *Wk, const ks_weight *Wv,
+                               const ks_weight *bq, const ks_weight *bk, const ks_weight *bv, int n, int in, int H,
+                               int Hkv, int hd, const int32_t *pos, const ks_rope *r, int max_pos) {
+    cuda_ctx *c = CTX(b);
+    int QD = H * hd, KD = Hkv * hd;
+    if (r && r->head_dim != hd)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "matmul_qkv: rope over %d of %d head dims", r->head_dim, hd);
+    ks_status st;
+    int gemv = n == 1 && c->new_kernels && (uintptr_t)x % 16 == 0 && gemv_weight_ok(Wq, in, QD) &&
+               gemv_weight_ok(Wk, in, KD) && gemv_weight_ok(Wv, in, KD) && vec_ok(bq, QD) && vec_ok(bk, KD) &&
+               vec_ok(bv, KD) && (!r || (hd % 2 == 0 && hd <= 1024));
+    const float *nw;
+    if ((st = fused_norm(b, &x, norm, eps, xn, n, in, gemv, &nw))) return st;
+    if ((uintptr_t)x % 16) gemv = 0; /* normalised apart into a misaligned xn */
+    if (gemv) { /* decode: one launch for the norm, the three projections and RoPE */
+        const float *inv = NULL;
+        if (r && (st = rope_inv_dev(c, r, max_pos, &inv))) return st;
+        double t0;
+        if ((st = stats_begin(b, &t0))) return st;
+        float *ys[3] = {q, k, v};
+        const void *ws[3] = {Wq->data, Wk->data, Wv->data};
+        const float *bs[3] = {bq ? (const float *)bq->data : NULL, bk ? (const float *)bk->data : NULL,
+                              bv ? (const float *)bv->data : NULL};
+        int rows[3] = {QD, KD, KD}, rope[3] = {r != NULL, r != NULL, 0};
+        st = ks_cuda_gemv_qkv(c->stream, x, nw, eps, nw ? xn : NULL, in, 3, ys, ws, bs, rows, rope, hd, pos[0], inv,
+                              r ? (float)r->attn_factor : 1.0f);
+        if (st) return st;
+        return stats_end(b, t0, 2.0 * in * (QD + 2.0 * KD));
+    }
+    if ((st = cu_matmul(b, q, x, Wq, bq, n, in, QD)) || (st = cu_matmul(b, k, x, Wk, bk, n, in, KD)) ||
+        (st = cu_matmul(b, v, x, Wv, bv, n, in, KD)))
+        return st;
+    if (!r) return KS_OK;
+    if ((st = cu_rope(b, q, n, H, pos, r, max_pos))) return st;
+    return cu_rope(b, k, n, Hkv, pos, r, max_pos);
+}
+
+static ks_status cu_swiglu(ks_backend *b, float *out, const float *gate, const float *up, size_t n);
+
+static ks_status cu_matmul_swiglu(ks_backend *b, float *y, const float *x, const ks_weight *norm, float eps, float *xn,
+                                  const ks_weight *Wg, const ks_weight *Wu, float *tmp, int n, int in, int out) {
+    cuda_ctx *c = CTX(b);
+    ks_status st;
+    int gemv = n == 1 && c->new_kernels && (uintptr_t)x % 16 == 0 && gemv_weight_ok(Wg, in, out) && gemv_weight_ok(Wu, in, out);
+    const float *nw;
+    if ((st = fused_norm(b, &x, norm, eps, xn, n, in, gemv, &nw))) return st;
+    if ((uintptr_t)x % 16) gemv = 0; /* normalised apart into a misaligned xn */
+    if (gemv) {
+        double t0;
+        if ((st = stats_begin(b, &t0))) return st;
+        if ((st = ks_cuda_gemv_swiglu(c->stream, y, x, nw, eps, nw ? xn : NULL, Wg->data, Wu->data, in, out))) return st;
+        return stats_end(b, t0, 4.0 * in * out);
+    }
+    if ((st = cu_matmul(b, y, x, Wg, NULL, n, in, out)) || (st = cu_matmul(b, tmp, x, Wu, NULL, n, in, out))) return st;
+    return cu_swiglu(b, y, y, tmp, (size_t)n * out);
 }
 
 static ks_status cu_embed(ks_backend *b, float *out, const ks_weight *E, const int32_t *ids, int n, int dim) {
@@ -351,24 +476,57 @@ static ks_status cu_rmsnorm(ks_backend *b, float *out, const float *x, const ks_
     return ks_cuda_rmsnorm(CTX(b)->stream, out, x, (const float *)w->data, n, dim, eps);
 }
 
+/* The device inv_freq table of rope r at max_pos (longrope's factor choice): computed and
+ * uploaded once per configuration, then reused (ROPE_CACHE entries, oldest replaced; a table
+ * replaced is freed in stream order, after the kernels queued with it). */
+static ks_status rope_inv_dev(cuda_ctx *c, const ks_rope *r, int max_pos, const float **out) {
+    *out = NULL;
+    int half = r->head_dim / 2;
+    if (half < 1 || half > 512) return ks_errorf(KS_ERR_UNSUPPORTED, "rope: head_dim %d unsupported (2 to 1024)", r->head_dim);
+    struct cuda_ctx::rope_cache::rope_key k;
+    memset(&k, 0, sizeof k); /* padding too: keys compare with memcmp */
+    k.type = (int)r->type;
+    k.head_dim = r->head_dim;
+    k.orig_max_pos = r->orig_max_pos;
+    k.use_long = r->type == KS_ROPE_LONGROPE && max_pos + 1 > r->orig_max_pos;
+    k.theta = r->theta;
+    k.factor = r->factor;
+    k.low = r->low_freq_factor;
+    k.high = r->high_freq_factor;
+    k.attn_factor = r->attn_factor;
+    k.short_factor = r->short_factor;
+    k.long_factor = r->long_factor;
+    for (int i = 0; i < ROPE_CACHE; i++)
+        if (c->rc[i].dev && !memcmp(&c->rc[i].key, &k, sizeof k)) { *out = c->rc[i].dev; return KS_OK; }
+    float h[512];
+    ks_rope_inv_freq(r, max_pos, h);
+    void *d;
+    ks_status st = raw_alloc(c, sizeof(float) * half, "rope inv_freq", &d);
+    if (st) return st;
+    cudaError_t e = cudaMemcpyAsync(d, h, sizeof(float) * half, cudaMemcpyHostToDevice, c->stream);
+    if (!e) e = cudaStreamSynchronize(c->stream); /* h is on the stack; this happens once per configuration */
+    if (e) { raw_free(c, d); return ks_cuda_status(e, "rope inv_freq upload"); }
+    struct cuda_ctx::rope_cache *slot = &c->rc[c->rc_next];
+    c->rc_next = (c->rc_next + 1) % ROPE_CACHE;
+    raw_free(c, slot->dev); /* synchronous above: nothing queued still reads it */
+    slot->key = k;
+    slot->dev = (float *)d;
+    *out = slot->dev;
+    return KS_OK;
+}
+
 static ks_status cu_rope(ks_backend *b, float *x, int n, int n_heads, const int32_t *pos, const ks_rope *r, int max_pos) {
     cuda_ctx *c = CTX(b);
     int d = r->head_dim, half = d / 2;
     if (half > 512) return ks_errorf(KS_ERR_UNSUPPORTED, "rope: head_dim %d too large", d);
     if (n <= 0) return KS_OK;
-    /* one upload: inv_freq (half floats) then the positions (n ints) */
-    size_t bytes = sizeof(float) * half + sizeof(int32_t) * n;
-    unsigned char *h = (unsigned char *)ks_malloc(bytes);
-    if (!h) return KS_ERR_OOM;
-    ks_rope_inv_freq(r, max_pos, (float *)h);
-    memcpy(h + sizeof(float) * half, pos, sizeof(int32_t) * n);
-    void *d_buf;
-    ks_status st = upload_tmp(c, h, bytes, "rope positions", &d_buf);
-    free(h);
+    const float *inv;
+    ks_status st = rope_inv_dev(c, r, max_pos, &inv);
     if (st) return st;
-    st = ks_cuda_rope(c->stream, x, n, n_heads, d, (const int32_t *)((unsigned char *)d_buf + sizeof(float) * half),
-                      (const float *)d_buf, (float)r->attn_factor);
-    dev_free(c, d_buf);
+    void *d_pos;
+    if ((st = upload_tmp(c, pos, sizeof(int32_t) * n, "rope positions", &d_pos))) return st;
+    st = ks_cuda_rope(c->stream, x, n, n_heads, d, (const int32_t *)d_pos, inv, (float)r->attn_factor);
+    dev_free(c, d_pos);
     return st;
 }
 
@@ -487,6 +645,14 @@ static ks_status cu_kv_append(ks_backend *b, ks_kv_layer *L, const float *k, con
         ks_status st = cu_kv_alloc(b, L, (int)cap);
         if (st) return st;
     }
+    ks_status st;
+    if (n == 1 && H <= KS_CUDA_KV1_MAX_HEADS) { /* decode: position and rows as kernel arguments */
+        st = ks_cuda_kv_append1(c->stream, L->k, L->v, (int32_t *)L->pos_dev, L->capacity, H, L->head_dim, k, v, pos[0],
+                                L->n);
+        if (st) return st;
+        for (int h = 0; h < H; h++) L->pos[(size_t)h * L->capacity + L->n[h]++] = pos[0];
+        return KS_OK;
+    }
     /* positions (n) then each head's first free row (H) */
     size_t bytes = sizeof(int32_t) * ((size_t)n + H);
     int32_t *h_buf = (int32_t *)ks_malloc(bytes);
@@ -494,7 +660,7 @@ static ks_status cu_kv_append(ks_backend *b, ks_kv_layer *L, const float *k, con
     memcpy(h_buf, pos, sizeof(int32_t) * n);
     for (int h = 0; h < H; h++) h_buf[n + h] = L->n[h];
     void *d_buf;
-    ks_status st = upload_tmp(c, h_buf, bytes, "KV append positions", &d_buf);
+    st = upload_tmp(c, h_buf, bytes, "KV append positions", &d_buf);
     free(h_buf);
     if (st) return st;
     st = ks_cuda_kv_append(c->stream, L->k, L->v, (int32_t *)L->pos_dev, L->capacity, H, L->head_dim, k, v,
@@ -905,6 +1071,7 @@ static void cu_destroy(ks_backend *b) {
     cuda_ctx *c = CTX(b);
     if (c) {
         if (c->stream) cudaStreamSynchronize(c->stream);
+        for (int i = 0; i < ROPE_CACHE; i++) raw_free(c, c->rc[i].dev);
         for (int i = 0; i < c->pcap; i++) cudaEventDestroy(c->pev[i]);
         free(c->pev);
         free(c->ptag);
@@ -994,6 +1161,14 @@ extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
     b->weight_free = cu_weight_free;
     b->weight_random = cu_weight_random;
     b->matmul = cu_matmul;
+    {   /* KS_CUDA_FUSED=0: the engine composes plain calls (A/B timing, fallback) */
+        const char *fz = getenv("KS_CUDA_FUSED");
+        if (!(fz && *fz && atoi(fz) == 0)) {
+            b->matmul_add = cu_matmul_add;
+            b->matmul_qkv = cu_matmul_qkv;
+            b->matmul_swiglu = cu_matmul_swiglu;
+        }
+    }
     b->embed = cu_embed;
     b->rmsnorm = cu_rmsnorm;
     b->rope = cu_rope;

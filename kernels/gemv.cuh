@@ -14,6 +14,32 @@ int ks_cuda_gemv_supported(const void *W, int in);
 /* y (out) = W (out, in) bf16 @ x (in) float32 [+ bias (out) float32]. */
 ks_status ks_cuda_gemv(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in, int out);
 
+/* y (out) += W (out, in) bf16 @ x (in) [+ bias]: the residual add folded into the gemv (each
+ * y[r] is read and written by one thread; y must not alias x). Same rounding as ks_cuda_gemv
+ * followed by an add: y[r] + (dot + bias[r]). */
+ks_status ks_cuda_gemv_acc(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in, int out);
+
+/* The fused gemvs below may also apply the layer's rmsnorm first (norm_w non-NULL): x is then
+ * the un-normalised row, each block normalises it into shared memory with ks_cuda_rmsnorm's
+ * arithmetic (same values), and xn (in), when non-NULL, receives the normalised row. Needs
+ * in % 8 == 0, in <= KS_CUDA_GEMV_NORM_MAX, x, norm_w and xn 16-byte aligned. */
+#define KS_CUDA_GEMV_NORM_MAX 8192 /* rmsnorm.cu keeps rows of up to 8192 in registers: the same sum order */
+int ks_cuda_gemv_norm_supported(const float *x, const float *norm_w, int in);
+
+/* The q, k, v projections of one row in one launch, RoPE fused: for segment i < n_seg (1..3),
+ * y[i] (rows[i]) = W[i] (rows[i], in) bf16 @ x (in) [+ bias[i]]; with rope[i] the result is then
+ * rotated in place as ks_cuda_rope (rope.cuh) does at position pos: rows[i] a multiple of
+ * head_dim (even), inv_freq (head_dim/2) float32 on the device. Every W 16-byte aligned,
+ * in % 8 == 0, x 16-byte aligned; y[i] must not alias x. */
+ks_status ks_cuda_gemv_qkv(cudaStream_t s, const float *x, const float *norm_w, float eps, float *xn, int in, int n_seg,
+                           float *const *y, const void *const *W, const float *const *bias, const int *rows,
+                           const int *rope, int head_dim, int pos, const float *inv_freq, float attn_factor);
+
+/* y (out) = silu(Wg x) * (Wu x) for one row (the gate and up projections and the SwiGLU in one
+ * pass): Wg, Wu (out, in) bf16, x (in) float32; the activation as swiglu.cu computes it. */
+ks_status ks_cuda_gemv_swiglu(cudaStream_t s, float *y, const float *x, const float *norm_w, float eps, float *xn,
+                              const void *Wg, const void *Wu, int in, int out);
+
 #ifdef __cplusplus
 }
 #endif

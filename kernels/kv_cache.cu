@@ -2,6 +2,8 @@
 #include "common.cuh"
 #include "kv_cache.cuh"
 
+#include <string.h>
+
 /* One thread per (row, head, 4 columns) when head_dim % 4 == 0, else per column. */
 template <int W>
 __global__ void kv_append_kernel(bf16 *__restrict__ K, bf16 *__restrict__ V, int32_t *__restrict__ P, int cap, int H,
@@ -91,5 +93,75 @@ extern "C" ks_status ks_cuda_kv_gather(cudaStream_t s, void *dK, void *dV, int32
                                                         units, idx, off);
     }
     KS_CU_LAUNCH("kv_gather kernel");
+    return KS_OK;
+}
+
+/* ---------------------------------------------------------------- one-row append, small copies */
+
+struct kv_row0_args {
+    int32_t row0[KS_CUDA_KV1_MAX_HEADS];
+};
+
+/* one row: thread per (head, 8 columns) or (head, column); positions and first free rows by value */
+template <int W>
+__global__ void kv_append1_kernel(bf16 *__restrict__ K, bf16 *__restrict__ V, int32_t *__restrict__ P, int cap, int H,
+                                  int d, const float *__restrict__ k, const float *__restrict__ v, int pos,
+                                  const kv_row0_args r) {
+    int units = d / W;
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= H * units) return;
+    int h = t / units, u = t - h * units;
+    size_t dst = ((size_t)h * cap + r.row0[h]) * d + (size_t)u * W;
+    const float *ks = k + (size_t)h * d + (size_t)u * W, *vs = v + (size_t)h * d + (size_t)u * W;
+    if (W == 8) {
+        float4 k0 = reinterpret_cast<const float4 *>(ks)[0], k1 = reinterpret_cast<const float4 *>(ks)[1];
+        float4 v0 = reinterpret_cast<const float4 *>(vs)[0], v1 = reinterpret_cast<const float4 *>(vs)[1];
+        __nv_bfloat162 kb[4] = {__floats2bfloat162_rn(k0.x, k0.y), __floats2bfloat162_rn(k0.z, k0.w),
+                                __floats2bfloat162_rn(k1.x, k1.y), __floats2bfloat162_rn(k1.z, k1.w)};
+        __nv_bfloat162 vb[4] = {__floats2bfloat162_rn(v0.x, v0.y), __floats2bfloat162_rn(v0.z, v0.w),
+                                __floats2bfloat162_rn(v1.x, v1.y), __floats2bfloat162_rn(v1.z, v1.w)};
+        *reinterpret_cast<uint4 *>(K + dst) = *reinterpret_cast<uint4 *>(kb);
+        *reinterpret_cast<uint4 *>(V + dst) = *reinterpret_cast<uint4 *>(vb);
+    } else {
+        K[dst] = __float2bfloat16_rn(ks[0]);
+        V[dst] = __float2bfloat16_rn(vs[0]);
+    }
+    if (u == 0) P[(size_t)h * cap + r.row0[h]] = pos;
+}
+
+extern "C" ks_status ks_cuda_kv_append1(cudaStream_t s, void *K, void *V, int32_t *P, int capacity, int n_kv_heads,
+                                        int head_dim, const float *k, const float *v, int32_t pos, const int *row0) {
+    if (n_kv_heads < 1 || n_kv_heads > KS_CUDA_KV1_MAX_HEADS)
+        return ks_errorf(KS_ERR_INTERNAL, "kv_append1: %d KV heads (at most %d)", n_kv_heads, KS_CUDA_KV1_MAX_HEADS);
+    kv_row0_args r;
+    for (int h = 0; h < n_kv_heads; h++) r.row0[h] = row0[h];
+    if (head_dim % 8 == 0 && ((uintptr_t)k | (uintptr_t)v | (uintptr_t)K | (uintptr_t)V) % 16 == 0) {
+        int total = n_kv_heads * (head_dim / 8);
+        kv_append1_kernel<8><<<ks_cdiv(total, 128), 128, 0, s>>>((bf16 *)K, (bf16 *)V, P, capacity, n_kv_heads, head_dim,
+                                                                 k, v, pos, r);
+    } else {
+        int total = n_kv_heads * head_dim;
+        kv_append1_kernel<1><<<ks_cdiv(total, 128), 128, 0, s>>>((bf16 *)K, (bf16 *)V, P, capacity, n_kv_heads, head_dim,
+                                                                 k, v, pos, r);
+    }
+    KS_CU_LAUNCH("kv_append1 kernel");
+    return KS_OK;
+}
+
+struct put_args {
+    unsigned char b[KS_CUDA_PUT_MAX];
+};
+
+__global__ void put_kernel(unsigned char *__restrict__ dst, const put_args a, int bytes) {
+    for (int i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = a.b[i];
+}
+
+extern "C" ks_status ks_cuda_put(cudaStream_t s, void *dst, const void *src, size_t bytes) {
+    if (!bytes) return KS_OK;
+    if (bytes > KS_CUDA_PUT_MAX) return ks_errorf(KS_ERR_INTERNAL, "put: %zu bytes (at most %d)", bytes, KS_CUDA_PUT_MAX);
+    put_args a;
+    memcpy(a.b, src, bytes);
+    put_kernel<<<1, 128, 0, s>>>((unsigned char *)dst, a, (int)bytes);
+    KS_CU_LAUNCH("put kernel");
     return KS_OK;
 }

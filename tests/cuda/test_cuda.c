@@ -339,6 +339,246 @@ static void test_rope(void) {
     }
 }
 
+/* ================================================================ fused decode ops (backend.h's
+ * matmul_add, matmul_qkv, matmul_swiglu): each against the GPU's own composition of plain calls
+ * (same kernels' arithmetic: near-bitwise) and against the CPU's composition */
+
+/* The CPU backend's float32 weights point into the tensor's memory (as into a mapped file), so
+ * that memory must outlive them: kept here and freed by keep_free() after the fused tests. */
+static void *g_keep[512];
+static int g_nkeep;
+static void *keep(void *p) {
+    if (g_nkeep < (int)(sizeof g_keep / sizeof g_keep[0])) g_keep[g_nkeep++] = p;
+    return p;
+}
+static void keep_free(void) {
+    while (g_nkeep) free(g_keep[--g_nkeep]);
+}
+
+static ks_weight *gw_make(ks_backend *be, const char *name, int rows, int cols, const float *vals) {
+    tensor_buf t = make_tensor(name, cols ? "BF16" : "F32", cols ? 2 : 1, rows, cols, vals);
+    ks_weight *w = NULL;
+    if (be->weight_create(be, &t.t, 0, rows, &w)) fprintf(stderr, "weight %s: %s\n", name, ks_last_error());
+    if (be == CPU) keep(t.mem);
+    else free(t.mem);
+    return w;
+}
+/* bf16-rounded copy (what the GPU stores) for the CPU reference */
+static float *bf16_copy(const float *x, size_t n) {
+    float *r = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) r[i] = bf16r(x[i]);
+    return r;
+}
+
+static void test_fused_qkv(int in, int H, int Hkv, int hd, int bias, int rope, int pos, int norm) {
+    char name[160];
+    snprintf(name, sizeof name, "matmul_qkv in=%d heads=%d/%d hd=%d%s%s%s pos=%d", in, H, Hkv, hd, bias ? " +bias" : "",
+             rope ? " +rope" : "", norm ? " +norm" : "", pos);
+    if (!GPU->matmul_qkv) { result(0, name, "backend has no matmul_qkv"); return; }
+    int QD = H * hd, KD = Hkv * hd, rows[3] = {QD, KD, KD};
+    ks_rope r;
+    memset(&r, 0, sizeof r);
+    r.type = KS_ROPE_LLAMA3;
+    r.head_dim = hd;
+    r.theta = 500000.0;
+    r.factor = 8.0;
+    r.low_freq_factor = 1.0;
+    r.high_freq_factor = 4.0;
+    r.orig_max_pos = 8192;
+    r.attn_factor = 1.0;
+    float *x = malloc(sizeof(float) * in), *nwh = malloc(sizeof(float) * in), *x_raw = malloc(sizeof(float) * in);
+    fill(x, in, 1.0f);
+    for (int i = 0; i < in; i++) nwh[i] = 1.0f + 0.2f * frand();
+    memcpy(x_raw, x, sizeof(float) * in);
+    ks_weight *gnw = gw_make(GPU, "norm", in, 0, nwh), *cnw = gw_make(CPU, "norm", in, 0, nwh);
+    if (norm) NEED(CPU->rmsnorm(CPU, x, x_raw, cnw, 1, in, 1e-5f), name); /* the CPU reference reads the normalised x */
+    float *Wh[3], *Bh[3], *Wr[3];
+    ks_weight *gw[3], *gb[3], *cw[3], *cb[3];
+    float *yc[3], *dyf[3], *dyp[3];
+    for (int i = 0; i < 3; i++) {
+        Wh[i] = malloc(sizeof(float) * rows[i] * in);
+        Bh[i] = malloc(sizeof(float) * rows[i]);
+        fill(Wh[i], (size_t)rows[i] * in, 0.5f);
+        fill(Bh[i], rows[i], 1.0f);
+        Wr[i] = bf16_copy(Wh[i], (size_t)rows[i] * in);
+        gw[i] = gw_make(GPU, "W", rows[i], in, Wh[i]);
+        gb[i] = gw_make(GPU, "b", rows[i], 0, Bh[i]);
+        tensor_buf tr = make_tensor("Wr", "F32", 2, rows[i], in, Wr[i]), tb = make_tensor("b", "F32", 1, rows[i], 0, Bh[i]);
+        NEED(CPU->weight_create(CPU, &tr.t, 0, rows[i], &cw[i]), name);
+        NEED(CPU->weight_create(CPU, &tb.t, 0, rows[i], &cb[i]), name);
+        keep(tr.mem); /* the CPU weights point into it */
+        keep(tb.mem);
+        if (!gw[i] || !gb[i]) { result(0, name, "weight create failed"); return; }
+        yc[i] = malloc(sizeof(float) * rows[i]);
+        NEED(CPU->matmul(CPU, yc[i], x, cw[i], bias ? cb[i] : NULL, 1, in, rows[i]), name);
+        dyf[i] = gpu_buf(NULL, rows[i]);
+        dyp[i] = gpu_buf(NULL, rows[i]);
+    }
+    int32_t p32 = pos;
+    if (rope) {
+        NEED(CPU->rope(CPU, yc[0], 1, H, &p32, &r, pos), name);
+        NEED(CPU->rope(CPU, yc[1], 1, Hkv, &p32, &r, pos), name);
+    }
+    float *dx = gpu_buf(norm ? x_raw : x, in), *dxn = gpu_buf(NULL, in), *dxn2 = gpu_buf(NULL, in);
+    /* fused */
+    NEED(GPU->matmul_qkv(GPU, dyf[0], dyf[1], dyf[2], dx, norm ? gnw : NULL, 1e-5f, dxn, gw[0], gw[1], gw[2],
+                         bias ? gb[0] : NULL, bias ? gb[1] : NULL, bias ? gb[2] : NULL, 1, in, H, Hkv, hd, &p32,
+                         rope ? &r : NULL, pos),
+         name);
+    /* composed from plain calls */
+    const float *xin = dx;
+    if (norm) {
+        NEED(GPU->rmsnorm(GPU, dxn2, dx, gnw, 1, in, 1e-5f), name);
+        xin = dxn2;
+    }
+    for (int i = 0; i < 3; i++) NEED(GPU->matmul(GPU, dyp[i], xin, gw[i], bias ? gb[i] : NULL, 1, in, rows[i]), name);
+    if (rope) {
+        NEED(GPU->rope(GPU, dyp[0], 1, H, &p32, &r, pos), name);
+        NEED(GPU->rope(GPU, dyp[1], 1, Hkv, &p32, &r, pos), name);
+    }
+    double e_self = 0, e_cpu = 0;
+    for (int i = 0; i < 3; i++) {
+        float *f = gpu_get(dyf[i], rows[i]), *pp = gpu_get(dyp[i], rows[i]);
+        e_self = fmax(e_self, relerr(f, pp, rows[i]));
+        e_cpu = fmax(e_cpu, relerr(f, yc[i], rows[i]));
+        free(f);
+        free(pp);
+    }
+    if (norm) { /* the normalised row written back equals ->rmsnorm's */
+        float *a = gpu_get(dxn, in), *bb = gpu_get(dxn2, in);
+        e_self = fmax(e_self, relerr(a, bb, in));
+        free(a);
+        free(bb);
+    }
+    result(e_self < 1e-6 && e_cpu < 1e-2, name, "relerr vs plain GPU calls %.2e, vs CPU %.2e", e_self, e_cpu);
+    GPU->free(GPU, dx);
+    GPU->free(GPU, dxn);
+    GPU->free(GPU, dxn2);
+    GPU->weight_free(GPU, gnw);
+    CPU->weight_free(CPU, cnw);
+    free(nwh);
+    free(x_raw);
+    for (int i = 0; i < 3; i++) {
+        GPU->free(GPU, dyf[i]);
+        GPU->free(GPU, dyp[i]);
+        GPU->weight_free(GPU, gw[i]);
+        GPU->weight_free(GPU, gb[i]);
+        CPU->weight_free(CPU, cw[i]);
+        CPU->weight_free(CPU, cb[i]);
+        free(Wh[i]); free(Bh[i]); free(Wr[i]); free(yc[i]);
+    }
+    free(x);
+}
+
+static void test_fused_swiglu(int n, int in, int out, int norm) {
+    char name[128];
+    snprintf(name, sizeof name, "matmul_swiglu n=%d in=%d out=%d%s", n, in, out, norm ? " +norm" : "");
+    if (!GPU->matmul_swiglu) { result(0, name, "backend has no matmul_swiglu"); return; }
+    float *Wg = malloc(sizeof(float) * out * in), *Wu = malloc(sizeof(float) * out * in), *x = malloc(sizeof(float) * n * in);
+    fill(Wg, (size_t)out * in, 0.5f);
+    fill(Wu, (size_t)out * in, 0.5f);
+    fill(x, (size_t)n * in, 1.0f);
+    float *nwh = malloc(sizeof(float) * in), *x_raw = malloc(sizeof(float) * n * in);
+    for (int i = 0; i < in; i++) nwh[i] = 1.0f + 0.2f * frand();
+    memcpy(x_raw, x, sizeof(float) * n * in);
+    ks_weight *gnw = gw_make(GPU, "norm", in, 0, nwh), *cnw = gw_make(CPU, "norm", in, 0, nwh);
+    if (norm) NEED(CPU->rmsnorm(CPU, x, x_raw, cnw, n, in, 1e-5f), name);
+    ks_weight *gg = gw_make(GPU, "Wg", out, in, Wg), *gu = gw_make(GPU, "Wu", out, in, Wu);
+    float *Wgr = bf16_copy(Wg, (size_t)out * in), *Wur = bf16_copy(Wu, (size_t)out * in);
+    tensor_buf tg = make_tensor("Wg", "F32", 2, out, in, Wgr), tu = make_tensor("Wu", "F32", 2, out, in, Wur);
+    ks_weight *cg, *cu;
+    NEED(CPU->weight_create(CPU, &tg.t, 0, out, &cg), name);
+    NEED(CPU->weight_create(CPU, &tu.t, 0, out, &cu), name);
+    size_t no = (size_t)n * out;
+    float *g = malloc(sizeof(float) * no), *u = malloc(sizeof(float) * no);
+    NEED(CPU->matmul(CPU, g, x, cg, NULL, n, in, out), name);
+    NEED(CPU->matmul(CPU, u, x, cu, NULL, n, in, out), name);
+    NEED(CPU->swiglu(CPU, g, g, u, no), name);
+    float *dx = gpu_buf(norm ? x_raw : x, (size_t)n * in), *dy = gpu_buf(NULL, no), *dt = gpu_buf(NULL, no),
+          *dg = gpu_buf(NULL, no), *du = gpu_buf(NULL, no), *dxn = gpu_buf(NULL, (size_t)n * in),
+          *dxn2 = gpu_buf(NULL, (size_t)n * in);
+    NEED(GPU->matmul_swiglu(GPU, dy, dx, norm ? gnw : NULL, 1e-5f, dxn, gg, gu, dt, n, in, out), name);
+    const float *xin = dx;
+    if (norm) {
+        NEED(GPU->rmsnorm(GPU, dxn2, dx, gnw, n, in, 1e-5f), name);
+        xin = dxn2;
+    }
+    NEED(GPU->matmul(GPU, dg, xin, gg, NULL, n, in, out), name);
+    NEED(GPU->matmul(GPU, du, xin, gu, NULL, n, in, out), name);
+    NEED(GPU->swiglu(GPU, dg, dg, du, no), name);
+    float *yf = gpu_get(dy, no), *yp = gpu_get(dg, no);
+    double e_self = relerr(yf, yp, no), e_cpu = relerr(yf, g, no);
+    if (norm) {
+        float *a = gpu_get(dxn, (size_t)n * in), *bb = gpu_get(dxn2, (size_t)n * in);
+        e_self = fmax(e_self, relerr(a, bb, (size_t)n * in));
+        free(a);
+        free(bb);
+    }
+    result(e_self < 1e-6 && e_cpu < 2e-2, name, "relerr vs plain GPU calls %.2e, vs CPU %.2e", e_self, e_cpu);
+    float *bufs[] = {dx, dy, dt, dg, du, dxn, dxn2};
+    for (int i = 0; i < 7; i++) GPU->free(GPU, bufs[i]);
+    GPU->weight_free(GPU, gnw);
+    CPU->weight_free(CPU, cnw);
+    free(nwh);
+    free(x_raw);
+    GPU->weight_free(GPU, gg);
+    GPU->weight_free(GPU, gu);
+    CPU->weight_free(CPU, cg);
+    CPU->weight_free(CPU, cu);
+    free(Wg); free(Wu); free(x); free(Wgr); free(Wur); free(tg.mem); free(tu.mem); free(g); free(u); free(yf); free(yp);
+}
+
+static void test_fused_add(int n, int in, int out, int bias) {
+    char name[128];
+    snprintf(name, sizeof name, "matmul_add n=%d in=%d out=%d%s", n, in, out, bias ? " +bias" : "");
+    if (!GPU->matmul_add) { result(0, name, "backend has no matmul_add"); return; }
+    float *W = malloc(sizeof(float) * out * in), *B = malloc(sizeof(float) * out), *x = malloc(sizeof(float) * n * in),
+          *y0 = malloc(sizeof(float) * n * out);
+    fill(W, (size_t)out * in, 0.5f);
+    fill(B, out, 1.0f);
+    fill(x, (size_t)n * in, 1.0f);
+    fill(y0, (size_t)n * out, 3.0f);
+    ks_weight *gw = gw_make(GPU, "W", out, in, W), *gb = gw_make(GPU, "b", out, 0, B);
+    size_t no = (size_t)n * out;
+    float *dx = gpu_buf(x, (size_t)n * in), *dy = gpu_buf(y0, no), *dp = gpu_buf(y0, no), *dt = gpu_buf(NULL, no);
+    NEED(GPU->matmul_add(GPU, dy, dx, gw, bias ? gb : NULL, n, in, out), name);
+    NEED(GPU->matmul(GPU, dt, dx, gw, bias ? gb : NULL, n, in, out), name);
+    NEED(GPU->add(GPU, dp, dt, no), name);
+    float *yf = gpu_get(dy, no), *yp = gpu_get(dp, no);
+    double e = relerr(yf, yp, no);
+    /* n = 1: the same rounding; cuBLAS with beta = 1 rounds once less */
+    result(e < (n == 1 ? 1e-7 : 1e-5), name, "relerr vs matmul + add %.2e", e);
+    GPU->free(GPU, dx); GPU->free(GPU, dy); GPU->free(GPU, dp); GPU->free(GPU, dt);
+    GPU->weight_free(GPU, gw);
+    GPU->weight_free(GPU, gb);
+    free(W); free(B); free(x); free(y0); free(yf); free(yp);
+}
+
+static void test_fused(void) {
+    if (!want("fused")) return;
+    test_fused_qkv(256, 4, 2, 64, 0, 1, 1000, 0);
+    test_fused_qkv(256, 4, 2, 64, 1, 1, 131000, 1);
+    test_fused_qkv(256, 4, 2, 64, 1, 0, 7, 0);
+    test_fused_qkv(256, 4, 2, 64, 0, 0, 7, 1);
+    test_fused_qkv(96, 3, 1, 8, 1, 1, 3, 1);      /* small head_dim */
+    test_fused_qkv(172, 2, 1, 64, 1, 1, 50, 1);   /* in % 8 != 0: the composed fallback */
+    test_fused_qkv(8200, 2, 1, 64, 0, 1, 50, 1);  /* in > 8192: rmsnorm apart, then the fused gemv */
+    test_fused_swiglu(1, 256, 1000, 0);
+    test_fused_swiglu(1, 256, 1000, 1);
+    test_fused_swiglu(1, 172, 100, 1);            /* fallback */
+    test_fused_swiglu(3, 256, 64, 1);             /* n > 1: fallback */
+    test_fused_add(1, 256, 300, 1);
+    test_fused_add(1, 256, 300, 0);
+    test_fused_add(5, 256, 64, 1);                /* cuBLAS, beta = 1 */
+    if (!g_quick) {
+        test_fused_qkv(4096, 32, 8, 128, 0, 1, 131055, 1);
+        test_fused_qkv(3584, 28, 4, 128, 1, 1, 9000, 1); /* qwen2-7B shape: biases */
+        test_fused_swiglu(1, 4096, 14336, 1);
+        test_fused_add(1, 14336, 4096, 0);
+    }
+    keep_free();
+}
+
 static void test_elementwise(void) {
     if (!want("elementwise")) return;
     size_t sizes[] = {1, 7, 4096, 100003, (size_t)3 << 20};
@@ -1141,6 +1381,7 @@ int main(int argc, char **argv) {
     test_embed();
     test_rmsnorm();
     test_rope();
+    test_fused();
     test_elementwise();
     test_gather();
     test_kv();
