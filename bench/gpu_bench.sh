@@ -2,7 +2,7 @@
 # (SDPA, default and cuDNN backends) and kvsieve on the same Llama-3.1-8B config with random bf16
 # weights, then the side-by-side table. Binaries come packed in .data/bins.tar.xz (see bench/NOTES.md).
 set -x
-B=/tmp/b; mkdir -p $B && tar -C $B -xJf .data/bins.tar.xz
+B=.data/run; mkdir -p $B && tar -C $B -xJf .data/bins.tar.xz
 CFG=bench/configs/llama-3.1-8b.json
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
 python3 tools/hf_bench.py --config $CFG --lengths 8192,32768,131072 --json $OUT/hf_default.json > $OUT/hf_default.txt 2>&1

@@ -1,8 +1,8 @@
 # GPU evaluation grids on models/kvsieve-tiny (CUDA backend): full-attention accuracy to and past the
 # training length (110 cases per cell), and every policy side by side on the same cases.
 set -x
-xz -dc .data/kvs.xz > /tmp/kvsieve && chmod +x /tmp/kvsieve
-K=/tmp/kvsieve
+mkdir -p .data/run && xz -dc .data/kvs.xz > .data/run/kvsieve && chmod +x .data/run/kvsieve
+K=.data/run/kvsieve
 M=models/kvsieve-tiny
 C="--corpora .data/corpora --backend cuda --quiet"
 P="--set snapkv.budget=512 --set streamingllm.budget=512 --set gemfilter.layer=2 --set gemfilter.k=512 --set fastkv.tsp_layer=2 --set asl.L_min=3 --set asl.L_obs=3 --set asl.k=512 --set tokenselect.n_init=16 --set tokenselect.n_local=48 --set tokenselect.k=448"

@@ -1,6 +1,6 @@
 # `make test-cuda` on the GPU machine from prebuilt binaries (.data/bins.tar.xz), plus sanitizer runs.
 set -x
-B=/tmp/b; mkdir -p $B && tar -C $B -xJf .data/bins.tar.xz
+B=.data/run; mkdir -p $B && tar -C $B -xJf .data/bins.tar.xz
 export KS_STORIES=.data/stories260K
 ( $B/test_cuda 2>&1 | grep -v "^  ok" | tail -20 ) > $OUT/test_cuda.txt
 ( KS_CUDA_WGMMA=0 $B/test_cuda 2>&1 | tail -3 ) > $OUT/test_cuda_nowgmma.txt
