@@ -18,17 +18,16 @@
 #include <math.h>
 
 #define FP_BN 64   /* keys per tile */
+static_assert(FP_BN == KS_ATTN_BOUNDS_TILE, "the tile bounds are per 64-key tile");
 
 /* ---------------------------------------------------------------- tile bounds */
 
-/* bounds[kv * max_tiles + t] = (min, max) position of the valid rows of key tile t of head kv;
- * (INT_MAX, INT_MIN) when the tile holds none. */
 __global__ void tile_bounds_kernel(int2 *__restrict__ bounds, const int32_t *__restrict__ kpos,
                                    const int32_t *__restrict__ nk, int n_kv, int capacity, int max_tiles) {
     int e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n_kv * max_tiles) return;
     int kv = e / max_tiles, t = e - kv * max_tiles;
-    int j0 = t * FP_BN, j1 = min(nk[kv], j0 + FP_BN);
+    int j0 = t * KS_ATTN_BOUNDS_TILE, j1 = min(nk[kv], j0 + KS_ATTN_BOUNDS_TILE);
     int lo = INT_MAX, hi = INT_MIN;
     const int32_t *P = kpos ? kpos + (size_t)kv * capacity : nullptr;
     for (int j = j0; j < j1; j++) {
@@ -37,6 +36,14 @@ __global__ void tile_bounds_kernel(int2 *__restrict__ bounds, const int32_t *__r
         hi = max(hi, v);
     }
     bounds[e] = make_int2(lo, hi);
+}
+
+extern "C" ks_status ks_cuda_attn_tile_bounds(cudaStream_t s, const ks_cuda_attn_params *p, int max_tiles, void *bounds) {
+    int total = max_tiles * p->n_kv_heads;
+    tile_bounds_kernel<<<ks_cdiv(total, 128), 128, 0, s>>>((int2 *)bounds, p->renumber ? NULL : p->kpos, p->nk,
+                                                           p->n_kv_heads, p->capacity, max_tiles);
+    KS_CU_LAUNCH("attention tile bounds kernel");
+    return KS_OK;
 }
 
 /* ---------------------------------------------------------------- the kernel */
@@ -364,10 +371,8 @@ extern "C" ks_status ks_cuda_attn_prefill(cudaStream_t s, const ks_cuda_attn_par
     a.max_tiles = KS_MAX(1, (p->max_nk + FP_BN - 1) / FP_BN);
     a.bounds = (const int2 *)ws;
     a.scale_log2 = p->scale * 1.4426950408889634f;
-    int total = a.max_tiles * p->n_kv_heads;
-    tile_bounds_kernel<<<ks_cdiv(total, 128), 128, 0, s>>>((int2 *)ws, p->renumber ? NULL : p->kpos, p->nk, p->n_kv_heads, p->capacity,
-                                                           a.max_tiles);
-    KS_CU_LAUNCH("attention tile bounds kernel");
+    ks_status st = ks_cuda_attn_tile_bounds(s, p, a.max_tiles, ws);
+    if (st) return st;
     if (g_variant == 1) return p->head_dim == 128 ? fp_launch<128, 8, 1, 64>(s, a) : fp_launch<64, 8, 1, 64>(s, a);
     if (g_variant == 3) return p->head_dim == 128 ? fp_launch<128, 4, 2, 32>(s, a) : fp_launch<64, 4, 2, 32>(s, a);
     return p->head_dim == 128 ? fp_launch<128, 4, 2, 64>(s, a) : fp_launch<64, 4, 2, 64>(s, a);

@@ -21,6 +21,13 @@ size_t ks_cuda_attn_prefill_workspace(const ks_cuda_attn_params *p);
 
 ks_status ks_cuda_attn_prefill(cudaStream_t s, const ks_cuda_attn_params *p, void *ws);
 
+/* Position bounds of every 64-key tile of every KV head into bounds (n_kv_heads, max_tiles):
+ * (min, max) position of the tile's valid rows, (INT_MAX, INT_MIN) when it holds none; with
+ * p->renumber the positions are the row indices. Shared by the mma.sync and wgmma prefill
+ * kernels (they skip fully masked tiles with it). */
+#define KS_ATTN_BOUNDS_TILE 64
+ks_status ks_cuda_attn_tile_bounds(cudaStream_t s, const ks_cuda_attn_params *p, int max_tiles, void *bounds);
+
 /* Kernel variant for benchmarks and tests (process-wide): 1 = 8 warps x 16 rows, 64-key tiles;
  * 2 = 4 warps x 32 rows, 64-key tiles (default); 3 = 4 warps x 32 rows, 32-key tiles. */
 void ks_cuda_attn_prefill_set_variant(int variant);

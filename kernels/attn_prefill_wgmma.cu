@@ -2,12 +2,13 @@
  * documented there). Hopper only: wgmma needs the sm_90a target (kernels/cuda.mk). */
 #include "common.cuh"
 #include "attn_prefill_wgmma.cuh"
+#include "attn_prefill.cuh"
 #include "mma.cuh"
 
 #include <limits.h>
 #include <stdlib.h>
 
-#define WG_BOUNDS_TILE 64 /* keys per position-bound entry (as the mma.sync flash kernel) */
+#define WG_BOUNDS_TILE KS_ATTN_BOUNDS_TILE /* keys per position-bound entry (shared with the flash kernel) */
 
 /* ---------------------------------------------------------------- wgmma PTX wrappers */
 
@@ -66,26 +67,6 @@ template <> struct wg_mma<128> {
     static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int sc) { wgmma_ss_n128(d, a, b, sc); }
     static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) { wgmma_rs_n128(d, a, b, 1); }
 };
-
-/* ---------------------------------------------------------------- tile bounds */
-
-/* bounds[kv * max_tiles + t] = (min, max) position of the valid rows of 64-key tile t of head
- * kv; (INT_MAX, INT_MIN) when it holds none. */
-__global__ void wg_bounds_kernel(int2 *__restrict__ bounds, const int32_t *__restrict__ kpos,
-                                 const int32_t *__restrict__ nk, int n_kv, int capacity, int max_tiles) {
-    int e = blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= n_kv * max_tiles) return;
-    int kv = e / max_tiles, t = e - kv * max_tiles;
-    int j0 = t * WG_BOUNDS_TILE, j1 = min(nk[kv], j0 + WG_BOUNDS_TILE);
-    int lo = INT_MAX, hi = INT_MIN;
-    const int32_t *P = kpos ? kpos + (size_t)kv * capacity : nullptr;
-    for (int j = j0; j < j1; j++) {
-        int v = P ? P[j] : j;
-        lo = min(lo, v);
-        hi = max(hi, v);
-    }
-    bounds[e] = make_int2(lo, hi);
-}
 
 /* ---------------------------------------------------------------- the kernel */
 
@@ -416,10 +397,8 @@ extern "C" ks_status ks_cuda_attn_prefill_wgmma(cudaStream_t s, const ks_cuda_at
     a.bounds = (const int2 *)ws;
     a.scale_log2 = p->scale * 1.4426950408889634f;
     a.n_qblocks = 0;
-    int total = a.max_tiles * p->n_kv_heads;
-    wg_bounds_kernel<<<ks_cdiv(total, 128), 128, 0, s>>>((int2 *)ws, p->renumber ? NULL : p->kpos, p->nk,
-                                                         p->n_kv_heads, p->capacity, a.max_tiles);
-    KS_CU_LAUNCH("attention (wgmma) tile bounds kernel");
+    ks_status st = ks_cuda_attn_tile_bounds(s, p, a.max_tiles, ws); /* the flash kernel's, shared */
+    if (st) return st;
     if (variant == 4) return p->head_dim == 128 ? wg_launch<128, 64, 2, 1, 1>(s, a) : wg_launch<64, 64, 2, 1, 1>(s, a);
     if (variant == 3) return p->head_dim == 128 ? wg_launch<128, 64, 2, 1, 0>(s, a) : wg_launch<64, 64, 2, 1, 0>(s, a);
     if (variant == 2) return p->head_dim == 128 ? wg_launch<128, 64, 2, 0, 0>(s, a) : wg_launch<64, 64, 2, 0, 0>(s, a);
