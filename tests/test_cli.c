@@ -9,18 +9,6 @@
 #include <string.h>
 #include <sys/wait.h>
 
-/* Run a shell command, capture stdout+stderr (up to cap), return the exit status. */
-static int sh(const char *cmd, char *out, size_t cap) {
-    char full[4096];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static const char *bin(void) {
     const char *b = getenv("KS_BIN");
     return b && *b ? b : NULL;
@@ -43,7 +31,7 @@ KT_TEST(cli_bad_inputs_exit_nonzero_with_message) {
         char args[512];
         snprintf(args, sizeof args, cases[i].args, dir);
         snprintf(cmd, sizeof cmd, "%s %s", bin(), args);
-        int rc = sh(cmd, out, sizeof out);
+        int rc = kt_sh(cmd, out, sizeof out);
         KT_CHECK(rc != 0 && rc < 128, "case %zu: exit %d (crash or success): %s", i, rc, out);
         KT_CHECK(strstr(out, cases[i].want), "case %zu: message lacks \"%s\": %s", i, cases[i].want, out);
     }
@@ -52,19 +40,19 @@ KT_TEST(cli_bad_inputs_exit_nonzero_with_message) {
     cfg.max_pos = 8;
     kt_write_tiny_model(dir, &cfg);
     snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,2,3,4,5,6,7,8,9 -n 2", bin(), dir);
-    int rc = sh(cmd, out, sizeof out);
+    int rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 1 && strstr(out, "context"), "context overflow: exit %d: %s", rc, out);
     snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,2,3 -n 3", bin(), dir);
-    rc = sh(cmd, out, sizeof out);
+    rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0 && strstr(out, "prompt 3 tokens") && strstr(out, "peak memory"), "good run: exit %d: %s", rc, out);
     cfg.bad_shape = 1;
     kt_write_tiny_model(dir, &cfg);
-    rc = sh(cmd, out, sizeof out);
+    rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 1 && strstr(out, "shape"), "bad shape: exit %d: %s", rc, out);
     cfg.bad_shape = 0;
     kt_write_tiny_model(dir, &cfg);
     kt_truncate(dir, "model.safetensors", 300);
-    rc = sh(cmd, out, sizeof out);
+    rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 1 && strstr(out, "kvsieve:"), "truncated: exit %d: %s", rc, out);
     kt_rmdir(dir);
 }
@@ -77,25 +65,25 @@ KT_TEST(cli_stories_generate_and_sampling) {
     if (!f) KT_SKIP("../shared/models/stories260K absent");
     fclose(f);
     snprintf(cmd, sizeof cmd, "%s generate -m %s/models/stories260K -p 'Once upon a time' -n 24", bin(), kt_shared_dir());
-    KT_CHECK(sh(cmd, out, sizeof out) == 0, "%s", out);
+    KT_CHECK(kt_sh(cmd, out, sizeof out) == 0, "%s", out);
     KT_CHECK(strstr(out, "there was a little girl named Lily"), "greedy text: %s", out);
     /* seeded sampling is reproducible, and differs from greedy */
     snprintf(cmd, sizeof cmd, "%s generate -m %s/models/stories260K -p 'Once upon a time' -n 24 --temp 1 --top-p 0.9 --seed 5 -q",
              bin(), kt_shared_dir());
-    KT_CHECK(sh(cmd, out, sizeof out) == 0, "%s", out);
-    KT_CHECK(sh(cmd, out2, sizeof out2) == 0, "%s", out2);
+    KT_CHECK(kt_sh(cmd, out, sizeof out) == 0, "%s", out);
+    KT_CHECK(kt_sh(cmd, out2, sizeof out2) == 0, "%s", out2);
     /* -q prints no text, only the timing line, so compare ids via tokenize-free path: rerun with text */
     snprintf(cmd, sizeof cmd, "%s generate -m %s/models/stories260K -p 'Once upon a time' -n 24 --temp 1 --seed 5",
              bin(), kt_shared_dir());
-    KT_CHECK(sh(cmd, out, sizeof out) == 0, "%s", out);
-    KT_CHECK(sh(cmd, out2, sizeof out2) == 0, "%s", out2);
+    KT_CHECK(kt_sh(cmd, out, sizeof out) == 0, "%s", out);
+    KT_CHECK(kt_sh(cmd, out2, sizeof out2) == 0, "%s", out2);
     char *t1 = strstr(out, "[kvsieve]"), *t2 = strstr(out2, "[kvsieve]");
     if (t1) *t1 = 0;
     if (t2) *t2 = 0;
     KT_CHECK(strcmp(out, out2) == 0, "same seed, different text:\n%s\n%s", out, out2);
     snprintf(cmd, sizeof cmd, "%s generate -m %s/models/stories260K -p 'Once upon a time' -n 24 --temp 1 --seed 6",
              bin(), kt_shared_dir());
-    KT_CHECK(sh(cmd, out2, sizeof out2) == 0, "%s", out2);
+    KT_CHECK(kt_sh(cmd, out2, sizeof out2) == 0, "%s", out2);
     t2 = strstr(out2, "[kvsieve]");
     if (t2) *t2 = 0;
     KT_CHECK(strcmp(out, out2) != 0, "different seeds gave the same text: %s", out);
@@ -146,13 +134,13 @@ KT_TEST(example_host_embeds_the_library) {
     snprintf(cmd, sizeof cmd,
              "%s %s/models/stories260K 'Once upon a time there was a little girl named Lily. She loved to play "
              "outside in the park with her friends.'", host, kt_shared_dir());
-    int rc = sh(cmd, out, sizeof out);
+    int rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0, "exit %d: %s", rc, out);
     KT_CHECK(strstr(out, "policy host_sinks"), "no policy line: %s", out);
     /* 4 sinks + 12 recent rows kept after prefill, plus one row per decode step after it */
     KT_CHECK(strstr(out, "layer 0, KV head 0: 47 rows resident (positions 0 .. 65)"), "kept rows: %s", out);
     KT_CHECK(strstr(out, "report kept = 16"), "report: %s", out);
     snprintf(cmd, sizeof cmd, "%s %s/models/stories260K hi no_such_policy", host, kt_shared_dir());
-    rc = sh(cmd, out, sizeof out);
+    rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 1 && strstr(out, "no_such_policy"), "bad policy: exit %d: %s", rc, out);
 }

@@ -13,17 +13,6 @@
 #include <string.h>
 #include <sys/wait.h>
 
-static int sh(const char *cmd, char *out, size_t cap) {
-    char full[4096];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static const char *bin(void) {
     const char *b = getenv("KS_BIN");
     return b && *b ? b : NULL;
@@ -59,7 +48,7 @@ KT_TEST(eval_smoke_grid_two_policies) {
              "%s eval --model models/kvsieve-tiny --task passkey --lengths 512 --depths 0,0.5,1 "
              "--compare full,gemfilter --set gemfilter.layer=2 --set gemfilter.k=128 --out %s/r.json --png %s/r.png",
              bin(), dir, dir);
-    int rc = sh(cmd, out, sizeof out);
+    int rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0, "eval exit %d: %s", rc, out);
     /* the terminal summary and table */
     KT_CHECK(strstr(out, "full         exact match 3/3 = 1.000"), "full attention must answer all three: %s", out);
@@ -122,7 +111,7 @@ KT_TEST(eval_niah_show_marks_the_needle) {
              "%s eval --model models/kvsieve-tiny --task niah --lengths 1024 --depths 0.5 --policy gemfilter "
              "--set layer=2 --set k=128 --show --corpora %s/corpora",
              bin(), kt_shared_dir());
-    int rc = sh(cmd, out, sizeof out);
+    int rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0, "eval exit %d: %s", rc, out);
     KT_CHECK(strstr(out, "kept 128 of"), "kept count: %s", out);
     /* the kept text is printed with the needle value between >> << when it was kept */
@@ -149,7 +138,7 @@ KT_TEST(eval_bad_inputs_are_named_errors) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(cmd, sizeof cmd, "%s eval %s", bin(), cases[i].args);
-        int rc = sh(cmd, out, sizeof out);
+        int rc = kt_sh(cmd, out, sizeof out);
         KT_CHECK(rc != 0 && rc < 128, "case %zu (%s): exit %d: %s", i, cases[i].args, rc, out);
         KT_CHECK(strstr(out, cases[i].want), "case %zu (%s): message lacks \"%s\": %s", i, cases[i].args, cases[i].want, out);
     }
@@ -175,7 +164,7 @@ KT_TEST(eval_gemfilter_keeps_the_needle) {
                  "%s eval --model models/kvsieve-tiny --task %s --lengths 1K --depths 0,0.25,0.5,0.75,1 --corpora %s "
                  "--policy gemfilter --set layer=2 --set k=128 --quiet --out %s/%s.json",
                  bin(), tasks[t], corp, dir, tasks[t]);
-        int rc = sh(cmd, out, sizeof out);
+        int rc = kt_sh(cmd, out, sizeof out);
         KT_CHECK(rc == 0, "%s: exit %d: %s", tasks[t], rc, out);
         snprintf(path, sizeof path, "%s/%s.json", dir, tasks[t]);
         size_t n;

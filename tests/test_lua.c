@@ -568,15 +568,6 @@ KT_TEST(lua_stories260k_views) {
 
 /* ================================================================ the CLI */
 
-static int sh(const char *cmd, char *out, size_t n) {
-    FILE *f = popen(cmd, "r");
-    if (!f) return -1;
-    size_t k = fread(out, 1, n - 1, f);
-    out[k] = 0;
-    int rc = pclose(f);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
 KT_TEST(lua_cli_run_repl_generate) {
     const char *bin = getenv("KS_BIN");
     if (!bin) KT_SKIP("KS_BIN not set (make test sets it)");
@@ -584,29 +575,29 @@ KT_TEST(lua_cli_run_repl_generate) {
     KT_CHECK(make_tiny(dir, sizeof dir) == 0, "tiny model");
     /* kvsieve run SCRIPT args */
     snprintf(cmd, sizeof cmd, "%s run tests/lua/test_module.lua %s 2>&1", bin, dir);
-    int rc = sh(cmd, out, sizeof out);
+    int rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0, "run: rc %d\n%s", rc, out);
     snprintf(cmd, sizeof cmd, "printf 'error(\"x\" .. arg[1])' | %s run - A1 2>&1", bin);
-    rc = sh(cmd, out, sizeof out);
+    rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 1 && strstr(out, "xA1") && strstr(out, "stack traceback"), "rc %d: %s", rc, out);
     /* the REPL on piped stdin: expression echo, statements, continuation, errors, no prompts */
     snprintf(cmd, sizeof cmd,
              "printf '1 + 1\\nx = 20\\nx + 1\\nfunction f(a)\\n  return a * 3\\nend\\nf(5)\\n#s:generate({1, 2, 3}, {n = 2}).ids\\n"
              "error(\"bad\")\\n/help\\n\"after\"\\n' | %s repl -m %s 2>&1",
              bin, dir);
-    rc = sh(cmd, out, sizeof out);
+    rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 1, "repl: rc %d (an input failed)\n%s", rc, out);
     KT_CHECK(strstr(out, "2\n21\n15\n2\n"), "repl output:\n%s", out);
     KT_CHECK(strstr(out, "bad") && strstr(out, "after") && !strstr(out, "> "), "repl output:\n%s", out);
     /* generate --policy --set */
     snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,5,9,12 -n 3 --policy test_retain --set layer=0 -q 2>&1", bin, dir);
-    rc = sh(cmd, out, sizeof out);
+    rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0, "generate: rc %d\n%s", rc, out);
     snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,5,9,12 -n 3 --policy test_retain --set lyer=0 -q 2>&1", bin, dir);
-    rc = sh(cmd, out, sizeof out);
+    rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc != 0 && strstr(out, "unknown parameter 'lyer' (parameters: layer, prop_layer"), "rc %d: %s", rc, out);
     snprintf(cmd, sizeof cmd, "%s eval 2>&1", bin);
-    rc = sh(cmd, out, sizeof out);
+    rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 2 && strstr(out, "--model DIR is required"), "eval: %d %s", rc, out);
     kt_rmdir(dir);
 }

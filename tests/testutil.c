@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 int kt_tmpdir(char *out, size_t n) {
@@ -159,4 +160,18 @@ int kt_write_tiny_model(const char *dir, const kt_tiny_cfg *c) {
     int rc = kt_write_safetensors(path, t, nw);
     for (int i = 0; i < n; i++) free(bufs[i]);
     return rc;
+}
+
+int kt_sh(const char *cmd, char *out, size_t cap) {
+    size_t n = strlen(cmd) + 8;
+    char *full = malloc(n);
+    if (!full) return -1;
+    snprintf(full, n, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    free(full);
+    if (!p) return -1;
+    size_t k = fread(out, 1, cap - 1, p);
+    out[k] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
 }
