@@ -5,7 +5,10 @@
 #include "attn_prefill.cuh"
 #include "mma.cuh"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <limits.h>
+#include <string.h>
 #include <stdlib.h>
 
 #define WG_BOUNDS_TILE KS_ATTN_BOUNDS_TILE /* keys per position-bound entry (shared with the flash kernel) */
@@ -21,6 +24,13 @@ static __device__ __forceinline__ void proxy_fence() { asm volatile("fence.proxy
 template <int R> static __device__ __forceinline__ void pin(float (&d)[R]) {
 #pragma unroll
     for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <int K> static __device__ __forceinline__ void pin_u(uint32_t (&a)[K][4]) {
+#pragma unroll
+    for (int i = 0; i < K; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(a[i][e])::"memory");
 }
 
 /* SW128 descriptor (see the header): start byte address, LBO and SBO in bytes */
@@ -338,22 +348,636 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
     }
 }
 
+/* ---------------------------------------------------------------- pipelined variants (5 .. 7) */
+
+/* Variants 5 .. 7: one CTA per SM (all registers for NWG warpgroups), GQA packing as variant 3,
+ * an NST-stage ring of K/V tiles filled by cp.async NST - 2 tiles ahead, and the two GEMMs of a
+ * warpgroup overlapped with its softmax ("intra-warpgroup pipelining"): iteration j issues
+ * S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back, waits for S_j only, runs the mask and the
+ * softmax of S_j while the tensor cores still work on P_{j-1} V_{j-1}, then waits for that, scales
+ * O by tile j's correction and packs P_j. One __syncthreads per tile: after it, every warp is done
+ * with iteration j - 1, which read V_{j-2} and K_{j-1} at the latest, so the slot of tile j - 2 is
+ * free and receives tile j + NST - 2 (V_{j-1} stays live until iteration j's PV). */
+template <int D, int BN, int NWG, int NST> struct wp_smem {
+    static constexpr int BM = 64 * NWG;
+    static constexpr int Q = BM * D * 2;
+    static constexpr int KV = BN * D * 2;
+    static constexpr int TOTAL = 1024 + Q + NST * 2 * KV + NST * BN * 4 + 2 * 4 * NWG * 4;
+};
+
+template <int D, int BN, int NWG, int NST>
+__global__ void __launch_bounds__(NWG * 128, 1) wg_pipe_kernel(const wg_args A) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    constexpr int NT = NWG * 128, BM = 64 * NWG;
+    constexpr int NCH = D / 8, KS = D / 16, PK = BN / 16, SR = BN / 2, OR = D / 2;
+    static_assert(NST >= 3, "the ring needs 3 slots at least");
+    typedef wp_smem<D, BN, NWG, NST> L;
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    unsigned char *sQ = smem;                     /* SW128 (BM, D) */
+    unsigned char *sK = sQ + L::Q;                /* NST x SW128 (BN, D) */
+    unsigned char *sV = sK + NST * L::KV;         /* NST x SW128 (BN, D) */
+    int *sKP = (int *)(sV + NST * L::KV);         /* NST x BN key positions */
+    int *sRed = sKP + NST * BN;                   /* 2 x 4 * NWG */
+
+    const ks_cuda_attn_params &p = A.p;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wq = warp & 3;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int G = p.n_heads / p.n_kv_heads;
+    const int kv = blockIdx.x;
+    const int qb = A.n_qblocks - 1 - blockIdx.y; /* heaviest first */
+    const int q0 = qb * BM, H = p.n_heads;
+    const int nrows = p.n * G;
+    auto row_q = [&](int f) -> int { return f / G; };
+    auto row_h = [&](int f) -> int { return kv * G + (f - (f / G) * G); };
+    const int nk = p.nk[kv], ntiles = (nk + BN - 1) / BN;
+    const bf16 *Kg = (const bf16 *)p.k + (size_t)kv * p.capacity * D;
+    const bf16 *Vg = (const bf16 *)p.v + (size_t)kv * p.capacity * D;
+    const int32_t *KPg = (p.kpos && !p.renumber) ? p.kpos + (size_t)kv * p.capacity : nullptr;
+    const int2 *TB = A.bounds + (size_t)kv * A.max_tiles;
+    const int window = p.window;
+
+    for (int e = tid; e < BM * NCH; e += NT) {
+        int r = e / NCH, c = e - r * NCH;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (q0 + r < nrows) {
+            const int f = q0 + r;
+            const float4 *src = reinterpret_cast<const float4 *>(p.q + ((size_t)row_q(f) * H + row_h(f)) * D + c * 8);
+            float4 a = src[0], b = src[1];
+            v.x = pack_bf16(a.x, a.y);
+            v.y = pack_bf16(a.z, a.w);
+            v.z = pack_bf16(b.x, b.y);
+            v.w = pack_bf16(b.z, b.w);
+        }
+        *reinterpret_cast<uint4 *>(sQ + (c >> 3) * (BM * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4)) = v;
+    }
+    const int row0 = wg * 64 + wq * 16 + g;
+    int qp_r[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        int f = q0 + row0 + 8 * hf, i = row_q(f);
+        qp_r[hf] = f >= nrows ? INT_MIN : p.q_renumber ? nk - p.n + i : p.qpos[i];
+    }
+    int qlo = INT_MAX, qhi = INT_MIN;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++)
+        if (q0 + row0 + 8 * hf < nrows) { qlo = min(qlo, qp_r[hf]); qhi = max(qhi, qp_r[hf]); }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        qlo = min(qlo, __shfl_xor_sync(0xffffffffu, qlo, o));
+        qhi = max(qhi, __shfl_xor_sync(0xffffffffu, qhi, o));
+    }
+    if (lane == 0) { sRed[warp] = qlo; sRed[4 * NWG + warp] = qhi; }
+
+    auto tile_bounds = [&](int t) -> int2 {
+        int2 b = TB[t * BN / WG_BOUNDS_TILE];
+        if (BN > WG_BOUNDS_TILE) {
+#pragma unroll
+            for (int x = 1; x < BN / WG_BOUNDS_TILE; x++) {
+                int e = t * BN / WG_BOUNDS_TILE + x;
+                if (e < A.max_tiles) {
+                    int2 c = TB[e];
+                    b.x = min(b.x, c.x);
+                    b.y = max(b.y, c.y);
+                }
+            }
+        }
+        return b;
+    };
+    auto load_tile = [&](int t, int slot) {
+        unsigned char *dk = sK + slot * L::KV, *dv = sV + slot * L::KV;
+        for (int e = tid; e < BN * NCH; e += NT) {
+            int r = e / NCH, c = e - r * NCH;
+            int j = t * BN + r;
+            int ok = j < nk;
+            size_t off = (size_t)(ok ? j : 0) * D + c * 8;
+            int so = (c >> 3) * (BN * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+            cp_async16(dk + so, Kg + off, ok ? 16 : 0);
+            cp_async16(dv + so, Vg + off, ok ? 16 : 0);
+        }
+        for (int r = tid; r < BN; r += NT) {
+            int j = t * BN + r;
+            if (KPg) cp_async4(sKP + slot * BN + r, KPg + (j < nk ? j : 0), j < nk ? 4 : 0);
+            else sKP[slot * BN + r] = j;
+        }
+    };
+
+    proxy_fence(); /* the Q stores are read by wgmma */
+    __syncthreads();
+    int qmin = INT_MAX, qmax = INT_MIN;
+#pragma unroll
+    for (int w = 0; w < 4 * NWG; w++) { qmin = min(qmin, sRed[w]); qmax = max(qmax, sRed[4 * NWG + w]); }
+    auto skipped = [&](int t) -> bool {
+        int2 b = tile_bounds(t);
+        return b.x > qmax || (window > 0 && (long long)qmin - b.y >= window);
+    };
+    auto next_tile = [&](int t) -> int {
+        while (t < ntiles && skipped(t)) t++;
+        return t;
+    };
+
+    /* prologue: tiles 0 .. NST - 3 of the sequence in flight, one commit group each */
+    int t_load = -1; /* the last tile id issued (ntiles once the sequence is exhausted) */
+#pragma unroll
+    for (int j = 0; j < NST - 2; j++) {
+        t_load = next_tile(t_load + 1);
+        if (t_load < ntiles) load_tile(t_load, j);
+        cp_async_commit();
+    }
+
+    float o[OR];
+#pragma unroll
+    for (int i = 0; i < OR; i++) o[i] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    const float sl2 = A.scale_log2;
+    const uint32_t qbase = smem_u32(sQ) + wg * 64 * 128;
+    uint32_t pa[PK][4];
+    int t = next_tile(0);
+    int j = 0, pslot = 0;
+    for (; t < ntiles; j++) {
+        const int slot = j % NST;
+        cp_async_wait<NST - 3>(); /* tile j's group (NST - 3 younger groups may stay in flight) */
+        proxy_fence();
+        __syncthreads();
+        t_load = t_load < ntiles ? next_tile(t_load + 1) : ntiles;
+        if (t_load < ntiles) load_tile(t_load, (j + NST - 2) % NST);
+        cp_async_commit();
+
+        const uint32_t kbase = smem_u32(sK + slot * L::KV);
+        float s[SR];
+        pin(s);
+        pin(o);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t off = (ks & 3) * 32;
+            uint64_t da = wg_desc(qbase + (ks >> 2) * (BM * 128) + off, 16, 1024);
+            uint64_t db = wg_desc(kbase + (ks >> 2) * (BN * 128) + off, 16, 1024);
+            wg_mma<BN>::ss(s, da, db, ks > 0);
+        }
+        wg_commit();
+        if (j > 0) {
+            const uint32_t vbase = smem_u32(sV + pslot * L::KV);
+#pragma unroll
+            for (int kk = 0; kk < PK; kk++) {
+                uint64_t db = wg_desc(vbase + kk * 2048, BN * 128, 1024);
+                wg_mma<D>::rs(o, pa[kk], db);
+            }
+        }
+        wg_commit();
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); /* S_j done, P V may run */
+        pin(s);
+
+        int2 tb = tile_bounds(t);
+        bool full = (t + 1) * BN <= nk && tb.y <= qmin && (window <= 0 || (long long)qmax - tb.x < window);
+        if (full) {
+#pragma unroll
+            for (int i = 0; i < SR; i++) s[i] *= sl2;
+        } else {
+            const int *kp = sKP + slot * BN;
+#pragma unroll
+            for (int i = 0; i < SR; i++) {
+                int col = (i >> 2) * 8 + t4 * 2 + (i & 1);
+                int key = kp[col];
+                int qp = qp_r[(i >> 1) & 1];
+                bool vis = t * BN + col < nk && key <= qp && (window <= 0 || (long long)qp - key < window);
+                s[i] = vis ? s[i] * sl2 : -INFINITY;
+            }
+        }
+        float corr[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < SR / 4; i++) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float mn = fmaxf(m_r[hf], mx);
+            float base = mn == -INFINITY ? 0.f : mn;
+            corr[hf] = fast_exp2(m_r[hf] - base);
+            m_r[hf] = mn;
+            float ps = 0.f;
+#pragma unroll
+            for (int i = 0; i < SR / 4; i++) {
+                s[4 * i + 2 * hf] = fast_exp2(s[4 * i + 2 * hf] - base);
+                s[4 * i + 2 * hf + 1] = fast_exp2(s[4 * i + 2 * hf + 1] - base);
+                ps += s[4 * i + 2 * hf] + s[4 * i + 2 * hf + 1];
+            }
+            l_r[hf] = l_r[hf] * corr[hf] + ps;
+        }
+        wg_wait0(); /* P_{j-1} V_{j-1} done: O and pa are free */
+        pin(o);
+        pin_u(pa); /* pa stays allocated (the async read) until here; the new P is built after */
+        pin(s);
+#pragma unroll
+        for (int i = 0; i < OR; i++) o[i] *= corr[(i >> 1) & 1];
+#pragma unroll
+        for (int kk = 0; kk < PK; kk++) {
+            pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+            pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+        pslot = slot;
+        t = next_tile(t + 1);
+    }
+    if (j > 0) { /* the last tile's P V (its slot was not refilled: refills go NST - 2 ahead) */
+        const uint32_t vbase = smem_u32(sV + pslot * L::KV);
+        pin(o);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < PK; kk++) {
+            uint64_t db = wg_desc(vbase + kk * 2048, BN * 128, 1024);
+            wg_mma<D>::rs(o, pa[kk], db);
+        }
+        wg_commit();
+        wg_wait0();
+        pin(o);
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float l = l_r[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        float inv = l > 0.f ? 1.0f / l : 0.f;
+        int f = q0 + row0 + 8 * hf;
+        if (f < nrows) {
+            float *dst = p.out + ((size_t)row_q(f) * H + row_h(f)) * D + t4 * 2;
+#pragma unroll
+            for (int c = 0; c < OR / 4; c++)
+                *reinterpret_cast<float2 *>(dst + c * 8) = make_float2(o[4 * c + 2 * hf] * inv, o[4 * c + 2 * hf + 1] * inv);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- warp-specialised variant (8) */
+
+static __device__ __forceinline__ void mbar_init(uint32_t a, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT_%=;\n}\n" ::"r"(a), "r"(parity) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t a) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(a) : "memory");
+}
+/* arrive on the barrier once every cp.async this thread issued so far has landed */
+static __device__ __forceinline__ void mbar_cp_async_arrive(uint32_t a) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
+static __device__ __forceinline__ void bar_sync_n(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+static __device__ __forceinline__ void bar_arrive_n(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+static __device__ __forceinline__ void wg_bar(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+
+/* Variant 8: warp specialisation. 3 warpgroups: warpgroup 0 produces (cp.async of K, V and key
+ * positions into an NST-slot ring; each slot has a "full" mbarrier that the 128 producer threads
+ * arrive on when their copies land, and an "empty" one that each consumer warpgroup arrives on
+ * when its GEMMs are done with the slot), warpgroups 1 and 2 consume 64 query rows each with the
+ * pipelined loop of variants 5 .. 7 (S_j and P_{j-1} V_{j-1} in flight together, softmax of S_j
+ * under the P V GEMM). No CTA-wide barrier inside the loop: each side waits only on the slot it
+ * needs. Both sides walk the same sequence of non-skipped tiles. */
+template <int D, int BN, int NST> struct ws_smem {
+    static constexpr int BM = 128;
+    static constexpr int Q = BM * D * 2;
+    static constexpr int KV = BN * D * 2;
+    static constexpr int TOTAL = 1024 + Q + NST * 2 * KV + NST * BN * 4 + 2 * NST * 8 + 2 * 12 * 4;
+};
+
+static __device__ __forceinline__ void mbar_expect_tx(uint32_t a, uint32_t bytes) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(a), "r"(bytes) : "memory");
+}
+/* TMA: box (c0, c1, c2) of the 3-D tensor map -> shared memory at dst, completion on mbarrier bar */
+static __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap *m, int c0, int c1, int c2, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+
+/* TMA 0: the producer warpgroup's 128 threads copy with cp.async (variants 8, 9);
+ * TMA 1 (variant 10): one producer thread issues TMA box copies of whole tiles (the tensor maps
+ * tmK / tmV describe the cache as (n_kv_heads, capacity, D) bf16 with 64 x BN boxes and the
+ * 128-byte swizzle), except a tile that reaches past nk: the producer warp copies it with
+ * zero-filling cp.async, so garbage rows past nk (NaN in the tests) never meet P = 0 in P V.
+ * With TMA, masked tiles read key positions from global memory (L1) instead of shared. */
+template <int D, int BN, int NST, int TMA, int PP = 0>
+__global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __grid_constant__ CUtensorMap tmK,
+                                                      const __grid_constant__ CUtensorMap tmV) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    constexpr int BM = 128, NCH = D / 8, KS = D / 16, PK = BN / 16, SR = BN / 2, OR = D / 2;
+    typedef ws_smem<D, BN, NST> L;
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    unsigned char *sQ = smem;                     /* SW128 (BM, D) */
+    unsigned char *sK = sQ + L::Q;                /* NST x SW128 (BN, D) */
+    unsigned char *sV = sK + NST * L::KV;         /* NST x SW128 (BN, D) */
+    int *sKP = (int *)(sV + NST * L::KV);         /* NST x BN key positions */
+    uint64_t *bars = (uint64_t *)(sKP + NST * BN); /* full[NST], empty[NST] */
+    int *sRed = (int *)(bars + 2 * NST);          /* 2 x 12 */
+    const uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + NST);
+
+    const ks_cuda_attn_params &p = A.p;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    /* wg 0: producer; 1, 2: consumers (through a shuffle so the compiler sees a warp-uniform
+     * value: wgmma in a branch it thinks divergent gets serialised) */
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = warp & 3;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int G = p.n_heads / p.n_kv_heads;
+    const int kv = blockIdx.x;
+    const int qb = A.n_qblocks - 1 - blockIdx.y;
+    const int q0 = qb * BM, H = p.n_heads;
+    const int nrows = p.n * G;
+    auto row_q = [&](int f) -> int { return f / G; };
+    auto row_h = [&](int f) -> int { return kv * G + (f - (f / G) * G); };
+    const int nk = p.nk[kv], ntiles = (nk + BN - 1) / BN;
+    const bf16 *Kg = (const bf16 *)p.k + (size_t)kv * p.capacity * D;
+    const bf16 *Vg = (const bf16 *)p.v + (size_t)kv * p.capacity * D;
+    const int32_t *KPg = (p.kpos && !p.renumber) ? p.kpos + (size_t)kv * p.capacity : nullptr;
+    const int2 *TB = A.bounds + (size_t)kv * A.max_tiles;
+    const int window = p.window;
+
+    /* consumer rows: warpgroup c = wg - 1 owns rows 64c .. 64c + 63 of the block */
+    const int cw = wg - 1;
+    const int row0 = cw * 64 + wq * 16 + g;
+    int qp_r[2] = {INT_MIN, INT_MIN};
+    int qlo = INT_MAX, qhi = INT_MIN;
+    if (wg > 0) {
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            int f = q0 + row0 + 8 * hf, i = row_q(f);
+            qp_r[hf] = f >= nrows ? INT_MIN : p.q_renumber ? nk - p.n + i : p.qpos[i];
+            if (f < nrows) { qlo = min(qlo, qp_r[hf]); qhi = max(qhi, qp_r[hf]); }
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        qlo = min(qlo, __shfl_xor_sync(0xffffffffu, qlo, o));
+        qhi = max(qhi, __shfl_xor_sync(0xffffffffu, qhi, o));
+    }
+    if (lane == 0) { sRed[warp] = qlo; sRed[12 + warp] = qhi; }
+    if (tid == 0) {
+        for (int i = 0; i < NST; i++) {
+            mbar_init(full0 + 8 * i, TMA ? 1 : 128);
+            mbar_init(empty0 + 8 * i, 2);
+        }
+    }
+    __syncthreads();
+    int qmin = INT_MAX, qmax = INT_MIN;
+#pragma unroll
+    for (int w = 0; w < 12; w++) { qmin = min(qmin, sRed[w]); qmax = max(qmax, sRed[12 + w]); }
+
+    auto tile_bounds = [&](int t) -> int2 {
+        int2 b = TB[t * BN / WG_BOUNDS_TILE];
+        if (BN > WG_BOUNDS_TILE) {
+#pragma unroll
+            for (int x = 1; x < BN / WG_BOUNDS_TILE; x++) {
+                int e = t * BN / WG_BOUNDS_TILE + x;
+                if (e < A.max_tiles) {
+                    int2 c = TB[e];
+                    b.x = min(b.x, c.x);
+                    b.y = max(b.y, c.y);
+                }
+            }
+        }
+        return b;
+    };
+    auto skipped = [&](int t) -> bool {
+        int2 b = tile_bounds(t);
+        return b.x > qmax || (window > 0 && (long long)qmin - b.y >= window);
+    };
+    auto next_tile = [&](int t) -> int {
+        while (t < ntiles && skipped(t)) t++;
+        return t;
+    };
+
+    if (wg == 0) {
+        /* ---------------- producer */
+        if (BN > 64) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (TMA) {
+            if (warp != 0) return;
+            int j = 0;
+            for (int t = next_tile(0); t < ntiles; t = next_tile(t + 1), j++) {
+                const int slot = j % NST;
+                if (j >= NST) mbar_wait(empty0 + 8 * slot, ((j / NST) - 1) & 1);
+                const uint32_t dk = smem_u32(sK + slot * L::KV), dv = smem_u32(sV + slot * L::KV);
+                if ((t + 1) * BN <= nk) {
+                    if (lane == 0) {
+                        mbar_expect_tx(full0 + 8 * slot, 2 * L::KV);
+#pragma unroll
+                        for (int b = 0; b < D / 64; b++) {
+                            tma_load3(dk + b * BN * 128, &tmK, b * 64, t * BN, kv, full0 + 8 * slot);
+                            tma_load3(dv + b * BN * 128, &tmV, b * 64, t * BN, kv, full0 + 8 * slot);
+                        }
+                    }
+                } else {
+                    for (int e = lane; e < BN * NCH; e += 32) {
+                        int r = e / NCH, c = e - r * NCH;
+                        int jj = t * BN + r;
+                        int ok = jj < nk;
+                        size_t off = (size_t)(ok ? jj : 0) * D + c * 8;
+                        int so = (c >> 3) * (BN * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+                        cp_async16(sK + slot * L::KV + so, Kg + off, ok ? 16 : 0);
+                        cp_async16(sV + slot * L::KV + so, Vg + off, ok ? 16 : 0);
+                    }
+                    cp_async_commit();
+                    cp_async_wait<0>();
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(full0 + 8 * slot);
+                }
+            }
+            return;
+        }
+        int j = 0;
+        for (int t = next_tile(0); t < ntiles; t = next_tile(t + 1), j++) {
+            const int slot = j % NST;
+            if (j >= NST) mbar_wait(empty0 + 8 * slot, ((j / NST) - 1) & 1);
+            unsigned char *dk = sK + slot * L::KV, *dv = sV + slot * L::KV;
+            for (int e = tid; e < BN * NCH; e += 128) {
+                int r = e / NCH, c = e - r * NCH;
+                int jj = t * BN + r;
+                int ok = jj < nk;
+                size_t off = (size_t)(ok ? jj : 0) * D + c * 8;
+                int so = (c >> 3) * (BN * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+                cp_async16(dk + so, Kg + off, ok ? 16 : 0);
+                cp_async16(dv + so, Vg + off, ok ? 16 : 0);
+            }
+            if (KPg)
+                for (int r = tid; r < BN; r += 128) {
+                    int jj = t * BN + r;
+                    cp_async4(sKP + slot * BN + r, KPg + (jj < nk ? jj : 0), jj < nk ? 4 : 0);
+                }
+            mbar_cp_async_arrive(full0 + 8 * slot);
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    /* ---------------- consumers: Q of this warpgroup's 64 rows, float32 -> bf16 */
+    if (BN > 64) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    for (int e = tid - 128 * wg; e < 64 * NCH; e += 128) {
+        int r = cw * 64 + e / NCH, c = e % NCH;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (q0 + r < nrows) {
+            const int f = q0 + r;
+            const float4 *src = reinterpret_cast<const float4 *>(p.q + ((size_t)row_q(f) * H + row_h(f)) * D + c * 8);
+            float4 a = src[0], b = src[1];
+            v.x = pack_bf16(a.x, a.y);
+            v.y = pack_bf16(a.z, a.w);
+            v.z = pack_bf16(b.x, b.y);
+            v.w = pack_bf16(b.z, b.w);
+        }
+        *reinterpret_cast<uint4 *>(sQ + (c >> 3) * (BM * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4)) = v;
+    }
+    proxy_fence();
+    wg_bar(wg); /* named barrier 1 or 2: this warpgroup's Q rows are in place */
+
+    float o[OR];
+#pragma unroll
+    for (int i = 0; i < OR; i++) o[i] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    const float sl2 = A.scale_log2;
+    const uint32_t qbase = smem_u32(sQ) + cw * 64 * 128;
+    uint32_t pa[PK][4];
+    const bool leader = (tid & 127) == 0;
+    int j = 0, pslot = 0;
+    if (PP && cw == 1) bar_arrive_n(3, 256); /* warpgroup 1 issues its GEMMs first */
+    for (int t = next_tile(0); t < ntiles; t = next_tile(t + 1), j++) {
+        const int slot = j % NST;
+        mbar_wait(full0 + 8 * slot, (j / NST) & 1);
+        proxy_fence();
+        const uint32_t kbase = smem_u32(sK + slot * L::KV);
+        float s[SR];
+        pin(s);
+        pin(o);
+        if (PP) bar_sync_n(3 + cw, 256); /* my turn on the tensor cores */
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t off = (ks & 3) * 32;
+            uint64_t da = wg_desc(qbase + (ks >> 2) * (BM * 128) + off, 16, 1024);
+            uint64_t db = wg_desc(kbase + (ks >> 2) * (BN * 128) + off, 16, 1024);
+            wg_mma<BN>::ss(s, da, db, ks > 0);
+        }
+        wg_commit();
+        if (j > 0) {
+            const uint32_t vbase = smem_u32(sV + pslot * L::KV);
+#pragma unroll
+            for (int kk = 0; kk < PK; kk++) {
+                uint64_t db = wg_desc(vbase + kk * 2048, BN * 128, 1024);
+                wg_mma<D>::rs(o, pa[kk], db);
+            }
+        }
+        wg_commit();
+        if (PP) bar_arrive_n(3 + (1 - cw), 256); /* the other warpgroup's turn */
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        pin(s);
+
+        int2 tb = tile_bounds(t);
+        bool full = (t + 1) * BN <= nk && tb.y <= qmin && (window <= 0 || (long long)qmax - tb.x < window);
+        if (full) {
+#pragma unroll
+            for (int i = 0; i < SR; i++) s[i] *= sl2;
+        } else {
+            const int *kp = sKP + slot * BN;
+#pragma unroll
+            for (int i = 0; i < SR; i++) {
+                int col = (i >> 2) * 8 + t4 * 2 + (i & 1);
+                int jj = t * BN + col;
+                int key = !KPg ? jj : TMA ? (jj < nk ? __ldg(KPg + jj) : INT_MAX) : kp[col];
+                int qp = qp_r[(i >> 1) & 1];
+                bool vis = t * BN + col < nk && key <= qp && (window <= 0 || (long long)qp - key < window);
+                s[i] = vis ? s[i] * sl2 : -INFINITY;
+            }
+        }
+        float corr[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < SR / 4; i++) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float mn = fmaxf(m_r[hf], mx);
+            float base = mn == -INFINITY ? 0.f : mn;
+            corr[hf] = fast_exp2(m_r[hf] - base);
+            m_r[hf] = mn;
+            float ps = 0.f;
+#pragma unroll
+            for (int i = 0; i < SR / 4; i++) {
+                s[4 * i + 2 * hf] = fast_exp2(s[4 * i + 2 * hf] - base);
+                s[4 * i + 2 * hf + 1] = fast_exp2(s[4 * i + 2 * hf + 1] - base);
+                ps += s[4 * i + 2 * hf] + s[4 * i + 2 * hf + 1];
+            }
+            l_r[hf] = l_r[hf] * corr[hf] + ps;
+        }
+        wg_wait0(); /* P_{j-1} V_{j-1} done */
+        pin(o);
+        pin_u(pa);
+        pin(s);
+        if (j > 0) {
+            __syncwarp();
+            if (leader) mbar_arrive(empty0 + 8 * pslot); /* slot of tile j - 1: K and V read */
+        }
+#pragma unroll
+        for (int i = 0; i < OR; i++) o[i] *= corr[(i >> 1) & 1];
+#pragma unroll
+        for (int kk = 0; kk < PK; kk++) {
+            pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+            pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+        pslot = slot;
+    }
+    if (j > 0) {
+        const uint32_t vbase = smem_u32(sV + pslot * L::KV);
+        pin(o);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < PK; kk++) {
+            uint64_t db = wg_desc(vbase + kk * 2048, BN * 128, 1024);
+            wg_mma<D>::rs(o, pa[kk], db);
+        }
+        wg_commit();
+        wg_wait0();
+        pin(o);
+    }
+
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float l = l_r[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        float inv = l > 0.f ? 1.0f / l : 0.f;
+        int f = q0 + row0 + 8 * hf;
+        if (f < nrows) {
+            float *dst = p.out + ((size_t)row_q(f) * H + row_h(f)) * D + t4 * 2;
+#pragma unroll
+            for (int c = 0; c < OR / 4; c++)
+                *reinterpret_cast<float2 *>(dst + c * 8) = make_float2(o[4 * c + 2 * hf] * inv, o[4 * c + 2 * hf + 1] * inv);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- entry points */
 
 static int g_enabled = -1; /* -1: not yet read from the environment */
 
 extern "C" int ks_cuda_attn_prefill_wgmma_enabled(void) {
     if (g_enabled < 0) {
-        /* on by default, variant 4 (a CTA serves the query heads of one KV head, one barrier per
-         * key tile): 392-398 TFLOP/s at 16K-128K causal d=128 on an H200, vs 222-240 for the
-         * mma.sync kernel (bench/NOTES.md); KS_CUDA_WGMMA=0 turns it off, =1/2/3 pick those variants */
+        /* on by default, variant 10 (warp-specialised: a TMA producer, two consumer warpgroups with
+         * the softmax of tile j under the P V GEMM of tile j - 1): 502-523 TFLOP/s at 16K-128K causal
+         * d=128 on an H200, vs 392-397 for variant 4 and 220-240 for the mma.sync kernel
+         * (bench/NOTES.md); KS_CUDA_WGMMA=0 turns it off, =1 .. 12 picks a variant */
         const char *e = getenv("KS_CUDA_WGMMA");
-        int v = e && *e ? atoi(e) : 4;
-        g_enabled = v >= 1 && v <= 4 ? v : 0;
+        int v = e && *e ? atoi(e) : KS_WGMMA_DEFAULT;
+        g_enabled = v >= 1 && v <= KS_WGMMA_VARIANTS ? v : 0;
     }
     return g_enabled;
 }
-extern "C" void ks_cuda_attn_prefill_wgmma_set_enabled(int v) { g_enabled = v >= 1 && v <= 4 ? v : 0; }
+extern "C" void ks_cuda_attn_prefill_wgmma_set_enabled(int v) { g_enabled = v >= 1 && v <= KS_WGMMA_VARIANTS ? v : 0; }
 
 extern "C" int ks_cuda_attn_prefill_wgmma_supported(const ks_cuda_attn_params *p) {
     return (p->head_dim == 64 || p->head_dim == 128) && !p->idx && !p->k_f32 && p->n_kv_heads > 0 &&
@@ -383,6 +1007,78 @@ template <int D, int BN, int MINB, int PACK, int SB> static ks_status wg_launch(
     return KS_OK;
 }
 
+template <int D, int BN, int NWG, int NST> static ks_status wp_launch(cudaStream_t s, wg_args a) {
+    static int attr_done = 0;
+    const int smem = wp_smem<D, BN, NWG, NST>::TOTAL;
+    if (!attr_done) {
+        KS_CU(cudaFuncSetAttribute(wg_pipe_kernel<D, BN, NWG, NST>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+              "attention (wgmma, pipelined) shared memory");
+        attr_done = 1;
+    }
+    const int BM = 64 * NWG;
+    long long rows = (long long)a.p.n * (a.p.n_heads / a.p.n_kv_heads);
+    if ((rows + BM - 1) / BM > 65535)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "attention (wgmma): %d query rows is too many", a.p.n);
+    a.n_qblocks = (int)((rows + BM - 1) / BM);
+    dim3 grid(a.p.n_kv_heads, a.n_qblocks);
+    wg_pipe_kernel<D, BN, NWG, NST><<<grid, NWG * 128, smem, s>>>(a);
+    KS_CU_LAUNCH("attention (wgmma pipelined prefill) kernel");
+    return KS_OK;
+}
+
+/* cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link); NULL when
+ * the driver does not offer it */
+static PFN_cuTensorMapEncodeTiled_v12000 tmap_encoder(void) {
+    static int done = 0;
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+    if (!done) {
+        cudaDriverEntryPointQueryResult q;
+        void *f = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
+        else
+            (void)cudaGetLastError();
+        done = 1;
+    }
+    return fn;
+}
+
+/* The cache (n_kv_heads, capacity, D) bf16 as a TMA tensor map with (64, BN, 1) boxes, SW128 */
+static int tmap_kv(CUtensorMap *m, const void *base, int D, int cap, int hkv, int BN) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tmap_encoder();
+    if (!enc || (uintptr_t)base % 16) return 0;
+    cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)cap, (cuuint64_t)hkv};
+    cuuint64_t strides[2] = {(cuuint64_t)D * 2, (cuuint64_t)cap * D * 2};
+    cuuint32_t box[3] = {64, (cuuint32_t)BN, 1}, es[3] = {1, 1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int D, int BN, int NST, int TMA, int PP = 0> static ks_status ws_launch(cudaStream_t s, wg_args a) {
+    static int attr_done = 0;
+    const int smem = ws_smem<D, BN, NST>::TOTAL;
+    CUtensorMap mk, mv;
+    memset(&mk, 0, sizeof mk);
+    memset(&mv, 0, sizeof mv);
+    if (TMA && !(tmap_kv(&mk, a.p.k, D, a.p.capacity, a.p.n_kv_heads, BN) &&
+                 tmap_kv(&mv, a.p.v, D, a.p.capacity, a.p.n_kv_heads, BN)))
+        return ws_launch<D, BN, NST, 0, PP>(s, a); /* no tensor maps here: the cp.async producer */
+    if (!attr_done) {
+        KS_CU(cudaFuncSetAttribute(wg_ws_kernel<D, BN, NST, TMA, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+              "attention (wgmma, warp-specialised) shared memory");
+        attr_done = 1;
+    }
+    long long rows = (long long)a.p.n * (a.p.n_heads / a.p.n_kv_heads);
+    if ((rows + 127) / 128 > 65535)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "attention (wgmma): %d query rows is too many", a.p.n);
+    a.n_qblocks = (int)((rows + 127) / 128);
+    dim3 grid(a.p.n_kv_heads, a.n_qblocks);
+    wg_ws_kernel<D, BN, NST, TMA, PP><<<grid, 384, smem, s>>>(a, mk, mv);
+    KS_CU_LAUNCH("attention (wgmma warp-specialised prefill) kernel");
+    return KS_OK;
+}
+
 extern "C" ks_status ks_cuda_attn_prefill_wgmma(cudaStream_t s, const ks_cuda_attn_params *p, void *ws, int variant) {
     if (!ks_cuda_attn_prefill_wgmma_supported(p))
         return ks_errorf(KS_ERR_UNSUPPORTED, "attention (wgmma): does not take head_dim %d%s%s", p->head_dim,
@@ -399,6 +1095,14 @@ extern "C" ks_status ks_cuda_attn_prefill_wgmma(cudaStream_t s, const ks_cuda_at
     a.n_qblocks = 0;
     ks_status st = ks_cuda_attn_tile_bounds(s, p, a.max_tiles, ws); /* the flash kernel's, shared */
     if (st) return st;
+    if (variant == 8) return p->head_dim == 128 ? ws_launch<128, 64, 5, 0>(s, a) : ws_launch<64, 64, 5, 0>(s, a);
+    if (variant == 9) return p->head_dim == 128 ? ws_launch<128, 128, 3, 0>(s, a) : ws_launch<64, 128, 3, 0>(s, a);
+    if (variant == 10) return p->head_dim == 128 ? ws_launch<128, 128, 3, 1>(s, a) : ws_launch<64, 128, 3, 1>(s, a);
+    if (variant == 12) return p->head_dim == 128 ? ws_launch<128, 128, 3, 1, 1>(s, a) : ws_launch<64, 128, 3, 1, 1>(s, a);
+    if (variant == 11) return p->head_dim == 128 ? ws_launch<128, 64, 5, 1>(s, a) : ws_launch<64, 64, 5, 1>(s, a);
+    if (variant == 5) return p->head_dim == 128 ? wp_launch<128, 64, 2, 4>(s, a) : wp_launch<64, 64, 2, 4>(s, a);
+    if (variant == 6) return p->head_dim == 128 ? wp_launch<128, 128, 2, 3>(s, a) : wp_launch<64, 128, 2, 3>(s, a);
+    if (variant == 7) return p->head_dim == 128 ? wp_launch<128, 64, 3, 4>(s, a) : wp_launch<64, 64, 3, 4>(s, a);
     if (variant == 4) return p->head_dim == 128 ? wg_launch<128, 64, 2, 1, 1>(s, a) : wg_launch<64, 64, 2, 1, 1>(s, a);
     if (variant == 3) return p->head_dim == 128 ? wg_launch<128, 64, 2, 1, 0>(s, a) : wg_launch<64, 64, 2, 1, 0>(s, a);
     if (variant == 2) return p->head_dim == 128 ? wg_launch<128, 64, 2, 0, 0>(s, a) : wg_launch<64, 64, 2, 0, 0>(s, a);

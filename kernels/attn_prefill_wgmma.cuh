@@ -28,6 +28,14 @@
  * Variant 4 = variant 3 with one __syncthreads per key tile instead of two (the next tile's
  * cp.async copies are issued right after the barrier that opens a tile, which proves that every
  * warp has finished the previous tile and so its buffer; cp.async.wait_group 0 before it).
+ * Variant 10 (the default) = GQA packing with warp specialisation, one CTA of 3 warpgroups per
+ * SM: warpgroup 0 produces (one thread issues TMA copies of 128-key K and V tiles into a 3-slot
+ * ring; "full" / "empty" mbarriers per slot; setmaxnreg gives its registers to the consumers),
+ * warpgroups 1 and 2 consume 64 rows each; a consumer issues S_j = Q K_j^T and O += P_{j-1} V_{j-1}
+ * together, waits for S_j only and runs tile j's mask and softmax while P_{j-1} V_{j-1} runs
+ * (FlashAttention-3's intra-warpgroup pipelining), then releases tile j - 1's slot. The one tile
+ * that reaches past nk is copied with zero-filling cp.async instead (garbage rows never meet
+ * P = 0). Variants 5 .. 9, 11, 12 are the steps measured on the way (bench/NOTES.md).
  *
  * ---- Shared-memory tiles: 128-byte swizzle ("SW128"), the layout TMA writes with
  * CU_TENSOR_MAP_SWIZZLE_128B and wgmma reads with descriptor layout type 1.
@@ -92,15 +100,26 @@ int ks_cuda_attn_prefill_wgmma_supported(const ks_cuda_attn_params *p);
  * ks_cuda_attn_prefill_workspace(p), so a flash workspace can be passed as is. */
 size_t ks_cuda_attn_prefill_wgmma_workspace(const ks_cuda_attn_params *p);
 
+/* Variants: 1 .. KS_WGMMA_VARIANTS. */
+#define KS_WGMMA_VARIANTS 12
+#define KS_WGMMA_DEFAULT 10 /* the variant ks_cuda_attn_prefill dispatches to unless KS_CUDA_WGMMA says otherwise */
+
 /* Run variant 1 (BN = 128), 2 (BN = 64, 2 CTAs per SM), 3 (variant 2 with the G query heads of
- * a KV head packed into one CTA's rows) or 4 (variant 3 with one barrier per key tile); any
- * other value picks 1. Errors:
+ * a KV head packed into one CTA's rows), 4 (variant 3 with one barrier per key tile), or the
+ * pipelined ones (GQA packing, one CTA per SM, an NST-slot K/V ring, each warpgroup's softmax of
+ * tile j overlapped with its P V GEMM of tile j - 1; see the .cu): 5 (2 warpgroups, BN = 64,
+ * NST = 4), 6 (2 warpgroups, BN = 128, NST = 3), 7 (3 warpgroups = 192 rows, BN = 64, NST = 4);
+ * 8 and 9: warp-specialised (a producer warpgroup fills the ring, two consumer warpgroups, mbarriers
+ * instead of CTA barriers; 8: BN = 64, 5 slots; 9: BN = 128, 3 slots); 10 and 11: 9 and 8 with TMA
+ * tile copies issued by one producer thread; 12: 10 with "ping-pong" (the consumer warpgroups take
+ * turns issuing their GEMMs through named barriers, so one's softmax runs under the other's
+ * GEMMs); any other value picks 1. Errors:
  * KS_ERR_UNSUPPORTED for shapes it does not take, KS_ERR_ARG for misaligned buffers,
  * KS_ERR_DEVICE for launch failures. n <= 0 is a no-op. */
 ks_status ks_cuda_attn_prefill_wgmma(cudaStream_t s, const ks_cuda_attn_params *p, void *ws, int variant);
 
 /* Dispatch from ks_cuda_attn_prefill: the variant to use (0 = off). Initially read from the
- * environment variable KS_CUDA_WGMMA (unset: 2; 0: off; 1 .. 4: that variant); the setter
+ * environment variable KS_CUDA_WGMMA (unset: the default variant; 0: off; 1 .. 7: that variant); the setter
  * overrides it for the process (tests set 0 to get the mma.sync kernel as a reference). */
 int ks_cuda_attn_prefill_wgmma_enabled(void);
 void ks_cuda_attn_prefill_wgmma_set_enabled(int variant);

@@ -147,12 +147,12 @@ static void free_problem(problem &P) {
 }
 
 /* kind: 0 = reference, 1 .. NV = wgmma variant, K_FLASH = flash (mma.sync), K_HOOK = flash
- * entry with the wgmma dispatch on (variant 4; all variants are also checked directly) */
-#define NV 4
+ * entry with the wgmma dispatch on (the default variant; all variants are also checked directly) */
+#define NV KS_WGMMA_VARIANTS
 #define K_FLASH (NV + 1)
 #define K_HOOK (NV + 2)
 static void run(problem &P, int kind) {
-    ks_cuda_attn_prefill_wgmma_set_enabled(kind == K_HOOK ? NV : 0);
+    ks_cuda_attn_prefill_wgmma_set_enabled(kind == K_HOOK ? KS_WGMMA_DEFAULT : 0);
     if (kind == 0) {
         dim3 grid(P.n, P.H);
         if (P.d == 128) ref_kernel<128><<<grid, 32, 0, S>>>(P.p);
