@@ -206,6 +206,15 @@ struct ks_backend {
      * scratch the backend may use; norm, eps, xn as for matmul_qkv; y, x, xn and tmp distinct */
     ks_status (*matmul_swiglu)(ks_backend *b, float *y, const float *x, const ks_weight *norm, float eps, float *xn,
                                const ks_weight *Wg, const ks_weight *Wu, float *tmp, int n, int in, int out);
+    /* matmul_qkv followed by ->kv_append(L, k, v, pos, n) (the rotated k when r is non-NULL), in
+     * one call: the CUDA decode path stores the new cache row from the projection kernel. q, k,
+     * v are still written (policies read them). L's heads and head_dim match n_kv_heads and
+     * head_dim, else KS_ERR_INTERNAL. */
+    ks_status (*matmul_qkv_append)(ks_backend *b, ks_kv_layer *L, float *q, float *k, float *v, const float *x,
+                                   const ks_weight *norm, float eps, float *xn, const ks_weight *Wq, const ks_weight *Wk,
+                                   const ks_weight *Wv, const ks_weight *bq, const ks_weight *bk, const ks_weight *bv,
+                                   int n, int in, int n_heads, int n_kv_heads, int head_dim, const int32_t *pos,
+                                   const ks_rope *r, int max_pos);
 };
 #define KS_PROF_TAGS 64
 

@@ -742,10 +742,19 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
     if ((st = be->embed(be, b.x, s->m->embed, &id, 1, c->dim))) goto out;
     PROF(s, KS_PH_EMBED);
     for (int l = 0; l < c->n_layers; l++) {
-        if ((st = layer_qkv(s, l, &b, 1, &pos, pos))) goto out;
-        st = be->kv_append(be, &s->kv[l], b.k, b.v, &pos, 1);
-        PROF(s, KS_PH_KV_APPEND);
-        if (st) goto out;
+        if (!b.kpre && be->matmul_qkv_append) { /* norm, projections, RoPE and the cache row in one call */
+            const ks_layer_w *W = &s->m->layers[l];
+            st = be->matmul_qkv_append(be, &s->kv[l], b.q, b.k, b.v, b.x, W->attn_norm, c->eps, b.xn, W->wq, W->wk,
+                                       W->wv, W->bq, W->bk, W->bv, 1, c->dim, c->n_heads, c->n_kv_heads, c->head_dim,
+                                       &pos, &c->rope, pos);
+            PROF(s, KS_PH_QKV);
+            if (st) goto out;
+        } else {
+            if ((st = layer_qkv(s, l, &b, 1, &pos, pos))) goto out;
+            st = be->kv_append(be, &s->kv[l], b.k, b.v, &pos, 1);
+            PROF(s, KS_PH_KV_APPEND);
+            if (st) goto out;
+        }
         ks_attn_args aa = {.n = 1, .n_heads = c->n_heads, .qpos = &pos, .scale = 1.0f / sqrtf((float)c->head_dim),
                            .window = c->sliding_window};
         if (b.kpre) { aa.rope = &c->rope; aa.rope_max_pos = pos; }

@@ -9,6 +9,7 @@
  * keys and values, so the result follows the CPU reference to float rounding. */
 #include "common.cuh"
 #include "attn_decode.cuh"
+#include "pdl.cuh"
 
 #include <math.h>
 
@@ -271,6 +272,8 @@ attn_decode_kernel(ks_cuda_attn_params p, ad_shape sh, int n_splits, float *__re
 /* out row (i, h) = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M); zeros when nothing was visible. */
 __global__ void attn_combine_kernel(float *__restrict__ out, const float *__restrict__ ws_acc,
                                     const float *__restrict__ ws_ml, int n_splits, int d) {
+    ks_pdl_trigger(); /* PDL (pdl.cuh): the partials come from the kernel before */
+    ks_pdl_wait();
     size_t rh = blockIdx.x;
     const float *ml = ws_ml + rh * n_splits * 2;
     float M = -INFINITY;
@@ -292,8 +295,8 @@ __global__ void attn_combine_kernel(float *__restrict__ out, const float *__rest
 extern "C" ks_status ks_cuda_attn_combine(cudaStream_t s, float *out, const float *ws_acc, const float *ws_ml,
                                           size_t rows, int n_splits, int head_dim) {
     if (!rows) return KS_OK;
-    attn_combine_kernel<<<(unsigned)rows, 128, 0, s>>>(out, ws_acc, ws_ml, n_splits, head_dim);
-    KS_CU_LAUNCH("attention combine kernel");
+    KS_CU(ks_pdl_launch(attn_combine_kernel, dim3((unsigned)rows), dim3(128), 0, s, out, ws_acc, ws_ml, n_splits, head_dim),
+          "attention combine kernel");
     return KS_OK;
 }
 

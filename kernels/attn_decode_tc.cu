@@ -10,9 +10,12 @@
 #include "common.cuh"
 #include "attn_decode_tc.cuh"
 #include "mma.cuh"
+#include "pdl.cuh"
 
 #include <limits.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define TC_WARPS 4
 #define TC_KT 16     /* keys per warp tile */
@@ -26,10 +29,20 @@ template <int D> static constexpr size_t tc_smem() {
     return (size_t)16 * D * 2 + TC_WARPS * tc_wregion<D>() + TC_WARPS * 16 * 2 * 4;
 }
 
+/* one query row's key counts and position by value (ks_cuda_attn_decode_tc1): on == 0 reads
+ * p.nk / p.qpos from device memory instead */
+struct tc_byval {
+    int on, qpos;
+    int nk[KS_CUDA_ATTN_BYVAL_HEADS];
+};
+
 template <int D>
 __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, float *__restrict__ ws_acc,
-                      float *__restrict__ ws_ml) {
+                      float *__restrict__ ws_ml, const __grid_constant__ tc_byval bv) {
+    /* PDL (pdl.cuh): q, the cache and the lists come from earlier kernels, out / ws are written */
+    ks_pdl_trigger();
+    ks_pdl_wait();
     extern __shared__ __align__(128) unsigned char smem[];
     constexpr int NCH = D / 8, KS = D / 16, DT = D / 8;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -43,7 +56,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     int *wP = (int *)(wV + TC_STAGES * TC_KT * D);                            /* stages x KT */
     float *sML = (float *)(smem + 16 * D * 2 + TC_WARPS * tc_wregion<D>());   /* (warps, 16, 2) */
 
-    const int nkh = p.nk[kv];
+    const int nkh = bv.on ? bv.nk[kv] : p.nk[kv];
     const int quantum = TC_WARPS * TC_KT;
     int per = (nkh + n_splits - 1) / n_splits;
     per = (per + quantum - 1) / quantum * quantum;
@@ -72,7 +85,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         int r = gq + 8 * hf, i = r / g;
-        qp[hf] = r >= M ? INT_MIN : p.q_renumber ? nkh - p.n + i : p.qpos[i];
+        qp[hf] = r >= M ? INT_MIN : p.q_renumber ? nkh - p.n + i : bv.on ? bv.qpos : p.qpos[i];
     }
     __syncthreads();
     uint32_t qf[KS][4];
@@ -237,10 +250,18 @@ extern "C" int ks_cuda_attn_decode_tc_supported(const ks_cuda_attn_params *p) {
 }
 
 extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p, int n_sm, int *n_splits) {
-    size_t target = (size_t)3 * (n_sm > 0 ? n_sm : 132); /* one wave of 3 blocks per SM */
+    /* one block per SM: on an H200 at 128K rows (H 32 / Hkv 8) 16 splits stream 4.06 TB/s (96% of
+     * copy), 49 (3 blocks per SM) 3.73 TB/s (tests/cuda/bench_decode.cu, bench/NOTES.md) */
+    size_t target = (size_t)(n_sm > 0 ? n_sm : 132);
     int splits = (int)(target / p->n_kv_heads); /* floor: a partial second wave would double the time */
     int most = (p->max_nk + 2 * TC_WARPS * TC_KT - 1) / (2 * TC_WARPS * TC_KT); /* >= 2 tiles per warp */
     splits = KS_MAX(1, KS_MIN(splits, most));
+    static int forced = -1; /* KS_CUDA_TC_SPLITS=N: N splits (at most one per tile of each warp), for tuning */
+    if (forced < 0) {
+        const char *e = getenv("KS_CUDA_TC_SPLITS");
+        forced = e && *e ? KS_MAX(0, atoi(e)) : 0;
+    }
+    if (forced > 0) splits = KS_MAX(1, KS_MIN(forced, (p->max_nk + TC_WARPS * TC_KT - 1) / (TC_WARPS * TC_KT)));
     *n_splits = splits;
     if (splits == 1) return 0;
     size_t rh = (size_t)p->n * p->n_heads * splits;
@@ -248,7 +269,7 @@ extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p,
 }
 
 template <int D> static ks_status tc_launch(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, float *acc,
-                                            float *ml) {
+                                            float *ml, const tc_byval &bv) {
     static int attr = 0;
     if (!attr) {
         KS_CU(cudaFuncSetAttribute(attn_decode_tc_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_smem<D>()),
@@ -256,23 +277,47 @@ template <int D> static ks_status tc_launch(cudaStream_t s, const ks_cuda_attn_p
         attr = 1;
     }
     dim3 grid(n_splits, p->n_kv_heads);
-    attn_decode_tc_kernel<D><<<grid, TC_WARPS * 32, tc_smem<D>(), s>>>(*p, n_splits, p->scale * 1.4426950408889634f,
-                                                                      acc, ml);
-    KS_CU_LAUNCH("attention (decode, tensor cores) kernel");
+    KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D>, grid, dim3(TC_WARPS * 32), tc_smem<D>(), s, *p, n_splits,
+                        p->scale * 1.4426950408889634f, acc, ml, bv),
+          "attention (decode, tensor cores) kernel");
     return KS_OK;
 }
 
-extern "C" ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws) {
-    if (!ks_cuda_attn_decode_tc_supported(p))
-        return ks_errorf(KS_ERR_UNSUPPORTED, "attention: the tensor-core decode kernel does not take this shape");
-    if (p->n <= 0) return KS_OK;
+static ks_status tc_run(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws, const tc_byval &bv) {
     if ((uintptr_t)p->q % 16 || (uintptr_t)p->k % 16 || (uintptr_t)p->v % 16)
         return ks_errorf(KS_ERR_ARG, "attention (decode, tensor cores): misaligned buffers");
     if (n_splits < 1) n_splits = 1;
     if (n_splits > 1 && !ws) return ks_errorf(KS_ERR_INTERNAL, "attention: split-KV without a workspace");
     float *acc = (float *)ws;
     float *ml = acc ? acc + (size_t)p->n * p->n_heads * n_splits * p->head_dim : nullptr;
-    ks_status st = p->head_dim == 128 ? tc_launch<128>(s, p, n_splits, acc, ml) : tc_launch<64>(s, p, n_splits, acc, ml);
+    ks_status st = p->head_dim == 128 ? tc_launch<128>(s, p, n_splits, acc, ml, bv) : tc_launch<64>(s, p, n_splits, acc, ml, bv);
     if (st || n_splits == 1) return st;
     return ks_cuda_attn_combine(s, p->out, acc, ml, p->n * p->n_heads, n_splits, p->head_dim);
+}
+
+extern "C" ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws) {
+    if (!ks_cuda_attn_decode_tc_supported(p))
+        return ks_errorf(KS_ERR_UNSUPPORTED, "attention: the tensor-core decode kernel does not take this shape");
+    if (p->n <= 0) return KS_OK;
+    tc_byval bv;
+    memset(&bv, 0, sizeof bv);
+    return tc_run(s, p, n_splits, ws, bv);
+}
+
+extern "C" ks_status ks_cuda_attn_decode_tc1(cudaStream_t s, const ks_cuda_attn_params *p, const int *nk_host, int qpos,
+                                             int n_splits, void *ws) {
+    if (!ks_cuda_attn_decode_tc_supported(p) || p->n != 1 || p->idx || p->renumber || p->q_renumber ||
+        p->n_kv_heads > KS_CUDA_ATTN_BYVAL_HEADS)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "attention: the one-row tensor-core decode does not take this call "
+                                             "(n %d, %d KV heads, index list %s)", p->n, p->n_kv_heads, p->idx ? "yes" : "no");
+    tc_byval bv;
+    memset(&bv, 0, sizeof bv);
+    bv.on = 1;
+    bv.qpos = qpos;
+    for (int h = 0; h < p->n_kv_heads; h++) {
+        if (nk_host[h] < 0 || nk_host[h] > p->capacity)
+            return ks_errorf(KS_ERR_ARG, "attention: %d keys for KV head %d (capacity %d)", nk_host[h], h, p->capacity);
+        bv.nk[h] = nk_host[h];
+    }
+    return tc_run(s, p, n_splits, ws, bv);
 }

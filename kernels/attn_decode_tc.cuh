@@ -23,6 +23,15 @@ size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p, int n_sm, 
 
 ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws);
 
+/* The same for one query row over the cache rows themselves (p->n == 1, no index list, no
+ * renumbering, n_kv_heads <= KS_CUDA_ATTN_BYVAL_HEADS) with each KV head's key count nk_host
+ * (n_kv_heads, HOST) and the query position passed by value: p->nk and p->qpos are not read
+ * (may be NULL), so a decode step uploads nothing. The kernels use programmatic dependent
+ * launch (kernels/pdl.cuh), as ks_cuda_attn_decode_tc's do. */
+#define KS_CUDA_ATTN_BYVAL_HEADS 64
+ks_status ks_cuda_attn_decode_tc1(cudaStream_t s, const ks_cuda_attn_params *p, const int *nk_host, int qpos,
+                                  int n_splits, void *ws);
+
 #ifdef __cplusplus
 }
 #endif

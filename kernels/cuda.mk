@@ -44,6 +44,11 @@ $(BUILD)/test_cuda: $(BUILD)/tests/cuda/test_cuda.o $(BUILD)/tests/testutil.o $(
 $(BUILD)/bench_kernels: $(BUILD)/tests/cuda/bench_kernels.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# the decode step's kernels at the Llama-3.1-8B shape: gemv variants, attention splits, the
+# 32-layer sequence with and without programmatic dependent launch (GPU machine)
+$(BUILD)/bench_decode: $(BUILD)/tests/cuda/bench_decode.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 # device primitives vs core/prims.c
 $(BUILD)/test_cuda_prims: $(BUILD)/tests/cuda/test_cuda_prims.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -57,10 +62,11 @@ $(BUILD)/test_cuda_policies: $(BUILD)/tests/cuda/test_cuda_policies.o $(CUDA_OBJ
 $(BUILD)/test_wgmma: $(BUILD)/tests/cuda/test_wgmma.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_policies $(BUILD)/test_wgmma $(BUILD)/bench_kernels  # build the CUDA test programs
+cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_policies $(BUILD)/test_wgmma $(BUILD)/bench_kernels $(BUILD)/bench_decode  # build the CUDA test programs
 
 test-cuda: cuda-tests                                           # run the CUDA parity tests (GPU machine)
 	$(BUILD)/test_cuda
+	KS_CUDA_PDL=1 $(BUILD)/test_cuda --quick
 	KS_CUDA_WGMMA=0 $(BUILD)/test_cuda
 	$(BUILD)/test_cuda_prims
 	$(BUILD)/test_cuda_policies

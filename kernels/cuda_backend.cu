@@ -394,10 +394,15 @@ static ks_status fused_norm(ks_backend *b, const float **x, const ks_weight *nor
     return st;
 }
 
-static ks_status cu_matmul_qkv(ks_backend *b, float *q, float *k, float *v, const float *x, const ks_weight *norm,
-                               float eps, float *xn, const ks_weight *Wq, const ks_weight *Wk, const ks_weight *Wv,
-                               const ks_weight *bq, const ks_weight *bk, const ks_weight *bv, int n, int in, int H,
-                               int Hkv, int hd, const int32_t *pos, const ks_rope *r, int max_pos) {
+static ks_status cu_kv_append(ks_backend *b, ks_kv_layer *L, const float *k, const float *v, const int32_t *pos, int n);
+static ks_status kv_reserve(ks_backend *b, ks_kv_layer *L, int n);
+
+/* matmul_qkv, and with L non-NULL then kv_append(L, k, v, pos, n): on the one-row gemv path the
+ * kernel stores the new cache row itself (no kv_append launch) */
+static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const float *x, const ks_weight *norm, float eps,
+                          float *xn, const ks_weight *Wq, const ks_weight *Wk, const ks_weight *Wv, const ks_weight *bq,
+                          const ks_weight *bk, const ks_weight *bv, int n, int in, int H, int Hkv, int hd,
+                          const int32_t *pos, const ks_rope *r, int max_pos, ks_kv_layer *L) {
     cuda_ctx *c = CTX(b);
     int QD = H * hd, KD = Hkv * hd;
     if (r && r->head_dim != hd)
@@ -419,17 +424,44 @@ static ks_status cu_matmul_qkv(ks_backend *b, float *q, float *k, float *v, cons
         const float *bs[3] = {bq ? (const float *)bq->data : NULL, bk ? (const float *)bk->data : NULL,
                               bv ? (const float *)bv->data : NULL};
         int rows[3] = {QD, KD, KD}, rope[3] = {r != NULL, r != NULL, 0};
+        if (L && Hkv <= KS_CUDA_GEMV_KV_MAX_HEADS) { /* the cache row written by the gemv kernel */
+            if ((st = kv_reserve(b, L, 1))) return st;
+            ks_cuda_kv_row kr = {L->k, L->v, (int32_t *)L->pos_dev, L->capacity, Hkv, L->n};
+            st = ks_cuda_gemv_qkv_kv(c->stream, x, nw, eps, nw ? xn : NULL, in, 3, ys, ws, bs, rows, rope, hd, pos[0],
+                                     inv, r ? (float)r->attn_factor : 1.0f, &kr);
+            if (st) return st;
+            for (int h = 0; h < Hkv; h++) L->pos[(size_t)h * L->capacity + L->n[h]++] = pos[0];
+            return stats_end(b, t0, 2.0 * in * (QD + 2.0 * KD));
+        }
         st = ks_cuda_gemv_qkv(c->stream, x, nw, eps, nw ? xn : NULL, in, 3, ys, ws, bs, rows, rope, hd, pos[0], inv,
                               r ? (float)r->attn_factor : 1.0f);
         if (st) return st;
-        return stats_end(b, t0, 2.0 * in * (QD + 2.0 * KD));
+        if ((st = stats_end(b, t0, 2.0 * in * (QD + 2.0 * KD)))) return st;
+        return L ? cu_kv_append(b, L, k, v, pos, n) : KS_OK;
     }
     if ((st = cu_matmul(b, q, x, Wq, bq, n, in, QD)) || (st = cu_matmul(b, k, x, Wk, bk, n, in, KD)) ||
         (st = cu_matmul(b, v, x, Wv, bv, n, in, KD)))
         return st;
-    if (!r) return KS_OK;
-    if ((st = cu_rope(b, q, n, H, pos, r, max_pos))) return st;
-    return cu_rope(b, k, n, Hkv, pos, r, max_pos);
+    if (r && ((st = cu_rope(b, q, n, H, pos, r, max_pos)) || (st = cu_rope(b, k, n, Hkv, pos, r, max_pos)))) return st;
+    return L ? cu_kv_append(b, L, k, v, pos, n) : KS_OK;
+}
+
+static ks_status cu_matmul_qkv(ks_backend *b, float *q, float *k, float *v, const float *x, const ks_weight *norm,
+                               float eps, float *xn, const ks_weight *Wq, const ks_weight *Wk, const ks_weight *Wv,
+                               const ks_weight *bq, const ks_weight *bk, const ks_weight *bv, int n, int in, int H,
+                               int Hkv, int hd, const int32_t *pos, const ks_rope *r, int max_pos) {
+    return qkv_impl(b, q, k, v, x, norm, eps, xn, Wq, Wk, Wv, bq, bk, bv, n, in, H, Hkv, hd, pos, r, max_pos, NULL);
+}
+
+static ks_status cu_matmul_qkv_append(ks_backend *b, ks_kv_layer *L, float *q, float *k, float *v, const float *x,
+                                      const ks_weight *norm, float eps, float *xn, const ks_weight *Wq,
+                                      const ks_weight *Wk, const ks_weight *Wv, const ks_weight *bq,
+                                      const ks_weight *bk, const ks_weight *bv, int n, int in, int H, int Hkv, int hd,
+                                      const int32_t *pos, const ks_rope *r, int max_pos) {
+    if (!L || L->n_kv_heads != Hkv || L->head_dim != hd)
+        return ks_errorf(KS_ERR_INTERNAL, "matmul_qkv_append: KV layer of %d heads x %d dims for %d x %d projections",
+                         L ? L->n_kv_heads : 0, L ? L->head_dim : 0, Hkv, hd);
+    return qkv_impl(b, q, k, v, x, norm, eps, xn, Wq, Wk, Wv, bq, bk, bv, n, in, H, Hkv, hd, pos, r, max_pos, L);
 }
 
 static ks_status cu_swiglu(ks_backend *b, float *out, const float *gate, const float *up, size_t n);
@@ -632,20 +664,26 @@ static void cu_kv_free(ks_backend *b, ks_kv_layer *L) {
     L->capacity = 0;
 }
 
-static ks_status cu_kv_append(ks_backend *b, ks_kv_layer *L, const float *k, const float *v, const int32_t *pos, int n) {
-    cuda_ctx *c = CTX(b);
+/* room for n more rows in every head (allocates L->n on first use) */
+static ks_status kv_reserve(ks_backend *b, ks_kv_layer *L, int n) {
     int H = L->n_kv_heads, need = 0;
-    if (n <= 0) return KS_OK;
     for (int h = 0; h < H; h++) need = KS_MAX(need, (L->n ? L->n[h] : 0) + n);
-    if (!L->k || need > L->capacity) {
+    if (!L->k || !L->n || need > L->capacity) {
         /* room for 1024 more rows (a prefill is followed by decode steps), growing by at least a
          * quarter: amortised O(1) appends without doubling a long cache */
         int64_t cap = KS_MAX((int64_t)need + 1024, (int64_t)L->capacity + L->capacity / 4 + 256);
         if (cap > INT32_MAX) return ks_errorf(KS_ERR_OOM, "KV cache: %lld rows per head is too many", (long long)cap);
-        ks_status st = cu_kv_alloc(b, L, (int)cap);
-        if (st) return st;
+        return cu_kv_alloc(b, L, (int)cap);
     }
-    ks_status st;
+    return KS_OK;
+}
+
+static ks_status cu_kv_append(ks_backend *b, ks_kv_layer *L, const float *k, const float *v, const int32_t *pos, int n) {
+    cuda_ctx *c = CTX(b);
+    int H = L->n_kv_heads;
+    if (n <= 0) return KS_OK;
+    ks_status st = kv_reserve(b, L, n);
+    if (st) return st;
     if (n == 1 && H <= KS_CUDA_KV1_MAX_HEADS) { /* decode: position and rows as kernel arguments */
         st = ks_cuda_kv_append1(c->stream, L->k, L->v, (int32_t *)L->pos_dev, L->capacity, H, L->head_dim, k, v, pos[0],
                                 L->n);
@@ -776,6 +814,36 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
     int half = a->rope ? a->rope->head_dim / 2 : 0;
     if (a->rope && (a->rope->head_dim != d || half > 512))
         return ks_errorf(KS_ERR_UNSUPPORTED, "attention: rope over %d of %d dims", a->rope->head_dim, d);
+    if (n == 1 && !a->idx && !a->rope && L->n && c->new_kernels && (c->attn_path == 0 || c->attn_path == 3) &&
+        Hkv <= KS_CUDA_ATTN_BYVAL_HEADS) {
+        /* one decode row over the cache itself: key counts and position by value, no upload */
+        ks_cuda_attn_params p;
+        memset(&p, 0, sizeof p);
+        p.out = out;
+        p.q = q;
+        p.k = L->k;
+        p.v = L->v;
+        p.kpos = (const int32_t *)L->pos_dev;
+        p.n = 1;
+        p.n_heads = H;
+        p.n_kv_heads = Hkv;
+        p.head_dim = d;
+        p.capacity = L->capacity;
+        for (int h = 0; h < Hkv; h++) p.max_nk = KS_MAX(p.max_nk, L->n[h]);
+        p.scale = a->scale;
+        p.window = a->window;
+        if (ks_cuda_attn_decode_tc_supported(&p)) {
+            if (p.max_nk == 0) /* nothing to attend to: zeros, as the CPU reference gives */
+                return ks_cuda_status(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)H * d, c->stream), "attention");
+            int splits;
+            void *ws = NULL;
+            size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
+            ks_status st = wsb ? dev_alloc(c, wsb, "attention workspace", &ws) : KS_OK;
+            if (!st) st = ks_cuda_attn_decode_tc1(c->stream, &p, L->n, a->qpos[0], splits, ws);
+            dev_free(c, ws);
+            return st;
+        }
+    }
     /* host buffer: qpos (n), nk (Hkv), idx_off (Hkv), lists, inv_freq (half floats) */
     size_t total = 0;
     int max_nk = 0;
@@ -1166,6 +1234,7 @@ extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
         if (!(fz && *fz && atoi(fz) == 0)) {
             b->matmul_add = cu_matmul_add;
             b->matmul_qkv = cu_matmul_qkv;
+            b->matmul_qkv_append = cu_matmul_qkv_append;
             b->matmul_swiglu = cu_matmul_swiglu;
         }
     }

@@ -1,63 +1,157 @@
 /* gemv.cu — see gemv.cuh. Each warp owns ROWS output rows and walks them together, 8 bf16 of
  * every row per lane and step (16-byte streaming loads, several in flight), x read through the
- * read-only cache; a warp reduction finishes each row. */
+ * read-only cache; a warp reduction finishes each row. Every kernel here is launched with
+ * programmatic dependent launch (pdl.cuh): before its griddepcontrol.wait it touches weights
+ * only (an L2 prefetch of the first bytes of its rows and the first 16-byte step in registers),
+ * so its ramp overlaps the previous kernel's tail. */
 #include "common.cuh"
 #include "gemv.cuh"
+#include "pdl.cuh"
 
+#include <stdlib.h>
 #include <string.h>
 
-template <int ROWS, bool ACC>
+/* ---------------------------------------------------------------- PDL switch, prefetch */
+
+static int g_pdl = -1;      /* -1: not read yet */
+static int g_pdl_env = -1;
+static int g_prefetch = KS_CUDA_GEMV_PREFETCH;
+
+extern "C" int ks_cuda_pdl(void) {
+    if (g_pdl_env < 0) {
+        const char *e = getenv("KS_CUDA_PDL");
+        g_pdl_env = e && *e ? atoi(e) != 0 : 0; /* off unless asked: it cost 0.6 ms per decode step (bench/NOTES.md) */
+    }
+    return g_pdl >= 0 ? g_pdl : g_pdl_env;
+}
+extern "C" void ks_cuda_pdl_set(int on) { g_pdl = on < 0 ? -1 : on != 0; }
+extern "C" void ks_cuda_gemv_set_prefetch(int bytes) { g_prefetch = bytes < 0 ? KS_CUDA_GEMV_PREFETCH : bytes; }
+
+/* L2 prefetch of bytes [lo, hi) of a weight row, one 128-byte line per lane and step */
+static __device__ __forceinline__ void prefetch_span(const bf16 *row, int lo, int hi, int lane) {
+    const char *p = reinterpret_cast<const char *>(row);
+    for (int o = lo + lane * 128; o < hi; o += 32 * 128) ks_prefetch_l2(p + o);
+}
+
+static __device__ __forceinline__ float dot8(uint4 u, float4 x0, float4 x1) {
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+    float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+    float2 e = __bfloat1622float2(h[2]), f = __bfloat1622float2(h[3]);
+    return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + e.x * x1.x + e.y * x1.y + f.x * x1.z + f.y * x1.w;
+}
+
+/* ---------------------------------------------------------------- plain gemv */
+
+/* The 8 warps of a block form 8 / KS row groups of ROWS rows; the KS warps of a group take
+ * consecutive slices of the 16-byte steps of those rows (KS == 1: a warp owns whole rows, the
+ * original kernel's summation order). PDL: weights are prefetched before the wait; x, y and
+ * bias are touched only after it. */
+template <int ROWS, bool ACC, int UNR, int KS>
 __global__ void __launch_bounds__(256) gemv_kernel(float *__restrict__ y, const float *__restrict__ x,
                                                    const bf16 *__restrict__ W, const float *__restrict__ bias, int in,
-                                                   int out) {
+                                                   int out, int pf) {
+    constexpr int RG = 8 / KS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row0 = (blockIdx.x * 8 + warp) * ROWS;
-    if (row0 >= out) return;
-    float acc[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; r++) acc[r] = 0.f;
+    const int kq = warp % KS, rg = warp / KS;
+    const int row0 = (blockIdx.x * RG + rg) * ROWS;
+    const bool live = row0 < out;
+    const int steps = in / 8; /* 16-byte chunks per row */
+    const int c_lo = (int)((long long)kq * steps / KS), c_hi = (int)((long long)(kq + 1) * steps / KS);
     const uint4 *Wv[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; r++) Wv[r] = reinterpret_cast<const uint4 *>(W + (size_t)min(row0 + r, out - 1) * in);
+    if (live && pf > 0) {
+        const int lo = c_lo * 16, hi = min(c_hi * 16, lo + pf);
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            if (row0 + r < out) prefetch_span(W + (size_t)(row0 + r) * in, lo, hi, lane);
+    }
+    /* the first step's weights in registers before the wait too (peeled: same summation order) */
+    const bool first = live && c_lo + lane < c_hi;
+    uint4 u0[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) u0[r] = first ? __ldcs(Wv[r] + c_lo + lane) : make_uint4(0, 0, 0, 0);
+    ks_pdl_trigger();
+    ks_pdl_wait();
+    if (KS == 1 && !live) return;
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) acc[r] = 0.f;
     const float4 *xv = reinterpret_cast<const float4 *>(x);
-    const int steps = in / 8; /* 16-byte chunks per row */
-#pragma unroll 4
-    for (int c = lane; c < steps; c += 32) {
+    if (first) {
+        const int c = c_lo + lane;
         float4 x0 = __ldg(xv + 2 * c), x1 = __ldg(xv + 2 * c + 1);
-        uint4 u[ROWS];
 #pragma unroll
-        for (int r = 0; r < ROWS; r++) u[r] = __ldcs(Wv[r] + c);
+        for (int r = 0; r < ROWS; r++) acc[r] += dot8(u0[r], x0, x1);
+    }
+    if (live) {
+#pragma unroll UNR
+        for (int c = c_lo + lane + 32; c < c_hi; c += 32) {
+            float4 x0 = __ldg(xv + 2 * c), x1 = __ldg(xv + 2 * c + 1);
+            uint4 u[ROWS];
 #pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u[r]);
-            float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-            float2 e = __bfloat1622float2(h[2]), f = __bfloat1622float2(h[3]);
-            acc[r] += a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + e.x * x1.x + e.y * x1.y + f.x * x1.z + f.y * x1.w;
+            for (int r = 0; r < ROWS; r++) u[r] = __ldcs(Wv[r] + c);
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) acc[r] += dot8(u[r], x0, x1);
         }
     }
+    if constexpr (KS == 1) {
 #pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0 && row0 + r < out) {
-            float t = bias ? v + bias[row0 + r] : v;
-            y[row0 + r] = ACC ? y[row0 + r] + t : t;
+        for (int r = 0; r < ROWS; r++) {
+            float v = warp_sum(acc[r]);
+            if (lane == 0 && row0 + r < out) {
+                float t = bias ? v + bias[row0 + r] : v;
+                y[row0 + r] = ACC ? y[row0 + r] + t : t;
+            }
+        }
+    } else { /* every warp reaches the barrier (no early exit when KS > 1) */
+        __shared__ float part[8][ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            float v = warp_sum(acc[r]);
+            if (lane == 0) part[warp][r] = v;
+        }
+        __syncthreads();
+        if (kq == 0 && lane < ROWS && row0 + lane < out) {
+            float v = 0.f;
+#pragma unroll
+            for (int q = 0; q < KS; q++) v += part[rg * KS + q][lane];
+            float t = bias ? v + bias[row0 + lane] : v;
+            y[row0 + lane] = ACC ? y[row0 + lane] + t : t;
         }
     }
 }
 
 extern "C" int ks_cuda_gemv_supported(const void *W, int in) { return in % 8 == 0 && (uintptr_t)W % 16 == 0; }
 
+template <int ROWS, bool ACC, int UNR, int KS>
+static ks_status gemv_go(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in, int out,
+                         int pf) {
+    unsigned blocks = ks_cdiv(out, (size_t)(8 / KS) * ROWS);
+    KS_CU(ks_pdl_launch(gemv_kernel<ROWS, ACC, UNR, KS>, dim3(blocks), dim3(256), 0, s, y, x, (const bf16 *)W, bias, in,
+                        out, pf),
+          "gemv kernel");
+    return KS_OK;
+}
+
+static ks_status gemv_check(const float *x, const void *W, int in) {
+    if (!ks_cuda_gemv_supported(W, in) || (uintptr_t)x % 16)
+        return ks_errorf(KS_ERR_INTERNAL, "gemv: in = %d not a multiple of 8 or misaligned operands", in);
+    return KS_OK;
+}
+
 template <bool ACC>
 static ks_status gemv_launch(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in, int out) {
     if (out <= 0) return KS_OK;
-    if (!ks_cuda_gemv_supported(W, in) || (uintptr_t)x % 16)
-        return ks_errorf(KS_ERR_INTERNAL, "gemv: in = %d not a multiple of 8 or misaligned operands", in);
-    /* enough blocks to fill the GPU: fewer rows per warp for narrow outputs */
-    if (out >= 32768) gemv_kernel<4, ACC><<<ks_cdiv(out, 32), 256, 0, s>>>(y, x, (const bf16 *)W, bias, in, out);
-    else if (out >= 8192) gemv_kernel<2, ACC><<<ks_cdiv(out, 16), 256, 0, s>>>(y, x, (const bf16 *)W, bias, in, out);
-    else gemv_kernel<1, ACC><<<ks_cdiv(out, 8), 256, 0, s>>>(y, x, (const bf16 *)W, bias, in, out);
-    KS_CU_LAUNCH("gemv kernel");
-    return KS_OK;
+    ks_status st = gemv_check(x, W, in);
+    if (st) return st;
+    /* enough blocks to fill the GPU: fewer rows per warp for narrow outputs; narrow outputs also
+     * split K over the warps of a block (H200, bench_decode: 4096 x 4096 at 3.78 TB/s with 4 rows,
+     * unroll 8, 4-way split vs 2.85 with 1 row; 4096 x 14336 at 4.11 vs 3.97 with 2-way) */
+    if (out >= 32768) return gemv_go<4, ACC, 4, 1>(s, y, x, W, bias, in, out, g_prefetch);
+    if (out >= 8192) return gemv_go<2, ACC, 4, 1>(s, y, x, W, bias, in, out, g_prefetch);
+    if (in <= 8192) return gemv_go<4, ACC, 8, 4>(s, y, x, W, bias, in, out, g_prefetch);
+    return gemv_go<1, ACC, 8, 2>(s, y, x, W, bias, in, out, g_prefetch);
 }
 
 extern "C" ks_status ks_cuda_gemv(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in,
@@ -70,13 +164,50 @@ extern "C" ks_status ks_cuda_gemv_acc(cudaStream_t s, float *y, const float *x, 
     return gemv_launch<true>(s, y, x, W, bias, in, out);
 }
 
+template <int ROWS, bool ACC>
+static ks_status gemv_var_ks(cudaStream_t s, const ks_cuda_gemv_variant *v, float *y, const float *x, const void *W,
+                             int in, int out) {
+    int pf = v->prefetch;
+    if (v->unroll == 8) {
+        if (v->ksplit == 4) return gemv_go<ROWS, ACC, 8, 4>(s, y, x, W, NULL, in, out, pf);
+        if (v->ksplit == 2) return gemv_go<ROWS, ACC, 8, 2>(s, y, x, W, NULL, in, out, pf);
+        return gemv_go<ROWS, ACC, 8, 1>(s, y, x, W, NULL, in, out, pf);
+    }
+    if (v->ksplit == 4) return gemv_go<ROWS, ACC, 4, 4>(s, y, x, W, NULL, in, out, pf);
+    if (v->ksplit == 2) return gemv_go<ROWS, ACC, 4, 2>(s, y, x, W, NULL, in, out, pf);
+    return gemv_go<ROWS, ACC, 4, 1>(s, y, x, W, NULL, in, out, pf);
+}
+
+template <bool ACC>
+static ks_status gemv_var_rows(cudaStream_t s, const ks_cuda_gemv_variant *v, float *y, const float *x, const void *W,
+                               int in, int out) {
+    if (v->rows == 4) return gemv_var_ks<4, ACC>(s, v, y, x, W, in, out);
+    if (v->rows == 2) return gemv_var_ks<2, ACC>(s, v, y, x, W, in, out);
+    return gemv_var_ks<1, ACC>(s, v, y, x, W, in, out);
+}
+
+extern "C" ks_status ks_cuda_gemv_var(cudaStream_t s, const ks_cuda_gemv_variant *v, float *y, const float *x,
+                                      const void *W, int in, int out, int acc) {
+    if (out <= 0) return KS_OK;
+    if ((v->rows != 1 && v->rows != 2 && v->rows != 4) || (v->unroll != 4 && v->unroll != 8) ||
+        (v->ksplit != 1 && v->ksplit != 2 && v->ksplit != 4))
+        return ks_errorf(KS_ERR_ARG, "gemv variant: rows %d (1, 2, 4), unroll %d (4, 8), ksplit %d (1, 2, 4)", v->rows,
+                         v->unroll, v->ksplit);
+    ks_status st = gemv_check(x, W, in);
+    if (st) return st;
+    return acc ? gemv_var_rows<true>(s, v, y, x, W, in, out) : gemv_var_rows<false>(s, v, y, x, W, in, out);
+}
+
 /* ---------------------------------------------------------------- fused gemvs (see gemv.cuh) */
 
 /* Each warp owns a unit of two weight rows (ra of Wa, rb of Wb), streams both with the same x
  * chunk and reduces them; the epilogue then combines the two dot products:
  *   QKV:    up to 3 segments; a rope segment's unit is the pair (h*d + k, h*d + k + d/2), rotated
- *           at position pos after the bias, a plain segment's unit two consecutive rows;
- *   SWIGLU: row u of the gate and row u of the up projection -> silu(g) * u (one output). */
+ *           at position pos after the bias, a plain segment's unit two consecutive rows; with
+ *           kv_on, segments 1 (k) and 2 (v) also store their rows in the KV cache;
+ *   SWIGLU: row u of the gate and row u of the up projection -> silu(g) * u (one output).
+ * PDL: the unit's rows are derived from the arguments and prefetched before the wait; x (and
+ * the norm prologue), y, xn and the cache are touched only after it. */
 enum { GF_QKV = 0, GF_SWIGLU = 1 };
 
 struct gemv_fused_args {
@@ -95,6 +226,12 @@ struct gemv_fused_args {
     const float *nw;  /* NORM: rmsnorm weight (in), x is then the un-normalised row */
     float eps;
     float *xn;        /* NORM: the normalised row is also written here (block 0), or NULL */
+    int pf;           /* bytes of each weight row prefetched before the PDL wait */
+    /* QKV with kv_on: the cache row of each KV head (ks_cuda_kv_row) */
+    int kv_on, kv_cap;
+    bf16 *kc, *vc;    /* (n_kv_heads, kv_cap, head_dim) */
+    int32_t *pc;      /* (n_kv_heads, kv_cap) */
+    int row0[KS_CUDA_GEMV_KV_MAX_HEADS];
 };
 
 /* The block's copy of rmsnorm(x) * w in shared memory, with rmsnorm.cu's arithmetic (256
@@ -137,13 +274,56 @@ static __device__ __forceinline__ float silu_mul_g(float g, float u) { return __
 template <typename T>
 static __device__ __forceinline__ T pick3(int s, const T (&a)[3]) { return s == 0 ? a[0] : s == 1 ? a[1] : a[2]; }
 
+/* element r (< n_kv_heads * head_dim) of the new k or v row -> the cache, as kv_append1 rounds it */
+static __device__ __forceinline__ void kv_store(const gemv_fused_args &a, bf16 *base, int r, float v) {
+    int h = r / a.head_dim, dd = r - h * a.head_dim;
+    base[((size_t)h * a.kv_cap + a.row0[h]) * a.head_dim + dd] = __float2bfloat16_rn(v);
+}
+
+/* one warp's unit: its rows and segment (pure arithmetic on the arguments) */
+struct fused_unit {
+    const bf16 *Wa, *Wb;
+    int s, u, ra, rb, kk;
+    bool has_b;
+};
+
+template <int MODE>
+static __device__ __forceinline__ fused_unit unit_of(const gemv_fused_args &a, int unit) {
+    fused_unit f;
+    f.s = (a.n_seg > 1 && unit >= a.ustart[1]) + (a.n_seg > 2 && unit >= a.ustart[2]);
+    f.u = unit - (f.s == 0 ? 0 : f.s == 1 ? a.ustart[1] : a.ustart[2]);
+    f.kk = 0;
+    f.has_b = true;
+    if (MODE == GF_SWIGLU) {
+        f.Wa = a.W[0];
+        f.Wb = a.W[1];
+        f.ra = f.rb = f.u;
+    } else if (pick3(f.s, a.rope)) {
+        f.Wa = f.Wb = pick3(f.s, a.W);
+        int h = f.u / a.half;
+        f.kk = f.u - h * a.half;
+        f.ra = h * a.head_dim + f.kk;
+        f.rb = f.ra + a.half;
+    } else {
+        f.Wa = f.Wb = pick3(f.s, a.W);
+        f.ra = 2 * f.u;
+        f.rb = f.ra + 1;
+        f.has_b = f.rb < pick3(f.s, a.rows);
+        if (!f.has_b) f.rb = f.ra;
+    }
+    return f;
+}
+
+/* One unit per warp (the default grid: one block per 8 units). PDL: the unit's rows are derived
+ * from the arguments; before the wait the kernel only prefetches them (L2) and loads their first
+ * 16 bytes per lane into registers (weights are immutable); x, the norm, y, xn and the cache are
+ * touched after it. The peeled first step keeps the summation order of the plain loop. */
 template <int MODE, bool NORM>
-__global__ void __launch_bounds__(256) gemv_fused_kernel(const gemv_fused_args a) {
+__global__ void __launch_bounds__(256) gemv_fused_kernel(const __grid_constant__ gemv_fused_args a) {
     extern __shared__ float4 xs_sh[];
     const int lane = threadIdx.x & 31;
     const int unit = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (NORM) norm_prologue(xs_sh, a.x, a.nw, a.in, a.eps, a.xn); /* every thread: it synchronises */
-    if (unit >= a.ustart[a.n_seg]) return;
+    const bool live = unit < a.ustart[a.n_seg];
     const int s = (a.n_seg > 1 && unit >= a.ustart[1]) + (a.n_seg > 2 && unit >= a.ustart[2]);
     const int u = unit - (s == 0 ? 0 : s == 1 ? a.ustart[1] : a.ustart[2]);
     const bf16 *Ws = pick3(s, a.W);
@@ -168,29 +348,41 @@ __global__ void __launch_bounds__(256) gemv_fused_kernel(const gemv_fused_args a
         has_b = rb < rows_s;
         if (!has_b) rb = ra;
     }
+    if (live && a.pf > 0) {
+        const int hi = min(a.in * 2, a.pf);
+        prefetch_span(Wa + (size_t)ra * a.in, 0, hi, lane);
+        if (has_b) prefetch_span(Wb + (size_t)rb * a.in, 0, hi, lane);
+    }
     const uint4 *wa = reinterpret_cast<const uint4 *>(Wa + (size_t)ra * a.in);
     const uint4 *wb = reinterpret_cast<const uint4 *>(Wb + (size_t)rb * a.in);
-    const float4 *xv = NORM ? xs_sh : reinterpret_cast<const float4 *>(a.x);
     const int steps = a.in / 8;
+    const bool first = live && lane < steps;
+    uint4 f0 = make_uint4(0, 0, 0, 0), f1 = f0;
+    if (first) {
+        f0 = __ldcs(wa + lane);
+        f1 = __ldcs(wb + lane);
+    }
+    ks_pdl_trigger();
+    ks_pdl_wait();
+    if (NORM) norm_prologue(xs_sh, a.x, a.nw, a.in, a.eps, a.xn); /* every thread: it synchronises */
+    if (!live) return;
+    const float4 *xv = NORM ? xs_sh : reinterpret_cast<const float4 *>(a.x);
     float acc0 = 0.f, acc1 = 0.f;
+    if (first) {
+        float4 x0, x1;
+        if (NORM) { x0 = xv[2 * lane]; x1 = xv[2 * lane + 1]; }
+        else { x0 = __ldg(xv + 2 * lane); x1 = __ldg(xv + 2 * lane + 1); }
+        acc0 += dot8(f0, x0, x1);
+        acc1 += dot8(f1, x0, x1);
+    }
 #pragma unroll 4
-    for (int c = lane; c < steps; c += 32) {
+    for (int c = lane + 32; c < steps; c += 32) { /* (lane >= steps when !first: nothing left) */
         float4 x0, x1;
         if (NORM) { x0 = xv[2 * c]; x1 = xv[2 * c + 1]; }
         else { x0 = __ldg(xv + 2 * c); x1 = __ldg(xv + 2 * c + 1); }
         uint4 u0 = __ldcs(wa + c), u1 = __ldcs(wb + c);
-        {
-            const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u0);
-            float2 p = __bfloat1622float2(h[0]), q = __bfloat1622float2(h[1]);
-            float2 e = __bfloat1622float2(h[2]), f = __bfloat1622float2(h[3]);
-            acc0 += p.x * x0.x + p.y * x0.y + q.x * x0.z + q.y * x0.w + e.x * x1.x + e.y * x1.y + f.x * x1.z + f.y * x1.w;
-        }
-        {
-            const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u1);
-            float2 p = __bfloat1622float2(h[0]), q = __bfloat1622float2(h[1]);
-            float2 e = __bfloat1622float2(h[2]), f = __bfloat1622float2(h[3]);
-            acc1 += p.x * x0.x + p.y * x0.y + q.x * x0.z + q.y * x0.w + e.x * x1.x + e.y * x1.y + f.x * x1.z + f.y * x1.w;
-        }
+        acc0 += dot8(u0, x0, x1);
+        acc1 += dot8(u1, x0, x1);
     }
     float va = warp_sum(acc0), vb = warp_sum(acc1);
     if (lane) return;
@@ -209,19 +401,140 @@ __global__ void __launch_bounds__(256) gemv_fused_kernel(const gemv_fused_args a
         float sn, cs;
         sincosf(ang, &sn, &cs);
         float c = __fmul_rn(cs, a.af), sv = __fmul_rn(sn, a.af);
-        y[ra] = __fsub_rn(__fmul_rn(va, c), __fmul_rn(vb, sv));
-        y[rb] = __fadd_rn(__fmul_rn(vb, c), __fmul_rn(va, sv));
-    } else {
-        y[ra] = va;
-        if (has_b) y[rb] = vb;
+        float ta = __fsub_rn(__fmul_rn(va, c), __fmul_rn(vb, sv));
+        float tb = __fadd_rn(__fmul_rn(vb, c), __fmul_rn(va, sv));
+        va = ta;
+        vb = tb;
+    }
+    y[ra] = va;
+    if (has_b) y[rb] = vb;
+    if (a.kv_on && s > 0) { /* the new cache row: k (rotated) or v, rounded to bf16 */
+        bf16 *base = s == 1 ? a.kc : a.vc;
+        kv_store(a, base, ra, va);
+        if (has_b) kv_store(a, base, rb, vb);
+        if (s == 1 && ra % a.head_dim == 0) {
+            int h = ra / a.head_dim;
+            a.pc[(size_t)h * a.kv_cap + a.row0[h]] = a.pos;
+        }
     }
 }
 
+/* The persistent variant (ks_cuda_gemv_set_persistent): warps take units blockIdx.x * 8 + warp
+ * + k * gridDim.x * 8, so a one-wave grid normalises x once per block; each unit's summation
+ * order is gemv_fused_kernel's. */
+template <int MODE, bool NORM>
+__global__ void __launch_bounds__(256, 4) gemv_fused_loop_kernel(const __grid_constant__ gemv_fused_args a) {
+    extern __shared__ float4 xs_sh[];
+    const int lane = threadIdx.x & 31;
+    const int total = a.ustart[a.n_seg], stride = gridDim.x * 8;
+    int unit = blockIdx.x * 8 + (threadIdx.x >> 5);
+    fused_unit f = unit_of<MODE>(a, unit);
+    const int steps = a.in / 8;
+    /* before the wait: weights only (immutable): an L2 prefetch of the first bytes of both rows
+     * and the first step's 16 bytes in registers (peeled below: same summation order) */
+    bool pre = unit < total && lane < steps;
+    uint4 f0 = make_uint4(0, 0, 0, 0), f1 = f0;
+    if (unit < total) {
+        if (a.pf > 0) {
+            const int hi = min(a.in * 2, a.pf);
+            prefetch_span(f.Wa + (size_t)f.ra * a.in, 0, hi, lane);
+            if (f.has_b) prefetch_span(f.Wb + (size_t)f.rb * a.in, 0, hi, lane);
+        }
+        if (pre) {
+            f0 = __ldcs(reinterpret_cast<const uint4 *>(f.Wa + (size_t)f.ra * a.in) + lane);
+            f1 = __ldcs(reinterpret_cast<const uint4 *>(f.Wb + (size_t)f.rb * a.in) + lane);
+        }
+    }
+    ks_pdl_trigger();
+    ks_pdl_wait();
+    if (NORM) norm_prologue(xs_sh, a.x, a.nw, a.in, a.eps, a.xn); /* every thread: it synchronises */
+    const float4 *xv = NORM ? xs_sh : reinterpret_cast<const float4 *>(a.x);
+    for (; unit < total; unit += stride, pre = false) {
+        if (!pre) f = unit_of<MODE>(a, unit);
+        const uint4 *wa = reinterpret_cast<const uint4 *>(f.Wa + (size_t)f.ra * a.in);
+        const uint4 *wb = reinterpret_cast<const uint4 *>(f.Wb + (size_t)f.rb * a.in);
+        float acc0 = 0.f, acc1 = 0.f;
+        int c = pre ? lane + 32 : lane;
+        if (pre) {
+            float4 x0, x1;
+            if (NORM) { x0 = xv[2 * lane]; x1 = xv[2 * lane + 1]; }
+            else { x0 = __ldg(xv + 2 * lane); x1 = __ldg(xv + 2 * lane + 1); }
+            acc0 += dot8(f0, x0, x1);
+            acc1 += dot8(f1, x0, x1);
+        }
+#pragma unroll 4
+        for (; c < steps; c += 32) {
+            float4 x0, x1;
+            if (NORM) { x0 = xv[2 * c]; x1 = xv[2 * c + 1]; }
+            else { x0 = __ldg(xv + 2 * c); x1 = __ldg(xv + 2 * c + 1); }
+            uint4 u0 = __ldcs(wa + c), u1 = __ldcs(wb + c);
+            acc0 += dot8(u0, x0, x1);
+            acc1 += dot8(u1, x0, x1);
+        }
+        float va = warp_sum(acc0), vb = warp_sum(acc1);
+        if (lane) continue;
+        if (MODE == GF_SWIGLU) {
+            a.y[0][f.u] = silu_mul_g(va, vb);
+            continue;
+        }
+        const float *bias = pick3(f.s, a.bias);
+        if (bias) {
+            va = va + bias[f.ra];
+            vb = vb + bias[f.rb];
+        }
+        float *y = pick3(f.s, a.y);
+        if (pick3(f.s, a.rope)) { /* the arithmetic of rope.cu's kernel */
+            float ang = __fmul_rn((float)a.pos, a.inv[f.kk]);
+            float sn, cs;
+            sincosf(ang, &sn, &cs);
+            float cc = __fmul_rn(cs, a.af), sv = __fmul_rn(sn, a.af);
+            float ta = __fsub_rn(__fmul_rn(va, cc), __fmul_rn(vb, sv));
+            float tb = __fadd_rn(__fmul_rn(vb, cc), __fmul_rn(va, sv));
+            va = ta;
+            vb = tb;
+        }
+        y[f.ra] = va;
+        if (f.has_b) y[f.rb] = vb;
+        if (a.kv_on && f.s > 0) { /* the new cache row: k (rotated) or v, rounded to bf16 */
+            bf16 *base = f.s == 1 ? a.kc : a.vc;
+            kv_store(a, base, f.ra, va);
+            if (f.has_b) kv_store(a, base, f.rb, vb);
+            if (f.s == 1 && f.ra % a.head_dim == 0) {
+                int h = f.ra / a.head_dim;
+                a.pc[(size_t)h * a.kv_cap + a.row0[h]] = a.pos;
+            }
+        }
+    }
+}
+
+/* blocks of the fused kernels: one per 8 units, or with g_persistent at most one full wave
+ * (the resident capacity of the device) with warps looping over units */
+static int g_persistent = 0;
+extern "C" void ks_cuda_gemv_set_persistent(int on) { g_persistent = on != 0; }
+
+template <typename K> static unsigned fused_blocks(K kernel, size_t smem, size_t units) {
+    unsigned blocks = ks_cdiv(units, 8);
+    int dev = 0, nsm = 0, per = 0;
+    if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, 256, smem) || nsm <= 0 || per <= 0) {
+        cudaGetLastError();
+        return blocks;
+    }
+    return KS_MIN(blocks, (unsigned)(nsm * per));
+}
+
+template <int MODE, bool NORM>
+static cudaError_t fused_go(cudaStream_t s, const gemv_fused_args &a, size_t units, size_t smem) {
+    if (!g_persistent) return ks_pdl_launch(gemv_fused_kernel<MODE, NORM>, dim3(ks_cdiv(units, 8)), dim3(256), smem, s, a);
+    unsigned blocks = fused_blocks(gemv_fused_loop_kernel<MODE, NORM>, smem, units);
+    return ks_pdl_launch(gemv_fused_loop_kernel<MODE, NORM>, dim3(blocks), dim3(256), smem, s, a);
+}
+
 template <int MODE>
-static ks_status fused_launch(cudaStream_t s, const gemv_fused_args &a, unsigned blocks, const char *what) {
-    if (a.nw) gemv_fused_kernel<MODE, true><<<blocks, 256, sizeof(float) * a.in, s>>>(a);
-    else gemv_fused_kernel<MODE, false><<<blocks, 256, 0, s>>>(a);
-    KS_CU_LAUNCH(what);
+static ks_status fused_launch(cudaStream_t s, const gemv_fused_args &a, size_t units, const char *what) {
+    size_t smem = a.nw ? sizeof(float) * a.in : 0;
+    cudaError_t e = a.nw ? fused_go<MODE, true>(s, a, units, smem) : fused_go<MODE, false>(s, a, units, smem);
+    KS_CU(e, what);
     return KS_OK;
 }
 
@@ -241,10 +554,10 @@ static ks_status norm_args(gemv_fused_args *a, const float *x, const float *nw, 
     return KS_OK;
 }
 
-extern "C" ks_status ks_cuda_gemv_qkv(cudaStream_t s, const float *x, const float *norm_w, float eps, float *xn, int in,
-                                      int n_seg, float *const *y, const void *const *W, const float *const *bias,
-                                      const int *rows, const int *rope, int head_dim, int pos, const float *inv_freq,
-                                      float attn_factor) {
+extern "C" ks_status ks_cuda_gemv_qkv_kv(cudaStream_t s, const float *x, const float *norm_w, float eps, float *xn, int in,
+                                         int n_seg, float *const *y, const void *const *W, const float *const *bias,
+                                         const int *rows, const int *rope, int head_dim, int pos, const float *inv_freq,
+                                         float attn_factor, const ks_cuda_kv_row *kv) {
     if (n_seg < 1 || n_seg > 3) return ks_errorf(KS_ERR_INTERNAL, "gemv_qkv: %d segments (1 to 3)", n_seg);
     gemv_fused_args a;
     memset(&a, 0, sizeof a);
@@ -258,6 +571,7 @@ extern "C" ks_status ks_cuda_gemv_qkv(cudaStream_t s, const float *x, const floa
     a.pos = pos;
     a.inv = inv_freq;
     a.af = attn_factor;
+    a.pf = g_prefetch;
     size_t units = 0;
     for (int i = 0; i < n_seg; i++) {
         if (!fused_ok(W[i], x, in)) return ks_errorf(KS_ERR_INTERNAL, "gemv_qkv: in = %d not a multiple of 8 or misaligned operands", in);
@@ -271,11 +585,36 @@ extern "C" ks_status ks_cuda_gemv_qkv(cudaStream_t s, const float *x, const floa
         a.ustart[i] = (int)units;
         units += rope[i] ? (size_t)rows[i] / 2 : ((size_t)rows[i] + 1) / 2;
     }
+    if (kv) {
+        int H = kv->n_kv_heads;
+        if (n_seg != 3 || H < 1 || H > KS_CUDA_GEMV_KV_MAX_HEADS || head_dim < 2 || head_dim % 2 ||
+            rows[1] != H * head_dim || rows[2] != H * head_dim || !kv->k || !kv->v || !kv->pos || !kv->row0)
+            return ks_errorf(KS_ERR_INTERNAL, "gemv_qkv: KV append of %d heads x %d dims does not match the k/v rows (%d, %d)",
+                             H, head_dim, n_seg > 1 ? rows[1] : 0, n_seg > 2 ? rows[2] : 0);
+        for (int h = 0; h < H; h++) {
+            if (kv->row0[h] < 0 || kv->row0[h] >= kv->capacity)
+                return ks_errorf(KS_ERR_INTERNAL, "gemv_qkv: KV row %d of head %d outside the capacity %d", kv->row0[h], h,
+                                 kv->capacity);
+            a.row0[h] = kv->row0[h];
+        }
+        a.kv_on = 1;
+        a.kv_cap = kv->capacity;
+        a.kc = (bf16 *)kv->k;
+        a.vc = (bf16 *)kv->v;
+        a.pc = kv->pos;
+    }
     if (units > INT32_MAX / 2) return ks_errorf(KS_ERR_INTERNAL, "gemv_qkv: %zu units", units);
     a.ustart[n_seg] = (int)units;
     if (!units) return KS_OK;
-    return fused_launch<GF_QKV>(s, a, ks_cdiv(units, 8), "gemv_qkv kernel");
-    return KS_OK;
+    return fused_launch<GF_QKV>(s, a, units, "gemv_qkv kernel");
+}
+
+extern "C" ks_status ks_cuda_gemv_qkv(cudaStream_t s, const float *x, const float *norm_w, float eps, float *xn, int in,
+                                      int n_seg, float *const *y, const void *const *W, const float *const *bias,
+                                      const int *rows, const int *rope, int head_dim, int pos, const float *inv_freq,
+                                      float attn_factor) {
+    return ks_cuda_gemv_qkv_kv(s, x, norm_w, eps, xn, in, n_seg, y, W, bias, rows, rope, head_dim, pos, inv_freq,
+                               attn_factor, NULL);
 }
 
 extern "C" ks_status ks_cuda_gemv_swiglu(cudaStream_t s, float *y, const float *x, const float *norm_w, float eps, float *xn,
@@ -295,6 +634,6 @@ extern "C" ks_status ks_cuda_gemv_swiglu(cudaStream_t s, float *y, const float *
     a.y[0] = y;
     a.rows[0] = out;
     a.ustart[1] = out;
-    return fused_launch<GF_SWIGLU>(s, a, ks_cdiv(out, 8), "gemv_swiglu kernel");
-    return KS_OK;
+    a.pf = g_prefetch;
+    return fused_launch<GF_SWIGLU>(s, a, (size_t)out, "gemv_swiglu kernel");
 }

@@ -3,6 +3,7 @@
 #ifndef KS_CUDA_GEMV_CUH
 #define KS_CUDA_GEMV_CUH
 #include <cuda_runtime_api.h>
+#include <stdint.h>
 #include "kvsieve.h"
 #ifdef __cplusplus
 extern "C" {
@@ -35,10 +36,55 @@ ks_status ks_cuda_gemv_qkv(cudaStream_t s, const float *x, const float *norm_w, 
                            float *const *y, const void *const *W, const float *const *bias, const int *rows,
                            const int *rope, int head_dim, int pos, const float *inv_freq, float attn_factor);
 
+/* ks_cuda_gemv_qkv plus the KV-cache append of the finished k and v rows (decode): head h's
+ * k row (after RoPE) and v row are also stored, rounded to bf16 as ks_cuda_kv_append1 rounds
+ * them, at row row0[h] of the cache, and that row's position is set to pos; the float32 y[1],
+ * y[2] are still written. Needs n_seg == 3, rows[1] == rows[2] == n_kv_heads * head_dim,
+ * n_kv_heads <= KS_CUDA_GEMV_KV_MAX_HEADS. The caller grows the cache and books the rows. */
+#define KS_CUDA_GEMV_KV_MAX_HEADS 64
+typedef struct ks_cuda_kv_row {
+    void *k, *v;        /* (n_kv_heads, capacity, head_dim) bf16, device */
+    int32_t *pos;       /* (n_kv_heads, capacity) int32, device */
+    int capacity, n_kv_heads;
+    const int *row0;    /* (n_kv_heads) HOST: the row each head's new entry goes to (< capacity) */
+} ks_cuda_kv_row;
+ks_status ks_cuda_gemv_qkv_kv(cudaStream_t s, const float *x, const float *norm_w, float eps, float *xn, int in, int n_seg,
+                              float *const *y, const void *const *W, const float *const *bias, const int *rows,
+                              const int *rope, int head_dim, int pos, const float *inv_freq, float attn_factor,
+                              const ks_cuda_kv_row *kv);
+
 /* y (out) = silu(Wg x) * (Wu x) for one row (the gate and up projections and the SwiGLU in one
  * pass): Wg, Wu (out, in) bf16, x (in) float32; the activation as swiglu.cu computes it. */
 ks_status ks_cuda_gemv_swiglu(cudaStream_t s, float *y, const float *x, const float *norm_w, float eps, float *xn,
                               const void *Wg, const void *Wu, int in, int out);
+
+/* ---- tuning and benchmark hooks (tests/cuda/bench_decode.cu) ----
+ * Every kernel above can be launched with programmatic dependent launch (kernels/pdl.cuh) when
+ * KS_CUDA_PDL=1 (off by default: on an H200 a whole decode step was 0.6 ms slower with it), and
+ * can prefetch the first bytes of its weight rows into L2 before it waits for the previous
+ * kernel: ks_cuda_gemv_set_prefetch sets how many per row (default KS_CUDA_GEMV_PREFETCH = 0:
+ * prefetching slowed the step too; < 0 = back to the default). */
+#define KS_CUDA_GEMV_PREFETCH 0
+void ks_cuda_gemv_set_prefetch(int bytes);
+
+/* 1: the fused gemvs (qkv, swiglu) launch at most one full wave of blocks (the device's resident
+ * capacity for the kernel) whose warps loop over the units, so each block normalises x once;
+ * 0 (default): one block per 8 units. Results are identical either way. */
+void ks_cuda_gemv_set_persistent(int on);
+
+/* A variant of ks_cuda_gemv(_acc) for the benchmark: rows output rows per warp (1, 2, 4),
+ * unroll 4 or 8 of the 16-byte step loop, ksplit warps of a block (1, 2, 4) sharing the same
+ * rows over slices of in (partial sums reduced in shared memory, in a fixed order; the
+ * summation order, hence rounding, differs from ksplit 1), prefetch bytes per row. */
+typedef struct ks_cuda_gemv_variant {
+    int rows, unroll, ksplit, prefetch;
+} ks_cuda_gemv_variant;
+ks_status ks_cuda_gemv_var(cudaStream_t s, const ks_cuda_gemv_variant *v, float *y, const float *x, const void *W,
+                           int in, int out, int acc);
+
+/* 1 when programmatic dependent launch is on (kernels/pdl.cuh), and its override (-1 = env). */
+int ks_cuda_pdl(void);
+void ks_cuda_pdl_set(int on);
 
 #ifdef __cplusplus
 }

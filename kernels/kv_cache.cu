@@ -1,6 +1,7 @@
 /* kv_cache.cu — see kv_cache.cuh. */
 #include "common.cuh"
 #include "kv_cache.cuh"
+#include "pdl.cuh"
 
 #include <string.h>
 
@@ -106,7 +107,9 @@ struct kv_row0_args {
 template <int W>
 __global__ void kv_append1_kernel(bf16 *__restrict__ K, bf16 *__restrict__ V, int32_t *__restrict__ P, int cap, int H,
                                   int d, const float *__restrict__ k, const float *__restrict__ v, int pos,
-                                  const kv_row0_args r) {
+                                  const __grid_constant__ kv_row0_args r) {
+    ks_pdl_trigger(); /* PDL (pdl.cuh): k, v come from the previous kernel */
+    ks_pdl_wait();
     int units = d / W;
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= H * units) return;
@@ -137,14 +140,15 @@ extern "C" ks_status ks_cuda_kv_append1(cudaStream_t s, void *K, void *V, int32_
     for (int h = 0; h < n_kv_heads; h++) r.row0[h] = row0[h];
     if (head_dim % 8 == 0 && ((uintptr_t)k | (uintptr_t)v | (uintptr_t)K | (uintptr_t)V) % 16 == 0) {
         int total = n_kv_heads * (head_dim / 8);
-        kv_append1_kernel<8><<<ks_cdiv(total, 128), 128, 0, s>>>((bf16 *)K, (bf16 *)V, P, capacity, n_kv_heads, head_dim,
-                                                                 k, v, pos, r);
+        KS_CU(ks_pdl_launch(kv_append1_kernel<8>, dim3(ks_cdiv(total, 128)), dim3(128), 0, s, (bf16 *)K, (bf16 *)V, P,
+                            capacity, n_kv_heads, head_dim, k, v, (int)pos, r),
+              "kv_append1 kernel");
     } else {
         int total = n_kv_heads * head_dim;
-        kv_append1_kernel<1><<<ks_cdiv(total, 128), 128, 0, s>>>((bf16 *)K, (bf16 *)V, P, capacity, n_kv_heads, head_dim,
-                                                                 k, v, pos, r);
+        KS_CU(ks_pdl_launch(kv_append1_kernel<1>, dim3(ks_cdiv(total, 128)), dim3(128), 0, s, (bf16 *)K, (bf16 *)V, P,
+                            capacity, n_kv_heads, head_dim, k, v, (int)pos, r),
+              "kv_append1 kernel");
     }
-    KS_CU_LAUNCH("kv_append1 kernel");
     return KS_OK;
 }
 
@@ -152,7 +156,9 @@ struct put_args {
     unsigned char b[KS_CUDA_PUT_MAX];
 };
 
-__global__ void put_kernel(unsigned char *__restrict__ dst, const put_args a, int bytes) {
+__global__ void put_kernel(unsigned char *__restrict__ dst, const __grid_constant__ put_args a, int bytes) {
+    ks_pdl_trigger(); /* PDL: dst may be pool memory an earlier kernel still reads until the wait */
+    ks_pdl_wait();
     for (int i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = a.b[i];
 }
 
@@ -161,7 +167,6 @@ extern "C" ks_status ks_cuda_put(cudaStream_t s, void *dst, const void *src, siz
     if (bytes > KS_CUDA_PUT_MAX) return ks_errorf(KS_ERR_INTERNAL, "put: %zu bytes (at most %d)", bytes, KS_CUDA_PUT_MAX);
     put_args a;
     memcpy(a.b, src, bytes);
-    put_kernel<<<1, 128, 0, s>>>((unsigned char *)dst, a, (int)bytes);
-    KS_CU_LAUNCH("put kernel");
+    KS_CU(ks_pdl_launch(put_kernel, dim3(1), dim3(128), 0, s, (unsigned char *)dst, a, (int)bytes), "put kernel");
     return KS_OK;
 }

@@ -470,6 +470,125 @@ static void test_fused_qkv(int in, int H, int Hkv, int hd, int bias, int rope, i
     free(x);
 }
 
+/* matmul_qkv_append (the decode gemv storing the cache row) vs matmul_qkv then kv_append: the
+ * same q, k, v and bit-identical caches (rows, positions, counts), over `steps` decode steps
+ * after `prefill` rows in a cache of exactly that capacity (the first step grows it); with
+ * uneven, heads keep different row counts (a per-head retain) before the steps. */
+static void test_qkv_append(int in, int H, int Hkv, int hd, int prefill, int uneven, int steps) {
+    char name[160];
+    snprintf(name, sizeof name, "matmul_qkv_append in=%d heads=%d/%d hd=%d prefill=%d%s steps=%d", in, H, Hkv, hd,
+             prefill, uneven ? " uneven" : "", steps);
+    if (!GPU->matmul_qkv_append) { result(0, name, "backend has no matmul_qkv_append"); return; }
+    int QD = H * hd, KD = Hkv * hd, rows[3] = {QD, KD, KD};
+    ks_rope r;
+    memset(&r, 0, sizeof r);
+    r.type = KS_ROPE_LLAMA3;
+    r.head_dim = hd;
+    r.theta = 500000.0;
+    r.factor = 8.0;
+    r.low_freq_factor = 1.0;
+    r.high_freq_factor = 4.0;
+    r.orig_max_pos = 8192;
+    r.attn_factor = 1.0;
+    float *nwh = malloc(sizeof(float) * in), *xh = malloc(sizeof(float) * in);
+    for (int i = 0; i < in; i++) nwh[i] = 1.0f + 0.2f * frand();
+    ks_weight *gnw = gw_make(GPU, "norm", in, 0, nwh), *gw[3];
+    for (int i = 0; i < 3; i++) {
+        float *Wh = malloc(sizeof(float) * rows[i] * in);
+        fill(Wh, (size_t)rows[i] * in, 0.5f);
+        gw[i] = gw_make(GPU, "W", rows[i], in, Wh);
+        free(Wh);
+        if (!gw[i]) { result(0, name, "weight create failed"); return; }
+    }
+    ks_kv_layer L[2];
+    memset(L, 0, sizeof L);
+    float *pk = malloc(sizeof(float) * (size_t)(prefill > 0 ? prefill : 1) * KD), *pv = malloc(sizeof(float) * (size_t)(prefill > 0 ? prefill : 1) * KD);
+    fill(pk, (size_t)(prefill > 0 ? prefill : 1) * KD, 1.0f);
+    fill(pv, (size_t)(prefill > 0 ? prefill : 1) * KD, 1.0f);
+    int32_t *ppos = malloc(sizeof(int32_t) * (prefill > 0 ? prefill : 1));
+    for (int i = 0; i < prefill; i++) ppos[i] = i;
+    float *dpk = gpu_buf(pk, (size_t)(prefill > 0 ? prefill : 1) * KD), *dpv = gpu_buf(pv, (size_t)(prefill > 0 ? prefill : 1) * KD);
+    for (int j = 0; j < 2; j++) {
+        L[j].n_kv_heads = Hkv;
+        L[j].head_dim = hd;
+        if (prefill > 0) {
+            NEED(GPU->kv_alloc(GPU, &L[j], prefill), name);
+            NEED(GPU->kv_append(GPU, &L[j], dpk, dpv, ppos, prefill), name);
+        }
+        if (uneven && prefill > Hkv) { /* head h keeps its first prefill - h rows */
+            int32_t **idx = malloc(sizeof(int32_t *) * Hkv);
+            int *cnt = malloc(sizeof(int) * Hkv);
+            for (int h = 0; h < Hkv; h++) {
+                cnt[h] = prefill - h;
+                idx[h] = malloc(sizeof(int32_t) * cnt[h]);
+                for (int t = 0; t < cnt[h]; t++) idx[h][t] = t;
+            }
+            NEED(GPU->kv_retain(GPU, &L[j], (const int32_t *const *)idx, cnt, 0), name);
+            for (int h = 0; h < Hkv; h++) free(idx[h]);
+            free(idx);
+            free(cnt);
+        }
+    }
+    float *dx = gpu_buf(NULL, in), *dxn = gpu_buf(NULL, in), *dy[2][3];
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 3; i++) dy[j][i] = gpu_buf(NULL, rows[i]);
+    double e_out = 0;
+    for (int st = 0; st < steps; st++) {
+        int32_t pos = prefill + st;
+        fill(xh, in, 1.0f);
+        NEED(GPU->upload(GPU, dx, xh, sizeof(float) * in), name);
+        NEED(GPU->matmul_qkv_append(GPU, &L[0], dy[0][0], dy[0][1], dy[0][2], dx, gnw, 1e-5f, dxn, gw[0], gw[1], gw[2],
+                                    NULL, NULL, NULL, 1, in, H, Hkv, hd, &pos, &r, pos),
+             name);
+        NEED(GPU->matmul_qkv(GPU, dy[1][0], dy[1][1], dy[1][2], dx, gnw, 1e-5f, dxn, gw[0], gw[1], gw[2], NULL, NULL, NULL,
+                             1, in, H, Hkv, hd, &pos, &r, pos),
+             name);
+        NEED(GPU->kv_append(GPU, &L[1], dy[1][1], dy[1][2], &pos, 1), name);
+        for (int i = 0; i < 3; i++) {
+            float *a = gpu_get(dy[0][i], rows[i]), *b = gpu_get(dy[1][i], rows[i]);
+            e_out = fmax(e_out, relerr(a, b, rows[i]));
+            free(a);
+            free(b);
+        }
+    }
+    /* the caches: counts, host positions, and each head's rows (bf16 keys, values) and device positions */
+    int bad = 0;
+    if (L[0].capacity != L[1].capacity) bad = 1;
+    size_t rb = (size_t)hd * 2;
+    for (int h = 0; h < Hkv && !bad; h++) {
+        int n0 = L[0].n[h];
+        if (n0 != L[1].n[h]) { bad = 2; break; }
+        size_t off = (size_t)h * L[0].capacity;
+        if (memcmp(L[0].pos + off, L[1].pos + off, sizeof(int32_t) * n0)) { bad = 3; break; }
+        unsigned char *a = malloc(rb * n0 + 1), *b = malloc(rb * n0 + 1);
+        for (int t = 0; t < 3 && !bad; t++) {
+            const unsigned char *s0 = t == 0 ? L[0].k : t == 1 ? L[0].v : L[0].pos_dev;
+            const unsigned char *s1 = t == 0 ? L[1].k : t == 1 ? L[1].v : L[1].pos_dev;
+            size_t bytes = t < 2 ? rb * n0 : sizeof(int32_t) * n0, o = t < 2 ? off * rb : off * sizeof(int32_t);
+            if (GPU->download(GPU, a, s0 + o, bytes) || GPU->download(GPU, b, s1 + o, bytes) || memcmp(a, b, bytes))
+                bad = 4 + t;
+        }
+        free(a);
+        free(b);
+    }
+    result(!bad && e_out == 0, name, "q/k/v relerr %.2e, cache %s (code %d)", e_out, bad ? "DIFFERS" : "identical", bad);
+    for (int j = 0; j < 2; j++) {
+        GPU->kv_free(GPU, &L[j]);
+        for (int i = 0; i < 3; i++) GPU->free(GPU, dy[j][i]);
+    }
+    for (int i = 0; i < 3; i++) GPU->weight_free(GPU, gw[i]);
+    GPU->weight_free(GPU, gnw);
+    GPU->free(GPU, dx);
+    GPU->free(GPU, dxn);
+    GPU->free(GPU, dpk);
+    GPU->free(GPU, dpv);
+    free(pk);
+    free(pv);
+    free(ppos);
+    free(nwh);
+    free(xh);
+}
+
 static void test_fused_swiglu(int n, int in, int out, int norm) {
     char name[128];
     snprintf(name, sizeof name, "matmul_swiglu n=%d in=%d out=%d%s", n, in, out, norm ? " +norm" : "");
@@ -563,6 +682,11 @@ static void test_fused(void) {
     test_fused_qkv(96, 3, 1, 8, 1, 1, 3, 1);      /* small head_dim */
     test_fused_qkv(172, 2, 1, 64, 1, 1, 50, 1);   /* in % 8 != 0: the composed fallback */
     test_fused_qkv(8200, 2, 1, 64, 0, 1, 50, 1);  /* in > 8192: rmsnorm apart, then the fused gemv */
+    test_qkv_append(256, 4, 2, 64, 0, 0, 3);     /* empty cache: the first step allocates */
+    test_qkv_append(256, 4, 2, 64, 37, 0, 3);    /* capacity 37: the first step grows the cache */
+    test_qkv_append(256, 8, 4, 64, 40, 1, 2);    /* per-head row counts differ */
+    test_qkv_append(96, 3, 1, 8, 5, 0, 2);       /* small head_dim */
+    test_qkv_append(172, 2, 1, 64, 5, 0, 2);     /* in % 8 != 0: matmul_qkv then kv_append */
     test_fused_swiglu(1, 256, 1000, 0);
     test_fused_swiglu(1, 256, 1000, 1);
     test_fused_swiglu(1, 172, 100, 1);            /* fallback */
@@ -573,6 +697,7 @@ static void test_fused(void) {
     if (!g_quick) {
         test_fused_qkv(4096, 32, 8, 128, 0, 1, 131055, 1);
         test_fused_qkv(3584, 28, 4, 128, 1, 1, 9000, 1); /* qwen2-7B shape: biases */
+        test_qkv_append(4096, 32, 8, 128, 300, 1, 3);    /* llama-3.1-8B shape */
         test_fused_swiglu(1, 4096, 14336, 1);
         test_fused_add(1, 14336, 4096, 0);
     }
