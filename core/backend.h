@@ -215,6 +215,12 @@ struct ks_backend {
                                    const ks_weight *Wv, const ks_weight *bq, const ks_weight *bk, const ks_weight *bv,
                                    int n, int in, int n_heads, int n_kv_heads, int head_dim, const int32_t *pos,
                                    const ks_rope *r, int max_pos);
+    /* Optional, for n > 1 rows (prefill): the MLP after its norm, residual included:
+     * x (n, dim) += W_down (silu(W_gate xn) * (W_up xn)), xn (n, dim) the normalised rows,
+     * W_gate / W_up (ffn, dim), W_down (dim, ffn). The backend picks its own row chunks and
+     * intermediates (CUDA: bf16, as a bf16 model computes them). */
+    ks_status (*mlp)(ks_backend *b, float *x, const float *xn, const ks_weight *Wg, const ks_weight *Wu,
+                     const ks_weight *Wd, int n, int dim, int ffn);
 };
 #define KS_PROF_TAGS 64
 

@@ -380,8 +380,10 @@ static ks_status layer_tail(ks_session *s, int l, fwd_buf *b, int n) {
     float *out = b->q; /* q is dead once attention ran */
     /* one row (decode): the residual adds fold into the projections, gate/up/SwiGLU in one call */
     int acc = n == 1 && be->matmul_add, fsw = n == 1 && be->matmul_swiglu;
+    /* a backend with its own prefill MLP also folds the o-projection's residual into the GEMM */
+    int acc_o = acc || (n > 1 && be->mlp && be->matmul_add);
     ks_status st;
-    if (acc) {
+    if (acc_o) {
         if ((st = be->matmul_add(be, b->x, b->xn, W->wo, W->bo, n, QD, D))) return st;
         PROF(s, KS_PH_OPROJ);
     } else {
@@ -393,6 +395,11 @@ static ks_status layer_tail(ks_session *s, int l, fwd_buf *b, int n) {
     if (!fsw) { /* (fused: the norm runs inside matmul_swiglu) */
         if ((st = be->rmsnorm(be, b->xn, b->x, W->ffn_norm, n, D, c->eps))) return st;
         PROF(s, KS_PH_NORM);
+    }
+    if (n > 1 && be->mlp) { /* the backend's own prefill MLP (residual folded in) */
+        st = be->mlp(be, b->x, b->xn, W->w_gate, W->w_up, W->w_down, n, D, F);
+        PROF(s, KS_PH_MLP);
+        return st;
     }
     for (int r0 = 0; r0 < n; r0 += MLP_CHUNK) {
         int rn = KS_MIN(MLP_CHUNK, n - r0);
@@ -426,7 +433,9 @@ static ks_status layer_qkv(ks_session *s, int l, fwd_buf *b, int n, const int32_
     const ks_layer_w *W = &s->m->layers[l];
     int D = c->dim, QD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim;
     ks_status st;
-    if (n == 1 && be->matmul_qkv) { /* one row (decode): norm, projections and RoPE in one call, booked to qkv */
+    /* one row (decode), or prefill on a backend with its own prefill MLP (one bf16 copy of the
+     * rows for the three projections): norm, projections and RoPE in one call, booked to qkv */
+    if ((n == 1 || be->mlp) && be->matmul_qkv) {
         st = be->matmul_qkv(be, b->q, b->k, b->v, b->x, W->attn_norm, c->eps, b->xn, W->wq, W->wk, W->wv, W->bq, W->bk,
                             W->bv, n, D, c->n_heads, c->n_kv_heads, c->head_dim, pos, b->kpre ? NULL : &c->rope, max_pos);
         PROF(s, KS_PH_QKV);

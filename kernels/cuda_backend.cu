@@ -342,6 +342,16 @@ static ks_status matmul_impl(ks_backend *b, float *y, const float *x, const ks_w
     return KS_OK;
 }
 
+/* y (n, out) = beta * y + x W^T: x (n, in) bf16, W (out, in) bf16, y float32 (yt CUDA_R_32F) or
+ * bf16 (CUDA_R_16BF); float32 accumulation */
+static ks_status gemm_bf16(cuda_ctx *c, void *y, cudaDataType yt, const void *xb, const ks_weight *W, int n, int in,
+                           int out, float beta) {
+    const float one = 1.0f;
+    return blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W->data, CUDA_R_16BF, in, xb,
+                                    CUDA_R_16BF, in, &beta, y, yt, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       yt == CUDA_R_16BF ? "matmul (cublasGemmEx bf16 -> bf16)" : "matmul (cublasGemmEx bf16)");
+}
+
 static ks_status cu_matmul(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias, int n,
                            int in, int out) {
     return matmul_impl(b, y, x, W, bias, n, in, out, 0);
@@ -439,8 +449,36 @@ static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const flo
         if ((st = stats_end(b, t0, 2.0 * in * (QD + 2.0 * KD)))) return st;
         return L ? cu_kv_append(b, L, k, v, pos, n) : KS_OK;
     }
-    if ((st = cu_matmul(b, q, x, Wq, bq, n, in, QD)) || (st = cu_matmul(b, k, x, Wk, bk, n, in, KD)) ||
-        (st = cu_matmul(b, v, x, Wv, bv, n, in, KD)))
+    if (n > 1 && Wq->type == KS_CUDA_BF16 && Wk->type == KS_CUDA_BF16 && Wv->type == KS_CUDA_BF16) {
+        /* prefill: the rows converted to bf16 once per chunk for all three projections */
+        const ks_weight *Ws[3] = {Wq, Wk, Wv}, *Bs[3] = {bq, bk, bv};
+        float *Ys[3] = {q, k, v};
+        const int outs[3] = {QD, KD, KD};
+        for (int i = 0; i < 3; i++) {
+            if (Ws[i]->cols != in || Ws[i]->rows != outs[i])
+                return ks_errorf(KS_ERR_INTERNAL, "matmul_qkv: weight %d is (%lld, %lld), expected (%d, %d)", i,
+                                 (long long)Ws[i]->rows, (long long)Ws[i]->cols, outs[i], in);
+            if (Bs[i] && (Bs[i]->type != KS_CUDA_F32 || Bs[i]->rows * Bs[i]->cols != outs[i]))
+                return ks_errorf(KS_ERR_INTERNAL, "matmul_qkv: bias %d of %lld values for %d outputs", i,
+                                 (long long)(Bs[i]->rows * Bs[i]->cols), outs[i]);
+        }
+        double t0;
+        if ((st = stats_begin(b, &t0))) return st;
+        int rc = (int)KS_MAX((size_t)1, KS_MIN((size_t)n, MM_CONV_BYTES / ((size_t)in * 2)));
+        void *xb;
+        if ((st = dev_alloc(c, (size_t)rc * in * 2, "matmul input (bf16)", &xb))) return st;
+        for (int r0 = 0; r0 < n && !st; r0 += rc) {
+            int rn = KS_MIN(rc, n - r0);
+            st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, x + (size_t)r0 * in, KS_CUDA_F32, (size_t)rn * in);
+            for (int i = 0; i < 3 && !st; i++)
+                st = gemm_bf16(c, Ys[i] + (size_t)r0 * outs[i], CUDA_R_32F, xb, Ws[i], rn, in, outs[i], 0.0f);
+        }
+        dev_free(c, xb);
+        for (int i = 0; i < 3 && !st; i++)
+            if (Bs[i]) st = ks_cuda_add_bias(c->stream, Ys[i], (const float *)Bs[i]->data, n, outs[i]);
+        if (st || (st = stats_end(b, t0, 2.0 * n * in * (QD + 2.0 * KD)))) return st;
+    } else if ((st = cu_matmul(b, q, x, Wq, bq, n, in, QD)) || (st = cu_matmul(b, k, x, Wk, bk, n, in, KD)) ||
+               (st = cu_matmul(b, v, x, Wv, bv, n, in, KD)))
         return st;
     if (r && ((st = cu_rope(b, q, n, H, pos, r, max_pos)) || (st = cu_rope(b, k, n, Hkv, pos, r, max_pos)))) return st;
     return L ? cu_kv_append(b, L, k, v, pos, n) : KS_OK;
@@ -482,6 +520,56 @@ static ks_status cu_matmul_swiglu(ks_backend *b, float *y, const float *x, const
     }
     if ((st = cu_matmul(b, y, x, Wg, NULL, n, in, out)) || (st = cu_matmul(b, tmp, x, Wu, NULL, n, in, out))) return st;
     return cu_swiglu(b, y, y, tmp, (size_t)n * out);
+}
+
+#define MLP_ROWS 4096 /* rows per prefill-MLP chunk: bf16 gate and up of MLP_ROWS x ffn each */
+
+/* Prefill MLP (ks_backend.mlp): per chunk of rows, xn -> bf16 once, gate and up GEMMs with bf16
+ * outputs, SwiGLU bf16 -> bf16 in place, the down GEMM accumulating into x (float32). Float32
+ * weights take the plain matmuls with float32 intermediates. */
+static ks_status cu_mlp(ks_backend *b, float *x, const float *xn, const ks_weight *Wg, const ks_weight *Wu,
+                        const ks_weight *Wd, int n, int dim, int ffn) {
+    cuda_ctx *c = CTX(b);
+    if (Wg->rows != ffn || Wg->cols != dim || Wu->rows != ffn || Wu->cols != dim || Wd->rows != dim || Wd->cols != ffn)
+        return ks_errorf(KS_ERR_INTERNAL, "mlp: weights (%lld, %lld), (%lld, %lld), (%lld, %lld) for dim %d, ffn %d",
+                         (long long)Wg->rows, (long long)Wg->cols, (long long)Wu->rows, (long long)Wu->cols,
+                         (long long)Wd->rows, (long long)Wd->cols, dim, ffn);
+    if (n <= 0) return KS_OK;
+    ks_status st;
+    int bf = Wg->type == KS_CUDA_BF16 && Wu->type == KS_CUDA_BF16 && Wd->type == KS_CUDA_BF16;
+    int rc = KS_MIN(n, bf ? MLP_ROWS : 1024);
+    void *xb = NULL, *g = NULL, *u = NULL;
+    size_t es = bf ? 2 : 4;
+    if ((st = dev_alloc(c, (size_t)rc * ffn * es, "mlp gate", &g)) || (st = dev_alloc(c, (size_t)rc * ffn * es, "mlp up", &u)) ||
+        (bf && (st = dev_alloc(c, (size_t)rc * dim * 2, "mlp input (bf16)", &xb)))) {
+        dev_free(c, g);
+        dev_free(c, u);
+        return st;
+    }
+    double t0 = 0;
+    if (bf) st = stats_begin(b, &t0);
+    for (int r0 = 0; r0 < n && !st; r0 += rc) {
+        int rn = KS_MIN(rc, n - r0);
+        const float *xr = xn + (size_t)r0 * dim;
+        float *yr = x + (size_t)r0 * dim;
+        if (!bf) {
+            if (!(st = matmul_impl(b, (float *)g, xr, Wg, NULL, rn, dim, ffn, 0)) &&
+                !(st = matmul_impl(b, (float *)u, xr, Wu, NULL, rn, dim, ffn, 0)) &&
+                !(st = cu_swiglu(b, (float *)g, (float *)g, (float *)u, (size_t)rn * ffn)))
+                st = matmul_impl(b, yr, (float *)g, Wd, NULL, rn, ffn, dim, 1);
+            continue;
+        }
+        if (!(st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, xr, KS_CUDA_F32, (size_t)rn * dim)) &&
+            !(st = gemm_bf16(c, g, CUDA_R_16BF, xb, Wg, rn, dim, ffn, 0.0f)) &&
+            !(st = gemm_bf16(c, u, CUDA_R_16BF, xb, Wu, rn, dim, ffn, 0.0f)) &&
+            !(st = ks_cuda_swiglu_bf16(c->stream, g, g, u, (size_t)rn * ffn)))
+            st = gemm_bf16(c, yr, CUDA_R_32F, g, Wd, rn, ffn, dim, 1.0f);
+    }
+    if (!st && bf) st = stats_end(b, t0, 6.0 * n * dim * ffn);
+    dev_free(c, xb);
+    dev_free(c, g);
+    dev_free(c, u);
+    return st;
 }
 
 static ks_status cu_embed(ks_backend *b, float *out, const ks_weight *E, const int32_t *ids, int n, int dim) {
@@ -1237,6 +1325,8 @@ extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
             b->matmul_qkv_append = cu_matmul_qkv_append;
             b->matmul_swiglu = cu_matmul_swiglu;
         }
+        const char *fm = getenv("KS_CUDA_MLP"); /* KS_CUDA_MLP=0: the engine's float32 prefill MLP */
+        if (!(fm && *fm && atoi(fm) == 0)) b->mlp = cu_mlp;
     }
     b->embed = cu_embed;
     b->rmsnorm = cu_rmsnorm;

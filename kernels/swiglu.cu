@@ -25,3 +25,34 @@ extern "C" ks_status ks_cuda_swiglu(cudaStream_t s, float *out, const float *gat
     KS_CU_LAUNCH("swiglu kernel");
     return KS_OK;
 }
+
+/* bf16: 8 values (16 bytes) per step when aligned */
+__global__ void swiglu_bf16_vec8(uint4 *out, const uint4 *gate, const uint4 *up, size_t n8) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += stride) {
+        uint4 g = gate[i], u = up[i], o;
+        const __nv_bfloat162 *g2 = reinterpret_cast<const __nv_bfloat162 *>(&g), *u2 = reinterpret_cast<const __nv_bfloat162 *>(&u);
+        __nv_bfloat162 *o2 = reinterpret_cast<__nv_bfloat162 *>(&o);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float2 a = __bfloat1622float2(g2[k]), b = __bfloat1622float2(u2[k]);
+            o2[k] = __floats2bfloat162_rn(silu_mul(a.x, b.x), silu_mul(a.y, b.y));
+        }
+        out[i] = o;
+    }
+}
+__global__ void swiglu_bf16_scalar(bf16 *out, const bf16 *gate, const bf16 *up, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = __float2bfloat16_rn(silu_mul(__bfloat162float(gate[i]), __bfloat162float(up[i])));
+}
+
+extern "C" ks_status ks_cuda_swiglu_bf16(cudaStream_t s, void *out, const void *gate, const void *up, size_t n) {
+    if (!n) return KS_OK;
+    if (n % 8 == 0 && ((uintptr_t)out | (uintptr_t)gate | (uintptr_t)up) % 16 == 0)
+        swiglu_bf16_vec8<<<ks_grid1d(n / 8, 256), 256, 0, s>>>((uint4 *)out, (const uint4 *)gate, (const uint4 *)up, n / 8);
+    else
+        swiglu_bf16_scalar<<<ks_grid1d(n, 256), 256, 0, s>>>((bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n);
+    KS_CU_LAUNCH("swiglu (bf16) kernel");
+    return KS_OK;
+}
