@@ -359,10 +359,13 @@ static ks_status fwd_alloc(ks_backend *be, const ks_config *c, int n, int pre_ro
     b->q = be->alloc(be, sizeof(float) * n * W);
     b->k = be->alloc(be, sizeof(float) * n * KD);
     b->v = be->alloc(be, sizeof(float) * n * KD);
-    b->gate = be->alloc(be, sizeof(float) * ch * c->ffn);
-    b->up = be->alloc(be, sizeof(float) * ch * c->ffn);
+    int own_mlp = n > 1 && be->mlp; /* the backend's prefill MLP brings its own intermediates */
+    if (!own_mlp) {
+        b->gate = be->alloc(be, sizeof(float) * ch * c->ffn);
+        b->up = be->alloc(be, sizeof(float) * ch * c->ffn);
+    }
     if (pre_rope) b->kpre = b->k; /* marks pre-RoPE mode: k stays unrotated */
-    if (!b->x || !b->xn || !b->q || !b->k || !b->v || !b->gate || !b->up) {
+    if (!b->x || !b->xn || !b->q || !b->k || !b->v || (!own_mlp && (!b->gate || !b->up))) {
         fwd_free(be, b);
         return ks_errorf(KS_ERR_OOM, "%s: out of memory for activations of %d rows (%.1f MiB)", be->name, n,
                          fwd_bytes(c, n) / 1048576.0);
