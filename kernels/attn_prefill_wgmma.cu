@@ -103,6 +103,146 @@ template <int D, int BN> struct wg_smem {
  * SB 1 (variant 4): one __syncthreads per key tile instead of two: the next tile's copies are
  * issued after the barrier that starts a tile (when every warp is done with the other buffer),
  * instead of before it with a second barrier at the end of the tile. */
+/* ---------------------------------------------------------------- pieces shared by the kernels */
+
+/* A CTA's rows: q0 .. q0 + BM - 1 of the order f (flattened (query, head of the group) when
+ * pack, else the queries of query head `head`) */
+struct wg_rows {
+    int q0, nrows, G, kv, H, pack, head;
+    __device__ int q(int f) const { return pack ? f / G : f; }
+    __device__ int h(int f) const { return pack ? kv * G + (f - (f / G) * G) : head; }
+};
+
+/* Rows r0 .. r0 + nr - 1 of the CTA's (BM, D) Q tile: float32 -> bf16 in the SW128 layout, rows
+ * past nrows zero; thread t of nt */
+template <int D, int BM>
+static __device__ __forceinline__ void stage_q(unsigned char *sQ, const float *q, const wg_rows &R, int r0, int nr, int t,
+                                               int nt) {
+    constexpr int NCH = D / 8;
+    for (int e = t; e < nr * NCH; e += nt) {
+        int r = r0 + e / NCH, c = e % NCH;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (R.q0 + r < R.nrows) {
+            const int f = R.q0 + r;
+            const float4 *src = reinterpret_cast<const float4 *>(q + ((size_t)R.q(f) * R.H + R.h(f)) * D + c * 8);
+            float4 a = src[0], b = src[1];
+            v.x = pack_bf16(a.x, a.y);
+            v.y = pack_bf16(a.z, a.w);
+            v.z = pack_bf16(b.x, b.y);
+            v.w = pack_bf16(b.z, b.w);
+        }
+        *reinterpret_cast<uint4 *>(sQ + (c >> 3) * (BM * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4)) = v;
+    }
+}
+
+/* The walk over BN-key tiles: bounds from the 64-key entries, tiles no row can see skipped,
+ * tiles every row sees whole ("full": no mask) */
+template <int BN> struct tile_walk {
+    const int2 *TB;
+    int max_tiles, ntiles, nk, qmin, qmax, window;
+    __device__ int2 bounds(int t) const {
+        int2 b = TB[t * BN / WG_BOUNDS_TILE];
+        if (BN > WG_BOUNDS_TILE) {
+#pragma unroll
+            for (int x = 1; x < BN / WG_BOUNDS_TILE; x++) {
+                int e = t * BN / WG_BOUNDS_TILE + x;
+                if (e < max_tiles) {
+                    int2 c = TB[e];
+                    b.x = min(b.x, c.x);
+                    b.y = max(b.y, c.y);
+                }
+            }
+        }
+        return b;
+    }
+    __device__ int next(int t) const { /* the first tile >= t some row sees (ntiles: none) */
+        for (; t < ntiles; t++) {
+            int2 b = bounds(t);
+            if (!(b.x > qmax || (window > 0 && (long long)qmin - b.y >= window))) break;
+        }
+        return t;
+    }
+    __device__ bool full(int t) const {
+        int2 tb = bounds(t);
+        return (t + 1) * BN <= nk && tb.y <= qmin && (window <= 0 || (long long)qmax - tb.x < window);
+    }
+};
+
+/* One S tile (this thread's SR accumulators, rows g and g + 8 of its warp): scale to the log2
+ * domain, mask unless `full` (key(col) gives the position of the tile's key col), and the online
+ * softmax update (hf 0: row g, elements 4i, 4i+1; hf 1: row g+8, 4i+2, 4i+3): s becomes P,
+ * corr[hf] the factor for the row's earlier sums */
+template <int SR, int BN, typename KEY>
+static __device__ __forceinline__ void softmax_tile(float (&s)[SR], bool full, float sl2, int t, int nk, int window,
+                                                    const int (&qp_r)[2], int t4, KEY key, float (&m_r)[2],
+                                                    float (&l_r)[2], float (&corr)[2]) {
+    if (full) {
+#pragma unroll
+        for (int i = 0; i < SR; i++) s[i] *= sl2;
+    } else {
+#pragma unroll
+        for (int i = 0; i < SR; i++) {
+            int col = (i >> 2) * 8 + t4 * 2 + (i & 1);
+            int k = key(col);
+            int qp = qp_r[(i >> 1) & 1];
+            bool vis = t * BN + col < nk && k <= qp && (window <= 0 || (long long)qp - k < window);
+            s[i] = vis ? s[i] * sl2 : -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < SR / 4; i++) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float mn = fmaxf(m_r[hf], mx);
+        float base = mn == -INFINITY ? 0.f : mn;
+        corr[hf] = fast_exp2(m_r[hf] - base); /* -inf -> 0 */
+        m_r[hf] = mn;
+        float ps = 0.f;
+#pragma unroll
+        for (int i = 0; i < SR / 4; i++) {
+            s[4 * i + 2 * hf] = fast_exp2(s[4 * i + 2 * hf] - base);
+            s[4 * i + 2 * hf + 1] = fast_exp2(s[4 * i + 2 * hf + 1] - base);
+            ps += s[4 * i + 2 * hf] + s[4 * i + 2 * hf + 1];
+        }
+        l_r[hf] = l_r[hf] * corr[hf] + ps;
+    }
+}
+
+/* P (bf16 A fragments of O += P V) from the softmaxed S (see the header's fragment map) */
+template <int PK, int SR>
+static __device__ __forceinline__ void pack_p(uint32_t (&pa)[PK][4], const float (&s)[SR]) {
+#pragma unroll
+    for (int kk = 0; kk < PK; kk++) {
+        pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+/* Normalise and store this thread's two rows (f0 and f0 + 8 of the order) */
+template <int D, int OR>
+static __device__ __forceinline__ void store_rows(const float (&o)[OR], const float (&l_r)[2], float *out, const wg_rows &R,
+                                                  int f0, int t4) {
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float l = l_r[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        float inv = l > 0.f ? 1.0f / l : 0.f;
+        int f = f0 + 8 * hf;
+        if (f < R.nrows) {
+            float *dst = out + ((size_t)R.q(f) * R.H + R.h(f)) * D + t4 * 2;
+#pragma unroll
+            for (int c = 0; c < OR / 4; c++)
+                *reinterpret_cast<float2 *>(dst + c * 8) = make_float2(o[4 * c + 2 * hf] * inv, o[4 * c + 2 * hf + 1] * inv);
+        }
+    }
+}
+
 template <int D, int BN, int MINB, int PACK, int SB>
 __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_args A) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -128,37 +268,20 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
     const int qb = A.n_qblocks - 1 - blockIdx.y;    /* heaviest first */
     const int q0 = qb * WG_BM, H = p.n_heads;       /* q0: first row (flattened when PACK) */
     const int nrows = PACK ? p.n * G : p.n;
-    /* row f of the (flattened) order -> query index and query head */
-    auto row_q = [&](int f) -> int { return PACK ? f / G : f; };
-    auto row_h = [&](int f) -> int { return PACK ? kv * G + (f - (f / G) * G) : (int)blockIdx.x; };
+    const wg_rows R = {q0, nrows, G, kv, H, PACK, (int)blockIdx.x};
     const int nk = p.nk[kv], ntiles = (nk + BN - 1) / BN;
     const bf16 *Kg = (const bf16 *)p.k + (size_t)kv * p.capacity * D;
     const bf16 *Vg = (const bf16 *)p.v + (size_t)kv * p.capacity * D;
     const int32_t *KPg = (p.kpos && !p.renumber) ? p.kpos + (size_t)kv * p.capacity : nullptr;
-    const int2 *TB = A.bounds + (size_t)kv * A.max_tiles;
     const int window = p.window;
 
-    /* ---- Q: float32 -> bf16 into the SW128 layout (rows past n are zeros) */
-    for (int e = tid; e < WG_BM * NCH; e += WG_THREADS) {
-        int r = e / NCH, c = e - r * NCH;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (q0 + r < nrows) {
-            const int f = q0 + r;
-            const float4 *src = reinterpret_cast<const float4 *>(p.q + ((size_t)row_q(f) * H + row_h(f)) * D + c * 8);
-            float4 a = src[0], b = src[1];
-            v.x = pack_bf16(a.x, a.y);
-            v.y = pack_bf16(a.z, a.w);
-            v.z = pack_bf16(b.x, b.y);
-            v.w = pack_bf16(b.z, b.w);
-        }
-        *reinterpret_cast<uint4 *>(sQ + (c >> 3) * (WG_BM * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4)) = v;
-    }
+    stage_q<D, WG_BM>(sQ, p.q, R, 0, WG_BM, tid, WG_THREADS); /* Q: float32 -> bf16, SW128 */
     /* this thread's two rows (accumulator rows g and g + 8 of its warp) and their positions */
     const int row0 = wg * 64 + wq * 16 + g;
     int qp_r[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        int f = q0 + row0 + 8 * hf, i = row_q(f);
+        int f = q0 + row0 + 8 * hf, i = R.q(f);
         qp_r[hf] = f >= nrows ? INT_MIN : p.q_renumber ? nk - p.n + i : p.qpos[i];
     }
     /* block-wide bounds of the valid query positions */
@@ -178,30 +301,7 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
 #pragma unroll
     for (int w = 0; w < 8; w++) { qmin = min(qmin, sRed[w]); qmax = max(qmax, sRed[8 + w]); }
 
-    /* bounds of a BN-key tile from the 64-key entries */
-    auto tile_bounds = [&](int t) -> int2 {
-        int2 b = TB[t * BN / WG_BOUNDS_TILE];
-        if (BN > WG_BOUNDS_TILE) {
-#pragma unroll
-            for (int x = 1; x < BN / WG_BOUNDS_TILE; x++) {
-                int e = t * BN / WG_BOUNDS_TILE + x;
-                if (e < A.max_tiles) {
-                    int2 c = TB[e];
-                    b.x = min(b.x, c.x);
-                    b.y = max(b.y, c.y);
-                }
-            }
-        }
-        return b;
-    };
-    auto skipped = [&](int t) -> bool {
-        int2 b = tile_bounds(t);
-        return b.x > qmax || (window > 0 && (long long)qmin - b.y >= window);
-    };
-    auto next_tile = [&](int t) -> int {
-        while (t < ntiles && skipped(t)) t++;
-        return t;
-    };
+    const tile_walk<BN> W = {A.bounds + (size_t)kv * A.max_tiles, A.max_tiles, ntiles, nk, qmin, qmax, window};
     auto load_tile = [&](int t, int buf) {
         unsigned char *dk = sK + buf * L::KV, *dv = sV + buf * L::KV;
         for (int e = tid; e < BN * NCH; e += WG_THREADS) {
@@ -227,7 +327,7 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
     const float sl2 = A.scale_log2;
     const uint32_t qbase = smem_u32(sQ) + wg * 64 * 128;
 
-    int t = next_tile(0);
+    int t = W.next(0);
     if (t < ntiles) load_tile(t, 0);
     cp_async_commit();
     for (int it = 0; t < ntiles; it++) {
@@ -237,11 +337,11 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
             cp_async_wait<0>(); /* tile t (the only group in flight) */
             proxy_fence();      /* this thread's copies are read by wgmma */
             __syncthreads();    /* also: every warp is done with buffer buf ^ 1 (tile it - 1) */
-            tn = next_tile(t + 1);
+            tn = W.next(t + 1);
             if (tn < ntiles) load_tile(tn, buf ^ 1);
             cp_async_commit();
         } else {
-            tn = next_tile(t + 1);
+            tn = W.next(t + 1);
             if (tn < ntiles) load_tile(tn, buf ^ 1);
             cp_async_commit();
             cp_async_wait<1>();
@@ -265,57 +365,16 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
         wg_wait0();
         pin(s);
 
-        /* ---- scale to the log2 domain; mask unless the whole tile is visible to every row */
-        int2 tb = tile_bounds(t);
-        bool full = (t + 1) * BN <= nk && tb.y <= qmin && (window <= 0 || (long long)qmax - tb.x < window);
-        if (full) {
-#pragma unroll
-            for (int i = 0; i < SR; i++) s[i] *= sl2;
-        } else {
-            const int *kp = sKP + buf * BN;
-#pragma unroll
-            for (int i = 0; i < SR; i++) {
-                int col = (i >> 2) * 8 + t4 * 2 + (i & 1);
-                int key = kp[col];
-                int qp = qp_r[(i >> 1) & 1];
-                bool vis = t * BN + col < nk && key <= qp && (window <= 0 || (long long)qp - key < window);
-                s[i] = vis ? s[i] * sl2 : -INFINITY;
-            }
-        }
-        /* ---- online softmax per row (hf 0: row g, elements 4i, 4i+1; hf 1: row g+8, 4i+2, 4i+3) */
+        /* ---- mask unless the whole tile is visible to every row, online softmax */
+        const int *kp = sKP + buf * BN;
         float corr[2];
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int i = 0; i < SR / 4; i++) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float mn = fmaxf(m_r[hf], mx);
-            float base = mn == -INFINITY ? 0.f : mn;
-            corr[hf] = fast_exp2(m_r[hf] - base); /* -inf -> 0 */
-            m_r[hf] = mn;
-            float ps = 0.f;
-#pragma unroll
-            for (int i = 0; i < SR / 4; i++) {
-                s[4 * i + 2 * hf] = fast_exp2(s[4 * i + 2 * hf] - base);
-                s[4 * i + 2 * hf + 1] = fast_exp2(s[4 * i + 2 * hf + 1] - base);
-                ps += s[4 * i + 2 * hf] + s[4 * i + 2 * hf + 1];
-            }
-            l_r[hf] = l_r[hf] * corr[hf] + ps;
-        }
+        softmax_tile<SR, BN>(s, W.full(t), sl2, t, nk, window, qp_r, t4, [&](int col) { return kp[col]; }, m_r, l_r, corr);
 #pragma unroll
         for (int i = 0; i < OR; i++) o[i] *= corr[(i >> 1) & 1];
 
         /* ---- O += P V (P from registers) */
         uint32_t pa[PK][4];
-#pragma unroll
-        for (int kk = 0; kk < PK; kk++) {
-            pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-        }
+        pack_p(pa, s);
         pin(o);
         wg_fence();
 #pragma unroll
@@ -331,285 +390,7 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
     }
     cp_async_wait<0>();
 
-    /* ---- normalise and store */
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        float l = l_r[hf];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        float inv = l > 0.f ? 1.0f / l : 0.f;
-        int f = q0 + row0 + 8 * hf;
-        if (f < nrows) {
-            float *dst = p.out + ((size_t)row_q(f) * H + row_h(f)) * D + t4 * 2;
-#pragma unroll
-            for (int c = 0; c < OR / 4; c++)
-                *reinterpret_cast<float2 *>(dst + c * 8) = make_float2(o[4 * c + 2 * hf] * inv, o[4 * c + 2 * hf + 1] * inv);
-        }
-    }
-}
-
-/* ---------------------------------------------------------------- pipelined variants (5 .. 7) */
-
-/* Variants 5 .. 7: one CTA per SM (all registers for NWG warpgroups), GQA packing as variant 3,
- * an NST-stage ring of K/V tiles filled by cp.async NST - 2 tiles ahead, and the two GEMMs of a
- * warpgroup overlapped with its softmax ("intra-warpgroup pipelining"): iteration j issues
- * S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back, waits for S_j only, runs the mask and the
- * softmax of S_j while the tensor cores still work on P_{j-1} V_{j-1}, then waits for that, scales
- * O by tile j's correction and packs P_j. One __syncthreads per tile: after it, every warp is done
- * with iteration j - 1, which read V_{j-2} and K_{j-1} at the latest, so the slot of tile j - 2 is
- * free and receives tile j + NST - 2 (V_{j-1} stays live until iteration j's PV). */
-template <int D, int BN, int NWG, int NST> struct wp_smem {
-    static constexpr int BM = 64 * NWG;
-    static constexpr int Q = BM * D * 2;
-    static constexpr int KV = BN * D * 2;
-    static constexpr int TOTAL = 1024 + Q + NST * 2 * KV + NST * BN * 4 + 2 * 4 * NWG * 4;
-};
-
-template <int D, int BN, int NWG, int NST>
-__global__ void __launch_bounds__(NWG * 128, 1) wg_pipe_kernel(const wg_args A) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    constexpr int NT = NWG * 128, BM = 64 * NWG;
-    constexpr int NCH = D / 8, KS = D / 16, PK = BN / 16, SR = BN / 2, OR = D / 2;
-    static_assert(NST >= 3, "the ring needs 3 slots at least");
-    typedef wp_smem<D, BN, NWG, NST> L;
-    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    unsigned char *sQ = smem;                     /* SW128 (BM, D) */
-    unsigned char *sK = sQ + L::Q;                /* NST x SW128 (BN, D) */
-    unsigned char *sV = sK + NST * L::KV;         /* NST x SW128 (BN, D) */
-    int *sKP = (int *)(sV + NST * L::KV);         /* NST x BN key positions */
-    int *sRed = sKP + NST * BN;                   /* 2 x 4 * NWG */
-
-    const ks_cuda_attn_params &p = A.p;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = warp >> 2, wq = warp & 3;
-    const int g = lane >> 2, t4 = lane & 3;
-    const int G = p.n_heads / p.n_kv_heads;
-    const int kv = blockIdx.x;
-    const int qb = A.n_qblocks - 1 - blockIdx.y; /* heaviest first */
-    const int q0 = qb * BM, H = p.n_heads;
-    const int nrows = p.n * G;
-    auto row_q = [&](int f) -> int { return f / G; };
-    auto row_h = [&](int f) -> int { return kv * G + (f - (f / G) * G); };
-    const int nk = p.nk[kv], ntiles = (nk + BN - 1) / BN;
-    const bf16 *Kg = (const bf16 *)p.k + (size_t)kv * p.capacity * D;
-    const bf16 *Vg = (const bf16 *)p.v + (size_t)kv * p.capacity * D;
-    const int32_t *KPg = (p.kpos && !p.renumber) ? p.kpos + (size_t)kv * p.capacity : nullptr;
-    const int2 *TB = A.bounds + (size_t)kv * A.max_tiles;
-    const int window = p.window;
-
-    for (int e = tid; e < BM * NCH; e += NT) {
-        int r = e / NCH, c = e - r * NCH;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (q0 + r < nrows) {
-            const int f = q0 + r;
-            const float4 *src = reinterpret_cast<const float4 *>(p.q + ((size_t)row_q(f) * H + row_h(f)) * D + c * 8);
-            float4 a = src[0], b = src[1];
-            v.x = pack_bf16(a.x, a.y);
-            v.y = pack_bf16(a.z, a.w);
-            v.z = pack_bf16(b.x, b.y);
-            v.w = pack_bf16(b.z, b.w);
-        }
-        *reinterpret_cast<uint4 *>(sQ + (c >> 3) * (BM * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4)) = v;
-    }
-    const int row0 = wg * 64 + wq * 16 + g;
-    int qp_r[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        int f = q0 + row0 + 8 * hf, i = row_q(f);
-        qp_r[hf] = f >= nrows ? INT_MIN : p.q_renumber ? nk - p.n + i : p.qpos[i];
-    }
-    int qlo = INT_MAX, qhi = INT_MIN;
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++)
-        if (q0 + row0 + 8 * hf < nrows) { qlo = min(qlo, qp_r[hf]); qhi = max(qhi, qp_r[hf]); }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        qlo = min(qlo, __shfl_xor_sync(0xffffffffu, qlo, o));
-        qhi = max(qhi, __shfl_xor_sync(0xffffffffu, qhi, o));
-    }
-    if (lane == 0) { sRed[warp] = qlo; sRed[4 * NWG + warp] = qhi; }
-
-    auto tile_bounds = [&](int t) -> int2 {
-        int2 b = TB[t * BN / WG_BOUNDS_TILE];
-        if (BN > WG_BOUNDS_TILE) {
-#pragma unroll
-            for (int x = 1; x < BN / WG_BOUNDS_TILE; x++) {
-                int e = t * BN / WG_BOUNDS_TILE + x;
-                if (e < A.max_tiles) {
-                    int2 c = TB[e];
-                    b.x = min(b.x, c.x);
-                    b.y = max(b.y, c.y);
-                }
-            }
-        }
-        return b;
-    };
-    auto load_tile = [&](int t, int slot) {
-        unsigned char *dk = sK + slot * L::KV, *dv = sV + slot * L::KV;
-        for (int e = tid; e < BN * NCH; e += NT) {
-            int r = e / NCH, c = e - r * NCH;
-            int j = t * BN + r;
-            int ok = j < nk;
-            size_t off = (size_t)(ok ? j : 0) * D + c * 8;
-            int so = (c >> 3) * (BN * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
-            cp_async16(dk + so, Kg + off, ok ? 16 : 0);
-            cp_async16(dv + so, Vg + off, ok ? 16 : 0);
-        }
-        for (int r = tid; r < BN; r += NT) {
-            int j = t * BN + r;
-            if (KPg) cp_async4(sKP + slot * BN + r, KPg + (j < nk ? j : 0), j < nk ? 4 : 0);
-            else sKP[slot * BN + r] = j;
-        }
-    };
-
-    proxy_fence(); /* the Q stores are read by wgmma */
-    __syncthreads();
-    int qmin = INT_MAX, qmax = INT_MIN;
-#pragma unroll
-    for (int w = 0; w < 4 * NWG; w++) { qmin = min(qmin, sRed[w]); qmax = max(qmax, sRed[4 * NWG + w]); }
-    auto skipped = [&](int t) -> bool {
-        int2 b = tile_bounds(t);
-        return b.x > qmax || (window > 0 && (long long)qmin - b.y >= window);
-    };
-    auto next_tile = [&](int t) -> int {
-        while (t < ntiles && skipped(t)) t++;
-        return t;
-    };
-
-    /* prologue: tiles 0 .. NST - 3 of the sequence in flight, one commit group each */
-    int t_load = -1; /* the last tile id issued (ntiles once the sequence is exhausted) */
-#pragma unroll
-    for (int j = 0; j < NST - 2; j++) {
-        t_load = next_tile(t_load + 1);
-        if (t_load < ntiles) load_tile(t_load, j);
-        cp_async_commit();
-    }
-
-    float o[OR];
-#pragma unroll
-    for (int i = 0; i < OR; i++) o[i] = 0.f;
-    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
-    const float sl2 = A.scale_log2;
-    const uint32_t qbase = smem_u32(sQ) + wg * 64 * 128;
-    uint32_t pa[PK][4];
-    int t = next_tile(0);
-    int j = 0, pslot = 0;
-    for (; t < ntiles; j++) {
-        const int slot = j % NST;
-        cp_async_wait<NST - 3>(); /* tile j's group (NST - 3 younger groups may stay in flight) */
-        proxy_fence();
-        __syncthreads();
-        t_load = t_load < ntiles ? next_tile(t_load + 1) : ntiles;
-        if (t_load < ntiles) load_tile(t_load, (j + NST - 2) % NST);
-        cp_async_commit();
-
-        const uint32_t kbase = smem_u32(sK + slot * L::KV);
-        float s[SR];
-        pin(s);
-        pin(o);
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t off = (ks & 3) * 32;
-            uint64_t da = wg_desc(qbase + (ks >> 2) * (BM * 128) + off, 16, 1024);
-            uint64_t db = wg_desc(kbase + (ks >> 2) * (BN * 128) + off, 16, 1024);
-            wg_mma<BN>::ss(s, da, db, ks > 0);
-        }
-        wg_commit();
-        if (j > 0) {
-            const uint32_t vbase = smem_u32(sV + pslot * L::KV);
-#pragma unroll
-            for (int kk = 0; kk < PK; kk++) {
-                uint64_t db = wg_desc(vbase + kk * 2048, BN * 128, 1024);
-                wg_mma<D>::rs(o, pa[kk], db);
-            }
-        }
-        wg_commit();
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); /* S_j done, P V may run */
-        pin(s);
-
-        int2 tb = tile_bounds(t);
-        bool full = (t + 1) * BN <= nk && tb.y <= qmin && (window <= 0 || (long long)qmax - tb.x < window);
-        if (full) {
-#pragma unroll
-            for (int i = 0; i < SR; i++) s[i] *= sl2;
-        } else {
-            const int *kp = sKP + slot * BN;
-#pragma unroll
-            for (int i = 0; i < SR; i++) {
-                int col = (i >> 2) * 8 + t4 * 2 + (i & 1);
-                int key = kp[col];
-                int qp = qp_r[(i >> 1) & 1];
-                bool vis = t * BN + col < nk && key <= qp && (window <= 0 || (long long)qp - key < window);
-                s[i] = vis ? s[i] * sl2 : -INFINITY;
-            }
-        }
-        float corr[2];
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int i = 0; i < SR / 4; i++) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float mn = fmaxf(m_r[hf], mx);
-            float base = mn == -INFINITY ? 0.f : mn;
-            corr[hf] = fast_exp2(m_r[hf] - base);
-            m_r[hf] = mn;
-            float ps = 0.f;
-#pragma unroll
-            for (int i = 0; i < SR / 4; i++) {
-                s[4 * i + 2 * hf] = fast_exp2(s[4 * i + 2 * hf] - base);
-                s[4 * i + 2 * hf + 1] = fast_exp2(s[4 * i + 2 * hf + 1] - base);
-                ps += s[4 * i + 2 * hf] + s[4 * i + 2 * hf + 1];
-            }
-            l_r[hf] = l_r[hf] * corr[hf] + ps;
-        }
-        wg_wait0(); /* P_{j-1} V_{j-1} done: O and pa are free */
-        pin(o);
-        pin_u(pa); /* pa stays allocated (the async read) until here; the new P is built after */
-        pin(s);
-#pragma unroll
-        for (int i = 0; i < OR; i++) o[i] *= corr[(i >> 1) & 1];
-#pragma unroll
-        for (int kk = 0; kk < PK; kk++) {
-            pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-        pslot = slot;
-        t = next_tile(t + 1);
-    }
-    if (j > 0) { /* the last tile's P V (its slot was not refilled: refills go NST - 2 ahead) */
-        const uint32_t vbase = smem_u32(sV + pslot * L::KV);
-        pin(o);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < PK; kk++) {
-            uint64_t db = wg_desc(vbase + kk * 2048, BN * 128, 1024);
-            wg_mma<D>::rs(o, pa[kk], db);
-        }
-        wg_commit();
-        wg_wait0();
-        pin(o);
-    }
-    cp_async_wait<0>();
-
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        float l = l_r[hf];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        float inv = l > 0.f ? 1.0f / l : 0.f;
-        int f = q0 + row0 + 8 * hf;
-        if (f < nrows) {
-            float *dst = p.out + ((size_t)row_q(f) * H + row_h(f)) * D + t4 * 2;
-#pragma unroll
-            for (int c = 0; c < OR / 4; c++)
-                *reinterpret_cast<float2 *>(dst + c * 8) = make_float2(o[4 * c + 2 * hf] * inv, o[4 * c + 2 * hf + 1] * inv);
-        }
-    }
+    store_rows<D>(o, l_r, p.out, R, q0 + row0, t4);
 }
 
 /* ---------------------------------------------------------------- warp-specialised variant (8) */
@@ -689,13 +470,11 @@ __global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __
     const int qb = A.n_qblocks - 1 - blockIdx.y;
     const int q0 = qb * BM, H = p.n_heads;
     const int nrows = p.n * G;
-    auto row_q = [&](int f) -> int { return f / G; };
-    auto row_h = [&](int f) -> int { return kv * G + (f - (f / G) * G); };
+    const wg_rows R = {q0, nrows, G, kv, H, 1, 0};
     const int nk = p.nk[kv], ntiles = (nk + BN - 1) / BN;
     const bf16 *Kg = (const bf16 *)p.k + (size_t)kv * p.capacity * D;
     const bf16 *Vg = (const bf16 *)p.v + (size_t)kv * p.capacity * D;
     const int32_t *KPg = (p.kpos && !p.renumber) ? p.kpos + (size_t)kv * p.capacity : nullptr;
-    const int2 *TB = A.bounds + (size_t)kv * A.max_tiles;
     const int window = p.window;
 
     /* consumer rows: warpgroup c = wg - 1 owns rows 64c .. 64c + 63 of the block */
@@ -706,7 +485,7 @@ __global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __
     if (wg > 0) {
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
-            int f = q0 + row0 + 8 * hf, i = row_q(f);
+            int f = q0 + row0 + 8 * hf, i = R.q(f);
             qp_r[hf] = f >= nrows ? INT_MIN : p.q_renumber ? nk - p.n + i : p.qpos[i];
             if (f < nrows) { qlo = min(qlo, qp_r[hf]); qhi = max(qhi, qp_r[hf]); }
         }
@@ -728,29 +507,7 @@ __global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __
 #pragma unroll
     for (int w = 0; w < 12; w++) { qmin = min(qmin, sRed[w]); qmax = max(qmax, sRed[12 + w]); }
 
-    auto tile_bounds = [&](int t) -> int2 {
-        int2 b = TB[t * BN / WG_BOUNDS_TILE];
-        if (BN > WG_BOUNDS_TILE) {
-#pragma unroll
-            for (int x = 1; x < BN / WG_BOUNDS_TILE; x++) {
-                int e = t * BN / WG_BOUNDS_TILE + x;
-                if (e < A.max_tiles) {
-                    int2 c = TB[e];
-                    b.x = min(b.x, c.x);
-                    b.y = max(b.y, c.y);
-                }
-            }
-        }
-        return b;
-    };
-    auto skipped = [&](int t) -> bool {
-        int2 b = tile_bounds(t);
-        return b.x > qmax || (window > 0 && (long long)qmin - b.y >= window);
-    };
-    auto next_tile = [&](int t) -> int {
-        while (t < ntiles && skipped(t)) t++;
-        return t;
-    };
+    const tile_walk<BN> W = {A.bounds + (size_t)kv * A.max_tiles, A.max_tiles, ntiles, nk, qmin, qmax, window};
 
     if (wg == 0) {
         /* ---------------- producer */
@@ -758,7 +515,7 @@ __global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __
         if (TMA) {
             if (warp != 0) return;
             int j = 0;
-            for (int t = next_tile(0); t < ntiles; t = next_tile(t + 1), j++) {
+            for (int t = W.next(0); t < ntiles; t = W.next(t + 1), j++) {
                 const int slot = j % NST;
                 if (j >= NST) mbar_wait(empty0 + 8 * slot, ((j / NST) - 1) & 1);
                 const uint32_t dk = smem_u32(sK + slot * L::KV), dv = smem_u32(sV + slot * L::KV);
@@ -790,7 +547,7 @@ __global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __
             return;
         }
         int j = 0;
-        for (int t = next_tile(0); t < ntiles; t = next_tile(t + 1), j++) {
+        for (int t = W.next(0); t < ntiles; t = W.next(t + 1), j++) {
             const int slot = j % NST;
             if (j >= NST) mbar_wait(empty0 + 8 * slot, ((j / NST) - 1) & 1);
             unsigned char *dk = sK + slot * L::KV, *dv = sV + slot * L::KV;
@@ -816,20 +573,7 @@ __global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __
 
     /* ---------------- consumers: Q of this warpgroup's 64 rows, float32 -> bf16 */
     if (BN > 64) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    for (int e = tid - 128 * wg; e < 64 * NCH; e += 128) {
-        int r = cw * 64 + e / NCH, c = e % NCH;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (q0 + r < nrows) {
-            const int f = q0 + r;
-            const float4 *src = reinterpret_cast<const float4 *>(p.q + ((size_t)row_q(f) * H + row_h(f)) * D + c * 8);
-            float4 a = src[0], b = src[1];
-            v.x = pack_bf16(a.x, a.y);
-            v.y = pack_bf16(a.z, a.w);
-            v.z = pack_bf16(b.x, b.y);
-            v.w = pack_bf16(b.z, b.w);
-        }
-        *reinterpret_cast<uint4 *>(sQ + (c >> 3) * (BM * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4)) = v;
-    }
+    stage_q<D, BM>(sQ, p.q, R, cw * 64, 64, tid - 128 * wg, 128);
     proxy_fence();
     wg_bar(wg); /* named barrier 1 or 2: this warpgroup's Q rows are in place */
 
@@ -843,7 +587,7 @@ __global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __
     const bool leader = (tid & 127) == 0;
     int j = 0, pslot = 0;
     if (PP && cw == 1) bar_arrive_n(3, 256); /* warpgroup 1 issues its GEMMs first */
-    for (int t = next_tile(0); t < ntiles; t = next_tile(t + 1), j++) {
+    for (int t = W.next(0); t < ntiles; t = W.next(t + 1), j++) {
         const int slot = j % NST;
         mbar_wait(full0 + 8 * slot, (j / NST) & 1);
         proxy_fence();
@@ -874,44 +618,12 @@ __global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         pin(s);
 
-        int2 tb = tile_bounds(t);
-        bool full = (t + 1) * BN <= nk && tb.y <= qmin && (window <= 0 || (long long)qmax - tb.x < window);
-        if (full) {
-#pragma unroll
-            for (int i = 0; i < SR; i++) s[i] *= sl2;
-        } else {
-            const int *kp = sKP + slot * BN;
-#pragma unroll
-            for (int i = 0; i < SR; i++) {
-                int col = (i >> 2) * 8 + t4 * 2 + (i & 1);
-                int jj = t * BN + col;
-                int key = !KPg ? jj : TMA ? (jj < nk ? __ldg(KPg + jj) : INT_MAX) : kp[col];
-                int qp = qp_r[(i >> 1) & 1];
-                bool vis = t * BN + col < nk && key <= qp && (window <= 0 || (long long)qp - key < window);
-                s[i] = vis ? s[i] * sl2 : -INFINITY;
-            }
-        }
+        const int *kp = sKP + slot * BN;
         float corr[2];
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int i = 0; i < SR / 4; i++) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float mn = fmaxf(m_r[hf], mx);
-            float base = mn == -INFINITY ? 0.f : mn;
-            corr[hf] = fast_exp2(m_r[hf] - base);
-            m_r[hf] = mn;
-            float ps = 0.f;
-#pragma unroll
-            for (int i = 0; i < SR / 4; i++) {
-                s[4 * i + 2 * hf] = fast_exp2(s[4 * i + 2 * hf] - base);
-                s[4 * i + 2 * hf + 1] = fast_exp2(s[4 * i + 2 * hf + 1] - base);
-                ps += s[4 * i + 2 * hf] + s[4 * i + 2 * hf + 1];
-            }
-            l_r[hf] = l_r[hf] * corr[hf] + ps;
-        }
+        softmax_tile<SR, BN>(s, W.full(t), sl2, t, nk, window, qp_r, t4, [&](int col) {
+            int jj = t * BN + col;
+            return !KPg ? jj : TMA ? (jj < nk ? __ldg(KPg + jj) : INT_MAX) : kp[col];
+        }, m_r, l_r, corr);
         wg_wait0(); /* P_{j-1} V_{j-1} done */
         pin(o);
         pin_u(pa);
@@ -922,13 +634,7 @@ __global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __
         }
 #pragma unroll
         for (int i = 0; i < OR; i++) o[i] *= corr[(i >> 1) & 1];
-#pragma unroll
-        for (int kk = 0; kk < PK; kk++) {
-            pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-        }
+        pack_p(pa, s);
         pslot = slot;
     }
     if (j > 0) {
@@ -945,20 +651,7 @@ __global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __
         pin(o);
     }
 
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        float l = l_r[hf];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        float inv = l > 0.f ? 1.0f / l : 0.f;
-        int f = q0 + row0 + 8 * hf;
-        if (f < nrows) {
-            float *dst = p.out + ((size_t)row_q(f) * H + row_h(f)) * D + t4 * 2;
-#pragma unroll
-            for (int c = 0; c < OR / 4; c++)
-                *reinterpret_cast<float2 *>(dst + c * 8) = make_float2(o[4 * c + 2 * hf] * inv, o[4 * c + 2 * hf + 1] * inv);
-        }
-    }
+    store_rows<D>(o, l_r, p.out, R, q0 + row0, t4);
 }
 
 /* ---------------------------------------------------------------- entry points */
@@ -970,14 +663,14 @@ extern "C" int ks_cuda_attn_prefill_wgmma_enabled(void) {
         /* on by default, variant 10 (warp-specialised: a TMA producer, two consumer warpgroups with
          * the softmax of tile j under the P V GEMM of tile j - 1): 502-523 TFLOP/s at 16K-128K causal
          * d=128 on an H200, vs 392-397 for variant 4 and 220-240 for the mma.sync kernel
-         * (bench/NOTES.md); KS_CUDA_WGMMA=0 turns it off, =1 .. 12 picks a variant */
+         * (bench/NOTES.md); KS_CUDA_WGMMA=0 turns it off, =1 .. 4, 8 .. 12 picks a variant */
         const char *e = getenv("KS_CUDA_WGMMA");
         int v = e && *e ? atoi(e) : KS_WGMMA_DEFAULT;
-        g_enabled = v >= 1 && v <= KS_WGMMA_VARIANTS ? v : 0;
+        g_enabled = KS_WGMMA_LIVE(v) ? v : 0;
     }
     return g_enabled;
 }
-extern "C" void ks_cuda_attn_prefill_wgmma_set_enabled(int v) { g_enabled = v >= 1 && v <= KS_WGMMA_VARIANTS ? v : 0; }
+extern "C" void ks_cuda_attn_prefill_wgmma_set_enabled(int v) { g_enabled = KS_WGMMA_LIVE(v) ? v : 0; }
 
 extern "C" int ks_cuda_attn_prefill_wgmma_supported(const ks_cuda_attn_params *p) {
     return (p->head_dim == 64 || p->head_dim == 128) && !p->idx && !p->k_f32 && p->n_kv_heads > 0 &&
@@ -1004,25 +697,6 @@ template <int D, int BN, int MINB, int PACK, int SB> static ks_status wg_launch(
     dim3 grid(PACK ? a.p.n_kv_heads : a.p.n_heads, a.n_qblocks);
     wg_prefill_kernel<D, BN, MINB, PACK, SB><<<grid, WG_THREADS, smem, s>>>(a);
     KS_CU_LAUNCH("attention (wgmma prefill) kernel");
-    return KS_OK;
-}
-
-template <int D, int BN, int NWG, int NST> static ks_status wp_launch(cudaStream_t s, wg_args a) {
-    static int attr_done = 0;
-    const int smem = wp_smem<D, BN, NWG, NST>::TOTAL;
-    if (!attr_done) {
-        KS_CU(cudaFuncSetAttribute(wg_pipe_kernel<D, BN, NWG, NST>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-              "attention (wgmma, pipelined) shared memory");
-        attr_done = 1;
-    }
-    const int BM = 64 * NWG;
-    long long rows = (long long)a.p.n * (a.p.n_heads / a.p.n_kv_heads);
-    if ((rows + BM - 1) / BM > 65535)
-        return ks_errorf(KS_ERR_UNSUPPORTED, "attention (wgmma): %d query rows is too many", a.p.n);
-    a.n_qblocks = (int)((rows + BM - 1) / BM);
-    dim3 grid(a.p.n_kv_heads, a.n_qblocks);
-    wg_pipe_kernel<D, BN, NWG, NST><<<grid, NWG * 128, smem, s>>>(a);
-    KS_CU_LAUNCH("attention (wgmma pipelined prefill) kernel");
     return KS_OK;
 }
 
@@ -1100,9 +774,9 @@ extern "C" ks_status ks_cuda_attn_prefill_wgmma(cudaStream_t s, const ks_cuda_at
     if (variant == 10) return p->head_dim == 128 ? ws_launch<128, 128, 3, 1>(s, a) : ws_launch<64, 128, 3, 1>(s, a);
     if (variant == 12) return p->head_dim == 128 ? ws_launch<128, 128, 3, 1, 1>(s, a) : ws_launch<64, 128, 3, 1, 1>(s, a);
     if (variant == 11) return p->head_dim == 128 ? ws_launch<128, 64, 5, 1>(s, a) : ws_launch<64, 64, 5, 1>(s, a);
-    if (variant == 5) return p->head_dim == 128 ? wp_launch<128, 64, 2, 4>(s, a) : wp_launch<64, 64, 2, 4>(s, a);
-    if (variant == 6) return p->head_dim == 128 ? wp_launch<128, 128, 2, 3>(s, a) : wp_launch<64, 128, 2, 3>(s, a);
-    if (variant == 7) return p->head_dim == 128 ? wp_launch<128, 64, 3, 4>(s, a) : wp_launch<64, 64, 3, 4>(s, a);
+    if (variant >= 5 && variant <= 7)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "attention (wgmma): variant %d was superseded "
+                         "(kernels/versions/attn_prefill_wgmma_pipe.cu)", variant);
     if (variant == 4) return p->head_dim == 128 ? wg_launch<128, 64, 2, 1, 1>(s, a) : wg_launch<64, 64, 2, 1, 1>(s, a);
     if (variant == 3) return p->head_dim == 128 ? wg_launch<128, 64, 2, 1, 0>(s, a) : wg_launch<64, 64, 2, 1, 0>(s, a);
     if (variant == 2) return p->head_dim == 128 ? wg_launch<128, 64, 2, 0, 0>(s, a) : wg_launch<64, 64, 2, 0, 0>(s, a);

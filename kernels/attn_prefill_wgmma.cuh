@@ -35,7 +35,8 @@
  * together, waits for S_j only and runs tile j's mask and softmax while P_{j-1} V_{j-1} runs
  * (FlashAttention-3's intra-warpgroup pipelining), then releases tile j - 1's slot. The one tile
  * that reaches past nk is copied with zero-filling cp.async instead (garbage rows never meet
- * P = 0). Variants 5 .. 9, 11, 12 are the steps measured on the way (bench/NOTES.md).
+ * P = 0). Variants 8, 9, 11, 12 are the steps measured on the way (bench/NOTES.md; 5 .. 7 now
+ * live in kernels/versions/).
  *
  * ---- Shared-memory tiles: 128-byte swizzle ("SW128"), the layout TMA writes with
  * CU_TENSOR_MAP_SWIZZLE_128B and wgmma reads with descriptor layout type 1.
@@ -102,14 +103,15 @@ size_t ks_cuda_attn_prefill_wgmma_workspace(const ks_cuda_attn_params *p);
 
 /* Variants: 1 .. KS_WGMMA_VARIANTS. */
 #define KS_WGMMA_VARIANTS 12
+/* variants 5 .. 7 were superseded and moved to kernels/versions/attn_prefill_wgmma_pipe.cu */
+#define KS_WGMMA_LIVE(v) ((v) >= 1 && (v) <= KS_WGMMA_VARIANTS && ((v) < 5 || (v) > 7))
 #define KS_WGMMA_DEFAULT 10 /* the variant ks_cuda_attn_prefill dispatches to unless KS_CUDA_WGMMA says otherwise */
 
 /* Run variant 1 (BN = 128), 2 (BN = 64, 2 CTAs per SM), 3 (variant 2 with the G query heads of
- * a KV head packed into one CTA's rows), 4 (variant 3 with one barrier per key tile), or the
- * pipelined ones (GQA packing, one CTA per SM, an NST-slot K/V ring, each warpgroup's softmax of
- * tile j overlapped with its P V GEMM of tile j - 1; see the .cu): 5 (2 warpgroups, BN = 64,
- * NST = 4), 6 (2 warpgroups, BN = 128, NST = 3), 7 (3 warpgroups = 192 rows, BN = 64, NST = 4);
- * 8 and 9: warp-specialised (a producer warpgroup fills the ring, two consumer warpgroups, mbarriers
+ * a KV head packed into one CTA's rows), 4 (variant 3 with one barrier per key tile); 5 .. 7 (one
+ * CTA per SM, a CTA barrier per tile) were superseded: KS_ERR_UNSUPPORTED (see
+ * kernels/versions/attn_prefill_wgmma_pipe.cu); 8 and 9: warp-specialised (a producer warpgroup
+ * fills the ring, two consumer warpgroups, mbarriers
  * instead of CTA barriers; 8: BN = 64, 5 slots; 9: BN = 128, 3 slots); 10 and 11: 9 and 8 with TMA
  * tile copies issued by one producer thread; 12: 10 with "ping-pong" (the consumer warpgroups take
  * turns issuing their GEMMs through named barriers, so one's softmax runs under the other's
