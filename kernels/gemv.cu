@@ -419,115 +419,11 @@ __global__ void __launch_bounds__(256) gemv_fused_kernel(const __grid_constant__
     }
 }
 
-/* The persistent variant (ks_cuda_gemv_set_persistent): warps take units blockIdx.x * 8 + warp
- * + k * gridDim.x * 8, so a one-wave grid normalises x once per block; each unit's summation
- * order is gemv_fused_kernel's. */
-template <int MODE, bool NORM>
-__global__ void __launch_bounds__(256, 4) gemv_fused_loop_kernel(const __grid_constant__ gemv_fused_args a) {
-    extern __shared__ float4 xs_sh[];
-    const int lane = threadIdx.x & 31;
-    const int total = a.ustart[a.n_seg], stride = gridDim.x * 8;
-    int unit = blockIdx.x * 8 + (threadIdx.x >> 5);
-    fused_unit f = unit_of<MODE>(a, unit);
-    const int steps = a.in / 8;
-    /* before the wait: weights only (immutable): an L2 prefetch of the first bytes of both rows
-     * and the first step's 16 bytes in registers (peeled below: same summation order) */
-    bool pre = unit < total && lane < steps;
-    uint4 f0 = make_uint4(0, 0, 0, 0), f1 = f0;
-    if (unit < total) {
-        if (a.pf > 0) {
-            const int hi = min(a.in * 2, a.pf);
-            prefetch_span(f.Wa + (size_t)f.ra * a.in, 0, hi, lane);
-            if (f.has_b) prefetch_span(f.Wb + (size_t)f.rb * a.in, 0, hi, lane);
-        }
-        if (pre) {
-            f0 = __ldcs(reinterpret_cast<const uint4 *>(f.Wa + (size_t)f.ra * a.in) + lane);
-            f1 = __ldcs(reinterpret_cast<const uint4 *>(f.Wb + (size_t)f.rb * a.in) + lane);
-        }
-    }
-    ks_pdl_trigger();
-    ks_pdl_wait();
-    if (NORM) norm_prologue(xs_sh, a.x, a.nw, a.in, a.eps, a.xn); /* every thread: it synchronises */
-    const float4 *xv = NORM ? xs_sh : reinterpret_cast<const float4 *>(a.x);
-    for (; unit < total; unit += stride, pre = false) {
-        if (!pre) f = unit_of<MODE>(a, unit);
-        const uint4 *wa = reinterpret_cast<const uint4 *>(f.Wa + (size_t)f.ra * a.in);
-        const uint4 *wb = reinterpret_cast<const uint4 *>(f.Wb + (size_t)f.rb * a.in);
-        float acc0 = 0.f, acc1 = 0.f;
-        int c = pre ? lane + 32 : lane;
-        if (pre) {
-            float4 x0, x1;
-            if (NORM) { x0 = xv[2 * lane]; x1 = xv[2 * lane + 1]; }
-            else { x0 = __ldg(xv + 2 * lane); x1 = __ldg(xv + 2 * lane + 1); }
-            acc0 += dot8(f0, x0, x1);
-            acc1 += dot8(f1, x0, x1);
-        }
-#pragma unroll 4
-        for (; c < steps; c += 32) {
-            float4 x0, x1;
-            if (NORM) { x0 = xv[2 * c]; x1 = xv[2 * c + 1]; }
-            else { x0 = __ldg(xv + 2 * c); x1 = __ldg(xv + 2 * c + 1); }
-            uint4 u0 = __ldcs(wa + c), u1 = __ldcs(wb + c);
-            acc0 += dot8(u0, x0, x1);
-            acc1 += dot8(u1, x0, x1);
-        }
-        float va = warp_sum(acc0), vb = warp_sum(acc1);
-        if (lane) continue;
-        if (MODE == GF_SWIGLU) {
-            a.y[0][f.u] = silu_mul_g(va, vb);
-            continue;
-        }
-        const float *bias = pick3(f.s, a.bias);
-        if (bias) {
-            va = va + bias[f.ra];
-            vb = vb + bias[f.rb];
-        }
-        float *y = pick3(f.s, a.y);
-        if (pick3(f.s, a.rope)) { /* the arithmetic of rope.cu's kernel */
-            float ang = __fmul_rn((float)a.pos, a.inv[f.kk]);
-            float sn, cs;
-            sincosf(ang, &sn, &cs);
-            float cc = __fmul_rn(cs, a.af), sv = __fmul_rn(sn, a.af);
-            float ta = __fsub_rn(__fmul_rn(va, cc), __fmul_rn(vb, sv));
-            float tb = __fadd_rn(__fmul_rn(vb, cc), __fmul_rn(va, sv));
-            va = ta;
-            vb = tb;
-        }
-        y[f.ra] = va;
-        if (f.has_b) y[f.rb] = vb;
-        if (a.kv_on && f.s > 0) { /* the new cache row: k (rotated) or v, rounded to bf16 */
-            bf16 *base = f.s == 1 ? a.kc : a.vc;
-            kv_store(a, base, f.ra, va);
-            if (f.has_b) kv_store(a, base, f.rb, vb);
-            if (f.s == 1 && f.ra % a.head_dim == 0) {
-                int h = f.ra / a.head_dim;
-                a.pc[(size_t)h * a.kv_cap + a.row0[h]] = a.pos;
-            }
-        }
-    }
-}
-
-/* blocks of the fused kernels: one per 8 units, or with g_persistent at most one full wave
- * (the resident capacity of the device) with warps looping over units */
-static int g_persistent = 0;
-extern "C" void ks_cuda_gemv_set_persistent(int on) { g_persistent = on != 0; }
-
-template <typename K> static unsigned fused_blocks(K kernel, size_t smem, size_t units) {
-    unsigned blocks = ks_cdiv(units, 8);
-    int dev = 0, nsm = 0, per = 0;
-    if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, 256, smem) || nsm <= 0 || per <= 0) {
-        cudaGetLastError();
-        return blocks;
-    }
-    return KS_MIN(blocks, (unsigned)(nsm * per));
-}
-
+/* one block per 8 units (a persistent one-wave grid with warps looping over units was measured
+ * slower on an H200: bench/NOTES.md, seventh run) */
 template <int MODE, bool NORM>
 static cudaError_t fused_go(cudaStream_t s, const gemv_fused_args &a, size_t units, size_t smem) {
-    if (!g_persistent) return ks_pdl_launch(gemv_fused_kernel<MODE, NORM>, dim3(ks_cdiv(units, 8)), dim3(256), smem, s, a);
-    unsigned blocks = fused_blocks(gemv_fused_loop_kernel<MODE, NORM>, smem, units);
-    return ks_pdl_launch(gemv_fused_loop_kernel<MODE, NORM>, dim3(blocks), dim3(256), smem, s, a);
+    return ks_pdl_launch(gemv_fused_kernel<MODE, NORM>, dim3(ks_cdiv(units, 8)), dim3(256), smem, s, a);
 }
 
 template <int MODE>

@@ -67,11 +67,6 @@ ks_status ks_cuda_gemv_swiglu(cudaStream_t s, float *y, const float *x, const fl
 #define KS_CUDA_GEMV_PREFETCH 0
 void ks_cuda_gemv_set_prefetch(int bytes);
 
-/* 1: the fused gemvs (qkv, swiglu) launch at most one full wave of blocks (the device's resident
- * capacity for the kernel) whose warps loop over the units, so each block normalises x once;
- * 0 (default): one block per 8 units. Results are identical either way. */
-void ks_cuda_gemv_set_persistent(int on);
-
 /* A variant of ks_cuda_gemv(_acc) for the benchmark: rows output rows per warp (1, 2, 4),
  * unroll 4 or 8 of the 16-byte step loop, ksplit warps of a block (1, 2, 4) sharing the same
  * rows over slices of in (partial sums reduced in shared memory, in a fixed order; the

@@ -224,14 +224,6 @@ static void bench_gemv_shapes(void) {
             snprintf(name, sizeof name, "%s: 8 back to back, PDL %s", sh.name, pdl ? "on" : "off");
             line(name, eight, (double)bytes);
         }
-        if (sh.kind == 1 || sh.kind == 2) { /* the persistent one-wave grid of the fused kernels */
-            ks_cuda_pdl_set(1);
-            ks_cuda_gemv_set_persistent(1);
-            double eight = best_ms([&](int i) { for (int j = 0; j < 8; j++) run(i * 8 + j); }) / 8;
-            ks_cuda_gemv_set_persistent(0);
-            snprintf(name, sizeof name, "%s: 8 back to back, PDL on, persistent grid", sh.name);
-            line(name, eight, (double)bytes);
-        }
         ks_cuda_pdl_set(-1);
         if (sh.kind == 0 || sh.kind == 3) { /* plain gemv variants vs the default kernel's output */
             KS(ks_cuda_gemv(S, y, x, W[0], NULL, sh.in, sh.out));
@@ -376,19 +368,6 @@ static void bench_sequence(int rows) {
         for (float f : h_on) finite &= isfinite(f) ? 1 : 0;
         printf("  KV append %s: logits with PDL on %s those with PDL off (all finite: %s)\n", fk ? "fused" : "apart",
                same ? "bit-identical to" : "DIFFER FROM", finite ? "yes" : "no");
-        if (fk) { /* the persistent (one-wave) fused gemvs */
-            ks_cuda_pdl_set(1);
-            ks_cuda_gemv_set_prefetch(-1);
-            ks_cuda_gemv_set_persistent(1);
-            double ms = best_ms([&](int) { step(); }, 2, g_quick ? 5 : 20);
-            snprintf(name, sizeof name, "step: KV append fused, PDL on , prefetch %4d, persistent fused gemvs", KS_CUDA_GEMV_PREFETCH);
-            line(name, ms, wbytes + kvbytes);
-            CK(cudaStreamSynchronize(S));
-            CK(cudaMemcpy(h_off.data(), a.logits, (size_t)VOCAB * 4, cudaMemcpyDeviceToHost));
-            ks_cuda_gemv_set_persistent(0);
-            printf("  persistent fused gemvs: logits %s the default grid's\n",
-                   memcmp(h_on.data(), h_off.data(), (size_t)VOCAB * 4) ? "DIFFER FROM" : "bit-identical to");
-        }
     }
     ks_cuda_pdl_set(-1);
     ks_cuda_gemv_set_prefetch(-1);
