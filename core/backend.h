@@ -20,6 +20,7 @@
 
 typedef struct ks_backend ks_backend;
 typedef struct ks_weight ks_weight;
+typedef struct ks_graph ks_graph; /* a recorded decode step (graph_begin below) */
 
 /* The KV rows of one layer. Rows may differ between KV heads after per-head retention, so
  * each head has its own row count and position ids. Storage is backend memory. */
@@ -221,6 +222,33 @@ struct ks_backend {
      * intermediates (CUDA: bf16, as a bf16 model computes them). */
     ks_status (*mlp)(ks_backend *b, float *x, const float *xn, const ks_weight *Wg, const ks_weight *Wu,
                      const ks_weight *Wd, int n, int dim, int ffn);
+
+    /* ---- page-locked host memory (optional; NULL = malloc / free) for host buffers that are
+     * downloaded into every step (the logits): CUDA's cudaMallocHost, so a download is one DMA
+     * (a 128K-float row: 12 us on an H200, against 60-75 us into pageable memory). */
+    void *(*host_alloc)(ks_backend *b, size_t bytes);
+    void (*host_free)(ks_backend *b, void *p);
+
+    /* ---- decode-step graphs (optional; NULL = none; CUDA: CUDA graphs). Between graph_begin
+     * and graph_end the backend records the device work of the calls made in between instead of
+     * running it; their host effects still happen (matmul_qkv_append books its row in L->n and
+     * L->pos). What can be recorded is one decode step: embed of one id, matmul_qkv_append,
+     * one-row attention over the cache, the dense one-row ops. The per-token values (the token
+     * id, the position, each head's row count) are read from a device slot when the graph runs:
+     * graph_run(g, id, pos) sets that slot (id, pos, delta = pos - the position given to
+     * graph_begin) and launches the whole step with one call. Row counts run as recorded + delta
+     * and the new row goes to row (recorded count + delta). The caller guarantees that at every
+     * run each layer the step touched holds exactly that many rows per head with room for one
+     * more, in the same storage, and that the buffers passed while recording are still
+     * allocated; it downloads the results itself.
+     * graph_end: KS_ERR_UNSUPPORTED (message set) when a call between could not be recorded
+     * (that call returned KS_ERR_UNSUPPORTED too); nothing ran and *out is NULL; the caller
+     * undoes the host effects. graph_run: KS_ERR_UNSUPPORTED when the graph went stale inside the
+     * backend (a device table it read was replaced); nothing ran, record anew. */
+    ks_status (*graph_begin)(ks_backend *b, int32_t id, int32_t pos);
+    ks_status (*graph_end)(ks_backend *b, ks_graph **out);
+    ks_status (*graph_run)(ks_backend *b, ks_graph *g, int32_t id, int32_t pos);
+    void (*graph_free)(ks_backend *b, ks_graph *g);
 };
 #define KS_PROF_TAGS 64
 

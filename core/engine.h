@@ -93,6 +93,9 @@ struct ks_session {
     ks_backend *owned_be;     /* (unused by sessions; models opened by name own theirs) */
     ks_profile prof;          /* per-phase times (ks_profile_enable); on at creation with KS_PROFILE=1 */
     int discard_kv;           /* the running prefill pass discards its KV rows (discard_kv action) */
+    int graph_steps;          /* decode steps run as a recorded graph (ks_backend.graph_begin) */
+    struct ks_decode_state *dec; /* engine.c: one-row buffers kept between decode steps and the
+                                    recorded decode step (backend graphs); NULL until a decode */
 };
 
 ks_status ks_session_new(ks_model *m, ks_session **out);

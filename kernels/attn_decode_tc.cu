@@ -34,6 +34,7 @@ template <int D> static constexpr size_t tc_smem() {
 struct tc_byval {
     int on, qpos;
     int nk[KS_CUDA_ATTN_BYVAL_HEADS];
+    const int32_t *dyn; /* on: NULL, or device {qpos, delta}: qpos from here, delta added to nk */
 };
 
 template <int D>
@@ -56,7 +57,8 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     int *wP = (int *)(wV + TC_STAGES * TC_KT * D);                            /* stages x KT */
     float *sML = (float *)(smem + 16 * D * 2 + TC_WARPS * tc_wregion<D>());   /* (warps, 16, 2) */
 
-    const int nkh = bv.on ? bv.nk[kv] : p.nk[kv];
+    const int nkh = bv.on ? bv.nk[kv] + (bv.dyn ? bv.dyn[1] : 0) : p.nk[kv];
+    const int qpos1 = bv.dyn ? bv.dyn[0] : bv.qpos;
     const int quantum = TC_WARPS * TC_KT;
     int per = (nkh + n_splits - 1) / n_splits;
     per = (per + quantum - 1) / quantum * quantum;
@@ -85,7 +87,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         int r = gq + 8 * hf, i = r / g;
-        qp[hf] = r >= M ? INT_MIN : p.q_renumber ? nkh - p.n + i : bv.on ? bv.qpos : p.qpos[i];
+        qp[hf] = r >= M ? INT_MIN : p.q_renumber ? nkh - p.n + i : bv.on ? qpos1 : p.qpos[i];
     }
     __syncthreads();
     uint32_t qf[KS][4];
@@ -305,7 +307,7 @@ extern "C" ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_p
 }
 
 extern "C" ks_status ks_cuda_attn_decode_tc1(cudaStream_t s, const ks_cuda_attn_params *p, const int *nk_host, int qpos,
-                                             int n_splits, void *ws) {
+                                             const int32_t *dyn, int n_splits, void *ws) {
     if (!ks_cuda_attn_decode_tc_supported(p) || p->n != 1 || p->idx || p->renumber || p->q_renumber ||
         p->n_kv_heads > KS_CUDA_ATTN_BYVAL_HEADS)
         return ks_errorf(KS_ERR_UNSUPPORTED, "attention: the one-row tensor-core decode does not take this call "
@@ -314,6 +316,7 @@ extern "C" ks_status ks_cuda_attn_decode_tc1(cudaStream_t s, const ks_cuda_attn_
     memset(&bv, 0, sizeof bv);
     bv.on = 1;
     bv.qpos = qpos;
+    bv.dyn = dyn;
     for (int h = 0; h < p->n_kv_heads; h++) {
         if (nk_host[h] < 0 || nk_host[h] > p->capacity)
             return ks_errorf(KS_ERR_ARG, "attention: %d keys for KV head %d (capacity %d)", nk_host[h], h, p->capacity);

@@ -27,10 +27,13 @@ ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_params *p, i
  * renumbering, n_kv_heads <= KS_CUDA_ATTN_BYVAL_HEADS) with each KV head's key count nk_host
  * (n_kv_heads, HOST) and the query position passed by value: p->nk and p->qpos are not read
  * (may be NULL), so a decode step uploads nothing. The kernels use programmatic dependent
- * launch (kernels/pdl.cuh), as ks_cuda_attn_decode_tc's do. */
+ * launch (kernels/pdl.cuh), as ks_cuda_attn_decode_tc's do. With dyn (DEVICE {pos, delta}, or
+ * NULL) the kernel reads the query position from dyn[0] and takes nk_host[h] + dyn[1] keys when
+ * it runs (a CUDA graph replays the launch for later tokens; the caller keeps the counts within
+ * the capacity). */
 #define KS_CUDA_ATTN_BYVAL_HEADS 64
 ks_status ks_cuda_attn_decode_tc1(cudaStream_t s, const ks_cuda_attn_params *p, const int *nk_host, int qpos,
-                                  int n_splits, void *ws);
+                                  const int32_t *dyn, int n_splits, void *ws);
 
 #ifdef __cplusplus
 }

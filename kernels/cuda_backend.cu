@@ -57,7 +57,19 @@ typedef struct cuda_ctx {
         float *dev; /* (head_dim/2) */
     } rc[ROPE_CACHE];
     int rc_next;
+    unsigned rc_gen;       /* bumped when a table is replaced (graphs that read the old one are stale) */
+    /* decode-step graphs (graph_begin .. graph_end): while `rec`, calls record instead of run */
+    int rec, rec_failed;
+    int32_t *h_step;       /* pinned {id, pos, delta, 0}: written by graph_run, copied by the graph's first node */
+    int32_t *d_step;       /* device copy the recorded kernels read */
+    void *gws;             /* attention split workspace of recorded steps (GRAPH_WS bytes) */
 } cuda_ctx;
+
+struct ks_graph {
+    cudaGraphExec_t exec;
+    int32_t pos0;          /* position at graph_begin */
+    unsigned rc_gen;
+};
 
 /* The tensor-core decode kernel, flash variant 2 (4 warps x 32 rows) and the n = 1 gemv: on by
  * default since build-cuda/test_cuda passed with them on an H100 (286/286, compute-sanitizer
@@ -69,8 +81,16 @@ typedef struct cuda_ctx {
 #define BLAS_WS ((size_t)32 << 20)
 #define MM_CONV_BYTES ((size_t)64 << 20) /* bf16 copy of a matmul's input: converted in row chunks of this size */
 #define PROF_CAP 4096                    /* profiling events in flight before a batch is resolved */
+#define GRAPH_WS ((size_t)8 << 20)       /* split-KV workspace of a recorded decode step */
 
 static cuda_ctx *CTX(ks_backend *b) { return (cuda_ctx *)b->ctx; }
+
+/* While a decode step is being recorded (graph_begin): a call or path that cannot be replayed
+ * (it would bake per-token values into the graph, allocate, or wait) fails the recording. */
+static ks_status rec_fail(cuda_ctx *c, const char *what) {
+    c->rec_failed = 1;
+    return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: %s cannot be recorded in a decode graph", what);
+}
 
 static ks_status blas_status(cublasStatus_t s, const char *what) {
     if (s == CUBLAS_STATUS_SUCCESS) return KS_OK;
@@ -89,6 +109,7 @@ static ks_status oom(size_t bytes, const char *what) {
  * and the allocation retried once. */
 static ks_status dev_alloc(cuda_ctx *c, size_t bytes, const char *what, void **out) {
     *out = NULL;
+    if (c->rec) return rec_fail(c, what);
     if (!bytes) bytes = 16;
     cudaError_t e = cudaMallocFromPoolAsync(out, bytes, c->pool, c->stream);
     if (e == cudaErrorMemoryAllocation) {
@@ -112,6 +133,7 @@ static void dev_free(cuda_ctx *c, void *p) {
 /* Long-lived memory (weights, KV cache): plain cudaMalloc, so cudaFree really returns it. */
 static ks_status raw_alloc(cuda_ctx *c, size_t bytes, const char *what, void **out) {
     *out = NULL;
+    if (c->rec) return rec_fail(c, what);
     if (!bytes) bytes = 16;
     cudaError_t e = cudaMalloc(out, bytes);
     if (e == cudaErrorMemoryAllocation) {
@@ -135,6 +157,7 @@ static void raw_free(cuda_ctx *c, void *p) {
 /* Queue a host -> device copy of a host array the caller may reuse as soon as this returns. */
 static ks_status stage_h2d(cuda_ctx *c, void *dst, const void *src, size_t bytes, const char *what) {
     if (!bytes) return KS_OK;
+    if (c->rec) return rec_fail(c, what);
     if (bytes <= KS_CUDA_PUT_MAX) return ks_cuda_put(c->stream, dst, src, bytes); /* as a kernel argument */
     if (bytes > c->pin_cap / 4) { /* large: copy straight from pageable memory and wait */
         KS_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), what);
@@ -172,6 +195,7 @@ static void cu_free(ks_backend *b, void *p) { dev_free(CTX(b), p); }
 
 static ks_status cu_upload(ks_backend *b, void *dst, const void *src, size_t n) {
     cuda_ctx *c = CTX(b);
+    if (c->rec) return rec_fail(c, "upload");
     if (!n) return KS_OK;
     KS_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream), "upload");
     KS_CU(cudaStreamSynchronize(c->stream), "upload");
@@ -179,6 +203,7 @@ static ks_status cu_upload(ks_backend *b, void *dst, const void *src, size_t n) 
 }
 static ks_status cu_download(ks_backend *b, void *dst, const void *src, size_t n) {
     cuda_ctx *c = CTX(b);
+    if (c->rec) return rec_fail(c, "download");
     if (!n) return KS_OK;
     KS_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream), "download");
     KS_CU(cudaStreamSynchronize(c->stream), "download (or an earlier kernel)");
@@ -201,6 +226,7 @@ static ks_status cu_copy(ks_backend *b, void *dst, const void *src, size_t n) {
     return KS_OK;
 }
 static ks_status cu_sync(ks_backend *b) {
+    if (CTX(b)->rec) return rec_fail(CTX(b), "sync");
     KS_CU(cudaStreamSynchronize(CTX(b)->stream), "sync (an earlier kernel failed)");
     return KS_OK;
 }
@@ -294,6 +320,7 @@ static ks_status matmul_impl(ks_backend *b, float *y, const float *x, const ks_w
     if (n <= 0) return KS_OK;
     double t0 = 0;
     if (b->count_stats) {
+        if (c->rec) return rec_fail(c, "a timed matmul (count_stats)");
         KS_CU(cudaStreamSynchronize(c->stream), "matmul (timing)");
         t0 = ks_now();
     }
@@ -368,6 +395,7 @@ static ks_status rope_inv_dev(cuda_ctx *c, const ks_rope *r, int max_pos, const 
 static ks_status stats_begin(ks_backend *b, double *t0) {
     *t0 = 0;
     if (!b->count_stats) return KS_OK;
+    if (CTX(b)->rec) return rec_fail(CTX(b), "a timed matmul (count_stats)");
     KS_CU(cudaStreamSynchronize(CTX(b)->stream), "matmul (timing)");
     *t0 = ks_now();
     return KS_OK;
@@ -436,19 +464,22 @@ static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const flo
         int rows[3] = {QD, KD, KD}, rope[3] = {r != NULL, r != NULL, 0};
         if (L && Hkv <= KS_CUDA_GEMV_KV_MAX_HEADS) { /* the cache row written by the gemv kernel */
             if ((st = kv_reserve(b, L, 1))) return st;
-            ks_cuda_kv_row kr = {L->k, L->v, (int32_t *)L->pos_dev, L->capacity, Hkv, L->n};
+            /* recorded: position and row offset from the step slot (graph_run sets them) */
+            ks_cuda_kv_row kr = {L->k, L->v, (int32_t *)L->pos_dev, L->capacity, Hkv, L->n, c->rec ? c->d_step + 1 : NULL};
             st = ks_cuda_gemv_qkv_kv(c->stream, x, nw, eps, nw ? xn : NULL, in, 3, ys, ws, bs, rows, rope, hd, pos[0],
                                      inv, r ? (float)r->attn_factor : 1.0f, &kr);
             if (st) return st;
             for (int h = 0; h < Hkv; h++) L->pos[(size_t)h * L->capacity + L->n[h]++] = pos[0];
             return stats_end(b, t0, 2.0 * in * (QD + 2.0 * KD));
         }
+        if (c->rec) return rec_fail(c, "matmul_qkv without the cache row in the kernel");
         st = ks_cuda_gemv_qkv(c->stream, x, nw, eps, nw ? xn : NULL, in, 3, ys, ws, bs, rows, rope, hd, pos[0], inv,
                               r ? (float)r->attn_factor : 1.0f);
         if (st) return st;
         if ((st = stats_end(b, t0, 2.0 * in * (QD + 2.0 * KD)))) return st;
         return L ? cu_kv_append(b, L, k, v, pos, n) : KS_OK;
     }
+    if (c->rec) return rec_fail(c, "matmul_qkv off the one-row gemv path");
     if (n > 1 && Wq->type == KS_CUDA_BF16 && Wk->type == KS_CUDA_BF16 && Wv->type == KS_CUDA_BF16) {
         /* prefill: the rows converted to bf16 once per chunk for all three projections */
         const ks_weight *Ws[3] = {Wq, Wk, Wv}, *Bs[3] = {bq, bk, bv};
@@ -581,6 +612,10 @@ static ks_status cu_embed(ks_backend *b, float *out, const ks_weight *E, const i
         if (ids[i] < 0 || ids[i] >= E->rows)
             return ks_errorf(KS_ERR_ARG, "embed: token id %d out of range [0, %lld)", ids[i], (long long)E->rows);
     if (n <= 0) return KS_OK;
+    if (c->rec) { /* the token id from the step slot (graph_run sets it) */
+        if (n != 1) return rec_fail(c, "embed of several ids");
+        return ks_cuda_embed(c->stream, out, E->data, c->d_step, 1, dim);
+    }
     void *d_ids;
     ks_status st = upload_tmp(c, ids, sizeof(int32_t) * n, "embed ids", &d_ids);
     if (st) return st;
@@ -628,6 +663,7 @@ static ks_status rope_inv_dev(cuda_ctx *c, const ks_rope *r, int max_pos, const 
     if (e) { raw_free(c, d); return ks_cuda_status(e, "rope inv_freq upload"); }
     struct cuda_ctx::rope_cache *slot = &c->rc[c->rc_next];
     c->rc_next = (c->rc_next + 1) % ROPE_CACHE;
+    if (slot->dev) c->rc_gen++; /* graphs that read the old table are stale */
     raw_free(c, slot->dev); /* synchronous above: nothing queued still reads it */
     slot->key = k;
     slot->dev = (float *)d;
@@ -921,13 +957,18 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
         p.scale = a->scale;
         p.window = a->window;
         if (ks_cuda_attn_decode_tc_supported(&p)) {
+            if (p.max_nk == 0 && c->rec) return rec_fail(c, "attention over an empty cache");
             if (p.max_nk == 0) /* nothing to attend to: zeros, as the CPU reference gives */
                 return ks_cuda_status(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)H * d, c->stream), "attention");
             int splits;
             void *ws = NULL;
             size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
+            if (c->rec) { /* key counts and position from the step slot, the graphs' own workspace */
+                if (wsb > GRAPH_WS) return rec_fail(c, "attention with a split workspace this large");
+                return ks_cuda_attn_decode_tc1(c->stream, &p, L->n, a->qpos[0], c->d_step + 1, splits, c->gws);
+            }
             ks_status st = wsb ? dev_alloc(c, wsb, "attention workspace", &ws) : KS_OK;
-            if (!st) st = ks_cuda_attn_decode_tc1(c->stream, &p, L->n, a->qpos[0], splits, ws);
+            if (!st) st = ks_cuda_attn_decode_tc1(c->stream, &p, L->n, a->qpos[0], NULL, splits, ws);
             dev_free(c, ws);
             return st;
         }
@@ -1222,11 +1263,107 @@ static ks_status cu_prof_collect(ks_backend *b, double *sec, int n_tags) {
 
 /* ================================================================ lifetime */
 
+/* ================================================================ pinned host memory, decode graphs */
+
+static void *cu_host_alloc(ks_backend *b, size_t bytes) {
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 16);
+    if (e) {
+        cudaGetLastError();
+        ks_errorf(KS_ERR_OOM, "cuda: cannot allocate %zu bytes of page-locked host memory (%s)", bytes,
+                  cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+static void cu_host_free(ks_backend *b, void *p) {
+    if (p) cudaFreeHost(p);
+}
+
+/* Recording: the stream is captured (relaxed mode: nothing else on the host is restricted);
+ * the graph's first node copies the pinned step slot {id, pos, delta} to the device, where the
+ * recorded embed, q|k|v and attention kernels read it. */
+static ks_status cu_graph_begin(ks_backend *b, int32_t id, int32_t pos) {
+    cuda_ctx *c = CTX(b);
+    if (c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_begin while recording");
+    if (!c->h_step || !c->d_step || !c->gws) return ks_errorf(KS_ERR_INTERNAL, "cuda: no decode graph buffers");
+    KS_CU(cudaStreamSynchronize(c->stream), "decode graph (an earlier kernel failed)"); /* h_step is free */
+    c->h_step[0] = id;
+    c->h_step[1] = pos;
+    c->h_step[2] = 0;
+    KS_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "decode graph: begin capture");
+    c->rec = 1;
+    c->rec_failed = 0;
+    cudaError_t e = cudaMemcpyAsync(c->d_step, c->h_step, 4 * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream);
+    if (e) {
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(c->stream, &g);
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        c->rec = 0;
+        return ks_cuda_status(e, "decode graph: step slot copy");
+    }
+    return KS_OK;
+}
+
+static ks_status cu_graph_end(ks_backend *b, ks_graph **out) {
+    cuda_ctx *c = CTX(b);
+    *out = NULL;
+    if (!c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_end without graph_begin");
+    c->rec = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (c->rec_failed || e || !g) {
+        if (g) cudaGraphDestroy(g);
+        if (e) {
+            cudaGetLastError();
+            if (!c->rec_failed) ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph capture failed (%s)", cudaGetErrorString(e));
+        }
+        return KS_ERR_UNSUPPORTED;
+    }
+    ks_graph *kg = (ks_graph *)ks_calloc(1, sizeof *kg);
+    if (!kg) { cudaGraphDestroy(g); return KS_ERR_OOM; }
+    e = cudaGraphInstantiate(&kg->exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e) {
+        cudaGetLastError();
+        free(kg);
+        return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph instantiation failed (%s)", cudaGetErrorString(e));
+    }
+    kg->pos0 = c->h_step[1];
+    kg->rc_gen = c->rc_gen;
+    *out = kg;
+    return KS_OK;
+}
+
+static ks_status cu_graph_run(ks_backend *b, ks_graph *g, int32_t id, int32_t pos) {
+    cuda_ctx *c = CTX(b);
+    if (c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_run while recording");
+    if (g->rc_gen != c->rc_gen) return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph reads a replaced rope table");
+    /* the previous run's slot copy must be done before the slot is rewritten: every step ends
+     * with a download that waits for the stream, so this only waits when a caller did not */
+    KS_CU(cudaStreamSynchronize(c->stream), "decode graph (an earlier kernel failed)");
+    c->h_step[0] = id;
+    c->h_step[1] = pos;
+    c->h_step[2] = pos - g->pos0;
+    KS_CU(cudaGraphLaunch(g->exec, c->stream), "decode graph launch");
+    return KS_OK;
+}
+
+static void cu_graph_free(ks_backend *b, ks_graph *g) {
+    if (!g) return;
+    cudaGraphExecDestroy(g->exec);
+    free(g);
+}
+
 static void cu_destroy(ks_backend *b) {
     if (!b) return;
     cuda_ctx *c = CTX(b);
     if (c) {
         if (c->stream) cudaStreamSynchronize(c->stream);
+        if (c->h_step) cudaFreeHost(c->h_step);
+        raw_free(c, c->d_step);
+        raw_free(c, c->gws);
         for (int i = 0; i < ROPE_CACHE; i++) raw_free(c, c->rc[i].dev);
         for (int i = 0; i < c->pcap; i++) cudaEventDestroy(c->pev[i]);
         free(c->pev);
@@ -1299,6 +1436,12 @@ extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
     if ((st = blas_status(cublasSetStream(c->blas, c->stream), "cublasSetStream"))) goto fail;
     if ((st = raw_alloc(c, BLAS_WS, "cuBLAS workspace", &c->blas_ws))) goto fail;
     if ((st = blas_status(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS), "cublasSetWorkspace"))) goto fail;
+    /* decode graphs' step slot (pinned + device) and split workspace: fixed from the start, so
+     * that recording a step changes no memory figure */
+    if ((e = cudaMallocHost((void **)&c->h_step, 4 * sizeof(int32_t)))) { st = ks_cuda_status(e, "decode graph step slot"); goto fail; }
+    memset(c->h_step, 0, 4 * sizeof(int32_t));
+    if ((st = raw_alloc(c, 4 * sizeof(int32_t), "decode graph step slot", (void **)&c->d_step))) goto fail;
+    if ((st = raw_alloc(c, GRAPH_WS, "decode graph attention workspace", &c->gws))) goto fail;
     cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
     {
         const char *nk = getenv("KS_CUDA_NEW");
@@ -1344,6 +1487,17 @@ extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
     b->ceilings = cu_ceilings;
     b->prof_mark = cu_prof_mark;
     b->prof_collect = cu_prof_collect;
+    b->host_alloc = cu_host_alloc;
+    b->host_free = cu_host_free;
+    {   /* KS_CUDA_GRAPH=0: every decode step launches its kernels one by one */
+        const char *gr = getenv("KS_CUDA_GRAPH");
+        if (!(gr && *gr && atoi(gr) == 0)) {
+            b->graph_begin = cu_graph_begin;
+            b->graph_end = cu_graph_end;
+            b->graph_run = cu_graph_run;
+            b->graph_free = cu_graph_free;
+        }
+    }
 #ifdef KS_BACKEND_PRIMS
     b->prims = &cuda_prims;
 #endif

@@ -232,6 +232,7 @@ struct gemv_fused_args {
     bf16 *kc, *vc;    /* (n_kv_heads, kv_cap, head_dim) */
     int32_t *pc;      /* (n_kv_heads, kv_cap) */
     int row0[KS_CUDA_GEMV_KV_MAX_HEADS];
+    const int32_t *dyn; /* NULL, or device {pos, row offset} (ks_cuda_kv_row.dyn) */
 };
 
 /* The block's copy of rmsnorm(x) * w in shared memory, with rmsnorm.cu's arithmetic (256
@@ -275,9 +276,9 @@ template <typename T>
 static __device__ __forceinline__ T pick3(int s, const T (&a)[3]) { return s == 0 ? a[0] : s == 1 ? a[1] : a[2]; }
 
 /* element r (< n_kv_heads * head_dim) of the new k or v row -> the cache, as kv_append1 rounds it */
-static __device__ __forceinline__ void kv_store(const gemv_fused_args &a, bf16 *base, int r, float v) {
+static __device__ __forceinline__ void kv_store(const gemv_fused_args &a, bf16 *base, int r, int off, float v) {
     int h = r / a.head_dim, dd = r - h * a.head_dim;
-    base[((size_t)h * a.kv_cap + a.row0[h]) * a.head_dim + dd] = __float2bfloat16_rn(v);
+    base[((size_t)h * a.kv_cap + a.row0[h] + off) * a.head_dim + dd] = __float2bfloat16_rn(v);
 }
 
 /* one warp's unit: its rows and segment (pure arithmetic on the arguments) */
@@ -396,8 +397,10 @@ __global__ void __launch_bounds__(256) gemv_fused_kernel(const __grid_constant__
         vb = vb + bias[rb];
     }
     float *y = pick3(s, a.y);
+    int pos = a.pos, off = 0; /* position and cache-row offset: by value, or from the graph's step slot */
+    if (a.dyn) { pos = a.dyn[0]; off = a.dyn[1]; }
     if (rope_s) { /* the arithmetic of rope.cu's kernel */
-        float ang = __fmul_rn((float)a.pos, a.inv[kk]);
+        float ang = __fmul_rn((float)pos, a.inv[kk]);
         float sn, cs;
         sincosf(ang, &sn, &cs);
         float c = __fmul_rn(cs, a.af), sv = __fmul_rn(sn, a.af);
@@ -410,11 +413,11 @@ __global__ void __launch_bounds__(256) gemv_fused_kernel(const __grid_constant__
     if (has_b) y[rb] = vb;
     if (a.kv_on && s > 0) { /* the new cache row: k (rotated) or v, rounded to bf16 */
         bf16 *base = s == 1 ? a.kc : a.vc;
-        kv_store(a, base, ra, va);
-        if (has_b) kv_store(a, base, rb, vb);
+        kv_store(a, base, ra, off, va);
+        if (has_b) kv_store(a, base, rb, off, vb);
         if (s == 1 && ra % a.head_dim == 0) {
             int h = ra / a.head_dim;
-            a.pc[(size_t)h * a.kv_cap + a.row0[h]] = a.pos;
+            a.pc[(size_t)h * a.kv_cap + a.row0[h] + off] = pos;
         }
     }
 }
@@ -498,6 +501,7 @@ extern "C" ks_status ks_cuda_gemv_qkv_kv(cudaStream_t s, const float *x, const f
         a.kc = (bf16 *)kv->k;
         a.vc = (bf16 *)kv->v;
         a.pc = kv->pos;
+        a.dyn = kv->dyn;
     }
     if (units > INT32_MAX / 2) return ks_errorf(KS_ERR_INTERNAL, "gemv_qkv: %zu units", units);
     a.ustart[n_seg] = (int)units;

@@ -47,6 +47,10 @@ typedef struct ks_cuda_kv_row {
     int32_t *pos;       /* (n_kv_heads, capacity) int32, device */
     int capacity, n_kv_heads;
     const int *row0;    /* (n_kv_heads) HOST: the row each head's new entry goes to (< capacity) */
+    const int32_t *dyn; /* NULL, or DEVICE {pos, delta} read when the kernel runs (a CUDA graph
+                           replays the launch for later tokens): the position is dyn[0] instead of
+                           the pos argument, the rows row0[h] + dyn[1]; the caller keeps them
+                           below capacity */
 } ks_cuda_kv_row;
 ks_status ks_cuda_gemv_qkv_kv(cudaStream_t s, const float *x, const float *norm_w, float eps, float *xn, int in, int n_seg,
                               float *const *y, const void *const *W, const float *const *bias, const int *rows,

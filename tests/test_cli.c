@@ -5,6 +5,8 @@
 #include "ktest.h"
 #include "testutil.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -121,6 +123,32 @@ KT_TEST(sampler_properties) {
     for (int i = 0; i < 40; i++) b[i] = ks_sample(&t, logits, 5);
     KT_CHECK(!memcmp(a, b, sizeof a), "same seed, different draws");
     KT_CHECK(seen[0] + seen[1] + seen[2] + seen[3] + seen[4] >= 4, "high temperature should reach most tokens");
+}
+
+/* greedy = the scalar rule `if (l[i] > l[best]) best = i` (first maximum, NaNs skipped unless at 0)
+ * on vocabularies of every length mod 8, with ties, infinities and NaNs */
+KT_TEST(sampler_greedy_matches_scalar_rule) {
+    static float l[1031];
+    uint64_t r = 12345;
+    ks_sampler g;
+    ks_sampler_init(&g, 0, 1, 0);
+    for (int trial = 0; trial < 400; trial++) {
+        int n = 1 + trial % 1031;
+        for (int i = 0; i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            int u = (int)(r >> 33) % 1000;
+            l[i] = (float)(u % 37) - 18.0f; /* many ties */
+            if (trial % 5 == 1 && u < 30) l[i] = NAN;
+            if (trial % 7 == 2 && u < 5) l[i] = INFINITY;
+            if (trial % 11 == 3) l[i] = -INFINITY;
+        }
+        if (trial % 13 == 4) l[0] = NAN;
+        int32_t want = 0;
+        for (int i = 1; i < n; i++)
+            if (l[i] > l[want]) want = i;
+        int32_t got = ks_sample(&g, l, n);
+        KT_CHECK(got == want, "n %d trial %d: greedy %d, scalar rule %d", n, trial, got, want);
+    }
 }
 
 KT_TEST(example_host_embeds_the_library) {

@@ -10,10 +10,13 @@
  *   3. the whole decode sequence: per layer norm+q|k|v+RoPE(+KV append), [kv_append], attention
  *      (+combine), o_proj+residual, norm+gate|up+SwiGLU, down+residual; 32 layers then the
  *      lm_head, with and without PDL, fused or separate KV append, several prefetch sizes, and
- *      a check that PDL leaves the result bit-identical.
+ *      a check that PDL leaves the result bit-identical;
+ *   4. that step captured once into a CUDA graph and replayed, next to the same stream launches,
+ *      with one layer's weights reused and with every layer's own weights and KV cache (as the
+ *      engine has them), plus the host's enqueue time and the logits download (pageable, pinned).
  * Every time is the best of 20 timed runs (CUDA events) after warm-up; memory-bound single
  * kernels rotate over copies of their weights so that L2 (50 MB) never holds them.
- * Usage: bench_decode [--quick] [--ctx N] (--quick: fewer variants, 2K only). */
+ * Usage: bench_decode [--quick] [--graph] [--ctx N] (--quick: fewer variants, 2K only; --graph: only 4). */
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,7 +41,7 @@
     } while (0)
 
 static cudaStream_t S;
-static int g_quick;
+static int g_quick, g_graph_only; /* --graph: only section 4 */
 static double g_copy; /* GB/s, bytes read + written */
 
 /* best of reps after warm-up; fn(i) enqueues one timed unit */
@@ -284,7 +287,7 @@ static void bench_attention(int rows) {
         for (int pdl = 0; pdl < 2; pdl++) {
             ks_cuda_pdl_set(pdl);
             double ms = best_ms([&](int) {
-                for (int j = 0; j < 8; j++) KS(ks_cuda_attn_decode_tc1(S, &p, c.n, rows, sp, sp > 1 ? ws : NULL));
+                for (int j = 0; j < 8; j++) KS(ks_cuda_attn_decode_tc1(S, &p, c.n, rows, NULL, sp, sp > 1 ? ws : NULL));
             }) / 8;
             snprintf(name, sizeof name, "attention %d rows, %d splits%s, x8 PDL %s", rows, sp, sp == def ? " (default)" : "",
                      pdl ? "on" : "off");
@@ -328,7 +331,7 @@ static void bench_sequence(int rows) {
             int row0[NKV];
             for (int h = 0; h < NKV; h++) row0[h] = rows;
             if (fused_kv) {
-                ks_cuda_kv_row kr = {c.k, c.v, c.pos, c.cap, NKV, row0};
+                ks_cuda_kv_row kr = {c.k, c.v, c.pos, c.cap, NKV, row0, NULL};
                 KS(ks_cuda_gemv_qkv_kv(S, a.x, w.attn_norm, 1e-5f, a.xn, DIM, 3, ys, wsg, bs, rws, rope, HD, rows, g_inv,
                                        1.0f, &kr));
             } else {
@@ -337,7 +340,7 @@ static void bench_sequence(int rows) {
             }
             int nk[NKV];
             for (int h = 0; h < NKV; h++) nk[h] = rows + 1;
-            KS(ks_cuda_attn_decode_tc1(S, &p, nk, rows, splits, ws));
+            KS(ks_cuda_attn_decode_tc1(S, &p, nk, rows, NULL, splits, ws));
             KS(ks_cuda_gemv_acc(S, a.x, a.att, w.wo, NULL, DIM, DIM));
             KS(ks_cuda_gemv_swiglu(S, a.gate, a.x, w.ffn_norm, 1e-5f, a.xn, w.wg, w.wu, DIM, FFN));
             KS(ks_cuda_gemv_acc(S, a.x, a.gate, w.wd, NULL, FFN, DIM));
@@ -382,13 +385,122 @@ static void bench_sequence(int rows) {
     for (void *r : q) cudaFree(r);
 }
 
+/* ---------------------------------------------------------------- 4. graph and distinct weights */
+
+/* The same step with every layer's own weights and KV cache (as in the engine: 15 GB of weights,
+ * nothing reused) and/or replayed from a CUDA graph captured once (no per-kernel launch from the
+ * host); logits compared bit for bit with the plain stream's. */
+static void bench_graph(int rows) {
+    printf("\n== decode step as a CUDA graph, shared vs distinct per-layer weights, %d cache rows ==\n", rows);
+    size_t fr = 0, tot = 0;
+    CK(cudaMemGetInfo(&fr, &tot));
+    double need = (double)LAYERS * (2.0 * ((double)(DIM + 2 * KD) * DIM + (double)DIM * DIM + 3.0 * FFN * DIM) +
+                                    2.0 * 2 * NKV * (rows + 64.0) * HD) + 4e9;
+    int can_distinct = need < (double)fr;
+    std::vector<layer_w> W;
+    std::vector<kv_cache> C;
+    for (int l = 0; l < (can_distinct ? LAYERS : 1); l++) {
+        W.push_back(make_layer(1000 + 10 * l));
+        C.push_back(make_cache(rows));
+    }
+    void *lm = rnd_bf16((size_t)VOCAB * DIM, 2000, 1.0f / sqrtf((float)DIM));
+    acts a = make_acts();
+    float *x0 = (float *)dmalloc(DIM * 4);
+    CK(cudaMemcpy(x0, a.x, DIM * 4, cudaMemcpyDeviceToDevice));
+    int nsm = 0, splits;
+    CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
+    ks_cuda_attn_params p0 = attn_params(a, C[0], rows);
+    size_t wsb = ks_cuda_attn_decode_tc_workspace(&p0, nsm, &splits);
+    void *ws = wsb ? dmalloc(wsb) : NULL;
+    double wbytes = (double)LAYERS * 2 * ((double)(DIM + 2 * KD) * DIM + (double)DIM * DIM + 3.0 * FFN * DIM) +
+                    2.0 * VOCAB * DIM;
+    double kvbytes = (double)LAYERS * 2 * NKV * rows * HD * 2;
+    int distinct = 0;
+    auto step = [&]() {
+        CK(cudaMemcpyAsync(a.x, x0, DIM * 4, cudaMemcpyDeviceToDevice, S));
+        for (int l = 0; l < LAYERS; l++) {
+            const layer_w &w = W[distinct ? l : 0];
+            const kv_cache &c = C[distinct ? l : 0];
+            float *ys[3] = {a.q, a.k, a.v};
+            const void *wsg[3] = {w.wq, w.wk, w.wv};
+            const float *bs[3] = {NULL, NULL, NULL};
+            int rws[3] = {DIM, KD, KD}, rope[3] = {1, 1, 0};
+            int row0[NKV], nk[NKV];
+            for (int h = 0; h < NKV; h++) { row0[h] = rows; nk[h] = rows + 1; }
+            ks_cuda_kv_row kr = {c.k, c.v, c.pos, c.cap, NKV, row0, NULL};
+            KS(ks_cuda_gemv_qkv_kv(S, a.x, w.attn_norm, 1e-5f, a.xn, DIM, 3, ys, wsg, bs, rws, rope, HD, rows, g_inv, 1.0f,
+                                   &kr));
+            ks_cuda_attn_params p = attn_params(a, c, rows);
+            KS(ks_cuda_attn_decode_tc1(S, &p, nk, rows, NULL, splits, ws));
+            KS(ks_cuda_gemv_acc(S, a.x, a.att, w.wo, NULL, DIM, DIM));
+            KS(ks_cuda_gemv_swiglu(S, a.gate, a.x, w.ffn_norm, 1e-5f, a.xn, w.wg, w.wu, DIM, FFN));
+            KS(ks_cuda_gemv_acc(S, a.x, a.gate, w.wd, NULL, FFN, DIM));
+        }
+        KS(ks_cuda_gemv(S, a.logits, a.x, lm, NULL, DIM, VOCAB));
+    };
+    std::vector<float> h_ref(VOCAB), h_g(VOCAB);
+    char name[200];
+    for (int d = 0; d < (can_distinct ? 2 : 1); d++) {
+        distinct = d;
+        /* host enqueue time of one step (no sync inside) */
+        CK(cudaStreamSynchronize(S));
+        double t0 = ks_now();
+        step();
+        double th = ks_now() - t0;
+        CK(cudaStreamSynchronize(S));
+        double ms = best_ms([&](int) { step(); }, 2, g_quick ? 5 : 20);
+        snprintf(name, sizeof name, "step, %s weights, stream launches (host enqueue %.2f ms)", d ? "distinct" : "shared",
+                 th * 1e3);
+        line(name, ms, wbytes + kvbytes);
+        CK(cudaStreamSynchronize(S));
+        CK(cudaMemcpy(h_ref.data(), a.logits, (size_t)VOCAB * 4, cudaMemcpyDeviceToHost));
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
+        step();
+        CK(cudaStreamEndCapture(S, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        size_t nn = 0;
+        CK(cudaGraphGetNodes(g, NULL, &nn));
+        t0 = ks_now();
+        CK(cudaGraphLaunch(ge, S));
+        th = ks_now() - t0;
+        ms = best_ms([&](int) { CK(cudaGraphLaunch(ge, S)); }, 2, g_quick ? 5 : 20);
+        snprintf(name, sizeof name, "step, %s weights, CUDA graph of %zu nodes (host launch %.3f ms)",
+                 d ? "distinct" : "shared", nn, th * 1e3);
+        line(name, ms, wbytes + kvbytes);
+        CK(cudaStreamSynchronize(S));
+        CK(cudaMemcpy(h_g.data(), a.logits, (size_t)VOCAB * 4, cudaMemcpyDeviceToHost));
+        printf("  graph logits %s the stream's\n",
+               !memcmp(h_g.data(), h_ref.data(), (size_t)VOCAB * 4) ? "bit-identical to" : "DIFFER FROM");
+        /* the turnaround the engine adds: logits to pageable vs pinned host memory */
+        float *pin = NULL;
+        CK(cudaMallocHost((void **)&pin, (size_t)VOCAB * 4));
+        double dm = best_ms([&](int) { CK(cudaMemcpyAsync(h_g.data(), a.logits, (size_t)VOCAB * 4, cudaMemcpyDeviceToHost, S)); });
+        double dp = best_ms([&](int) { CK(cudaMemcpyAsync(pin, a.logits, (size_t)VOCAB * 4, cudaMemcpyDeviceToHost, S)); });
+        printf("  logits download: pageable %.4f ms, pinned %.4f ms\n", dm, dp);
+        CK(cudaFreeHost(pin));
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+    }
+    if (!can_distinct) printf("  (distinct weights skipped: %.1f GB free, %.1f GB needed)\n", fr / 1e9, need / 1e9);
+    cudaFree(ws);
+    cudaFree(lm);
+    cudaFree(x0);
+    for (auto &c : C) free_cache(c);
+    for (auto &w : W) free_layer(w);
+    void *q[] = {a.x, a.xn, a.q, a.k, a.v, a.att, a.gate, a.logits};
+    for (void *r : q) cudaFree(r);
+}
+
 int main(int argc, char **argv) {
     int ctx_long = 131072;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
+        else if (!strcmp(argv[i], "--graph")) g_graph_only = 1;
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx_long = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--ctx N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--graph] [--ctx N]\n", argv[0]);
             return 2;
         }
     }
@@ -414,11 +526,17 @@ int main(int argc, char **argv) {
         g_inv = (float *)dmalloc(sizeof inv);
         CK(cudaMemcpy(g_inv, inv, sizeof inv, cudaMemcpyHostToDevice));
     }
-    bench_gemv_shapes();
-    bench_attention(2048);
-    if (!g_quick) bench_attention(ctx_long);
-    bench_sequence(2048);
-    if (!g_quick) bench_sequence(ctx_long);
+    if (!g_graph_only) {
+        bench_gemv_shapes();
+        bench_attention(2048);
+        if (!g_quick) bench_attention(ctx_long);
+    }
+    if (!g_graph_only) {
+        bench_sequence(2048);
+        if (!g_quick) bench_sequence(ctx_long);
+    }
+    bench_graph(2048);
+    if (!g_quick) bench_graph(ctx_long);
     cudaFree(g_inv);
     CK(cudaStreamDestroy(S));
     return 0;
