@@ -944,7 +944,7 @@ static ks_status decode_graph(ks_session *s, ks_decode_state *d, int32_t id, int
         for (int l = 0; l < c->n_layers; l++)
             memcpy(s->kv[l].n, d->n0 + (size_t)l * c->n_kv_heads, sizeof(int) * c->n_kv_heads);
         d->fails++;
-        if (getenv("KS_DEBUG")) fprintf(stderr, "kvsieve: decode graph not recorded: %s\\n", ks_last_error());
+        if (getenv("KS_DEBUG")) fprintf(stderr, "kvsieve: decode graph not recorded: %s\n", ks_last_error());
         return KS_ERR_UNSUPPORTED;
     }
     d->g = g;

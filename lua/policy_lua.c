@@ -652,6 +652,23 @@ static int l_report(lua_State *L) {
     return do_report(L, c->pol, 1, "report");
 }
 
+static const char *const handler_names[KS_EV_COUNT] = {"prefill_qkv", "prefill_layer_end", "prefill_end", "decode_qkv", "token"};
+
+/* ks.unhook(name) from begin: this request runs without the handler `name` (the engine then
+ * sees no handler for that event; l_begin re-arms every handler at the next request). */
+static int l_unhook(lua_State *L) {
+    ks_lctx *c = ks_lua_ctx(L);
+    if (!c || !c->pol || c->in_event) return ks_lua_errorf(L, "unhook", "only inside a policy's begin");
+    const char *nm = luaL_checkstring(L, 1);
+    for (int i = 0; i < KS_EV_COUNT; i++)
+        if (!strcmp(nm, handler_names[i])) {
+            c->pol->pol.on[i] = NULL;
+            return 0;
+        }
+    return ks_lua_errorf(L, "unhook", "unknown event '%s' (events: prefill_qkv, prefill_layer_end, prefill_end, "
+                                      "decode_qkv, token)", nm);
+}
+
 /* ================================================================ trampolines */
 
 typedef struct call_args {
@@ -743,6 +760,8 @@ static int l_begin_call(lua_State *L) {
 static ks_status l_begin(void *ud, ks_session *s) {
     ks_lpol *p = ud;
     report_clear(p);
+    for (int i = 0; i < KS_EV_COUNT; i++) /* every handler on again (ks.unhook lasts one request) */
+        p->pol.on[i] = p->ref_fn[i] != LUA_NOREF ? l_trampoline : NULL;
     if (p->ref_begin == LUA_NOREF) return KS_OK;
     if (p->busy) return ks_errorf(KS_ERR_POLICY, "policy %s: begin: the policy is already running (re-entered)", p->name);
     lua_State *L = p->run_L;
@@ -912,6 +931,8 @@ void ks_policy_module_open(lua_State *L, int sandboxed) {
     (void)sandboxed;
     lua_pushcfunction(L, l_report);
     lua_setfield(L, -2, "report");
+    lua_pushcfunction(L, l_unhook);
+    lua_setfield(L, -2, "unhook");
     event_mt(L);
     ks_lctx *c = ks_lua_ctx(L);
     if (c && !c->event_mt_ref) {
@@ -1006,7 +1027,6 @@ static int l_open_sandbox(lua_State *L) {
 
 /* ================================================================ loading */
 
-static const char *const handler_names[KS_EV_COUNT] = {"prefill_qkv", "prefill_layer_end", "prefill_end", "decode_qkv", "token"};
 
 static int cmp_param(const void *a, const void *b) { return strcmp(((const lparam *)a)->name, ((const lparam *)b)->name); }
 

@@ -34,7 +34,11 @@
  *   ev:attend(idx | per-head [, {renumber = true}])  ev:stop()  ev:report(key, value)
  *   ev:discard_kv()  (prefill_qkv of pass 0 at layer 0: this pass's KV is not kept; a restart must follow)
  * require("kvsieve") in a policy gives the tensors and primitives (ks.scores, ks.topk, ...),
- * ks.report(key, value) (also from begin) and ks.config (when loaded with a model).
+ * ks.report(key, value) (also from begin), ks.config (when loaded with a model), and, in begin
+ * only, ks.unhook(event): this request runs without that handler, as if the table had none
+ * (a decode_qkv handler that would do nothing for these parameters: without it a decode step
+ * makes no policy call and a backend with graphs replays the step as one graph); the next
+ * begin re-arms it.
  *
  * Any other top-level key is an error at load (typo protection), except names starting
  * with "_" (private helpers). Each loaded policy runs in its own sandboxed Lua state:

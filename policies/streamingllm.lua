@@ -10,7 +10,8 @@
 --     are freed after that layer's attention), when the layer then holds more than `budget`
 --     rows, it retains sinks + recent ones. A prompt of at most `budget` tokens is untouched.
 --   * rolling = false: decode rows are appended and always attended (the cache grows by one
---     row per generated token after the prefill).
+--     row per generated token after the prefill). begin unhooks decode_qkv then, so decode
+--     steps make no policy call (and replay as one graph on the CUDA backend).
 --   * rolling = true: also before each decode step's attention: once the layer holds more
 --     than `budget` rows (the new one included), the step attends only the sinks and the
 --     most recent `budget - sinks` rows and the others are freed (ev:attend + ev:retain in
@@ -61,6 +62,8 @@ return {
 
   begin = function(p)
     check_params(p)
+    -- without rolling, decode steps have nothing to do: no handler, so they stay graph-replayable
+    if not p.rolling then ks.unhook("decode_qkv") end
   end,
 
   prefill_qkv = function(ev, p)

@@ -153,6 +153,31 @@ KT_TEST(lua_policy_c_api) {
     generate(s, p, prompt14, 14, 1, &o);
     KT_CHECK(o.st == KS_OK && !strcmp(ks_policy_report(p, "w"), "4"), "%s", o.err);
     ks_policy_free(p);
+    /* ks.unhook from begin: the handler is off for that request only; elsewhere an error */
+    static const char *unhook_src =
+        "local ks = require 'kvsieve'\n"
+        "return { params = {off = true, bad = 0},\n"
+        "  begin = function(p) if p.off then ks.unhook('decode_qkv') end\n"
+        "    if p.bad == 1 then ks.unhook('decode') end end,\n"
+        "  decode_qkv = function(ev, p) ev:report('decode_seen', true)\n"
+        "    if p.bad == 2 then ks.unhook('token') end end }";
+    KT_CHECK(ks_policy_load_string(m, "unhook.lua", unhook_src, &p) == KS_OK, "%s", ks_last_error());
+    const char *want_seen[] = {NULL, "true", NULL};
+    for (int r = 0; r < 3; r++) {
+        KT_CHECK(ks_policy_set(p, "off", r == 1 ? "false" : "true") == KS_OK, "%s", ks_last_error());
+        generate(s, p, prompt14, 14, 3, &o);
+        KT_CHECK(o.st == KS_OK, "run %d: %s", r, o.err);
+        const char *seen = ks_policy_report(p, "decode_seen");
+        KT_CHECK(want_seen[r] ? seen && !strcmp(seen, want_seen[r]) : !seen, "run %d: decode_qkv %s", r,
+                 seen ? "ran" : "did not run");
+    }
+    KT_CHECK(ks_policy_set(p, "bad", "1") == KS_OK, "%s", ks_last_error());
+    generate(s, p, prompt14, 14, 2, &o);
+    KT_CHECK(o.st == KS_ERR_POLICY && strstr(o.err, "unknown event 'decode'"), "%s", o.err);
+    KT_CHECK(ks_policy_set(p, "bad", "2") == KS_OK && ks_policy_set(p, "off", "false") == KS_OK, "%s", ks_last_error());
+    generate(s, p, prompt14, 14, 2, &o);
+    KT_CHECK(o.st == KS_ERR_POLICY && strstr(o.err, "only inside a policy's begin"), "%s", o.err);
+    ks_policy_free(p);
     /* load errors: syntax, not a table, bad keys */
     KT_CHECK(ks_policy_load_string(m, "syn.lua", "return {\n prefill_qkv = function(ev) ev:retain( end }", &p) == KS_ERR_POLICY && !p, "syntax");
     KT_CHECK(strstr(ks_last_error(), "syn.lua:2:"), "%s", ks_last_error());
