@@ -67,6 +67,7 @@ cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_polic
 test-cuda: cuda-tests                                           # run the CUDA parity tests (GPU machine)
 	$(BUILD)/test_cuda
 	KS_CUDA_PDL=1 $(BUILD)/test_cuda --quick
+	KS_CUDA_GRAPH=0 $(BUILD)/test_cuda --quick
 	KS_CUDA_WGMMA=0 $(BUILD)/test_cuda
 	$(BUILD)/test_cuda_prims
 	$(BUILD)/test_cuda_policies
