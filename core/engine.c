@@ -27,7 +27,11 @@ static ks_status take_list(const ks_event *ev, const char *action, const int32_t
     int32_t *c = ks_malloc(sizeof(int32_t) * (size_t)k);
     if (!c) return KS_ERR_OOM;
     memcpy(c, idx, sizeof(int32_t) * (size_t)k);
-    qsort(c, (size_t)k, sizeof *c, cmp_i32);
+    /* policies mostly hand over ascending lists (top-k sorted, aranges): sort only when needed
+     * (a qsort per KV head and action was most of a decode-time handler's cost) */
+    int sorted = 1;
+    for (int i = 1; i < k && sorted; i++) sorted = c[i] > c[i - 1];
+    if (!sorted) qsort(c, (size_t)k, sizeof *c, cmp_i32);
     for (int i = 0; i < k; i++) {
         if (c[i] < 0 || c[i] >= n) {
             ks_status st = ks_errorf(KS_ERR_POLICY, "%s in %s (layer %d): index %d out of range [0, %d)", action,
