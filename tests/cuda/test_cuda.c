@@ -1209,6 +1209,32 @@ out:
     if (mg) ks_model_free(mg);
 }
 
+/* Random-weight models of each architecture (ks_model_random: the same weights on both backends,
+ * bf16-rounded on the GPU; activations O(1)): test_e2e and test_graph. */
+static const char *const random_cfgs[][2] = {
+    {"llama g=4 hd=64 llama3-rope",
+     "{\"model_type\": \"llama\", \"hidden_size\": 512, \"num_hidden_layers\": 4, \"num_attention_heads\": 8,"
+     " \"num_key_value_heads\": 2, \"intermediate_size\": 1024, \"vocab_size\": 1000,"
+     " \"max_position_embeddings\": 8192, \"rms_norm_eps\": 1e-5, \"rope_theta\": 500000.0,"
+     " \"tie_word_embeddings\": false, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,"
+     " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 1024}}"},
+    {"llama g=8 hd=128",
+     "{\"model_type\": \"llama\", \"hidden_size\": 1024, \"num_hidden_layers\": 3, \"num_attention_heads\": 8,"
+     " \"num_key_value_heads\": 1, \"intermediate_size\": 2048, \"vocab_size\": 2000,"
+     " \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0,"
+     " \"tie_word_embeddings\": true}"},
+    {"qwen2 biases g=2 hd=64",
+     "{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+     " \"num_key_value_heads\": 2, \"intermediate_size\": 512, \"vocab_size\": 500,"
+     " \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
+     " \"tie_word_embeddings\": true}"},
+    {"mistral window 48 hd=128",
+     "{\"model_type\": \"mistral\", \"hidden_size\": 512, \"head_dim\": 128, \"num_hidden_layers\": 2,"
+     " \"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"intermediate_size\": 1024,"
+     " \"vocab_size\": 800, \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-5,"
+     " \"rope_theta\": 1000000.0, \"sliding_window\": 48, \"tie_word_embeddings\": false}"},
+};
+
 static void test_e2e(const char *stories) {
     if (!want("e2e")) return;
     struct { int dim, heads, kv, ffn, layers, n; } tiny[] = {
@@ -1247,47 +1273,23 @@ static void test_e2e(const char *stories) {
         free(ids);
         kt_rmdir(dir);
     }
-    /* random-weight models of each architecture (ks_model_random: the same weights on both
-     * backends, bf16-rounded on the GPU; activations O(1)) */
-    static const char *cfgs[][2] = {
-        {"llama g=4 hd=64 llama3-rope",
-         "{\"model_type\": \"llama\", \"hidden_size\": 512, \"num_hidden_layers\": 4, \"num_attention_heads\": 8,"
-         " \"num_key_value_heads\": 2, \"intermediate_size\": 1024, \"vocab_size\": 1000,"
-         " \"max_position_embeddings\": 8192, \"rms_norm_eps\": 1e-5, \"rope_theta\": 500000.0,"
-         " \"tie_word_embeddings\": false, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,"
-         " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 1024}}"},
-        {"llama g=8 hd=128",
-         "{\"model_type\": \"llama\", \"hidden_size\": 1024, \"num_hidden_layers\": 3, \"num_attention_heads\": 8,"
-         " \"num_key_value_heads\": 1, \"intermediate_size\": 2048, \"vocab_size\": 2000,"
-         " \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0,"
-         " \"tie_word_embeddings\": true}"},
-        {"qwen2 biases g=2 hd=64",
-         "{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
-         " \"num_key_value_heads\": 2, \"intermediate_size\": 512, \"vocab_size\": 500,"
-         " \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
-         " \"tie_word_embeddings\": true}"},
-        {"mistral window 48 hd=128",
-         "{\"model_type\": \"mistral\", \"hidden_size\": 512, \"head_dim\": 128, \"num_hidden_layers\": 2,"
-         " \"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"intermediate_size\": 1024,"
-         " \"vocab_size\": 800, \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-5,"
-         " \"rope_theta\": 1000000.0, \"sliding_window\": 48, \"tie_word_embeddings\": false}"},
-    };
-    for (size_t t = 0; t < sizeof cfgs / sizeof cfgs[0]; t++) {
+    /* random-weight models of each architecture */
+    for (size_t t = 0; t < sizeof random_cfgs / sizeof random_cfgs[0]; t++) {
         if (g_quick && t > 1) break;
         char dir[256], label[160];
-        if (kt_tmpdir(dir, sizeof dir) || kt_write_file(dir, "config.json", cfgs[t][1])) {
+        if (kt_tmpdir(dir, sizeof dir) || kt_write_file(dir, "config.json", random_cfgs[t][1])) {
             result(0, "e2e random model: config", "cannot write a temp folder");
             return;
         }
         int n = g_quick ? 70 : 200 + 37 * (int)t, V = t == 1 ? 2000 : t == 2 ? 500 : t == 3 ? 800 : 1000;
         int32_t *ids = malloc(sizeof(int32_t) * n);
         for (int i = 0; i < n; i++) ids[i] = irand(V);
-        snprintf(label, sizeof label, "random %s", cfgs[t][0]);
+        snprintf(label, sizeof label, "random %s", random_cfgs[t][0]);
         e2e(label, dir, 42 + t, 2e-2, ids, n, 20, 0);
         if (t == 0) {
-            snprintf(label, sizeof label, "random %s +retain/attend policy", cfgs[t][0]);
+            snprintf(label, sizeof label, "random %s +retain/attend policy", random_cfgs[t][0]);
             e2e(label, dir, 42 + t, 2e-2, ids, n, 20, 1);
-            snprintf(label, sizeof label, "random %s +policy, pre-RoPE keys", cfgs[t][0]);
+            snprintf(label, sizeof label, "random %s +policy, pre-RoPE keys", random_cfgs[t][0]);
             e2e(label, dir, 42 + t, 2e-2, ids, n, 20, 2);
         }
         free(ids);
@@ -1532,35 +1534,19 @@ static ks_status graph_run_session(ks_model *m, const ks_policy *pol, const int3
 static void test_graph(void) {
     if (!want("graph")) return;
     if (!GPU->graph_begin) { result(1, "decode graph", "skipped: graphs off (KS_CUDA_GRAPH=0)"); g_pass--; return; }
-    static const char *cfgs[][2] = {
-        {"llama g=4 hd=64 llama3-rope",
-         "{\"model_type\": \"llama\", \"hidden_size\": 512, \"num_hidden_layers\": 4, \"num_attention_heads\": 8,"
-         " \"num_key_value_heads\": 2, \"intermediate_size\": 1024, \"vocab_size\": 1000,"
-         " \"max_position_embeddings\": 8192, \"rms_norm_eps\": 1e-5, \"rope_theta\": 500000.0,"
-         " \"tie_word_embeddings\": false, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,"
-         " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 1024}}"},
-        {"qwen2 biases g=2 hd=64",
-         "{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
-         " \"num_key_value_heads\": 2, \"intermediate_size\": 512, \"vocab_size\": 500,"
-         " \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
-         " \"tie_word_embeddings\": true}"},
-        {"mistral window 48 hd=128",
-         "{\"model_type\": \"mistral\", \"hidden_size\": 512, \"head_dim\": 128, \"num_hidden_layers\": 2,"
-         " \"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"intermediate_size\": 1024,"
-         " \"vocab_size\": 800, \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-5,"
-         " \"rope_theta\": 1000000.0, \"sliding_window\": 48, \"tie_word_embeddings\": false}"},
-    };
+    static const int which[] = {0, 2, 3}; /* random_cfgs: llama3 rope g=4, qwen2 biases, mistral window */
     const int steps = 12;
-    for (size_t t = 0; t < sizeof cfgs / sizeof cfgs[0]; t++) {
+    for (size_t w = 0; w < sizeof which / sizeof which[0]; w++) {
+        const char *const *cfg = random_cfgs[which[w]];
         char dir[256], name[200];
-        if (kt_tmpdir(dir, sizeof dir) || kt_write_file(dir, "config.json", cfgs[t][1])) {
+        if (kt_tmpdir(dir, sizeof dir) || kt_write_file(dir, "config.json", cfg[1])) {
             result(0, "decode graph: config", "cannot write a temp folder");
             return;
         }
         ks_model *m = NULL;
-        ks_status st = ks_model_random(dir, GPU, 77 + t, &m);
+        ks_status st = ks_model_random(dir, GPU, 77 + w, &m);
         if (st) { result(0, "decode graph: model", "%s", ks_last_error()); kt_rmdir(dir); return; }
-        int V = m->cfg.vocab, n = 90 + 13 * (int)t;
+        int V = m->cfg.vocab, n = 90 + 13 * (int)w;
         int32_t *ids = malloc(sizeof(int32_t) * n);
         for (int i = 0; i < n; i++) ids[i] = irand(V);
         float *a = malloc(sizeof(float) * steps * V), *b = malloc(sizeof(float) * steps * V);
@@ -1578,7 +1564,7 @@ static void test_graph(void) {
             int ga = 0, gb = 0, rows[64] = {0};
             st = graph_run_session(m, cases[k].pol, ids, n, steps, 1, a, &ga, rows);
             if (!st) st = graph_run_session(m, cases[k].pol, ids, n, steps, 0, b, &gb, NULL);
-            snprintf(name, sizeof name, "decode graph %s, %s: %d steps vs plain launches", cfgs[t][0], cases[k].what, steps);
+            snprintf(name, sizeof name, "decode graph %s, %s: %d steps vs plain launches", cfg[0], cases[k].what, steps);
             if (st) { result(0, name, "%s: %s", ks_status_name(st), ks_last_error()); continue; }
             int same = !memcmp(a, b, sizeof(float) * steps * V), finite = 1;
             for (size_t i = 0; i < (size_t)steps * V; i++) finite &= isfinite(a[i]) ? 1 : 0;
