@@ -1,6 +1,7 @@
 /* api.c — the public embedding API (include/kvsieve.h) over models, sessions and the engine. */
 #include "engine.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,11 +48,20 @@ ks_status ks_tokenize(ks_model *m, const char *text, int add_special, int32_t **
     return st;
 }
 
-ks_status ks_detokenize(ks_model *m, const int32_t *ids, int n, char **text) {
+ks_status ks_detokenize_ex(ks_model *m, const int32_t *ids, int n, unsigned flags, char **text) {
+    if (!text) return ks_errorf(KS_ERR_ARG, "ks_detokenize: NULL text pointer");
     *text = NULL;
+    if (!m) return ks_errorf(KS_ERR_ARG, "ks_detokenize: no model");
+    if (n < 0 || (n > 0 && !ids)) return ks_errorf(KS_ERR_ARG, "ks_detokenize: bad id list (%d ids at %p)", n, (const void *)ids);
+    if (flags & ~(unsigned)KS_DECODE_SPECIAL) return ks_errorf(KS_ERR_ARG, "ks_detokenize: unknown flags 0x%x", flags);
     if (!m->tok) return ks_errorf(KS_ERR_IO, "%s: model has no tokenizer.json", m->dir);
     size_t len;
-    return ks_tokenizer_decode(m->tok, ids, (size_t)n, 1, text, &len);
+    /* HF's decode(ids, skip_special_tokens=not KS_DECODE_SPECIAL) */
+    return ks_tokenizer_decode(m->tok, ids, (size_t)n, !(flags & KS_DECODE_SPECIAL), text, &len);
+}
+
+ks_status ks_detokenize(ks_model *m, const int32_t *ids, int n, char **text) {
+    return ks_detokenize_ex(m, ids, n, 0, text);
 }
 
 ks_status ks_session_create(ks_model *m, ks_session **out) {
@@ -84,6 +94,15 @@ ks_status ks_generate_ids(ks_session *s, const int32_t *ids, int n, const ks_gen
                           void *ud) {
     ks_generate_opts def;
     if (!o) { ks_generate_opts_default(&def); o = &def; }
+    if (!s) return ks_errorf(KS_ERR_ARG, "ks_generate: no session");
+    /* the options are checked before anything runs: a negative count, a NaN or negative
+     * temperature, a top_p outside (0, 1] is the caller's mistake, named, never reinterpreted */
+    if (o->max_new_tokens < 0)
+        return ks_errorf(KS_ERR_ARG, "ks_generate: max_new_tokens must be >= 0, got %d", o->max_new_tokens);
+    if (!(o->temperature >= 0) || isinf(o->temperature))
+        return ks_errorf(KS_ERR_ARG, "ks_generate: temperature must be a finite number >= 0, got %g", (double)o->temperature);
+    if (!(o->top_p > 0 && o->top_p <= 1))
+        return ks_errorf(KS_ERR_ARG, "ks_generate: top_p must be in (0, 1], got %g", (double)o->top_p);
     ks_session_reset(s);
     free(s->gen_ids);
     free(s->gen_text);

@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static _Thread_local char g_err[2048];
 
@@ -76,13 +78,26 @@ ks_status ks_read_file(const char *path, char **data, size_t *len) {
     if (len) *len = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return ks_errorf(KS_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return ks_errorf(KS_ERR_IO, "cannot seek %s", path); }
-    long sz = ftell(f);
-    if (sz < 0) { fclose(f); return ks_errorf(KS_ERR_IO, "cannot size %s (is it a directory?)", path); }
-    rewind(f);
-    char *buf = ks_malloc((size_t)sz + 1);
-    if (!buf) { fclose(f); return KS_ERR_OOM; }
-    if (sz > 0 && fread(buf, 1, (size_t)sz, f) != (size_t)sz) {
+    /* The size comes from fstat, not from fseek/ftell: on a directory (fopen succeeds on
+     * Linux) ftell says LLONG_MAX and the buffer below would ask for 9.2e18 bytes; a pipe or
+     * a device has no size at all. Only regular files are read whole. */
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0) {
+        int e = errno;
+        fclose(f);
+        return ks_errorf(KS_ERR_IO, "cannot stat %s: %s", path, strerror(e));
+    }
+    if (S_ISDIR(sb.st_mode)) { fclose(f); return ks_errorf(KS_ERR_IO, "%s is a directory, not a file", path); }
+    if (!S_ISREG(sb.st_mode)) { fclose(f); return ks_errorf(KS_ERR_IO, "%s is not a regular file", path); }
+    if (sb.st_size < 0 || (uint64_t)sb.st_size >= SIZE_MAX) {
+        fclose(f);
+        return ks_errorf(KS_ERR_IO, "cannot size %s", path);
+    }
+    size_t sz = (size_t)sb.st_size;
+    char *buf = ks_malloc(sz + 1);
+    if (!buf) { fclose(f); return ks_error_prefix(KS_ERR_OOM, "reading %s", path); }
+    /* a file that shrank since fstat reads short: an error, not a half-read file */
+    if (sz > 0 && fread(buf, 1, sz, f) != sz) {
         free(buf);
         fclose(f);
         return ks_errorf(KS_ERR_IO, "cannot read %s", path);
@@ -90,8 +105,18 @@ ks_status ks_read_file(const char *path, char **data, size_t *len) {
     fclose(f);
     buf[sz] = 0;
     *data = buf;
-    if (len) *len = (size_t)sz;
+    if (len) *len = sz;
     return KS_OK;
+}
+
+size_t ks_mem_limit(void) {
+    /* physical memory, lowered by an address-space limit (ulimit -v) when one is set */
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t lim = (pages > 0 && psz > 0) ? (uint64_t)pages * (uint64_t)psz : 0;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (!lim || (uint64_t)rl.rlim_cur < lim))
+        lim = (uint64_t)rl.rlim_cur;
+    return lim > SIZE_MAX ? SIZE_MAX : (size_t)lim;
 }
 
 double ks_now(void) {

@@ -20,8 +20,14 @@ void *ks_calloc(size_t n, size_t size);
 void *ks_realloc(void *p, size_t n);
 char *ks_strdup(const char *s);
 
-/* Read a whole file into a NUL-terminated buffer (*len excludes the NUL). */
+/* Read a whole regular file into a NUL-terminated buffer (*len excludes the NUL). A
+ * directory is KS_ERR_IO "PATH is a directory, not a file"; a pipe or device KS_ERR_IO too. */
 ks_status ks_read_file(const char *path, char **data, size_t *len);
+
+/* The most host memory this process can hope to use, in bytes: physical memory, or the
+ * address-space limit (RLIMIT_AS) when lower; 0 if unknown. For refusing absurd sizes up
+ * front with a named error, before an allocator aborts (ASan) or the OOM killer strikes. */
+size_t ks_mem_limit(void);
 
 /* Monotonic time in seconds. */
 double ks_now(void);

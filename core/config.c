@@ -153,8 +153,25 @@ ks_status ks_config_parse(const char *text, size_t len, const char *what, ks_con
         c->head_dim = c->dim / c->n_heads;
     }
     if (c->head_dim % 2) { st = ks_errorf(KS_ERR_FORMAT, "%s: head_dim %d must be even", what, c->head_dim); goto out; }
-    c->max_pos = (int)ks_json_int(root, "max_position_embeddings", 4096);
-    if (c->max_pos <= 0) { st = ks_errorf(KS_ERR_FORMAT, "%s: bad max_position_embeddings", what); goto out; }
+    {
+        /* Bounds far above every released model (Llama 3 405B: hidden 16384, intermediate
+         * 53248, 126 layers, 128 heads; vocabularies up to ~256K) that keep the products the
+         * engine forms in int (heads x head_dim, rows x width) and the parameter count in
+         * int64 from overflowing: with them, nothing is allocated from a wrapped size. */
+        static const struct { const char *key; int64_t max; } lim[] = {
+            {"hidden_size", 1 << 20}, {"intermediate_size", 1 << 20}, {"num_hidden_layers", 1 << 16},
+            {"num_attention_heads", 1 << 16}, {"vocab_size", 1 << 26}, {"num_attention_heads x head_dim", 1 << 20}};
+        const int64_t val[] = {c->dim, c->ffn, c->n_layers, c->n_heads, c->vocab, (int64_t)c->n_heads * c->head_dim};
+        for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+            if (val[i] > lim[i].max) {
+                st = ks_errorf(KS_ERR_FORMAT, "%s: %s %lld is out of range (at most %lld)", what, lim[i].key,
+                               (long long)val[i], (long long)lim[i].max);
+                goto out;
+            }
+    }
+    int64_t mp = ks_json_int(root, "max_position_embeddings", 4096); /* range-checked before the cast to int */
+    if (mp <= 0 || mp > (1 << 30)) { st = ks_errorf(KS_ERR_FORMAT, "%s: bad max_position_embeddings (1 .. 2^30)", what); goto out; }
+    c->max_pos = (int)mp;
     c->eps = (float)ks_json_num(root, "rms_norm_eps", 1e-6);
     if (!(c->eps > 0)) { st = ks_errorf(KS_ERR_FORMAT, "%s: rms_norm_eps must be > 0", what); goto out; }
     c->tied = ks_json_bool(root, "tie_word_embeddings", c->arch == KS_ARCH_QWEN2 ? 0 : 0);

@@ -1109,12 +1109,21 @@ ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks
     if (st) return st;
     ks_sampler smp;
     ks_sampler_init(&smp, p->temperature, p->top_p, p->seed);
-    int32_t *gen = ks_malloc(sizeof(int32_t) * (p->max_new + 1));
+    /* the id buffer grows with the generation: max_new may be INT_MAX ("until EOS or the
+     * context ends"), where max_new + 1 overflowed and a buffer of max_new would be 8 GB */
+    size_t gcap = (size_t)KS_MIN(p->max_new, 255) + 1;
+    int32_t *gen = ks_malloc(sizeof(int32_t) * gcap);
     if (!gen) return KS_ERR_OOM;
     int ng = 0;
     size_t emitted = 0; /* bytes of decoded text already streamed */
     for (int t = 0; t < p->max_new; t++) {
         int32_t id = ks_sample(&smp, s->logits, c->vocab);
+        if ((size_t)ng == gcap) {
+            int32_t *g2 = ks_realloc(gen, sizeof(int32_t) * gcap * 2);
+            if (!g2) { st = KS_ERR_OOM; break; }
+            gen = g2;
+            gcap *= 2;
+        }
         gen[ng++] = id;
         if (s->policy && s->policy->on[KS_EV_TOKEN]) {
             ks_event ev;

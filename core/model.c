@@ -176,6 +176,21 @@ ks_status ks_model_random(const char *config, ks_backend *be, uint64_t seed, ks_
     if (st) { free(m->dir); free(m); return st; }
     const ks_config *c = &m->cfg;
     int64_t D = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim, F = c->ffn;
+    /* Every weight below is allocated and written: refuse sizes the machine cannot hold up
+     * front, with a named error, rather than let the allocator abort (ASan) or the OOM
+     * killer end the process halfway. The count is a double: config.c bounds the dimensions,
+     * and an estimate is all this needs. The CPU backend keeps float32 weights; another
+     * backend's device memory is its own allocator's to refuse. */
+    double per_layer = 2.0 * D + 2.0 * qd * D + 2.0 * kd * D + 3.0 * F * D +
+                       (c->qkv_bias ? (double)qd + 2.0 * kd : 0) + (c->o_bias ? (double)D : 0);
+    double n_params = (double)c->vocab * D * (c->tied ? 1 : 2) + D + per_layer * c->n_layers;
+    size_t mem = ks_mem_limit();
+    if (!strcmp(be->name, "cpu") && mem && n_params * sizeof(float) > (double)mem) {
+        st = ks_errorf(KS_ERR_OOM, "%s: random weights need %.3g GiB (%.3g parameters as float32), more than this "
+                       "machine's %.3g GiB of memory", config, n_params * sizeof(float) / 1073741824.0, n_params,
+                       (double)mem / 1073741824.0);
+        goto fail;
+    }
     uint64_t k = seed * 1000;
     /* weights ~ U(-s/2, s/2) with s ~ 2/sqrt(fan_in) keeps activations O(1) through the layers */
 #define RW(dst, rows, cols, scale, off)                                                       \

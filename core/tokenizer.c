@@ -1884,6 +1884,12 @@ static ks_status load_model(ks_tokenizer *t, const ks_json *m) {
         const ks_json *v = &vocab->items[i];
         if (v->type != KS_JSON_NUMBER || !v->is_int || v->inum < 0 || v->inum >= MAX_ID)
             return ks_errorf(KS_ERR_FORMAT, "model.vocab[\"%s\"]: expected a token id in 0..%d", vocab->keys[i], MAX_ID - 1);
+        /* ids are bounded by the vocabulary's real size first: the id table (build_ids) has
+         * n_ids entries, so one entry with id 67108863 would cost 1.5 GB before anything else
+         * rejected the file. A vocabulary of N entries numbers them 0..N-1. */
+        if ((uint64_t)v->inum >= vocab->len)
+            return ks_errorf(KS_ERR_FORMAT, "model.vocab[\"%s\"]: id %lld is out of range for a vocabulary of %zu entries "
+                             "(ids 0..%zu)", vocab->keys[i], (long long)v->inum, vocab->len, vocab->len - 1);
         uint32_t h, off;
         sm_slot *x = sm_slot_for(&t->vocab, ARENA(t), vocab->keys[i], vocab->key_lens[i], &h);
         if (x->len == UINT32_MAX) {

@@ -60,7 +60,19 @@ void ks_model_close(ks_model *m);
 /* Tokenize UTF-8 text (add_special: BOS etc. as the tokenizer's post-processor says).
  * *ids is malloc'd (free it). Decode returns a malloc'd NUL-terminated string. */
 ks_status ks_tokenize(ks_model *m, const char *text, int add_special, int32_t **ids, int *n);
+/* Decode, dropping special tokens (HF's decode(ids, skip_special_tokens=True)). Ids outside
+ * the tokenizer's vocabulary are KS_ERR_ARG. */
 ks_status ks_detokenize(ks_model *m, const int32_t *ids, int n, char **text);
+
+/* Flags of ks_detokenize_ex (OR them; 0 behaves as ks_detokenize). */
+enum {
+    /* Keep special tokens in the text, as HF's decode(ids, skip_special_tokens=False):
+     * then the text of ks_tokenize(m, x, 0, ...) decodes back to x even where x holds a
+     * special token such as Qwen's "<|endoftext|>" or Llama's "<s>". */
+    KS_DECODE_SPECIAL = 1u << 0,
+};
+/* Decode with flags; an unknown flag bit is KS_ERR_ARG. */
+ks_status ks_detokenize_ex(ks_model *m, const int32_t *ids, int n, unsigned flags, char **text);
 
 ks_status ks_session_create(ks_model *m, ks_session **out);
 void ks_session_free(ks_session *s);
@@ -73,10 +85,10 @@ void ks_session_set_fallback(ks_session *s, int fallback_full);
 
 /* ---------------------------------------------------------------- generation */
 
-typedef struct ks_generate_opts {
-    int max_new_tokens;     /* default 64 */
-    float temperature;      /* 0 = greedy (default) */
-    float top_p;            /* default 1 */
+typedef struct ks_generate_opts {  /* checked by ks_generate*: out of range is KS_ERR_ARG */
+    int max_new_tokens;     /* >= 0, default 64 */
+    float temperature;      /* finite, >= 0; 0 = greedy (default) */
+    float top_p;            /* in (0, 1], default 1 */
     uint64_t seed;          /* default 0 */
     int add_special;        /* tokenize the prompt with BOS etc. (default 1) */
 } ks_generate_opts;

@@ -3,7 +3,8 @@
  *   local ks = require "kvsieve"
  *   m = ks.load(dir [, {backend = "cpu", threads = N}])
  *   m.config                      n_layers, n_heads, n_kv_heads, head_dim, dim, vocab, max_pos, arch, ...
- *   m:encode(text [, {special = true}]) -> {ids}     m:decode(ids) -> text     m:token_str(id)
+ *   m:encode(text [, {special = true}]) -> {ids}     m:token_str(id)
+ *   m:decode(ids [, {special = false}]) -> text      (special = true keeps special tokens)
  *   s = m:session()
  *   r = s:generate(prompt_text_or_ids, {n = 32, temp = 0, top_p = 1, seed = 0, special = true,
  *                  policy = "name" | "path.lua" | policy object | {inline handlers},
@@ -226,6 +227,13 @@ static int l_model_encode(lua_State *L) {
 }
 
 static int l_model_decode(lua_State *L) {
+    /* m:decode(ids [, {special = true}]): special keeps special tokens (HF's
+     * skip_special_tokens=False), so that m:decode(m:encode(x, {special = false}), {special =
+     * true}) == x; the options are read first and dropped (the ids' conversion pushes on top) */
+    lua_settop(L, 3);
+    static const char *const allowed[] = {"special", NULL};
+    check_keys(L, 3, "decode", allowed);
+    unsigned flags = opt_boolean(L, 3, "special", 0) ? KS_DECODE_SPECIAL : 0;
     lua_settop(L, 2);
     model_box *b = check_model(L, 1);
     ks_tensor *t = ks_lt_arg(L, 2, KS_T_I32, "decode");
@@ -234,7 +242,7 @@ static int l_model_decode(lua_State *L) {
     const int32_t *ids = ks_lt_contig(L, lua_gettop(L), t, &pushed);
     cbuf *buf = push_cbuf(L);
     char *text;
-    ks_status st = ks_detokenize(b->lm->m, ids, (int)t->numel, &text);
+    ks_status st = ks_detokenize_ex(b->lm->m, ids, (int)t->numel, flags, &text);
     if (st) return luaL_error(L, "decode: %s", ks_last_error());
     buf->p = text;
     lua_pushstring(L, text);

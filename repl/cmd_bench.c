@@ -3,15 +3,17 @@
  * of the backend's own memory per row (ks_backend.mem_stats), and with --profile (or
  * KS_PROFILE=1) a per-phase table per row after the rows. */
 #include "cli.h"
+#include "cpu_gemm.h"
 #include "engine.h"
 
-#include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* GFLOP/s of plain sgemm over the model's linear shapes with n rows (the ceiling). */
+/* GFLOP/s of the CPU backend's GEMM alone (core/cpu_gemm.h, on a pool of all online cores) over
+ * the model's linear shapes with n rows: the ceiling the linear layers are measured against. */
 static double sgemm_ceiling(const ks_config *c, int n) {
     int QD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim;
     int shapes[][2] = {{c->dim, QD}, {c->dim, KD}, {c->dim, KD}, {QD, c->dim}, {c->dim, c->ffn}, {c->dim, c->ffn}, {c->ffn, c->dim}};
@@ -19,7 +21,8 @@ static double sgemm_ceiling(const ks_config *c, int n) {
     for (int i = 0; i < 7; i++) maxw = KS_MAX(maxw, (size_t)shapes[i][0] * shapes[i][1]);
     size_t maxin = (size_t)n * KS_MAX(KS_MAX(c->dim, QD), c->ffn);
     float *W = malloc(sizeof(float) * maxw), *x = malloc(sizeof(float) * maxin), *y = malloc(sizeof(float) * maxin);
-    if (!W || !x || !y) { free(W); free(x); free(y); return 0; }
+    ks_pool *pool = NULL;
+    if (!W || !x || !y || ks_pool_create(0, &pool)) { free(W); free(x); free(y); return 0; }
     uint64_t r = 12345;
     for (size_t i = 0; i < maxw; i++) { r = r * 6364136223846793005ull + 1; W[i] = ((r >> 40) / 16777216.0f - 0.5f) * 0.1f; }
     for (size_t i = 0; i < maxin; i++) { r = r * 6364136223846793005ull + 1; x[i] = (r >> 40) / 16777216.0f - 0.5f; }
@@ -29,11 +32,12 @@ static double sgemm_ceiling(const ks_config *c, int n) {
         double t0 = ks_now();
         for (int i = 0; i < 7; i++) {
             int in = shapes[i][0], out = shapes[i][1];
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+            ks_gemm_nt(pool, y, x, W, n, in, out);
             flop += 2.0 * n * in * out;
         }
         if (rep > 0) t = fmin(t, ks_now() - t0);
     }
+    ks_pool_free(pool);
     free(W); free(x); free(y);
     return flop / t / 1e9;
 }
@@ -88,15 +92,19 @@ int ks_cli_bench(int argc, char **argv) {
         if (!strcmp(argv[i], "-m") && v) { model = v; i++; }
         else if (!strcmp(argv[i], "--random-weights") && v) { random_cfg = v; i++; }
         else if (!strcmp(argv[i], "--lengths") && v) { lengths = v; i++; }
-        else if (!strcmp(argv[i], "--gen") && v) { gen = atoi(v); i++; }
+        else if (!strcmp(argv[i], "--gen") && v) { if (ks_arg_int("--gen", v, 0, INT_MAX, &gen)) return 2; i++; }
         else if (!strcmp(argv[i], "--backend") && v) { backend = v; i++; }
-        else if (!strcmp(argv[i], "--repeat") && v) { reps = atoi(v) > 0 ? atoi(v) : 1; i++; }
+        else if (!strcmp(argv[i], "--repeat") && v) { if (ks_arg_int("--repeat", v, 1, 1000000, &reps)) return 2; i++; }
         else if (!strcmp(argv[i], "--policy") && v) { policies = v; i++; }
         else if (!strcmp(argv[i], "--set") && v) { if (n_sets < 64) sets[n_sets++] = v; i++; }
         else if (!strcmp(argv[i], "--profile")) profile = 1;
         else { fprintf(stderr, "kvsieve: bench: unknown or incomplete option %s\n", argv[i]); return 2; }
     }
     if (!model && !random_cfg) { fprintf(stderr, "kvsieve: bench needs -m DIR or --random-weights CONFIG\n"); return 2; }
+    /* the lengths are checked before the model loads (a typo costs no loading time); each one
+     * against the model's context below */
+    int lens[64], n_lens;
+    if (ks_arg_int_list("--lengths", lengths, 1, INT_MAX, 1, lens, 64, &n_lens)) return 2;
     ks_model *m;
     if (random_cfg) {
         ks_backend *be;
@@ -144,10 +152,9 @@ int ks_cli_bench(int argc, char **argv) {
             if (rc) { ks_policy_free(pol); break; }
         }
         s->policy = pol;
-        char *list = strdup(lengths), *lsave = NULL;
-        for (char *tk = strtok_r(list, ",", &lsave); tk; tk = strtok_r(NULL, ",", &lsave)) {
-            int L = atoi(tk);
-            if (L < 1 || L + gen > c->max_pos) {
+        for (int li = 0; li < n_lens; li++) {
+            int L = lens[li];
+            if ((long long)L + gen > c->max_pos) { /* in 64 bits: --gen may be up to INT_MAX */
                 fprintf(stderr, "kvsieve: bench: length %d (+%d generated) exceeds the model's context %d\n", L, gen, c->max_pos);
                 rc = 2;
                 break;
@@ -218,7 +225,6 @@ int ks_cli_bench(int argc, char **argv) {
             br->kv_rows = kv_rows;
             ks_profile_reset(s);
         }
-        free(list);
         s->policy = NULL;
         ks_policy_free(pol);
     }

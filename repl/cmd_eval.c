@@ -42,7 +42,7 @@ typedef struct eval_args {
     int lengths[MAX_AXIS], n_len;
     double depths[MAX_AXIS];
     int n_dep, cases, quiet, show;
-    unsigned long long seed;
+    uint64_t seed;
     const char *sets[64];
     int n_sets;
 } eval_args;
@@ -53,53 +53,36 @@ typedef struct cell_acc {
     long long tokens_sum, kv_sum;
 } cell_acc;
 
-/* "512,1K,4k,32768" -> lengths */
-static int parse_lengths(const char *s, int *out, int *n) {
-    *n = 0;
-    while (*s) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s) return -1;
-        if (*end == 'K' || *end == 'k') { v *= 1024; end++; }
-        if (v < 1 || v > (1L << 30) || *n >= MAX_AXIS) return -1;
-        out[(*n)++] = (int)v;
-        s = end;
-        if (*s == ',') s++;
-        else if (*s) return -1;
-    }
-    return *n ? 0 : -1;
-}
-
 /* "0,0.25,1" (depths in [0,1]) or "11" (that many evenly spaced depths from 0 to 1; "0" and
- * "1" alone are depths) */
+ * "1" alone are depths). Every number strictly (repl/args.c); prints the error. */
 static int parse_depths(const char *s, double *out, int *n) {
+    const char *opt = "eval --depths";
     *n = 0;
     if (!strpbrk(s, ",.")) {
-        char *end;
-        long k = strtol(s, &end, 10);
-        if (*end || k < 0 || k > MAX_AXIS) return -1;
+        int k;
+        if (ks_arg_int(opt, s, 0, MAX_AXIS, &k)) return -1;
         if (k <= 1) { out[0] = (double)k; *n = 1; return 0; } /* "0" and "1" are depths */
         for (int i = 0; i < k; i++) out[i] = (double)i / (k - 1);
-        *n = (int)k;
+        *n = k;
         return 0;
     }
-    while (*s) {
-        char *end;
-        double v = strtod(s, &end);
-        if (end == s || !(v >= 0 && v <= 1) || *n >= MAX_AXIS) return -1;
-        out[(*n)++] = v;
-        s = end;
-        if (*s == ',') s++;
-        else if (*s) return -1;
+    char tok[64];
+    for (const char *p = s;;) {
+        size_t len = strcspn(p, ",");
+        if (*n >= MAX_AXIS) { fprintf(stderr, "kvsieve: %s takes at most %d depths\n", opt, MAX_AXIS); return -1; }
+        snprintf(tok, sizeof tok, "%.*s", (int)KS_MIN(len, sizeof tok - 1), p);
+        if (len >= sizeof tok || ks_arg_double(opt, tok, 0, 1, 0, &out[*n])) return -1;
+        (*n)++;
+        if (!p[len]) return 0;
+        p += len + 1;
     }
-    return *n ? 0 : -1;
 }
 
 static int parse_eval(int argc, char **argv, eval_args *a) {
     memset(a, 0, sizeof *a);
     a->cases = 1;
     a->seed = EVAL_BASE_SEED;
-    parse_lengths("512,1024,2048,4096", a->lengths, &a->n_len);
+    ks_arg_int_list("eval --lengths", "512,1024,2048,4096", 1, 1 << 30, 1, a->lengths, MAX_AXIS, &a->n_len);
     parse_depths("0,0.25,0.5,0.75,1", a->depths, &a->n_dep);
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
@@ -109,24 +92,20 @@ static int parse_eval(int argc, char **argv, eval_args *a) {
         else if (!strcmp(o, "--task")) { NEED(); a->task = v; }
         else if (!strcmp(o, "--lengths")) {
             NEED();
-            if (parse_lengths(v, a->lengths, &a->n_len)) { fprintf(stderr, "kvsieve eval: --lengths expects a list like 512,1K,4096, got \"%s\"\n", v); return -1; }
+            /* strictly: 9223372036854775807K is out of range, not an overflow */
+            if (ks_arg_int_list("eval --lengths", v, 1, 1 << 30, 1, a->lengths, MAX_AXIS, &a->n_len)) return -1;
         } else if (!strcmp(o, "--depths")) {
             NEED();
-            if (parse_depths(v, a->depths, &a->n_dep)) { fprintf(stderr, "kvsieve eval: --depths expects depths in [0,1] like 0,0.5,1 or a count like 11, got \"%s\"\n", v); return -1; }
+            if (parse_depths(v, a->depths, &a->n_dep)) return -1;
         } else if (!strcmp(o, "--cases")) {
             NEED();
-            char *end;
-            long k = strtol(v, &end, 10);
-            if (*end || k < 1 || k > 100000) { fprintf(stderr, "kvsieve eval: --cases expects a count >= 1, got \"%s\"\n", v); return -1; }
-            a->cases = (int)k;
+            if (ks_arg_int("eval --cases", v, 1, 100000, &a->cases)) return -1;
         } else if (!strcmp(o, "--policy")) { NEED(); a->policy = v; }
         else if (!strcmp(o, "--compare")) { NEED(); a->compare = v; }
         else if (!strcmp(o, "--set")) { NEED(); if (a->n_sets < 64) a->sets[a->n_sets++] = v; }
         else if (!strcmp(o, "--seed")) {
             NEED();
-            char *end;
-            a->seed = strtoull(v, &end, 0);
-            if (*end || !*v) { fprintf(stderr, "kvsieve eval: --seed expects an integer (decimal or 0x...), got \"%s\"\n", v); return -1; }
+            if (ks_arg_u64("eval --seed", v, &a->seed)) return -1;
         } else if (!strcmp(o, "--corpora")) { NEED(); a->corpora = v; }
         else if (!strcmp(o, "--out")) { NEED(); a->out = v; }
         else if (!strcmp(o, "--png")) { NEED(); a->png = v; }
@@ -352,7 +331,7 @@ int ks_cli_eval(int argc, char **argv) {
         fprintf(jf, "{\n  \"model\": ");
         json_str(jf, a.model);
         fprintf(jf, ",\n  \"task\": \"%s\",\n  \"backend\": \"%s\",\n  \"seed_base\": \"0x%016llx\",\n  \"cases_per_cell\": %d,\n  \"lengths\": [",
-                ks_task_name(kind), m->be->name, a.seed, a.cases);
+                ks_task_name(kind), m->be->name, (unsigned long long)a.seed, a.cases);
         for (int i = 0; i < nL; i++) fprintf(jf, "%s%d", i ? ", " : "", a.lengths[i]);
         fprintf(jf, "],\n  \"depths\": [");
         for (int i = 0; i < nD; i++) fprintf(jf, "%s%g", i ? ", " : "", a.depths[i]);

@@ -4,6 +4,8 @@
 #include "engine.h"
 #include "kvsieve.h"
 
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,31 +13,6 @@
 int ks_cli_fail(const char *what) {
     fprintf(stderr, "kvsieve: %s%s%s\n", what ? what : "", what ? ": " : "", ks_last_error());
     return 1;
-}
-
-/* Parse "1,2,3" into ids. */
-static int parse_ids(const char *s, int32_t **ids, int *n) {
-    int cap = 16, k = 0;
-    int32_t *v = malloc(sizeof(int32_t) * cap);
-    if (!v) return -1;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        long x = strtol(p, &end, 10);
-        if (end == p) { free(v); return -1; }
-        if (k == cap) {
-            cap *= 2;
-            int32_t *w = realloc(v, sizeof(int32_t) * cap);
-            if (!w) { free(v); return -1; }
-            v = w;
-        }
-        v[k++] = (int32_t)x;
-        p = end;
-        while (*p == ',' || *p == ' ') p++;
-    }
-    *ids = v;
-    *n = k;
-    return 0;
 }
 
 static int stream_print(void *ud, int32_t id, const char *piece) {
@@ -50,7 +27,7 @@ typedef struct gen_args {
     const char *model, *prompt, *chat, *policy, *backend, *sys;
     int n, ids, threads, quiet, n_sets;
     float temp, top_p;
-    unsigned long long seed;
+    uint64_t seed;
     const char *sets[64];
 } gen_args;
 
@@ -64,15 +41,16 @@ static int parse_gen(int argc, char **argv, gen_args *a) {
 #define NEED() do { if (!v) { fprintf(stderr, "kvsieve: option %s needs a value\n", o); return -1; } i++; } while (0)
         if (!strcmp(o, "-m") || !strcmp(o, "--model")) { NEED(); a->model = v; }
         else if (!strcmp(o, "-p") || !strcmp(o, "--prompt")) { NEED(); a->prompt = v; }
-        else if (!strcmp(o, "-n")) { NEED(); a->n = atoi(v); }
-        else if (!strcmp(o, "--temp")) { NEED(); a->temp = (float)atof(v); }
-        else if (!strcmp(o, "--top-p")) { NEED(); a->top_p = (float)atof(v); }
-        else if (!strcmp(o, "--seed")) { NEED(); a->seed = strtoull(v, NULL, 10); }
+        /* numbers strictly (repl/args.c): "abc", "99999999999" or "nan" is an error, not 0 or a wrap */
+        else if (!strcmp(o, "-n")) { NEED(); if (ks_arg_int(o, v, 0, INT_MAX, &a->n)) return -1; }
+        else if (!strcmp(o, "--temp")) { NEED(); if (ks_arg_float(o, v, 0, INFINITY, 0, &a->temp)) return -1; }
+        else if (!strcmp(o, "--top-p")) { NEED(); if (ks_arg_float(o, v, 0, 1, 1, &a->top_p)) return -1; }
+        else if (!strcmp(o, "--seed")) { NEED(); if (ks_arg_u64(o, v, &a->seed)) return -1; }
         else if (!strcmp(o, "--chat")) { NEED(); a->chat = v; }
         else if (!strcmp(o, "--system")) { NEED(); a->sys = v; }
         else if (!strcmp(o, "--policy")) { NEED(); a->policy = v; }
         else if (!strcmp(o, "--set")) { NEED(); if (a->n_sets < 64) a->sets[a->n_sets++] = v; }
-        else if (!strcmp(o, "--threads")) { NEED(); a->threads = atoi(v); }
+        else if (!strcmp(o, "--threads")) { NEED(); if (ks_arg_int(o, v, 0, 4096, &a->threads)) return -1; }
         else if (!strcmp(o, "--backend")) { NEED(); a->backend = v; }
         else if (!strcmp(o, "--ids")) a->ids = 1;
         else if (!strcmp(o, "-q") || !strcmp(o, "--quiet")) a->quiet = 1;
@@ -81,15 +59,13 @@ static int parse_gen(int argc, char **argv, gen_args *a) {
     }
     if (!a->model) { fprintf(stderr, "kvsieve: -m DIR is required\n"); return -1; }
     if (!a->prompt) { fprintf(stderr, "kvsieve: -p TEXT is required\n"); return -1; }
-    if (a->n < 0) { fprintf(stderr, "kvsieve: -n must be >= 0\n"); return -1; }
     return 0;
 }
 
 /* The prompt as ids: raw ids (--ids), a chat template, or plain text. */
 static int prompt_ids(ks_model *m, const gen_args *a, int32_t **ids, int *n) {
     if (a->ids) {
-        if (parse_ids(a->prompt, ids, n) || *n == 0) { fprintf(stderr, "kvsieve: --ids needs a comma-separated id list\n"); return -1; }
-        return 0;
+        return ks_arg_ids("-p (with --ids)", a->prompt, ids, n);
     }
     if (a->chat) {
         ks_chat_msg msgs[2];

@@ -26,7 +26,7 @@ KT_TEST(cli_bad_inputs_exit_nonzero_with_message) {
         {"{\"model_type\": \"bloom\", \"hidden_size\": 8}", "generate -m %s -p hi", "unknown architecture"},
         {NULL, "generate -p hi", "-m DIR is required"},
         {NULL, "frobnicate", "unknown command"},
-        {NULL, "generate -m %s -p 1,2 --ids -n -3", "-n must be"},
+        {NULL, "generate -m %s -p 1,2 --ids -n -3", "-n expects an integer in 0..2147483647"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (cases[i].setup) kt_write_file(dir, "config.json", cases[i].setup);

