@@ -28,9 +28,20 @@
 --   5. No layer reaches tau: one pass prunes nothing; two passes fall back to the LAST layer's
 --      top-kk + window (the reference's behaviour). fallback_layer = f >= 0 changes both: if no
 --      layer was selected up to layer f, layer f's set is used (a deadline).
---   Optional KV budget (kv_budget > 0, FastKV-style): every layer that runs on the full prompt
---   (up to and including the selection layer) keeps per KV head only its top (kv_budget - w)
---   prefix rows by that KV head's pooled group-summed scores + the w window rows.
+--   Optional KV budget (kv_budget > 0, the reference's cache_k; FastKV/SnapKV-style): EVERY
+--   layer of the first pass whose m rows number at least kv_budget keeps per KV head only its
+--   top (kv_budget - w) prefix rows by that KV head's pooled group-summed window scores (step 1
+--   over those m rows: the last w of them are the window) + the w window rows; the rest is
+--   freed after the layer's attention (the prefill itself attends all m rows). That is the
+--   layers on the full prompt (m = n, up to and including the selection layer) AND, in one
+--   pass, the layers after the selection layer, which run on the propagated rows (m =
+--   selected_n; the window is still the prompt's last w positions, always propagated) — as the
+--   reference's compress_kv does at every layer once the layer is chosen. With m < kv_budget a
+--   layer keeps all its rows (the reference: top (m - w) of m - w, i.e. all). Two passes: the
+--   budget applies to pass 1 only, whose KV is dropped at the restart; pass 2 keeps full KV
+--   (the reference's two-pass ASL runs without cache_k). POLICIES.md "asl" speaks only of the KV
+--   before the selection ("with a KV budget, FastKV-style per-KV-head retention"); after it this
+--   follows the reference (issue 12).
 --
 -- Parameters (defaults from the paper / reference):
 --   L_min 10, L_obs 8, tau 0.3, k 2048 (window included), w 32, kernel 7, pool "avg" ("max"),
@@ -62,6 +73,15 @@ local function head_scores(Q, K, h, g, n, w, kernel, pool)
   local s = ks.scores(q, k, { rows = w, causal = true, softmax = true, out = { 0, n - w } })  -- (g, n - w)
   if kernel > 1 then s = ks.pool1d(s, kernel, pool) end
   return ks.sum(s, 0)
+end
+
+-- The KV budget at one layer (ev.n >= kv_budget): each KV head keeps the top (kv_budget - w) of
+-- its scores `heads[h + 1]` (head_scores over this layer's ev.n rows) + the w window rows.
+local function retain_budget(ev, p, heads)
+  local win = ks.arange(ev.n - p.w, ev.n)
+  local lists = {}
+  for h = 1, #heads do lists[h] = ks.concat((ks.topk(heads[h], p.kv_budget - p.w)), win) end
+  ev:retain(lists)
 end
 
 local state = {}
@@ -120,23 +140,31 @@ return {
     if ev.pass > 0 then return end -- the second pass of two-pass ASL is plain attention
     local l, n, w = ev.layer, ev.n, p.w
     if l == 0 then st.off = ev.kv_rows[1] > 0 or n <= w end
-    if st.off or st.done then return end
-    local P = n - w
-    local kk = math.min(p.k - w, P)
-
-    -- 1. scores: per KV head (pooled, group-summed), then summed over KV heads
+    if st.off then return end
     local Q, K = ev.q, ev.k
     local Hkv = ev.n_kv_heads
     local g = ev.n_heads // Hkv
     local budget = p.kv_budget > 0 and n >= p.kv_budget
-    local s, lists = nil, budget and {} or nil
-    local win = ks.arange(P, n)
+    if st.done then
+      -- after the selection (one pass: n = the propagated rows): only the KV budget
+      if budget then
+        local heads = {}
+        for h = 0, Hkv - 1 do heads[h + 1] = head_scores(Q, K, h, g, n, w, p.kernel, p.pool) end
+        retain_budget(ev, p, heads)
+      end
+      return
+    end
+    local P = n - w
+    local kk = math.min(p.k - w, P)
+
+    -- 1. scores: per KV head (pooled, group-summed), then summed over KV heads
+    local s, heads = nil, {}
     for h = 0, Hkv - 1 do
       local sh = head_scores(Q, K, h, g, n, w, p.kernel, p.pool)
       s = s and s + sh or sh
-      if budget then lists[h + 1] = ks.concat((ks.topk(sh, p.kv_budget - w)), win) end
+      if budget then heads[h + 1] = sh end
     end
-    if budget then ev:retain(lists) end
+    if budget then retain_budget(ev, p, heads) end
 
     -- 2. ranks and top set of this layer; keep the last L_obs layers
     local top = ks.topk(s, kk)

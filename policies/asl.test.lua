@@ -167,6 +167,56 @@ for _, c in ipairs(polfix.cases_of("asl")) do
 end
 assert(ncases >= 12, "expected asl fixture cases in the manifest, found " .. ncases)
 
+-- ---------------------------------------------------------------- the KV budget, recomputed
+-- Independent of the policy's code (plain Lua, double precision) from one layer's event data
+-- `e` = { q = ev.q:tolist() (m, H, d), k = ev.k:tolist() (m, Hkv, d), m = ev.n }: KV head h's
+-- SnapKV window scores (softmax of the last w queries over the keys, causal, 1/sqrt(d), summed
+-- over the window, prefix 0..m-w-1), pooled per query head (stride 1, padding kernel//2, avg
+-- divides by the kernel), summed over the g query heads of h.
+local function budget_scores(e, h, g, w, kernel, pool)
+  local Q, K, m = e.q, e.k, e.m
+  local d, P, half = #Q[1][1], m - w, kernel // 2
+  local scale = 1 / math.sqrt(d)
+  local out = {}
+  for j = 1, P do out[j] = 0 end
+  for hq = h * g + 1, (h + 1) * g do
+    local raw = {}
+    for j = 1, P do raw[j] = 0 end
+    for i = P + 1, m do -- window query rows (1-based): keys 1..i
+      local qi, lg, mx, z = Q[i][hq], {}, -math.huge, 0
+      for j = 1, i do
+        local kj, dot = K[j][h + 1], 0
+        for c = 1, d do dot = dot + qi[c] * kj[c] end
+        lg[j] = dot * scale
+        if lg[j] > mx then mx = lg[j] end
+      end
+      for j = 1, i do lg[j] = math.exp(lg[j] - mx); z = z + lg[j] end
+      for j = 1, P do raw[j] = raw[j] + lg[j] / z end
+    end
+    for j = 1, P do
+      local acc = pool == "max" and -math.huge or 0
+      for o = math.max(1, j - half), math.min(P, j + half) do
+        if pool == "max" then acc = math.max(acc, raw[o]) else acc = acc + raw[o] end
+      end
+      out[j] = out[j] + (pool == "max" and acc or acc / kernel)
+    end
+  end
+  return out
+end
+
+-- The rows (0-based active-row indices, ascending) a KV head must keep under budget B: the top
+-- (B - w) prefix rows by `sc` (ties -> the lower row) + the w window rows; and the k-th value.
+local function budget_rows(sc, m, w, B)
+  local order = {}
+  for j = 1, #sc do order[j] = j end
+  table.sort(order, function(a, b) if sc[a] ~= sc[b] then return sc[a] > sc[b] end return a < b end)
+  local rows = {}
+  for i = 1, B - w do rows[i] = order[i] - 1 end
+  table.sort(rows)
+  for i = m - w, m - 1 do rows[#rows + 1] = i end
+  return rows, sc[order[B - w]]
+end
+
 -- ---------------------------------------------------------------- invariants and options
 do
   local d = json.read(FIX .. "cases/llama12_gqa/asl/taugt1_1pass.json")
@@ -203,22 +253,72 @@ do
   for i = n - base.w, n - 1 do want[#want + 1] = i end
   eq_list(below(r.kept(7, 0), n), want, "deadline: rows after layer 6 = its top set + window")
   assert(r.report.top_7 == nil, "deadline: nothing scored after it")
-  -- the KV budget: per-KV-head retention on the layers that run on the full prompt
-  r = s:generate(d.prompt_ids, { n = 2, policy = "asl", set = with { kv_budget = 128 } }) -- selects L_min = 4
-  assert(r.report.selection_layer == base.L_min, "kv_budget run selects L_min")
-  for l = 0, L - 1 do
-    for h = 0, d.model.n_kv_heads - 1 do
-      local kept = below(r.kept(l, h), n)
-      local want_n = l <= base.L_min and 128 or r.report.selected_n
-      assert(#kept == want_n, string.format("kv_budget: layer %d head %d keeps %d rows, want %d", l, h, #kept, want_n))
-      assert(kept[#kept] == n - 1 and kept[#kept - base.w + 1] == n - base.w, "kv_budget: the window is kept")
+  -- the KV budget: per-KV-head retention at EVERY layer, the layers after the selection (run on
+  -- the propagated rows) included, as the reference's compress_kv. The policy file runs inline
+  -- (its handler wrapped to read each layer's q, k and rows); the sandboxed run must agree;
+  -- each KV head's kept rows are recomputed here (budget_scores, budget_rows) and must match
+  -- up to near-tie swaps (float32 in the engine, double here).
+  local nb, nswap = 0, 0
+  for _, B in ipairs({ 128, 300 }) do -- 128 < selected_n = 256 < 300 < n = 400
+    local set = with { kv_budget = B }
+    local Pw = dofile("policies/asl.lua")
+    local params = {}
+    for k, v in pairs(Pw.params) do params[k] = v end
+    for k, v in pairs(set) do params[k] = v end
+    local ev_of = {}
+    r = s:generate(d.prompt_ids, { n = 2, policy = { params = params, begin = Pw.begin, prefill_qkv = function(ev, p)
+      if ev.pass == 0 then ev_of[ev.layer] = { q = ev.q:tolist(), k = ev.k:tolist(), m = ev.n, orig = ev.orig:tolist() } end
+      return Pw.prefill_qkv(ev, p)
+    end } })
+    local rs = s:generate(d.prompt_ids, { n = 2, policy = "asl", set = set })
+    eq_list(rs.ids, r.ids, "kv_budget: sandboxed ids == inline ids")
+    local sl = r.report.selection_layer
+    assert(sl == base.L_min and rs.report.selection_layer == sl, "kv_budget run selects L_min")
+    local g, Hkv = d.model.n_heads // d.model.n_kv_heads, d.model.n_kv_heads
+    for l = 0, L - 1 do
+      local e = ev_of[l]
+      assert(e and e.m == (l <= sl and n or r.report.selected_n),
+        string.format("kv_budget: layer %d ran %s rows", l, tostring(e and e.m)))
+      for h = 0, Hkv - 1 do
+        local what = string.format("kv_budget %d: layer %d head %d", B, l, h)
+        local kept = below(r.kept(l, h), n)
+        eq_list(below(rs.kept(l, h), n), kept, what .. ": sandboxed kept == inline kept")
+        local want_n = math.min(e.m, B)
+        assert(#kept == want_n and #kept <= B, string.format("%s keeps %d rows, want %d", what, #kept, want_n))
+        local want = e.orig
+        if e.m >= B then
+          local sc = budget_scores(e, h, g, base.w, base.kernel, base.pool)
+          local rows, kth = budget_rows(sc, e.m, base.w, B)
+          want = {}
+          for i, x in ipairs(rows) do want[i] = e.orig[x + 1] end
+          local missing, extra = polfix.set_diff(kept, want)
+          if #missing > 0 then
+            -- a swap only across a near tie: every row in one set but not the other scores ~ the k-th
+            local row_of = {}
+            for x, o in ipairs(e.orig) do row_of[o] = x end
+            for _, o in ipairs(missing) do extra[#extra + 1] = o end
+            for _, o in ipairs(extra) do
+              local v = sc[row_of[o]]
+              assert(v and math.abs(v - kth) <= 1e-5 * math.abs(kth),
+                string.format("%s: kept %s, expected %s (row %d scores %.9g, k-th %.9g)", what, polfix.fmt_list(kept),
+                  polfix.fmt_list(want), o, v or 0 / 0, kth))
+            end
+            nswap = nswap + 1
+          else
+            nb = nb + 1
+          end
+        else
+          eq_list(kept, want, what .. ": fewer rows than the budget: all kept")
+        end
+      end
     end
   end
   -- decode continues at n after a one-pass selection
   r = s:generate(d.prompt_ids, { n = 3, policy = "asl", set = base })
   local kl = r.kept(L - 1, 0)
   assert(kl[#kl] == n + 1 and kl[#kl - 1] == n, "one pass: decode rows at positions n, n+1")
-  print(string.format("  %-32s ok: %d runs equal full; deadline layer; KV budget; decode positions", "invariants", #cases))
+  print(string.format("  %-32s ok: %d runs equal full; deadline layer; KV budget (every layer, %d kept sets recomputed, %d near-tie swaps); decode positions",
+    "invariants", #cases, nb, nswap))
 
   -- refused configurations
   local function expect_error(pat, t)
