@@ -77,6 +77,11 @@ test: deps                                                      # the whole CPU 
 	@bash tests/tokenizer/setup.sh
 	KS_BIN=$(BUILD)/kvsieve KS_HOST=$(BUILD)/host $(BUILD)/ks_tests
 
+check:                                                          # the fast tier for the edit-compile loop: the suite less its slow tests (ks_tests --quick)
+	@$(MAKE) --no-print-directory $(BUILD)/kvsieve $(BUILD)/ks_tests $(BUILD)/host
+	@bash tests/tokenizer/setup.sh
+	KS_BIN=$(BUILD)/kvsieve KS_HOST=$(BUILD)/host $(BUILD)/ks_tests --quick
+
 demo: deps                                                      # the main job on the embedded default (CPU)
 	@$(MAKE) --no-print-directory $(BUILD)/kvsieve
 	bash tools/demo.sh $(BUILD)/kvsieve
@@ -86,5 +91,5 @@ $(BUILD)/lua/prelude_blob.o: lua/prelude.lua                    # the prelude is
 clean:                                                          # remove build outputs
 	rm -rf build build-san build-cuda
 
-.PHONY: all deps test demo clean
+.PHONY: all deps test check demo clean
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

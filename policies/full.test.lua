@@ -1,5 +1,5 @@
 -- full.test.lua — policies/full.lua: the baseline. Run from the repository root:
--- `kvsieve run policies/full.test.lua` (or the policy_lua_tests test).
+-- `kvsieve run policies/full.test.lua` (or the policy_full test).
 --   1. it defines no handler (so it costs nothing) and no parameter;
 --   2. for every model of the reference fixtures (tests/fixtures/policies, tools/policy_ref.py):
 --      the same tokens as the engine with no policy, and the fixture's full generated_ids

@@ -1,6 +1,6 @@
 -- gemfilter.test.lua — policies/gemfilter.lua against the reference fixtures
 -- (tests/fixtures/policies, tools/policy_ref.py) and its invariants. Run from the repository
--- root: `kvsieve run policies/gemfilter.test.lua` (or the policy_lua_tests test).
+-- root: `kvsieve run policies/gemfilter.test.lua` (or the policy_gemfilter test).
 --   1. k >= n gives full's tokens (and no restart);
 --   2. every fixture case r{r}_k{k}: the score vectors (raw and pooled, within 1e-4 of
 --      the vector's scale),

@@ -1,6 +1,6 @@
 -- snapkv.test.lua — policies/snapkv.lua against the reference fixtures (tests/fixtures/policies,
 -- tools/policy_ref.py) and its invariants. Run from the repository root:
--- `kvsieve run policies/snapkv.test.lua` (or the policy_lua_tests test).
+-- `kvsieve run policies/snapkv.test.lua` (or the policy_snapkv test).
 --   1. budget >= n gives full's tokens (budget n: everything selected; n+5: no compression);
 --   2. every fixture case w{w}_k{kernel}_{pool}_b{B}[_pqh], every layer:
 --      kv_head granularity — the rows kept per KV head (sets: exact ties to the lower index,

@@ -1,6 +1,6 @@
 -- streamingllm.test.lua — policies/streamingllm.lua against the reference fixtures
 -- (tests/fixtures/policies, tools/policy_ref.py) and its invariants. Run from the repository
--- root: `kvsieve run policies/streamingllm.test.lua` (or the policy_lua_tests test).
+-- root: `kvsieve run policies/streamingllm.test.lua` (or the policy_streamingllm test).
 --   1. budget >= the prompt (and, rolling, >= prompt + generated) gives full's tokens;
 --   2. every fixture case b{B} / b{B}_rolling: the rows kept after the prefill in every layer
 --      and KV head, the rows resident at each decode step (rolling), generated ids (while the

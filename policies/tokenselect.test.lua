@@ -7,7 +7,7 @@
 --   3. n_local < chunk (a chunk's own rows become candidates): structural checks; a chunk longer
 --      than n_init + k + n_local is refused;
 --   4. every fixture case of tests/fixtures/policies/cases/<model>/tokenselect/ (tools/policy_ref.py;
---      stories260K is skipped when ../shared/models/stories260K is absent): per prefill chunk and
+--      stories260K, from $KS_SHARED (default ../shared), is skipped when absent): per prefill chunk and
 --      decode step, per layer, dense or the selected rows; the selection cache's first / hit /
 --      miss and cosine; the head votes of `debug_scores`; the generated ids (while
 --      step_margins > 1e-3). Selections must be equal; they may differ only at a boundary the
@@ -304,7 +304,7 @@ local ok_all, err = pcall(function()
   local chunk_paths = {}
   for _, mm in ipairs(MODELS) do
     if not file_exists(mm.dir .. "/config.json") then
-      print("tokenselect: skipping " .. mm.name .. " (no model at " .. mm.dir .. ")")
+      polfix.skip_part(mm.name .. ": no model at " .. mm.dir .. " (its cases not run)")
     else
       local m = ks.load(mm.dir, { threads = 1 })   -- tiny models: threads only add overhead
       local s = m:session()

@@ -105,7 +105,7 @@ KT_TEST(eval_niah_show_marks_the_needle) {
     char cmd[2048], out[65536];
     snprintf(cmd, sizeof cmd, "%s/corpora", kt_shared_dir());
     FILE *f = fopen(cmd, "r");
-    if (!f) KT_SKIP("../shared/corpora absent");
+    if (!f) KT_SKIP("%s/corpora absent", kt_shared_dir());
     fclose(f);
     snprintf(cmd, sizeof cmd,
              "%s eval --model models/kvsieve-tiny --task niah --lengths 1024 --depths 0.5 --policy gemfilter "
@@ -154,7 +154,7 @@ KT_TEST(eval_gemfilter_keeps_the_needle) {
     char dir[256], cmd[2048], out[65536], path[512], corp[512];
     snprintf(corp, sizeof corp, "%s/corpora", kt_shared_dir());
     FILE *f = fopen(corp, "r");
-    if (!f) KT_SKIP("../shared/corpora absent");
+    if (!f) KT_SKIP("%s/corpora absent", kt_shared_dir());
     fclose(f);
     KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "tmpdir");
     const char *tasks[] = {"passkey", "niah", "multikey"};

@@ -22,7 +22,7 @@ static int stories_dir(char *out, size_t n) {
 
 KT_TEST(stories260k_greedy_golden) {
     char dir[512];
-    if (!stories_dir(dir, sizeof dir)) KT_SKIP("%s absent (../shared not here)", dir);
+    if (!stories_dir(dir, sizeof dir)) KT_SKIP("%s absent (KS_SHARED, default ../shared)", dir);
     ks_model *m;
     KT_CHECK(ks_model_open(dir, "cpu", &m) == KS_OK, "%s", ks_last_error());
     ks_session *s;

@@ -2,7 +2,8 @@
 -- against the reference fixtures of tests/fixtures/policies (tools/policy_ref.py; the fields
 -- are described in tools/README.md). `local polfix = require "polfix"` from the repository
 -- root (tests/test_policies.c puts tests/lua/ on package.path).
---   fixtures:  ROOT, STORIES, manifest(), model_dir(name), cases_of(policy), shortest_case
+--   skips:     skip(reason), skip_part(reason)
+--   fixtures:  ROOT, SHARED, STORIES, manifest(), model_dir(name), cases_of(policy), shortest_case
 --   models:    readable(path), has_model(dir), model(name), session(name), fixture_cases(cases)
 --   parameters: bad_params(s, policy, prompt)
 --   lists:     range, below, split, union, fmt_list, split_ints
@@ -15,8 +16,28 @@ local fmt = string.format
 polfix.fmt = fmt
 
 polfix.ROOT = "tests/fixtures/policies/"
-polfix.STORIES = "../shared/models/stories260K" -- the shared copy (absent: its cases are skipped)
+-- ../shared as seen from the repository root; env KS_SHARED overrides (as kt_shared_dir in C)
+local env_shared = os.getenv("KS_SHARED")
+polfix.SHARED = (env_shared and env_shared ~= "") and env_shared or "../shared"
+polfix.STORIES = polfix.SHARED .. "/models/stories260K" -- the shared copy (absent: its cases are skipped)
 polfix.MARGIN = 1e-3 -- compare generated ids while the reference's top1 - top2 logit gap exceeds this
+
+-- ---------------------------------------------------------------- skips
+-- tests/test_policies.c counts a script as skipped, not passed, when it raises polfix.skip
+-- (nothing could run) or when it ran to the end after polfix.skip_part (a part could not run:
+-- the reasons are gathered in the global KS_TEST_SKIPS, which the runner reads). Under
+-- `kvsieve run`, polfix.skip ends the script with "skipped: REASON".
+local skip_mt = { __tostring = function(e) return "skipped: " .. e.ks_skip end }
+function polfix.skip(reason) error(setmetatable({ ks_skip = tostring(reason) }, skip_mt), 0) end
+
+function polfix.skip_part(reason)
+  reason = tostring(reason)
+  local t = rawget(_G, "KS_TEST_SKIPS")
+  if type(t) ~= "table" then t = {}; rawset(_G, "KS_TEST_SKIPS", t) end
+  for _, r in ipairs(t) do if r == reason then return end end -- said once
+  t[#t + 1] = reason
+  print("  skipped: " .. reason)
+end
 
 -- error(fmt(f, ...)) blamed on the caller of polfix.fail (a test line)
 function polfix.fail(f, ...) error(fmt(f, ...), 2) end
@@ -63,7 +84,7 @@ function polfix.model(name)
   if models[name] == nil then
     local dir = polfix.model_dir(name)
     if not polfix.has_model(dir) then
-      print(fmt("  %-14s skipped: model folder %s is absent", name, dir))
+      polfix.skip_part(fmt("%s: model folder %s is absent (its cases not run)", name, dir))
       models[name] = false
     else
       local m = ks.load(dir, { threads = 1 })
