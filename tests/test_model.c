@@ -146,3 +146,150 @@ KT_TEST(prompt_longer_than_context) {
     ks_model_close(m);
     kt_rmdir(dir);
 }
+
+/* ---------------------------------------------------------------- issue 12: sizes and files */
+
+/* The tiny model's config.json with eos_token_id 2 replaced by an id outside its vocabulary:
+ * greedy decoding then never stops early, and a run goes on to the end of the context. */
+static int drop_eos(const char *dir) {
+    char path[512], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (ks_read_file(path, &text, &len)) return -1;
+    char *e = strstr(text, "\"eos_token_id\": 2}");
+    int rc = -1;
+    if (e) {
+        *e = 0;
+        char out[2048];
+        snprintf(out, sizeof out, "%s\"eos_token_id\": 1000000}", text);
+        rc = kt_write_file(dir, "config.json", out);
+    }
+    free(text);
+    return rc;
+}
+
+/* A directory where a file is expected: fopen succeeds on Linux and ftell said LLONG_MAX, so
+ * the reader asked for 9.2e18 bytes. Now: one named error. */
+KT_TEST(read_file_of_a_directory_says_is_a_directory) {
+    char dir[256];
+    KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    char *data = (char *)1;
+    size_t len = 7;
+    ks_status st = ks_read_file(dir, &data, &len);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", ks_last_error());
+    kt_rmdir(dir);
+    KT_CHECK(st == KS_ERR_IO && !data && len == 0, "status %d", st);
+    KT_CHECK(strstr(msg, "is a directory"), "message: %s", msg);
+}
+
+/* Dimensions that are positive integers but overflow the engine's int products (heads x
+ * head_dim) or describe no real model are refused by name while parsing config.json. */
+KT_TEST(config_dimensions_out_of_range_are_refused_by_name) {
+    static const struct { const char *json, *want; } cases[] = {
+        {"{\"model_type\": \"llama\", \"hidden_size\": 1073741824, \"num_hidden_layers\": 1, \"num_attention_heads\": 1, "
+         "\"intermediate_size\": 8, \"vocab_size\": 8, \"head_dim\": 8}", "hidden_size 1073741824 is out of range"},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 65536, "
+         "\"intermediate_size\": 8, \"vocab_size\": 8, \"head_dim\": 1024}", "num_attention_heads x head_dim 67108864 is out of range"},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 8, "
+         "\"intermediate_size\": 8, \"vocab_size\": 134217728}", "vocab_size 134217728 is out of range"},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 8, "
+         "\"intermediate_size\": 8, \"vocab_size\": 8, \"max_position_embeddings\": 4294967297}", "bad max_position_embeddings"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ks_config c;
+        ks_status st = ks_config_parse(cases[i].json, strlen(cases[i].json), "config.json", &c);
+        if (!st) ks_config_free(&c);
+        KT_CHECK(st == KS_ERR_FORMAT, "case %zu: status %d", i, st);
+        KT_CHECK(strstr(ks_last_error(), cases[i].want), "case %zu: message: %s", i, ks_last_error());
+    }
+}
+
+/* bench --random-weights with dimensions no machine holds: refused with a named error before
+ * the first allocation (the allocator aborted under ASan, or the OOM killer struck) */
+KT_TEST(model_random_beyond_memory_is_refused_before_allocating) {
+    char dir[256], path[300];
+    KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    kt_write_file(dir, "big.json",
+                  "{\"model_type\": \"llama\", \"hidden_size\": 1048576, \"num_hidden_layers\": 65536, "
+                  "\"num_attention_heads\": 16384, \"intermediate_size\": 1048576, \"vocab_size\": 67108864}");
+    snprintf(path, sizeof path, "%s/big.json", dir);
+    ks_backend *be;
+    KT_CHECK(ks_backend_create("cpu", &be) == KS_OK, "%s", ks_last_error());
+    ks_model *m = NULL;
+    size_t rss0 = ks_peak_rss();
+    ks_status st = ks_model_random(path, be, 1, &m);
+    size_t rss1 = ks_peak_rss();
+    if (m) ks_model_free(m);
+    be->destroy(be);
+    kt_rmdir(dir);
+    KT_CHECK(st == KS_ERR_OOM && !m, "status %d", st);
+    KT_CHECK(strstr(ks_last_error(), "random weights need") && strstr(ks_last_error(), "GiB of memory"), "message: %s",
+             ks_last_error());
+    KT_CHECK(rss1 - rss0 < (64u << 20), "peak RSS grew by %zu MiB before the refusal", (rss1 - rss0) >> 20);
+}
+
+/* max_new_tokens = INT_MAX asks for "until EOS or the end of the context": the id buffer of
+ * max_new + 1 entries overflowed int; now it grows, and the request ends at the context */
+KT_TEST(generate_int_max_tokens_ends_at_the_context_without_overflow) {
+    char dir[256];
+    KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    kt_tiny_cfg c = kt_tiny_default();
+    c.max_pos = 300; /* more than the buffer's first 256 ids: it must grow once */
+    KT_CHECK(kt_write_tiny_model(dir, &c) == 0 && drop_eos(dir) == 0, "tiny model");
+    ks_model *m;
+    KT_CHECK(ks_model_open(dir, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_session *s;
+    KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
+    ks_generate_opts o;
+    ks_generate_opts_default(&o);
+    o.max_new_tokens = 2147483647;
+    int32_t prompt[] = {1, 2, 3};
+    ks_status st = ks_generate_ids(s, prompt, 3, &o, NULL, NULL);
+    int n;
+    ks_result_ids(s, &n);
+    ks_session_free(s);
+    ks_model_close(m);
+    kt_rmdir(dir);
+    /* no EOS: prompt 3 + 297 decoded rows fill the context; the 298th
+     * sampled token finds no room */
+    KT_CHECK(st == KS_ERR_CONTEXT, "status %d: %s", st, ks_last_error());
+    KT_CHECK(n == 298, "%d ids generated, want 298", n);
+}
+
+/* the public generate names a bad option instead of reinterpreting it (the CLI's strict
+ * parsing has a twin here for hosts and Lua) */
+KT_TEST(generate_api_refuses_bad_sampling_options) {
+    char dir[256];
+    KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    kt_tiny_cfg c = kt_tiny_default();
+    KT_CHECK(kt_write_tiny_model(dir, &c) == 0, "tiny model");
+    ks_model *m;
+    KT_CHECK(ks_model_open(dir, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_session *s;
+    KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
+    static const struct { int n; float temp, top_p; const char *want; } cases[] = {
+        {-1, 0, 1, "max_new_tokens must be >= 0"},  {4, NAN, 1, "temperature must be"}, {4, -1, 1, "temperature must be"},
+        {4, INFINITY, 1, "temperature must be"},    {4, 1, 0, "top_p must be in (0, 1]"}, {4, 1, 5, "top_p must be"},
+        {4, 1, NAN, "top_p must be"},
+    };
+    int32_t prompt[] = {1, 2};
+    int bad = -1;
+    char msg[512] = "";
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && bad < 0; i++) {
+        ks_generate_opts o;
+        ks_generate_opts_default(&o);
+        o.max_new_tokens = cases[i].n;
+        o.temperature = cases[i].temp;
+        o.top_p = cases[i].top_p;
+        ks_status st = ks_generate_ids(s, prompt, 2, &o, NULL, NULL);
+        if (st != KS_ERR_ARG || !strstr(ks_last_error(), cases[i].want)) {
+            bad = (int)i;
+            snprintf(msg, sizeof msg, "status %d: %s", st, ks_last_error());
+        }
+    }
+    ks_session_free(s);
+    ks_model_close(m);
+    kt_rmdir(dir);
+    KT_CHECK(bad < 0, "case %d: %s", bad, msg);
+}

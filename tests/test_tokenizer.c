@@ -437,3 +437,24 @@ KT_TEST(tokenizer_large_text_round_trips) {
     KT_CHECK(ni > 1000 && ni < n, "%zu bytes gave %zu ids", n, ni);
     KT_CHECK(rt, "200 KB text does not round-trip");
 }
+
+/* Issue 12: a 105-byte tokenizer.json whose one vocab entry has id 67108863 made the id table
+ * 67108864 entries long (1.5 GB) before anything rejected the file. Ids are now bounded by
+ * the vocabulary's real size (its number of entries) while the vocab is read. */
+KT_TEST(tokenizer_vocab_id_beyond_vocab_size_is_refused_before_allocating) {
+    static const char json[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 67108863}, \"merges\": []}, "
+                               "\"added_tokens\": [{\"id\": 1, \"content\": \"b\"}]}";
+    ks_tokenizer *t = NULL;
+    size_t rss0 = ks_peak_rss();
+    ks_status st = load_json(json, &t);
+    size_t rss1 = ks_peak_rss();
+    ks_tokenizer_free(t);
+    KT_CHECK(st == KS_ERR_FORMAT && !t, "status %d", st);
+    KT_CHECK(strstr(ks_last_error(), "id 67108863 is out of range for a vocabulary of 1 entries"), "message: %s",
+             ks_last_error());
+    KT_CHECK(rss1 - rss0 < (64u << 20), "peak RSS grew by %zu MiB", (rss1 - rss0) >> 20);
+    /* a vocabulary of N entries numbered 0..N-1, in any order, loads */
+    ks_status ok = load_json("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 1, \"b\": 0}, \"merges\": []}}", &t);
+    KT_CHECK(ok == KS_OK, "%s", ks_last_error());
+    ks_tokenizer_free(t);
+}
