@@ -5,18 +5,18 @@
 CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2 -march=x86-64-v2
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter $(OPT) -g -pthread \
-           -fopenmp -Iinclude -Icore -Ilua -Irepl -Itests -I/usr/include/lua5.4
+# -ffp-contract=off: no fused multiply-add anywhere, so a float result is the same bits on every
+# x86-64 CPU (core/cpu_gemm.h: the CPU backend's determinism rests on it)
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter $(OPT) -g -pthread -ffp-contract=off \
+           -Iinclude -Icore -Ilua -Irepl -Itests -I/usr/include/lua5.4
 LDLIBS  += -lm -lpthread
 # Static third-party libraries so the binary runs on the GPU machine (no package manager).
-STATIC_LIBS = /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.a /usr/lib/x86_64-linux-gnu/libpcre2-8.a \
+STATIC_LIBS = /usr/lib/x86_64-linux-gnu/libpcre2-8.a \
               /usr/lib/x86_64-linux-gnu/libutf8proc.a /usr/lib/x86_64-linux-gnu/liblua5.4.a
-# gfortran/quadmath/gomp runtimes statically too (the GPU machine may lack them)
 # the REPL's line editing: GNU readline, statically
 CFLAGS  += -DKS_HAVE_READLINE
 STATIC_LIBS += /usr/lib/x86_64-linux-gnu/libreadline.a /usr/lib/x86_64-linux-gnu/libtinfo.a
-LDLIBS  += $(STATIC_LIBS) $(shell $(CC) -print-file-name=libgfortran.a) \
-           $(shell $(CC) -print-file-name=libquadmath.a) $(shell $(CC) -print-file-name=libgomp.a) -lm -ldl
+LDLIBS  += $(STATIC_LIBS) -lm -ldl
 
 ifeq ($(SANITIZE),1)
   BUILD  := build-san

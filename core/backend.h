@@ -255,7 +255,8 @@ struct ks_backend {
 /* A backend by name: "cpu" (NULL too) or "cuda" (when built with CUDA). */
 ks_status ks_backend_create(const char *name, ks_backend **out);
 
-/* The CPU backend (float32, OpenBLAS, OpenMP threads). n_threads <= 0: all cores. */
+/* The CPU backend (float32, fixed-order products: bit-identical results for identical rows on any
+ * CPU and thread count; its own sleeping thread pool). n_threads <= 0: all online cores. */
 ks_status ks_cpu_backend_create(int n_threads, ks_backend **out);
 
 #endif

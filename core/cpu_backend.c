@@ -1,10 +1,14 @@
-/* cpu_backend.c — the reference backend: float32 everywhere, OpenBLAS sgemm for the linear
- * layers, OpenMP threads for attention and elementwise work. It is also the embedded default. */
+/* cpu_backend.c — the reference backend: float32 everywhere, the fixed-order products of
+ * cpu_gemm.h for the linear layers and attention, and a sleeping thread pool (pool.h) for every
+ * parallel loop. It is also the embedded default.
+ *
+ * Determinism: every value an op writes is computed by one thread with the same operations
+ * whatever its row, the thread count or the CPU (no BLAS, no FMA), so identical input rows give
+ * bit-identical output rows, and a run gives the same bits on every machine with this binary. */
 #include "backend.h"
+#include "cpu_gemm.h"
 
-#include <cblas.h>
 #include <math.h>
-#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +20,7 @@ struct ks_weight {
 };
 
 typedef struct cpu_ctx {
-    int n_threads;
+    ks_pool *pool;     /* every parallel loop of this backend */
     ks_memtrack *mem;  /* sizes of what cpu_alloc handed out (mem_stats) */
 } cpu_ctx;
 
@@ -222,6 +226,46 @@ static ks_status cpu_weight_create(ks_backend *b, const ks_st_tensor *t, int64_t
     return KS_OK;
 }
 
+/* ---------------------------------------------------------------- parallel ranges */
+
+/* fn(ctx, begin, end) over [0, n) in chunks of at least `grain` items, on the backend's pool. */
+typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
+typedef struct range_job { range_fn fn; void *ctx; int64_t n, chunk; } range_job;
+
+static void range_task(void *c, int64_t t, int thread) {
+    const range_job *j = c;
+    int64_t b0 = t * j->chunk;
+    j->fn(j->ctx, b0, KS_MIN(j->n, b0 + j->chunk));
+}
+
+static void par_range(ks_backend *b, int64_t n, int64_t grain, range_fn fn, void *ctx) {
+    ks_pool *p = ((cpu_ctx *)b->ctx)->pool;
+    int nt = ks_pool_threads(p);
+    if (n <= grain || nt == 1) {
+        if (n > 0) fn(ctx, 0, n);
+        return;
+    }
+    int64_t chunks = KS_MIN((n + grain - 1) / grain, 4 * (int64_t)nt);
+    range_job j = {fn, ctx, n, (n + chunks - 1) / chunks};
+    ks_pool_run(p, (n + j.chunk - 1) / j.chunk, range_task, &j);
+}
+
+/* ---------------------------------------------------------------- random weights */
+
+typedef struct rand_job { float *data; int64_t cols; uint64_t seed; float scale, offset; } rand_job;
+
+static void rand_rows(void *c, int64_t r0, int64_t r1) {
+    const rand_job *j = c;
+    for (int64_t r = r0; r < r1; r++) {
+        uint64_t st = j->seed * 0x9e3779b97f4a7c15ull + (uint64_t)r * 0xbf58476d1ce4e5b9ull + 1;
+        for (int64_t c2 = 0; c2 < j->cols; c2++) {
+            st ^= st << 13; st ^= st >> 7; st ^= st << 17; /* xorshift64 */
+            float u = (float)((st >> 40) + 1) / 16777218.0f - 0.5f; /* (-0.5, 0.5), never exactly 0 */
+            j->data[r * j->cols + c2] = j->offset + j->scale * u;
+        }
+    }
+}
+
 static ks_status cpu_weight_random(ks_backend *b, int64_t rows, int64_t cols, uint64_t seed, float scale, float offset,
                                    ks_weight **out) {
     ks_weight *w = ks_calloc(1, sizeof *w);
@@ -232,15 +276,8 @@ static ks_status cpu_weight_random(ks_backend *b, int64_t rows, int64_t cols, ui
     w->rows = rows;
     w->cols = cols;
     w->owned = 1;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        uint64_t st = seed * 0x9e3779b97f4a7c15ull + (uint64_t)r * 0xbf58476d1ce4e5b9ull + 1;
-        for (int64_t c = 0; c < cols; c++) {
-            st ^= st << 13; st ^= st >> 7; st ^= st << 17; /* xorshift64 */
-            float u = (float)((st >> 40) + 1) / 16777218.0f - 0.5f; /* (-0.5, 0.5), never exactly 0 */
-            w->data[r * cols + c] = offset + scale * u;
-        }
-    }
+    rand_job j = {w->data, cols, seed, scale, offset};
+    par_range(b, rows, KS_MAX(1, 65536 / KS_MAX(cols, 1)), rand_rows, &j);
     *out = w;
     return KS_OK;
 }
@@ -259,11 +296,9 @@ static ks_status cpu_matmul(ks_backend *b, float *y, const float *x, const ks_we
         return ks_errorf(KS_ERR_INTERNAL, "matmul: weight is (%lld, %lld), expected (%d, %d)", (long long)W->rows,
                          (long long)W->cols, out, in);
     double t0 = b->count_stats ? ks_now() : 0;
-    if (n == 1) cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, W->data, in, x, 1, 0.0f, y, 1);
-    else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, W->data, in, 0.0f, y, out);
+    ks_gemm_nt(((cpu_ctx *)b->ctx)->pool, y, x, W->data, n, in, out);
     if (bias) {
         const float *bb = bias->data;
-#pragma omp parallel for if (n > 16)
         for (int i = 0; i < n; i++)
             for (int j = 0; j < out; j++) y[(size_t)i * out + j] += bb[j];
     }
@@ -281,17 +316,47 @@ static ks_status cpu_embed(ks_backend *b, float *out, const ks_weight *E, const 
     return KS_OK;
 }
 
-static ks_status cpu_rmsnorm(ks_backend *b, float *out, const float *x, const ks_weight *w, int n, int dim, float eps) {
-#pragma omp parallel for if (n > 8)
-    for (int i = 0; i < n; i++) {
-        const float *xi = x + (size_t)i * dim;
-        float *oi = out + (size_t)i * dim;
+typedef struct norm_job { float *out; const float *x, *w; int dim; float eps; } norm_job;
+
+static void norm_rows(void *c, int64_t i0, int64_t i1) {
+    const norm_job *j = c;
+    for (int64_t i = i0; i < i1; i++) {
+        const float *xi = j->x + (size_t)i * j->dim;
+        float *oi = j->out + (size_t)i * j->dim;
         double ss = 0;
-        for (int j = 0; j < dim; j++) ss += (double)xi[j] * xi[j];
-        float r = 1.0f / sqrtf((float)(ss / dim) + eps);
-        for (int j = 0; j < dim; j++) oi[j] = w->data[j] * (xi[j] * r);
+        for (int k = 0; k < j->dim; k++) ss += (double)xi[k] * xi[k];
+        float r = 1.0f / sqrtf((float)(ss / j->dim) + j->eps);
+        for (int k = 0; k < j->dim; k++) oi[k] = j->w[k] * (xi[k] * r);
     }
+}
+
+static ks_status cpu_rmsnorm(ks_backend *b, float *out, const float *x, const ks_weight *w, int n, int dim, float eps) {
+    norm_job j = {out, x, w->data, dim, eps};
+    par_range(b, n, KS_MAX(1, 32768 / KS_MAX(dim, 1)), norm_rows, &j);
     return KS_OK;
+}
+
+typedef struct rope_job { float *x; int n_heads, d; const int32_t *pos; const float *inv; float af; } rope_job;
+
+static void rope_rows(void *c, int64_t i0, int64_t i1) {
+    const rope_job *j = c;
+    int half = j->d / 2;
+    float cs[512], sn[512];
+    for (int64_t i = i0; i < i1; i++) {
+        for (int k = 0; k < half; k++) {
+            float a = (float)j->pos[i] * j->inv[k]; /* float32 angle, as HF computes it */
+            cs[k] = cosf(a) * j->af;
+            sn[k] = sinf(a) * j->af;
+        }
+        for (int h = 0; h < j->n_heads; h++) {
+            float *v = j->x + ((size_t)i * j->n_heads + h) * j->d;
+            for (int k = 0; k < half; k++) {
+                float x0 = v[k], x1 = v[k + half];
+                v[k] = x0 * cs[k] - x1 * sn[k];
+                v[k + half] = x1 * cs[k] + x0 * sn[k];
+            }
+        }
+    }
 }
 
 static ks_status cpu_rope(ks_backend *b, float *x, int n, int n_heads, const int32_t *pos, const ks_rope *r, int max_pos) {
@@ -299,39 +364,35 @@ static ks_status cpu_rope(ks_backend *b, float *x, int n, int n_heads, const int
     float inv[512];
     if (half > 512) return ks_errorf(KS_ERR_UNSUPPORTED, "rope: head_dim %d too large", d);
     ks_rope_inv_freq(r, max_pos, inv);
-    float af = (float)r->attn_factor;
-#pragma omp parallel for if (n > 8)
-    for (int i = 0; i < n; i++) {
-        float c[512], s[512];
-        for (int k = 0; k < half; k++) {
-            float a = (float)pos[i] * inv[k]; /* float32 angle, as HF computes it */
-            c[k] = cosf(a) * af;
-            s[k] = sinf(a) * af;
-        }
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + ((size_t)i * n_heads + h) * d;
-            for (int k = 0; k < half; k++) {
-                float x0 = v[k], x1 = v[k + half];
-                v[k] = x0 * c[k] - x1 * s[k];
-                v[k + half] = x1 * c[k] + x0 * s[k];
-            }
-        }
-    }
+    rope_job j = {x, n_heads, d, pos, inv, (float)r->attn_factor};
+    par_range(b, n, 8, rope_rows, &j);
     return KS_OK;
+}
+
+typedef struct ew_job { float *out; const float *a, *b; } ew_job;
+
+static void swiglu_range(void *c, int64_t i0, int64_t i1) {
+    const ew_job *j = c;
+    for (int64_t i = i0; i < i1; i++) {
+        float g = j->a[i];
+        j->out[i] = g / (1.0f + expf(-g)) * j->b[i];
+    }
 }
 
 static ks_status cpu_swiglu(ks_backend *b, float *out, const float *gate, const float *up, size_t n) {
-#pragma omp parallel for if (n > 65536)
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    ew_job j = {out, gate, up};
+    par_range(b, (int64_t)n, 65536, swiglu_range, &j);
     return KS_OK;
 }
 
+static void add_range(void *c, int64_t i0, int64_t i1) {
+    const ew_job *j = c;
+    for (int64_t i = i0; i < i1; i++) j->out[i] += j->a[i];
+}
+
 static ks_status cpu_add(ks_backend *b, float *x, const float *y, size_t n) {
-#pragma omp parallel for if (n > 65536)
-    for (size_t i = 0; i < n; i++) x[i] += y[i];
+    ew_job j = {x, y, NULL};
+    par_range(b, (int64_t)n, 262144, add_range, &j);
     return KS_OK;
 }
 
@@ -439,139 +500,201 @@ static void rope_vec(float *v, int d, int32_t p, const float *inv, float af) {
     }
 }
 
-/* Attention, blocked: for each KV head and block of query rows, S = Q K^T and O = P V run
- * as sgemm over key chunks with an online softmax across chunks (flash-attention's recurrence
- * at block granularity), so no n x n matrix exists. Keys come straight from the cache, or from
- * a gathered copy when an index list or pre-RoPE rotation is in play. Masking is by position:
- * key visible iff kpos <= qpos (and within the sliding window). */
+/* Attention, blocked: for each KV head and block of query rows, S = Q K^T and O = P V run over
+ * key chunks with an online softmax across chunks (flash-attention's recurrence at block
+ * granularity), so no n x n matrix exists. Keys come straight from the cache, or from a gathered
+ * copy when an index list or pre-RoPE rotation is in play. Masking is by position: key visible
+ * iff kpos <= qpos (and within the sliding window). Each score is ks_dot (scaled after), each
+ * output element sums its chunk's terms in key order: a row's result depends on its own query
+ * and the keys it sees, never on its block, task or thread. */
 #define ATT_QB 64     /* query rows per block */
 #define ATT_KC 1024   /* keys per chunk */
+
+/* Per-thread scratch of the attention tasks. */
+typedef struct att_scratch {
+    float *Qb;   /* (g * QB, d) the block's queries, by (query head in the group, row) */
+    float *S;    /* (g * QB, KC) scores, then probabilities */
+    float *Ob;   /* (g * QB, d) unnormalised output */
+    float *mx, *sm; /* (g * QB) running max and sum */
+    int32_t *qp; /* (g * QB) query positions */
+} att_scratch;
+
+typedef struct att_job {
+    float *out;
+    const float *q;
+    const ks_kv_layer *L;
+    const ks_attn_args *a;
+    int d, H, Hkv, g, n, nqb, maxk, gathered;
+    const float *kg, *vg;  /* (Hkv, maxk, d) gathered keys / values, or NULL */
+    const int32_t *pg;     /* (Hkv, maxk) key positions */
+    const float *inv;
+    float af;
+    att_scratch *scr;      /* (threads) */
+} att_job;
+
+typedef struct gather_job {
+    const att_job *A;
+    int h;
+    float *kg, *vg;
+    int32_t *pg;
+} gather_job;
+
+static void gather_keys(void *c, int64_t t0, int64_t t1) {
+    const gather_job *G = c;
+    const att_job *A = G->A;
+    const ks_attn_args *a = A->a;
+    const ks_kv_layer *L = A->L;
+    int h = G->h, d = A->d;
+    const int32_t *ix = a->idx ? a->idx[h] : NULL;
+    const float *K = (const float *)L->k + (size_t)h * L->capacity * d;
+    const float *V = (const float *)L->v + (size_t)h * L->capacity * d;
+    const int32_t *P = L->pos + (size_t)h * L->capacity;
+    for (int64_t t = t0; t < t1; t++) {
+        int j = ix ? ix[t] : (int)t;
+        int32_t p = (ix && a->renumber) ? (int32_t)t : P[j];
+        G->pg[(size_t)h * A->maxk + t] = p;
+        if (A->gathered) {
+            float *kd = G->kg + ((size_t)h * A->maxk + t) * d;
+            memcpy(kd, K + (size_t)j * d, sizeof(float) * d);
+            memcpy(G->vg + ((size_t)h * A->maxk + t) * d, V + (size_t)j * d, sizeof(float) * d);
+            if (a->rope) rope_vec(kd, d, p, A->inv, A->af);
+        }
+    }
+}
+
+/* One task: KV head h = task / nqb, query block qb = task % nqb. */
+static void att_task(void *c, int64_t task, int thread) {
+    const att_job *A = c;
+    const ks_attn_args *a = A->a;
+    const ks_kv_layer *L = A->L;
+    const att_scratch *W = &A->scr[thread];
+    int d = A->d, H = A->H, g = A->g, n = A->n;
+    int h = (int)(task / A->nqb), qb = (int)(task % A->nqb);
+    int i0 = qb * ATT_QB, rows = KS_MIN(ATT_QB, n - i0), RR = g * rows;
+    int nk = a->idx ? a->n_idx[h] : L->n[h];
+    const float *K = A->gathered ? A->kg + (size_t)h * A->maxk * d : (const float *)L->k + (size_t)h * L->capacity * d;
+    const float *V = A->gathered ? A->vg + (size_t)h * A->maxk * d : (const float *)L->v + (size_t)h * L->capacity * d;
+    const int32_t *P = A->pg + (size_t)h * A->maxk;
+    float *Qb = W->Qb, *S = W->S, *Ob = W->Ob, *mx = W->mx, *sm = W->sm;
+    int32_t *qp = W->qp;
+    int32_t qmax = INT32_MIN, qmin = INT32_MAX;
+    /* row r = gg * rows + i: query head h*g+gg, query row i0+i */
+    for (int gg = 0; gg < g; gg++)
+        for (int i = 0; i < rows; i++) {
+            int r = gg * rows + i;
+            const float *src = A->q + ((size_t)(i0 + i) * H + h * g + gg) * d;
+            int32_t p = (a->idx && a->renumber) ? nk - n + i0 + i : a->qpos[i0 + i];
+            qp[r] = p;
+            qmax = KS_MAX(qmax, p);
+            qmin = KS_MIN(qmin, p);
+            memcpy(Qb + (size_t)r * d, src, sizeof(float) * d);
+            if (a->rope) rope_vec(Qb + (size_t)r * d, d, p, A->inv, A->af);
+            mx[r] = -INFINITY;
+            sm[r] = 0;
+        }
+    memset(Ob, 0, sizeof(float) * (size_t)RR * d);
+    for (int k0 = 0; k0 < nk; k0 += ATT_KC) {
+        int kc = KS_MIN(ATT_KC, nk - k0);
+        /* skip chunks no query of the block can see (positions usually ascend) */
+        int32_t pmin = INT32_MAX, pmax = INT32_MIN;
+        for (int t = 0; t < kc; t++) { pmin = KS_MIN(pmin, P[k0 + t]); pmax = KS_MAX(pmax, P[k0 + t]); }
+        if (pmin > qmax) continue;
+        if (a->window > 0 && qmin - pmax >= a->window) continue;
+        /* keys at the chunk's end that every query of the block is before add exactly nothing */
+        while (kc > 1 && P[k0 + kc - 1] > qmax) kc--;
+        ks_gemm_nt_serial(S, kc, Qb, d, K + (size_t)k0 * d, d, RR, d, kc);
+        for (int r = 0; r < RR; r++) {
+            float *sr = S + (size_t)r * kc, m_new = mx[r];
+            for (int t = 0; t < kc; t++) {
+                int32_t kp = P[k0 + t];
+                if (kp > qp[r] || (a->window > 0 && qp[r] - kp >= a->window)) sr[t] = -INFINITY;
+                else {
+                    sr[t] *= a->scale;
+                    if (sr[t] > m_new) m_new = sr[t];
+                }
+            }
+            if (m_new == -INFINITY) { /* nothing visible in this chunk */
+                for (int t = 0; t < kc; t++) sr[t] = 0;
+                continue;
+            }
+            float corr = expf(mx[r] - m_new), sum = 0;
+            for (int t = 0; t < kc; t++) {
+                float e = sr[t] == -INFINITY ? 0.0f : expf(sr[t] - m_new);
+                sr[t] = e;
+                sum += e;
+            }
+            sm[r] = sm[r] * corr + sum;
+            mx[r] = m_new;
+            if (corr != 1.0f) {
+                float *o = Ob + (size_t)r * d;
+                for (int c2 = 0; c2 < d; c2++) o[c2] *= corr;
+            }
+        }
+        ks_gemm_nn_acc_serial(Ob, S, kc, V + (size_t)k0 * d, RR, kc, d);
+    }
+    for (int gg = 0; gg < g; gg++)
+        for (int i = 0; i < rows; i++) {
+            int r = gg * rows + i;
+            float il = sm[r] > 0 ? 1.0f / sm[r] : 0.0f;
+            float *o = A->out + ((size_t)(i0 + i) * H + h * g + gg) * d;
+            for (int c2 = 0; c2 < d; c2++) o[c2] = Ob[(size_t)r * d + c2] * il;
+        }
+}
 
 static ks_status cpu_attention(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a) {
     int d = L->head_dim, H = a->n_heads, Hkv = L->n_kv_heads, g = H / Hkv, n = a->n;
     if (d > 1024) return ks_errorf(KS_ERR_UNSUPPORTED, "attention: head_dim %d > 1024", d);
+    ks_pool *pool = ((cpu_ctx *)b->ctx)->pool;
     float inv[512], af = 1.0f;
     if (a->rope) {
         ks_rope_inv_freq(a->rope, a->rope_max_pos, inv);
         af = (float)a->rope->attn_factor;
     }
-    int gathered = a->idx || a->rope;
-    int maxk = 0;
-    for (int h = 0; h < Hkv; h++) maxk = KS_MAX(maxk, a->idx ? a->n_idx[h] : L->n[h]);
-    maxk = KS_MAX(maxk, 1);
+    att_job A = {out, q, L, a, d, H, Hkv, g, n, (n + ATT_QB - 1) / ATT_QB, 0, a->idx || a->rope,
+                 NULL, NULL, NULL, inv, af, NULL};
+    for (int h = 0; h < Hkv; h++) A.maxk = KS_MAX(A.maxk, a->idx ? a->n_idx[h] : L->n[h]);
+    A.maxk = KS_MAX(A.maxk, 1);
     /* per KV head: contiguous keys/values (cache rows or a gathered copy) and their positions */
-    float *kg = NULL, *vg = NULL;
-    int32_t *pg = ks_malloc(sizeof(int32_t) * (size_t)Hkv * maxk);
-    if (!pg) return KS_ERR_OOM;
-    if (gathered) {
-        kg = cpu_alloc(b, sizeof(float) * (size_t)Hkv * maxk * d);
-        vg = cpu_alloc(b, sizeof(float) * (size_t)Hkv * maxk * d);
-        if (!kg || !vg) { cpu_free(b, kg); cpu_free(b, vg); free(pg); return KS_ERR_OOM; }
-    }
-    for (int h = 0; h < Hkv; h++) {
-        const int32_t *ix = a->idx ? a->idx[h] : NULL;
-        int nk = ix ? a->n_idx[h] : L->n[h];
-        const float *K = (const float *)L->k + (size_t)h * L->capacity * d;
-        const float *V = (const float *)L->v + (size_t)h * L->capacity * d;
-        const int32_t *P = L->pos + (size_t)h * L->capacity;
-#pragma omp parallel for if (nk > 512)
-        for (int t = 0; t < nk; t++) {
-            int j = ix ? ix[t] : t;
-            int32_t p = (ix && a->renumber) ? t : P[j];
-            pg[(size_t)h * maxk + t] = p;
-            if (gathered) {
-                float *kd = kg + ((size_t)h * maxk + t) * d;
-                memcpy(kd, K + (size_t)j * d, sizeof(float) * d);
-                memcpy(vg + ((size_t)h * maxk + t) * d, V + (size_t)j * d, sizeof(float) * d);
-                if (a->rope) rope_vec(kd, d, p, inv, af);
-            }
-        }
-    }
-    int nqb = (n + ATT_QB - 1) / ATT_QB;
+    int nt = ks_pool_threads(pool), R = g * ATT_QB;
     ks_status st = KS_OK;
-#pragma omp parallel
-    {
-        /* per thread: Q block (g*QB, d), scores (g*QB, KC), running max/sum, output acc */
-        int R = g * ATT_QB;
-        float *Qb = malloc(sizeof(float) * (size_t)R * d), *S = malloc(sizeof(float) * (size_t)R * ATT_KC);
-        float *Ob = malloc(sizeof(float) * (size_t)R * d), *mx = malloc(sizeof(float) * R), *sm = malloc(sizeof(float) * R);
-        int32_t *qp = malloc(sizeof(int32_t) * R);
-        if (!Qb || !S || !Ob || !mx || !sm || !qp) {
-#pragma omp critical
-            st = ks_errorf(KS_ERR_OOM, "attention: out of memory for scratch");
-        } else {
-#pragma omp for collapse(2) schedule(dynamic, 1)
-            for (int h = 0; h < Hkv; h++) {
-                for (int qb = 0; qb < nqb; qb++) {
-                    int i0 = qb * ATT_QB, rows = KS_MIN(ATT_QB, n - i0), RR = g * rows;
-                    int nk = a->idx ? a->n_idx[h] : L->n[h];
-                    const float *K = gathered ? kg + (size_t)h * maxk * d : (const float *)L->k + (size_t)h * L->capacity * d;
-                    const float *V = gathered ? vg + (size_t)h * maxk * d : (const float *)L->v + (size_t)h * L->capacity * d;
-                    const int32_t *P = pg + (size_t)h * maxk;
-                    int32_t qmax = INT32_MIN, qmin = INT32_MAX;
-                    /* row r = gg * rows + i: query head h*g+gg, query row i0+i */
-                    for (int gg = 0; gg < g; gg++)
-                        for (int i = 0; i < rows; i++) {
-                            int r = gg * rows + i;
-                            const float *src = q + ((size_t)(i0 + i) * H + h * g + gg) * d;
-                            int32_t p = (a->idx && a->renumber) ? nk - n + i0 + i : a->qpos[i0 + i];
-                            qp[r] = p;
-                            qmax = KS_MAX(qmax, p);
-                            qmin = KS_MIN(qmin, p);
-                            memcpy(Qb + (size_t)r * d, src, sizeof(float) * d);
-                            if (a->rope) rope_vec(Qb + (size_t)r * d, d, p, inv, af);
-                            mx[r] = -INFINITY;
-                            sm[r] = 0;
-                        }
-                    memset(Ob, 0, sizeof(float) * (size_t)RR * d);
-                    for (int k0 = 0; k0 < nk; k0 += ATT_KC) {
-                        int kc = KS_MIN(ATT_KC, nk - k0);
-                        /* skip chunks no query of the block can see (positions usually ascend) */
-                        int32_t pmin = INT32_MAX, pmax = INT32_MIN;
-                        for (int t = 0; t < kc; t++) { pmin = KS_MIN(pmin, P[k0 + t]); pmax = KS_MAX(pmax, P[k0 + t]); }
-                        if (pmin > qmax) continue;
-                        if (a->window > 0 && qmin - pmax >= a->window) continue;
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, RR, kc, d, a->scale, Qb, d,
-                                    K + (size_t)k0 * d, d, 0.0f, S, kc);
-                        for (int r = 0; r < RR; r++) {
-                            float *sr = S + (size_t)r * kc, m_new = mx[r];
-                            for (int t = 0; t < kc; t++) {
-                                int32_t kp = P[k0 + t];
-                                if (kp > qp[r] || (a->window > 0 && qp[r] - kp >= a->window)) sr[t] = -INFINITY;
-                                else if (sr[t] > m_new) m_new = sr[t];
-                            }
-                            if (m_new == -INFINITY) { /* nothing visible in this chunk */
-                                for (int t = 0; t < kc; t++) sr[t] = 0;
-                                continue;
-                            }
-                            float corr = expf(mx[r] - m_new), sum = 0;
-                            for (int t = 0; t < kc; t++) {
-                                float e = sr[t] == -INFINITY ? 0.0f : expf(sr[t] - m_new);
-                                sr[t] = e;
-                                sum += e;
-                            }
-                            sm[r] = sm[r] * corr + sum;
-                            mx[r] = m_new;
-                            if (corr != 1.0f) {
-                                float *o = Ob + (size_t)r * d;
-                                for (int c = 0; c < d; c++) o[c] *= corr;
-                            }
-                        }
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, RR, d, kc, 1.0f, S, kc,
-                                    V + (size_t)k0 * d, d, 1.0f, Ob, d);
-                    }
-                    for (int gg = 0; gg < g; gg++)
-                        for (int i = 0; i < rows; i++) {
-                            int r = gg * rows + i;
-                            float il = sm[r] > 0 ? 1.0f / sm[r] : 0.0f;
-                            float *o = out + ((size_t)(i0 + i) * H + h * g + gg) * d;
-                            for (int c = 0; c < d; c++) o[c] = Ob[(size_t)r * d + c] * il;
-                        }
-                }
-            }
-        }
-        free(Qb); free(S); free(Ob); free(mx); free(sm); free(qp);
+    float *kg = NULL, *vg = NULL;
+    int32_t *pg = ks_malloc(sizeof(int32_t) * (size_t)Hkv * A.maxk);
+    att_scratch *scr = ks_calloc((size_t)nt, sizeof *scr);
+    if (!pg || !scr) { st = KS_ERR_OOM; goto done; }
+    if (A.gathered) {
+        kg = cpu_alloc(b, sizeof(float) * (size_t)Hkv * A.maxk * d);
+        vg = cpu_alloc(b, sizeof(float) * (size_t)Hkv * A.maxk * d);
+        if (!kg || !vg) { st = KS_ERR_OOM; goto done; }
     }
+    for (int t = 0; t < nt; t++) {
+        att_scratch *w = &scr[t];
+        w->Qb = ks_malloc(sizeof(float) * (size_t)R * d);
+        w->S = ks_malloc(sizeof(float) * (size_t)R * ATT_KC);
+        w->Ob = ks_malloc(sizeof(float) * (size_t)R * d);
+        w->mx = ks_malloc(sizeof(float) * R);
+        w->sm = ks_malloc(sizeof(float) * R);
+        w->qp = ks_malloc(sizeof(int32_t) * R);
+        if (!w->Qb || !w->S || !w->Ob || !w->mx || !w->sm || !w->qp) {
+            st = ks_errorf(KS_ERR_OOM, "attention: out of memory for scratch");
+            goto done;
+        }
+    }
+    A.kg = kg;
+    A.vg = vg;
+    A.pg = pg;
+    A.scr = scr;
+    for (int h = 0; h < Hkv; h++) {
+        gather_job G = {&A, h, kg, vg, pg};
+        par_range(b, a->idx ? a->n_idx[h] : L->n[h], 2048, gather_keys, &G);
+    }
+    ks_pool_run(pool, (int64_t)Hkv * A.nqb, att_task, &A);
+done:
+    if (scr)
+        for (int t = 0; t < nt; t++) {
+            free(scr[t].Qb); free(scr[t].S); free(scr[t].Ob);
+            free(scr[t].mx); free(scr[t].sm); free(scr[t].qp);
+        }
+    free(scr);
     cpu_free(b, kg);
     cpu_free(b, vg);
     free(pg);
@@ -580,7 +703,10 @@ static ks_status cpu_attention(ks_backend *b, float *out, const float *q, const 
 
 static void cpu_destroy(ks_backend *b) {
     if (!b) return;
-    if (b->ctx) ks_memtrack_free(((cpu_ctx *)b->ctx)->mem);
+    if (b->ctx) {
+        ks_pool_free(((cpu_ctx *)b->ctx)->pool);
+        ks_memtrack_free(((cpu_ctx *)b->ctx)->mem);
+    }
     free(b->ctx);
     free(b);
 }
@@ -590,11 +716,8 @@ ks_status ks_cpu_backend_create(int n_threads, ks_backend **out) {
     cpu_ctx *c = ks_calloc(1, sizeof *c);
     if (!b || !c) { free(b); free(c); return KS_ERR_OOM; }
     if (!(c->mem = ks_memtrack_new())) { free(b); free(c); return KS_ERR_OOM; }
-    if (n_threads > 0) {
-        omp_set_num_threads(n_threads);
-        openblas_set_num_threads(n_threads);
-    }
-    c->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+    ks_status st = ks_pool_create(n_threads, &c->pool);
+    if (st) { ks_memtrack_free(c->mem); free(b); free(c); return st; }
     b->name = "cpu";
     b->ctx = c;
     b->alloc = cpu_alloc;

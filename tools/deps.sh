@@ -6,7 +6,7 @@ set -eu
 # libraries; they are optional: installed when the distribution has them (Debian 12 names them
 # so), else `make fuzz` says what is missing and .ci/run skips the fuzz step loudly
 fuzz_pkgs="clang libclang-rt-14-dev"
-pkgs="build-essential libopenblas-dev libopenblas-openmp-dev liblua5.4-dev libpcre2-dev libutf8proc-dev libreadline-dev libncurses-dev nodejs npm python3"
+pkgs="build-essential liblua5.4-dev libpcre2-dev libutf8proc-dev libreadline-dev libncurses-dev nodejs npm python3"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
