@@ -39,11 +39,18 @@ void ks_model_close(ks_model *m) {
 }
 
 ks_status ks_tokenize(ks_model *m, const char *text, int add_special, int32_t **ids, int *n) {
+    if (!ids || !n) return ks_errorf(KS_ERR_ARG, "ks_tokenize: NULL output pointer");
     *ids = NULL;
     *n = 0;
+    if (!m || !text) return ks_errorf(KS_ERR_ARG, "ks_tokenize: no %s", m ? "text" : "model");
     if (!m->tok) return ks_errorf(KS_ERR_IO, "%s: model has no tokenizer.json", m->dir);
     size_t nn = 0;
     ks_status st = ks_tokenizer_encode(m->tok, text, strlen(text), add_special, ids, &nn);
+    if (!st && nn > INT32_MAX) { /* the count is an int */
+        free(*ids);
+        *ids = NULL;
+        return ks_errorf(KS_ERR_ARG, "ks_tokenize: the text gives %zu tokens, more than %d", nn, INT32_MAX);
+    }
     *n = (int)nn;
     return st;
 }

@@ -103,8 +103,10 @@ int ks_arg_int_list(const char *opt, const char *v, int lo, int hi, int allow_k,
         size_t len = e ? (size_t)(e - p) : strlen(p);
         long long x;
         if (parse_ll(p, len, lo, hi, allow_k, &x)) {
-            fprintf(stderr, "kvsieve: %s expects a comma-separated list of integers in %d..%d%s, got \"%.*s\" in \"%s\"\n",
-                    opt, lo, hi, allow_k ? " (K = x1024)" : "", (int)len, p, v ? v : "");
+            int list = v && strchr(v, ','); /* name the whole list only when it has several values */
+            fprintf(stderr, "kvsieve: %s expects a comma-separated list of integers in %d..%d%s, got \"%.*s\"%s%s%s\n",
+                    opt, lo, hi, allow_k ? " (K = x1024)" : "", (int)len, p, list ? " in \"" : "", list ? v : "",
+                    list ? "\"" : "");
             return -1;
         }
         if (*n >= max) {

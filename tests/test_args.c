@@ -242,6 +242,26 @@ KT_TEST(cli_tokenizer_json_directory_says_is_a_directory) {
     kt_rmdir(dir);
 }
 
+/* the other file openers: safetensors (mmap after fstat), a sharded index (read whole), a
+ * Lua script for `kvsieve run` */
+KT_TEST(cli_weights_and_script_directories_are_named) {
+    NEED_BIN();
+    char dir[256], a[768], sub[300];
+    KT_CHECK(tiny_model(dir, sizeof dir, 64) == 0, "tiny model");
+    snprintf(sub, sizeof sub, "%s/model.safetensors", dir);
+    KT_CHECK(unlink(sub) == 0 && mkdir(sub, 0700) == 0, "mkdir %s", sub);
+    snprintf(a, sizeof a, "generate -m %s --ids -p 1 -n 1", dir);
+    EXPECT_FAIL(a, "model.safetensors is not a regular file");
+    rmdir(sub);
+    snprintf(sub, sizeof sub, "%s/model.safetensors.index.json", dir);
+    KT_CHECK(mkdir(sub, 0700) == 0, "mkdir %s", sub);
+    EXPECT_FAIL(a, "model.safetensors.index.json is a directory");
+    rmdir(sub);
+    snprintf(a, sizeof a, "run %s", dir);
+    EXPECT_FAIL(a, "Is a directory");
+    kt_rmdir(dir);
+}
+
 /* ---------------------------------------------------------------- sizes */
 
 /* dimensions that pass "positive integer" but that no machine holds: the CPU allocator
