@@ -8,6 +8,9 @@
 --      at the selection layer, and the generated ids (while the reference's margin is > 1e-3);
 --   2. k >= n (every row selected) and tau = 0 give exactly full attention's tokens;
 --   3. the fallback/deadline layer, the KV budget, and the refused configurations.
+--   The fixture cases with a KV budget (asl/taugt1_1pass_kv<B>, params.kv_budget) also compare
+--   every layer's kept rows per KV head (kv.layers; after the selection layer too) and the
+--   pooled per-KV-head scores of kv.scores (layers running on the propagated rows).
 package.path = "tests/lua/?.lua;" .. package.path
 local json = require "json"
 local polfix = require "polfix"
@@ -31,7 +34,36 @@ local function model_for(d) return polfix.model(d.model.name), polfix.model_dir(
 local function params_of(d)
   local P = d.params
   return { L_min = P.L_min, L_obs = P.L_obs, tau = P.tau, k = P.k, w = P.w, kernel = P.kernel, pool = P.pool,
-           two_pass = P.variant == "two_pass" }
+           two_pass = P.variant == "two_pass", kv_budget = P.kv_budget }
+end
+
+-- A KV-budget case: the policy's own per-KV-head scores at the layers of kv.scores (its file run
+-- inline, handler wrapped), against the fixture's. Returns the worst relative difference.
+local function check_kv_scores(d, M)
+  local want = d.kv.scores.layers
+  local params = {}
+  for k, v in pairs(ASL.params) do params[k] = v end
+  for k, v in pairs(params_of(d)) do params[k] = v end
+  local got = {}
+  M.s:generate(d.prompt_ids, { n = 1, policy = { params = params, begin = ASL.begin, prefill_qkv = function(ev, p)
+    if want[tostring(ev.layer)] then
+      local g, t = ev.n_heads // ev.n_kv_heads, {}
+      for h = 0, ev.n_kv_heads - 1 do t[h + 1] = ASL._head_scores(ev.q, ev.k, h, g, ev.n, p.w, p.kernel, p.pool):tolist() end
+      got[ev.layer] = t
+    end
+    return ASL.prefill_qkv(ev, p)
+  end } })
+  local worst = 0
+  for ls, heads in pairs(want) do
+    local l = math.tointeger(tonumber(ls))
+    assert(got[l] and #got[l] == #heads, string.format("%s: no scores at layer %d", d.case, l))
+    for h = 1, #heads do
+      local e = polfix.rel_err(got[l][h], heads[h])
+      assert(e <= SCORE_TOL, string.format("%s: KV-budget scores at layer %d head %d differ by %.3g", d.case, l, h - 1, e))
+      worst = math.max(worst, e)
+    end
+  end
+  return worst
 end
 
 -- The policy's own scoring function summed over KV heads at layer sl (an inline observer that
@@ -79,14 +111,15 @@ local function run_case(path)
 
   -- scored layers: top sets, var0, relative variances
   local last_scored = -1
-  local rec_of = {}
+  local rec_of, top_how = {}, {}
   for _, rec in ipairs(d.layers) do
     local l = rec.layer
     rec_of[l] = rec
     last_scored = l
     local top = rep["top_" .. l]
     assert(top, string.format("%s: layer %d was not scored", d.case, l))
-    if cmp_set(string.format("%s layer %d top set", d.case, l), split_ints(top), rec.top, rec.bnd) ~= "exact" then
+    top_how[l] = cmp_set(string.format("%s layer %d top set", d.case, l), split_ints(top), rec.top, rec.bnd)
+    if top_how[l] ~= "exact" then
       notes = notes + 1
     end
     if rec.ratio and rec.ratio ~= json.null then
@@ -130,10 +163,28 @@ local function run_case(path)
     end
   else
     assert(r.restart == nil, d.case .. ": one-pass restarted")
+    local kv = d.kv ~= nil and d.kv ~= json.null and d.kv or nil
     for l = 0, L - 1 do
       for h = 0, d.model.n_kv_heads - 1 do
         local ours = below(r.kept(l, h), n)
-        if d.selected ~= json.null and l > sel_layer then
+        local post = d.selected ~= json.null and l > sel_layer
+        if kv then
+          -- the KV budget: every layer, after the selection too (unless the propagated rows
+          -- already differ across a near tie: then not comparable)
+          local rec = kv.layers[l + 1]
+          local what = string.format("%s KV rows of layer %d, head %d (budget %d)", d.case, l, h, kv.budget)
+          assert(rec.layer == l, what .. ": fixture layer")
+          if post and top_how[sel_layer] ~= "exact" then
+            comparable = false
+          elseif rec.compressed then
+            if cmp_set(what, ours, rec.heads[h + 1], rec.bnd[h + 1]) ~= "exact" then
+              comparable = false
+              notes = notes + 1
+            end
+          else
+            eq_list(ours, post and d.selected or range(0, n), what .. ": every row")
+          end
+        elseif post then
           if cmp_set(string.format("%s selected (KV rows of layer %d, head %d)", d.case, l, h), ours, d.selected,
               rec_of[sel_layer].bnd) ~= "exact" then
             comparable = false
@@ -153,10 +204,12 @@ local function run_case(path)
   local upto = polfix.check_ids(r.ids, d, d.case, not comparable and 0 or nil)
   -- (the scores of pass 1 are the same in every variant: checked once per model)
   local sdiff = d.variant == "adaptive_1pass" and check_scores(d, M) or nil
-  print(string.format("  %-32s ok: %d layers scored, selection %s%s, %s selected, %sids %d/%d%s", d.case, #d.layers,
+  local kvdiff = d.kv ~= nil and d.kv ~= json.null and top_how[sel_layer] == "exact" and check_kv_scores(d, M) or nil
+  print(string.format("  %-32s ok: %d layers scored, selection %s%s, %s selected, %s%sids %d/%d%s", d.case, #d.layers,
     tostring(want_sel), d.fallback and (" (fallback " .. d.fallback_layer .. ")") or "",
     d.selected ~= json.null and tostring(#d.selected) or "none",
     sdiff and string.format("scores at layer %d (rel diff %.1e), ", d.score_at_layer.layer, sdiff) or "",
+    kvdiff and string.format("KV budget %d: %d layers' kept rows, scores (rel diff %.1e), ", d.kv.budget, L, kvdiff) or "",
     upto, #d.generated_ids, notes > 0 and string.format(", %d near-tie swaps", notes) or ""))
 end
 

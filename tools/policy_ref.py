@@ -107,9 +107,14 @@ MODELLING = {
         "(rank - mean rank of t)^2 (population, computed in float64); var0 = var at L_min, "
         "ratio = 1 at L_min, var/var0 after. First l with ratio < tau is the selection layer; "
         "selected = top-kk(s_l) union the last w positions, sorted. One-pass: gather after that "
-        "layer's MLP (original positions, like FastKV), full KV everywhere, no selection -> "
-        "nothing pruned. Two-pass: pass 2 is a fresh prefill of ids[selected] at positions "
-        "0..k'-1; with no selection it falls back to the last layer's top-kk + window."),
+        "layer's MLP (original positions, like FastKV), full KV everywhere (no kv_budget), no "
+        "selection -> nothing pruned. Two-pass: pass 2 is a fresh prefill of ids[selected] at "
+        "positions 0..k'-1; with no selection it falls back to the last layer's top-kk + window. "
+        "KV budget B (params.kv_budget, one-pass; the reference's cache_k): at EVERY layer, those "
+        "after the selection layer (run on the propagated rows) included, when its m active rows "
+        "exceed B, each KV head keeps its top (B-w) prefix rows by its pooled group-summed window "
+        "scores over those m rows + the w window rows; prefill attention stays full over the m "
+        "rows, decode attends the kept rows + decode rows."),
     "tokenselect": (
         "Every layer, prefill chunks and decode steps; the model runs TokenSelect for real (later "
         "layers/chunks see hidden states produced by sparse attention). Keys kept pre-RoPE. For a "
@@ -729,12 +734,17 @@ class FastKVPolicy(FullPolicy):
 
 
 class ASLPolicy(FullPolicy):
-    def __init__(self, R, L_min, L_obs, tau, k, w, kernel, pool, two_pass):
+    def __init__(self, R, L_min, L_obs, tau, k, w, kernel, pool, two_pass, kv_budget=0, kv_score_layers=()):
         super().__init__(R)
         require(L_min >= L_obs - 1, "ASL needs L_min >= L_obs - 1 (refused, as in POLICIES.md)")
         require(L_min < R.L, "L_min beyond the model")
+        require(kv_budget == 0 or kv_budget > w, "ASL kv_budget must be 0 (off) or > w")
         self.L_min, self.L_obs, self.tau, self.k, self.w = L_min, L_obs, tau, k, w
         self.kernel, self.pool, self.two_pass = kernel, pool, two_pass
+        self.B = int(kv_budget)
+        self.kv_out = [None] * R.L          # with a KV budget: one record per layer that ran
+        self.kv_score_layers = set(kv_score_layers)
+        self.kv_scores = {}
         self.ranks, self.orders, self.scores = {}, {}, {}
         self.var0 = None
         self.sel_layer = None
@@ -744,13 +754,43 @@ class ASLPolicy(FullPolicy):
         self.n_rows = None
         self.orig_np = None
 
-    def score(self, l, q, k):
-        if self.sel_layer is not None:
+    def budget(self, l, sh, m):
+        """KV budget (the reference's cache_k), at every layer of the pass, the layers after the
+        selection (the propagated rows) included: when the layer's m active rows exceed B, each KV
+        head keeps its top (B-w) prefix rows by its pooled group-summed scores sh[h] + the w window
+        rows (m <= B: the reference's top (m-w) of m-w, i.e. every row)."""
+        if not self.B:
             return
         R = self.R
+        orig = R.cur_orig.cpu().numpy()
+        rec = {"layer": l, "n_active": m, "compressed": m > self.B, "heads": None, "bnd": None}
+        self.kv_out[l] = rec
+        if l in self.kv_score_layers:
+            self.kv_scores[str(l)] = [f9list(sh[h]) for h in range(R.Hkv)]
+        if m <= self.B:
+            return
+        keep = torch.zeros(R.Hkv, m, dtype=torch.bool, device=R.device)
+        heads, bnds = [], []
+        for h in range(R.Hkv):
+            top, order = topk_lower(sh[h], self.B - self.w)
+            idx = sorted(int(i) for i in top) + list(range(m - self.w, m))
+            keep[h, idx] = True
+            heads.append([int(orig[i]) for i in idx])
+            bnds.append(boundary(sh[h], order, self.B - self.w, orig))
+        self.kv[l].keep = keep
+        rec["heads"], rec["bnd"] = heads, bnds
+
+    def score(self, l, q, k):
+        R = self.R
         n = q.shape[1]
+        if self.sel_layer is not None:      # after the selection: one pass runs the propagated rows
+            if self.B:
+                self.budget(l, snap_scores(q, k, self.w, R.g, self.kernel, self.pool, group_sum=True), n)
+            return
         P = n - self.w
-        s = snap_scores(q, k, self.w, R.g, self.kernel, self.pool, group_sum=True).sum(dim=0)  # (P,)
+        sh = snap_scores(q, k, self.w, R.g, self.kernel, self.pool, group_sum=True)   # (Hkv, P)
+        self.budget(l, sh, n)
+        s = sh.sum(dim=0)                                                              # (P,)
         r, order = ranks_desc(s)
         self.ranks[l], self.orders[l], self.scores[l] = r, order, s
         kk = self.k - self.w if P > self.k - self.w else P
@@ -1086,10 +1126,10 @@ def run_fastkv(mc, inv_log):
     return out
 
 
-def asl_run(mc, params, two_pass):
+def asl_run(mc, params, two_pass, kv_score_layers=()):
     R = mc.R
     pol = ASLPolicy(R, params["L_min"], params["L_obs"], params["tau"], params["k"], params["w"],
-                    params["kernel"], params["pool"], two_pass)
+                    params["kernel"], params["pool"], two_pass, params.get("kv_budget", 0), kv_score_layers)
     g1 = generate(R, pol, mc.prompt)
     info = {"selection_layer": pol.sel_layer, "fallback": False}
     if two_pass:
@@ -1170,6 +1210,39 @@ def run_asl(mc, inv_log):
                                    "its ratio and the lowest ratio before it (1 at L_min)%s"
                                    % ("" if adapt[1] < R.L - 1 else "; only the last layer qualified"))
             out.append(("asl", variant, d))
+
+    # KV budget (kv_budget, the reference's cache_k), one pass, tau 1.5 (selects L_min, so most
+    # layers run on the propagated rows); B = (k + w) // 2 lies between w and the k propagated
+    # rows, so every layer compresses, those after the selection layer included.
+    n = len(mc.prompt)
+    kb = (base["k"] + base["w"]) // 2
+    sl = base["L_min"]
+    params = dict(base, L_min=sl, tau=1.5, kv_budget=kb, variant="one_pass")
+    score_layers = sorted(set([min(sl + 1, R.L - 1), R.L - 1]))
+    pol, gen, info = asl_run(mc, params, False, score_layers)
+    require(pol.sel_layer == sl, "asl kv_budget: tau 1.5 selected layer %r, wanted %d" % (pol.sel_layer, sl))
+    require(len(info["selected"]) > kb, "asl kv_budget: %d rows propagated, not more than the budget %d"
+            % (len(info["selected"]), kb))
+    for l, rec in enumerate(pol.kv_out):
+        require(rec is not None and rec["compressed"], "asl kv_budget: layer %d did not compress" % l)
+        require(rec["n_active"] == (n if l <= sl else len(info["selected"])), "asl kv_budget: layer %d rows" % l)
+        for hl in rec["heads"]:
+            require(len(hl) == kb and hl == sorted(set(hl)), "asl kv_budget: layer %d kept list" % l)
+            require(l <= sl or set(hl) <= set(info["selected"]), "asl kv_budget: layer %d keeps a pruned row" % l)
+    variant = "taugt1_1pass_kv%d" % kb
+    d = common(mc, "asl", variant, params, gen, mc.full["tokens"])
+    d["layers"] = pol.layers_out
+    d["var0"] = f9(pol.var0) if pol.var0 is not None else None
+    d["kk"] = pol.kk
+    d.update(info)
+    d["score_at_layer"] = {"layer": sl, "s": f9list(pol.scores[sl])}
+    d["kv"] = {"budget": kb, "layers": pol.kv_out,
+               "scores": {"what": "pooled window scores over the active rows' prefix (active row order), "
+                                  "group-summed per KV head, float32", "layers": pol.kv_scores}}
+    out.append(("asl", variant, d))
+    # the budget never bites (kv_budget = n, no selection): exactly full attention
+    gen = asl_run(mc, dict(base, L_min=sl, tau=0.0, kv_budget=n), False)[1]
+    check_invariant(mc, "asl one-pass kv_budget=n (n=%d), no selection" % n, gen, inv_log)
     return out
 
 
@@ -1279,8 +1352,9 @@ def case_note(d):
     note = "boundaries %d (exact ties %d, near ties %d)" % (
         len(bnds), sum(1 for b in bnds if b["exact_tie"]), sum(1 for b in bnds if b["near_tie"]))
     if p == "asl":
-        note = "selection_layer %s%s; " % (d["selection_layer"], " (fallback %s)" % d.get("fallback_layer")
-                                            if d.get("fallback") else "") + note
+        note = "selection_layer %s%s%s; " % (d["selection_layer"], " (fallback %s)" % d.get("fallback_layer")
+                                              if d.get("fallback") else "",
+                                              ", kv_budget %d" % d["kv"]["budget"] if d.get("kv") else "") + note
     elif p == "fastkv":
         note = "tsp_len %s; " % d["tsp"].get("tsp_len") + note
     elif p == "tokenselect" and d["params"]["selection_cache"]:
@@ -1507,6 +1581,75 @@ def make_tar(outdir, name="policy_fixtures.tar.gz"):
     return tpath
 
 
+def merge_into(fixdir, outdir, manifest, only_policies):
+    """Install this run's cases of the policies asked for (all when only_policies is None) into
+    an existing fixture tree FIXDIR (tests/fixtures/policies): copy their case files, replace their
+    manifest entries (in place, same order), update the invariant checks this run repeated and the
+    modelling texts of those policies. Refused unless every model of this run is in FIXDIR's
+    manifest with the identical model object (weights_sha256 included) and the same torch /
+    transformers / device: FIXDIR's models/ folders are not touched. Returns the files written."""
+    mpath = os.path.join(fixdir, "manifest.json")
+    with open(mpath) as f:
+        old = json.load(f)
+    require(old.get("version") == manifest["version"], "%s: fixture version %r, this script writes %r"
+            % (mpath, old.get("version"), manifest["version"]))
+    for key in ("torch", "transformers", "device"):
+        require(old["env"].get(key) == manifest["env"].get(key),
+                "--merge: %s %r here, %r in %s: regenerate every fixture instead"
+                % (key, manifest["env"].get(key), old["env"].get(key), mpath))
+    for name, meta in manifest["models"].items():
+        require(name in old["models"], "--merge: model %s is not in %s" % (name, mpath))
+        require(json.loads(json.dumps(meta)) == old["models"][name],
+                "--merge: model %s differs from the one in %s (weights, prompt or config): regenerate "
+                "every fixture instead" % (name, mpath))
+    ran = set(manifest["models"])
+    pols = set(c["policy"] for c in manifest["cases"]) if only_policies is None else set(only_policies)
+    group = lambda c: (c["model"], c["policy"])
+    new_by_group = {}
+    for c in manifest["cases"]:
+        if c["policy"] in pols:
+            new_by_group.setdefault(group(c), []).append(c)
+    replaced = lambda c: c["model"] in ran and c["policy"] in pols
+    cases, done = [], set()
+    for c in old["cases"]:
+        if not replaced(c):
+            cases.append(c)
+        elif group(c) not in done:
+            done.add(group(c))
+            cases += new_by_group.get(group(c), [])
+    for g, cs in new_by_group.items():
+        if g not in done:
+            cases += cs
+    stale = sorted(set(c["file"] for c in old["cases"] if replaced(c)) - set(c["file"] for c in cases))
+    written = []
+    for c in manifest["cases"]:
+        if c["policy"] in pols:
+            dst = os.path.join(fixdir, c["file"])
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copyfile(os.path.join(outdir, c["file"]), dst)
+            written.append(c["file"])
+    for rel in stale:
+        os.remove(os.path.join(fixdir, rel))
+        print("merge: removed %s (no longer generated)" % rel)
+    inv = list(old["invariant_checks"])
+    where = {(c["model"], c["check"]): i for i, c in enumerate(inv)}
+    for c in manifest["invariant_checks"]:
+        k = (c["model"], c["check"])
+        if k in where:
+            inv[where[k]] = c
+        else:
+            where[k] = len(inv)
+            inv.append(c)
+    old["cases"], old["invariant_checks"] = cases, inv
+    for p in pols:
+        if p in manifest["modelling"]:
+            old["modelling"][p] = manifest["modelling"][p]
+    with open(mpath, "w") as f:
+        f.write(dump_json(old) + "\n")
+    written.append("manifest.json")
+    return written
+
+
 def summary(manifest):
     print("\n%-13s %-12s %-20s %-34s %s" % ("model", "policy", "variant", "generated ids", "note"))
     for c in manifest["cases"]:
@@ -1526,6 +1669,10 @@ def main(argv=None):
     ap.add_argument("--policies", help="comma list of policies (full always runs)")
     ap.add_argument("--device", default="cpu", help="torch device (default cpu: reproducible)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    ap.add_argument("--merge", metavar="FIXDIR",
+                    help="after a successful run, install the cases of --policies (e.g. asl) into the "
+                         "fixture tree FIXDIR (tests/fixtures/policies): case files + manifest entries; "
+                         "refused unless its models and torch/transformers versions are the same")
     ap.add_argument("--selftest", action="store_true",
                     help="CPU self-test on built-in fake HF-like models (keeps its output in --out if given)")
     args = ap.parse_args(argv)
@@ -1563,6 +1710,13 @@ def main(argv=None):
     if size > SIZE_LIMIT:
         print("FAILED: %s is %d bytes, over the %d limit" % (tpath, size, SIZE_LIMIT), file=sys.stderr)
         return 1
+    if args.merge:
+        try:
+            written = merge_into(os.path.abspath(args.merge), outdir, manifest, only_policies)
+        except RefError as e:
+            print("FAILED: %s" % e, file=sys.stderr)
+            return 1
+        print("\nmerged into %s: %s" % (args.merge, ", ".join(written)))
     return 0
 
 
@@ -1792,6 +1946,16 @@ def selftest(keep_dir=None):
                         "generated_ids", "full_generated_ids"):
                 require(key in d, "%s lacks %s" % (c["file"], key))
         tpath = make_tar(tmp)
+        # --merge: installing this run's asl cases into a copy of the same tree changes nothing
+        fix = os.path.join(tmp, "merge_check")
+        shutil.copytree(os.path.join(tmp, "cases"), os.path.join(fix, "cases"))
+        shutil.copyfile(os.path.join(tmp, "manifest.json"), os.path.join(fix, "manifest.json"))
+        written = merge_into(fix, tmp, manifest, {"asl"})
+        require(len(written) == 1 + sum(1 for c in manifest["cases"] if c["policy"] == "asl"), "merge wrote %s" % written)
+        for rel in ["manifest.json"] + [c["file"] for c in manifest["cases"]]:
+            require(sha256_file(os.path.join(fix, rel)) == sha256_file(os.path.join(tmp, rel)), "merge changed %s" % rel)
+        shutil.rmtree(fix)
+        require(any(c["variant"].startswith("taugt1_1pass_kv") for c in manifest["cases"]), "no asl kv_budget case")
         summary(manifest)
         print("\nselftest ok: %d cases, tarball %d bytes" % (len(manifest["cases"]), os.path.getsize(tpath)))
     finally:
