@@ -241,6 +241,8 @@ extern int ks_lua_quiet;
 void ks_lpol_push_report(lua_State *L, const ks_policy *p);
 /* Push a table of parameter name -> current value (converted to Lua values). */
 void ks_lpol_push_params(lua_State *L, ks_policy *p);
+/* Non-zero while one of the policy's handlers (or begin) runs: it must not be freed then. */
+int ks_lpol_busy(const ks_policy *p);
 /* How many calls of the policy failed with kind k (since it was loaded). */
 long ks_lpol_failures(const ks_policy *p, ks_fail_kind k);
 /* Push a table of failure kind -> count. */

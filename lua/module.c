@@ -288,10 +288,20 @@ static int l_model_tostring(lua_State *L) {
 
 /* ================================================================ policies */
 
-typedef struct policy_box { ks_policy *p; } policy_box;
+typedef struct policy_box {
+    ks_policy *p;
+    int busy; /* a generate runs with it */
+} policy_box;
 
+/* p:close() and __gc. Freeing a policy while a generate uses it (from the stream callback) or
+ * while its own handler runs (an inline policy's handler can reach its box) would leave the
+ * engine and the trampoline on freed memory: refused with a named error instead (the box
+ * is on generate's stack meanwhile, so __gc cannot come then). */
 static int l_policy_gc(lua_State *L) {
     policy_box *b = luaL_checkudata(L, 1, POLICY_MT);
+    if (b->p && (b->busy || ks_lpol_busy(b->p)))
+        return luaL_error(L, "policy %s: cannot close it while it runs (from its own handler or from the stream callback of a "
+                             "generate that uses it): close it after generate returns", ks_policy_name(b->p));
     if (b->p) ks_policy_free(b->p);
     b->p = NULL;
     return 0;
@@ -307,6 +317,7 @@ static policy_box *check_policy(lua_State *L, int arg) {
 static policy_box *push_policy_box(lua_State *L) {
     policy_box *b = lua_newuserdatauv(L, sizeof *b, 0);
     b->p = NULL;
+    b->busy = 0;
     luaL_setmetatable(L, POLICY_MT);
     return b;
 }
@@ -765,6 +776,7 @@ static int l_session_generate(lua_State *L) {
     lua_settop(L, 4);
     /* policy (slot 5) and overrides; a policy object's previous values are saved in slot 6 */
     ks_policy *pol = NULL;
+    policy_box *pbox = NULL; /* held in slot 5 while generate runs */
     int user_obj = 0;
     lua_getfield(L, 3, "policy");
     if (!lua_isnil(L, -1)) {
@@ -773,6 +785,7 @@ static int l_session_generate(lua_State *L) {
         lua_replace(L, 5);
         lua_settop(L, 5);
         pol = pb->p;
+        pbox = pb;
     }
     lua_settop(L, 5);
     lua_newtable(L); /* 6: saved values */
@@ -807,8 +820,10 @@ static int l_session_generate(lua_State *L) {
     ks_session_set_fallback(s, fallback);
     s->interrupt = g_interrupt;
     sb->busy = 1;
+    if (pbox) pbox->busy++;
     ks_clear_error();
     ks_status st = ks_generate_ids(s, ids, n, &o, sc.fn ? stream_cb : NULL, &sc);
+    if (pbox) pbox->busy--;
     sb->busy = 0;
     ks_session_set_policy(s, NULL);
     char err[2048];

@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <lualib.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +78,7 @@ struct ks_lpol {
     int n_params;
     lreport *report;           /* (n_report) */
     int n_report, cap_report;
+    size_t report_bytes;       /* keys and values held, counted in ctx.mem_used (own states) */
     int busy;
     long fail_count[KS_FAIL_COUNT];
     unsigned fail_logged;      /* bit per kind */
@@ -401,6 +403,7 @@ static const int32_t *index_list(lua_State *L, int arg, const char *fn, int *k) 
         if (t->dtype != KS_T_I32)
             ks_lua_errorf(L, fn, "indices must be integers: an i32 tensor or a table of integers, got an f32 tensor (use :int())");
         if (t->ndim != 1) ks_lua_errorf(L, fn, "an index list must be 1-d, got %d dimensions", t->ndim);
+        if (t->numel > INT32_MAX) ks_lua_errorf(L, fn, "an index list of %lld entries is too long", (long long)t->numel);
         int pushed;
         const int32_t *d = ks_lt_contig(L, arg, t, &pushed);
         if (!pushed) lua_pushvalue(L, arg);
@@ -410,6 +413,7 @@ static const int32_t *index_list(lua_State *L, int arg, const char *fn, int *k) 
     if (!lua_istable(L, arg)) ks_lua_errorf(L, fn, "indices: an i32 tensor or a table of integers expected, got %s", luaL_typename(L, arg));
     t = ks_lt_arg(L, arg, KS_T_I32, fn);
     if (t->ndim != 1) ks_lua_errorf(L, fn, "an index list must be 1-d");
+    if (t->numel > INT32_MAX) ks_lua_errorf(L, fn, "an index list of %lld entries is too long", (long long)t->numel);
     *k = (int)t->numel;
     return t->data;
 }
@@ -426,8 +430,13 @@ static int per_head(lua_State *L, int arg) {
     return r;
 }
 
-/* Per-head lists at arg -> arrays (n_kv_heads); values are kept alive on the stack. */
+/* Per-head lists at arg -> arrays (n_kv_heads); values are kept alive on the stack: two slots
+ * per head from a table (the entry and its converted list), so the stack is grown first (a C
+ * function is only guaranteed LUA_MINSTACK = 20 free slots; real models have 8 to 128 KV
+ * heads). */
 static void head_lists(lua_State *L, int arg, const char *fn, int Hkv, const int32_t ***idx, int **cnt) {
+    if (Hkv < 0 || Hkv > 1000000 || !lua_checkstack(L, 2 * Hkv + 8))
+        ks_lua_errorf(L, fn, "cannot hold index lists for %d KV heads (Lua stack)", Hkv);
     const int32_t **ix = lua_newuserdatauv(L, sizeof(*ix) * Hkv, 0);
     int *k = lua_newuserdatauv(L, sizeof(int) * Hkv, 0);
     ks_tensor *t = ks_lt_test(L, arg);
@@ -435,6 +444,7 @@ static void head_lists(lua_State *L, int arg, const char *fn, int Hkv, const int
         ks_lt_check(L, arg, fn);
         if (t->dtype != KS_T_I32) ks_lua_errorf(L, fn, "indices must be an i32 tensor");
         if (t->shape[0] != Hkv) ks_lua_errorf(L, fn, "%lld lists for %d KV heads", (long long)t->shape[0], Hkv);
+        if (t->shape[1] > INT32_MAX) ks_lua_errorf(L, fn, "index lists of %lld entries are too long", (long long)t->shape[1]);
         int pushed;
         const int32_t *d = ks_lt_contig(L, arg, t, &pushed);
         for (int h = 0; h < Hkv; h++) {
@@ -442,8 +452,8 @@ static void head_lists(lua_State *L, int arg, const char *fn, int Hkv, const int
             k[h] = (int)t->shape[1];
         }
     } else {
-        int nl = (int)lua_rawlen(L, arg);
-        if (nl != Hkv) ks_lua_errorf(L, fn, "%d lists for %d KV heads", nl, Hkv);
+        size_t nl = lua_rawlen(L, arg);
+        if (nl != (size_t)Hkv) ks_lua_errorf(L, fn, "%zu lists for %d KV heads", nl, Hkv);
         for (int h = 0; h < Hkv; h++) {
             lua_rawgeti(L, arg, h + 1);
             ix[h] = index_list(L, lua_gettop(L), fn, &k[h]); /* leaves the list's value pushed */
@@ -584,12 +594,35 @@ static int l_ev_kv_values(lua_State *L) { return kv_tensor(L, 1); }
 
 /* ---------------------------------------------------------------- reports */
 
+/* Report copies live outside the Lua heap (they outlive calls) but are the policy's memory:
+ * a sandboxed policy's keys and values count against _memory_mb like its Lua objects. */
+static void report_uncharge(ks_lpol *p, size_t n) {
+    if (n > p->report_bytes) n = p->report_bytes;
+    p->report_bytes -= n;
+    if (p->own_state) p->ctx.mem_used -= n < p->ctx.mem_used ? n : p->ctx.mem_used;
+}
+
+static void report_charge(lua_State *L, ks_lpol *p, size_t n, const char *fn) {
+    if (p->own_state) {
+        ks_lctx *c = &p->ctx;
+        if (c->mem_limit && (n > c->mem_limit || c->mem_used > c->mem_limit - n)) {
+            c->mem_exceeded = 1;
+            c->fail_kind = KS_FAIL_MEMORY;
+            ks_lua_errorf(L, fn, "memory limit of %.4g MB exceeded by a %zu-byte report entry (reports count as the policy's memory; "
+                                 "parameter _memory_mb)", c->mem_limit / 1048576.0, n);
+        }
+        c->mem_used += n;
+    }
+    p->report_bytes += n;
+}
+
 static void report_clear(ks_lpol *p) {
     for (int i = 0; i < p->n_report; i++) {
         free(p->report[i].key);
         free(p->report[i].val);
     }
     p->n_report = 0;
+    report_uncharge(p, p->report_bytes);
 }
 
 /* Store key = value (string, number, boolean; nil removes). Raises on bad arguments. */
@@ -611,14 +644,24 @@ static int do_report(lua_State *L, ks_lpol *p, int karg, const char *fn) {
     }
     for (int i = 0; i < p->n_report; i++)
         if (!strcmp(p->report[i].key, key)) {
+            size_t old = strlen(p->report[i].val) + 1;
             if (!val) {
+                report_uncharge(p, old + strlen(p->report[i].key) + 1);
                 free(p->report[i].key);
                 free(p->report[i].val);
                 p->report[i] = p->report[--p->n_report];
                 return 0;
             }
+            /* the new value replaces the old one: only a growth must fit (charged before
+             * anything changes, so a refusal leaves the entry and the count as they were) */
+            size_t nv = strlen(val) + 1;
+            if (nv > old) report_charge(L, p, nv - old, fn);
             char *v = xstrdup(val);
-            if (!v) return luaL_error(L, "out of memory");
+            if (!v) {
+                if (nv > old) report_uncharge(p, nv - old);
+                return luaL_error(L, "out of memory");
+            }
+            if (nv < old) report_uncharge(p, old - nv);
             free(p->report[i].val);
             p->report[i].val = v;
             p->report[i].type = type;
@@ -633,8 +676,10 @@ static int do_report(lua_State *L, ks_lpol *p, int karg, const char *fn) {
         p->report = r;
         p->cap_report = cap;
     }
+    size_t nb = strlen(key) + 1 + strlen(val) + 1;
+    report_charge(L, p, nb, fn);
     char *k = xstrdup(key), *v = xstrdup(val);
-    if (!k || !v) { free(k); free(v); return luaL_error(L, "out of memory"); }
+    if (!k || !v) { free(k); free(v); report_uncharge(p, nb); return luaL_error(L, "out of memory"); }
     p->report[p->n_report++] = (lreport){k, v, type};
     return 0;
 }
@@ -873,9 +918,15 @@ static int l_safe_collectgarbage(lua_State *L) {
 
 /* setmetatable without __gc: Lua runs finalizers with hooks disabled, so a finalizer could
  * loop forever out of the budget's reach (tables are the only objects a policy can give a
- * metatable; a __gc added to the metatable later never marks the object). */
+ * metatable; a __gc added to the metatable later never marks the object). The field is read
+ * raw, as Lua's own check reads it: a plain read would run an __index of the metatable's own
+ * metatable, which could add a raw __gc after answering nil. No policy code runs between
+ * this check and the real setmetatable. The binding's own metatables (tensors, events,
+ * restricted libraries) are protected by __metatable, so getmetatable cannot hand them out
+ * to be given a __gc either; so no finalizer of a policy ever runs, also not at lua_close. */
 static int l_safe_setmetatable(lua_State *L) {
-    if (lua_istable(L, 2) && lua_getfield(L, 2, "__gc") != LUA_TNIL) {
+    lua_settop(L, 2);
+    if (lua_istable(L, 2) && (lua_pushliteral(L, "__gc"), lua_rawget(L, 2)) != LUA_TNIL) {
         ks_lua_ctx(L)->fail_kind = KS_FAIL_FORBIDDEN;
         return luaL_error(L, "setmetatable: __gc metamethods are not allowed in a policy (sandbox)");
     }
@@ -926,6 +977,251 @@ static void push_config(lua_State *L, const ks_model *m) {
 void ks_lua_push_config(lua_State *L, const ks_model *m) { push_config(L, m); }
 
 static void event_mt(lua_State *L);
+
+/* ---------------------------------------------------------------- C loops of the standard library
+ *
+ * The instruction hook only fires between VM instructions, so a standard-library function
+ * implemented in C runs out of the budgets' reach for as long as its own loop lasts. Those
+ * whose loop is bounded by memory the allocator already refused (string.format, table.pack,
+ * utf8, string.byte: the stack) are left as they are; the others are wrapped:
+ *   - string.rep of an empty string and an empty separator loops n times making nothing:
+ *     answered at once;
+ *   - pattern matching (string.find, match, gmatch, gsub) backtracks: a subject of n bytes
+ *     costs up to about (n+1)^(quantifiers + 1) steps. The worst case of the pattern on that
+ *     subject is bounded first (pattern_cost) and a call that could exceed MATCH_STEPS is
+ *     refused with a named error;
+ *   - table.insert, remove, move, concat, unpack and sort loop over lengths that __len, or a
+ *     raw table's border (#t of {[1]=1, [2]=1, [4]=1, ..., [2^40]=1} is 2^40), makes as
+ *     large as it likes, with __index / __newindex possibly C functions (no hook there
+ *     either): they are replaced by Lua versions (sandbox_table_lua) whose loops tick the
+ *     hook; concat, unpack and sort finish in the C originals on a raw copy whose length is
+ *     known, and sort's comparisons run through a Lua function. */
+
+#define MATCH_STEPS 1e9 /* worst-case matcher steps of one call (about a second of CPU) */
+
+/* The end of the character class [...] starting at p[i] == '[' (the index after ']'), or 0
+ * when it does not close (the real function then raises its own error). */
+static size_t class_end(const char *p, size_t pl, size_t i) {
+    i++;
+    if (i < pl && p[i] == '^') i++;
+    do { /* the first character after [ or [^ is always part of the set (so "[]]" works) */
+        if (i >= pl) return 0;
+        if (p[i++] == '%') {
+            if (i >= pl) return 0;
+            i++;
+        }
+    } while (i >= pl || p[i] != ']');
+    return i + 1;
+}
+
+/* Worst-case steps of matching pattern p against a subject of n bytes, over every start
+ * position: along the pattern, `mult` counts the ways the items so far can match (each *, +,
+ * - multiplies it by n+1, each ? by 2) and every item costs mult times its own work (n+1 for
+ * a quantified item's expansion, %b and a back-reference, 1 otherwise). Returns 0 for a
+ * malformed pattern (the real function reports it). */
+static double pattern_cost(const char *p, size_t pl, size_t n) {
+    double N = (double)n + 1, mult = 1, per = 0;
+    size_t i = 0;
+    int anchored = pl > 0 && p[0] == '^';
+    if (anchored) i = 1;
+    while (i < pl) {
+        char c = p[i];
+        size_t end;
+        if (c == '(' || c == ')') { per += mult; i++; continue; }
+        if (c == '$' && i + 1 == pl) { per += mult; i++; continue; }
+        if (c == '%') {
+            if (i + 1 >= pl) return 0;
+            char d = p[i + 1];
+            if (d == 'b') { per += mult * N; i += 4; continue; }
+            if (d == 'f') {
+                if (i + 2 >= pl || p[i + 2] != '[' || !(i = class_end(p, pl, i + 2))) return 0;
+                per += mult;
+                continue;
+            }
+            if (d >= '0' && d <= '9') { per += mult * N; i += 2; continue; }
+            end = i + 2;
+        } else if (c == '[') {
+            if (!(end = class_end(p, pl, i))) return 0;
+        } else end = i + 1;
+        char q = end < pl ? p[end] : 0;
+        if (q == '*' || q == '+' || q == '-') { per += mult * N; mult *= N; i = end + 1; }
+        else if (q == '?') { per += mult; mult *= 2; i = end + 1; }
+        else { per += mult; i = end; }
+        if (per > 1e300 || mult > 1e300) return 1e300;
+    }
+    return per * (anchored ? 1 : N);
+}
+
+/* string.find / match / gmatch / gsub: the real function (upvalue 1, its name upvalue 2) when
+ * the pattern's worst case on this subject is affordable. */
+static int l_safe_match(lua_State *L) {
+    size_t n, pl;
+    luaL_checklstring(L, 1, &n);
+    const char *p = luaL_checklstring(L, 2, &pl);
+    const char *name = lua_tostring(L, lua_upvalueindex(2));
+    int plain = !strcmp(name, "find") && lua_toboolean(L, 4);
+    double cost = plain ? ((double)n + 1) * ((double)pl + 1) : pattern_cost(p, pl, n);
+    if (cost > MATCH_STEPS) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "string.%s: the pattern \"%.40s%s\" could take up to %.3g steps on a %zu-byte subject (at most %.3g "
+                                  "in a policy; sandbox): use a simpler pattern or a shorter subject",
+                 name, p, pl > 40 ? "..." : "", cost, n, MATCH_STEPS);
+        ks_lua_ctx(L)->fail_kind = KS_FAIL_FORBIDDEN;
+        return luaL_error(L, "%s", msg);
+    }
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* string.rep: an empty string repeated with an empty separator is "" (the real loop would
+ * spin n times making nothing); any other result is allocated before its loop runs, so the
+ * memory limit bounds it. */
+static int l_safe_rep(lua_State *L) {
+    size_t l, ls = 0;
+    luaL_checklstring(L, 1, &l);
+    lua_Integer n = luaL_checkinteger(L, 2);
+    if (!lua_isnoneornil(L, 3)) luaL_checklstring(L, 3, &ls);
+    if (n <= 0 || l + ls == 0) {
+        lua_pushliteral(L, "");
+        return 1;
+    }
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, 1);
+    return 1;
+}
+
+/* The table library of a policy (see above): called with the C originals of concat, unpack
+ * and sort; returns the replacements. */
+static const char sandbox_table_lua[] =
+    "local rawconcat, rawunpack, rawsort = ...\n"
+    "local type, select, error, mtype, tointeger, fmt = type, select, error, math.type, math.tointeger, string.format\n"
+    "local maxint = math.maxinteger\n"
+    "local function tab(t, fn)\n"
+    "  if type(t) ~= 'table' then error(fmt(\"bad argument #1 to '%s' (table expected, got %s)\", fn, type(t)), 3) end\n"
+    "end\n"
+    "local function int(v, i, fn)\n"
+    "  local n = mtype(v) and tointeger(v)\n"
+    "  if not n then error(fmt(\"bad argument #%d to '%s' (number has no integer representation)\", i, fn), 3) end\n"
+    "  return n\n"
+    "end\n"
+    "local function len(t, fn)\n"
+    "  local n = #t\n"
+    "  if mtype(n) ~= 'integer' then error(fmt(\"object length is not an integer (in '%s')\", fn), 3) end\n"
+    "  return n\n"
+    "end\n"
+    "local T = {}\n"
+    "function T.insert(t, ...)\n"
+    "  tab(t, 'insert')\n"
+    "  local na, e = select('#', ...), len(t, 'insert') + 1\n"
+    "  if na == 1 then t[e] = ... return end\n"
+    "  if na ~= 2 then error(\"wrong number of arguments to 'insert'\", 2) end\n"
+    "  local pos, v = ...\n"
+    "  pos = int(pos, 2, 'insert')\n"
+    "  if pos < 1 or pos > e then error(\"bad argument #2 to 'insert' (position out of bounds)\", 2) end\n"
+    "  for i = e, pos + 1, -1 do t[i] = t[i - 1] end\n"
+    "  t[pos] = v\n"
+    "end\n"
+    "function T.remove(t, pos)\n"
+    "  tab(t, 'remove')\n"
+    "  local size = len(t, 'remove')\n"
+    "  if pos == nil then pos = size else pos = int(pos, 2, 'remove') end\n"
+    "  if pos ~= size and (pos < 1 or pos > size + 1) then error(\"bad argument #2 to 'remove' (position out of bounds)\", 2) end\n"
+    "  local v = t[pos]\n"
+    "  while pos < size do t[pos] = t[pos + 1]; pos = pos + 1 end\n"
+    "  t[pos] = nil\n"
+    "  return v\n"
+    "end\n"
+    "function T.move(a1, f, e, t, a2)\n"
+    "  tab(a1, 'move')\n"
+    "  if a2 == nil then a2 = a1 else tab(a2, 'move') end\n"
+    "  f, e, t = int(f, 2, 'move'), int(e, 3, 'move'), int(t, 4, 'move')\n"
+    "  if e >= f then\n"
+    "    if not (f > 0 or e < maxint + f) then error(\"bad argument #3 to 'move' (too many elements to move)\", 2) end\n"
+    "    local n = e - f\n"
+    "    if t > maxint - n then error(\"bad argument #4 to 'move' (destination wrap around)\", 2) end\n"
+    "    if t > e or t <= f or a1 ~= a2 then\n"
+    "      for i = 0, n do a2[t + i] = a1[f + i] end\n"
+    "    else\n"
+    "      for i = n, 0, -1 do a2[t + i] = a1[f + i] end\n"
+    "    end\n"
+    "  end\n"
+    "  return a2\n"
+    "end\n"
+    "function T.concat(t, sep, i, j)\n"
+    "  tab(t, 'concat')\n"
+    "  if sep == nil then sep = '' end\n"
+    "  i = i == nil and 1 or int(i, 3, 'concat')\n"
+    "  j = j == nil and len(t, 'concat') or int(j, 4, 'concat')\n"
+    "  local c, n = {}, 0\n"
+    "  for k = i, j do\n"
+    "    local v = t[k]\n"
+    "    local tv = type(v)\n"
+    "    if tv ~= 'string' and tv ~= 'number' then\n"
+    "      error(fmt(\"invalid value (at index %d) in table for 'concat'\", k), 2)\n"
+    "    end\n"
+    "    n = n + 1\n"
+    "    c[n] = v\n"
+    "  end\n"
+    "  return rawconcat(c, sep, 1, n)\n"
+    "end\n"
+    "function T.unpack(t, i, j)\n"
+    "  i = i == nil and 1 or int(i, 2, 'unpack')\n"
+    "  j = j == nil and len(t, 'unpack') or int(j, 3, 'unpack')\n"
+    "  if i > j then return end\n"
+    "  local n = j - i\n"
+    "  if n < 0 or n >= 1000000 then error('too many results to unpack', 2) end\n"
+    "  local c = {}\n"
+    "  for k = 0, n do c[k + 1] = t[i + k] end\n"
+    "  return rawunpack(c, 1, n + 1)\n"
+    "end\n"
+    "function T.sort(t, lt)\n"
+    "  tab(t, 'sort')\n"
+    "  local n = len(t, 'sort')\n"
+    "  if n <= 1 then return end\n"
+    "  if n >= 2147483647 then error(\"bad argument #1 to 'sort' (array too big)\", 2) end\n"
+    "  if lt ~= nil and type(lt) ~= 'function' then\n"
+    "    error(fmt(\"bad argument #2 to 'sort' (function expected, got %s)\", type(lt)), 2)\n"
+    "  end\n"
+    "  local c = {}\n"
+    "  for k = 1, n do c[k] = t[k] end\n"
+    "  local cmp = lt and function(a, b) return lt(a, b) end or function(a, b) return a < b end\n"
+    "  rawsort(c, cmp)\n"
+    "  for k = 1, n do t[k] = c[k] end\n"
+    "end\n"
+    "return T\n";
+
+/* Install the wrappers above into the string and table libraries of a sandboxed state. */
+static void sandbox_c_loops(lua_State *L) {
+    lua_getglobal(L, LUA_STRLIBNAME);
+    int s = lua_gettop(L);
+    static const char *const match_fns[] = {"find", "match", "gmatch", "gsub", NULL};
+    for (int i = 0; match_fns[i]; i++) {
+        lua_getfield(L, s, match_fns[i]);
+        lua_pushstring(L, match_fns[i]);
+        lua_pushcclosure(L, l_safe_match, 2);
+        lua_setfield(L, s, match_fns[i]);
+    }
+    lua_getfield(L, s, "rep");
+    lua_pushcclosure(L, l_safe_rep, 1);
+    lua_setfield(L, s, "rep");
+    lua_pop(L, 1);
+    lua_getglobal(L, LUA_TABLIBNAME);
+    int t = lua_gettop(L);
+    if (luaL_loadbufferx(L, sandbox_table_lua, sizeof sandbox_table_lua - 1, "=[sandbox table library]", "t") != LUA_OK) lua_error(L);
+    lua_getfield(L, t, "concat");
+    lua_getfield(L, t, "unpack");
+    lua_getfield(L, t, "sort");
+    lua_call(L, 3, 1);
+    static const char *const table_fns[] = {"insert", "remove", "move", "concat", "unpack", "sort", NULL};
+    for (int i = 0; table_fns[i]; i++) {
+        lua_getfield(L, -1, table_fns[i]);
+        lua_setfield(L, t, table_fns[i]);
+    }
+    lua_pop(L, 2);
+}
 
 void ks_policy_module_open(lua_State *L, int sandboxed) {
     (void)sandboxed;
@@ -1004,6 +1300,7 @@ static int l_open_sandbox(lua_State *L) {
     lua_setfield(L, g, "setmetatable");
     lua_pushcfunction(L, l_print);
     lua_setfield(L, g, "print");
+    sandbox_c_loops(L);
     /* the restricted kvsieve module: tensors, primitives, report, config */
     lua_newtable(L);
     int mod = lua_gettop(L);
@@ -1382,6 +1679,23 @@ static int l_set_param(lua_State *L) {
     return 0;
 }
 
+/* A reserved limit's value: a finite number in [0, max] (a cast of anything larger to an
+ * integer type is undefined: `_instructions=1e300` used to turn the budget off). */
+static ks_status parse_limit(const ks_lpol *p, const char *key, const char *value, double max, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(value, &end);
+    if (end == value || *end || errno || !(v >= 0) || !isfinite(v))
+        return ks_errorf(KS_ERR_ARG, "policy %s: %s expects a non-negative number, got \"%s\"", p->name, key, value);
+    if (v > max) return ks_errorf(KS_ERR_ARG, "policy %s: %s = %s is out of range (at most %.17g; 0 = unlimited)", p->name, key, value, max);
+    *out = v;
+    return KS_OK;
+}
+
+#define MAX_LIMIT_MB 1e12         /* _memory_mb, _device_mb: 1e12 MB * 2^20 < 2^63 bytes */
+#define MAX_INSTRUCTIONS 1e18     /* < LLONG_MAX */
+#define MAX_SECONDS 1e9
+
 ks_status ks_policy_set(ks_policy *pol, const char *key, const char *value) {
     ks_lpol *p = need_lpol(pol, "ks_policy_set");
     if (!p) return KS_ERR_ARG;
@@ -1395,19 +1709,19 @@ ks_status ks_policy_set(ks_policy *pol, const char *key, const char *value) {
         return KS_OK;
     }
     if (!strcmp(key, "_device_mb")) {
-        errno = 0;
-        double v = strtod(value, &end);
-        if (end == value || *end || errno || !(v >= 0))
-            return ks_errorf(KS_ERR_ARG, "policy %s: %s expects a non-negative number, got \"%s\"", p->name, key, value);
+        double v;
+        ks_status st = parse_limit(p, key, value, MAX_LIMIT_MB, &v);
+        if (st) return st;
         p->dev_limit = (size_t)(v * 1048576.0);
         return KS_OK;
     }
     if (key[0] == '_') {
         if (!p->own_state) return ks_errorf(KS_ERR_ARG, "policy %s: limits apply only to sandboxed policies (loaded from a file)", p->name);
-        errno = 0;
-        double v = strtod(value, &end);
-        if (end == value || *end || errno || !(v >= 0))
-            return ks_errorf(KS_ERR_ARG, "policy %s: %s expects a non-negative number, got \"%s\"", p->name, key, value);
+        double v;
+        int known = !strcmp(key, "_memory_mb") || !strcmp(key, "_instructions") || !strcmp(key, "_seconds");
+        if (!known) return unknown_param(p, key);
+        ks_status st = parse_limit(p, key, value, !strcmp(key, "_memory_mb") ? MAX_LIMIT_MB : !strcmp(key, "_instructions") ? MAX_INSTRUCTIONS : MAX_SECONDS, &v);
+        if (st) return st;
         if (!strcmp(key, "_memory_mb")) {
             if (v > 0 && v * 1048576.0 < (double)p->ctx.mem_used)
                 return ks_errorf(KS_ERR_ARG, "policy %s: _memory_mb = %g is below what the policy uses now (%.1f MB)", p->name, v,
@@ -1427,8 +1741,15 @@ ks_status ks_policy_set(ks_policy *pol, const char *key, const char *value) {
         if (pp->is_int) {
             long long v = strtoll(value, &end, 10);
             if (end != value && !*end && !errno) { a.type = 'i'; a.i = v; break; }
-            double d = strtod(value, &end); /* "1e3" is an integer too */
-            if (end != value && !*end && d == (double)(long long)d) { a.type = 'i'; a.i = (long long)d; break; }
+            errno = 0;
+            double d = strtod(value, &end); /* "1e3" is an integer too: when it is one, in range */
+            if (end != value && !*end && !errno && d >= -0x1p63 && d < 0x1p63 && d == (double)(long long)d) {
+                a.type = 'i';
+                a.i = (long long)d;
+                break;
+            }
+            if (end != value && !*end && d == d && (errno == ERANGE || !(d >= -0x1p63 && d < 0x1p63)))
+                return ks_errorf(KS_ERR_ARG, "policy %s: parameter %s = %s is out of the integer range", p->name, key, value);
             return ks_errorf(KS_ERR_ARG, "policy %s: parameter %s expects an integer, got \"%s\"", p->name, key, value);
         }
         a.d = strtod(value, &end);
@@ -1590,6 +1911,11 @@ void ks_lpol_dev_stats(const ks_policy *pol, ks_lpol_devstats *out) {
     out->used = c->dev_used;
     out->peak = c->dev_peak;
     out->limit = p->dev_limit;
+}
+
+int ks_lpol_busy(const ks_policy *pol) {
+    ks_lpol *p = ks_lpol_of((ks_policy *)pol);
+    return p && p->busy;
 }
 
 long ks_lpol_failures(const ks_policy *pol, ks_fail_kind k) {

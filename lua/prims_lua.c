@@ -237,7 +237,7 @@ static int l_scores(lua_State *L) {
     }
     lua_pop(L, 1);
     if (rows_given && r1 - r0 < 1) return ks_lua_errorf(L, fn, "option rows selects no query row");
-    qd += r0 * qs0; /* a device address too: never dereferenced here */
+    if (r0) qd += r0 * qs0; /* a device address too: never dereferenced here (and NULL for an empty q: no offset) */
     int64_t mq = r1 - r0;
     o.q_row_stride = qs0;
     o.q_head_stride = qs1;
@@ -296,7 +296,11 @@ static int l_scores(lua_State *L) {
     if (!strcmp(gqa, "div")) o.gqa = KS_GQA_DIV;
     else if (!strcmp(gqa, "mod")) o.gqa = KS_GQA_MOD;
     else return ks_lua_errorf(L, fn, "option gqa: \"div\" or \"mod\", got \"%s\"", gqa);
-    if (opt_get(L, 3, "threads") != LUA_TNIL) o.n_threads = (int)luaL_checkinteger(L, -1);
+    if (opt_get(L, 3, "threads") != LUA_TNIL) {
+        lua_Integer nt = luaL_checkinteger(L, -1);
+        if (nt < 0 || nt > 256) return ks_lua_errorf(L, fn, "option threads = %lld: must be in [0, 256] (0 = automatic)", (long long)nt);
+        o.n_threads = (int)nt;
+    }
     lua_pop(L, 1);
 
     int64_t rows, cols;
@@ -513,6 +517,9 @@ static int l_concat(lua_State *L) {
     int nargs = lua_gettop(L);
     if (nargs < 1) return ks_lua_errorf(L, fn, "needs at least one argument");
     if (nargs > 64) return ks_lua_errorf(L, fn, "at most 64 arguments");
+    /* one converted value per argument, the output and a copy at a time: more than the
+     * LUA_MINSTACK slots a C function is guaranteed */
+    luaL_checkstack(L, nargs + 8, "concat: too many arguments");
     ks_tdtype dt = KS_T_I32;
     for (int i = 1; i <= nargs; i++) {
         ks_tensor *t = ks_lt_test(L, i);

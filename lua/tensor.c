@@ -97,6 +97,10 @@ ks_tensor *ks_lt_new(lua_State *L, ks_tdtype dt, int ndim, const int64_t *shape,
     return t;
 }
 
+/* Where host views of zero elements point when their owner gave no address (an empty KV head):
+ * never NULL, so memcpy and pointer arithmetic on an empty tensor stay defined. */
+static uint32_t empty_elems[1];
+
 ks_tensor *ks_lt_view(lua_State *L, ks_tdtype dt, int ndim, const int64_t *shape, const int64_t *stride, void *data,
                       int scoped, int owner_idx) {
     if (owner_idx) owner_idx = lua_absindex(L, owner_idx);
@@ -111,7 +115,7 @@ ks_tensor *ks_lt_view(lua_State *L, ks_tdtype dt, int ndim, const int64_t *shape
         for (int i = 0; i < ndim; i++) t->stride[i] = stride[i];
     else contig_strides(ndim, shape, t->stride);
     t->numel = shape_numel(L, ndim, shape);
-    t->data = data;
+    t->data = data ? data : t->numel == 0 ? (void *)empty_elems : NULL;
     t->origin_layer = -1;
     if (scoped) {
         t->scope = c;
@@ -240,6 +244,7 @@ static void *dev_alloc(lua_State *L, ks_backend *be, size_t n) {
 ks_tensor *ks_lt_dview(lua_State *L, ks_backend *be, ks_tdtype dt, int bf16, int ndim, const int64_t *shape,
                        const int64_t *stride, void *data, int scoped, int owner_idx) {
     ks_tensor *t = ks_lt_view(L, dt, ndim, shape, stride, data, scoped, owner_idx);
+    t->data = data; /* a backend address as given (the empty-view stand-in is host memory) */
     t->be = be;
     t->bf16 = bf16;
     dev_link(ks_lua_ctx(L), t);
@@ -466,7 +471,8 @@ int ks_lt_is_contig(const ks_tensor *t) {
     return 1;
 }
 
-/* Element offset (in elements) of the flat index i (row-major order) in t. */
+/* Element offset (in elements) of the flat index i (row-major order) in t. Callers pass
+ * 0 <= i < numel, so no dimension is 0 here (an empty tensor has no element to find). */
 static inline int64_t flat_off(const ks_tensor *t, int64_t i) {
     int64_t off = 0;
     for (int d = t->ndim - 1; d >= 0; d--) {
@@ -478,6 +484,7 @@ static inline int64_t flat_off(const ks_tensor *t, int64_t i) {
 }
 
 static void copy_contig(const ks_tensor *t, void *out) {
+    if (t->numel == 0) return; /* an empty view may have no data at all */
     if (ks_lt_is_contig(t)) {
         memcpy(out, t->data, (size_t)t->numel * 4);
         return;
@@ -530,7 +537,11 @@ static int table_shape(lua_State *L, int idx, int64_t *shape) {
     return nd;
 }
 
+/* Are all leaves of the nested table at idx integers? Only tables are walked: a string or a
+ * tensor where a row should be is left for fill_from_table to name (lua_rawlen of a string
+ * or a userdata is its byte size, and lua_rawgeti on them is undefined). */
 static int all_integers(lua_State *L, int idx, int depth, int nd) {
+    if (lua_type(L, idx) != LUA_TTABLE) return 0;
     size_t n = lua_rawlen(L, idx);
     for (size_t i = 1; i <= n; i++) {
         lua_rawgeti(L, idx, (lua_Integer)i);
@@ -547,7 +558,8 @@ static void fill_from_table(lua_State *L, int idx, ks_tensor *t, int depth, int6
     for (size_t i = 1; i <= n; i++) {
         lua_rawgeti(L, idx, (lua_Integer)i);
         if (depth + 1 < t->ndim) {
-            if (!lua_istable(L, -1)) ks_lua_errorf(L, fn, "ragged table: expected a nested table, got %s", luaL_typename(L, -1));
+            if (lua_type(L, -1) != LUA_TTABLE)
+                ks_lua_errorf(L, fn, "ragged table: entry %zu at depth %d is a %s, expected a nested table", i, depth + 1, luaL_typename(L, -1));
             fill_from_table(L, lua_gettop(L), t, depth + 1, pos, fn);
         } else {
             int isnum;
@@ -578,7 +590,7 @@ static ks_tensor *tensor_from_table(lua_State *L, int idx, int dt /* KS_T_ANY = 
     if (dt < 0) dt = all_integers(L, idx, 0, nd) ? KS_T_I32 : KS_T_F32;
     ks_tensor *t = ks_lt_new(L, (ks_tdtype)dt, nd, shape, 0);
     int64_t pos = 0;
-    if (t->numel > 0 || nd == 1) fill_from_table(L, idx, t, 0, &pos, fn);
+    fill_from_table(L, idx, t, 0, &pos, fn); /* also when empty: it checks the rows are tables */
     return t;
 }
 
@@ -759,11 +771,14 @@ static int l_t_reshape(lua_State *L) {
     int nd = 0, infer = -1;
     int top = lua_gettop(L);
     if (top == 2 && lua_istable(L, 2)) {
-        int n = (int)lua_rawlen(L, 2);
-        if (n > KS_TENSOR_MAXDIM) return ks_lua_errorf(L, "reshape", "%d dimensions (at most %d)", n, KS_TENSOR_MAXDIM);
+        size_t len = lua_rawlen(L, 2);
+        if (len > KS_TENSOR_MAXDIM) return ks_lua_errorf(L, "reshape", "%zu dimensions (at most %d)", len, KS_TENSOR_MAXDIM);
+        int n = (int)len;
         for (int i = 0; i < n; i++) {
             lua_rawgeti(L, 2, i + 1);
-            shape[nd++] = lua_tointeger(L, -1);
+            int isint;
+            shape[nd++] = lua_tointegerx(L, -1, &isint);
+            if (!isint) return ks_lua_errorf(L, "reshape", "shape entry %d is not an integer", i + 1);
             lua_pop(L, 1);
         }
     } else {
@@ -776,7 +791,8 @@ static int l_t_reshape(lua_State *L) {
             if (infer >= 0) return ks_lua_errorf(L, "reshape", "only one dimension may be -1");
             infer = i;
         } else if (shape[i] < 0) return ks_lua_errorf(L, "reshape", "negative dimension %lld", (long long)shape[i]);
-        else known *= shape[i];
+        else if (__builtin_mul_overflow(known, shape[i], &known))
+            return ks_lua_errorf(L, "reshape", "shape too large (its element count overflows 64 bits)");
     }
     if (infer >= 0) {
         if (known == 0 || t->numel % known) return ks_lua_errorf(L, "reshape", "cannot infer a dimension for %lld elements", (long long)t->numel);
@@ -955,7 +971,9 @@ static int arith(lua_State *L, char op) {
     if (b && b->be) { hb = rd(L, b); b = &hb; }
     if (!a && !lua_isnumber(L, 1)) return ks_lua_errorf(L, fn, "a tensor or number expected, got %s", luaL_typename(L, 1));
     if (!b && !lua_isnumber(L, 2)) return ks_lua_errorf(L, fn, "a tensor or number expected, got %s", luaL_typename(L, 2));
-    const ks_tensor *shape_of = a && b ? (a->numel >= b->numel ? a : b) : a ? a : b;
+    /* the result takes the shape of the non-scalar operand (a 1-element tensor broadcasts,
+     * also over an empty one: the result is then empty) */
+    const ks_tensor *shape_of = a && b ? (a->numel == 1 ? b : a) : a ? a : b;
     if (a && b && a->numel != 1 && b->numel != 1) {
         if (a->ndim != b->ndim || memcmp(a->shape, b->shape, sizeof(int64_t) * a->ndim))
             return ks_lua_errorf(L, fn, "shapes differ (no broadcasting except with a scalar)");
@@ -968,8 +986,13 @@ static int arith(lua_State *L, char op) {
         double x = a ? elem_get(a, a->numel == 1 ? 0 : flat_off(a, i)) : sa;
         double y = b ? elem_get(b, b->numel == 1 ? 0 : flat_off(b, i)) : sb;
         double r = op == '+' ? x + y : op == '-' ? x - y : op == '*' ? x * y : x / y;
-        if (ints) ((int32_t *)o->data)[i] = (int32_t)(int64_t)r;
-        else ((float *)o->data)[i] = (float)r;
+        if (ints) {
+            /* i32 results stay i32 only when they fit (a cast of an out-of-range double is
+             * undefined): an integer scalar such as math.maxinteger lands here too */
+            if (!(r >= INT32_MIN && r <= INT32_MAX))
+                return ks_lua_errorf(L, fn, "i32 result %.17g is outside int32 (convert with :float() first)", r);
+            ((int32_t *)o->data)[i] = (int32_t)r;
+        } else ((float *)o->data)[i] = (float)r;
     }
     return 1;
 }
@@ -1007,7 +1030,11 @@ static int l_tensor(lua_State *L) {
         ks_tdtype d = dt >= 0 ? (ks_tdtype)dt : lua_isinteger(L, 1) ? KS_T_I32 : KS_T_F32;
         ks_tensor *s = ks_lt_new(L, d, 0, NULL, 0);
         if (d == KS_T_F32) *(float *)s->data = (float)lua_tonumber(L, 1);
-        else *(int32_t *)s->data = (int32_t)luaL_checkinteger(L, 1);
+        else {
+            lua_Integer v = luaL_checkinteger(L, 1);
+            if (v < INT32_MIN || v > INT32_MAX) return ks_lua_errorf(L, "tensor", "%lld is outside int32", (long long)v);
+            *(int32_t *)s->data = (int32_t)v;
+        }
         return 1;
     }
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -1018,8 +1045,9 @@ static int l_tensor(lua_State *L) {
 static int read_shape(lua_State *L, int arg, int64_t *shape, const char *fn) {
     int nd = 0;
     if (lua_istable(L, arg)) {
-        int n = (int)lua_rawlen(L, arg);
-        if (n > KS_TENSOR_MAXDIM) return ks_lua_errorf(L, fn, "%d dimensions (at most %d)", n, KS_TENSOR_MAXDIM);
+        size_t len = lua_rawlen(L, arg);
+        if (len > KS_TENSOR_MAXDIM) return ks_lua_errorf(L, fn, "%zu dimensions (at most %d)", len, KS_TENSOR_MAXDIM);
+        int n = (int)len;
         for (int i = 0; i < n; i++) {
             lua_rawgeti(L, arg, i + 1);
             if (!lua_isinteger(L, -1)) return ks_lua_errorf(L, fn, "shape entries must be integers");
@@ -1044,8 +1072,10 @@ static int l_zeros(lua_State *L) {
 /* ks.stack({t1, t2, ...}) : tensors of one shape and dtype -> (k, shape...). */
 static int l_stack(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
-    int k = (int)lua_rawlen(L, 1);
-    if (k < 1) return ks_lua_errorf(L, "stack", "needs at least one tensor");
+    size_t len = lua_rawlen(L, 1);
+    if (len < 1) return ks_lua_errorf(L, "stack", "needs at least one tensor");
+    if (len > INT32_MAX) return ks_lua_errorf(L, "stack", "too many tensors (%zu)", len);
+    int k = (int)len;
     lua_rawgeti(L, 1, 1);
     ks_tensor *t0 = ks_lt_check(L, -1, "stack");
     if (t0->ndim >= KS_TENSOR_MAXDIM) return ks_lua_errorf(L, "stack", "the result would have more than %d dimensions", KS_TENSOR_MAXDIM);
