@@ -7,6 +7,7 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -65,8 +66,9 @@ static void *worker(void *arg) {
 
 ks_status ks_pool_create(int n_threads, ks_pool **out) {
     *out = NULL;
-    if (n_threads <= 0) {
-        long c = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_threads <= 0) { /* the CPUs this process may run on (taskset, cgroups), else all online */
+        cpu_set_t set;
+        long c = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = c > 0 ? (int)c : 1;
     }
     if (n_threads > POOL_MAX) n_threads = POOL_MAX;

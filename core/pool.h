@@ -6,7 +6,7 @@
  * Here a worker with nothing to do blocks on a condition variable, so a busy neighbour costs
  * in proportion to the cores it takes.
  *
- *   ks_pool_create(n, &p)    n threads in all, the caller included (n <= 0: online CPUs)
+ *   ks_pool_create(n, &p)    n threads in all, the caller included (n <= 0: usable CPUs)
  *   ks_pool_run(p, T, fn, c) calls fn(c, t, thread) once for every task t in [0, T), spread
  *                            over the threads; returns when every task has returned.
  *
@@ -27,7 +27,7 @@ typedef struct ks_pool ks_pool;
  * (per-thread scratch); the task index alone must decide what the task computes. */
 typedef void (*ks_pool_fn)(void *ctx, int64_t task, int thread);
 
-/* n_threads <= 0: the number of online CPUs (at most 256). KS_ERR_OOM or KS_ERR_INTERNAL
+/* n_threads <= 0: the CPUs this process may run on (its affinity mask; at most 256). KS_ERR_OOM or KS_ERR_INTERNAL
  * (a thread could not be started), with the message recorded. */
 ks_status ks_pool_create(int n_threads, ks_pool **out);
 void ks_pool_free(ks_pool *p);
