@@ -194,7 +194,7 @@ static void scores_head(const scores_ctx *c, int64_t h, float *L, double *R) {
     int64_t lo = KS_MAX(c->cb, c->ob), hi = KS_MIN(c->ce, c->oe); /* computed keys that are reported */
     for (int64_t x = 0; x < ncols; x++) R[x] = 0;
     int64_t kv = c->gqa == KS_GQA_DIV ? h / c->g : h % c->hkv;
-    const float *kh = c->k + kv * c->khs;
+    const float *kh = c->k ? c->k + kv * c->khs : NULL; /* NULL: no keys (n = 0), never read */
     for (int64_t i0 = 0; w > 0 && i0 < c->m; i0 += SCORES_TILE) {
         int tn = (int)KS_MIN((int64_t)SCORES_TILE, c->m - i0);
         const float *qr[SCORES_TILE];
