@@ -1,5 +1,5 @@
-# kvsieve — plain Makefile. `make` builds the CPU engine (and CUDA when nvcc is found or
-# CUDA=1); `make test` is the single test entry point; `make test SANITIZE=1` runs the CPU
+# kvsieve — plain Makefile. `make` builds the CPU engine (`make cuda`: the CUDA one, in build-cuda/);
+# `make test` is the single test entry point; `make test SANITIZE=1` runs the CPU
 # suite under ASan + UBSan.
 
 CC      ?= cc
@@ -31,14 +31,16 @@ REPL_SRC  := $(wildcard repl/*.c)
 TEST_SRC  := $(wildcard tests/*.c)
 LIB_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(CORE_SRC) $(LUA_SRC))
 
-# CUDA backend: CUDA=1 (nvcc from PATH or /usr/local/cuda), or automatically when nvcc is on
-# PATH. CUDA builds go to build-cuda/ so CPU and CUDA objects never mix.
-ifeq ($(CUDA),)
-  ifneq ($(shell command -v nvcc 2>/dev/null),)
-    CUDA := 1
-  endif
-endif
-ifeq ($(CUDA),1)
+# CUDA backend: only with CUDA=1 (nvcc from PATH or /usr/local/cuda), never guessed, so that
+# `make`, `make test` and `make build/kvsieve` mean the CPU build on every machine, nvcc or not.
+# CUDA builds go to build-cuda/ so CPU and CUDA objects never mix; the CUDA targets below
+# (cuda, cuda-tests, test-cuda, ...) turn CUDA=1 on by themselves.
+CUDA_GOALS := cuda cuda-tests test-cuda test-cuda-sanitize bench-kernels
+ifneq ($(CUDA),1)
+$(CUDA_GOALS):                                                  # the CUDA targets: run again with CUDA=1
+	@$(MAKE) --no-print-directory CUDA=1 $@
+.PHONY: $(CUDA_GOALS)
+else
   ifeq ($(shell command -v nvcc 2>/dev/null),)
     NVCC := /usr/local/cuda/bin/nvcc
   endif

@@ -1,5 +1,5 @@
-# kernels/cuda.mk — the CUDA backend. Include from the main Makefile (when CUDA=1 or nvcc is
-# found) right after LIB_OBJ is defined and before the $(BUILD)/libkvsieve.a rule:
+# kernels/cuda.mk — the CUDA backend. Include from the main Makefile (when CUDA=1) right after
+# LIB_OBJ is defined and before the $(BUILD)/libkvsieve.a rule:
 #     include kernels/cuda.mk
 # It appends the kernel objects to LIB_OBJ, defines KS_HAVE_CUDA for core/api.c, adds the
 # CUDA libraries to LDLIBS and provides the targets below. cuBLAS is linked dynamically
@@ -61,6 +61,8 @@ $(BUILD)/test_cuda_policies: $(BUILD)/tests/cuda/test_cuda_policies.o $(CUDA_OBJ
 # speed (GPU machine): $(BUILD)/test_wgmma [--quick]
 $(BUILD)/test_wgmma: $(BUILD)/tests/cuda/test_wgmma.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+cuda: $(BUILD)/kvsieve $(BUILD)/host cuda-tests                # the CUDA engine and its tests (build-cuda/)
 
 cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_policies $(BUILD)/test_wgmma $(BUILD)/bench_kernels $(BUILD)/bench_decode  # build the CUDA test programs
 
