@@ -6,6 +6,8 @@ transformers' own decoder layers; dumps JSON fixtures the engine's Lua policies 
     python3 tools/policy_ref.py --out DIR --only llama12_gqa # one model (names: stories260K,
                                                              #   llama12_gqa, qwen2_12_bias)
     python3 tools/policy_ref.py --selftest                   # CPU, no transformers needed
+    python3 tools/policy_ref.py --out DIR --stories PATH --policies asl --merge tests/fixtures/policies
+                                                             # one policy's cases, installed in place
 
 Needs torch, numpy and (except for --selftest) transformers >= 4.48 (written against 5.x) with
 safetensors. Never touches the network. The format of every file is in tools/README.md
