@@ -29,15 +29,22 @@ static kt_gen g_gens[KT_MAX_GEN];
 static int g_ngen;
 
 /* The slow tier, by name, for tests whose files use plain KT_TEST (new slow tests can use
- * KT_SLOW_TEST; policy scripts say "ktest: slow" in their header). These spawn the CLI and run
- * an evaluation grid over the NIAH task, or run every policy twice (emulated device and host);
- * together they were most of the suite's time (issue 12). `ks_tests --list` shows the tiers. */
+ * KT_SLOW_TEST; a policy script can say "ktest: slow" in its header). The eval tests spawn the
+ * CLI and run an evaluation grid over the NIAH task; the emulation test runs every policy twice
+ * (emulated device and host); the four policy scripts replay every reference fixture case
+ * (3-4 s each on an idle 2-core machine, 8-11 s on a busy one: most of `make check` otherwise).
+ * The quick tier keeps the other policy scripts (full, gemfilter, noop, streamingllm), which
+ * exercise the same runtime. `ks_tests --list` shows the tiers. */
 static const char *const slow_names[] = {
     "eval_smoke_grid_two_policies",
     "eval_niah_show_marks_the_needle",
     "eval_bad_inputs_are_named_errors",
     "eval_gemfilter_keeps_the_needle",
     "lua_device_emulated_policies_match_host",
+    "policy_asl",
+    "policy_fastkv",
+    "policy_snapkv",
+    "policy_tokenselect",
 };
 
 void kt_register_ex(const char *name, const char *file, kt_fn fn, int flags, const void *arg) {
