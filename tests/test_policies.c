@@ -11,6 +11,7 @@
  * A script whose first lines hold "ktest: slow" belongs to the slow tier (KT_SLOW_TEST). */
 #include "ks_lua.h"
 #include "ktest.h"
+#include "testutil.h"
 
 #include <dirent.h>
 #include <lauxlib.h>
@@ -95,30 +96,63 @@ static void part_skips(lua_State *L, char *out, size_t cap) {
     lua_pop(L, 1);
 }
 
-static void run_script(kt_ctx *kt_) {
-    const script *s = KT_ARG;
+/* Runs one script in a fresh host state: 0 passed, 1 skipped, 2 failed (why: the reason). */
+static int run_one(const char *path, char *why, size_t cap) {
     lua_State *L = ks_lua_host_state();
-    KT_CHECK(L, "%s: cannot create a Lua state", s->path);
-    char why[4096] = "";
-    int skip = 0, fail = 0;
+    if (!L) { snprintf(why, cap, "%s: cannot create a Lua state", path); return 2; }
+    int out = 0;
+    why[0] = 0;
     lua_pushcfunction(L, msgh);
     if (luaL_dostring(L, "package.path = 'tests/lua/?.lua;' .. package.path") != LUA_OK) {
-        fail = 1;
-        snprintf(why, sizeof why, "package.path: %s", lua_tostring(L, -1));
-    } else if (luaL_loadfile(L, s->path) != LUA_OK || lua_pcall(L, 0, 0, 1) != LUA_OK) {
+        out = 2;
+        snprintf(why, cap, "package.path: %s", lua_tostring(L, -1));
+    } else if (luaL_loadfile(L, path) != LUA_OK || lua_pcall(L, 0, 0, 1) != LUA_OK) {
         if (lua_type(L, -1) == LUA_TTABLE && lua_getfield(L, -1, "ks_skip") != LUA_TNIL) {
-            skip = 1; /* polfix.skip(reason) */
-            snprintf(why, sizeof why, "%s", luaL_tolstring(L, -1, NULL));
+            out = 1; /* polfix.skip(reason) */
+            snprintf(why, cap, "%s", luaL_tolstring(L, -1, NULL));
         } else {
-            fail = 1;
+            out = 2;
             lua_settop(L, 2);
-            snprintf(why, sizeof why, "%s", luaL_tolstring(L, 2, NULL));
+            snprintf(why, cap, "%s", luaL_tolstring(L, 2, NULL));
         }
     } else {
-        part_skips(L, why, sizeof why);
-        skip = why[0] != 0;
+        part_skips(L, why, cap);
+        out = why[0] != 0;
     }
     ks_lua_host_close(L);
-    KT_CHECK(!fail, "%s", why); /* the message and traceback; the summary keeps its first line */
-    if (skip) KT_SKIP("%s", why);
+    return out;
+}
+
+static void run_script(kt_ctx *kt_) {
+    const script *s = KT_ARG;
+    char why[4096];
+    int r = run_one(s->path, why, sizeof why);
+    KT_CHECK(r != 2, "%s", why); /* the message and traceback; the summary keeps its first line */
+    if (r == 1) KT_SKIP("%s", why);
+}
+
+/* The runner's own outcomes, on scripts written to a temporary folder: a pass, a failure with
+ * its message, a whole skip (polfix.skip) and a partial one (polfix.skip_part, then the end of
+ * the script: skipped, not passed; reasons said once, joined). */
+KT_TEST(policy_runner_counts_skips_and_failures) {
+    char dir[256], path[400], why[4096];
+    KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "mkdtemp");
+    static const struct { const char *name, *src; int want; const char *why; } cases[] = {
+        {"pass.lua", "local polfix = require 'polfix'\nassert(polfix.SHARED ~= '')\n", 0, ""},
+        {"fail.lua", "error('boom 42')\n", 2, "boom 42"},
+        {"skip.lua", "local polfix = require 'polfix'\npolfix.skip('no model here')\nerror('not reached')\n", 1, "no model here"},
+        {"part.lua", "local polfix = require 'polfix'\npolfix.skip_part('a absent')\npolfix.skip_part('b absent')\n"
+                     "polfix.skip_part('a absent')\n", 1, "a absent; b absent"},
+        {"partfail.lua", "local polfix = require 'polfix'\npolfix.skip_part('a absent')\nerror('then broken')\n", 2, "then broken"},
+    };
+    int bad = -1;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases && bad < 0; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, cases[i].name);
+        if (kt_write_file(dir, cases[i].name, cases[i].src)) { bad = (int)i; snprintf(why, sizeof why, "cannot write"); break; }
+        int r = run_one(path, why, sizeof why);
+        if (r != cases[i].want || !strstr(why, cases[i].why)) bad = (int)i;
+        else if (cases[i].want == 1 && strcmp(why, cases[i].why)) bad = (int)i; /* exactly the reasons */
+    }
+    kt_rmdir(dir);
+    KT_CHECK(bad < 0, "%s: outcome or reason wrong: '%s'", cases[bad].name, why);
 }
