@@ -4,7 +4,7 @@
 set -eu
 # the fuzz harnesses (make fuzz: clang's libFuzzer, ASan, UBSan) need clang and its runtime
 # libraries; they are optional: installed when the distribution has them (Debian 12 names them
-# so), else `make fuzz` says what is missing and .ci/run skips the fuzz step loudly
+# so), else .ci/run skips the fuzz step with a message saying so
 fuzz_pkgs="clang libclang-rt-14-dev"
 pkgs="build-essential liblua5.4-dev libpcre2-dev libutf8proc-dev libreadline-dev libncurses-dev nodejs npm python3"
 missing=""
