@@ -21,10 +21,12 @@
 #   streamingllm  budget=B (4 sinks + the most recent rows)
 # Extra --set options: SETS_EXTRA="--set asl.kv_budget=0 ...", applied after these.
 #
-# Environment: KVSIEVE (the binary; default build-cuda/kvsieve for BACKEND=cuda, else
+# Environment: KVSIEVE (the binary; for BACKEND=cuda build-cuda/kvsieve, or when that is absent
+# .data/kvs.xz unpacked to .data/run/kvsieve as bench/gpu_eval.sh does; for BACKEND=cpu
 # build/kvsieve), BACKEND (cuda), CORPORA (../shared/corpora, else .data/corpora), TASK (niah),
-# LENGTHS (2K,4K), DEPTHS (11: a count, or a list such as 0,0.5,1), CASES (4), BUDGET (512),
-# MODELS (models/kvsieve-tiny models/kvsieve-tiny-base), POLICIES (all seven, comma-separated).
+# LENGTHS (2K,4K), DEPTHS (11: a count, or a list such as 0,0.5,1), CASES (4), BUDGET (512; with
+# tokenselect at least 512, its prefill chunk), MODELS (models/kvsieve-tiny
+# models/kvsieve-tiny-base), POLICIES (all seven, comma-separated).
 #
 # Writes under RESULTS_DIR, per model NAME (the folder's basename): NAME.json (every case and
 # cell), NAME.png (heatmaps, one panel per policy), NAME.txt (the terminal tables), and
@@ -35,6 +37,11 @@ set -euo pipefail
 out=${1:?usage: bash bench/compare_models.sh RESULTS_DIR (env: BACKEND KVSIEVE CORPORA TASK LENGTHS DEPTHS CASES BUDGET MODELS POLICIES)}
 backend=${BACKEND:-cuda}
 if [ "$backend" = cuda ]; then bin=${KVSIEVE:-build-cuda/kvsieve}; else bin=${KVSIEVE:-build/kvsieve}; fi
+# on the GPU machine without a build: the carried binary .data/kvs.xz (as bench/gpu_eval.sh)
+if [ -z "${KVSIEVE:-}" ] && [ "$backend" = cuda ] && [ ! -x "$bin" ] && [ -f .data/kvs.xz ]; then
+    mkdir -p .data/run && xz -dc .data/kvs.xz > .data/run/kvsieve && chmod +x .data/run/kvsieve
+    bin=.data/run/kvsieve
+fi
 corpora=${CORPORA:-../shared/corpora}
 [ -d "$corpora" ] || corpora=.data/corpora
 task=${TASK:-niah}
