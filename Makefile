@@ -77,6 +77,7 @@ deps:                                                           # install missin
 test: deps                                                      # the whole CPU suite (the README's test command)
 	@$(MAKE) --no-print-directory $(BUILD)/kvsieve $(BUILD)/ks_tests $(BUILD)/host
 	@bash tests/tokenizer/setup.sh
+	@bash tools/base_model.sh || echo "make test: models/kvsieve-tiny-base has no weights: its tests are skipped" >&2
 	KS_BIN=$(BUILD)/kvsieve KS_HOST=$(BUILD)/host $(BUILD)/ks_tests
 
 check:                                                          # the fast tier for the edit-compile loop: the suite less its slow tests (ks_tests --quick)
@@ -86,14 +87,18 @@ check:                                                          # the fast tier 
 
 demo: deps                                                      # the main job on the embedded default (CPU)
 	@$(MAKE) --no-print-directory $(BUILD)/kvsieve
+	@bash tools/base_model.sh
 	bash tools/demo.sh $(BUILD)/kvsieve
+
+base-model:                                                     # models/kvsieve-tiny-base's weights, from git history (tools/base_model.sh)
+	@bash tools/base_model.sh
 
 $(BUILD)/lua/prelude_blob.o: lua/prelude.lua                    # the prelude is embedded with .incbin
 
 clean:                                                          # remove build outputs
 	rm -rf build build-san build-cuda
 
-.PHONY: all deps test check demo clean
+.PHONY: all deps test check demo clean base-model
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 # ---------------------------------------------------------------- fuzzing (tests/fuzz/) --------
