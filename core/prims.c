@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -173,6 +174,8 @@ typedef struct scores_ctx {
     float *lbuf;          /* (nt, SCORES_TILE, ce - cb) logits */
     double *rbuf;         /* (nt, oe - ob) double window sums */
     int nt;
+    double deadline;      /* opts->deadline */
+    atomic_int *stopped;  /* set by the first thread that finds the deadline passed */
 } scores_ctx;
 
 static inline float dotf(const float *a, const float *b, int64_t d) {
@@ -196,6 +199,10 @@ static void scores_head(const scores_ctx *c, int64_t h, float *L, double *R) {
     int64_t kv = c->gqa == KS_GQA_DIV ? h / c->g : h % c->hkv;
     const float *kh = c->k ? c->k + kv * c->khs : NULL; /* NULL: no keys (n = 0), never read */
     for (int64_t i0 = 0; w > 0 && i0 < c->m; i0 += SCORES_TILE) {
+        if (c->deadline > 0 && (atomic_load_explicit(c->stopped, memory_order_relaxed) || ks_now() > c->deadline)) {
+            atomic_store_explicit(c->stopped, 1, memory_order_relaxed);
+            return;
+        }
         int tn = (int)KS_MIN((int64_t)SCORES_TILE, c->m - i0);
         const float *qr[SCORES_TILE];
         int64_t lim[SCORES_TILE]; /* key j is visible to tile row t iff kpos[j] <= lim[t] */
@@ -306,6 +313,10 @@ ks_status ks_cpu_scores(const float *q, const int32_t *qpos, int64_t n_q_heads, 
     int nt = o->n_threads ? o->n_threads : scores_auto_threads(n_q_heads, work);
     nt = (int)KS_MIN(KS_MIN((int64_t)nt, n_q_heads), (int64_t)16);
     c.nt = nt;
+    atomic_int stopped;
+    atomic_init(&stopped, 0);
+    c.deadline = o->deadline;
+    c.stopped = &stopped;
 
     int64_t *qp = NULL;
     float *acc = NULL, *lbuf = NULL;
@@ -343,6 +354,10 @@ ks_status ks_cpu_scores(const float *q, const int32_t *qpos, int64_t n_q_heads, 
     args[0] = (scores_arg){&c, 0};
     scores_worker(&args[0]);
     for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
+    if (atomic_load(&stopped)) {
+        st = ks_errorf(KS_ERR_INTERRUPTED, "scores: stopped at the caller's deadline");
+        goto done;
+    }
 
     /* Head reduction, in double, in ascending head order. */
     if (o->heads == KS_HEADS_GROUP_SUM) {

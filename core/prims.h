@@ -75,6 +75,10 @@ typedef struct ks_scores_opts {
     int n_threads;              /* default 0 = automatic (online CPUs, 1 for small problems);
                                  * 1 = the calling thread only. Capped at 16 and at n_q_heads
                                  * (work is split by query head) */
+    double deadline;            /* default 0 = none. > 0: a ks_now() time; the host scores
+                                 * check it between tiles of query rows and, once it has passed,
+                                 * stop with KS_ERR_INTERRUPTED (out is then undefined). A policy's
+                                 * _seconds budget reaches a long call this way */
 } ks_scores_opts;
 
 ks_scores_opts ks_scores_opts_default(void);

@@ -308,8 +308,18 @@ static int l_scores(lua_State *L) {
     int64_t shape[2] = {rows, cols};
     int reduce_all = o.heads == KS_HEADS_SUM || o.heads == KS_HEADS_MEAN;
     ks_tensor *out = reduce_all ? newt(L, be, KS_T_F32, 1, &cols) : newt(L, be, KS_T_F32, 2, shape);
-    RUN(fn, be, scores(be, qd, qpos, H, mq, k->data, k->bf16, kpos, Hkv, n, d, &o, out->data),
-        ks_cpu_scores(qd, qpos, H, mq, k->data, kpos, Hkv, n, d, &o, out->data));
+    /* A sandboxed call's _seconds budget reaches the host scores' own loop, which no Lua hook
+     * sees: it stops between tiles of query rows once the call's deadline has passed. */
+    ks_lctx *lc = ks_lua_ctx(L);
+    if (lc->sandboxed && lc->budget_active && lc->seconds > 0)
+        o.deadline = lc->deadline > 0 ? lc->deadline : ks_now() + lc->seconds;
+    ks_status sst = be ? be->prims->scores(be, qd, qpos, H, mq, k->data, k->bf16, kpos, Hkv, n, d, &o, out->data)
+                       : ks_cpu_scores(qd, qpos, H, mq, k->data, kpos, Hkv, n, d, &o, out->data);
+    if (sst == KS_ERR_INTERRUPTED && o.deadline > 0) {
+        lc->fail_kind = KS_FAIL_TIMEOUT;
+        return ks_lua_errorf(L, fn, "wall-clock budget exceeded (%.3g s per call; parameter _seconds)", lc->seconds);
+    }
+    CORE(fn, sst);
     return 1;
 }
 

@@ -510,3 +510,17 @@ KT_TEST(hostile_close_policy_from_its_own_handler) {
     fx_close(&f);
     KT_CHECK(!*e, "%s", e);
 }
+
+KT_TEST(hostile_scores_stops_at_the_seconds_budget) {
+    /* was: ks.scores ran its whole C loop (here 8.6e9 multiply-adds, seconds of work) past
+     * _seconds, since no Lua hook fires inside it; now the call's deadline reaches the loop */
+    fixture f;
+    KT_CHECK(fx_open(&f, 0) == 0, "model: %s", ks_last_error());
+    static const char *const sets[] = {"_seconds=0.05", NULL};
+    EXPECT_FAIL(&f,
+                AT_L0("local q = ks.zeros(4096 * 8 * 64):reshape(4096, 8, 64)\n"
+                      "local k = ks.zeros(4096 * 64):reshape(4096, 1, 64)\n"
+                      "ks.scores(q, k, {threads = 1})"),
+                sets, KS_FAIL_TIMEOUT, "wall-clock budget exceeded");
+    fx_close(&f);
+}
