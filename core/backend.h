@@ -22,6 +22,35 @@ typedef struct ks_backend ks_backend;
 typedef struct ks_weight ks_weight;
 typedef struct ks_graph ks_graph; /* a recorded decode step (graph_begin below) */
 
+/* ---- backend options: everything that chooses how a backend computes, per backend (two backends
+ * of one process may differ). A backend ignores the fields that are not its own. The CLI maps
+ * environment variables onto them (repl/env_opts.c); nothing below repl/ reads the environment. */
+typedef enum ks_prefill_attn {
+    KS_PREFILL_ATTN_AUTO = 0, /* CUDA: the planner's kernel (Hopper: wgmma where it takes the shape, else mma.sync) */
+    KS_PREFILL_ATTN_MMA = 1   /* CUDA: always the mma.sync flash kernel (the reference the wgmma kernel is checked against) */
+} ks_prefill_attn;
+
+typedef struct ks_backend_opts {
+    int n_threads;                /* CPU: threads of the backend's pool, <= 0 = the CPUs this process may run on */
+    int device;                   /* CUDA: GPU index (0 = first) */
+    ks_prefill_attn prefill_attn; /* CUDA: prefill attention kernel choice */
+    int decode_kernels;           /* CUDA: 1 = the one-row kernels (gemv for one-row matmuls, the tensor-core
+                                     decode attention); 0 = cuBLAS and the float32 split-KV attention */
+    int fused;                    /* CUDA: 1 = fused decode projections (matmul_add, matmul_qkv(_append),
+                                     matmul_swiglu); 0 = the engine composes the plain calls */
+    int mlp;                      /* CUDA: 1 = the bf16 prefill MLP (->mlp); 0 = the engine's float32 one */
+    int pdl;                      /* CUDA: 1 = programmatic dependent launch of the decode kernels (default 0) */
+    int decode_splits;            /* CUDA: split-KV blocks of the tensor-core decode attention, 0 = automatic */
+    int graphs;                   /* 1 = record decode steps as graphs where the backend can (CUDA); 0 = never */
+    int profile;                  /* sessions on this backend: 0 off, 1 per-phase profile from backend marks,
+                                     2 the same on the host clock (syncs); printed to stderr when a session ends */
+    int verbose;                  /* 1 = say on stderr why a decode step ran without its graph */
+} ks_backend_opts;
+
+/* The defaults: all threads, device 0, the planner's kernels, everything fused, graphs on,
+ * PDL off, automatic splits, no profile. */
+ks_backend_opts ks_backend_opts_default(void);
+
 /* The KV rows of one layer. Rows may differ between KV heads after per-head retention, so
  * each head has its own row count and position ids. Storage is backend memory. */
 typedef struct ks_kv_layer {
@@ -115,6 +144,7 @@ void ks_memtrack_stats(ks_memtrack *t, ks_mem_stats *out, int reset_peak);
 struct ks_backend {
     const char *name;            /* "cpu", "cuda" */
     void *ctx;
+    ks_backend_opts opts;        /* what it was created with (CPU: n_threads the pool's real count) */
 
     /* ---- memory */
     void *(*alloc)(ks_backend *b, size_t bytes);            /* NULL + KS_ERR_OOM */
@@ -252,11 +282,15 @@ struct ks_backend {
 };
 #define KS_PROF_TAGS 64
 
-/* A backend by name: "cpu" (NULL too) or "cuda" (when built with CUDA). */
+/* A backend by name: "cpu" (NULL too) or "cuda" (when built with CUDA), with options (opts NULL =
+ * ks_backend_opts_default()); ks_backend_create uses the defaults. */
+ks_status ks_backend_create_opts(const char *name, const ks_backend_opts *opts, ks_backend **out);
 ks_status ks_backend_create(const char *name, ks_backend **out);
 
 /* The CPU backend (float32, fixed-order products: bit-identical results for identical rows on any
- * CPU and thread count; its own sleeping thread pool). n_threads <= 0: all online cores. */
-ks_status ks_cpu_backend_create(int n_threads, ks_backend **out);
+ * CPU and thread count; its own sleeping thread pool of opts->n_threads threads, <= 0: the CPUs
+ * this process may run on). It reads n_threads, profile and verbose; opts NULL = the defaults.
+ * The created backend's opts.n_threads is the pool's real thread count. */
+ks_status ks_cpu_backend_create(const ks_backend_opts *opts, ks_backend **out);
 
 #endif

@@ -711,15 +711,30 @@ static void cpu_destroy(ks_backend *b) {
     free(b);
 }
 
-ks_status ks_cpu_backend_create(int n_threads, ks_backend **out) {
+ks_backend_opts ks_backend_opts_default(void) {
+    ks_backend_opts o;
+    memset(&o, 0, sizeof o);
+    o.prefill_attn = KS_PREFILL_ATTN_AUTO;
+    o.decode_kernels = 1;
+    o.fused = 1;
+    o.mlp = 1;
+    o.graphs = 1;
+    return o;
+}
+
+ks_status ks_cpu_backend_create(const ks_backend_opts *opts, ks_backend **out) {
+    *out = NULL;
+    ks_backend_opts o = opts ? *opts : ks_backend_opts_default();
     ks_backend *b = ks_calloc(1, sizeof *b);
     cpu_ctx *c = ks_calloc(1, sizeof *c);
     if (!b || !c) { free(b); free(c); return KS_ERR_OOM; }
     if (!(c->mem = ks_memtrack_new())) { free(b); free(c); return KS_ERR_OOM; }
-    ks_status st = ks_pool_create(n_threads, &c->pool);
+    ks_status st = ks_pool_create(o.n_threads, &c->pool); /* this backend's own threads */
     if (st) { ks_memtrack_free(c->mem); free(b); free(c); return st; }
+    o.n_threads = ks_pool_threads(c->pool);
     b->name = "cpu";
     b->ctx = c;
+    b->opts = o;
     b->alloc = cpu_alloc;
     b->free = cpu_free;
     b->upload = cpu_memcpy;

@@ -183,7 +183,9 @@ static int l_load(lua_State *L) {
     ks_status st;
     if (threads > 0 && !strcmp(backend, "cpu")) {
         ks_backend *be;
-        st = ks_cpu_backend_create(threads, &be);
+        ks_backend_opts bo = ks_backend_opts_default();
+        bo.n_threads = threads;
+        st = ks_cpu_backend_create(&bo, &be);
         if (!st) {
             st = ks_model_load(dir, be, 0, &lm->m);
             if (st) be->destroy(be);

@@ -125,7 +125,9 @@ KT_TEST(determinism_model_repeated_tokens_and_thread_counts) {
         ks_backend *be = NULL;
         ks_model *m = NULL;
         ks_session *s = NULL;
-        KT_CHECK(ks_cpu_backend_create(th, &be) == KS_OK, "%s", ks_last_error());
+        ks_backend_opts bo = ks_backend_opts_default();
+        bo.n_threads = th;
+        KT_CHECK(ks_cpu_backend_create(&bo, &be) == KS_OK, "%s", ks_last_error());
         KT_CHECK(ks_model_load(dir, be, 0, &m) == KS_OK, "%s: %s", dir, ks_last_error());
         KT_CHECK(ks_session_new(m, &s) == KS_OK, "%s", ks_last_error());
         capture cap = {0};

@@ -115,7 +115,9 @@ static void must(ks_status st, const char *what) {
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
     ks_lua_quiet = 1;
-    must(ks_cpu_backend_create(1, &g_cpu), "cpu backend");
+    ks_backend_opts bo = ks_backend_opts_default();
+    bo.n_threads = 1;
+    must(ks_cpu_backend_create(&bo, &g_cpu), "cpu backend");
     for (int i = 0; i < 2; i++) {
         must(ks_policy_load_string(NULL, "fuzz.lua", PROGRAM, &g_pol[i]), "load the interpreter policy");
         must(ks_policy_set(g_pol[i], "_device", i ? "emulate" : "host"), "_device");

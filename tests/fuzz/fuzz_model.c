@@ -20,7 +20,9 @@ static ks_backend *g_cpu;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
-    if (ks_cpu_backend_create(1, &g_cpu) != KS_OK) {
+    ks_backend_opts bo = ks_backend_opts_default();
+    bo.n_threads = 1;
+    if (ks_cpu_backend_create(&bo, &g_cpu) != KS_OK) {
         fprintf(stderr, "fuzz_model: cpu backend: %s\n", ks_last_error());
         abort();
     }
