@@ -107,6 +107,64 @@ clean:                                                          # remove build o
 .PHONY: all deps test check demo clean base-model
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
+# ---------------------------------------------------------------- the library, installed --------
+# `make install [PREFIX=/usr/local] [DESTDIR=]` installs lib/libkvsieve.so.X.Y.Z (soname
+# libkvsieve.so.0.MINOR while the major version is 0, else .so.MAJOR, with the usual links),
+# lib/libkvsieve.a, include/kvsieve.h and lib/pkgconfig/kvsieve.pc; `make uninstall` removes
+# them. The version comes from include/kvsieve.h (KS_VERSION_*). Both libraries are built from
+# a PIC copy of the objects in $(BUILD)/pic/, so the non-PIC build of the CLI and the tests
+# (its code, its timings) does not change. The .so links the static PCRE2 and utf8proc into
+# itself with their symbols hidden (--exclude-libs) and Lua 5.4 as the system's liblua5.4.so.0
+# (SO_LUA: Debian's liblua5.4.a is not PIC, R_X86_64_PC32 against stderr; point SO_LUA at a
+# PIC liblua.a to carry it inside too); it exports only the KS_API functions of kvsieve.h
+# (-fvisibility=hidden) and -z defs checks that nothing is left unresolved. The .a leaves the
+# third-party libraries to the linker (Libs.private: pkg-config --static).
+PREFIX     ?= /usr/local
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+KS_VER_    = $(shell sed -n 's/^\#define KS_VERSION_$(1) *\([0-9]*\).*/\1/p' include/kvsieve.h)
+VERSION    := $(call KS_VER_,MAJOR).$(call KS_VER_,MINOR).$(call KS_VER_,PATCH)
+SOVERSION  := $(if $(filter 0,$(call KS_VER_,MAJOR)),0.$(call KS_VER_,MINOR),$(call KS_VER_,MAJOR))
+SO_REAL    := libkvsieve.so.$(VERSION)
+SO_NAME    := libkvsieve.so.$(SOVERSION)
+PIC_OBJ    := $(patsubst %.c,$(BUILD)/pic/%.o,$(CORE_SRC) $(LUA_SRC))
+SO_STATIC  := $(filter-out %readline.a %tinfo.a %liblua5.4.a,$(STATIC_LIBS))
+SO_LUA     ?= -llua5.4
+PC_LIBS_PRIVATE := -llua5.4 -lpcre2-8 -lutf8proc -lm -ldl -pthread
+
+$(BUILD)/pic/%.o: %.c                                           # one C file, position-independent
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -fvisibility=hidden -MMD -MP -c $< -o $@
+
+$(BUILD)/pic/lua/prelude_blob.o: lua/prelude.lua
+
+$(BUILD)/pic/libkvsieve.a: $(PIC_OBJ)                           # the installed static library (PIC)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/pic/$(SO_REAL): $(PIC_OBJ)                             # the shared library
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,$(SO_NAME) -Wl,--exclude-libs,ALL -Wl,-z,defs -Wl,--as-needed \
+	    -o $@ $^ $(SO_STATIC) $(SO_LUA) -lm -ldl -pthread
+
+lib: $(BUILD)/pic/$(SO_REAL) $(BUILD)/pic/libkvsieve.a         # build the shared and the static library
+
+install: lib                                                    # install the library, header and kvsieve.pc
+	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)
+	install -m 755 $(BUILD)/pic/$(SO_REAL) $(DESTDIR)$(LIBDIR)/$(SO_REAL)
+	ln -sf $(SO_REAL) $(DESTDIR)$(LIBDIR)/$(SO_NAME)
+	ln -sf $(SO_NAME) $(DESTDIR)$(LIBDIR)/libkvsieve.so
+	install -m 644 $(BUILD)/pic/libkvsieve.a $(DESTDIR)$(LIBDIR)/libkvsieve.a
+	install -m 644 include/kvsieve.h $(DESTDIR)$(INCLUDEDIR)/kvsieve.h
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	    -e 's|@VERSION@|$(VERSION)|; s|@LIBS_PRIVATE@|$(PC_LIBS_PRIVATE)|' kvsieve.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/kvsieve.pc
+
+uninstall:                                                      # remove what install installed
+	rm -f $(DESTDIR)$(LIBDIR)/$(SO_REAL) $(DESTDIR)$(LIBDIR)/$(SO_NAME) $(DESTDIR)$(LIBDIR)/libkvsieve.so \
+	      $(DESTDIR)$(LIBDIR)/libkvsieve.a $(DESTDIR)$(INCLUDEDIR)/kvsieve.h $(DESTDIR)$(LIBDIR)/pkgconfig/kvsieve.pc
+
+.PHONY: lib install uninstall
+# ---------------------------------------------------------------- end of the library, installed --
+
 # ---------------------------------------------------------------- fuzzing (tests/fuzz/) --------
 # libFuzzer harnesses, one per tests/fuzz/fuzz_NAME.c, built with clang under ASan + UBSan into
 # build-fuzz/ (never mixed with the gcc builds). `make fuzz-build` builds them; `make fuzz

@@ -1,18 +1,76 @@
-/* api.c — the public embedding API (include/kvsieve.h) over models, sessions and the engine. */
+/* api.c — the public embedding API (include/kvsieve.h) over models, sessions and the engine:
+ * version, the log sink, models with options, sessions, generation, results, logits, C policies
+ * (ks_policy_create_c, the event accessors) and ks_policy_free for policies of every kind. */
 #include "engine.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-ks_status ks_backend_create(const char *name, ks_backend **out) {
+#define KS_STR_(x) #x
+#define KS_STR(x) KS_STR_(x)
+const char *ks_version(void) {
+    return KS_STR(KS_VERSION_MAJOR) "." KS_STR(KS_VERSION_MINOR) "." KS_STR(KS_VERSION_PATCH);
+}
+
+/* ---------------------------------------------------------------- log sink
+ * One process-wide (callback, user) pair under a mutex; ks_logf copies it out and calls it
+ * unlocked, so a slow callback never blocks ks_set_log or another thread's message. */
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static ks_log_fn g_log_fn;
+static void *g_log_user;
+
+void ks_set_log(ks_log_fn fn, void *user) {
+    pthread_mutex_lock(&g_log_mu);
+    g_log_fn = fn;
+    g_log_user = fn ? user : NULL;
+    pthread_mutex_unlock(&g_log_mu);
+}
+
+int ks_log_on(void) {
+    pthread_mutex_lock(&g_log_mu);
+    int on = g_log_fn != NULL;
+    pthread_mutex_unlock(&g_log_mu);
+    return on;
+}
+
+void ks_logf(ks_log_level level, const char *fmt, ...) {
+    pthread_mutex_lock(&g_log_mu);
+    ks_log_fn fn = g_log_fn;
+    void *user = g_log_user;
+    pthread_mutex_unlock(&g_log_mu);
+    if (!fn) return; /* nobody listens: not even formatted */
+    char small[512], *msg = small;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n >= sizeof small) { /* a long text (a profile table): format it again, whole */
+        char *big = malloc((size_t)n + 1);
+        if (big) {
+            va_start(ap, fmt);
+            vsnprintf(big, (size_t)n + 1, fmt, ap);
+            va_end(ap);
+            msg = big;
+        }
+    }
+    size_t len = strlen(msg); /* the callback's contract: no trailing newline */
+    while (len > 0 && msg[len - 1] == '\n') msg[--len] = 0;
+    fn(user, level, msg);
+    if (msg != small) free(msg);
+}
+
+ks_status ks_backend_create_opts(const char *name, const ks_backend_opts *opts, ks_backend **out) {
     *out = NULL;
-    if (!name || !strcmp(name, "cpu")) return ks_cpu_backend_create(0, out);
+    if (!name || !strcmp(name, "cpu")) return ks_cpu_backend_create(opts, out);
     if (!strcmp(name, "cuda")) {
 #ifdef KS_HAVE_CUDA
-        extern ks_status ks_cuda_backend_create(int device, ks_backend **out);
-        return ks_cuda_backend_create(0, out);
+        extern ks_status ks_cuda_backend_create(const ks_backend_opts *opts, ks_backend **out);
+        return ks_cuda_backend_create(opts, out);
 #else
         return ks_errorf(KS_ERR_UNSUPPORTED, "this build has no CUDA backend (build with make CUDA=1)");
 #endif
@@ -20,15 +78,36 @@ ks_status ks_backend_create(const char *name, ks_backend **out) {
     return ks_errorf(KS_ERR_ARG, "unknown backend \"%s\" (cpu or cuda)", name);
 }
 
-ks_status ks_model_open(const char *dir, const char *backend, ks_model **out) {
+ks_status ks_backend_create(const char *name, ks_backend **out) { return ks_backend_create_opts(name, NULL, out); }
+
+void ks_model_opts_default(ks_model_opts *o) {
+    if (o) memset(o, 0, sizeof *o); /* cpu, threads from the affinity mask, device 0 */
+}
+
+ks_status ks_model_open_ex(const char *dir, const ks_model_opts *o, ks_model **out) {
+    if (!out) return ks_errorf(KS_ERR_ARG, "ks_model_open: NULL output pointer");
     *out = NULL;
+    ks_model_opts def;
+    if (!o) { ks_model_opts_default(&def); o = &def; }
     if (!dir) return ks_errorf(KS_ERR_ARG, "ks_model_open: no model folder given");
+    if (o->threads < 0) return ks_errorf(KS_ERR_ARG, "ks_model_open: threads must be >= 0, got %d", o->threads);
+    if (o->device < 0) return ks_errorf(KS_ERR_ARG, "ks_model_open: device must be >= 0, got %d", o->device);
+    ks_backend_opts bo = ks_backend_opts_default();
+    bo.n_threads = o->threads;
+    bo.device = o->device;
     ks_backend *be = NULL;
-    ks_status st = ks_backend_create(backend, &be);
+    ks_status st = ks_backend_create_opts(o->backend, &bo, &be);
     if (st) return st;
     st = ks_model_load(dir, be, 0, out);
     if (st) { be->destroy(be); return st; }
     return KS_OK;
+}
+
+ks_status ks_model_open(const char *dir, const char *backend, ks_model **out) {
+    ks_model_opts o;
+    ks_model_opts_default(&o);
+    o.backend = backend;
+    return ks_model_open_ex(dir, &o, out);
 }
 
 void ks_model_close(ks_model *m) {
@@ -190,3 +269,164 @@ int ks_model_n_layers(const ks_model *m) { return m->cfg.n_layers; }
 int ks_model_n_kv_heads(const ks_model *m) { return m->cfg.n_kv_heads; }
 int ks_model_vocab(const ks_model *m) { return m->cfg.vocab; }
 int ks_model_max_context(const ks_model *m) { return m->cfg.max_pos; }
+
+/* ---------------------------------------------------------------- logits */
+
+ks_status ks_session_logits(const ks_session *s, const float **logits, int *n) {
+    if (logits) *logits = NULL;
+    if (n) *n = 0;
+    if (!s || !logits) return ks_errorf(KS_ERR_ARG, "ks_session_logits: no %s", s ? "output pointer" : "session");
+    if (s->n_past <= 0 || !s->logits) return ks_errorf(KS_ERR_ARG, "ks_session_logits: the session has not run yet");
+    *logits = s->logits;
+    if (n) *n = s->m->cfg.vocab;
+    return KS_OK;
+}
+
+ks_status ks_session_top_logprobs(const ks_session *s, int k, int32_t *ids, float *logprobs) {
+    const float *lg;
+    int vocab;
+    ks_status st = ks_session_logits(s, &lg, &vocab);
+    if (st) return st;
+    if (k < 1 || k > vocab) return ks_errorf(KS_ERR_ARG, "ks_session_top_logprobs: k must be in [1, %d], got %d", vocab, k);
+    if (!ids) return ks_errorf(KS_ERR_ARG, "ks_session_top_logprobs: no ids array");
+    /* the k best by insertion into a sorted list (k is small next to the vocabulary); strictly
+     * greater to move up, so of equal logits the lower id stays ahead */
+    int m = 0;
+    double mx = -INFINITY;
+    for (int32_t i = 0; i < vocab; i++) {
+        float v = lg[i];
+        if (isnan(v)) continue;
+        if (v > mx) mx = v;
+        if (m == k && !(v > lg[ids[k - 1]])) continue;
+        int j = m < k ? m++ : k - 1;
+        while (j > 0 && v > lg[ids[j - 1]]) { ids[j] = ids[j - 1]; j--; }
+        ids[j] = i;
+    }
+    for (int j = m; j < k; j++) ids[j] = -1; /* only NaNs were left: no such token */
+    if (!logprobs) return KS_OK;
+    /* log softmax in double: logit - (max + log sum exp(logit - max)) */
+    double sum = 0;
+    if (isfinite(mx))
+        for (int32_t i = 0; i < vocab; i++)
+            if (!isnan(lg[i])) sum += exp((double)lg[i] - mx);
+    double lse = mx + log(sum);
+    for (int j = 0; j < k; j++) {
+        if (ids[j] < 0) logprobs[j] = -INFINITY;
+        else if (!isfinite(mx)) logprobs[j] = (mx > 0 && lg[ids[j]] == mx) ? 0.0f : -INFINITY;
+        else logprobs[j] = (float)((double)lg[ids[j]] - lse);
+    }
+    return KS_OK;
+}
+
+/* ---------------------------------------------------------------- policies of every kind */
+
+void ks_policy_free(ks_policy *p) {
+    if (p && p->free) p->free(p->ud);
+}
+
+/* A C policy: the engine's ks_policy, whose handlers are trampolines onto the host's struct. */
+typedef struct cpol {
+    ks_policy pol;          /* pol.ud == this */
+    ks_policy_handlers h;
+    char *name;
+} cpol;
+
+#define CPOL_TRAMPOLINE(field)                                                  \
+    static ks_status cpol_##field(void *ud, ks_event *ev) {                     \
+        const cpol *c = ud;                                                     \
+        return c->h.field(c->h.user, ev);                                       \
+    }
+CPOL_TRAMPOLINE(prefill_qkv)
+CPOL_TRAMPOLINE(prefill_layer_end)
+CPOL_TRAMPOLINE(prefill_end)
+CPOL_TRAMPOLINE(decode_qkv)
+CPOL_TRAMPOLINE(token)
+
+static ks_status cpol_begin(void *ud, ks_session *s) {
+    const cpol *c = ud;
+    return c->h.begin(c->h.user, s);
+}
+
+static void cpol_free(void *ud) {
+    cpol *c = ud;
+    if (c->h.free_user) c->h.free_user(c->h.user);
+    free(c->name);
+    free(c);
+}
+
+ks_status ks_policy_create_c(const ks_policy_handlers *h, ks_policy **out) {
+    if (!out) return ks_errorf(KS_ERR_ARG, "ks_policy_create_c: NULL output pointer");
+    *out = NULL;
+    if (!h) return ks_errorf(KS_ERR_ARG, "ks_policy_create_c: no handlers");
+    const char *name = h->name ? h->name : "c_policy";
+    if (h->prefill_chunk < 0)
+        return ks_errorf(KS_ERR_ARG, "ks_policy_create_c: policy %s: prefill_chunk must be >= 0, got %d", name,
+                         h->prefill_chunk);
+    cpol *c = ks_calloc(1, sizeof *c);
+    if (!c) return KS_ERR_OOM;
+    if (!(c->name = ks_strdup(name))) { free(c); return KS_ERR_OOM; }
+    c->h = *h;
+    c->h.name = c->name;
+    c->pol.name = c->name;
+    c->pol.ud = c;
+    c->pol.on[KS_EV_PREFILL_QKV] = h->prefill_qkv ? cpol_prefill_qkv : NULL;
+    c->pol.on[KS_EV_PREFILL_LAYER_END] = h->prefill_layer_end ? cpol_prefill_layer_end : NULL;
+    c->pol.on[KS_EV_PREFILL_END] = h->prefill_end ? cpol_prefill_end : NULL;
+    c->pol.on[KS_EV_DECODE_QKV] = h->decode_qkv ? cpol_decode_qkv : NULL;
+    c->pol.on[KS_EV_TOKEN] = h->token ? cpol_token : NULL;
+    c->pol.begin = h->begin ? cpol_begin : NULL;
+    c->pol.want_pre_rope_keys = h->pre_rope_keys != 0;
+    c->pol.prefill_chunk = h->prefill_chunk;
+    c->pol.free = cpol_free;
+    *out = &c->pol;
+    return KS_OK;
+}
+
+/* ---------------------------------------------------------------- what a handler sees */
+
+int ks_event_layer(const ks_event *ev) { return ev ? ev->layer : -1; }
+int ks_event_pass(const ks_event *ev) { return ev ? ev->pass : 0; }
+int ks_event_rows(const ks_event *ev) { return ev ? ev->n : 0; }
+int ks_event_prompt_tokens(const ks_event *ev) { return ev ? ev->n_prompt : 0; }
+const int32_t *ks_event_positions(const ks_event *ev) { return ev ? ev->pos : NULL; }
+const int32_t *ks_event_ids(const ks_event *ev) { return ev ? ev->ids : NULL; }
+int32_t ks_event_token(const ks_event *ev) { return ev && ev->kind == KS_EV_TOKEN ? ev->token : -1; }
+
+int ks_event_kv_rows(const ks_event *ev, int kv_head, const int32_t **positions) {
+    if (positions) *positions = NULL;
+    if (!ev || !ev->kv || kv_head < 0 || kv_head >= ev->n_kv_heads) return -1;
+    if (!ev->kv->n) return 0; /* nothing allocated yet */
+    if (positions) *positions = ev->kv->pos + (size_t)kv_head * ev->kv->capacity;
+    return ev->kv->n[kv_head];
+}
+
+static const float *event_tensor(const ks_event *ev, ks_event_tensor t, size_t *count) {
+    size_t rows = ev->n > 0 ? (size_t)ev->n : 0;
+    switch (t) {
+    case KS_TENSOR_Q: *count = rows * ev->n_heads * ev->head_dim; return ev->q;
+    case KS_TENSOR_K: *count = rows * ev->n_kv_heads * ev->head_dim; return ev->k;
+    case KS_TENSOR_V: *count = rows * ev->n_kv_heads * ev->head_dim; return ev->v;
+    case KS_TENSOR_HIDDEN: *count = rows * ev->dim; return ev->hidden;
+    }
+    *count = 0;
+    return NULL;
+}
+
+size_t ks_event_tensor_size(const ks_event *ev, ks_event_tensor t) {
+    size_t count = 0;
+    if (!ev || !event_tensor(ev, t, &count)) return 0;
+    return count;
+}
+
+ks_status ks_event_copy(const ks_event *ev, ks_event_tensor t, float *dst, size_t cap) {
+    if (!ev) return ks_errorf(KS_ERR_ARG, "ks_event_copy: no event");
+    size_t count = 0;
+    const float *src = event_tensor(ev, t, &count);
+    if (!src) return ks_errorf(KS_ERR_ARG, "ks_event_copy: a %s event has no tensor %d", ks_event_name(ev->kind), (int)t);
+    if (cap < count || !dst)
+        return ks_errorf(KS_ERR_ARG, "ks_event_copy: tensor %d has %zu floats, the buffer holds %zu", (int)t, count,
+                         dst ? cap : 0);
+    if (!count) return KS_OK;
+    ks_backend *be = (ks_backend *)ev->be; /* download only reads the backend's memory */
+    return be->download(be, dst, src, sizeof(float) * count);
+}

@@ -14,6 +14,11 @@ ks_status ks_errorf(ks_status st, const char *fmt, ...) __attribute__((format(pr
 ks_status ks_error_prefix(ks_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ks_clear_error(void);
 
+/* The library's only output (core/api.c): a message to the host's ks_set_log callback, dropped
+ * (not even formatted) when none is set. No trailing newline needed. ks_log_on: one is set. */
+void ks_logf(ks_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int ks_log_on(void);
+
 /* malloc/calloc/realloc that never abort; on failure they record KS_ERR_OOM and return NULL. */
 void *ks_malloc(size_t n);
 void *ks_calloc(size_t n, size_t size);

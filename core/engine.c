@@ -299,7 +299,16 @@ void ks_session_reset(ks_session *s) {
 
 void ks_session_free_(ks_session *s) {
     if (!s) return;
-    if (s->prof.on && getenv("KS_PROFILE")) ks_profile_print(&s->prof, stderr, "session"); /* KS_PROFILE=1 for any command */
+    if (s->prof.on && getenv("KS_PROFILE") && ks_log_on()) { /* KS_PROFILE=1 for any command: the table goes to the host's log */
+        char *t = NULL;
+        size_t tn = 0;
+        FILE *f = open_memstream(&t, &tn);
+        if (f) {
+            ks_profile_print(&s->prof, f, "session");
+            if (!fclose(f) && tn) ks_logf(KS_LOG_INFO, "%s", t);
+        }
+        free(t);
+    }
     if (s->kv) {
         for (int l = 0; l < s->m->cfg.n_layers; l++) s->be->kv_free(s->be, &s->kv[l]);
         free(s->kv);
@@ -948,7 +957,7 @@ static ks_status decode_graph(ks_session *s, ks_decode_state *d, int32_t id, int
         for (int l = 0; l < c->n_layers; l++)
             memcpy(s->kv[l].n, d->n0 + (size_t)l * c->n_kv_heads, sizeof(int) * c->n_kv_heads);
         d->fails++;
-        if (getenv("KS_DEBUG")) fprintf(stderr, "kvsieve: decode graph not recorded: %s\n", ks_last_error());
+        if (getenv("KS_DEBUG")) ks_logf(KS_LOG_DEBUG, "decode graph not recorded: %s", ks_last_error());
         return KS_ERR_UNSUPPORTED;
     }
     d->g = g;

@@ -11,6 +11,16 @@
  *     the next failing call on that thread.
  *   - Handles are opaque; each ks_<noun>_create/_open has a matching _free.
  *   - Token ids are int32_t; positions are int32_t.
+ *   - The library never prints: what it has to say (a policy's print(), the first failure of a
+ *     kind in a policy, debug notes) goes to the log callback of ks_set_log, or nowhere.
+ *
+ * Building a host against an installed kvsieve (`make install PREFIX=...`):
+ *     cc host.c $(pkg-config --cflags --libs kvsieve)             # shared: libkvsieve.so
+ *     cc host.c $(pkg-config --static --cflags --libs kvsieve)    # static: libkvsieve.a
+ * libkvsieve.so carries PCRE2 and utf8proc inside (statically, not exported) and loads the
+ * system's Lua 5.4 (liblua5.4.so.0); it exports only the functions below. With a PREFIX off the
+ * loader's path, run the host with LD_LIBRARY_PATH=PREFIX/lib (or link with
+ * -Wl,-rpath,PREFIX/lib). examples/host.c is a complete host.
  */
 #ifndef KVSIEVE_H
 #define KVSIEVE_H
@@ -21,6 +31,22 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Every function below is exported from libkvsieve.so; everything else in it is hidden. */
+#if defined(__GNUC__)
+#define KS_API __attribute__((visibility("default")))
+#else
+#define KS_API
+#endif
+
+/* ---------------------------------------------------------------- version
+ * The version of this header; ks_version() is that of the library actually linked. While the
+ * major version is 0, a minor release may change the ABI (the soname is libkvsieve.so.0.MINOR). */
+#define KS_VERSION_MAJOR 0
+#define KS_VERSION_MINOR 11
+#define KS_VERSION_PATCH 0
+/* "MAJOR.MINOR.PATCH" of the library, e.g. "0.11.0" (static storage). */
+KS_API const char *ks_version(void);
 
 /* ---------------------------------------------------------------- status */
 
@@ -41,9 +67,28 @@ typedef enum ks_status {
 } ks_status;
 
 /* The message of the last error recorded on this thread ("" if none). */
-const char *ks_last_error(void);
+KS_API const char *ks_last_error(void);
 /* A short constant name for a status ("io", "format", ...). */
-const char *ks_status_name(ks_status s);
+KS_API const char *ks_status_name(ks_status s);
+
+/* ---------------------------------------------------------------- log
+ * The library writes nothing to stdout or stderr. Whatever it has to say goes to one process-wide
+ * callback, set by the host; without one (the default) it is dropped. Levels:
+ *   KS_LOG_ERROR  not used for failures (those are returned statuses + ks_last_error)
+ *   KS_LOG_WARN   something went wrong but the request went on, e.g. "policy NAME: first
+ *                 failure of kind 'error' (later ones are only counted): ..."
+ *   KS_LOG_INFO   output a user asked for: a policy's print() as "[policy NAME] text", the
+ *                 profile table of a session with profiling on
+ *   KS_LOG_DEBUG  notes for developers, e.g. "decode graph not recorded: ..."
+ * msg has no trailing newline (a multi-line text such as a profile table has inner ones) and is
+ * valid only during the call. The callback may run on any thread that calls into the library
+ * (one at a time per session; two sessions on two threads may log concurrently), must not call
+ * ks_set_log itself, and should return quickly. ks_set_log(NULL, NULL) restores silence; it is
+ * safe to call at any time from any thread. The kvsieve CLI installs one that prints
+ * "kvsieve: MSG" (a policy's print() verbatim) on stderr. */
+typedef enum ks_log_level { KS_LOG_ERROR = 0, KS_LOG_WARN = 1, KS_LOG_INFO = 2, KS_LOG_DEBUG = 3 } ks_log_level;
+typedef void (*ks_log_fn)(void *user, ks_log_level level, const char *msg);
+KS_API void ks_set_log(ks_log_fn fn, void *user);
 
 
 /* ---------------------------------------------------------------- models and sessions */
@@ -54,15 +99,30 @@ typedef struct ks_policy ks_policy;     /* a token-pruning policy (Lua script or
 
 /* Open a Hugging Face model folder (config.json, tokenizer.json, *.safetensors).
  * backend: "cpu" (default when NULL) or "cuda" (when built with CUDA). */
-ks_status ks_model_open(const char *dir, const char *backend, ks_model **out);
-void ks_model_close(ks_model *m);
+KS_API ks_status ks_model_open(const char *dir, const char *backend, ks_model **out);
+KS_API void ks_model_close(ks_model *m);
+
+/* Options of ks_model_open_ex; fill with ks_model_opts_default, then set what you need. The
+ * backend belongs to the model: two models opened with different options in one process keep
+ * their own settings (nothing here is process-wide). */
+typedef struct ks_model_opts {
+    const char *backend;    /* "cpu" (also NULL, the default) or "cuda" (builds with CUDA) */
+    int threads;            /* CPU backend: worker threads in all, the calling one included;
+                             * 0 = one per CPU this process may run on (default). Results are
+                             * bit-identical for every thread count. Ignored by "cuda". */
+    int device;             /* CUDA device index (default 0); ignored by "cpu" */
+} ks_model_opts;
+KS_API void ks_model_opts_default(ks_model_opts *o);
+/* ks_model_open with options (o NULL = the defaults). Negative threads or device, or an unknown
+ * backend, is KS_ERR_ARG. ks_model_open(dir, b, out) is ks_model_open_ex with backend b. */
+KS_API ks_status ks_model_open_ex(const char *dir, const ks_model_opts *o, ks_model **out);
 
 /* Tokenize UTF-8 text (add_special: BOS etc. as the tokenizer's post-processor says).
  * *ids is malloc'd (free it). Decode returns a malloc'd NUL-terminated string. */
-ks_status ks_tokenize(ks_model *m, const char *text, int add_special, int32_t **ids, int *n);
+KS_API ks_status ks_tokenize(ks_model *m, const char *text, int add_special, int32_t **ids, int *n);
 /* Decode, dropping special tokens (HF's decode(ids, skip_special_tokens=True)). Ids outside
  * the tokenizer's vocabulary are KS_ERR_ARG. */
-ks_status ks_detokenize(ks_model *m, const int32_t *ids, int n, char **text);
+KS_API ks_status ks_detokenize(ks_model *m, const int32_t *ids, int n, char **text);
 
 /* Flags of ks_detokenize_ex (OR them; 0 behaves as ks_detokenize). */
 enum {
@@ -72,16 +132,16 @@ enum {
     KS_DECODE_SPECIAL = 1u << 0,
 };
 /* Decode with flags; an unknown flag bit is KS_ERR_ARG. */
-ks_status ks_detokenize_ex(ks_model *m, const int32_t *ids, int n, unsigned flags, char **text);
+KS_API ks_status ks_detokenize_ex(ks_model *m, const int32_t *ids, int n, unsigned flags, char **text);
 
-ks_status ks_session_create(ks_model *m, ks_session **out);
-void ks_session_free(ks_session *s);
+KS_API ks_status ks_session_create(ks_model *m, ks_session **out);
+KS_API void ks_session_free(ks_session *s);
 
 /* Attach a policy (NULL = full attention). The session does not own it. */
-ks_status ks_session_set_policy(ks_session *s, ks_policy *p);
+KS_API ks_status ks_session_set_policy(ks_session *s, ks_policy *p);
 /* On a policy failure: 0 = stop the request with the error (default); 1 = fall back to
  * full attention for the rest of the request and report it in the result. */
-void ks_session_set_fallback(ks_session *s, int fallback_full);
+KS_API void ks_session_set_fallback(ks_session *s, int fallback_full);
 
 /* ---------------------------------------------------------------- generation */
 
@@ -94,7 +154,7 @@ typedef struct ks_generate_opts {  /* checked by ks_generate*: out of range is K
 } ks_generate_opts;
 
 /* Fill opts with the defaults above. */
-void ks_generate_opts_default(ks_generate_opts *o);
+KS_API void ks_generate_opts_default(ks_generate_opts *o);
 
 /* Called for each generated token with the newly completed text (may be ""); return
  * non-zero to stop. */
@@ -103,25 +163,39 @@ typedef int (*ks_stream_fn)(void *ud, int32_t id, const char *piece);
 /* Generate a reply to `prompt` from a fresh state (the session is reset first).
  * On return, results are readable with the ks_result_* calls below until the next
  * generate or reset. */
-ks_status ks_generate(ks_session *s, const char *prompt, const ks_generate_opts *o, ks_stream_fn cb, void *ud);
+KS_API ks_status ks_generate(ks_session *s, const char *prompt, const ks_generate_opts *o, ks_stream_fn cb, void *ud);
 /* Same, from token ids. */
-ks_status ks_generate_ids(ks_session *s, const int32_t *ids, int n, const ks_generate_opts *o, ks_stream_fn cb,
+KS_API ks_status ks_generate_ids(ks_session *s, const int32_t *ids, int n, const ks_generate_opts *o, ks_stream_fn cb,
                           void *ud);
 
 /* ---------------------------------------------------------------- results */
 
-const int32_t *ks_result_ids(const ks_session *s, int *n);        /* generated ids */
-const char *ks_result_text(const ks_session *s);                   /* generated text */
-int ks_result_prompt_tokens(const ks_session *s);
-double ks_result_prefill_seconds(const ks_session *s);
-double ks_result_decode_seconds(const ks_session *s);
+KS_API const int32_t *ks_result_ids(const ks_session *s, int *n);        /* generated ids */
+KS_API const char *ks_result_text(const ks_session *s);                   /* generated text */
+KS_API int ks_result_prompt_tokens(const ks_session *s);
+KS_API double ks_result_prefill_seconds(const ks_session *s);
+KS_API double ks_result_decode_seconds(const ks_session *s);
 /* KV rows resident at a layer and KV head, with their token positions (owned by the
  * session; valid until the next call that changes it). Returns the row count, -1 on bad args. */
-int ks_result_kept(const ks_session *s, int layer, int kv_head, const int32_t **positions);
+KS_API int ks_result_kept(const ks_session *s, int layer, int kv_head, const int32_t **positions);
 /* Prompt indices kept by a restart (GemFilter, two-pass ASL), or 0 if none happened. */
-int ks_result_restart(const ks_session *s, const int32_t **prompt_idx);
+KS_API int ks_result_restart(const ks_session *s, const int32_t **prompt_idx);
 /* Non-empty when a policy failed and the request fell back to full attention. */
-const char *ks_result_policy_error(const ks_session *s);
+KS_API const char *ks_result_policy_error(const ks_session *s);
+
+/* ---------------------------------------------------------------- logits
+ * The logits of the last position the session computed: after ks_generate*, those the last
+ * generated token was drawn from, as the model gave them (before temperature, top_k, top_p,
+ * min_p and repeat_penalty); with max_new_tokens = 0, the next-token logits after the prompt.
+ * Greedy generation without a repeat penalty picks their argmax (lowest id on ties). */
+
+/* *logits points at `vocab` floats owned by the session, valid until its next generate, reset
+ * or free; *n = ks_model_vocab. KS_ERR_ARG before the session has run anything. */
+KS_API ks_status ks_session_logits(const ks_session *s, const float **logits, int *n);
+/* The k most likely next tokens: ids[i] and their log-probabilities log softmax(logits)[id]
+ * (temperature 1), most likely first, ties to the lower id; NaN logits count as -inf. k in
+ * [1, vocab], ids and logprobs hold k entries (logprobs may be NULL); else KS_ERR_ARG. */
+KS_API ks_status ks_session_top_logprobs(const ks_session *s, int k, int32_t *ids, float *logprobs);
 
 /* ---------------------------------------------------------------- policies
  * A policy is a Lua 5.4 file returning {name, params, handlers...}; see lua/policy_lua.h for
@@ -130,27 +204,104 @@ const char *ks_result_policy_error(const ks_session *s);
 
 /* Load by name (policies/NAME.lua on $KVSIEVE_POLICY_PATH, ./policies, <exe>/../policies) or
  * by path. m may be NULL (then the policy sees no model config). */
-ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out);
+KS_API ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out);
 /* Load from source text; chunkname names it in messages. */
-ks_status ks_policy_load_string(ks_model *m, const char *chunkname, const char *source, ks_policy **out);
+KS_API ks_status ks_policy_load_string(ks_model *m, const char *chunkname, const char *source, ks_policy **out);
 /* Set a parameter from text, parsed by the type of its default; unknown keys are KS_ERR_ARG. */
-ks_status ks_policy_set(ks_policy *p, const char *key, const char *value);
+KS_API ks_status ks_policy_set(ks_policy *p, const char *key, const char *value);
 /* A parameter's current value as text. */
-ks_status ks_policy_get(const ks_policy *p, const char *key, char *buf, size_t n);
-int ks_policy_n_params(const ks_policy *p);
-const char *ks_policy_param_name(const ks_policy *p, int i);
-const char *ks_policy_name(const ks_policy *p);
+KS_API ks_status ks_policy_get(const ks_policy *p, const char *key, char *buf, size_t n);
+KS_API int ks_policy_n_params(const ks_policy *p);
+KS_API const char *ks_policy_param_name(const ks_policy *p, int i);
+KS_API const char *ks_policy_name(const ks_policy *p);
 /* What the policy reported during the last request (ev:report), e.g. "selection_layer". */
-const char *ks_policy_report(const ks_policy *p, const char *key);
-int ks_policy_n_reports(const ks_policy *p);
-const char *ks_policy_report_key(const ks_policy *p, int i);
-void ks_policy_free(ks_policy *p);
+KS_API const char *ks_policy_report(const ks_policy *p, const char *key);
+KS_API int ks_policy_n_reports(const ks_policy *p);
+KS_API const char *ks_policy_report_key(const ks_policy *p, int i);
+/* Free a policy of any kind (Lua or C; NULL is a no-op). Detach it from sessions first. */
+KS_API void ks_policy_free(ks_policy *p);
+
+/* ---------------------------------------------------------------- C policies
+ * A policy written in C: a struct of handlers, one per engine event, each optional (NULL = the
+ * event is not handled and costs nothing). A handler gets the `user` pointer and the event,
+ * reads it with the ks_event_* accessors, may ask for actions with ks_action_*, and returns
+ * KS_OK or a failure (ks_status; the request then stops with KS_ERR_POLICY, or falls back to full
+ * attention under ks_session_set_fallback). The event and every pointer read from it are valid
+ * only during the call.
+ *
+ * Events (in the order one request meets them):
+ *   prefill_qkv        each layer of each prefill pass, after RoPE: the active rows' q, k, v
+ *   prefill_layer_end  each layer, after its MLP: the rows' hidden states
+ *   prefill_end        after the last layer, before the first token is sampled (layer -1)
+ *   decode_qkv         each layer of each decode step, after the new KV row was appended
+ *   token              each sampled token (ks_event_token)
+ * Actions (checked when asked: legal in this event, indices in range, no duplicates; a bad one is
+ * KS_ERR_POLICY naming the action, the event and the value; index lists in any order, copied):
+ *   ks_action_retain(ev, idx, k)     prefill_qkv / prefill_layer_end / decode_qkv: the layer keeps
+ *                                    only these KV rows (indices into ks_event_kv_rows's rows);
+ *                                    _heads: one list per KV head
+ *   ks_action_propagate(ev, idx, k)  prefill_*: after this layer only these active rows go on
+ *   ks_action_restart(ev, idx, k)    prefill_qkv of pass 0: prefill again on the prompt rows idx
+ *   ks_action_attend(ev, idx, k, renumber)  decode_qkv / prefill_qkv: this step attends only
+ *                                    these rows of the layer; renumber: key positions 0..k-1
+ *   ks_action_stop(ev)               any prefill event: end the forward pass here
+ *   ks_action_discard_kv(ev)         prefill_qkv, layer 0, pass 0: this pass's KV rows are freed
+ *                                    after each layer's attention (a restart must follow) */
+typedef struct ks_event ks_event;   /* one engine event, seen by a handler */
+typedef ks_status (*ks_policy_fn)(void *user, ks_event *ev);
+typedef struct ks_policy_handlers {
+    const char *name;               /* the policy's name in messages (copied; NULL = "c_policy") */
+    void *user;                     /* passed to every handler */
+    ks_policy_fn prefill_qkv, prefill_layer_end, prefill_end, decode_qkv, token;
+    /* called at the start of each request (fresh session state), before any event; may be NULL */
+    ks_status (*begin)(void *user, ks_session *s);
+    void (*free_user)(void *user);  /* called once by ks_policy_free; may be NULL */
+    int pre_rope_keys;              /* 1: the KV cache holds keys before RoPE, q and k in events
+                                     * are pre-RoPE, attention rotates at the (renumbered) positions */
+    int prefill_chunk;              /* > 0: prefill in chunks of this many tokens (restart refused) */
+} ks_policy_handlers;
+/* Create a C policy from h (copied; h->user is not owned unless free_user frees it). A negative
+ * prefill_chunk, or restart wanted with chunks, is KS_ERR_ARG. Parameters and reports
+ * (ks_policy_set, ks_policy_report, ...) are Lua-only: on a C policy they report none. Free with
+ * ks_policy_free. */
+KS_API ks_status ks_policy_create_c(const ks_policy_handlers *h, ks_policy **out);
+
+/* What a handler sees. Rows are the event's active rows (prefill: the prompt rows still going
+ * through the layer; decode: the one new row). */
+KS_API int ks_event_layer(const ks_event *ev);          /* layer index, -1 for prefill_end / token */
+KS_API int ks_event_pass(const ks_event *ev);           /* 0, or 1 after a restart */
+KS_API int ks_event_rows(const ks_event *ev);           /* active rows (decode: 1) */
+KS_API int ks_event_prompt_tokens(const ks_event *ev);  /* tokens in the prompt as given */
+KS_API const int32_t *ks_event_positions(const ks_event *ev); /* (rows) positions, or NULL */
+KS_API const int32_t *ks_event_ids(const ks_event *ev);       /* (rows) token ids, or NULL */
+KS_API int32_t ks_event_token(const ks_event *ev);      /* token: the sampled id; else -1 */
+/* The KV rows the event's layer holds now for one KV head (decode_qkv: the new row included),
+ * the indices ks_action_retain takes, and their positions (positions may be NULL); -1 when the
+ * event has no layer or kv_head is out of range. */
+KS_API int ks_event_kv_rows(const ks_event *ev, int kv_head, const int32_t **positions);
+/* Copy one of the event's tensors to host memory, row-major:
+ *   KS_TENSOR_Q (rows, n_heads, head_dim)  KS_TENSOR_K, KS_TENSOR_V (rows, n_kv_heads, head_dim)
+ *   KS_TENSOR_HIDDEN (rows, dim; prefill_layer_end only)
+ * cap is dst's size in floats; too small, or a tensor the event lacks, is KS_ERR_ARG.
+ * ks_event_tensor_size gives the float count (0 if absent). */
+typedef enum ks_event_tensor { KS_TENSOR_Q = 0, KS_TENSOR_K = 1, KS_TENSOR_V = 2, KS_TENSOR_HIDDEN = 3 } ks_event_tensor;
+KS_API size_t ks_event_tensor_size(const ks_event *ev, ks_event_tensor t);
+KS_API ks_status ks_event_copy(const ks_event *ev, ks_event_tensor t, float *dst, size_t cap);
+
+KS_API ks_status ks_action_restart(ks_event *ev, const int32_t *idx, int k);
+KS_API ks_status ks_action_propagate(ks_event *ev, const int32_t *idx, int k);
+KS_API ks_status ks_action_retain(ks_event *ev, const int32_t *idx, int k);
+KS_API ks_status ks_action_retain_heads(ks_event *ev, const int32_t *const *idx, const int *k);
+KS_API ks_status ks_action_attend(ks_event *ev, const int32_t *idx, int k, int renumber);
+KS_API ks_status ks_action_attend_heads(ks_event *ev, const int32_t *const *idx, const int *k, int renumber);
+KS_API ks_status ks_action_stop(ks_event *ev);
+KS_API ks_status ks_action_discard_kv(ks_event *ev);
 
 /* Model facts. */
-int ks_model_n_layers(const ks_model *m);
-int ks_model_n_kv_heads(const ks_model *m);
-int ks_model_vocab(const ks_model *m);
-int ks_model_max_context(const ks_model *m);
+KS_API int ks_model_n_layers(const ks_model *m);
+KS_API int ks_model_n_kv_heads(const ks_model *m);
+KS_API int ks_model_vocab(const ks_model *m);
+KS_API int ks_model_max_context(const ks_model *m);
 
 #ifdef __cplusplus
 }

@@ -200,7 +200,7 @@ static void log_failure(ks_lpol *p, ks_fail_kind k, const char *msg) {
     if (ks_lua_quiet || (p->fail_logged & (1u << k))) return;
     p->fail_logged |= 1u << k;
     const char *nl = strchr(msg, '\n');
-    fprintf(stderr, "kvsieve: policy %s: first failure of kind '%s' (later ones are only counted): %.*s\n", p->name,
+    ks_logf(KS_LOG_WARN, "policy %s: first failure of kind '%s' (later ones are only counted): %.*s", p->name,
             ks_fail_kind_name(k), nl ? (int)(nl - msg) : (int)strlen(msg), msg);
 }
 
@@ -874,7 +874,7 @@ static int l_print(lua_State *L) {
         luaL_addvalue(&b);
     }
     luaL_pushresult(&b);
-    fprintf(stderr, "[policy %s] %s\n", c && c->name ? c->name : "?", lua_tostring(L, -1));
+    ks_logf(KS_LOG_INFO, "[policy %s] %s", c && c->name ? c->name : "?", lua_tostring(L, -1)); /* host's log */
     return 0;
 }
 
@@ -1838,9 +1838,7 @@ const char *ks_policy_report_key(const ks_policy *pol, int i) {
     return p && i >= 0 && i < p->n_report ? p->report[i].key : NULL;
 }
 
-void ks_policy_free(ks_policy *p) {
-    if (p && p->free) p->free(p->ud);
-}
+/* ks_policy_free (any kind of policy) is in core/api.c */
 
 /* ================================================================ for the module (host states) */
 
