@@ -293,9 +293,9 @@ __global__ void attn_combine_kernel(float *__restrict__ out, const float *__rest
 }
 
 extern "C" ks_status ks_cuda_attn_combine(cudaStream_t s, float *out, const float *ws_acc, const float *ws_ml,
-                                          size_t rows, int n_splits, int head_dim) {
+                                          size_t rows, int n_splits, int head_dim, int pdl) {
     if (!rows) return KS_OK;
-    KS_CU(ks_pdl_launch(attn_combine_kernel, dim3((unsigned)rows), dim3(128), 0, s, out, ws_acc, ws_ml, n_splits, head_dim),
+    KS_CU(ks_pdl_launch(attn_combine_kernel, dim3((unsigned)rows), dim3(128), 0, s, pdl, out, ws_acc, ws_ml, n_splits, head_dim),
           "attention combine kernel");
     return KS_OK;
 }
@@ -349,7 +349,7 @@ extern "C" ks_status ks_cuda_attn_decode(cudaStream_t s, const ks_cuda_attn_para
     KS_CU_LAUNCH("attention (decode) kernel");
     if (n_splits > 1) {
         size_t rows = (size_t)p->n * p->n_heads;
-        return ks_cuda_attn_combine(s, p->out, ws_acc, ws_ml, rows, n_splits, p->head_dim);
+        return ks_cuda_attn_combine(s, p->out, ws_acc, ws_ml, rows, n_splits, p->head_dim, p->pdl);
     }
     return KS_OK;
 }

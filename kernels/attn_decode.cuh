@@ -35,6 +35,10 @@ typedef struct ks_cuda_attn_params {
     float scale;
     int window, renumber, q_renumber;
     int k_f32;             /* k is float32 (split-KV kernel only) */
+    int pdl;               /* launch with programmatic dependent launch where the kernel supports it
+                              (kernels/pdl.cuh; the backend's ks_backend_opts.pdl) */
+    int splits;            /* tensor-core decode: split-KV blocks per KV head wanted, 0 = automatic
+                              (the backend's ks_backend_opts.decode_splits) */
 } ks_cuda_attn_params;
 
 /* Work decomposition for p on a device with n_sm multiprocessors: *n_splits and the
@@ -43,9 +47,9 @@ size_t ks_cuda_attn_decode_workspace(const ks_cuda_attn_params *p, int n_sm, int
 
 /* Merge split-KV partials: for each of `rows` (query row, head) pairs, ws_acc (rows, n_splits,
  * head_dim) unnormalised outputs and ws_ml (rows, n_splits, 2) (max logit in natural-log units,
- * sum of exp) -> out (rows, head_dim). Rows that saw no key get zeros. */
+ * sum of exp) -> out (rows, head_dim). Rows that saw no key get zeros. pdl: as in the params. */
 ks_status ks_cuda_attn_combine(cudaStream_t s, float *out, const float *ws_acc, const float *ws_ml, size_t rows,
-                               int n_splits, int head_dim);
+                               int n_splits, int head_dim, int pdl);
 
 /* Run; ws of the size above (NULL when 0). */
 ks_status ks_cuda_attn_decode(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws);

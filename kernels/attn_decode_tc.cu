@@ -252,18 +252,15 @@ extern "C" int ks_cuda_attn_decode_tc_supported(const ks_cuda_attn_params *p) {
 }
 
 extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p, int n_sm, int *n_splits) {
-    /* one block per SM: on an H200 at 128K rows (H 32 / Hkv 8) 16 splits stream 4.06 TB/s (96% of
-     * copy), 49 (3 blocks per SM) 3.73 TB/s (tests/cuda/bench_decode.cu, bench/NOTES.md) */
+    /* one block per SM: more blocks per SM streamed the cache more slowly (tests/cuda/bench_decode.cu,
+     * bench/NOTES.md) */
     size_t target = (size_t)(n_sm > 0 ? n_sm : 132);
     int splits = (int)(target / p->n_kv_heads); /* floor: a partial second wave would double the time */
     int most = (p->max_nk + 2 * TC_WARPS * TC_KT - 1) / (2 * TC_WARPS * TC_KT); /* >= 2 tiles per warp */
     splits = KS_MAX(1, KS_MIN(splits, most));
-    static int forced = -1; /* KS_CUDA_TC_SPLITS=N: N splits (at most one per tile of each warp), for tuning */
-    if (forced < 0) {
-        const char *e = getenv("KS_CUDA_TC_SPLITS");
-        forced = e && *e ? KS_MAX(0, atoi(e)) : 0;
-    }
-    if (forced > 0) splits = KS_MAX(1, KS_MIN(forced, (p->max_nk + TC_WARPS * TC_KT - 1) / (TC_WARPS * TC_KT)));
+    /* p->splits = N (the backend's decode_splits option, for tuning): N splits, at most one per
+     * tile of each warp */
+    if (p->splits > 0) splits = KS_MAX(1, KS_MIN(p->splits, (p->max_nk + TC_WARPS * TC_KT - 1) / (TC_WARPS * TC_KT)));
     *n_splits = splits;
     if (splits == 1) return 0;
     size_t rh = (size_t)p->n * p->n_heads * splits;
@@ -279,7 +276,7 @@ template <int D> static ks_status tc_launch(cudaStream_t s, const ks_cuda_attn_p
         attr = 1;
     }
     dim3 grid(n_splits, p->n_kv_heads);
-    KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D>, grid, dim3(TC_WARPS * 32), tc_smem<D>(), s, *p, n_splits,
+    KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D>, grid, dim3(TC_WARPS * 32), tc_smem<D>(), s, p->pdl, *p, n_splits,
                         p->scale * 1.4426950408889634f, acc, ml, bv),
           "attention (decode, tensor cores) kernel");
     return KS_OK;
@@ -294,7 +291,7 @@ static ks_status tc_run(cudaStream_t s, const ks_cuda_attn_params *p, int n_spli
     float *ml = acc ? acc + (size_t)p->n * p->n_heads * n_splits * p->head_dim : nullptr;
     ks_status st = p->head_dim == 128 ? tc_launch<128>(s, p, n_splits, acc, ml, bv) : tc_launch<64>(s, p, n_splits, acc, ml, bv);
     if (st || n_splits == 1) return st;
-    return ks_cuda_attn_combine(s, p->out, acc, ml, p->n * p->n_heads, n_splits, p->head_dim);
+    return ks_cuda_attn_combine(s, p->out, acc, ml, p->n * p->n_heads, n_splits, p->head_dim, p->pdl);
 }
 
 extern "C" ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws) {

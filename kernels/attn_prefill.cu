@@ -1,7 +1,7 @@
 /* attn_prefill.cu — see attn_prefill.cuh. Flash attention (FA2 style) on mma.sync m16n8k16.
  *
- * Block: 8 warps, 128 query rows of one query head (16 rows per warp), K/V tiles of 64 keys
- * of its KV head streamed through shared memory with cp.async, double buffered. Per tile:
+ * Block: 4 warps, 128 query rows of one query head (32 rows per warp, two m16 tiles), K/V tiles
+ * of 64 keys of its KV head streamed through shared memory with cp.async, double buffered. Per tile:
  * S = Q K^T (bf16 in, float32 accumulators), mask by position ids where the tile is not
  * fully visible, online softmax in the log2 domain, P (bf16, from the S registers) times V
  * into float32 O accumulators. Shared-memory rows are XOR-swizzled in 16-byte chunks so that
@@ -325,11 +325,6 @@ template <int D, int W, int MT, int BN> static size_t fp_smem() {
     return (size_t)16 * W * MT * D * 2 + 4 * (size_t)BN * D * 2 + 2 * BN * 4 + 16 * W * MT * 4 + 2 * W * 4;
 }
 
-/* 1: 8 warps x 16 rows, 64-key tiles (v1); 2: 4 warps x 32 rows, 64-key tiles; 3: 4 warps x 32
- * rows, 32-key tiles (fewer registers) */
-static int g_variant = 1; /* the backend sets it at creation (KS_CUDA_NEW) */
-extern "C" void ks_cuda_attn_prefill_set_variant(int v) { g_variant = v >= 1 && v <= 3 ? v : 2; }
-
 extern "C" int ks_cuda_attn_prefill_supported(const ks_cuda_attn_params *p) {
     return (p->head_dim == 64 || p->head_dim == 128) && !p->idx && !p->k_f32 && p->n_kv_heads > 0 &&
            p->n_heads % p->n_kv_heads == 0;
@@ -357,23 +352,44 @@ template <int D, int W, int MT, int BN> static ks_status fp_launch(cudaStream_t 
     return KS_OK;
 }
 
-extern "C" ks_status ks_cuda_attn_prefill(cudaStream_t s, const ks_cuda_attn_params *p, void *ws) {
+/* Checks, the launch arguments and the tile bounds (into ws) of the mma.sync kernel */
+static ks_status fp_prepare(cudaStream_t s, const ks_cuda_attn_params *p, void *ws, fp_args *a) {
     if (!ks_cuda_attn_prefill_supported(p))
         return ks_errorf(KS_ERR_UNSUPPORTED, "attention: flash prefill does not take head_dim %d%s", p->head_dim,
                          p->idx ? " with index lists" : "");
-    if (p->n <= 0) return KS_OK;
-    if (ks_cuda_attn_prefill_wgmma_enabled() && ks_cuda_attn_prefill_wgmma_supported(p)) /* Hopper wgmma kernel where it takes the shape (KS_CUDA_WGMMA=0: off) */
-        return ks_cuda_attn_prefill_wgmma(s, p, ws, ks_cuda_attn_prefill_wgmma_enabled());
     if ((uintptr_t)p->q % 16 || (uintptr_t)p->out % 8 || (uintptr_t)p->k % 16 || (uintptr_t)p->v % 16)
         return ks_errorf(KS_ERR_ARG, "attention (flash): misaligned buffers");
+    a->p = *p;
+    a->max_tiles = KS_MAX(1, (p->max_nk + FP_BN - 1) / FP_BN);
+    a->bounds = (const int2 *)ws;
+    a->scale_log2 = p->scale * 1.4426950408889634f;
+    return ks_cuda_attn_tile_bounds(s, p, a->max_tiles, ws);
+}
+
+extern "C" ks_cuda_prefill_kernel ks_cuda_attn_prefill_plan(const ks_cuda_attn_params *p, int sm_major, int mma_only) {
+    if (!ks_cuda_attn_prefill_supported(p)) return KS_CUDA_PREFILL_NONE;
+    if (sm_major == 9 && !mma_only && ks_cuda_attn_prefill_wgmma_supported(p)) return KS_CUDA_PREFILL_WGMMA;
+    return KS_CUDA_PREFILL_MMA;
+}
+
+extern "C" ks_status ks_cuda_attn_prefill(cudaStream_t s, const ks_cuda_attn_params *p, void *ws, ks_cuda_prefill_kernel k) {
+    if (k == KS_CUDA_PREFILL_WGMMA) return ks_cuda_attn_prefill_wgmma(s, p, ws);
+    if (k != KS_CUDA_PREFILL_MMA) return ks_errorf(KS_ERR_UNSUPPORTED, "attention: no prefill kernel planned");
+    if (p->n <= 0) return KS_OK;
     fp_args a;
-    a.p = *p;
-    a.max_tiles = KS_MAX(1, (p->max_nk + FP_BN - 1) / FP_BN);
-    a.bounds = (const int2 *)ws;
-    a.scale_log2 = p->scale * 1.4426950408889634f;
-    ks_status st = ks_cuda_attn_tile_bounds(s, p, a.max_tiles, ws);
+    ks_status st = fp_prepare(s, p, ws, &a);
     if (st) return st;
-    if (g_variant == 1) return p->head_dim == 128 ? fp_launch<128, 8, 1, 64>(s, a) : fp_launch<64, 8, 1, 64>(s, a);
-    if (g_variant == 3) return p->head_dim == 128 ? fp_launch<128, 4, 2, 32>(s, a) : fp_launch<64, 4, 2, 32>(s, a);
     return p->head_dim == 128 ? fp_launch<128, 4, 2, 64>(s, a) : fp_launch<64, 4, 2, 64>(s, a);
 }
+
+#ifdef KS_KERNEL_DEV
+extern "C" ks_status ks_cuda_attn_prefill_mma_variant(cudaStream_t s, const ks_cuda_attn_params *p, void *ws, int variant) {
+    if (p->n <= 0) return KS_OK;
+    fp_args a;
+    ks_status st = fp_prepare(s, p, ws, &a);
+    if (st) return st;
+    if (variant == 1) return p->head_dim == 128 ? fp_launch<128, 8, 1, 64>(s, a) : fp_launch<64, 8, 1, 64>(s, a);
+    if (variant == 3) return p->head_dim == 128 ? fp_launch<128, 4, 2, 32>(s, a) : fp_launch<64, 4, 2, 32>(s, a);
+    return p->head_dim == 128 ? fp_launch<128, 4, 2, 64>(s, a) : fp_launch<64, 4, 2, 64>(s, a);
+}
+#endif

@@ -243,6 +243,8 @@ static __device__ __forceinline__ void store_rows(const float (&o)[OR], const fl
     }
 }
 
+#ifdef KS_KERNEL_DEV
+/* Variants 1 .. 4 (dev harness only): two warpgroups of 64 rows, CTA barriers per key tile. */
 template <int D, int BN, int MINB, int PACK, int SB>
 __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_args A) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -393,7 +395,9 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
     store_rows<D>(o, l_r, p.out, R, q0 + row0, t4);
 }
 
-/* ---------------------------------------------------------------- warp-specialised variant (8) */
+#endif /* KS_KERNEL_DEV */
+
+/* ---------------------------------------------------------------- warp-specialised kernels (variants 8 .. 12) */
 
 static __device__ __forceinline__ void mbar_init(uint32_t a, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
@@ -656,22 +660,6 @@ __global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __
 
 /* ---------------------------------------------------------------- entry points */
 
-static int g_enabled = -1; /* -1: not yet read from the environment */
-
-extern "C" int ks_cuda_attn_prefill_wgmma_enabled(void) {
-    if (g_enabled < 0) {
-        /* on by default, variant 10 (warp-specialised: a TMA producer, two consumer warpgroups with
-         * the softmax of tile j under the P V GEMM of tile j - 1): 502-523 TFLOP/s at 16K-128K causal
-         * d=128 on an H200, vs 392-397 for variant 4 and 220-240 for the mma.sync kernel
-         * (bench/NOTES.md); KS_CUDA_WGMMA=0 turns it off, =1 .. 4, 8 .. 12 picks a variant */
-        const char *e = getenv("KS_CUDA_WGMMA");
-        int v = e && *e ? atoi(e) : KS_WGMMA_DEFAULT;
-        g_enabled = KS_WGMMA_LIVE(v) ? v : 0;
-    }
-    return g_enabled;
-}
-extern "C" void ks_cuda_attn_prefill_wgmma_set_enabled(int v) { g_enabled = KS_WGMMA_LIVE(v) ? v : 0; }
-
 extern "C" int ks_cuda_attn_prefill_wgmma_supported(const ks_cuda_attn_params *p) {
     return (p->head_dim == 64 || p->head_dim == 128) && !p->idx && !p->k_f32 && p->n_kv_heads > 0 &&
            p->n_heads % p->n_kv_heads == 0 && (uintptr_t)p->k % 16 == 0 && (uintptr_t)p->v % 16 == 0;
@@ -682,6 +670,7 @@ extern "C" size_t ks_cuda_attn_prefill_wgmma_workspace(const ks_cuda_attn_params
     return (tiles ? tiles : 1) * p->n_kv_heads * sizeof(int2);
 }
 
+#ifdef KS_KERNEL_DEV
 template <int D, int BN, int MINB, int PACK, int SB> static ks_status wg_launch(cudaStream_t s, wg_args a) {
     static int attr_done = 0; /* per process; the attribute is per device function */
     const int smem = wg_smem<D, BN>::TOTAL;
@@ -699,6 +688,8 @@ template <int D, int BN, int MINB, int PACK, int SB> static ks_status wg_launch(
     KS_CU_LAUNCH("attention (wgmma prefill) kernel");
     return KS_OK;
 }
+
+#endif /* KS_KERNEL_DEV */
 
 /* cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link); NULL when
  * the driver does not offer it */
@@ -753,32 +744,46 @@ template <int D, int BN, int NST, int TMA, int PP = 0> static ks_status ws_launc
     return KS_OK;
 }
 
-extern "C" ks_status ks_cuda_attn_prefill_wgmma(cudaStream_t s, const ks_cuda_attn_params *p, void *ws, int variant) {
+/* Checks and launch arguments; the tile bounds go to ws (the flash kernel's, shared) */
+static ks_status wg_prepare(cudaStream_t s, const ks_cuda_attn_params *p, void *ws, wg_args *a) {
     if (!ks_cuda_attn_prefill_wgmma_supported(p))
         return ks_errorf(KS_ERR_UNSUPPORTED, "attention (wgmma): does not take head_dim %d%s%s", p->head_dim,
                          p->idx ? " with index lists" : "", p->k_f32 ? " with float32 keys" : "");
-    if (p->n <= 0) return KS_OK;
     if ((uintptr_t)p->q % 16 || (uintptr_t)p->out % 8)
         return ks_errorf(KS_ERR_ARG, "attention (wgmma): misaligned buffers");
     if (!ws) return ks_errorf(KS_ERR_ARG, "attention (wgmma): no workspace");
+    a->p = *p;
+    a->max_tiles = KS_MAX(1, (p->max_nk + WG_BOUNDS_TILE - 1) / WG_BOUNDS_TILE);
+    a->bounds = (const int2 *)ws;
+    a->scale_log2 = p->scale * 1.4426950408889634f;
+    a->n_qblocks = 0;
+    return ks_cuda_attn_tile_bounds(s, p, a->max_tiles, ws);
+}
+
+/* The shipped kernel (variant 10): warp-specialised, a TMA producer, 128-key tiles, 3 slots */
+extern "C" ks_status ks_cuda_attn_prefill_wgmma(cudaStream_t s, const ks_cuda_attn_params *p, void *ws) {
+    if (p->n <= 0 && ks_cuda_attn_prefill_wgmma_supported(p)) return KS_OK;
     wg_args a;
-    a.p = *p;
-    a.max_tiles = KS_MAX(1, (p->max_nk + WG_BOUNDS_TILE - 1) / WG_BOUNDS_TILE);
-    a.bounds = (const int2 *)ws;
-    a.scale_log2 = p->scale * 1.4426950408889634f;
-    a.n_qblocks = 0;
-    ks_status st = ks_cuda_attn_tile_bounds(s, p, a.max_tiles, ws); /* the flash kernel's, shared */
+    ks_status st = wg_prepare(s, p, ws, &a);
+    if (st) return st;
+    return p->head_dim == 128 ? ws_launch<128, 128, 3, 1>(s, a) : ws_launch<64, 128, 3, 1>(s, a);
+}
+
+#ifdef KS_KERNEL_DEV
+extern "C" ks_status ks_cuda_attn_prefill_wgmma_variant(cudaStream_t s, const ks_cuda_attn_params *p, void *ws, int variant) {
+    if (!KS_WGMMA_LIVE(variant)) return ks_errorf(KS_ERR_ARG, "attention (wgmma): no variant %d", variant);
+    if (p->n <= 0 && ks_cuda_attn_prefill_wgmma_supported(p)) return KS_OK;
+    wg_args a;
+    ks_status st = wg_prepare(s, p, ws, &a);
     if (st) return st;
     if (variant == 8) return p->head_dim == 128 ? ws_launch<128, 64, 5, 0>(s, a) : ws_launch<64, 64, 5, 0>(s, a);
     if (variant == 9) return p->head_dim == 128 ? ws_launch<128, 128, 3, 0>(s, a) : ws_launch<64, 128, 3, 0>(s, a);
     if (variant == 10) return p->head_dim == 128 ? ws_launch<128, 128, 3, 1>(s, a) : ws_launch<64, 128, 3, 1>(s, a);
     if (variant == 12) return p->head_dim == 128 ? ws_launch<128, 128, 3, 1, 1>(s, a) : ws_launch<64, 128, 3, 1, 1>(s, a);
     if (variant == 11) return p->head_dim == 128 ? ws_launch<128, 64, 5, 1>(s, a) : ws_launch<64, 64, 5, 1>(s, a);
-    if (variant >= 5 && variant <= 7)
-        return ks_errorf(KS_ERR_UNSUPPORTED, "attention (wgmma): variant %d was superseded "
-                         "(kernels/versions/attn_prefill_wgmma_pipe.cu)", variant);
     if (variant == 4) return p->head_dim == 128 ? wg_launch<128, 64, 2, 1, 1>(s, a) : wg_launch<64, 64, 2, 1, 1>(s, a);
     if (variant == 3) return p->head_dim == 128 ? wg_launch<128, 64, 2, 1, 0>(s, a) : wg_launch<64, 64, 2, 1, 0>(s, a);
     if (variant == 2) return p->head_dim == 128 ? wg_launch<128, 64, 2, 0, 0>(s, a) : wg_launch<64, 64, 2, 0, 0>(s, a);
     return p->head_dim == 128 ? wg_launch<128, 128, 1, 0, 0>(s, a) : wg_launch<64, 128, 1, 0, 0>(s, a);
 }
+#endif

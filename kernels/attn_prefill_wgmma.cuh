@@ -21,22 +21,22 @@
  * query heads of one KV head: grid (n_kv_heads, ceil(n * G / 128)), row f of the flattened
  * order f = i * G + (h % G) is query i of head (kv * G + f % G), so a CTA covers 128 / G
  * consecutive queries and every K/V tile it loads serves G heads. Per flop this reads 1/G of
- * the K/V bytes of variants 1/2 (at 386 TFLOP/s, variant 2 streams ~3 TB/s of K/V into the SMs,
- * mostly from DRAM once the sweep of keys no longer fits in L2, i.e. at 128K); rows and Q/out
+ * the K/V bytes of variants 1/2 (which stream K/V into the SMs mostly from DRAM once the sweep
+ * of keys no longer fits in L2: bench/NOTES.md); rows and Q/out
  * addresses: Q/out row of f is ((f / G) * H + kv * G + f % G) * D, contiguous over a group.
  * Masking is per row (each row has its own position), so nothing else changes.
  * Variant 4 = variant 3 with one __syncthreads per key tile instead of two (the next tile's
  * cp.async copies are issued right after the barrier that opens a tile, which proves that every
  * warp has finished the previous tile and so its buffer; cp.async.wait_group 0 before it).
- * Variant 10 (the default) = GQA packing with warp specialisation, one CTA of 3 warpgroups per
+ * Variant 10 (the shipped kernel) = GQA packing with warp specialisation, one CTA of 3 warpgroups per
  * SM: warpgroup 0 produces (one thread issues TMA copies of 128-key K and V tiles into a 3-slot
  * ring; "full" / "empty" mbarriers per slot; setmaxnreg gives its registers to the consumers),
  * warpgroups 1 and 2 consume 64 rows each; a consumer issues S_j = Q K_j^T and O += P_{j-1} V_{j-1}
  * together, waits for S_j only and runs tile j's mask and softmax while P_{j-1} V_{j-1} runs
  * (FlashAttention-3's intra-warpgroup pipelining), then releases tile j - 1's slot. The one tile
  * that reaches past nk is copied with zero-filling cp.async instead (garbage rows never meet
- * P = 0). Variants 8, 9, 11, 12 are the steps measured on the way (bench/NOTES.md; 5 .. 7 now
- * live in kernels/versions/).
+ * P = 0). Variants 1 .. 4, 8, 9, 11, 12 are the steps measured on the way (bench/NOTES.md):
+ * only the dev harness builds them (KS_KERNEL_DEV, below).
  *
  * ---- Shared-memory tiles: 128-byte swizzle ("SW128"), the layout TMA writes with
  * CU_TENSOR_MAP_SWIZZLE_128B and wgmma reads with descriptor layout type 1.
@@ -101,30 +101,27 @@ int ks_cuda_attn_prefill_wgmma_supported(const ks_cuda_attn_params *p);
  * ks_cuda_attn_prefill_workspace(p), so a flash workspace can be passed as is. */
 size_t ks_cuda_attn_prefill_wgmma_workspace(const ks_cuda_attn_params *p);
 
-/* Variants: 1 .. KS_WGMMA_VARIANTS. */
+/* The shipped kernel, variant 10 (the planner's KS_CUDA_PREFILL_WGMMA, attn_prefill.cuh). Errors:
+ * KS_ERR_UNSUPPORTED for shapes it does not take, KS_ERR_ARG for misaligned buffers or no
+ * workspace, KS_ERR_DEVICE for launch failures. n <= 0 is a no-op. */
+ks_status ks_cuda_attn_prefill_wgmma(cudaStream_t s, const ks_cuda_attn_params *p, void *ws);
+
+#ifdef KS_KERNEL_DEV
+/* Dev harness only (tests/cuda/test_wgmma validates each, bench_kernels times them; never in
+ * libkvsieve): the steps measured on the way to variant 10 (bench/NOTES.md).
+ * 1 (BN = 128), 2 (BN = 64, 2 CTAs per SM), 3 (variant 2 with the G query heads of a KV head
+ * packed into one CTA's rows), 4 (variant 3 with one barrier per key tile); 8 and 9:
+ * warp-specialised (a producer warpgroup fills the ring, two consumer warpgroups, mbarriers
+ * instead of CTA barriers; 8: BN = 64, 5 slots; 9: BN = 128, 3 slots); 10 and 11: 9 and 8 with
+ * TMA tile copies issued by one producer thread; 12: 10 with "ping-pong" (the consumer
+ * warpgroups take turns issuing their GEMMs through named barriers, so one's softmax runs under
+ * the other's GEMMs). Numbers 5 .. 7 are unused (superseded designs, removed). Another value:
+ * KS_ERR_ARG. */
 #define KS_WGMMA_VARIANTS 12
-/* variants 5 .. 7 were superseded and moved to kernels/versions/attn_prefill_wgmma_pipe.cu */
 #define KS_WGMMA_LIVE(v) ((v) >= 1 && (v) <= KS_WGMMA_VARIANTS && ((v) < 5 || (v) > 7))
-#define KS_WGMMA_DEFAULT 10 /* the variant ks_cuda_attn_prefill dispatches to unless KS_CUDA_WGMMA says otherwise */
-
-/* Run variant 1 (BN = 128), 2 (BN = 64, 2 CTAs per SM), 3 (variant 2 with the G query heads of
- * a KV head packed into one CTA's rows), 4 (variant 3 with one barrier per key tile); 5 .. 7 (one
- * CTA per SM, a CTA barrier per tile) were superseded: KS_ERR_UNSUPPORTED (see
- * kernels/versions/attn_prefill_wgmma_pipe.cu); 8 and 9: warp-specialised (a producer warpgroup
- * fills the ring, two consumer warpgroups, mbarriers
- * instead of CTA barriers; 8: BN = 64, 5 slots; 9: BN = 128, 3 slots); 10 and 11: 9 and 8 with TMA
- * tile copies issued by one producer thread; 12: 10 with "ping-pong" (the consumer warpgroups take
- * turns issuing their GEMMs through named barriers, so one's softmax runs under the other's
- * GEMMs); any other value picks 1. Errors:
- * KS_ERR_UNSUPPORTED for shapes it does not take, KS_ERR_ARG for misaligned buffers,
- * KS_ERR_DEVICE for launch failures. n <= 0 is a no-op. */
-ks_status ks_cuda_attn_prefill_wgmma(cudaStream_t s, const ks_cuda_attn_params *p, void *ws, int variant);
-
-/* Dispatch from ks_cuda_attn_prefill: the variant to use (0 = off). Initially read from the
- * environment variable KS_CUDA_WGMMA (unset: the default variant; 0: off; 1 .. 7: that variant); the setter
- * overrides it for the process (tests set 0 to get the mma.sync kernel as a reference). */
-int ks_cuda_attn_prefill_wgmma_enabled(void);
-void ks_cuda_attn_prefill_wgmma_set_enabled(int variant);
+#define KS_WGMMA_SHIPPED 10
+ks_status ks_cuda_attn_prefill_wgmma_variant(cudaStream_t s, const ks_cuda_attn_params *p, void *ws, int variant);
+#endif
 
 #ifdef __cplusplus
 }

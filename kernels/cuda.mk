@@ -27,6 +27,20 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(CUDA_HDR)                  # compile one CU
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(CUDA_INC) -c $< -o $@
 
+# The dev harness (test_wgmma, bench_kernels, bench_decode) links these files built again with
+# KS_KERNEL_DEV: the attention variants measured on the way to the shipped kernels (validated
+# by test_wgmma) and the gemv prefetch sweep. libkvsieve and kvsieve never contain them.
+CUDA_DEV_SRC  := kernels/attn_prefill.cu kernels/attn_prefill_wgmma.cu kernels/gemv.cu
+CUDA_DEV_OBJ  := $(patsubst kernels/%.cu,$(BUILD)/kernels-dev/%.o,$(CUDA_DEV_SRC))
+CUDA_DEV_LINK := $(filter-out $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_DEV_SRC)),$(CUDA_OBJ)) $(CUDA_DEV_OBJ)
+CUDA_DEV_PROGS := test_wgmma bench_kernels bench_decode
+
+$(BUILD)/kernels-dev/%.o: kernels/%.cu $(CUDA_HDR)              # compile one CUDA file for the dev harness
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DKS_KERNEL_DEV $(CUDA_INC) -c $< -o $@
+
+$(patsubst %,$(BUILD)/tests/cuda/%.o,$(CUDA_DEV_PROGS)): NVCCFLAGS += -DKS_KERNEL_DEV
+
 $(BUILD)/tests/cuda/%.o: CFLAGS += -Ikernels -I$(CUDA_HOME)/include
 $(BUILD)/tests/cuda/%.o: tests/cuda/%.c $(CUDA_HDR)              # compile a CUDA test (C)
 	@mkdir -p $(dir $@)
@@ -41,12 +55,12 @@ $(BUILD)/test_cuda: $(BUILD)/tests/cuda/test_cuda.o $(BUILD)/tests/testutil.o $(
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # per-kernel benchmark: TFLOP/s and GB/s next to a cuBLAS GEMM and a device copy
-$(BUILD)/bench_kernels: $(BUILD)/tests/cuda/bench_kernels.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
+$(BUILD)/bench_kernels: $(BUILD)/tests/cuda/bench_kernels.o $(CUDA_DEV_LINK) $(BUILD)/libkvsieve.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # the decode step's kernels at the Llama-3.1-8B shape: gemv variants, attention splits, the
 # 32-layer sequence with and without programmatic dependent launch (GPU machine)
-$(BUILD)/bench_decode: $(BUILD)/tests/cuda/bench_decode.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
+$(BUILD)/bench_decode: $(BUILD)/tests/cuda/bench_decode.o $(CUDA_DEV_LINK) $(BUILD)/libkvsieve.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # device primitives vs core/prims.c
@@ -57,9 +71,9 @@ $(BUILD)/test_cuda_prims: $(BUILD)/tests/cuda/test_cuda_prims.o $(CUDA_OBJ) $(BU
 $(BUILD)/test_cuda_policies: $(BUILD)/tests/cuda/test_cuda_policies.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-# the wgmma flash-attention prefill kernel vs the mma.sync one and a naive reference, and its
-# speed (GPU machine): $(BUILD)/test_wgmma [--quick]
-$(BUILD)/test_wgmma: $(BUILD)/tests/cuda/test_wgmma.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
+# every prefill attention kernel (the shipped ones and the dev variants) vs a naive reference,
+# and their speed (GPU machine): $(BUILD)/test_wgmma [--quick]
+$(BUILD)/test_wgmma: $(BUILD)/tests/cuda/test_wgmma.o $(CUDA_DEV_LINK) $(BUILD)/libkvsieve.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 cuda: $(BUILD)/kvsieve $(BUILD)/host cuda-tests                # the CUDA engine and its tests (build-cuda/)
@@ -68,15 +82,15 @@ cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_polic
 
 test-cuda: cuda-tests                                           # run the CUDA parity tests (GPU machine)
 	$(BUILD)/test_cuda
-	KS_CUDA_PDL=1 $(BUILD)/test_cuda --quick
-	KS_CUDA_GRAPH=0 $(BUILD)/test_cuda --quick
-	KS_CUDA_WGMMA=0 $(BUILD)/test_cuda
+	$(BUILD)/test_cuda --quick --pdl
+	$(BUILD)/test_cuda --quick --no-graphs
+	$(BUILD)/test_cuda --mma-prefill
 	$(BUILD)/test_cuda_prims
 	$(BUILD)/test_cuda_policies
 	$(BUILD)/test_wgmma
 
 test-cuda-sanitize: cuda-tests                                  # the same under compute-sanitizer (memcheck)
-	KS_CUDA_NEW=1 compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/test_cuda --quick
+	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/test_cuda --quick
 	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/test_cuda_prims --quick
 	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/test_wgmma --quick
 

@@ -38,8 +38,10 @@ typedef struct cuda_ctx {
     cudaMemPool_t pool;
     unsigned char *pin;    /* pinned staging ring for small host -> device copies */
     size_t pin_cap, pin_off;
-    int attn_path;         /* see ks_cuda_backend_set_attn_path */
-    int new_kernels;       /* use the kernels written after the last GPU validation (see below) */
+    int sm_major;          /* compute capability (major): the prefill planner's architecture family */
+    ks_backend_opts o;     /* this backend's options (kernel choices, PDL, splits; ks_backend.opts too) */
+    ks_cuda_attn_path attn_path; /* tests: ks_cuda_backend_set_attn_path */
+    long prefill_calls[3]; /* prefill attention launches per ks_cuda_prefill_kernel (tests) */
     ks_memtrack *mem;      /* sizes of our device allocations (mem_stats) */
     /* profiling marks (prof_mark / prof_collect): events recorded on the stream, resolved in
      * batches; pacc holds the seconds of intervals already resolved, per tag */
@@ -70,12 +72,6 @@ struct ks_graph {
     int32_t pos0;          /* position at graph_begin */
     unsigned rc_gen;
 };
-
-/* The tensor-core decode kernel, flash variant 2 (4 warps x 32 rows) and the n = 1 gemv: on by
- * default since build-cuda/test_cuda passed with them on an H100 (286/286, compute-sanitizer
- * clean; bench/results/2026-11-22-h100-test_cuda.log). KS_CUDA_NEW=0 in the environment falls back
- * to the first versions (float32 split-KV decode, flash variant 1, cuBLAS for n = 1). */
-#define KS_CUDA_NEW_DEFAULT 1
 
 #define PIN_CAP ((size_t)16 << 20)
 #define BLAS_WS ((size_t)32 << 20)
@@ -158,7 +154,7 @@ static void raw_free(cuda_ctx *c, void *p) {
 static ks_status stage_h2d(cuda_ctx *c, void *dst, const void *src, size_t bytes, const char *what) {
     if (!bytes) return KS_OK;
     if (c->rec) return rec_fail(c, what);
-    if (bytes <= KS_CUDA_PUT_MAX) return ks_cuda_put(c->stream, dst, src, bytes); /* as a kernel argument */
+    if (bytes <= KS_CUDA_PUT_MAX) return ks_cuda_put(c->stream, dst, src, bytes, c->o.pdl); /* as a kernel argument */
     if (bytes > c->pin_cap / 4) { /* large: copy straight from pageable memory and wait */
         KS_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), what);
         KS_CU(cudaStreamSynchronize(c->stream), what);
@@ -326,12 +322,13 @@ static ks_status matmul_impl(ks_backend *b, float *y, const float *x, const ks_w
     }
     const float one = 1.0f, zero = 0.0f, *beta = acc ? &one : &zero;
     ks_status st;
-    if (c->new_kernels && W->type == KS_CUDA_BF16 && n == 1 && ks_cuda_gemv_supported(W->data, in) && (uintptr_t)x % 16 == 0 &&
+    if (c->o.decode_kernels && W->type == KS_CUDA_BF16 && n == 1 && ks_cuda_gemv_supported(W->data, in) && (uintptr_t)x % 16 == 0 &&
         (!bias || bias->type == KS_CUDA_F32)) {
         /* one row (decode, logits): stream the bf16 weights once, float32 input, bias fused */
         if (bias && bias->rows * bias->cols != out)
             return ks_errorf(KS_ERR_INTERNAL, "matmul: bias of %lld values for %d outputs", (long long)(bias->rows * bias->cols), out);
-        st = (acc ? ks_cuda_gemv_acc : ks_cuda_gemv)(c->stream, y, x, W->data, bias ? (const float *)bias->data : NULL, in, out);
+        st = (acc ? ks_cuda_gemv_acc : ks_cuda_gemv)(c->stream, y, x, W->data, bias ? (const float *)bias->data : NULL, in, out,
+                                                     c->o.pdl);
         if (st) return st;
         bias = NULL;
     } else if (W->type == KS_CUDA_BF16) {
@@ -446,7 +443,7 @@ static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const flo
     if (r && r->head_dim != hd)
         return ks_errorf(KS_ERR_UNSUPPORTED, "matmul_qkv: rope over %d of %d head dims", r->head_dim, hd);
     ks_status st;
-    int gemv = n == 1 && c->new_kernels && (uintptr_t)x % 16 == 0 && gemv_weight_ok(Wq, in, QD) &&
+    int gemv = n == 1 && c->o.decode_kernels && (uintptr_t)x % 16 == 0 && gemv_weight_ok(Wq, in, QD) &&
                gemv_weight_ok(Wk, in, KD) && gemv_weight_ok(Wv, in, KD) && vec_ok(bq, QD) && vec_ok(bk, KD) &&
                vec_ok(bv, KD) && (!r || (hd % 2 == 0 && hd <= 1024));
     const float *nw;
@@ -467,14 +464,14 @@ static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const flo
             /* recorded: position and row offset from the step slot (graph_run sets them) */
             ks_cuda_kv_row kr = {L->k, L->v, (int32_t *)L->pos_dev, L->capacity, Hkv, L->n, c->rec ? c->d_step + 1 : NULL};
             st = ks_cuda_gemv_qkv_kv(c->stream, x, nw, eps, nw ? xn : NULL, in, 3, ys, ws, bs, rows, rope, hd, pos[0],
-                                     inv, r ? (float)r->attn_factor : 1.0f, &kr);
+                                     inv, r ? (float)r->attn_factor : 1.0f, &kr, c->o.pdl);
             if (st) return st;
             for (int h = 0; h < Hkv; h++) L->pos[(size_t)h * L->capacity + L->n[h]++] = pos[0];
             return stats_end(b, t0, 2.0 * in * (QD + 2.0 * KD));
         }
         if (c->rec) return rec_fail(c, "matmul_qkv without the cache row in the kernel");
         st = ks_cuda_gemv_qkv(c->stream, x, nw, eps, nw ? xn : NULL, in, 3, ys, ws, bs, rows, rope, hd, pos[0], inv,
-                              r ? (float)r->attn_factor : 1.0f);
+                              r ? (float)r->attn_factor : 1.0f, c->o.pdl);
         if (st) return st;
         if ((st = stats_end(b, t0, 2.0 * in * (QD + 2.0 * KD)))) return st;
         return L ? cu_kv_append(b, L, k, v, pos, n) : KS_OK;
@@ -539,14 +536,14 @@ static ks_status cu_matmul_swiglu(ks_backend *b, float *y, const float *x, const
                                   const ks_weight *Wg, const ks_weight *Wu, float *tmp, int n, int in, int out) {
     cuda_ctx *c = CTX(b);
     ks_status st;
-    int gemv = n == 1 && c->new_kernels && (uintptr_t)x % 16 == 0 && gemv_weight_ok(Wg, in, out) && gemv_weight_ok(Wu, in, out);
+    int gemv = n == 1 && c->o.decode_kernels && (uintptr_t)x % 16 == 0 && gemv_weight_ok(Wg, in, out) && gemv_weight_ok(Wu, in, out);
     const float *nw;
     if ((st = fused_norm(b, &x, norm, eps, xn, n, in, gemv, &nw))) return st;
     if ((uintptr_t)x % 16) gemv = 0; /* normalised apart into a misaligned xn */
     if (gemv) {
         double t0;
         if ((st = stats_begin(b, &t0))) return st;
-        if ((st = ks_cuda_gemv_swiglu(c->stream, y, x, nw, eps, nw ? xn : NULL, Wg->data, Wu->data, in, out))) return st;
+        if ((st = ks_cuda_gemv_swiglu(c->stream, y, x, nw, eps, nw ? xn : NULL, Wg->data, Wu->data, in, out, c->o.pdl))) return st;
         return stats_end(b, t0, 4.0 * in * out);
     }
     if ((st = cu_matmul(b, y, x, Wg, NULL, n, in, out)) || (st = cu_matmul(b, tmp, x, Wu, NULL, n, in, out))) return st;
@@ -810,7 +807,7 @@ static ks_status cu_kv_append(ks_backend *b, ks_kv_layer *L, const float *k, con
     if (st) return st;
     if (n == 1 && H <= KS_CUDA_KV1_MAX_HEADS) { /* decode: position and rows as kernel arguments */
         st = ks_cuda_kv_append1(c->stream, L->k, L->v, (int32_t *)L->pos_dev, L->capacity, H, L->head_dim, k, v, pos[0],
-                                L->n);
+                                L->n, c->o.pdl);
         if (st) return st;
         for (int h = 0; h < H; h++) L->pos[(size_t)h * L->capacity + L->n[h]++] = pos[0];
         return KS_OK;
@@ -938,7 +935,8 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
     int half = a->rope ? a->rope->head_dim / 2 : 0;
     if (a->rope && (a->rope->head_dim != d || half > 512))
         return ks_errorf(KS_ERR_UNSUPPORTED, "attention: rope over %d of %d dims", a->rope->head_dim, d);
-    if (n == 1 && !a->idx && !a->rope && L->n && c->new_kernels && (c->attn_path == 0 || c->attn_path == 3) &&
+    if (n == 1 && !a->idx && !a->rope && L->n && c->o.decode_kernels &&
+        (c->attn_path == KS_CUDA_ATTN_AUTO || c->attn_path == KS_CUDA_ATTN_TC) &&
         Hkv <= KS_CUDA_ATTN_BYVAL_HEADS) {
         /* one decode row over the cache itself: key counts and position by value, no upload */
         ks_cuda_attn_params p;
@@ -956,6 +954,8 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
         for (int h = 0; h < Hkv; h++) p.max_nk = KS_MAX(p.max_nk, L->n[h]);
         p.scale = a->scale;
         p.window = a->window;
+        p.pdl = c->o.pdl;
+        p.splits = c->o.decode_splits;
         if (ks_cuda_attn_decode_tc_supported(&p)) {
             if (p.max_nk == 0 && c->rec) return rec_fail(c, "attention over an empty cache");
             if (p.max_nk == 0) /* nothing to attend to: zeros, as the CPU reference gives */
@@ -1030,17 +1030,21 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
     p.window = a->window;
     p.renumber = rn;
     p.q_renumber = rn;
+    p.pdl = c->o.pdl;
+    p.splits = c->o.decode_splits;
     if (max_nk == 0) { /* nothing to attend to: zeros, as the CPU reference gives */
         st = ks_cuda_status(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)n * H * d, c->stream), "attention");
         dev_free(c, db);
         return st;
     }
-    /* the flash kernel for prefill-sized calls (it reads bf16 keys in cache order) */
+    /* a prefill kernel for prefill-sized calls (it reads bf16 keys in cache order; which one is
+     * the planner's choice below, once the keys are in place) */
     int flash_shape = d == 64 || d == 128;
-    int want_flash = (c->attn_path == 0 || c->attn_path == 2) && flash_shape && (c->attn_path == 2 || n >= 64);
+    int want_flash = (c->attn_path == KS_CUDA_ATTN_AUTO || c->attn_path == KS_CUDA_ATTN_FLASH) && flash_shape &&
+                     (c->attn_path == KS_CUDA_ATTN_FLASH || n >= 64);
     /* otherwise the tensor-core decode kernel where it takes the shape (bf16 keys) */
     int want_tc = 0;
-    if (!want_flash && (c->attn_path == 3 || (c->attn_path == 0 && c->new_kernels))) {
+    if (!want_flash && (c->attn_path == KS_CUDA_ATTN_TC || (c->attn_path == KS_CUDA_ATTN_AUTO && c->o.decode_kernels))) {
         ks_cuda_attn_params t = p;
         t.k_f32 = 0;
         want_tc = ks_cuda_attn_decode_tc_supported(&t);
@@ -1069,9 +1073,12 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
         if (qr) p.q = (const float *)qr;
     }
     if (!st) {
-        if (want_flash && ks_cuda_attn_prefill_supported(&p)) {
+        ks_cuda_prefill_kernel pk = want_flash ? ks_cuda_attn_prefill_plan(&p, c->sm_major, c->o.prefill_attn == KS_PREFILL_ATTN_MMA)
+                                               : KS_CUDA_PREFILL_NONE;
+        if (pk != KS_CUDA_PREFILL_NONE) {
             size_t wsb = ks_cuda_attn_prefill_workspace(&p);
-            if (!(st = dev_alloc(c, wsb, "attention workspace", &ws))) st = ks_cuda_attn_prefill(c->stream, &p, ws);
+            if (!(st = dev_alloc(c, wsb, "attention workspace", &ws))) st = ks_cuda_attn_prefill(c->stream, &p, ws, pk);
+            if (!st) c->prefill_calls[pk]++;
         } else if (want_tc && ks_cuda_attn_decode_tc_supported(&p)) {
             int splits;
             size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
@@ -1391,11 +1398,15 @@ extern "C" ks_cuda_scratch ks_cuda_backend_scratch(ks_backend *b) {
 
 extern "C" cudaStream_t ks_cuda_backend_stream(ks_backend *b) { return CTX(b)->stream; }
 extern "C" int ks_cuda_backend_sm_count(ks_backend *b) { return CTX(b)->n_sm; }
-extern "C" void ks_cuda_backend_set_attn_path(ks_backend *b, int path) { CTX(b)->attn_path = path; }
-extern "C" int ks_cuda_backend_new_kernels(ks_backend *b) { return CTX(b)->new_kernels; }
+extern "C" void ks_cuda_backend_set_attn_path(ks_backend *b, ks_cuda_attn_path path) { CTX(b)->attn_path = path; }
+extern "C" long ks_cuda_backend_prefill_calls(ks_backend *b, ks_cuda_prefill_kernel k) {
+    return k >= 0 && k < 3 ? CTX(b)->prefill_calls[k] : 0;
+}
 
-extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
+extern "C" ks_status ks_cuda_backend_create(const ks_backend_opts *opts, ks_backend **out) {
     *out = NULL;
+    ks_backend_opts o = opts ? *opts : ks_backend_opts_default();
+    int device = o.device;
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
@@ -1407,11 +1418,14 @@ extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
     cuda_ctx *c = (cuda_ctx *)ks_calloc(1, sizeof *c);
     if (!b || !c) { free(b); free(c); return KS_ERR_OOM; }
     b->ctx = c;
+    b->opts = o;
+    c->o = o;
     ks_status st = KS_OK;
     c->device = device;
     if (!(c->mem = ks_memtrack_new())) { st = KS_ERR_OOM; goto fail; }
     if ((e = cudaSetDevice(device))) { st = ks_cuda_status(e, "cudaSetDevice"); goto fail; }
-    if ((e = cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device))) {
+    if ((e = cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device)) ||
+        (e = cudaDeviceGetAttribute(&c->sm_major, cudaDevAttrComputeCapabilityMajor, device))) {
         st = ks_cuda_status(e, "device attributes");
         goto fail;
     }
@@ -1443,11 +1457,6 @@ extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
     if ((st = raw_alloc(c, 4 * sizeof(int32_t), "decode graph step slot", (void **)&c->d_step))) goto fail;
     if ((st = raw_alloc(c, GRAPH_WS, "decode graph attention workspace", &c->gws))) goto fail;
     cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
-    {
-        const char *nk = getenv("KS_CUDA_NEW");
-        c->new_kernels = nk && *nk ? atoi(nk) != 0 : KS_CUDA_NEW_DEFAULT;
-        ks_cuda_attn_prefill_set_variant(c->new_kernels ? 2 : 1); /* process-wide */
-    }
 
     b->name = "cuda";
     b->alloc = cu_alloc;
@@ -1460,17 +1469,13 @@ extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
     b->weight_free = cu_weight_free;
     b->weight_random = cu_weight_random;
     b->matmul = cu_matmul;
-    {   /* KS_CUDA_FUSED=0: the engine composes plain calls (A/B timing, fallback) */
-        const char *fz = getenv("KS_CUDA_FUSED");
-        if (!(fz && *fz && atoi(fz) == 0)) {
-            b->matmul_add = cu_matmul_add;
-            b->matmul_qkv = cu_matmul_qkv;
-            b->matmul_qkv_append = cu_matmul_qkv_append;
-            b->matmul_swiglu = cu_matmul_swiglu;
-        }
-        const char *fm = getenv("KS_CUDA_MLP"); /* KS_CUDA_MLP=0: the engine's float32 prefill MLP */
-        if (!(fm && *fm && atoi(fm) == 0)) b->mlp = cu_mlp;
+    if (o.fused) { /* off: the engine composes plain calls (A/B timing, fallback) */
+        b->matmul_add = cu_matmul_add;
+        b->matmul_qkv = cu_matmul_qkv;
+        b->matmul_qkv_append = cu_matmul_qkv_append;
+        b->matmul_swiglu = cu_matmul_swiglu;
     }
+    if (o.mlp) b->mlp = cu_mlp; /* off: the engine's float32 prefill MLP */
     b->embed = cu_embed;
     b->rmsnorm = cu_rmsnorm;
     b->rope = cu_rope;
@@ -1489,14 +1494,11 @@ extern "C" ks_status ks_cuda_backend_create(int device, ks_backend **out) {
     b->prof_collect = cu_prof_collect;
     b->host_alloc = cu_host_alloc;
     b->host_free = cu_host_free;
-    {   /* KS_CUDA_GRAPH=0: every decode step launches its kernels one by one */
-        const char *gr = getenv("KS_CUDA_GRAPH");
-        if (!(gr && *gr && atoi(gr) == 0)) {
-            b->graph_begin = cu_graph_begin;
-            b->graph_end = cu_graph_end;
-            b->graph_run = cu_graph_run;
-            b->graph_free = cu_graph_free;
-        }
+    if (o.graphs) { /* off: every decode step launches its kernels one by one */
+        b->graph_begin = cu_graph_begin;
+        b->graph_end = cu_graph_end;
+        b->graph_run = cu_graph_run;
+        b->graph_free = cu_graph_free;
     }
 #ifdef KS_BACKEND_PRIMS
     b->prims = &cuda_prims;

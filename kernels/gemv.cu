@@ -11,21 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---------------------------------------------------------------- PDL switch, prefetch */
+/* ---------------------------------------------------------------- prefetch */
 
-static int g_pdl = -1;      /* -1: not read yet */
-static int g_pdl_env = -1;
+#ifdef KS_KERNEL_DEV /* the dev harness (bench_decode) sweeps the prefetch of the whole decode step */
 static int g_prefetch = KS_CUDA_GEMV_PREFETCH;
-
-extern "C" int ks_cuda_pdl(void) {
-    if (g_pdl_env < 0) {
-        const char *e = getenv("KS_CUDA_PDL");
-        g_pdl_env = e && *e ? atoi(e) != 0 : 0; /* off unless asked: it cost 0.6 ms per decode step (bench/NOTES.md) */
-    }
-    return g_pdl >= 0 ? g_pdl : g_pdl_env;
-}
-extern "C" void ks_cuda_pdl_set(int on) { g_pdl = on < 0 ? -1 : on != 0; }
 extern "C" void ks_cuda_gemv_set_prefetch(int bytes) { g_prefetch = bytes < 0 ? KS_CUDA_GEMV_PREFETCH : bytes; }
+#define GEMV_PF g_prefetch
+#else
+#define GEMV_PF KS_CUDA_GEMV_PREFETCH
+#endif
 
 /* L2 prefetch of bytes [lo, hi) of a weight row, one 128-byte line per lane and step */
 static __device__ __forceinline__ void prefetch_span(const bf16 *row, int lo, int hi, int lane) {
@@ -126,9 +120,9 @@ extern "C" int ks_cuda_gemv_supported(const void *W, int in) { return in % 8 == 
 
 template <int ROWS, bool ACC, int UNR, int KS>
 static ks_status gemv_go(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in, int out,
-                         int pf) {
+                         int pf, int pdl) {
     unsigned blocks = ks_cdiv(out, (size_t)(8 / KS) * ROWS);
-    KS_CU(ks_pdl_launch(gemv_kernel<ROWS, ACC, UNR, KS>, dim3(blocks), dim3(256), 0, s, y, x, (const bf16 *)W, bias, in,
+    KS_CU(ks_pdl_launch(gemv_kernel<ROWS, ACC, UNR, KS>, dim3(blocks), dim3(256), 0, s, pdl, y, x, (const bf16 *)W, bias, in,
                         out, pf),
           "gemv kernel");
     return KS_OK;
@@ -141,27 +135,28 @@ static ks_status gemv_check(const float *x, const void *W, int in) {
 }
 
 template <bool ACC>
-static ks_status gemv_launch(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in, int out) {
+static ks_status gemv_launch(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in, int out,
+                             int pdl) {
     if (out <= 0) return KS_OK;
     ks_status st = gemv_check(x, W, in);
     if (st) return st;
     /* enough blocks to fill the GPU: fewer rows per warp for narrow outputs; narrow outputs also
      * split K over the warps of a block (H200, bench_decode: 4096 x 4096 at 3.78 TB/s with 4 rows,
      * unroll 8, 4-way split vs 2.85 with 1 row; 4096 x 14336 at 4.11 vs 3.97 with 2-way) */
-    if (out >= 32768) return gemv_go<4, ACC, 4, 1>(s, y, x, W, bias, in, out, g_prefetch);
-    if (out >= 8192) return gemv_go<2, ACC, 4, 1>(s, y, x, W, bias, in, out, g_prefetch);
-    if (in <= 8192) return gemv_go<4, ACC, 8, 4>(s, y, x, W, bias, in, out, g_prefetch);
-    return gemv_go<1, ACC, 8, 2>(s, y, x, W, bias, in, out, g_prefetch);
+    if (out >= 32768) return gemv_go<4, ACC, 4, 1>(s, y, x, W, bias, in, out, GEMV_PF, pdl);
+    if (out >= 8192) return gemv_go<2, ACC, 4, 1>(s, y, x, W, bias, in, out, GEMV_PF, pdl);
+    if (in <= 8192) return gemv_go<4, ACC, 8, 4>(s, y, x, W, bias, in, out, GEMV_PF, pdl);
+    return gemv_go<1, ACC, 8, 2>(s, y, x, W, bias, in, out, GEMV_PF, pdl);
 }
 
 extern "C" ks_status ks_cuda_gemv(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in,
-                                  int out) {
-    return gemv_launch<false>(s, y, x, W, bias, in, out);
+                                  int out, int pdl) {
+    return gemv_launch<false>(s, y, x, W, bias, in, out, pdl);
 }
 
 extern "C" ks_status ks_cuda_gemv_acc(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in,
-                                      int out) {
-    return gemv_launch<true>(s, y, x, W, bias, in, out);
+                                      int out, int pdl) {
+    return gemv_launch<true>(s, y, x, W, bias, in, out, pdl);
 }
 
 template <int ROWS, bool ACC>
@@ -169,13 +164,13 @@ static ks_status gemv_var_ks(cudaStream_t s, const ks_cuda_gemv_variant *v, floa
                              int in, int out) {
     int pf = v->prefetch;
     if (v->unroll == 8) {
-        if (v->ksplit == 4) return gemv_go<ROWS, ACC, 8, 4>(s, y, x, W, NULL, in, out, pf);
-        if (v->ksplit == 2) return gemv_go<ROWS, ACC, 8, 2>(s, y, x, W, NULL, in, out, pf);
-        return gemv_go<ROWS, ACC, 8, 1>(s, y, x, W, NULL, in, out, pf);
+        if (v->ksplit == 4) return gemv_go<ROWS, ACC, 8, 4>(s, y, x, W, NULL, in, out, pf, v->pdl);
+        if (v->ksplit == 2) return gemv_go<ROWS, ACC, 8, 2>(s, y, x, W, NULL, in, out, pf, v->pdl);
+        return gemv_go<ROWS, ACC, 8, 1>(s, y, x, W, NULL, in, out, pf, v->pdl);
     }
-    if (v->ksplit == 4) return gemv_go<ROWS, ACC, 4, 4>(s, y, x, W, NULL, in, out, pf);
-    if (v->ksplit == 2) return gemv_go<ROWS, ACC, 4, 2>(s, y, x, W, NULL, in, out, pf);
-    return gemv_go<ROWS, ACC, 4, 1>(s, y, x, W, NULL, in, out, pf);
+    if (v->ksplit == 4) return gemv_go<ROWS, ACC, 4, 4>(s, y, x, W, NULL, in, out, pf, v->pdl);
+    if (v->ksplit == 2) return gemv_go<ROWS, ACC, 4, 2>(s, y, x, W, NULL, in, out, pf, v->pdl);
+    return gemv_go<ROWS, ACC, 4, 1>(s, y, x, W, NULL, in, out, pf, v->pdl);
 }
 
 template <bool ACC>
@@ -425,14 +420,14 @@ __global__ void __launch_bounds__(256) gemv_fused_kernel(const __grid_constant__
 /* one block per 8 units (a persistent one-wave grid with warps looping over units was measured
  * slower on an H200: bench/NOTES.md, seventh run) */
 template <int MODE, bool NORM>
-static cudaError_t fused_go(cudaStream_t s, const gemv_fused_args &a, size_t units, size_t smem) {
-    return ks_pdl_launch(gemv_fused_kernel<MODE, NORM>, dim3(ks_cdiv(units, 8)), dim3(256), smem, s, a);
+static cudaError_t fused_go(cudaStream_t s, const gemv_fused_args &a, size_t units, size_t smem, int pdl) {
+    return ks_pdl_launch(gemv_fused_kernel<MODE, NORM>, dim3(ks_cdiv(units, 8)), dim3(256), smem, s, pdl, a);
 }
 
 template <int MODE>
-static ks_status fused_launch(cudaStream_t s, const gemv_fused_args &a, size_t units, const char *what) {
+static ks_status fused_launch(cudaStream_t s, const gemv_fused_args &a, size_t units, const char *what, int pdl) {
     size_t smem = a.nw ? sizeof(float) * a.in : 0;
-    cudaError_t e = a.nw ? fused_go<MODE, true>(s, a, units, smem) : fused_go<MODE, false>(s, a, units, smem);
+    cudaError_t e = a.nw ? fused_go<MODE, true>(s, a, units, smem, pdl) : fused_go<MODE, false>(s, a, units, smem, pdl);
     KS_CU(e, what);
     return KS_OK;
 }
@@ -456,7 +451,7 @@ static ks_status norm_args(gemv_fused_args *a, const float *x, const float *nw, 
 extern "C" ks_status ks_cuda_gemv_qkv_kv(cudaStream_t s, const float *x, const float *norm_w, float eps, float *xn, int in,
                                          int n_seg, float *const *y, const void *const *W, const float *const *bias,
                                          const int *rows, const int *rope, int head_dim, int pos, const float *inv_freq,
-                                         float attn_factor, const ks_cuda_kv_row *kv) {
+                                         float attn_factor, const ks_cuda_kv_row *kv, int pdl) {
     if (n_seg < 1 || n_seg > 3) return ks_errorf(KS_ERR_INTERNAL, "gemv_qkv: %d segments (1 to 3)", n_seg);
     gemv_fused_args a;
     memset(&a, 0, sizeof a);
@@ -470,7 +465,7 @@ extern "C" ks_status ks_cuda_gemv_qkv_kv(cudaStream_t s, const float *x, const f
     a.pos = pos;
     a.inv = inv_freq;
     a.af = attn_factor;
-    a.pf = g_prefetch;
+    a.pf = GEMV_PF;
     size_t units = 0;
     for (int i = 0; i < n_seg; i++) {
         if (!fused_ok(W[i], x, in)) return ks_errorf(KS_ERR_INTERNAL, "gemv_qkv: in = %d not a multiple of 8 or misaligned operands", in);
@@ -506,19 +501,19 @@ extern "C" ks_status ks_cuda_gemv_qkv_kv(cudaStream_t s, const float *x, const f
     if (units > INT32_MAX / 2) return ks_errorf(KS_ERR_INTERNAL, "gemv_qkv: %zu units", units);
     a.ustart[n_seg] = (int)units;
     if (!units) return KS_OK;
-    return fused_launch<GF_QKV>(s, a, units, "gemv_qkv kernel");
+    return fused_launch<GF_QKV>(s, a, units, "gemv_qkv kernel", pdl);
 }
 
 extern "C" ks_status ks_cuda_gemv_qkv(cudaStream_t s, const float *x, const float *norm_w, float eps, float *xn, int in,
                                       int n_seg, float *const *y, const void *const *W, const float *const *bias,
                                       const int *rows, const int *rope, int head_dim, int pos, const float *inv_freq,
-                                      float attn_factor) {
+                                      float attn_factor, int pdl) {
     return ks_cuda_gemv_qkv_kv(s, x, norm_w, eps, xn, in, n_seg, y, W, bias, rows, rope, head_dim, pos, inv_freq,
-                               attn_factor, NULL);
+                               attn_factor, NULL, pdl);
 }
 
 extern "C" ks_status ks_cuda_gemv_swiglu(cudaStream_t s, float *y, const float *x, const float *norm_w, float eps, float *xn,
-                                         const void *Wg, const void *Wu, int in, int out) {
+                                         const void *Wg, const void *Wu, int in, int out, int pdl) {
     if (out <= 0) return KS_OK;
     if (!fused_ok(Wg, x, in) || !fused_ok(Wu, x, in))
         return ks_errorf(KS_ERR_INTERNAL, "gemv_swiglu: in = %d not a multiple of 8 or misaligned operands", in);
@@ -534,6 +529,6 @@ extern "C" ks_status ks_cuda_gemv_swiglu(cudaStream_t s, float *y, const float *
     a.y[0] = y;
     a.rows[0] = out;
     a.ustart[1] = out;
-    a.pf = g_prefetch;
-    return fused_launch<GF_SWIGLU>(s, a, (size_t)out, "gemv_swiglu kernel");
+    a.pf = GEMV_PF;
+    return fused_launch<GF_SWIGLU>(s, a, (size_t)out, "gemv_swiglu kernel", pdl);
 }

@@ -12,13 +12,17 @@ extern "C" {
 /* 1 when ks_cuda_gemv takes the shape: in % 8 == 0 and W 16-byte aligned. */
 int ks_cuda_gemv_supported(const void *W, int in);
 
+/* Every launch below takes `pdl`: non-zero = programmatic dependent launch (kernels/pdl.cuh),
+ * the backend's ks_backend_opts.pdl. */
+
 /* y (out) = W (out, in) bf16 @ x (in) float32 [+ bias (out) float32]. */
-ks_status ks_cuda_gemv(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in, int out);
+ks_status ks_cuda_gemv(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in, int out, int pdl);
 
 /* y (out) += W (out, in) bf16 @ x (in) [+ bias]: the residual add folded into the gemv (each
  * y[r] is read and written by one thread; y must not alias x). Same rounding as ks_cuda_gemv
  * followed by an add: y[r] + (dot + bias[r]). */
-ks_status ks_cuda_gemv_acc(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in, int out);
+ks_status ks_cuda_gemv_acc(cudaStream_t s, float *y, const float *x, const void *W, const float *bias, int in, int out,
+                           int pdl);
 
 /* The fused gemvs below may also apply the layer's rmsnorm first (norm_w non-NULL): x is then
  * the un-normalised row, each block normalises it into shared memory with ks_cuda_rmsnorm's
@@ -34,7 +38,7 @@ int ks_cuda_gemv_norm_supported(const float *x, const float *norm_w, int in);
  * in % 8 == 0, x 16-byte aligned; y[i] must not alias x. */
 ks_status ks_cuda_gemv_qkv(cudaStream_t s, const float *x, const float *norm_w, float eps, float *xn, int in, int n_seg,
                            float *const *y, const void *const *W, const float *const *bias, const int *rows,
-                           const int *rope, int head_dim, int pos, const float *inv_freq, float attn_factor);
+                           const int *rope, int head_dim, int pos, const float *inv_freq, float attn_factor, int pdl);
 
 /* ks_cuda_gemv_qkv plus the KV-cache append of the finished k and v rows (decode): head h's
  * k row (after RoPE) and v row are also stored, rounded to bf16 as ks_cuda_kv_append1 rounds
@@ -55,21 +59,22 @@ typedef struct ks_cuda_kv_row {
 ks_status ks_cuda_gemv_qkv_kv(cudaStream_t s, const float *x, const float *norm_w, float eps, float *xn, int in, int n_seg,
                               float *const *y, const void *const *W, const float *const *bias, const int *rows,
                               const int *rope, int head_dim, int pos, const float *inv_freq, float attn_factor,
-                              const ks_cuda_kv_row *kv);
+                              const ks_cuda_kv_row *kv, int pdl);
 
 /* y (out) = silu(Wg x) * (Wu x) for one row (the gate and up projections and the SwiGLU in one
  * pass): Wg, Wu (out, in) bf16, x (in) float32; the activation as swiglu.cu computes it. */
 ks_status ks_cuda_gemv_swiglu(cudaStream_t s, float *y, const float *x, const float *norm_w, float eps, float *xn,
-                              const void *Wg, const void *Wu, int in, int out);
+                              const void *Wg, const void *Wu, int in, int out, int pdl);
 
 /* ---- tuning and benchmark hooks (tests/cuda/bench_decode.cu) ----
- * Every kernel above can be launched with programmatic dependent launch (kernels/pdl.cuh) when
- * KS_CUDA_PDL=1 (off by default: on an H200 a whole decode step was 0.6 ms slower with it), and
- * can prefetch the first bytes of its weight rows into L2 before it waits for the previous
- * kernel: ks_cuda_gemv_set_prefetch sets how many per row (default KS_CUDA_GEMV_PREFETCH = 0:
- * prefetching slowed the step too; < 0 = back to the default). */
+ * Every kernel above can prefetch the first bytes of its weight rows into L2 before it waits
+ * for the previous kernel (with PDL): KS_CUDA_GEMV_PREFETCH bytes per row (0: prefetching
+ * slowed the step, bench/NOTES.md). The dev harness alone (KS_KERNEL_DEV) may change it for
+ * the whole process with ks_cuda_gemv_set_prefetch (< 0 = back to the default). */
 #define KS_CUDA_GEMV_PREFETCH 0
+#ifdef KS_KERNEL_DEV
 void ks_cuda_gemv_set_prefetch(int bytes);
+#endif
 
 /* A variant of ks_cuda_gemv(_acc) for the benchmark: rows output rows per warp (1, 2, 4),
  * unroll 4 or 8 of the 16-byte step loop, ksplit warps of a block (1, 2, 4) sharing the same
@@ -77,13 +82,10 @@ void ks_cuda_gemv_set_prefetch(int bytes);
  * summation order, hence rounding, differs from ksplit 1), prefetch bytes per row. */
 typedef struct ks_cuda_gemv_variant {
     int rows, unroll, ksplit, prefetch;
+    int pdl; /* programmatic dependent launch */
 } ks_cuda_gemv_variant;
 ks_status ks_cuda_gemv_var(cudaStream_t s, const ks_cuda_gemv_variant *v, float *y, const float *x, const void *W,
                            int in, int out, int acc);
-
-/* 1 when programmatic dependent launch is on (kernels/pdl.cuh), and its override (-1 = env). */
-int ks_cuda_pdl(void);
-void ks_cuda_pdl_set(int on);
 
 #ifdef __cplusplus
 }

@@ -40,9 +40,13 @@ extern "C" {
 #endif
 
 struct ks_backend;
+struct ks_backend_opts;
 
-/* A CUDA backend on GPU `device` (0 = first). KS_ERR_DEVICE when there is no usable GPU. */
-ks_status ks_cuda_backend_create(int device, struct ks_backend **out);
+/* A CUDA backend on GPU opts->device (0 = first) with its own kernel choices, PDL, decode
+ * split count, graphs and profiling (core/backend.h; opts NULL = ks_backend_opts_default()).
+ * Nothing it chooses is process-wide: two backends of one process may differ. KS_ERR_DEVICE
+ * when there is no usable GPU. */
+ks_status ks_cuda_backend_create(const struct ks_backend_opts *opts, struct ks_backend **out);
 
 /* The stream every operation of backend b is queued on (for primitives called directly,
  * e.g. ks_cuda_prims.h from the Lua binding). b must be a CUDA backend. */
@@ -53,15 +57,19 @@ ks_cuda_scratch ks_cuda_backend_scratch(struct ks_backend *b);
 /* Number of multiprocessors of the backend's GPU (work sizing). */
 int ks_cuda_backend_sm_count(struct ks_backend *b);
 
-/* Attention path selection, for tests and benchmarks: 0 = automatic (flash kernel for
- * prefill-sized calls of head_dim 64/128, else the tensor-core decode kernel where it takes
- * the shape, else the float32 split-KV kernel), 1 = always the float32 split-KV kernel,
- * 2 = flash whenever the head_dim allows, 3 = tensor-core decode where it takes the shape. */
-void ks_cuda_backend_set_attn_path(struct ks_backend *b, int path);
-
-/* 1 when b uses the kernels not yet validated on a GPU (KS_CUDA_NEW; see cuda_backend.cu):
- * tensor-core decode, flash variant 2, gemv for one-row matmuls. */
-int ks_cuda_backend_new_kernels(struct ks_backend *b);
+/* Attention path of backend b, for tests and benchmarks (per backend, default AUTO). */
+typedef enum ks_cuda_attn_path {
+    KS_CUDA_ATTN_AUTO = 0,    /* a prefill kernel (the planner's, attn_prefill.cuh) for prefill-sized calls of
+                                 head_dim 64/128, else the tensor-core decode kernel where it takes the shape
+                                 (with opts.decode_kernels), else the float32 split-KV kernel */
+    KS_CUDA_ATTN_SPLITKV = 1, /* always the float32 split-KV kernel */
+    KS_CUDA_ATTN_FLASH = 2,   /* the planner's prefill kernel whenever the head_dim allows */
+    KS_CUDA_ATTN_TC = 3       /* the tensor-core decode kernel where it takes the shape */
+} ks_cuda_attn_path;
+void ks_cuda_backend_set_attn_path(struct ks_backend *b, ks_cuda_attn_path path);
+/* Prefill attention launches of backend b with kernel k since it was created (tests: which
+ * kernel the planner chose under b's options). */
+long ks_cuda_backend_prefill_calls(struct ks_backend *b, ks_cuda_prefill_kernel k);
 
 #ifdef __cplusplus
 }

@@ -133,19 +133,19 @@ __global__ void kv_append1_kernel(bf16 *__restrict__ K, bf16 *__restrict__ V, in
 }
 
 extern "C" ks_status ks_cuda_kv_append1(cudaStream_t s, void *K, void *V, int32_t *P, int capacity, int n_kv_heads,
-                                        int head_dim, const float *k, const float *v, int32_t pos, const int *row0) {
+                                        int head_dim, const float *k, const float *v, int32_t pos, const int *row0, int pdl) {
     if (n_kv_heads < 1 || n_kv_heads > KS_CUDA_KV1_MAX_HEADS)
         return ks_errorf(KS_ERR_INTERNAL, "kv_append1: %d KV heads (at most %d)", n_kv_heads, KS_CUDA_KV1_MAX_HEADS);
     kv_row0_args r;
     for (int h = 0; h < n_kv_heads; h++) r.row0[h] = row0[h];
     if (head_dim % 8 == 0 && ((uintptr_t)k | (uintptr_t)v | (uintptr_t)K | (uintptr_t)V) % 16 == 0) {
         int total = n_kv_heads * (head_dim / 8);
-        KS_CU(ks_pdl_launch(kv_append1_kernel<8>, dim3(ks_cdiv(total, 128)), dim3(128), 0, s, (bf16 *)K, (bf16 *)V, P,
+        KS_CU(ks_pdl_launch(kv_append1_kernel<8>, dim3(ks_cdiv(total, 128)), dim3(128), 0, s, pdl, (bf16 *)K, (bf16 *)V, P,
                             capacity, n_kv_heads, head_dim, k, v, (int)pos, r),
               "kv_append1 kernel");
     } else {
         int total = n_kv_heads * head_dim;
-        KS_CU(ks_pdl_launch(kv_append1_kernel<1>, dim3(ks_cdiv(total, 128)), dim3(128), 0, s, (bf16 *)K, (bf16 *)V, P,
+        KS_CU(ks_pdl_launch(kv_append1_kernel<1>, dim3(ks_cdiv(total, 128)), dim3(128), 0, s, pdl, (bf16 *)K, (bf16 *)V, P,
                             capacity, n_kv_heads, head_dim, k, v, (int)pos, r),
               "kv_append1 kernel");
     }
@@ -162,11 +162,11 @@ __global__ void put_kernel(unsigned char *__restrict__ dst, const __grid_constan
     for (int i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = a.b[i];
 }
 
-extern "C" ks_status ks_cuda_put(cudaStream_t s, void *dst, const void *src, size_t bytes) {
+extern "C" ks_status ks_cuda_put(cudaStream_t s, void *dst, const void *src, size_t bytes, int pdl) {
     if (!bytes) return KS_OK;
     if (bytes > KS_CUDA_PUT_MAX) return ks_errorf(KS_ERR_INTERNAL, "put: %zu bytes (at most %d)", bytes, KS_CUDA_PUT_MAX);
     put_args a;
     memcpy(a.b, src, bytes);
-    KS_CU(ks_pdl_launch(put_kernel, dim3(1), dim3(128), 0, s, (unsigned char *)dst, a, (int)bytes), "put kernel");
+    KS_CU(ks_pdl_launch(put_kernel, dim3(1), dim3(128), 0, s, pdl, (unsigned char *)dst, a, (int)bytes), "put kernel");
     return KS_OK;
 }

@@ -25,16 +25,16 @@ ks_status ks_cuda_kv_gather(cudaStream_t s, void *dK, void *dV, int32_t *dP, int
 
 /* Append one row (decode) with the position and each head's first free row passed by value
  * (no upload): k, v // (n_kv_heads, head_dim) float32 device, row0 // (n_kv_heads) HOST array.
- * n_kv_heads <= KS_CUDA_KV1_MAX_HEADS. */
+ * n_kv_heads <= KS_CUDA_KV1_MAX_HEADS. pdl: programmatic dependent launch (kernels/pdl.cuh). */
 #define KS_CUDA_KV1_MAX_HEADS 64
 ks_status ks_cuda_kv_append1(cudaStream_t s, void *K, void *V, int32_t *P, int capacity, int n_kv_heads, int head_dim,
-                             const float *k, const float *v, int32_t pos, const int *row0);
+                             const float *k, const float *v, int32_t pos, const int *row0, int pdl);
 
 /* Copy up to KS_CUDA_PUT_MAX bytes of host memory to the device in stream order, the bytes
  * travelling as a kernel argument (a small upload without a copy-engine transfer; src may be
  * reused at once). */
 #define KS_CUDA_PUT_MAX 512
-ks_status ks_cuda_put(cudaStream_t s, void *dst, const void *src, size_t bytes);
+ks_status ks_cuda_put(cudaStream_t s, void *dst, const void *src, size_t bytes, int pdl);
 
 #ifdef __cplusplus
 }

@@ -17,18 +17,14 @@
  * covers its predecessor's completion, and that one waited for its own predecessor, passing the
  * wait means every earlier kernel in the stream has completed (as long as every block waits).
  *
- * ks_cuda_pdl(): 1 when launches use the attribute; off by default (measured slower on an H200:
- * the early blocks wait on SMs the running kernel needs), the environment variable
- * KS_CUDA_PDL=1 turns it on (read once), ks_cuda_pdl_set overrides it (benchmarks). Internal to
- * kernels/. */
+ * Whether a launch uses the attribute is the caller's argument `pdl`, from the backend's option
+ * (ks_backend_opts.pdl: off by default, measured slower: bench/NOTES.md); nothing process-wide
+ * decides it. Internal to kernels/. */
 #ifndef KS_CUDA_PDL_CUH
 #define KS_CUDA_PDL_CUH
 
 #include <cuda_runtime.h>
 #include <utility>
-
-extern "C" int ks_cuda_pdl(void);
-extern "C" void ks_cuda_pdl_set(int on); /* 1 on, 0 off, -1 back to the environment's choice */
 
 static __device__ __forceinline__ void ks_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -48,10 +44,10 @@ static __device__ __forceinline__ void ks_prefetch_l2(const void *p) {
 }
 
 /* kernel<<<grid, block, smem, s>>>(args...), with the programmatic-serialisation attribute when
- * ks_cuda_pdl() (the kernel must then keep the contract above). Returns the launch error. */
+ * pdl is non-zero (the kernel must then keep the contract above). Returns the launch error. */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t ks_pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                                        Args &&...args) {
+                                        int pdl, Args &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -61,7 +57,7 @@ static inline cudaError_t ks_pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = ks_cuda_pdl() ? 1 : 0;
+    cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 

@@ -31,8 +31,8 @@
 #define DEFAULT_SECONDS 30.0
 #define DEFAULT_DEVICE_MB 1024
 
-/* Where an event's views live (the reserved parameter _device, default from the environment
- * variable KVSIEVE_LUA_DEVICE): */
+/* Where an event's views live (the reserved parameter _device, default auto; the CLI sets it
+ * from the environment variable KVSIEVE_LUA_DEVICE): */
 enum {
     DEV_AUTO = 0,   /* on the engine's device when its backend has primitives (CUDA), else host */
     DEV_HOST = 1,   /* always host views (copies of device buffers): primitives run on the CPU */
@@ -1483,8 +1483,7 @@ static ks_lpol *lpol_new(const char *chunk) {
     if (nl > 4 && !strcmp(p->name + nl - 4, ".lua")) p->name[nl - 4] = 0;
     for (int i = 0; i < KS_EV_COUNT; i++) p->ref_fn[i] = LUA_NOREF;
     p->ref_begin = p->ref_params = p->ref_module = LUA_NOREF;
-    const char *dm = getenv("KVSIEVE_LUA_DEVICE");
-    p->dev_mode = dm && *dm && dev_mode_parse(dm) >= 0 ? dev_mode_parse(dm) : DEV_AUTO;
+    p->dev_mode = DEV_AUTO;
     p->dev_limit = (size_t)DEFAULT_DEVICE_MB << 20;
     p->pol.ud = p;
     p->pol.free = ks_lpol_free_;
@@ -1541,6 +1540,10 @@ static int is_path(const char *s) {
 }
 
 ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out) {
+    return ks_policy_load_path(m, name_or_path, NULL, out);
+}
+
+ks_status ks_policy_load_path(ks_model *m, const char *name_or_path, const char *search_path, ks_policy **out) {
     *out = NULL;
     if (!name_or_path || !*name_or_path) return ks_errorf(KS_ERR_ARG, "ks_policy_load: no policy name");
     char path[4096] = "", searched[2048] = "";
@@ -1551,9 +1554,8 @@ ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out)
         const char *dirs[64];
         int nd = 0;
         char envbuf[2048] = "", exedir[2048] = "";
-        const char *env = getenv("KVSIEVE_POLICY_PATH");
-        if (env) {
-            snprintf(envbuf, sizeof envbuf, "%s", env);
+        if (search_path) {
+            snprintf(envbuf, sizeof envbuf, "%s", search_path);
             for (char *s = envbuf, *tok; nd < 60 && (tok = strsep(&s, ":")) != NULL;)
                 if (*tok) dirs[nd++] = tok;
         }
@@ -1577,7 +1579,7 @@ ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out)
             }
         }
         if (!path[0])
-            return ks_errorf(KS_ERR_IO, "no policy named \"%s\" (looked for %s.lua in: %s; set KVSIEVE_POLICY_PATH or give a path)",
+            return ks_errorf(KS_ERR_IO, "no policy named \"%s\" (looked for %s.lua in: %s; give a search path or a file path)",
                              name_or_path, name_or_path, searched);
     }
     char *src;

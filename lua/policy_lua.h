@@ -75,9 +75,12 @@ extern "C" {
 #endif
 
 /* Load a policy by name or path. A name (no '/' and not ending in ".lua") is looked up as
- * NAME.lua in: each folder of $KVSIEVE_POLICY_PATH (colon-separated), ./policies, and
+ * NAME.lua in: each folder of search_path (colon-separated; NULL = none), ./policies, and
  * <folder of the executable>/../policies. m (may be NULL) exposes the model's config to the
- * policy as require("kvsieve").config. Free with ks_policy_free. */
+ * policy as require("kvsieve").config. Free with ks_policy_free. Nothing here reads the
+ * environment: the CLI passes $KVSIEVE_POLICY_PATH (repl/env_opts.c). */
+ks_status ks_policy_load_path(ks_model *m, const char *name_or_path, const char *search_path, ks_policy **out);
+/* ks_policy_load_path with no search path. */
 ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out);
 /* The same from source text; chunkname names it in messages (e.g. "inline.lua"). */
 ks_status ks_policy_load_string(ks_model *m, const char *chunkname, const char *source, ks_policy **out);

@@ -204,11 +204,9 @@ KT_TEST(lua_policy_search_path) {
     ks_policy *p;
     KT_CHECK(ks_policy_load(NULL, "zz_mine", &p) == KS_ERR_IO, "found without the path");
     KT_CHECK(strstr(ks_last_error(), "no policy named \"zz_mine\"") && strstr(ks_last_error(), "policies"), "%s", ks_last_error());
-    char env[600];
-    snprintf(env, sizeof env, "/nonexistent:%s", dir);
-    setenv("KVSIEVE_POLICY_PATH", env, 1);
-    ks_status st = ks_policy_load(NULL, "zz_mine", &p);
-    unsetenv("KVSIEVE_POLICY_PATH");
+    char sp[600];
+    snprintf(sp, sizeof sp, "/nonexistent:%s", dir);
+    ks_status st = ks_policy_load_path(NULL, "zz_mine", sp, &p);
     KT_CHECK(st == KS_OK, "%s", ks_last_error());
     KT_CHECK(!strcmp(ks_policy_name(p), "zz"), "%s", ks_policy_name(p));
     ks_policy_free(p);
@@ -628,7 +626,7 @@ KT_TEST(lua_cli_run_repl_generate) {
 
 /* ================================================================ device tensors (the emulated device)
  *
- * KVSIEVE_LUA_DEVICE=emulate / _device = "emulate" runs a policy's primitives through the
+ * _device = "emulate" (the CLI: KVSIEVE_LUA_DEVICE=emulate) runs a policy's primitives through the
  * device-tensor path on the CPU backend: views are device views of the emulated device
  * (lua/prims_lua.c), primitives dispatch to its ks_backend_prims table, element access and
  * actions download. Every policy must keep exactly what it keeps on the plain host path. */
@@ -806,7 +804,7 @@ static const char *dev_prims_lua =
     "  n_cmp = n_cmp + 1\n"
     "end\n"
     "local kept, saved, later = nil, nil, {}\n"
-    "local r = s:generate(ids, {n = 3, policy = {\n"
+    "local r = s:generate(ids, {n = 3, set = {_device = 'emulate'}, policy = {\n"
     "  prefill_qkv = function(ev)\n"
     "    if ev.layer == 1 then\n"
     "      -- what layer 0 kept: moved to the host with its values; its view of ev.q is stale\n"
@@ -891,9 +889,7 @@ static const char *dev_prims_lua =
 
 KT_TEST(lua_device_emulated_prims_match_host) {
     ks_lua_quiet = 1;
-    setenv("KVSIEVE_LUA_DEVICE", "emulate", 1);
     const char *e = run_lua(dev_prims_lua);
-    unsetenv("KVSIEVE_LUA_DEVICE");
     KT_CHECK(!*e, "%s", e);
 }
 

@@ -42,6 +42,8 @@
 
 static cudaStream_t S;
 static int g_quick, g_graph_only; /* --graph: only section 4 */
+static int g_pdl; /* programmatic dependent launch of the calls below (each section sets it) */
+static const ks_cuda_attn_params *pdl_of(ks_cuda_attn_params *p) { p->pdl = g_pdl; return p; }
 static double g_copy; /* GB/s, bytes read + written */
 
 /* best of reps after warm-up; fn(i) enqueues one timed unit */
@@ -207,19 +209,19 @@ static void bench_gemv_shapes(void) {
                 const void *ws[3] = {b, b + (size_t)DIM * DIM, b + (size_t)(DIM + KD) * DIM};
                 const float *bs[3] = {NULL, NULL, NULL};
                 int rows[3] = {DIM, KD, KD}, rope[3] = {1, 1, 0};
-                KS(ks_cuda_gemv_qkv(S, x, nw, 1e-5f, xn, DIM, 3, ys, ws, bs, rows, rope, HD, 1000, g_inv, 1.0f));
+                KS(ks_cuda_gemv_qkv(S, x, nw, 1e-5f, xn, DIM, 3, ys, ws, bs, rows, rope, HD, 1000, g_inv, 1.0f, g_pdl));
             } else if (sh.kind == 2) {
                 const bf16 *b = (const bf16 *)w;
-                KS(ks_cuda_gemv_swiglu(S, y, x, nw, 1e-5f, xn, b, b + (size_t)FFN * DIM, DIM, FFN));
+                KS(ks_cuda_gemv_swiglu(S, y, x, nw, 1e-5f, xn, b, b + (size_t)FFN * DIM, DIM, FFN, g_pdl));
             } else if (sh.kind == 3) {
-                KS(ks_cuda_gemv(S, y, x, w, NULL, sh.in, sh.out));
+                KS(ks_cuda_gemv(S, y, x, w, NULL, sh.in, sh.out, g_pdl));
             } else {
-                KS(ks_cuda_gemv_acc(S, y, x, w, NULL, sh.in, sh.out));
+                KS(ks_cuda_gemv_acc(S, y, x, w, NULL, sh.in, sh.out, g_pdl));
             }
         };
         char name[160];
         for (int pdl = 0; pdl < 2; pdl++) {
-            ks_cuda_pdl_set(pdl);
+            g_pdl = pdl;
             double one = best_ms([&](int i) { run(i); });
             snprintf(name, sizeof name, "%s: one launch%s", sh.name, pdl ? " (PDL attr)" : "");
             line(name, one, (double)bytes);
@@ -227,9 +229,9 @@ static void bench_gemv_shapes(void) {
             snprintf(name, sizeof name, "%s: 8 back to back, PDL %s", sh.name, pdl ? "on" : "off");
             line(name, eight, (double)bytes);
         }
-        ks_cuda_pdl_set(-1);
+        g_pdl = 0;
         if (sh.kind == 0 || sh.kind == 3) { /* plain gemv variants vs the default kernel's output */
-            KS(ks_cuda_gemv(S, y, x, W[0], NULL, sh.in, sh.out));
+            KS(ks_cuda_gemv(S, y, x, W[0], NULL, sh.in, sh.out, g_pdl));
             h_ref.resize(sh.out);
             h_out.resize(sh.out);
             CK(cudaMemcpy(h_ref.data(), y, sh.out * 4, cudaMemcpyDeviceToHost));
@@ -239,7 +241,7 @@ static void bench_gemv_shapes(void) {
                     for (int k : ks_o)
                         for (int pf : pf_o) {
                             if (g_quick && (u == 8 || pf == 0)) continue;
-                            ks_cuda_gemv_variant v = {r, u, k, pf};
+                            ks_cuda_gemv_variant v = {r, u, k, pf, 0};
                             KS(ks_cuda_gemv_var(S, &v, y, x, W[0], sh.in, sh.out, 0));
                             CK(cudaMemcpy(h_out.data(), y, sh.out * 4, cudaMemcpyDeviceToHost));
                             double md = 0, mx = 0;
@@ -247,11 +249,12 @@ static void bench_gemv_shapes(void) {
                                 md = std::max(md, (double)fabsf(h_out[i] - h_ref[i]));
                                 mx = std::max(mx, (double)fabsf(h_ref[i]));
                             }
-                            ks_cuda_pdl_set(1);
+                            g_pdl = 1;
+                            v.pdl = 1;
                             double ms = best_ms([&](int i) {
                                 for (int j = 0; j < 8; j++) KS(ks_cuda_gemv_var(S, &v, y, x, W[(i * 8 + j) % nb], sh.in, sh.out, 0));
                             }) / 8;
-                            ks_cuda_pdl_set(-1);
+                            g_pdl = 0;
                             snprintf(name, sizeof name, "  variant rows %d unroll %d ksplit %d prefetch %4d (x8 PDL; maxdiff %.1e of %.1e)",
                                      r, u, k, pf, md, mx);
                             line(name, ms, (double)bytes);
@@ -285,16 +288,16 @@ static void bench_attention(int rows) {
         if (k > 0 && sp == def) continue;
         if (sp > 1024 || (sp != def && (sp > 4 * def || sp < def / 16)) || (g_quick && sp != def && sp != def / 2)) continue;
         for (int pdl = 0; pdl < 2; pdl++) {
-            ks_cuda_pdl_set(pdl);
+            g_pdl = pdl;
             double ms = best_ms([&](int) {
-                for (int j = 0; j < 8; j++) KS(ks_cuda_attn_decode_tc1(S, &p, c.n, rows, NULL, sp, sp > 1 ? ws : NULL));
+                for (int j = 0; j < 8; j++) KS(ks_cuda_attn_decode_tc1(S, pdl_of(&p), c.n, rows, NULL, sp, sp > 1 ? ws : NULL));
             }) / 8;
             snprintf(name, sizeof name, "attention %d rows, %d splits%s, x8 PDL %s", rows, sp, sp == def ? " (default)" : "",
                      pdl ? "on" : "off");
             line(name, ms, bytes);
         }
     }
-    ks_cuda_pdl_set(-1);
+    g_pdl = 0;
     cudaFree(ws);
     free_cache(c);
     void *q[] = {a.x, a.xn, a.q, a.k, a.v, a.att, a.gate, a.logits};
@@ -333,19 +336,19 @@ static void bench_sequence(int rows) {
             if (fused_kv) {
                 ks_cuda_kv_row kr = {c.k, c.v, c.pos, c.cap, NKV, row0, NULL};
                 KS(ks_cuda_gemv_qkv_kv(S, a.x, w.attn_norm, 1e-5f, a.xn, DIM, 3, ys, wsg, bs, rws, rope, HD, rows, g_inv,
-                                       1.0f, &kr));
+                                       1.0f, &kr, g_pdl));
             } else {
-                KS(ks_cuda_gemv_qkv(S, a.x, w.attn_norm, 1e-5f, a.xn, DIM, 3, ys, wsg, bs, rws, rope, HD, rows, g_inv, 1.0f));
-                KS(ks_cuda_kv_append1(S, c.k, c.v, c.pos, c.cap, NKV, HD, a.k, a.v, rows, row0));
+                KS(ks_cuda_gemv_qkv(S, a.x, w.attn_norm, 1e-5f, a.xn, DIM, 3, ys, wsg, bs, rws, rope, HD, rows, g_inv, 1.0f, g_pdl));
+                KS(ks_cuda_kv_append1(S, c.k, c.v, c.pos, c.cap, NKV, HD, a.k, a.v, rows, row0, g_pdl));
             }
             int nk[NKV];
             for (int h = 0; h < NKV; h++) nk[h] = rows + 1;
-            KS(ks_cuda_attn_decode_tc1(S, &p, nk, rows, NULL, splits, ws));
-            KS(ks_cuda_gemv_acc(S, a.x, a.att, w.wo, NULL, DIM, DIM));
-            KS(ks_cuda_gemv_swiglu(S, a.gate, a.x, w.ffn_norm, 1e-5f, a.xn, w.wg, w.wu, DIM, FFN));
-            KS(ks_cuda_gemv_acc(S, a.x, a.gate, w.wd, NULL, FFN, DIM));
+            KS(ks_cuda_attn_decode_tc1(S, pdl_of(&p), nk, rows, NULL, splits, ws));
+            KS(ks_cuda_gemv_acc(S, a.x, a.att, w.wo, NULL, DIM, DIM, g_pdl));
+            KS(ks_cuda_gemv_swiglu(S, a.gate, a.x, w.ffn_norm, 1e-5f, a.xn, w.wg, w.wu, DIM, FFN, g_pdl));
+            KS(ks_cuda_gemv_acc(S, a.x, a.gate, w.wd, NULL, FFN, DIM, g_pdl));
         }
-        KS(ks_cuda_gemv(S, a.logits, a.x, lm, NULL, DIM, VOCAB));
+        KS(ks_cuda_gemv(S, a.logits, a.x, lm, NULL, DIM, VOCAB, g_pdl));
     };
     std::vector<float> h_off(VOCAB), h_on(VOCAB);
     char name[200];
@@ -356,7 +359,7 @@ static void bench_sequence(int rows) {
             for (int pf : pf_o) {
                 if (g_quick && pf != 2048 && pf != 0) continue;
                 if (!pdl && pf != 0 && pf != KS_CUDA_GEMV_PREFETCH) continue;
-                ks_cuda_pdl_set(pdl);
+                g_pdl = pdl;
                 ks_cuda_gemv_set_prefetch(pf);
                 double ms = best_ms([&](int) { step(); }, 2, g_quick ? 5 : 20);
                 snprintf(name, sizeof name, "step: KV append %s, PDL %s, prefetch %4d B/row (weights+KV)",
@@ -372,7 +375,7 @@ static void bench_sequence(int rows) {
         printf("  KV append %s: logits with PDL on %s those with PDL off (all finite: %s)\n", fk ? "fused" : "apart",
                same ? "bit-identical to" : "DIFFER FROM", finite ? "yes" : "no");
     }
-    ks_cuda_pdl_set(-1);
+    g_pdl = 0;
     ks_cuda_gemv_set_prefetch(-1);
     printf("  floor at the copy rate: %.3f ms (weights %.2f GB + KV %.2f GB)\n", (wbytes + kvbytes) / (g_copy * 1e9) * 1e3,
            wbytes / 1e9, kvbytes / 1e9);
@@ -429,14 +432,14 @@ static void bench_graph(int rows) {
             for (int h = 0; h < NKV; h++) { row0[h] = rows; nk[h] = rows + 1; }
             ks_cuda_kv_row kr = {c.k, c.v, c.pos, c.cap, NKV, row0, NULL};
             KS(ks_cuda_gemv_qkv_kv(S, a.x, w.attn_norm, 1e-5f, a.xn, DIM, 3, ys, wsg, bs, rws, rope, HD, rows, g_inv, 1.0f,
-                                   &kr));
+                                   &kr, g_pdl));
             ks_cuda_attn_params p = attn_params(a, c, rows);
-            KS(ks_cuda_attn_decode_tc1(S, &p, nk, rows, NULL, splits, ws));
-            KS(ks_cuda_gemv_acc(S, a.x, a.att, w.wo, NULL, DIM, DIM));
-            KS(ks_cuda_gemv_swiglu(S, a.gate, a.x, w.ffn_norm, 1e-5f, a.xn, w.wg, w.wu, DIM, FFN));
-            KS(ks_cuda_gemv_acc(S, a.x, a.gate, w.wd, NULL, FFN, DIM));
+            KS(ks_cuda_attn_decode_tc1(S, pdl_of(&p), nk, rows, NULL, splits, ws));
+            KS(ks_cuda_gemv_acc(S, a.x, a.att, w.wo, NULL, DIM, DIM, g_pdl));
+            KS(ks_cuda_gemv_swiglu(S, a.gate, a.x, w.ffn_norm, 1e-5f, a.xn, w.wg, w.wu, DIM, FFN, g_pdl));
+            KS(ks_cuda_gemv_acc(S, a.x, a.gate, w.wd, NULL, FFN, DIM, g_pdl));
         }
-        KS(ks_cuda_gemv(S, a.logits, a.x, lm, NULL, DIM, VOCAB));
+        KS(ks_cuda_gemv(S, a.logits, a.x, lm, NULL, DIM, VOCAB, g_pdl));
     };
     std::vector<float> h_ref(VOCAB), h_g(VOCAB);
     char name[200];
@@ -509,7 +512,7 @@ int main(int argc, char **argv) {
     cudaDeviceProp pr;
     CK(cudaGetDeviceProperties(&pr, 0));
     printf("device: %s, %d SMs, L2 %d MB; PDL default %s (KS_CUDA_PDL)\n", pr.name, pr.multiProcessorCount,
-           pr.l2CacheSize >> 20, ks_cuda_pdl() ? "on" : "off");
+           pr.l2CacheSize >> 20, g_pdl ? "on" : "off");
     {
         size_t bytes = (size_t)1 << 30;
         void *s = dmalloc(bytes), *d = dmalloc(bytes);

@@ -172,9 +172,7 @@ static void bench_prefill(int n, int H, int Hkv, int d, int causal, int window, 
         if (window > 0) lo = std::max(0, qp[i] - window + 1);
         pairs += hi - lo + 1;
     }
-    ks_cuda_attn_prefill_set_variant(variant);
-    double ms = time_ms([&](int) { KS(ks_cuda_attn_prefill(S, &p, ws)); }, 2, g_quick ? 5 : 10);
-    ks_cuda_attn_prefill_set_variant(1);
+    double ms = time_ms([&](int) { KS(ks_cuda_attn_prefill_mma_variant(S, &p, ws, variant)); }, 2, g_quick ? 5 : 10);
     char name[96];
     snprintf(name, sizeof name, "flash v%d prefill n=%d H=%d/%d d=%d %s%s", variant, n, H, Hkv, d,
              causal ? "causal" : "full", window ? " window" : "");

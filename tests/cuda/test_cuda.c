@@ -27,9 +27,10 @@
 /* ================================================================ harness */
 
 static int g_pass, g_fail, g_quick;
-static int g_default_variant = 1; /* the flash variant the backend chose (KS_CUDA_NEW) */
 static const char *g_only;
-static ks_backend *CPU, *GPU;
+/* GPU: the CUDA backend with the options of the command line; GPU_MMA: a second one in the same
+ * process with the mma.sync prefill kernel, graphs off and PDL on (two backends, own options) */
+static ks_backend *CPU, *GPU, *GPU_MMA;
 
 static void result(int ok, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void result(int ok, const char *name, const char *fmt, ...) {
@@ -937,11 +938,13 @@ typedef struct attn_case {
     int rope;                /* q and K pre-RoPE: attention rotates them (TokenSelect) */
 } attn_case;
 
-static void run_attn(const attn_case *ac, int path, int variant) {
+/* path: ks_cuda_attn_path; mma: on GPU_MMA (the mma.sync prefill kernel) instead of GPU */
+static void run_attn(const attn_case *ac, ks_cuda_attn_path path, int mma) {
     char name[200];
     char tag[32];
-    snprintf(tag, sizeof tag, "%s", path == 1 ? "splitkv" : path == 3 ? "tc-decode" : "flash");
-    if (path == 2) snprintf(tag, sizeof tag, "flash-v%d", variant);
+    snprintf(tag, sizeof tag, "%s", path == KS_CUDA_ATTN_SPLITKV ? "splitkv" : path == KS_CUDA_ATTN_TC ? "tc-decode"
+                                    : mma ? "flash-mma" : "flash");
+    ks_backend *G = mma ? GPU_MMA : GPU;
     int n = ac->n, H = ac->H, Hkv = ac->Hkv, d = ac->d;
     snprintf(name, sizeof name, "attention[%s] n=%d ctx=%d H=%d/%d d=%d%s%s%s%s%s%s", tag, n,
              ac->ctx, H, Hkv, d, ac->window ? " window" : "", ac->idx == 1 ? " idx" : ac->idx == 2 ? " idx+renum" : "",
@@ -957,7 +960,7 @@ static void run_attn(const attn_case *ac, int path, int variant) {
     NEED(kv_append_both(&p, n, pos + ac->ctx), name);
     float *q = malloc(sizeof(float) * n * H * d);
     fill(q, (size_t)n * H * d, ac->qscale);
-    if (path != 1 && !ac->rope) round_bf16(q, (size_t)n * H * d); /* the mma kernels read q in bf16 */
+    if (path != KS_CUDA_ATTN_SPLITKV && !ac->rope) round_bf16(q, (size_t)n * H * d); /* the mma kernels read q in bf16 */
     ks_attn_args a = {.n = n, .n_heads = H, .qpos = pos + ac->ctx, .scale = 1.0f / sqrtf((float)d), .window = ac->window};
     ks_rope rope;
     memset(&rope, 0, sizeof rope);
@@ -988,17 +991,18 @@ static void run_attn(const attn_case *ac, int path, int variant) {
     float *oc = malloc(sizeof(float) * n * H * d);
     NEED(CPU->attention(CPU, oc, q, &p.c, &a), name);
     float *dq = gpu_buf(q, (size_t)n * H * d), *dout = gpu_buf(NULL, (size_t)n * H * d);
-    ks_cuda_backend_set_attn_path(GPU, path);
-    if (path == 2) ks_cuda_attn_prefill_set_variant(variant);
-    ks_status st = GPU->attention(GPU, dout, dq, &p.g, &a);
-    ks_cuda_backend_set_attn_path(GPU, 0);
-    ks_cuda_attn_prefill_set_variant(g_default_variant);
+    ks_cuda_backend_set_attn_path(G, path);
+    /* GPU_MMA reads GPU's buffers (one device): GPU's stream has finished writing them first */
+    ks_status st = G != GPU ? GPU->sync(GPU) : KS_OK;
+    if (!st) st = G->attention(G, dout, dq, &p.g, &a);
+    if (!st) st = G->sync(G);
+    ks_cuda_backend_set_attn_path(G, KS_CUDA_ATTN_AUTO);
     NEED(st, name);
     float *og = gpu_get(dout, (size_t)n * H * d);
     double e = relerr(og, oc, (size_t)n * H * d), er = row_relerr(og, oc, (size_t)n * H, d);
     /* split-KV: float32 math on the same bf16 K/V (rotated keys kept in float32) -> float
      * rounding only; flash and tensor-core decode: Q, P (and rotated K) in bf16 -> ~3e-3 */
-    double tol = path == 1 ? 1e-5 : 1e-2, rtol = path == 1 ? 1e-4 : 3e-2;
+    double tol = path == KS_CUDA_ATTN_SPLITKV ? 1e-5 : 1e-2, rtol = path == KS_CUDA_ATTN_SPLITKV ? 1e-4 : 3e-2;
     result(e < tol && er < rtol, name, "relerr %.2e (worst row %.2e)", e, er);
     if (idx) {
         for (int h = 0; h < Hkv; h++) free(idx[h]);
@@ -1061,11 +1065,13 @@ static void test_attention(void) {
     int nc = (int)(sizeof cases / sizeof cases[0]);
     for (int c = 0; c < nc; c++) {
         if (g_quick && (cases[c].n * (cases[c].n + cases[c].ctx) > 300000 || cases[c].ctx > 2000)) continue;
-        run_attn(&cases[c], 1, 0);
+        run_attn(&cases[c], KS_CUDA_ATTN_SPLITKV, 0);
         if (cases[c].d == 64 || cases[c].d == 128) {
-            for (int v = 1; v <= 3; v++) /* flash variants (gathered rows with idx / pre-RoPE) */
-                if (v == 2 || !g_quick) run_attn(&cases[c], 2, v);
-            if (cases[c].n * (cases[c].H / cases[c].Hkv) <= 16) run_attn(&cases[c], 3, 0);
+            /* the prefill kernels (gathered rows with idx / pre-RoPE): the planner's on GPU, and
+             * without --quick the mma.sync kernel on GPU_MMA before and after it */
+            for (int v = 1; v <= 3; v++)
+                if (v == 2 || !g_quick) run_attn(&cases[c], KS_CUDA_ATTN_FLASH, v != 2);
+            if (cases[c].n * (cases[c].H / cases[c].Hkv) <= 16) run_attn(&cases[c], KS_CUDA_ATTN_TC, 0);
         }
     }
 }
@@ -1533,7 +1539,7 @@ static ks_status graph_run_session(ks_model *m, const ks_policy *pol, const int3
 
 static void test_graph(void) {
     if (!want("graph")) return;
-    if (!GPU->graph_begin) { result(1, "decode graph", "skipped: graphs off (KS_CUDA_GRAPH=0)"); g_pass--; return; }
+    if (!GPU->graph_begin) { result(1, "decode graph", "skipped: graphs off (--no-graphs)"); g_pass--; return; }
     static const int which[] = {0, 2, 3}; /* random_cfgs: llama3 rope g=4, qwen2 biases, mistral window */
     const int steps = 12;
     for (size_t w = 0; w < sizeof which / sizeof which[0]; w++) {
@@ -1584,27 +1590,99 @@ static void test_graph(void) {
     }
 }
 
+/* Two CUDA backends of one process with different options (GPU: the command line's; GPU_MMA:
+ * mma.sync prefill, graphs off, PDL on) run the same random model in turns A, B, A: each uses
+ * its own prefill kernel and graph setting, B's logits match A's within the flash tolerance,
+ * and A's second run is bit-identical to its first (B changed nothing of A's). */
+static void test_two_backends(void) {
+    if (!want("two backends")) return;
+    const char *const *cfg = random_cfgs[0]; /* hd 64, g = 4 */
+    char dir[256];
+    if (kt_tmpdir(dir, sizeof dir) || kt_write_file(dir, "config.json", cfg[1])) {
+        result(0, "two backends: config", "cannot write a temp folder");
+        return;
+    }
+    ks_model *ma = NULL, *mb = NULL;
+    ks_status st = ks_model_random(dir, GPU, 91, &ma);
+    if (!st) st = ks_model_random(dir, GPU_MMA, 91, &mb);
+    if (st) { result(0, "two backends: models", "%s", ks_last_error()); ks_model_free(ma); kt_rmdir(dir); return; }
+    const int n = 160, steps = 8, V = ma->cfg.vocab;
+    int32_t *ids = malloc(sizeof(int32_t) * n);
+    for (int i = 0; i < n; i++) ids[i] = irand(V);
+    float *a = malloc(sizeof(float) * steps * V), *b = malloc(sizeof(float) * steps * V), *a2 = malloc(sizeof(float) * steps * V);
+    long wa0 = ks_cuda_backend_prefill_calls(GPU, KS_CUDA_PREFILL_WGMMA), fa0 = ks_cuda_backend_prefill_calls(GPU, KS_CUDA_PREFILL_MMA);
+    long wb0 = ks_cuda_backend_prefill_calls(GPU_MMA, KS_CUDA_PREFILL_WGMMA), fb0 = ks_cuda_backend_prefill_calls(GPU_MMA, KS_CUDA_PREFILL_MMA);
+    int ga = 0, gb = 0, ga2 = 0;
+    st = graph_run_session(ma, NULL, ids, n, steps, 1, a, &ga, NULL);
+    long wa = ks_cuda_backend_prefill_calls(GPU, KS_CUDA_PREFILL_WGMMA) - wa0, fa = ks_cuda_backend_prefill_calls(GPU, KS_CUDA_PREFILL_MMA) - fa0;
+    if (!st) st = graph_run_session(mb, NULL, ids, n, steps, 1, b, &gb, NULL);
+    if (!st) st = graph_run_session(ma, NULL, ids, n, steps, 1, a2, &ga2, NULL);
+    long wb = ks_cuda_backend_prefill_calls(GPU_MMA, KS_CUDA_PREFILL_WGMMA) - wb0, fb = ks_cuda_backend_prefill_calls(GPU_MMA, KS_CUDA_PREFILL_MMA) - fb0;
+    if (st) {
+        result(0, "two backends: runs", "%s: %s", ks_status_name(st), ks_last_error());
+    } else {
+        int hopper = 0;
+        cudaDeviceProp pr;
+        if (cudaGetDeviceProperties(&pr, 0) == cudaSuccess) hopper = pr.major == 9;
+        /* A: the planner's kernel (wgmma on Hopper) for every prefill attention; B: mma.sync only */
+        int a_wg = GPU->opts.prefill_attn != KS_PREFILL_ATTN_MMA && hopper;
+        int a_ok = a_wg ? (wa >= ma->cfg.n_layers && fa == 0) : (wa == 0 && fa >= ma->cfg.n_layers);
+        result(a_ok && wb == 0 && fb >= mb->cfg.n_layers, "two backends: each its own prefill attention kernel",
+               "A wgmma %ld mma %ld (want %s), B wgmma %ld mma %ld (%d layers)", wa, fa, a_wg ? "wgmma" : "mma", wb, fb,
+               ma->cfg.n_layers);
+        int want_ga = GPU->graph_begin ? steps - 1 : 0;
+        result(ga == want_ga && ga2 == want_ga && gb == 0 && !GPU_MMA->graph_begin, "two backends: each its own decode graphs",
+               "A %d and %d of %d steps from a graph (want %d), B %d", ga, ga2, steps, want_ga, gb);
+        int argmax_ok = 1;
+        for (int t = 0; t < steps; t++) {
+            int x = argmax(a + (size_t)t * V, V), y = argmax(b + (size_t)t * V, V);
+            if (x != y && !near_tie(a + (size_t)t * V, b + (size_t)t * V, V, x, y)) argmax_ok = 0;
+        }
+        double e = relerr(b, a, (size_t)steps * V);
+        result(e < 2e-2 && argmax_ok && !memcmp(a, a2, sizeof(float) * steps * V), "two backends: same logits",
+               "B vs A relerr %.2e, argmax %s; A again %s", e, argmax_ok ? "agrees" : "DIFFERS",
+               memcmp(a, a2, sizeof(float) * steps * V) ? "DIFFERS" : "bit-identical");
+    }
+    free(a); free(b); free(a2); free(ids);
+    ks_model_free(mb);
+    ks_model_free(ma);
+    kt_rmdir(dir);
+}
+
 int main(int argc, char **argv) {
     const char *stories = getenv("KS_STORIES");
+    ks_backend_opts go = ks_backend_opts_default(); /* GPU's options, from the command line */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
         else if (!strcmp(argv[i], "--stories") && i + 1 < argc) stories = argv[++i];
-        else { fprintf(stderr, "usage: %s [--quick] [--only NAME] [--stories DIR]\n", argv[0]); return 2; }
+        else if (!strcmp(argv[i], "--pdl")) go.pdl = 1;
+        else if (!strcmp(argv[i], "--no-graphs")) go.graphs = 0;
+        else if (!strcmp(argv[i], "--mma-prefill")) go.prefill_attn = KS_PREFILL_ATTN_MMA;
+        else if (!strcmp(argv[i], "--basic-decode")) go.decode_kernels = 0;
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--only NAME] [--stories DIR] [--pdl] [--no-graphs] [--mma-prefill] "
+                            "[--basic-decode]\n", argv[0]);
+            return 2;
+        }
     }
     if (!stories) {
         const char *cands[] = {".data/stories260K", "../shared/models/stories260K", "shared/models/stories260K"};
         for (int i = 0; i < 3; i++)
             if (is_dir(cands[i])) { stories = cands[i]; break; }
     }
-    if (ks_cpu_backend_create(0, &CPU)) { fprintf(stderr, "cpu backend: %s\n", ks_last_error()); return 2; }
-    if (ks_cuda_backend_create(0, &GPU)) { fprintf(stderr, "cuda backend: %s\n", ks_last_error()); return 2; }
-    {
-        const char *nk = getenv("KS_CUDA_NEW");
-        g_default_variant = ks_cuda_backend_new_kernels(GPU) ? 2 : 1;
-        printf("kernels: %s (KS_CUDA_NEW=%s)\n", g_default_variant == 2 ? "new (tc decode, flash v2, gemv)" : "validated defaults",
-               nk ? nk : "unset");
+    ks_backend_opts mo = go;
+    mo.prefill_attn = KS_PREFILL_ATTN_MMA;
+    mo.graphs = 0;
+    mo.pdl = 1;
+    if (ks_cpu_backend_create(NULL, &CPU)) { fprintf(stderr, "cpu backend: %s\n", ks_last_error()); return 2; }
+    if (ks_cuda_backend_create(&go, &GPU) || ks_cuda_backend_create(&mo, &GPU_MMA)) {
+        fprintf(stderr, "cuda backend: %s\n", ks_last_error());
+        return 2;
     }
+    printf("kernels: prefill %s, decode %s, PDL %s, graphs %s\n", go.prefill_attn == KS_PREFILL_ATTN_MMA ? "mma.sync" : "planner",
+           go.decode_kernels ? "gemv + tensor-core attention" : "cuBLAS + split-KV", go.pdl ? "on" : "off",
+           go.graphs ? "on" : "off");
     test_matmul();
     test_embed();
     test_rmsnorm();
@@ -1618,7 +1696,9 @@ int main(int argc, char **argv) {
     test_mem_stats();
     test_engine_perf();
     test_graph();
+    test_two_backends();
     test_e2e(stories);
+    GPU_MMA->destroy(GPU_MMA);
     GPU->destroy(GPU);
     CPU->destroy(CPU);
     printf("%d passed, %d failed\n", g_pass, g_fail);

@@ -562,7 +562,7 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "usage: %s [--quick] [--only NAME]\n", argv[0]); return 2; }
     }
     ks_backend *gpu;
-    if (ks_cuda_backend_create(0, &gpu)) { fprintf(stderr, "cuda backend: %s\n", ks_last_error()); return 2; }
+    if (ks_cuda_backend_create(NULL, &gpu)) { fprintf(stderr, "cuda backend: %s\n", ks_last_error()); return 2; }
     S = ks_cuda_backend_stream(gpu);
     SC = ks_cuda_backend_scratch(gpu);
     test_scores();
