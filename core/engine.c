@@ -269,8 +269,7 @@ ks_status ks_session_new(ks_model *m, ks_session **out) {
         s->kv[l].n_kv_heads = c->n_kv_heads;
         s->kv[l].head_dim = c->head_dim;
     }
-    const char *pe = getenv("KS_PROFILE");
-    if (pe && *pe && strcmp(pe, "0")) ks_profile_enable(s, strcmp(pe, "sync") ? 1 : 2);
+    if (m->be->opts.profile) ks_profile_enable(s, m->be->opts.profile); /* the backend's option */
     *out = s;
     return KS_OK;
 }
@@ -299,7 +298,7 @@ void ks_session_reset(ks_session *s) {
 
 void ks_session_free_(ks_session *s) {
     if (!s) return;
-    if (s->prof.on && getenv("KS_PROFILE") && ks_log_on()) { /* KS_PROFILE=1 for any command: the table goes to the host's log */
+    if (s->prof.on && s->be->opts.profile && ks_log_on()) { /* profiled by the backend's option: the table goes to the host's log */
         char *t = NULL;
         size_t tn = 0;
         FILE *f = open_memstream(&t, &tn);
@@ -957,7 +956,7 @@ static ks_status decode_graph(ks_session *s, ks_decode_state *d, int32_t id, int
         for (int l = 0; l < c->n_layers; l++)
             memcpy(s->kv[l].n, d->n0 + (size_t)l * c->n_kv_heads, sizeof(int) * c->n_kv_heads);
         d->fails++;
-        if (getenv("KS_DEBUG")) ks_logf(KS_LOG_DEBUG, "decode graph not recorded: %s", ks_last_error());
+        if (be->opts.verbose) ks_logf(KS_LOG_DEBUG, "decode graph not recorded: %s", ks_last_error());
         return KS_ERR_UNSUPPORTED;
     }
     d->g = g;

@@ -26,8 +26,9 @@ int32_t ks_sample(ks_sampler *s, const float *logits, int vocab);
  * the interval from one mark to the next goes to the phase of the later mark, so the phases
  * of a forward add up to its time from its first mark to its last. Backends with timestamps
  * (CUDA: events on the stream, nothing waits) are timed on their own clock; otherwise the
- * engine syncs and reads the host clock after each backend call (KS_PROFILE=sync forces this
- * on CUDA: then each phase also pays its launch latency). Off, it costs one branch per call. */
+ * engine syncs and reads the host clock after each backend call (profile option 2, the CLI's
+ * KS_PROFILE=sync, forces this on CUDA: then each phase also pays its launch latency). Off, it
+ * costs one branch per call. */
 typedef enum ks_phase {
     KS_PH_EMBED = 0,   /* token embedding */
     KS_PH_NORM,        /* rmsnorm (attention, MLP, final) */
@@ -91,7 +92,7 @@ struct ks_session {
     int n_gen;
     char *gen_text;
     ks_backend *owned_be;     /* (unused by sessions; models opened by name own theirs) */
-    ks_profile prof;          /* per-phase times (ks_profile_enable); on at creation with KS_PROFILE=1 */
+    ks_profile prof;          /* per-phase times (ks_profile_enable); on at creation with the backend's opts.profile */
     int discard_kv;           /* the running prefill pass discards its KV rows (discard_kv action) */
     int graph_steps;          /* decode steps run as a recorded graph (ks_backend.graph_begin) */
     struct ks_decode_state *dec; /* engine.c: one-row buffers kept between decode steps and the

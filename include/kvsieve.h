@@ -202,9 +202,12 @@ KS_API ks_status ks_session_top_logprobs(const ks_session *s, int k, int32_t *id
  * the file format, the event object and the sandbox. Each policy runs in its own sandboxed
  * Lua state; errors come back as KS_ERR_POLICY with "policy NAME: EVENT (layer L): FILE:LINE: ...". */
 
-/* Load by name (policies/NAME.lua on $KVSIEVE_POLICY_PATH, ./policies, <exe>/../policies) or
- * by path. m may be NULL (then the policy sees no model config). */
+/* Load by name (policies/NAME.lua in ./policies, then <exe>/../policies) or by path. m may be
+ * NULL (then the policy sees no model config). */
 KS_API ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out);
+/* The same, a name looked up first in each folder of search_path (colon-separated; NULL or ""
+ * = none; the CLI passes $KVSIEVE_POLICY_PATH). */
+KS_API ks_status ks_policy_load_path(ks_model *m, const char *name_or_path, const char *search_path, ks_policy **out);
 /* Load from source text; chunkname names it in messages. */
 KS_API ks_status ks_policy_load_string(ks_model *m, const char *chunkname, const char *source, ks_policy **out);
 /* Set a parameter from text, parsed by the type of its default; unknown keys are KS_ERR_ARG. */

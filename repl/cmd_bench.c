@@ -5,6 +5,7 @@
 #include "cli.h"
 #include "cpu_gemm.h"
 #include "engine.h"
+#include "env_opts.h"
 
 #include <limits.h>
 #include <math.h>
@@ -108,10 +109,10 @@ int ks_cli_bench(int argc, char **argv) {
     ks_model *m;
     if (random_cfg) {
         ks_backend *be;
-        if (ks_backend_create(backend, &be)) return ks_cli_fail("backend");
+        if (ks_cli_backend_create(backend, &be)) return ks_cli_fail("backend");
         if (ks_model_random(random_cfg, be, 1, &m)) { be->destroy(be); return ks_cli_fail("cannot build random model"); }
         model = random_cfg;
-    } else if (ks_model_open(model, backend, &m)) return ks_cli_fail("cannot load model");
+    } else if (ks_cli_model_open(model, &(ks_model_opts){.backend = backend}, &m)) return ks_cli_fail("cannot load model");
     const ks_config *c = &m->cfg;
     ks_session *s;
     if (ks_session_new(m, &s)) { ks_model_close(m); return ks_cli_fail("session"); }
@@ -135,7 +136,7 @@ int ks_cli_bench(int argc, char **argv) {
     for (char *pn = strtok_r(plist, ",", &psave); pn && !rc; pn = strtok_r(NULL, ",", &psave)) {
         ks_policy *pol = NULL;
         if (strcmp(pn, "none")) {
-            if (ks_policy_load(m, pn, &pol)) { rc = ks_cli_fail("policy"); break; }
+            if (ks_cli_policy_load(m, pn, &pol)) { rc = ks_cli_fail("policy"); break; }
             /* --set NAME.key=value applies to policy NAME; --set key=value to every policy that has key */
             for (int i = 0; i < n_sets && !rc; i++) {
                 char key[256];

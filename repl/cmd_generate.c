@@ -1,6 +1,7 @@
 /* cmd_generate.c — `kvsieve generate` and `kvsieve tokenize`. */
 #include "chat.h"
 #include "cli.h"
+#include "env_opts.h"
 #include "engine.h"
 #include "kvsieve.h"
 
@@ -93,7 +94,7 @@ int ks_cli_generate(int argc, char **argv) {
     gen_args a;
     if (parse_gen(argc, argv, &a)) return 2;
     ks_model *m;
-    if (ks_model_open(a.model, a.backend, &m)) return ks_cli_fail("cannot load model");
+    if (ks_cli_model_open(a.model, &(ks_model_opts){.backend = a.backend}, &m)) return ks_cli_fail("cannot load model");
     int32_t *ids = NULL;
     int n = 0, rc = 0;
     ks_session *s = NULL;
@@ -101,7 +102,7 @@ int ks_cli_generate(int argc, char **argv) {
     if (prompt_ids(m, &a, &ids, &n)) { rc = 1; goto out; }
     if (ks_session_create(m, &s)) { rc = ks_cli_fail("session"); goto out; }
     if (a.policy) {
-        if (ks_policy_load(m, a.policy, &pol)) { rc = ks_cli_fail("policy"); goto out; }
+        if (ks_cli_policy_load(m, a.policy, &pol)) { rc = ks_cli_fail("policy"); goto out; }
         for (int i = 0; i < a.n_sets; i++) {
             char key[256];
             const char *eq = strchr(a.sets[i], '=');
