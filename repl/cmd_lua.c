@@ -167,7 +167,7 @@ int ks_cli_run(int argc, char **argv) {
  * template (core/chat.h, ks_chat_format) and generates the reply in that session (the
  * module's generate starts from a fresh state, so every turn prefills the conversation again);
  * a model whose vocabulary lacks the template's markers gets plain "User: / Assistant:"
- * turns, and says so. Generated from a Lua source kept in this file's history; edit it here. */
+ * turns, and says so. The Lua source is kept here as C string literals: edit it in place. */
 static const char repl_lua[] =
     "-- the REPL's Lua side: pretty-printer, completion candidates, streaming generate, chat mode\n"
     "local ks, chat_format, policy_names, chat_detect = ...\n"
@@ -540,6 +540,11 @@ static const char repl_lua[] =
 
 #define REPL_KEY "kvsieve.repl"
 
+static int l_push_text(lua_State *L) {
+    lua_pushstring(L, lua_touserdata(L, 1));
+    return 1;
+}
+
 /* chat_format(name, {{role =, content =}, ...}) -> text, or nil and the engine's message. */
 static int l_chat_format(lua_State *L) {
     const char *name = luaL_checkstring(L, 1);
@@ -564,16 +569,12 @@ static int l_chat_format(lua_State *L) {
         lua_pushstring(L, ks_last_error());
         return 2;
     }
-    /* the C string is copied into a Lua buffer box first, so no raise can leak it */
-    luaL_Buffer b;
-    luaL_buffinit(L, &b);
-    size_t len = strlen(text);
-    char *dst = luaL_prepbuffsize(&b, len); /* may raise: text would leak, so copy it now */
-    memcpy(dst, text, len);
+    /* pushed under a protected call, so that a memory error cannot leak the C string */
+    lua_pushcfunction(L, l_push_text);
+    lua_pushlightuserdata(L, text);
+    int r = lua_pcall(L, 1, 1, 0);
     free(text);
-    luaL_addsize(&b, len);
-    luaL_pushresult(&b);
-    return 1;
+    return r == LUA_OK ? 1 : lua_error(L);
 }
 
 /* chat_detect(dir) -> the chat format named by the model's tokenizer_config.json, or nil. */
@@ -686,14 +687,22 @@ static int repl_setup(lua_State *L) {
     return 0;
 }
 
-/* Call R[fn] with the nargs values on top (popped); errors are reported. 0 on success. */
+/* Call R[fn] with the nargs values on top (popped); an error is reported as its message
+ * alone (these are the REPL's own commands: a traceback into its Lua side helps nobody).
+ * 0 on success. */
 static int repl_call(lua_State *L, const char *fn, int nargs, int nres) {
     lua_getfield(L, LUA_REGISTRYINDEX, REPL_KEY);
     lua_getfield(L, -1, fn);
     lua_remove(L, -2);
     lua_insert(L, -(nargs + 1));
     if (docall(L, nargs, nres) != LUA_OK) {
-        report_error(L, "");
+        const char *msg = lua_tostring(L, -1);
+        const char *tb = msg ? strstr(msg, "\nstack traceback:") : NULL;
+        if (tb) {
+            lua_pushlstring(L, msg, (size_t)(tb - msg));
+            lua_remove(L, -2);
+        }
+        report_error(L, "kvsieve: ");
         return 1;
     }
     return 0;
