@@ -174,6 +174,7 @@ void ks_generate_opts_default(ks_generate_opts *o) {
     o->max_new_tokens = 64;
     o->top_p = 1;
     o->add_special = 1;
+    o->repeat_penalty = 1;
 }
 
 ks_status ks_generate_ids(ks_session *s, const int32_t *ids, int n, const ks_generate_opts *o, ks_stream_fn cb,
@@ -189,6 +190,15 @@ ks_status ks_generate_ids(ks_session *s, const int32_t *ids, int n, const ks_gen
         return ks_errorf(KS_ERR_ARG, "ks_generate: temperature must be a finite number >= 0, got %g", (double)o->temperature);
     if (!(o->top_p > 0 && o->top_p <= 1))
         return ks_errorf(KS_ERR_ARG, "ks_generate: top_p must be in (0, 1], got %g", (double)o->top_p);
+    if (o->top_k < 0) return ks_errorf(KS_ERR_ARG, "ks_generate: top_k must be >= 0, got %d", o->top_k);
+    if (!(o->min_p >= 0 && o->min_p <= 1))
+        return ks_errorf(KS_ERR_ARG, "ks_generate: min_p must be in [0, 1], got %g", (double)o->min_p);
+    if (!(o->repeat_penalty >= 0) || isinf(o->repeat_penalty))
+        return ks_errorf(KS_ERR_ARG, "ks_generate: repeat_penalty must be a finite number >= 0, got %g", (double)o->repeat_penalty);
+    if (o->n_stop < 0 || (o->n_stop > 0 && !o->stop))
+        return ks_errorf(KS_ERR_ARG, "ks_generate: n_stop must be >= 0 with that many stop strings, got %d", o->n_stop);
+    for (int i = 0; i < o->n_stop; i++)
+        if (!o->stop[i] || !o->stop[i][0]) return ks_errorf(KS_ERR_ARG, "ks_generate: stop string %d is empty", i);
     ks_session_reset(s);
     free(s->gen_ids);
     free(s->gen_text);
@@ -196,7 +206,8 @@ ks_status ks_generate_ids(ks_session *s, const int32_t *ids, int n, const ks_gen
     s->gen_text = NULL;
     s->n_gen = 0;
     ks_gen_params p = {.max_new = o->max_new_tokens, .temperature = o->temperature, .top_p = o->top_p,
-                       .seed = o->seed, .stop_at_eos = 1};
+                       .seed = o->seed, .stop_at_eos = 1, .top_k = o->top_k, .min_p = o->min_p,
+                       .repeat_penalty = o->repeat_penalty, .stop = o->stop, .n_stop = o->n_stop};
     const ks_policy *pol = s->policy;
     ks_status st = ks_session_generate(s, ids, n, &p, cb, ud, &s->gen_ids, &s->n_gen);
     if (st == KS_ERR_POLICY && s->fallback_full && pol) {
@@ -224,6 +235,9 @@ ks_status ks_generate_ids(ks_session *s, const int32_t *ids, int n, const ks_gen
         }
         ks_status st2 = ks_tokenizer_decode(s->m->tok, s->gen_ids, (size_t)ng, 1, &s->gen_text, &len);
         if (!st && st2) st = st2;
+        /* a stop string ended the generation: the text ends before it (same search as there) */
+        long at = st2 ? -1 : ks_stop_find(s->gen_text, len, o->stop, o->n_stop);
+        if (at >= 0) s->gen_text[at] = 0;
     }
     return st;
 }

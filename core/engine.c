@@ -1026,6 +1026,8 @@ void ks_sampler_init(ks_sampler *s, float temperature, float top_p, uint64_t see
     s->top_p = top_p <= 0 || top_p > 1 ? 1 : top_p;
     s->seed = seed;
     s->state = seed;
+    s->top_k = 0;
+    s->min_p = 0;
 }
 
 typedef struct { float p; int32_t id; } prob_id;
@@ -1066,11 +1068,25 @@ int32_t ks_sample(ks_sampler *s, const float *logits, int vocab) {
         sum += pi[i].p;
     }
     qsort(pi, vocab, sizeof *pi, cmp_prob);
-    double cum = 0;
+    /* top_k: the k first; top_p then counts shares of their mass (top_k off: of the whole sum,
+     * summed in id order as always, so the draws stay bit-identical) */
     int keep = vocab;
-    for (int i = 0; i < vocab; i++) {
+    if (s->top_k > 0 && s->top_k < vocab) {
+        keep = s->top_k;
+        sum = 0;
+        for (int i = 0; i < keep; i++) sum += pi[i].p;
+    }
+    double cum = 0;
+    for (int i = 0; i < keep; i++) {
         cum += pi[i].p / sum;
         if (cum >= s->top_p) { keep = i + 1; break; }
+    }
+    /* min_p: relative to the most likely token, pi[0]; the first always stays */
+    if (s->min_p > 0) {
+        double floor_p = (double)s->min_p * pi[0].p;
+        int k = 1;
+        while (k < keep && pi[k].p >= floor_p) k++;
+        keep = k;
     }
     double mass = 0;
     for (int i = 0; i < keep; i++) mass += pi[i].p;
@@ -1084,7 +1100,36 @@ int32_t ks_sample(ks_sampler *s, const float *logits, int vocab) {
     return out;
 }
 
+void ks_repeat_penalty(float *logits, const unsigned char *seen, int vocab, float penalty) {
+    for (int i = 0; i < vocab; i++)
+        if (seen[i]) logits[i] = logits[i] > 0 ? logits[i] / penalty : logits[i] * penalty;
+}
+
 /* ================================================================ generation */
+
+long ks_stop_find(const char *text, size_t len, const char *const *stop, int n) {
+    long best = -1;
+    for (int j = 0; j < n; j++) {
+        size_t k = strlen(stop[j]);
+        if (k == 0 || k > len) continue;
+        size_t lim = best >= 0 ? (size_t)best : len - k; /* an earlier hit is all that matters */
+        for (size_t i = 0; i <= lim && i + k <= len; i++)
+            if (text[i] == stop[j][0] && !memcmp(text + i, stop[j], k)) { best = (long)i; break; }
+    }
+    return best;
+}
+
+/* Bytes at the end of text[0..len) that are a proper prefix of some stop string (the longest
+ * such suffix): they may become a stop string with the next token, so they wait. */
+static size_t stop_holdback(const char *text, size_t len, const char *const *stop, int n) {
+    size_t hold = 0;
+    for (int j = 0; j < n; j++) {
+        size_t k = strlen(stop[j]);
+        for (size_t m = k > 0 ? KS_MIN(k - 1, len) : 0; m > hold; m--)
+            if (!memcmp(text + len - m, stop[j], m)) { hold = m; break; }
+    }
+    return hold;
+}
 
 static int is_eos(const ks_config *c, int32_t id) {
     for (int i = 0; i < c->n_eos; i++)
@@ -1117,15 +1162,36 @@ ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks
     if (st) return st;
     ks_sampler smp;
     ks_sampler_init(&smp, p->temperature, p->top_p, p->seed);
+    smp.top_k = p->top_k;
+    smp.min_p = p->min_p;
+    /* the repetition penalty works on a copy of the logits (s->logits stay the model's), with a
+     * byte per vocabulary entry marking the tokens of the context */
+    int penal = p->repeat_penalty > 0 && p->repeat_penalty != 1;
+    float *plog = NULL;
+    unsigned char *seen = NULL;
+    if (penal) {
+        plog = ks_malloc(sizeof(float) * (size_t)c->vocab);
+        seen = calloc((size_t)c->vocab, 1);
+        if (!plog || !seen) { free(plog); free(seen); return KS_ERR_OOM; }
+        for (int i = 0; i < n; i++)
+            if (ids[i] >= 0 && ids[i] < c->vocab) seen[ids[i]] = 1;
+    }
     /* the id buffer grows with the generation: max_new may be INT_MAX ("until EOS or the
      * context ends"), where max_new + 1 overflowed and a buffer of max_new would be 8 GB */
     size_t gcap = (size_t)KS_MIN(p->max_new, 255) + 1;
     int32_t *gen = ks_malloc(sizeof(int32_t) * gcap);
-    if (!gen) return KS_ERR_OOM;
+    if (!gen) { free(plog); free(seen); return KS_ERR_OOM; }
     int ng = 0;
     size_t emitted = 0; /* bytes of decoded text already streamed */
     for (int t = 0; t < p->max_new; t++) {
-        int32_t id = ks_sample(&smp, s->logits, c->vocab);
+        const float *lg = s->logits;
+        if (penal) {
+            memcpy(plog, s->logits, sizeof(float) * (size_t)c->vocab);
+            ks_repeat_penalty(plog, seen, c->vocab, p->repeat_penalty);
+            lg = plog;
+        }
+        int32_t id = ks_sample(&smp, lg, c->vocab);
+        if (penal && id >= 0 && id < c->vocab) seen[id] = 1;
         if ((size_t)ng == gcap) {
             int32_t *g2 = ks_realloc(gen, sizeof(int32_t) * gcap * 2);
             if (!g2) { st = KS_ERR_OOM; break; }
@@ -1142,13 +1208,22 @@ ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks
             if (st) break;
         }
         int eos = p->stop_at_eos && is_eos(c, id);
-        if (cb) {
+        int last = eos || t + 1 == p->max_new, hit = 0;
+        if (cb || p->n_stop > 0) {
             const char *piece = "";
             char *text = NULL;
             size_t len = 0;
-            if (s->m->tok && !eos) {
-                if (ks_tokenizer_decode(s->m->tok, gen, ng, 1, &text, &len) == KS_OK) {
+            /* the output so far, decoded (without the EOS: with stop strings, the text held
+             * back is streamed at the EOS) */
+            size_t nd = eos ? (p->n_stop > 0 ? (size_t)ng - 1 : 0) : (size_t)ng;
+            if (s->m->tok && nd > 0) {
+                if (ks_tokenizer_decode(s->m->tok, gen, nd, 1, &text, &len) == KS_OK) {
                     size_t ok = utf8_complete(text, len);
+                    if (p->n_stop > 0) {
+                        long at = ks_stop_find(text, ok, p->stop, p->n_stop);
+                        if (at >= 0) { ok = (size_t)at; hit = 1; }
+                        else if (!last) ok -= stop_holdback(text, ok, p->stop, p->n_stop);
+                    }
                     if (ok > emitted) {
                         text[ok] = 0;
                         piece = text + emitted;
@@ -1156,9 +1231,9 @@ ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks
                     }
                 }
             }
-            int stop = cb(ud, id, piece);
+            int stop = cb ? cb(ud, id, piece) : 0;
             free(text);
-            if (stop) break;
+            if (stop || hit) break;
         }
         if (eos) break;
         if (t + 1 == p->max_new) break;
@@ -1166,6 +1241,8 @@ ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks
         if ((st = ks_session_decode(s, id))) break;
         s->n_decoded++;
     }
+    free(plog);
+    free(seen);
     if (out_ids) *out_ids = gen;
     else free(gen);
     if (n_out) *n_out = ng;

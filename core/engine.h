@@ -9,17 +9,31 @@
 #include <signal.h>
 #include <stdio.h>
 
-/* Sampling: temperature 0 = greedy (ties -> lowest id); else softmax(logits / T) restricted
- * to the smallest set whose mass reaches top_p (1 = all), drawn with a seeded PRNG. */
+/* Sampling: temperature 0 = greedy (ties -> lowest id); else softmax(logits / T), ranked by
+ * probability (ties -> lowest id), restricted to the top_k most likely (0 = all), then to the
+ * smallest prefix whose share of that mass reaches top_p (1 = all), then to the tokens at least
+ * min_p x as likely as the first (0 = off), and drawn with a seeded PRNG. ks_sampler_init sets
+ * top_k = min_p = 0; set them after it. With both 0 the draws are those of the sampler before
+ * they existed. */
 typedef struct ks_sampler {
     float temperature;
     float top_p;
     uint64_t seed;
     uint64_t state;
+    int top_k;
+    float min_p;
 } ks_sampler;
 
 void ks_sampler_init(ks_sampler *s, float temperature, float top_p, uint64_t seed);
 int32_t ks_sample(ks_sampler *s, const float *logits, int vocab);
+
+/* The CTRL repetition penalty on logits[0..vocab), in place: every token with seen[id] != 0 has
+ * its logit divided by penalty when positive, multiplied by it otherwise. */
+void ks_repeat_penalty(float *logits, const unsigned char *seen, int vocab, float penalty);
+
+/* Byte offset of the earliest occurrence in text[0..len) of any of the n stop strings, or -1
+ * (none, or n == 0). */
+long ks_stop_find(const char *text, size_t len, const char *const *stop, int n);
 
 /* ---------------------------------------------------------------- per-phase profiler
  * With profiling on, every forward (a prefill pass, a decode step) books its time to phases:
@@ -118,6 +132,13 @@ typedef struct ks_gen_params {
     float temperature, top_p;
     uint64_t seed;
     int stop_at_eos;         /* default 1 */
+    int top_k;               /* 0 = all (see ks_sampler) */
+    float min_p;             /* 0 = off */
+    float repeat_penalty;    /* 0 or 1 = off; the context is this call's ids and its output */
+    const char *const *stop; /* n_stop stop strings: generation ends at the first one the decoded
+                              * output holds; the streamed text stops before it, and text that may
+                              * be the start of one is held back until it is known not to be */
+    int n_stop;
 } ks_gen_params;
 
 /* Prefill ids then sample up to max_new tokens (stopping at EOS). out_ids (optional,

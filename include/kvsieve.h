@@ -151,6 +151,20 @@ typedef struct ks_generate_opts {  /* checked by ks_generate*: out of range is K
     float top_p;            /* in (0, 1], default 1 */
     uint64_t seed;          /* default 0 */
     int add_special;        /* tokenize the prompt with BOS etc. (default 1) */
+    /* Sampling filters, applied in this order: the repetition penalty to the logits, then
+     * softmax(logits / temperature), then top_k, top_p (of the top_k mass), min_p; one token is
+     * drawn from what is left. A zero-filled struct has them all off; with them off, greedy
+     * and seeded sampling give exactly the tokens they gave before they existed. */
+    int top_k;              /* >= 0: keep the k most likely tokens; 0 = all (default) */
+    float min_p;            /* in [0, 1]: drop tokens less likely than min_p x the most likely; 0 = off */
+    float repeat_penalty;   /* finite, >= 0; 0 or 1 = off (default 1). CTRL-style: the logit of every
+                             * token already in the context (this request's prompt and output) is
+                             * divided by it when positive, multiplied when negative; > 1 discourages
+                             * repeats. It applies to greedy decoding too. */
+    const char *const *stop; /* n_stop non-empty strings (borrowed for the call), or NULL */
+    int n_stop;             /* >= 0: generation ends at the first point where the decoded text
+                             * holds any stop string; that string and anything after it are neither
+                             * streamed nor in ks_result_text (ks_result_ids keeps every token) */
 } ks_generate_opts;
 
 /* Fill opts with the defaults above. */

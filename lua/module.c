@@ -7,6 +7,7 @@
  *   m:decode(ids [, {special = false}]) -> text      (special = true keeps special tokens)
  *   s = m:session()
  *   r = s:generate(prompt_text_or_ids, {n = 32, temp = 0, top_p = 1, seed = 0, special = true,
+ *                  top_k = 0, min_p = 0, repeat_penalty = 1, stop = "text" | {"a", "b"} (up to 16),
  *                  policy = "name" | "path.lua" | policy object | {inline handlers},
  *                  set = {k = 64}, fallback = false, stream = function(piece, id) end})
  *   r.text r.ids r.prompt_tokens r.prefill_s r.decode_s r.tps r.kv_rows r.active_rows
@@ -736,7 +737,8 @@ static void push_result(lua_State *L, ks_session *s, ks_policy *pol) {
 
 /* s:generate(prompt, opts) */
 static int l_session_generate(lua_State *L) {
-    static const char *const allowed[] = {"n", "temp", "top_p", "seed", "special", "policy", "set", "fallback", "stream", NULL};
+    static const char *const allowed[] = {"n", "temp", "top_p", "seed", "special", "policy", "set", "fallback", "stream",
+                                          "top_k", "min_p", "repeat_penalty", "stop", NULL};
     session_box *sb = check_session(L, 1);
     if (sb->busy) return luaL_error(L, "generate: the session is busy (called from its own policy or stream callback?)");
     check_keys(L, 3, "generate", allowed);
@@ -757,6 +759,25 @@ static int l_session_generate(lua_State *L) {
     o.add_special = opt_boolean(L, 3, "special", 1);
     int fallback = opt_boolean(L, 3, "fallback", 0);
     if (o.max_new_tokens < 0) return luaL_error(L, "generate: n must be >= 0");
+    /* sampling filters (ranges checked by ks_generate_ids) and stop strings: checked here, held
+     * in slot 9 below */
+    lua_Integer top_k = opt_int(L, 3, "top_k", 0);
+    if (top_k < 0 || top_k > INT_MAX) return luaL_error(L, "generate: top_k must be in [0, %d]", INT_MAX);
+    o.top_k = (int)top_k;
+    o.min_p = (float)opt_num(L, 3, "min_p", 0);
+    o.repeat_penalty = (float)opt_num(L, 3, "repeat_penalty", 1);
+    lua_getfield(L, 3, "stop");
+    int n_stop = lua_isnil(L, -1) ? 0 : lua_type(L, -1) == LUA_TSTRING ? 1 : lua_istable(L, -1) ? (int)KS_MIN(lua_rawlen(L, -1), 17) : -1;
+    if (n_stop < 0 || n_stop > 16) return luaL_error(L, "generate: stop must be a string or a list of at most 16 strings");
+    for (int i = 1; i <= n_stop; i++) {
+        if (lua_istable(L, -1)) lua_rawgeti(L, -1, i);
+        else lua_pushvalue(L, -1);
+        size_t k;
+        const char *str = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &k) : NULL;
+        if (!str || k == 0 || strlen(str) != k) return luaL_error(L, "generate: stop strings must be non-empty strings without NUL");
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
     /* prompt -> ids held in Lua memory (stack slot 4) */
     const int32_t *ids;
     int n;
@@ -816,6 +837,22 @@ static int l_session_generate(lua_State *L) {
         luaL_checktype(L, 8, LUA_TFUNCTION);
         sc.fn = 8;
     }
+    /* 9: the stop strings' pointers, the strings kept alive by the box's user value (a copy
+     * of the list), so the stream callback cannot free them by editing the options */
+    lua_settop(L, 8);
+    const char **stops = lua_newuserdatauv(L, sizeof(const char *) * 16, 1);
+    lua_createtable(L, n_stop, 0);
+    lua_getfield(L, 3, "stop");
+    for (int i = 1; i <= n_stop; i++) {
+        if (lua_istable(L, -1)) lua_rawgeti(L, -1, i);
+        else lua_pushvalue(L, -1);
+        stops[i - 1] = lua_tostring(L, -1);
+        lua_rawseti(L, -3, i);
+    }
+    lua_pop(L, 1);
+    lua_setiuservalue(L, 9, 1);
+    o.stop = stops;
+    o.n_stop = n_stop;
     /* run (nothing below raises until the session is restored) */
     ks_lpol_set_thread(ks_lpol_of(pol), L);
     ks_session_set_policy(s, pol);

@@ -30,12 +30,16 @@ typedef struct gen_args {
     float temp, top_p;
     uint64_t seed;
     const char *sets[64];
+    int top_k, n_stop;            /* sampling filters and stop strings (--top-k, --min-p, ...) */
+    float min_p, repeat_penalty;
+    const char *stop[16];
 } gen_args;
 
 static int parse_gen(int argc, char **argv, gen_args *a) {
     memset(a, 0, sizeof *a);
     a->n = 64;
     a->top_p = 1;
+    a->repeat_penalty = 1;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -47,7 +51,17 @@ static int parse_gen(int argc, char **argv, gen_args *a) {
         else if (!strcmp(o, "--temp")) { NEED(); if (ks_arg_float(o, v, 0, INFINITY, 0, &a->temp)) return -1; }
         else if (!strcmp(o, "--top-p")) { NEED(); if (ks_arg_float(o, v, 0, 1, 1, &a->top_p)) return -1; }
         else if (!strcmp(o, "--seed")) { NEED(); if (ks_arg_u64(o, v, &a->seed)) return -1; }
-        else if (!strcmp(o, "--chat")) { NEED(); a->chat = v; }
+        else if (!strcmp(o, "--top-k")) { NEED(); if (ks_arg_int(o, v, 0, INT_MAX, &a->top_k)) return -1; }
+        else if (!strcmp(o, "--min-p")) { NEED(); if (ks_arg_float(o, v, 0, 1, 0, &a->min_p)) return -1; }
+        else if (!strcmp(o, "--repeat-penalty")) { NEED(); if (ks_arg_float(o, v, 0, INFINITY, 1, &a->repeat_penalty)) return -1; }
+        else if (!strcmp(o, "--stop")) {
+            NEED();
+            if (!*v) { fprintf(stderr, "kvsieve: --stop expects a non-empty string\n"); return -1; }
+            if (a->n_stop == (int)(sizeof a->stop / sizeof *a->stop)) { fprintf(stderr, "kvsieve: at most 16 --stop strings\n"); return -1; }
+            a->stop[a->n_stop++] = v;
+        }
+        /* --chat FMT; a bare --chat (last, or before another option) is --chat auto */
+        else if (!strcmp(o, "--chat")) { if (v && v[0] != '-') { NEED(); a->chat = v; } else a->chat = "auto"; }
         else if (!strcmp(o, "--system")) { NEED(); a->sys = v; }
         else if (!strcmp(o, "--policy")) { NEED(); a->policy = v; }
         else if (!strcmp(o, "--set")) { NEED(); if (a->n_sets < 64) a->sets[a->n_sets++] = v; }
@@ -74,7 +88,12 @@ static int prompt_ids(ks_model *m, const gen_args *a, int32_t **ids, int *n) {
         if (a->sys) msgs[k++] = (ks_chat_msg){"system", a->sys};
         msgs[k++] = (ks_chat_msg){"user", a->prompt};
         char *text;
-        if (ks_chat_format(a->chat, msgs, k, &text)) return ks_cli_fail("chat"), -1;
+        /* auto: the format of the model's tokenizer_config.json chat_template; then the model
+         * must have the format's special tokens, checked before any work (core/chat.h) */
+        const char *fmt = a->chat;
+        if (!strcmp(fmt, "auto") && ks_chat_from_model_dir(a->model, &fmt)) return ks_cli_fail("chat"), -1;
+        if (ks_chat_check(fmt, m->tok, msgs, k)) return ks_cli_fail("chat"), -1;
+        if (ks_chat_format(fmt, msgs, k, &text)) return ks_cli_fail("chat"), -1;
         ks_status st = ks_tokenize(m, text, 0, ids, n);
         free(text);
         if (st) return ks_cli_fail("tokenize"), -1;
@@ -127,6 +146,11 @@ int ks_cli_generate(int argc, char **argv) {
     o.temperature = a.temp;
     o.top_p = a.top_p;
     o.seed = a.seed;
+    o.top_k = a.top_k;
+    o.min_p = a.min_p;
+    o.repeat_penalty = a.repeat_penalty;
+    o.stop = a.stop;
+    o.n_stop = a.n_stop;
     if (!a.quiet && !a.ids && !a.chat) { fputs(a.prompt, stdout); fflush(stdout); } /* the text continues the prompt */
     ks_status st = ks_generate_ids(s, ids, n, &o, a.quiet ? NULL : stream_print, NULL);
     if (!a.quiet) printf("\n");

@@ -93,7 +93,7 @@ static ks_status load_patched(const char *path, const char *entries, const char 
 static void hf_family(kt_ctx *kt_, const char *fam) {
     char fix[1024];
     snprintf(fix, sizeof fix, "%s/%s.json", fix_dir(), fam);
-    if (!exists(fix)) KT_SKIP("%s absent: run python3 tools/chat_ref.py where transformers is (tools/README.md)", fix);
+    if (!exists(fix)) KT_SKIP("%s absent: run python3 tools/chat_ref.py where transformers is (see its header)", fix);
     char *text;
     size_t len;
     KT_CHECK(ks_read_file(fix, &text, &len) == KS_OK, "%s", ks_last_error());
