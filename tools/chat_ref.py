@@ -86,7 +86,10 @@ def token_str(v):
 
 
 def load_tokenizer(tok_json_path, cfg, added):
-    from transformers import PreTrainedTokenizerFast
+    try:
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:  # transformers 5 names the tokenizer.json-backed class TokenizersBackend
+        from transformers import TokenizersBackend as PreTrainedTokenizerFast
 
     path = tok_json_path
     tmp = None
