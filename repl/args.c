@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Parse text[0..len) as a base-10 integer in [lo, hi], with an optional K (x1024) suffix when
  * allow_k. 0 on success. The text is copied so that strtoll stops at len, not at a comma. */
@@ -154,5 +155,111 @@ int ks_arg_ids(const char *opt, const char *v, int32_t **ids, int *n) {
     }
     *ids = a;
     *n = k;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- prompt files, policy checks */
+
+#include "engine.h"
+#include "kvsieve.h"
+
+int ks_cli_read_text(const char *path, char **out, size_t *n) {
+    int is_stdin = !strcmp(path, "-");
+    const char *name = is_stdin ? "stdin" : path;
+    FILE *f = is_stdin ? stdin : fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "kvsieve: cannot read the prompt file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    size_t len = 0, cap = 1 << 16;
+    char *b = malloc(cap);
+    int err = 0;
+    while (b) {
+        if (cap - len < 2) { /* room for one more byte and the NUL */
+            char *w = cap < ((size_t)1 << 40) ? realloc(b, cap * 2) : NULL;
+            if (!w) { free(b); b = NULL; break; }
+            b = w;
+            cap *= 2;
+        }
+        size_t got = fread(b + len, 1, cap - 1 - len, f);
+        len += got;
+        if (got == 0) { err = ferror(f); break; }
+    }
+    int saved = errno;
+    if (!is_stdin) fclose(f);
+    if (!b) { fprintf(stderr, "kvsieve: the prompt in %s does not fit in memory\n", name); return -1; }
+    if (err) {
+        fprintf(stderr, "kvsieve: cannot read the prompt from %s: %s\n", name, strerror(saved));
+        free(b);
+        return -1;
+    }
+    b[len] = 0;
+    const char *nul = memchr(b, 0, len);
+    if (nul) {
+        fprintf(stderr, "kvsieve: the prompt in %s holds a NUL byte (offset %zu): not text\n", name, (size_t)(nul - b));
+        free(b);
+        return -1;
+    }
+    /* one trailing newline is the file's end, not the prompt's (as an editor or echo writes it) */
+    if (len && b[len - 1] == '\n') b[--len] = 0;
+    if (len && b[len - 1] == '\r') b[--len] = 0;
+    *out = b;
+    if (n) *n = len;
+    return 0;
+}
+
+int ks_cli_check_policy(ks_model *m, ks_policy *p, const char *what) {
+    if (!p || !p->begin) return 0;
+    ks_session *s;
+    if (ks_session_create(m, &s)) { ks_cli_fail(what); return -1; }
+    /* begin is what every request runs first (fresh session state); it validates the
+     * parameters, the model's layer count included (ks.config in a policy). A real request
+     * calls it again. */
+    ks_status st = p->begin(p->ud, s);
+    ks_session_free(s);
+    if (st) { ks_cli_fail(what); return -1; }
+    return 0;
+}
+
+int ks_cli_apply_sets(ks_policy *p, const char *name, const char *const *sets, int n_sets, int strict) {
+    for (int i = 0; i < n_sets; i++) {
+        char key[256];
+        const char *kk = sets[i], *eq = strchr(kk, '='), *dot = strchr(kk, '.');
+        if (!eq || eq == kk || (size_t)(eq - kk) >= sizeof key) {
+            fprintf(stderr, "kvsieve: --set expects [policy.]key=value, got \"%s\"\n", kk);
+            return -1;
+        }
+        int scoped = dot && dot < eq;
+        if (scoped) {
+            if ((size_t)(dot - kk) != strlen(name) || strncmp(kk, name, (size_t)(dot - kk))) {
+                if (!strict) continue; /* another policy's */
+                fprintf(stderr, "kvsieve: --set %s: the policy is %s, not %.*s\n", sets[i], name, (int)(dot - kk), kk);
+                return -1;
+            }
+            kk = dot + 1;
+        }
+        memcpy(key, kk, (size_t)(eq - kk));
+        key[eq - kk] = 0;
+        if (ks_policy_set(p, key, eq + 1) && (scoped || strict)) {
+            ks_cli_fail("--set");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int ks_cli_check_writable(const char *what, const char *path) {
+    if (access(path, F_OK) == 0) {
+        if (access(path, W_OK) == 0) return 0;
+        fprintf(stderr, "kvsieve: %s %s: cannot write: %s\n", what, path, strerror(errno));
+        return -1;
+    }
+    FILE *f = fopen(path, "wb"); /* a new file: its folder must take it; removed again */
+    if (!f) {
+        fprintf(stderr, "kvsieve: %s %s: cannot write: %s\n", what, path, strerror(errno));
+        return -1;
+    }
+    fclose(f);
+    remove(path);
     return 0;
 }

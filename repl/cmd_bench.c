@@ -1,12 +1,15 @@
 /* cmd_bench.c — `kvsieve bench`: prefill / decode speed per context length, the linear
  * layers' GFLOP/s next to what the backend's GEMM alone reaches on the same shapes, the peak
  * of the backend's own memory per row (ks_backend.mem_stats), and with --profile (or
- * KS_PROFILE=1) a per-phase table per row after the rows. */
+ * KS_PROFILE=1) a per-phase table per row after the rows. --json FILE writes every figure of
+ * every row, with the spread over the --repeat runs (min / median / max of TTFT, prefill
+ * tokens/s, TPOT and decode tokens/s); the table shows the best run, as before. */
 #include "cli.h"
 #include "cpu_gemm.h"
 #include "engine.h"
 #include "env_opts.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -50,9 +53,41 @@ void ks_policy_free(ks_policy *p);
 
 #define GIB(x) ((double)(x) / 1073741824.0)
 
+/* min / median / max of n values (sorted in place) */
+typedef struct spread { double min, med, max; } spread;
+static int cmp_dbl(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+static spread spread_of(double *v, int n) {
+    spread r = {NAN, NAN, NAN};
+    if (n <= 0) return r;
+    qsort(v, (size_t)n, sizeof *v, cmp_dbl);
+    r.min = v[0];
+    r.max = v[n - 1];
+    r.med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    return r;
+}
+
+static void json_num(FILE *f, double v) {
+    if (isfinite(v)) fprintf(f, "%.6g", v);
+    else fputs("null", f);
+}
+static void json_spread(FILE *f, const char *key, spread s) {
+    fprintf(f, "\"%s\": {\"min\": ", key);
+    json_num(f, s.min);
+    fputs(", \"median\": ", f);
+    json_num(f, s.med);
+    fputs(", \"max\": ", f);
+    json_num(f, s.max);
+    fputc('}', f);
+}
+
 typedef struct bench_row {
     char policy[64];
     int tokens;
+    spread ttft, prefill_tps, tpot_ms, decode_tps; /* over the repeats */
+    double lin_gf, sgemm_gf;
     ks_profile prof;
     ks_mem_stats mem;
     double pf_flop;   /* matmul FLOPs of the timed prefills */
@@ -87,10 +122,14 @@ static void print_rates(const bench_row *r, const ks_config *c, size_t n_params,
 int ks_cli_bench(int argc, char **argv) {
     const char *model = NULL, *random_cfg = NULL, *lengths = "128,512,1024", *backend = NULL, *policies = "none";
     const char *sets[64];
+    const char *json_path = NULL;
     int n_sets = 0, gen = 16, reps = 3, profile = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(argv[i], "-m") && v) { model = v; i++; }
+        if (ks_cli_is_help(argv[i])) return ks_cli_help("bench"), 0;
+        else if (ks_cli_is_verbose(argv[i])) ks_cli_set_verbose();
+        else if (!strcmp(argv[i], "-m") && v) { model = v; i++; }
+        else if (!strcmp(argv[i], "--json") && v) { json_path = v; i++; }
         else if (!strcmp(argv[i], "--random-weights") && v) { random_cfg = v; i++; }
         else if (!strcmp(argv[i], "--lengths") && v) { lengths = v; i++; }
         else if (!strcmp(argv[i], "--gen") && v) { if (ks_arg_int("--gen", v, 0, INT_MAX, &gen)) return 2; i++; }
@@ -106,6 +145,8 @@ int ks_cli_bench(int argc, char **argv) {
      * against the model's context below */
     int lens[64], n_lens;
     if (ks_arg_int_list("--lengths", lengths, 1, INT_MAX, 1, lens, 64, &n_lens)) return 2;
+    /* the JSON file must be writable before any work (written at the end) */
+    if (json_path && ks_cli_check_writable("bench: --json", json_path)) return 2;
     ks_model *m;
     if (random_cfg) {
         ks_backend *be;
@@ -150,6 +191,8 @@ int ks_cli_bench(int argc, char **argv) {
                 key[eq - kk] = 0;
                 if (ks_policy_set(pol, key, eq + 1) && dot && dot < eq) rc = ks_cli_fail("--set");
             }
+            /* the parameters against the model (a layer it does not have is an error) */
+            if (!rc && ks_cli_check_policy(m, pol, "bench")) rc = 2;
             if (rc) { ks_policy_free(pol); break; }
         }
         s->policy = pol;
@@ -172,6 +215,9 @@ int ks_cli_bench(int argc, char **argv) {
             if (be->mem_stats) be->mem_stats(be, &ms, 1);
             ks_profile_reset(s);
             double tp = 1e30, td = 1e30, lin_gf = 0, pf_flop = 0;
+            double *tps = calloc((size_t)reps, sizeof *tps), *tds = calloc((size_t)reps, sizeof *tds);
+            int n_rep = 0;
+            if (!tps || !tds) { free(tps); free(tds); free(ids); rc = ks_cli_fail("bench: out of memory"); break; }
             size_t kv_rows = 0;
             ks_status st = KS_OK;
             for (int rep = 0; rep < reps && !st; rep++) {
@@ -192,12 +238,29 @@ int ks_cli_bench(int argc, char **argv) {
                 ks_sampler_init(&smp, 0, 1, 0);
                 double t1 = ks_now();
                 for (int g = 0; g < gen && !st; g++) st = ks_session_decode(s, ks_sample(&smp, s->logits, c->vocab));
-                td = fmin(td, ks_now() - t1);
+                double tdr = ks_now() - t1;
+                td = fmin(td, tdr);
+                if (!st) { tps[n_rep] = t; tds[n_rep] = tdr; n_rep++; }
                 kv_rows = 0;
                 for (int l = 0; l < c->n_layers; l++) kv_rows += ks_session_kv_rows(s, l);
             }
             free(ids);
-            if (st) { rc = ks_cli_fail("bench"); break; }
+            if (st) { free(tps); free(tds); rc = ks_cli_fail("bench"); break; }
+            /* the spread over the repeats: TTFT and TPOT directly, the rates from each run's time */
+            double *rate = calloc((size_t)n_rep + 1, sizeof *rate), *tpot = calloc((size_t)n_rep + 1, sizeof *tpot),
+                   *drate = calloc((size_t)n_rep + 1, sizeof *drate);
+            spread s_ttft = {NAN, NAN, NAN}, s_rate = s_ttft, s_tpot = s_ttft, s_drate = s_ttft;
+            if (rate && tpot && drate) {
+                for (int k = 0; k < n_rep; k++) {
+                    rate[k] = L / tps[k];
+                    tpot[k] = gen > 0 ? 1e3 * tds[k] / gen : NAN;
+                    drate[k] = gen > 0 && tds[k] > 0 ? gen / tds[k] : NAN;
+                }
+                s_rate = spread_of(rate, n_rep);
+                if (gen > 0) { s_tpot = spread_of(tpot, n_rep); s_drate = spread_of(drate, n_rep); }
+                s_ttft = spread_of(tps, n_rep);
+            }
+            free(rate); free(tpot); free(drate); free(tps); free(tds);
             if (be->mem_stats) be->mem_stats(be, &ms, 0);
             if (profile) { /* linear rate from the matmul phases of all timed prefills */
                 const double *ps = s->prof.sec[0];
@@ -224,6 +287,12 @@ int ks_cli_bench(int argc, char **argv) {
             br->mem = ms;
             br->pf_flop = pf_flop;
             br->kv_rows = kv_rows;
+            br->ttft = s_ttft;
+            br->prefill_tps = s_rate;
+            br->tpot_ms = s_tpot;
+            br->decode_tps = s_drate;
+            br->lin_gf = lin_gf;
+            br->sgemm_gf = ceil;
             ks_profile_reset(s);
         }
         s->policy = NULL;
@@ -251,6 +320,54 @@ int ks_cli_bench(int argc, char **argv) {
             fprintf(stderr, "kvsieve: bench: ceilings not measured: %s\n", ks_last_error());
         int elem = strcmp(be->name, "cpu") ? 2 : 4; /* bf16 weights and KV on the GPU, float32 on the CPU */
         for (int i = 0; i < n_rows; i++) print_rates(&rows[i], c, m->n_params, elem, gemm_tf, copy_gbs);
+    }
+    FILE *jf = json_path ? fopen(json_path, "w") : NULL;
+    if (json_path && !jf) {
+        fprintf(stderr, "kvsieve: bench: --json %s: cannot write: %s\n", json_path, strerror(errno));
+        rc = rc ? rc : 1;
+    }
+    if (jf) {
+        /* every figure of every row; spreads over the repeats; null where not measured */
+        fprintf(jf, "{\n  \"model\": \"");
+        for (const char *c2 = model; *c2; c2++) {
+            if (*c2 == '"' || *c2 == '\\') fputc('\\', jf);
+            if ((unsigned char)*c2 >= 0x20) fputc(*c2, jf);
+        }
+        fprintf(jf, "\",\n  \"arch\": \"%s\", \"n_layers\": %d, \"dim\": %d, \"n_params\": %zu,\n", ks_arch_name(c->arch),
+                c->n_layers, c->dim, m->n_params);
+        fprintf(jf, "  \"backend\": \"%s\", \"batch\": 1, \"repeat\": %d, \"gen\": %d, \"complete\": %s,\n", be->name, reps,
+                gen, rc ? "false" : "true");
+        fprintf(jf, "  \"peak_host_mib\": %.1f,\n  \"rows\": [", ks_peak_rss() / 1048576.0);
+        for (int i = 0; i < n_rows; i++) {
+            const bench_row *r = &rows[i];
+            fprintf(jf, "%s\n    {\"policy\": \"%s\", \"tokens\": %d, ", i ? "," : "", r->policy, r->tokens);
+            json_spread(jf, "ttft_s", r->ttft);
+            fputs(", ", jf);
+            json_spread(jf, "prefill_tok_s", r->prefill_tps);
+            fputs(", ", jf);
+            json_spread(jf, "tpot_ms", r->tpot_ms);
+            fputs(", ", jf);
+            json_spread(jf, "decode_tok_s", r->decode_tps);
+            fputs(", \"linear_gflops\": ", jf);
+            json_num(jf, r->lin_gf);
+            fputs(", \"sgemm_gflops\": ", jf);
+            json_num(jf, r->sgemm_gf);
+            fprintf(jf, ", \"kv_rows_per_head\": %zu", r->kv_rows / ((size_t)c->n_layers * c->n_kv_heads));
+            if (be->mem_stats) {
+                fputs(", \"peak_gib\": ", jf);
+                json_num(jf, GIB(r->mem.peak));
+                fputs(", \"peak_fixed_gib\": ", jf);
+                json_num(jf, GIB(r->mem.peak_fixed));
+                fputs(", \"peak_scratch_gib\": ", jf);
+                json_num(jf, GIB(r->mem.peak_scratch));
+            }
+            fputc('}', jf);
+        }
+        fprintf(jf, "%s]\n}\n", n_rows ? "\n  " : "");
+        int bad = ferror(jf);
+        bad |= fclose(jf);
+        if (bad) { fprintf(stderr, "kvsieve: bench: --json %s: write failed\n", json_path); rc = rc ? rc : 1; }
+        else printf("results: %s\n", json_path);
     }
     free(rows);
     ks_session_free_(s);
