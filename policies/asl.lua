@@ -47,6 +47,7 @@
 --   L_min 10, L_obs 8, tau 0.3, k 2048 (window included), w 32, kernel 7, pool "avg" ("max"),
 --   two_pass false, fallback_layer -1 (the reference's behaviour, step 5), kv_budget 0 (off),
 --   trace false (true: also report each scored layer's top-kk positions as "top_<l>" strings).
+--   L_min and fallback_layer must name layers of the model (checked in begin: an error otherwise).
 -- Reports (every request): "selection_layer" (the layer where the ratio fell below tau, or -1),
 --   "fallback" (true when a fallback/deadline layer was used) and "fallback_layer",
 --   "selected_n" (rows kept), "var0", "relvar_<l>" for each l >= L_min scored, "relvar" (all
@@ -82,6 +83,24 @@ local function retain_budget(ev, p, heads)
   local lists = {}
   for h = 1, #heads do lists[h] = ks.concat((ks.topk(heads[h], p.kv_budget - p.w)), win) end
   ev:retain(lists)
+end
+
+-- Layer parameters the model does not have would silently select nothing (L_min past the last
+-- layer: no layer is scored) or never fire (fallback_layer): refused, by name. Runs in begin
+-- (ks.config: the model the policy was loaded for) and again at layer 0 (ev.n_layers).
+local function check_layers(p, n_layers)
+  for _, name in ipairs({ "L_min", "L_obs", "fallback_layer" }) do
+    if math.type(p[name]) ~= "integer" then
+      error(string.format("parameter %s must be an integer, got %s", name, tostring(p[name])), 0)
+    end
+  end
+  if not n_layers then return end
+  local function range(name, v)
+    error(string.format("parameter %s = %d is out of range: the model has %d layers (0..%d)", name, v, n_layers,
+      n_layers - 1), 0)
+  end
+  if p.L_min < 0 or p.L_min >= n_layers then range("L_min", p.L_min) end
+  if p.fallback_layer >= n_layers then range("fallback_layer", p.fallback_layer) end
 end
 
 local state = {}
@@ -130,6 +149,7 @@ return {
     if p.kernel < 1 or p.kernel % 2 == 0 then error("asl: kernel must be odd and >= 1") end
     if p.pool ~= "avg" and p.pool ~= "max" then error("asl: pool must be \"avg\" or \"max\", got \"" .. tostring(p.pool) .. "\"") end
     if p.kv_budget ~= 0 and p.kv_budget <= p.w then error("asl: kv_budget must be 0 (off) or > w") end
+    check_layers(p, ks.config and ks.config.n_layers)
     state = { off = false, done = false, ranks = {}, tops = {}, var0 = nil, relvar = {} }
     ks.report("selection_layer", -1)
     ks.report("fallback", false)
@@ -139,7 +159,10 @@ return {
     local st = state
     if ev.pass > 0 then return end -- the second pass of two-pass ASL is plain attention
     local l, n, w = ev.layer, ev.n, p.w
-    if l == 0 then st.off = ev.kv_rows[1] > 0 or n <= w end
+    if l == 0 then
+      check_layers(p, ev.n_layers)
+      st.off = ev.kv_rows[1] > 0 or n <= w
+    end
     if st.off then return end
     local Q, K = ev.q, ev.k
     local Hkv = ev.n_kv_heads

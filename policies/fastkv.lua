@@ -27,7 +27,8 @@
 --
 -- Parameters (defaults = the current release's "proportional" mode, Llama-3.1-8B's TSP layer):
 --   mode         "proportional" | "absolute" (the older release: fixed sizes)
---   tsp_layer    15      t (17 for Ministral-8B, 19 for Mistral-Nemo-12B); choose it for a
+--   tsp_layer    15      t (17 for Ministral-8B, 19 for Mistral-Nemo-12B; must be < the model's
+--                        layer count, checked in begin); choose it for a
 --                        model with tools/fastkv_calibrate.lua (the paper's Eq. 3)
 --   tsp_rate     0.2     proportional: propagate int(n * tsp_rate) rows
 --   retain_rate  0.1     proportional: KV rows kept per KV head, int(m * rate) (window included)
@@ -65,6 +66,19 @@ local function head_scores(Q, K, h, g, m, w, kernel, pool)
   return ks.sum(s, 0)
 end
 
+-- A TSP layer the model does not have would silently propagate nothing: refused, by name. Runs
+-- in begin (ks.config: the model the policy was loaded for) and again at layer 0 (ev.n_layers:
+-- the model it runs on).
+local function check_layers(p, n_layers)
+  if math.type(p.tsp_layer) ~= "integer" then
+    error(string.format("parameter tsp_layer must be an integer, got %s", tostring(p.tsp_layer)), 0)
+  end
+  if p.tsp_layer < 0 or (n_layers and p.tsp_layer >= n_layers) then
+    error(string.format("parameter tsp_layer = %d is out of range: the model has %s layers (0..%s)",
+      p.tsp_layer, tostring(n_layers or "?"), n_layers and tostring(n_layers - 1) or "?"), 0)
+  end
+end
+
 local state = {}
 
 return {
@@ -97,6 +111,7 @@ return {
     if p.mode == "proportional" and not (p.tsp_rate > 0 and p.retain_rate > 0) then
       error("fastkv: tsp_rate and retain_rate must be > 0")
     end
+    check_layers(p, ks.config and ks.config.n_layers)
     state = { off = false, propagated = false }
     ks.report("propagated", false)
   end,
@@ -104,7 +119,10 @@ return {
   prefill_qkv = function(ev, p)
     local st = state
     local l, m, w = ev.layer, ev.n, p.w
-    if l == 0 then st.off = ev.pass ~= 0 or ev.kv_rows[1] > 0 end -- continuation prefill: leave it
+    if l == 0 then
+      if ev.pass == 0 then check_layers(p, ev.n_layers) end
+      st.off = ev.pass ~= 0 or ev.kv_rows[1] > 0 -- continuation prefill: leave it
+    end
     if st.off then return end
     local prop = p.mode == "proportional"
     local cap

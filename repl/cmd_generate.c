@@ -1,4 +1,9 @@
-/* cmd_generate.c — `kvsieve generate` and `kvsieve tokenize`. */
+/* cmd_generate.c — `kvsieve generate` and `kvsieve tokenize`.
+ *
+ * The prompt comes from -p TEXT, from stdin (-p - or -f -) or from a file (-f FILE): any size
+ * up to the model's context, which is checked once the prompt is tokenized, before the policy
+ * or the prefill runs. A prompt read from a file is not echoed (the output is the continuation
+ * alone); -p TEXT is echoed, so that the text reads on. */
 #include "chat.h"
 #include "cli.h"
 #include "env_opts.h"
@@ -11,11 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int ks_cli_fail(const char *what) {
-    fprintf(stderr, "kvsieve: %s%s%s\n", what ? what : "", what ? ": " : "", ks_last_error());
-    return 1;
-}
-
 static int stream_print(void *ud, int32_t id, const char *piece) {
     (void)ud;
     (void)id;
@@ -26,6 +26,8 @@ static int stream_print(void *ud, int32_t id, const char *piece) {
 
 typedef struct gen_args {
     const char *model, *prompt, *chat, *policy, *backend, *sys;
+    const char *file;  /* -f FILE (or -p -: "-"): the prompt is read from it */
+    char *text;        /* the prompt read from file / stdin (malloc'd; a->prompt points to it) */
     int n, ids, threads, quiet, n_sets;
     float temp, top_p;
     uint64_t seed;
@@ -46,6 +48,9 @@ static int parse_gen(int argc, char **argv, gen_args *a) {
 #define NEED() do { if (!v) { fprintf(stderr, "kvsieve: option %s needs a value\n", o); return -1; } i++; } while (0)
         if (!strcmp(o, "-m") || !strcmp(o, "--model")) { NEED(); a->model = v; }
         else if (!strcmp(o, "-p") || !strcmp(o, "--prompt")) { NEED(); a->prompt = v; }
+        else if (!strcmp(o, "-f") || !strcmp(o, "--file")) { NEED(); a->file = v; }
+        else if (ks_cli_is_help(o)) return 1;
+        else if (ks_cli_is_verbose(o)) ks_cli_set_verbose();
         /* numbers strictly (repl/args.c): "abc", "99999999999" or "nan" is an error, not 0 or a wrap */
         else if (!strcmp(o, "-n")) { NEED(); if (ks_arg_int(o, v, 0, INT_MAX, &a->n)) return -1; }
         else if (!strcmp(o, "--temp")) { NEED(); if (ks_arg_float(o, v, 0, INFINITY, 0, &a->temp)) return -1; }
@@ -73,8 +78,20 @@ static int parse_gen(int argc, char **argv, gen_args *a) {
 #undef NEED
     }
     if (!a->model) { fprintf(stderr, "kvsieve: -m DIR is required\n"); return -1; }
-    if (!a->prompt) { fprintf(stderr, "kvsieve: -p TEXT is required\n"); return -1; }
+    if (a->file && a->prompt) { fprintf(stderr, "kvsieve: give -p TEXT or -f FILE, not both\n"); return -1; }
+    if (a->prompt && !strcmp(a->prompt, "-")) { a->file = "-"; a->prompt = NULL; } /* -p -: stdin */
+    if (!a->prompt && !a->file) { fprintf(stderr, "kvsieve: -p TEXT (or -f FILE, or -p - for stdin) is required\n"); return -1; }
+    if (a->file) { /* read before the model loads: a wrong path costs no loading time */
+        if (ks_cli_read_text(a->file, &a->text, NULL)) return -1;
+        a->prompt = a->text;
+    }
     return 0;
+}
+
+/* parse_gen's result as an exit status (-1: 2, the command line was wrong; 1: help shown) */
+static int parse_status(int r, const char *cmd) {
+    if (r > 0) ks_cli_help(cmd);
+    return r > 0 ? 0 : 2;
 }
 
 /* The prompt as ids: raw ids (--ids), a chat template, or plain text. */
@@ -111,29 +128,34 @@ void ks_policy_free(ks_policy *p);
 
 int ks_cli_generate(int argc, char **argv) {
     gen_args a;
-    if (parse_gen(argc, argv, &a)) return 2;
+    int pr = parse_gen(argc, argv, &a);
+    if (pr) { free(a.text); return parse_status(pr, "generate"); }
     ks_model *m;
-    if (ks_cli_model_open(a.model, &(ks_model_opts){.backend = a.backend}, &m)) return ks_cli_fail("cannot load model");
+    ks_model_opts mo; /* --threads reaches the CPU backend */
+    ks_model_opts_default(&mo);
+    mo.backend = a.backend;
+    mo.threads = a.threads;
+    if (ks_cli_model_open(a.model, &mo, &m)) { free(a.text); return ks_cli_fail("cannot load model"); }
     int32_t *ids = NULL;
     int n = 0, rc = 0;
     ks_session *s = NULL;
     ks_policy *pol = NULL;
     if (prompt_ids(m, &a, &ids, &n)) { rc = 1; goto out; }
+    /* the whole prompt must fit the context (generation then stops at the context): said now,
+     * not after a prefill of minutes */
+    if (n > ks_model_max_context(m)) {
+        fprintf(stderr, "kvsieve: the prompt is %d tokens, more than the model's context of %d tokens\n", n,
+                ks_model_max_context(m));
+        rc = 1;
+        goto out;
+    }
     if (ks_session_create(m, &s)) { rc = ks_cli_fail("session"); goto out; }
     if (a.policy) {
         if (ks_cli_policy_load(m, a.policy, &pol)) { rc = ks_cli_fail("policy"); goto out; }
-        for (int i = 0; i < a.n_sets; i++) {
-            char key[256];
-            const char *eq = strchr(a.sets[i], '=');
-            if (!eq || eq == a.sets[i] || (size_t)(eq - a.sets[i]) >= sizeof key) {
-                fprintf(stderr, "kvsieve: --set expects key=value, got \"%s\"\n", a.sets[i]);
-                rc = 2;
-                goto out;
-            }
-            memcpy(key, a.sets[i], eq - a.sets[i]);
-            key[eq - a.sets[i]] = 0;
-            if (ks_policy_set(pol, key, eq + 1)) { rc = ks_cli_fail("--set"); goto out; }
-        }
+        /* "key=value" or "NAME.key=value"; then the parameters against the model (a layer
+         * past the last one is an error), before anything is printed or computed */
+        if (ks_cli_apply_sets(pol, ks_policy_name(pol), a.sets, a.n_sets, 1)) { rc = 2; goto out; }
+        if (ks_cli_check_policy(m, pol, "")) { rc = 2; goto out; }
         ks_session_set_policy(s, pol);
     } else if (a.n_sets) {
         fprintf(stderr, "kvsieve: --set needs --policy\n");
@@ -151,7 +173,7 @@ int ks_cli_generate(int argc, char **argv) {
     o.repeat_penalty = a.repeat_penalty;
     o.stop = a.stop;
     o.n_stop = a.n_stop;
-    if (!a.quiet && !a.ids && !a.chat) { fputs(a.prompt, stdout); fflush(stdout); } /* the text continues the prompt */
+    if (!a.quiet && !a.ids && !a.chat && !a.file) { fputs(a.prompt, stdout); fflush(stdout); } /* the text continues the prompt */
     ks_status st = ks_generate_ids(s, ids, n, &o, a.quiet ? NULL : stream_print, NULL);
     if (!a.quiet) printf("\n");
     fflush(stdout);
@@ -170,14 +192,16 @@ out:
     ks_session_free(s);
     if (pol) ks_policy_free(pol);
     ks_model_close(m);
+    free(a.text);
     return rc;
 }
 
 int ks_cli_tokenize(int argc, char **argv) {
     gen_args a;
-    if (parse_gen(argc, argv, &a)) return 2;
+    int pr = parse_gen(argc, argv, &a);
+    if (pr) { free(a.text); return parse_status(pr, "tokenize"); }
     ks_model *m;
-    if (ks_model_open(a.model, "cpu", &m)) return ks_cli_fail("cannot load model");
+    if (ks_model_open(a.model, "cpu", &m)) { free(a.text); return ks_cli_fail("cannot load model"); }
     int32_t *ids;
     int n, rc = 0;
     if (prompt_ids(m, &a, &ids, &n)) rc = 1;
@@ -187,5 +211,6 @@ int ks_cli_tokenize(int argc, char **argv) {
         free(ids);
     }
     ks_model_close(m);
+    free(a.text);
     return rc;
 }
