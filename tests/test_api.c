@@ -6,6 +6,7 @@
 #include "kvsieve.h"
 #include "ks_lua.h" /* ks_lua_quiet: other tests silence policy failure notes; this one needs them */
 #include "ktest.h"
+#include "testutil.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -388,4 +389,24 @@ KT_TEST(api_c_policy_from_handlers_keeps_what_it_retains) {
     ks_policy_free(NULL);
     ks_session_free(s);
     ks_model_close(m);
+}
+
+/* ---------------------------------------------------------------- the CLI's --threads */
+
+KT_TEST(api_cli_generate_threads_option) {
+    const char *bin = getenv("KS_BIN");
+    if (!bin || !*bin) KT_SKIP("KS_BIN not set (run through make test)");
+    char cmd[1024], out1[4096], out2[4096];
+    /* ks_model_opts.threads under the CLI: any count gives the same tokens; a bad one is refused */
+    snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p 'The grass is' -n 6 --threads 1", bin);
+    int rc1 = kt_sh(cmd, out1, sizeof out1);
+    snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p 'The grass is' -n 6 --threads 3", bin);
+    int rc2 = kt_sh(cmd, out2, sizeof out2);
+    KT_CHECK(rc1 == 0 && rc2 == 0, "exit %d / %d: %s %s", rc1, rc2, out1, out2);
+    char *t1 = strstr(out1, "[kvsieve]"), *t2 = strstr(out2, "[kvsieve]"); /* the timing line differs */
+    if (t1) *t1 = 0;
+    if (t2) *t2 = 0;
+    KT_CHECK(out1[0] && !strcmp(out1, out2), "1 thread:\n%s\n3 threads:\n%s", out1, out2);
+    snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p 'The grass is' -n 2 --threads -2", bin);
+    KT_CHECK(kt_sh(cmd, out1, sizeof out1) != 0 && strstr(out1, "--threads"), "--threads -2: %s", out1);
 }
