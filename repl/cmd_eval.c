@@ -308,7 +308,7 @@ static void progress_clear(progress *pg) {
 }
 
 static void progress_update(progress *pg, int final) {
-    if (!pg->on) return;
+    if (!pg->on || !pg->total) return; /* nothing ran (all resumed): nothing to tell */
     double now = ks_now(), el = now - pg->t0;
     /* not a terminal: the first run, then a line every 10 s, and the last */
     if (!pg->tty && !final && pg->done != 1 && now - pg->last_print < 10) return;
