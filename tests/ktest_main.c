@@ -40,6 +40,7 @@ static const char *const slow_names[] = {
     "eval_niah_show_marks_the_needle",
     "eval_bad_inputs_are_named_errors",
     "eval_gemfilter_keeps_the_needle",
+    "eval_sigint_then_resume_equals_an_uninterrupted_run", /* an eval grid run twice (6 s on busy cores) */
     "lua_device_emulated_policies_match_host",
     "policy_asl",
     "policy_fastkv",
