@@ -229,7 +229,7 @@ int main(int argc, char **argv) {
 #endif
             return ks_cli_repl(argc, argv);
         }
-        usage(stderr);
+        fprintf(stderr, "kvsieve: no command given (kvsieve --help lists the commands)\n");
         return 2;
     }
     const char *cmd = argv[1];
@@ -267,7 +267,5 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return ks_cli_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "repl")) return ks_cli_repl(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return ks_cli_run(argc - 1, argv + 1);
-    if (!strcmp(cmd, "eval")) return ks_cli_eval(argc - 1, argv + 1);
-    usage(stderr);
-    return 2;
+    return ks_cli_eval(argc - 1, argv + 1); /* help_of() knows no other command */
 }
