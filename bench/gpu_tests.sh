@@ -3,8 +3,8 @@ set -x
 B=.data/run; mkdir -p $B && tar -C $B -xJf .data/bins.tar.xz
 export KS_STORIES=.data/stories260K
 ( $B/test_cuda 2>&1 | grep -v "^  ok" | tail -20 ) > $OUT/test_cuda.txt
-( KS_CUDA_WGMMA=0 $B/test_cuda 2>&1 | tail -3 ) > $OUT/test_cuda_nowgmma.txt
-( KS_CUDA_GRAPH=0 $B/test_cuda --quick 2>&1 | tail -3 ) > $OUT/test_cuda_nograph.txt
+( $B/test_cuda --mma-prefill 2>&1 | tail -3 ) > $OUT/test_cuda_nowgmma.txt
+( $B/test_cuda --quick --no-graphs 2>&1 | tail -3 ) > $OUT/test_cuda_nograph.txt
 [ -x $B/test_cuda_prims ] && ( $B/test_cuda_prims 2>&1 | tail -3 ) > $OUT/test_cuda_prims.txt
 ( $B/test_cuda_policies --stories .data/stories260K 2>&1 | tail -30 ) > $OUT/test_cuda_policies.txt
 ( $B/test_wgmma 2>&1 | tail -8 ) > $OUT/test_wgmma.txt

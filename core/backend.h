@@ -255,7 +255,7 @@ struct ks_backend {
 
     /* ---- page-locked host memory (optional; NULL = malloc / free) for host buffers that are
      * downloaded into every step (the logits): CUDA's cudaMallocHost, so a download is one DMA
-     * (a 128K-float row: 12 us on an H200, against 60-75 us into pageable memory). */
+     * (several times faster than into pageable memory: bench/NOTES.md). */
     void *(*host_alloc)(ks_backend *b, size_t bytes);
     void (*host_free)(ks_backend *b, void *p);
 

@@ -141,8 +141,7 @@ static ks_status gemv_launch(cudaStream_t s, float *y, const float *x, const voi
     ks_status st = gemv_check(x, W, in);
     if (st) return st;
     /* enough blocks to fill the GPU: fewer rows per warp for narrow outputs; narrow outputs also
-     * split K over the warps of a block (H200, bench_decode: 4096 x 4096 at 3.78 TB/s with 4 rows,
-     * unroll 8, 4-way split vs 2.85 with 1 row; 4096 x 14336 at 4.11 vs 3.97 with 2-way) */
+     * split K over the warps of a block (measured with tests/cuda/bench_decode: bench/NOTES.md) */
     if (out >= 32768) return gemv_go<4, ACC, 4, 1>(s, y, x, W, bias, in, out, GEMV_PF, pdl);
     if (out >= 8192) return gemv_go<2, ACC, 4, 1>(s, y, x, W, bias, in, out, GEMV_PF, pdl);
     if (in <= 8192) return gemv_go<4, ACC, 8, 4>(s, y, x, W, bias, in, out, GEMV_PF, pdl);

@@ -393,7 +393,16 @@ static policy_box *resolve_policy(lua_State *L, int arg, ks_model *m) {
     }
     policy_box *b = push_policy_box(L);
     if (lua_type(L, arg) == LUA_TSTRING) {
-        if (ks_policy_load(m, lua_tostring(L, arg), &b->p)) luaL_error(L, "%s", ks_last_error());
+        /* names are looked up first on the module's policy_path (a colon-separated string; the
+         * CLI sets it from $KVSIEVE_POLICY_PATH), which stays on the stack during the load */
+        int top = lua_gettop(L);
+        const char *sp = NULL;
+        lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+        if (lua_getfield(L, -1, "kvsieve") == LUA_TTABLE && lua_getfield(L, -1, "policy_path") == LUA_TSTRING)
+            sp = lua_tostring(L, -1);
+        ks_status st = ks_policy_load_path(m, lua_tostring(L, arg), sp, &b->p);
+        lua_settop(L, top);
+        if (st) luaL_error(L, "%s", ks_last_error());
         return b;
     }
     if (lua_istable(L, arg)) {

@@ -14,6 +14,7 @@
  * /help; /chat on|off|reset (a conversation kept across turns, core/chat.h's templates);
  * /stream on|off. The Lua side of these lives in repl_lua below. */
 #include "cli.h"
+#include "env_opts.h"
 #include "kvsieve.h"
 #include "ks_lua.h"
 #include "chat.h"
@@ -117,6 +118,7 @@ static lua_State *new_state(void) {
         lua_close(L);
         return NULL;
     }
+    ks_cli_lua_env(L, -1); /* ks.policy_path from $KVSIEVE_POLICY_PATH */
     lua_setglobal(L, "ks");
     return L;
 }

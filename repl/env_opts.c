@@ -3,6 +3,7 @@
 #include "model.h"
 #include "policy_lua.h"
 
+#include <lua.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,4 +67,12 @@ ks_status ks_cli_policy_load(ks_model *m, const char *name_or_path, ks_policy **
         *out = NULL;
     }
     return st;
+}
+
+void ks_cli_lua_env(lua_State *L, int module) {
+    const char *sp = getenv("KVSIEVE_POLICY_PATH");
+    if (!sp || !*sp) return;
+    module = lua_absindex(L, module);
+    lua_pushstring(L, sp);
+    lua_setfield(L, module, "policy_path");
 }

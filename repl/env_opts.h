@@ -24,4 +24,9 @@ ks_status ks_cli_model_open(const char *dir, const ks_model_opts *mo, ks_model *
  * (auto, host, emulate) when that is set. */
 ks_status ks_cli_policy_load(ks_model *m, const char *name_or_path, ks_policy **out);
 
+/* The Lua module's policy_path from $KVSIEVE_POLICY_PATH when that is set (module: the stack
+ * index of the kvsieve module table). */
+struct lua_State;
+void ks_cli_lua_env(struct lua_State *L, int module);
+
 #endif

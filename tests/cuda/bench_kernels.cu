@@ -255,7 +255,7 @@ static void bench_matmul(cublasHandle_t h, int n, int in, int out) {
     if (n == 1) report(name, ms, ((double)in * out * 2 + in * 4 + out * 4) / (ms * 1e-3) / 1e9, "GB/s");
     else report(name, ms, 2.0 * n * in * out / (ms * 1e-3) / 1e12, "TFLOP/s");
     if (n == 1 && ks_cuda_gemv_supported(W[0], in)) {
-        ms = time_ms([&](int i) { KS(ks_cuda_gemv(S, y, x, W[i % nb], NULL, in, out)); });
+        ms = time_ms([&](int i) { KS(ks_cuda_gemv(S, y, x, W[i % nb], NULL, in, out, 0)); });
         snprintf(name, sizeof name, "gemv kernel (the backend's n=1 path) in=%d out=%d", in, out);
         report(name, ms, ((double)in * out * 2 + in * 4 + out * 4) / (ms * 1e-3) / 1e9, "GB/s");
     }
