@@ -511,7 +511,7 @@ int main(int argc, char **argv) {
     CK(cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking));
     cudaDeviceProp pr;
     CK(cudaGetDeviceProperties(&pr, 0));
-    printf("device: %s, %d SMs, L2 %d MB; PDL default %s (KS_CUDA_PDL)\n", pr.name, pr.multiProcessorCount,
+    printf("device: %s, %d SMs, L2 %d MB; PDL at start %s (each section sets its own)\n", pr.name, pr.multiProcessorCount,
            pr.l2CacheSize >> 20, g_pdl ? "on" : "off");
     {
         size_t bytes = (size_t)1 << 30;
