@@ -550,6 +550,7 @@ static int l_concat(lua_State *L) {
     int64_t at = 0;
     for (int i = 1; i <= nargs; i++) {
         ks_tensor *t = ts[i - 1];
+        if (t->numel == 0) continue; /* nothing to copy, and its data may be NULL */
         const void *d = dat(L, nargs + i, t, be);
         if (be) {
             ks_status st = be->copy(be, (char *)o->data + at * 4, d, (size_t)t->numel * 4);
@@ -614,7 +615,7 @@ static int l_gather(lua_State *L) {
         for (int64_t i = 0; i < ti->numel; i++)
             if (idx[i] < 0 || idx[i] >= n)
                 return ks_lua_errorf(L, fn, "index %d at position %lld out of range [0, %lld)", idx[i], (long long)i, (long long)n);
-        for (int64_t i = 0; i < ti->numel; i++)
+        for (int64_t i = 0; d > 0 && i < ti->numel; i++)
             memcpy((int32_t *)o->data + i * d, (const int32_t *)xd + (int64_t)idx[i] * d, sizeof(int32_t) * d);
     }
     return 1;
@@ -694,8 +695,9 @@ static int reduce(lua_State *L, red_kind kind, const char *fn) {
     ks_tensor *o = newt(L, be, KS_T_F32, nd, shape);
     /* one (mid, inner) block per outer index (device: pointer offsets, one launch each) */
     for (int64_t i = 0; i < outer; i++) {
-        const float *xi = x + i * mid * inner;
-        float *oi = (float *)o->data + i * inner;
+        /* an empty tensor's data may be NULL: no offset from it (UBSan, found by fuzz_lua_prims) */
+        const float *xi = x ? x + i * mid * inner : x;
+        float *oi = o->data ? (float *)o->data + i * inner : (float *)o->data;
         CORE(fn, red_call(be, kind, xi, mid, inner, 0, ddof, oi));
     }
     return 1;

@@ -76,3 +76,30 @@ KT_TEST(fuzz_regress_scores_empty_rows) {
     KT_CHECK(st == KS_OK, "%s", err);
     KT_CHECK(!strcmp(rep_a, "ok") && !strcmp(rep_b, "ok"), "empty query: %s; no keys: %s", rep_a, rep_b);
 }
+
+/* fuzz_lua_prims (found by CI's 30 s run): ks.mean / ks.sum along an axis of a tensor with no
+ * elements offset its NULL data pointer (lua/prims_lua.c reduce, UBSan "applying zero offset to
+ * null pointer"); ks.concat of empty pieces did the same at its output. Now a sum over an empty
+ * axis is 0, a mean over one is the named error "axis 0 is empty", an empty output stays empty. */
+KT_TEST(fuzz_regress_reduce_and_concat_of_empty) {
+    char err[2048];
+    ks_status st = run_policy("local ks = require 'kvsieve'\n"
+                              "return { prefill_qkv = function(ev)\n"
+                              "  if ev.layer ~= 0 then return end\n"
+                              "  local empty = ev:kv_keys()               -- (0, n_kv_heads, head_dim), no data\n"
+                              "  local r = {}\n"
+                              "  for _, f in ipairs({ks.sum, ks.mean}) do\n"
+                              "    for axis = 0, 2 do\n"
+                              "      local ok, e = pcall(f, empty, axis)\n"
+                              "      r[#r + 1] = ok and 'ok' or (tostring(e):find('is empty') and 'empty') or e\n"
+                              "    end\n"
+                              "  end\n"
+                              "  ev:report('a', table.concat(r, ','))\n"
+                              "  local ok, e = pcall(ks.concat, ks.zeros(0), ks.zeros(0))\n"
+                              "  ev:report('b', ok and ('ok ' .. e:size(0)) or e)\n"
+                              "end }\n",
+                              err, sizeof err);
+    KT_CHECK(st == KS_OK, "%s", err);
+    KT_CHECK(!strcmp(rep_a, "ok,ok,ok,empty,ok,ok"), "sum/mean of an empty tensor along each axis: %s", rep_a);
+    KT_CHECK(!strcmp(rep_b, "ok 0"), "concat of empty pieces: %s", rep_b);
+}
