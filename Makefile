@@ -197,7 +197,7 @@ $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(wildcard tests/fuzz/*.h) $(FUZZ_BUIL
 fuzz-build: $(FUZZ_BINS)                                        # build every fuzz harness (clang)
 
 fuzz: fuzz-build                                                # run each harness FUZZ_SECONDS s
-	@bash tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_NAMES)
+	@FUZZ_ARGS='$(FUZZ_ARGS)' bash tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_NAMES)
 
 .PHONY: fuzz fuzz-build
 -include $(shell find $(FUZZ_BUILD)/lib -name '*.d' 2>/dev/null)
