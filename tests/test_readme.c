@@ -593,7 +593,13 @@ KT_SLOW_TEST(readme_commands_run) {
         }
         /* the rewritten line, as an sh script */
         FILE *f = fopen(script, "w");
-        KT_CHECK(f, "cannot write %s", script);
+        if (!f) {
+            size_t el = strlen(fails);
+            snprintf(fails + el, cap - el, "README.md:%d: cannot write %s\n", d.v[i].line, script);
+            n_fail++;
+            rd_words_free(&ws);
+            continue;
+        }
         int n_out = 0;
         char outs[8][700], outs_name[8][128];
         for (int k = 0; k < ws.n; k++) {
