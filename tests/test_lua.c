@@ -4,7 +4,7 @@
  * each gives its named error and the process is fine afterwards), fallback, interrupts, a C
  * policy and the same policy in Lua giving identical results, and the CLI (`kvsieve run`,
  * `kvsieve repl` on piped stdin, `generate --policy --set`) when KS_BIN names the binary.
- * Run from the repository root (policies/ and tests/lua/ are found relative to it). */
+ * Run from the repository root (policies/, tests/policies/ and tests/lua/ are found relative to it). */
 #include "engine.h"
 #include "ks_lua.h"
 #include "ktest.h"
@@ -118,9 +118,9 @@ KT_TEST(lua_policy_c_api) {
     ks_session *s;
     KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
 
-    /* by name (./policies), parameters of each type */
+    /* by path (tests/policies/), parameters of each type */
     ks_policy *p;
-    KT_CHECK(ks_policy_load(m, "test_params", &p) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_policy_load(m, "tests/policies/test_params.lua", &p) == KS_OK, "%s", ks_last_error());
     KT_CHECK(!strcmp(ks_policy_name(p), "test_params"), "%s", ks_policy_name(p));
     KT_CHECK(ks_policy_n_params(p) == 5, "%d params", ks_policy_n_params(p));
     KT_CHECK(!strcmp(ks_policy_param_name(p, 0), "k") && !strcmp(ks_policy_param_name(p, 4), "ratio"), "sorted names");
@@ -303,7 +303,7 @@ KT_TEST(lua_sandbox_named_errors) {
     generate(s, NULL, prompt14, 14, 6, &after);
     KT_CHECK(after.st == KS_OK && same_ids(&before, &after), "%s", after.err);
     ks_policy *p;
-    KT_CHECK(ks_policy_load(m, "test_events", &p) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_policy_load(m, "tests/policies/test_events.lua", &p) == KS_OK, "%s", ks_last_error());
     generate(s, p, prompt14, 14, 6, &o);
     KT_CHECK(o.st == KS_OK && same_ids(&before, &o), "%s", o.err);
     KT_CHECK(!strcmp(ks_policy_report(p, "token"), "6"), "events");
@@ -410,7 +410,7 @@ KT_TEST(lua_interrupt) {
 
 /* ================================================================ C policy == Lua policy */
 
-/* The C twin of policies/test_retain.lua. */
+/* The C twin of tests/policies/test_retain.lua. */
 typedef struct twin { int layer, prop_layer; int calls; } twin;
 
 static ks_status twin_layer_end(void *ud, ks_event *ev) {
@@ -495,7 +495,7 @@ KT_TEST(lua_c_policy_equals_lua_policy) {
     KT_CHECK(tw.calls > 0, "C handlers ran");
 
     ks_policy *lp;
-    KT_CHECK(ks_policy_load(m, "test_retain", &lp) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_policy_load(m, "tests/policies/test_retain.lua", &lp) == KS_OK, "%s", ks_last_error());
     generate(s, lp, prompt14, 14, 8, &ol);
     KT_CHECK(ol.st == KS_OK, "%s", ol.err);
     copy_kept(s, &kl);
@@ -612,12 +612,16 @@ KT_TEST(lua_cli_run_repl_generate) {
     KT_CHECK(strstr(out, "2\n21\n15\n2\n"), "repl output:\n%s", out);
     KT_CHECK(strstr(out, "bad") && strstr(out, "after") && !strstr(out, "> "), "repl output:\n%s", out);
     /* generate --policy --set */
-    snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,5,9,12 -n 3 --policy test_retain --set layer=0 -q 2>&1", bin, dir);
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,5,9,12 -n 3 --policy tests/policies/test_retain.lua --set layer=0 -q 2>&1", bin, dir);
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0, "generate: rc %d\n%s", rc, out);
-    snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,5,9,12 -n 3 --policy test_retain --set lyer=0 -q 2>&1", bin, dir);
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,5,9,12 -n 3 --policy tests/policies/test_retain.lua --set lyer=0 -q 2>&1", bin, dir);
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc != 0 && strstr(out, "unknown parameter 'lyer' (parameters: layer, prop_layer"), "rc %d: %s", rc, out);
+    /* the test policies live in tests/policies/: they are not policy names */
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,5,9,12 -n 3 --policy test_retain -q 2>&1", bin, dir);
+    rc = kt_sh(cmd, out, sizeof out);
+    KT_CHECK(rc != 0 && strstr(out, "no policy named \"test_retain\""), "rc %d: %s", rc, out);
     snprintf(cmd, sizeof cmd, "%s eval 2>&1", bin);
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 2 && strstr(out, "--model DIR is required"), "eval: %d %s", rc, out);

@@ -182,6 +182,9 @@ KT_TEST(repl_tab_completion) {
     /* test policies are not offered: only one candidate, so it completes */
     if (ok && !(ok = step(t, "q = 'snap\t\n", NULL, 10))) fail = "'snap<Tab>";
     if (ok && !(ok = step(t, "q\n", (const char *[]){"\r\nsnapkv\r\n", NULL}, 10))) fail = "'snap<Tab> (a test policy offered?)";
+    /* the engine's own test policies (tests/policies/test_*.lua) are not names: 'test_r stays as typed */
+    if (ok && !(ok = step(t, "q = 'test_r\t'\n", NULL, 10))) fail = "'test_r<Tab>";
+    if (ok && !(ok = step(t, "q\n", (const char *[]){"\r\ntest_r\r\n", NULL}, 10))) fail = "'test_r<Tab> (a test policy offered?)";
     /* a double Tab lists the candidates; Ctrl-U drops the line */
     if (ok) {
         size_t at = t->len;

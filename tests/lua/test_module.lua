@@ -52,7 +52,7 @@ local sampled = s:generate(prompt, { n = 6, temp = 0.8, seed = 3 })
 eq_list(s:generate(prompt, { n = 6, temp = 0.8, seed = 3 }).ids, sampled.ids, "seeded sampling")
 
 -- ---------------------------------------------------------------- a named policy: every event
-local r = s:generate(prompt, { n = 4, policy = "test_events" })
+local r = s:generate(prompt, { n = 4, policy = "tests/policies/test_events.lua" })
 local full4 = s:generate(prompt, { n = 4 })
 eq_list(r.ids, full4.ids, "a policy that acts on nothing changes nothing")
 local rep = r.report
@@ -62,18 +62,18 @@ assert(rep.decode_qkv == cfg.n_layers * 3, "decode_qkv " .. tostring(rep.decode_
 assert(rep.token == 4 and rep.last_token == r.ids[4] and rep.prefill_end_n == N)
 assert(r.policy == "test_events")
 -- reports are per request
-local r2 = s:generate(prompt, { n = 1, policy = "test_events" })
+local r2 = s:generate(prompt, { n = 1, policy = "tests/policies/test_events.lua" })
 assert(r2.report.token == 1 and r2.report.decode_qkv == nil)
 -- results stay valid after the next generate
 eq_list(r.kept(1, 0), range(0, N + 3), "old result")
 
 -- ---------------------------------------------------------------- parameters
-local rp = s:generate(prompt, { n = 1, policy = "test_params" })
+local rp = s:generate(prompt, { n = 1, policy = "tests/policies/test_params.lua" })
 assert(rp.report.k == 64 and rp.report.k_type == "integer" and rp.report.ratio == 0.5 and rp.report.ratio_type == "float")
 assert(rp.report.on == true and rp.report.mode == "avg" and rp.report.list_len == 2)
-rp = s:generate(prompt, { n = 1, policy = "test_params", set = { k = 7, ratio = 1, on = false, mode = "max" } })
+rp = s:generate(prompt, { n = 1, policy = "tests/policies/test_params.lua", set = { k = 7, ratio = 1, on = false, mode = "max" } })
 assert(rp.report.k == 7 and rp.report.ratio == 1.0 and rp.report.ratio_type == "float" and rp.report.on == false and rp.report.mode == "max")
-local pol = ks.policy("test_params", { k = 9 })
+local pol = ks.policy("tests/policies/test_params.lua", { k = 9 })
 assert(pol.name == "test_params" and pol.params.k == 9 and pol.params.mode == "avg" and pol.params.list == "(table)")
 rp = s:generate(prompt, { n = 1, policy = pol, set = { k = 11 } })
 assert(rp.report.k == 11)
