@@ -9,7 +9,13 @@
  *   - Every function that can fail returns ks_status (KS_OK == 0). On failure the
  *     text of the error is available from ks_last_error() on the same thread until
  *     the next failing call on that thread.
- *   - Handles are opaque; each ks_<noun>_create/_open has a matching _free.
+ *   - Handles are opaque, and every one has one way in and one way out, named by a rule:
+ *       ks_<noun>_open  -> ks_<noun>_close  a handle tied to files on disk
+ *                                           (ks_model_open, ks_model_open_ex -> ks_model_close)
+ *       ks_<noun>_create, ks_<noun>_load*  -> ks_<noun>_free  an object built in memory
+ *                                           (ks_session_create -> ks_session_free;
+ *                                           ks_policy_load*, ks_policy_create_c -> ks_policy_free)
+ *     Each way out accepts NULL and does nothing then.
  *   - Token ids are int32_t; positions are int32_t.
  *   - The library never prints: what it has to say (a policy's print(), the first failure of a
  *     kind in a policy, debug notes) goes to the log callback of ks_set_log, or nowhere.
