@@ -1,5 +1,16 @@
 /* engine.h — sessions: the KV cache, prefill with policy events, decode steps, sampling and
- * generation. Everything runs through the backend interface (backend.h). */
+ * generation. Everything runs through the backend interface (backend.h).
+ *
+ * The engine's files, one job each (forward.h is their shared internal header):
+ *   session.c   a session: create, reset, free, its KV layers and ids
+ *   prefill.c   ks_session_prefill: passes over the prompt, each "done" or "restart(idx)"
+ *   decode.c    ks_session_decode: one token through every layer, plain or as a recorded graph
+ *   forward.c   the blocks both forwards are made of: activations, a layer's q/k/v, attention
+ *               arguments, o-projection and MLP, the head
+ *   actions.c   policy events (built, fired) and the actions a handler asks for (ks_actions)
+ *   sample.c    the sampler and the repetition penalty
+ *   generate.c  ks_session_generate: prefill, then sample and decode with streaming and stops
+ *   profile.c   the per-phase profiler */
 #ifndef KS_ENGINE_H
 #define KS_ENGINE_H
 
@@ -109,7 +120,7 @@ struct ks_session {
     ks_profile prof;          /* per-phase times (ks_profile_enable); on at creation with the backend's opts.profile */
     int discard_kv;           /* the running prefill pass discards its KV rows (discard_kv action) */
     int graph_steps;          /* decode steps run as a recorded graph (ks_backend.graph_begin) */
-    struct ks_decode_state *dec; /* engine.c: one-row buffers kept between decode steps and the
+    struct ks_decode_state *dec; /* decode.c: one-row buffers kept between decode steps and the
                                     recorded decode step (backend graphs); NULL until a decode */
 };
 

@@ -1,0 +1,98 @@
+/* forward.h — the engine's own seam between its files (not for lua/ or repl/: they use engine.h).
+ *
+ * One request, as the engine runs it (engine.h has the session and the calls around it):
+ *   ks_session_generate (generate.c)
+ *     ks_session_prefill (prefill.c)   passes over the prompt: each ends "done" or "restart(idx)"
+ *     ks_sample (sample.c)             the next id from s->logits
+ *     ks_session_decode (decode.c)     one row through every layer, plain or as a recorded graph
+ * Both forwards are made of the blocks below (forward.c): a layer's q/k/v, its attention
+ * arguments, its tail (o-projection and MLP) and the head. Policy events are built and fired by
+ * actions.c, which also validates and records the actions a handler asks for (ks_actions, a value
+ * that the forward carries through the layer and frees). Per-phase timing: profile.c. */
+#ifndef KS_FORWARD_H
+#define KS_FORWARD_H
+
+#include "engine.h"
+
+/* ---------------------------------------------------------------- activations (forward.c)
+ * Scratch activations for a forward over n rows. Five row buffers, each used for several
+ * things in turn (a layer never needs more at once):
+ *   x    residual stream                                  (n, dim)
+ *   xn   rmsnorm output; then the attention output        (n, max(dim, n_heads*head_dim))
+ *   q    queries; then the o-proj and the MLP outputs     (n, max(dim, n_heads*head_dim))
+ *   k, v keys and values of this step, until appended     (n, n_kv_heads*head_dim)
+ * plus the MLP's gate/up for one chunk of rows            (min(n, KS_MLP_CHUNK), ffn) each.
+ * (The attention output can't take q's buffer: attention reads q while writing it.)
+ * kpre is not a buffer: it equals k in pre-RoPE mode (the policy wants keys before RoPE; they
+ * stay unrotated and attention rotates q and k itself), NULL otherwise. */
+#define KS_MLP_CHUNK 1024 /* rows per MLP chunk: never n x ffn activations at once */
+
+typedef struct ks_fwd_buf {
+    float *x, *xn, *q, *k, *v, *kpre, *gate, *up;
+} ks_fwd_buf;
+
+/* Backend buffers for n rows (b zeroed first; on failure nothing stays allocated). */
+ks_status ks_fwd_alloc(ks_backend *be, const ks_config *c, int n, int pre_rope, ks_fwd_buf *b);
+/* Frees what b holds and zeroes it (a zeroed b is fine). */
+void ks_fwd_free(ks_backend *be, ks_fwd_buf *b);
+
+/* ---------------------------------------------------------------- layer blocks (forward.c) */
+
+/* Norm, q/k/v projections of x (n, dim) and RoPE at pos (n) into q (n, n_heads*head_dim),
+ * k, v (n, n_kv_heads*head_dim); in pre-RoPE mode (b->kpre) q and k stay unrotated. */
+ks_status ks_layer_qkv(ks_session *s, int l, ks_fwd_buf *b, int n, const int32_t *pos, int max_pos);
+/* Attention arguments for n query rows at qpos (n), the largest being max_pos; act's attend
+ * lists (NULL or no attend: every row of the layer). The arguments point into c, qpos and act. */
+ks_attn_args ks_layer_attn_args(const ks_session *s, const ks_fwd_buf *b, int n, const int32_t *qpos, int max_pos,
+                                const ks_actions *act);
+/* The layer after attention (its output in xn, (n, n_heads*head_dim)): o-proj, residual, MLP
+ * (chunked), residual. x (n, dim) updated; q and xn are overwritten. */
+ks_status ks_layer_tail(ks_session *s, int l, ks_fwd_buf *b, int n);
+/* Final norm + lm_head of row `row` of x into lg (vocab, backend memory). */
+ks_status ks_head_compute(ks_session *s, ks_fwd_buf *b, int row, float *lg);
+/* The same into s->logits (vocab, host). */
+ks_status ks_head_logits(ks_session *s, ks_fwd_buf *b, int row);
+
+/* ---------------------------------------------------------------- events and actions (actions.c) */
+
+/* An event of `kind` at layer (-1: none) of pass with n active rows, the model's sizes filled in;
+ * the caller sets the views (q, k, pos, kv, ...) the kind carries. */
+void ks_event_init(ks_session *s, ks_event *ev, ks_event_kind kind, int layer, int pass, int n);
+/* Run the policy's handler for ev (none: KS_OK). A failure becomes a policy error naming the
+ * policy; policy errors, interrupts and OOM stay as they are. What the handler asked for is in
+ * ev->act, also after a failure. */
+ks_status ks_event_fire(ks_session *s, ks_event *ev);
+/* Move the actions out of ev (ev->act is left empty). */
+ks_actions ks_actions_take(ks_event *ev);
+/* Free the lists of a (per-head ones have n_kv_heads entries) and empty it. */
+void ks_actions_free(ks_actions *a, int n_kv_heads);
+/* a's retain lists, checked against layer l as it is now, applied to its KV rows. */
+ks_status ks_actions_apply_retain(ks_session *s, int l, const ks_actions *a);
+
+/* ---------------------------------------------------------------- session helpers (session.c) */
+
+/* Free layer l's KV rows and leave it empty, ready for the next append. */
+void ks_session_kv_clear(ks_session *s, int l);
+/* Append n ids to s->tokens. */
+ks_status ks_session_push_tokens(ks_session *s, const int32_t *ids, int n);
+/* KS_ERR_INTERRUPTED when the session's interrupt flag is up. */
+ks_status ks_session_check_interrupt(ks_session *s);
+
+/* ---------------------------------------------------------------- decode state (decode.c) */
+
+/* Drop the recorded decode step (the KV cache changes under it). */
+void ks_decode_drop_graph(ks_session *s);
+/* Free the decode state (buffers and graph); s->dec becomes NULL. */
+void ks_decode_free(ks_session *s);
+
+/* ---------------------------------------------------------------- profiler (profile.c) */
+
+/* Start (stage 0: prefill, 1: decode) and end one profiled forward; nothing when profiling is off. */
+void ks_prof_begin(ks_session *s, int stage);
+void ks_prof_end(ks_session *s);
+/* Book the time since the previous mark to phase ph (profiling on). */
+void ks_prof_mark(ks_session *s, ks_phase ph);
+/* one branch when profiling is off */
+#define PROF(s, ph) do { if ((s)->prof.on) ks_prof_mark((s), (ph)); } while (0)
+
+#endif
