@@ -5,12 +5,16 @@
  * with position ids mirrored on the device (ks_kv_layer.pos_dev, int32 (n_kv_heads, capacity)),
  * activations float32, accumulation float32 everywhere. Every call is queued on the backend's
  * own stream (non-blocking) and returns a status; download and sync wait for it and report
- * errors from earlier kernels. Activation buffers come from a stream-ordered memory pool,
- * so alloc/free cost no synchronisation; KV caches and weights use plain cudaMalloc, so
- * freeing them really returns the memory. Out of device memory is KS_ERR_OOM.
+ * errors from earlier kernels (upload, weight creation and moving a KV cache to a larger one
+ * wait too). Activation buffers come from a stream-ordered memory pool, so alloc/free cost no
+ * synchronisation; KV caches and weights use plain cudaMalloc, so freeing them really returns
+ * the memory. Out of device memory is KS_ERR_OOM.
  *
- * The kernel entry points (ks_cuda_<name>, one per .cu/.cuh pair) are declared in the
- * headers included below; each takes a stream and device pointers and returns a status.
+ * The backend itself is the cuda_*.cu files (context, dense ops, KV cache, attention,
+ * profiling, decode graphs, primitives table; cuda_backend_int.h says which holds what). The
+ * kernel entry points (ks_cuda_<name>, one kernel per .cu/.cuh pair; the policy primitives in
+ * ks_cuda_prims.h) are declared in the headers included below; each takes a stream and device
+ * pointers and returns a status.
  */
 #ifndef KS_CUDA_H
 #define KS_CUDA_H

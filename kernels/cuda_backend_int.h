@@ -1,0 +1,106 @@
+/* cuda_backend_int.h — what the files of the CUDA backend (ks_cuda.h) share; internal to kernels/.
+ *
+ *   cuda_ctx.cu    context: device, stream, memory pool, pinned staging, cuBLAS, allocation
+ *                  helpers, memory ops, memory statistics, pinned host memory, create/destroy
+ *   cuda_dense.cu  weights, matmul/gemv (plain and fused), embed, rmsnorm, rope, swiglu, add, gather_rows
+ *   cuda_kv.cu     the KV cache: alloc, free, append, retain
+ *   cuda_attn.cu   attention: the path planner (decode, tensor-core decode, prefill) and its launches
+ *   cuda_prof.cu   profiling marks and the roofline ceilings
+ *   cuda_graph.cu  decode-step graphs (record, replay)
+ *   cuda_prims.cu  the policy primitives table (ks_backend.prims)
+ *
+ * Each file fills its own entries of the ks_backend table (cuda_<job>_install), called once by
+ * ks_cuda_backend_create after the context is set up. */
+#ifndef KS_CUDA_BACKEND_INT_H
+#define KS_CUDA_BACKEND_INT_H
+
+#include "common.cuh"
+#include "ks_cuda.h"
+
+#include <cublas_v2.h>
+
+extern "C" {
+#include "backend.h"
+#include "config.h"
+}
+
+struct ks_weight {
+    void *data;            /* (rows, cols) bf16, or float32 for vectors (cols == 1) */
+    int64_t rows, cols;
+    int type;              /* KS_CUDA_BF16 or KS_CUDA_F32 */
+};
+
+#define ROPE_CACHE 4 /* rope configurations whose inv_freq stays on the device */
+
+typedef struct cuda_ctx {
+    int device, n_sm;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;
+    cudaMemPool_t pool;
+    unsigned char *pin;    /* pinned staging ring for small host -> device copies */
+    size_t pin_cap, pin_off;
+    int sm_major;          /* compute capability (major): the prefill planner's architecture family */
+    ks_backend_opts o;     /* this backend's options (kernel choices, PDL, splits; ks_backend.opts too) */
+    ks_cuda_attn_path attn_path; /* tests: ks_cuda_backend_set_attn_path */
+    long prefill_calls[3]; /* prefill attention launches per ks_cuda_prefill_kernel (tests) */
+    ks_memtrack *mem;      /* sizes of our device allocations (mem_stats) */
+    /* profiling marks (prof_mark / prof_collect): events recorded on the stream, resolved in
+     * batches; pacc holds the seconds of intervals already resolved, per tag */
+    cudaEvent_t *pev;      /* (pcap) */
+    int *ptag;             /* (pcap) tag of the interval ending at each event */
+    int pn, pcap;
+    double pacc[KS_PROF_TAGS];
+    /* inv_freq tables on the device, one per rope configuration seen (rope_inv_dev) */
+    struct rope_cache {
+        struct rope_key {
+            int type, head_dim, orig_max_pos, use_long;
+            double theta, factor, low, high, attn_factor;
+            const float *short_factor, *long_factor;
+        } key;
+        float *dev; /* (head_dim/2) */
+    } rc[ROPE_CACHE];
+    int rc_next;
+    unsigned rc_gen;       /* bumped when a table is replaced (graphs that read the old one are stale) */
+    /* decode-step graphs (graph_begin .. graph_end): while `rec`, calls record instead of run */
+    int rec, rec_failed;
+    int32_t *h_step;       /* pinned {id, pos, delta, 0}: written by graph_run, copied by the graph's first node */
+    int32_t *d_step;       /* device copy the recorded kernels read */
+    void *gws;             /* attention split workspace of recorded steps (GRAPH_WS bytes) */
+} cuda_ctx;
+
+#define GRAPH_WS ((size_t)8 << 20) /* split-KV workspace of a recorded decode step */
+
+static inline cuda_ctx *CTX(ks_backend *b) { return (cuda_ctx *)b->ctx; }
+
+/* ---- cuda_ctx.cu: allocation and staging */
+
+/* While a decode step is being recorded (graph_begin): a call or path that cannot be replayed
+ * (it would bake per-token values into the graph, allocate, or wait) fails the recording. */
+ks_status rec_fail(cuda_ctx *c, const char *what);
+ks_status blas_status(cublasStatus_t s, const char *what);
+/* Stream-ordered scratch from the pool (dev_alloc / dev_free); long-lived memory such as
+ * weights and KV caches with plain cudaMalloc (raw_alloc / raw_free). */
+ks_status dev_alloc(cuda_ctx *c, size_t bytes, const char *what, void **out);
+void dev_free(cuda_ctx *c, void *p);
+ks_status raw_alloc(cuda_ctx *c, size_t bytes, const char *what, void **out);
+void raw_free(cuda_ctx *c, void *p);
+/* A device copy of a host array; free with dev_free after the kernels that read it are queued. */
+ks_status upload_tmp(cuda_ctx *c, const void *src, size_t bytes, const char *what, void **out);
+
+/* ---- cuda_kv.cu: used by the fused q|k|v projection (cuda_dense.cu) */
+
+/* room for n more rows in every head (allocates L->n on first use) */
+ks_status kv_reserve(ks_backend *b, ks_kv_layer *L, int n);
+ks_status cu_kv_append(ks_backend *b, ks_kv_layer *L, const float *k, const float *v, const int32_t *pos, int n);
+
+/* ---- each file's entries of the backend table (b->opts holds the options) */
+
+void cuda_dense_install(ks_backend *b); /* opts.fused, opts.mlp choose the fused entries */
+void cuda_kv_install(ks_backend *b);
+void cuda_attn_install(ks_backend *b);
+void cuda_prof_install(ks_backend *b);
+void cuda_graph_install(ks_backend *b); /* opts.graphs */
+void cuda_prims_install(ks_backend *b);
+
+#endif

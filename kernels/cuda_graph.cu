@@ -1,0 +1,97 @@
+/* cuda_graph.cu — the CUDA backend's decode-step graphs (graph_begin / graph_end / graph_run /
+ * graph_free; cuda_backend_int.h). While a step is recorded (cuda_ctx.rec), the operations of the
+ * other files record instead of run, and fail the recording (rec_fail) where a call could not
+ * be replayed. */
+#include "cuda_backend_int.h"
+
+#include <stdlib.h>
+
+struct ks_graph {
+    cudaGraphExec_t exec;
+    int32_t pos0;          /* position at graph_begin */
+    unsigned rc_gen;
+};
+
+/* Recording: the stream is captured (relaxed mode: nothing else on the host is restricted);
+ * the graph's first node copies the pinned step slot {id, pos, delta} to the device, where the
+ * recorded embed, q|k|v and attention kernels read it. */
+static ks_status cu_graph_begin(ks_backend *b, int32_t id, int32_t pos) {
+    cuda_ctx *c = CTX(b);
+    if (c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_begin while recording");
+    if (!c->h_step || !c->d_step || !c->gws) return ks_errorf(KS_ERR_INTERNAL, "cuda: no decode graph buffers");
+    KS_CU(cudaStreamSynchronize(c->stream), "decode graph (an earlier kernel failed)"); /* h_step is free */
+    c->h_step[0] = id;
+    c->h_step[1] = pos;
+    c->h_step[2] = 0;
+    KS_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "decode graph: begin capture");
+    c->rec = 1;
+    c->rec_failed = 0;
+    cudaError_t e = cudaMemcpyAsync(c->d_step, c->h_step, 4 * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream);
+    if (e) {
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(c->stream, &g);
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        c->rec = 0;
+        return ks_cuda_status(e, "decode graph: step slot copy");
+    }
+    return KS_OK;
+}
+
+static ks_status cu_graph_end(ks_backend *b, ks_graph **out) {
+    cuda_ctx *c = CTX(b);
+    *out = NULL;
+    if (!c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_end without graph_begin");
+    c->rec = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (c->rec_failed || e || !g) {
+        if (g) cudaGraphDestroy(g);
+        if (e) {
+            cudaGetLastError();
+            if (!c->rec_failed) ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph capture failed (%s)", cudaGetErrorString(e));
+        }
+        return KS_ERR_UNSUPPORTED;
+    }
+    ks_graph *kg = (ks_graph *)ks_calloc(1, sizeof *kg);
+    if (!kg) { cudaGraphDestroy(g); return KS_ERR_OOM; }
+    e = cudaGraphInstantiate(&kg->exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e) {
+        cudaGetLastError();
+        free(kg);
+        return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph instantiation failed (%s)", cudaGetErrorString(e));
+    }
+    kg->pos0 = c->h_step[1];
+    kg->rc_gen = c->rc_gen;
+    *out = kg;
+    return KS_OK;
+}
+
+static ks_status cu_graph_run(ks_backend *b, ks_graph *g, int32_t id, int32_t pos) {
+    cuda_ctx *c = CTX(b);
+    if (c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_run while recording");
+    if (g->rc_gen != c->rc_gen) return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph reads a replaced rope table");
+    /* the previous run's slot copy must be done before the slot is rewritten: every step ends
+     * with a download that waits for the stream, so this only waits when a caller did not */
+    KS_CU(cudaStreamSynchronize(c->stream), "decode graph (an earlier kernel failed)");
+    c->h_step[0] = id;
+    c->h_step[1] = pos;
+    c->h_step[2] = pos - g->pos0;
+    KS_CU(cudaGraphLaunch(g->exec, c->stream), "decode graph launch");
+    return KS_OK;
+}
+
+static void cu_graph_free(ks_backend *b, ks_graph *g) {
+    if (!g) return;
+    cudaGraphExecDestroy(g->exec);
+    free(g);
+}
+
+void cuda_graph_install(ks_backend *b) {
+    if (!b->opts.graphs) return; /* off: every decode step launches its kernels one by one */
+    b->graph_begin = cu_graph_begin;
+    b->graph_end = cu_graph_end;
+    b->graph_run = cu_graph_run;
+    b->graph_free = cu_graph_free;
+}

@@ -1,0 +1,95 @@
+/* cuda_prims.cu — the CUDA backend's table of policy primitives (ks_backend.prims): each entry
+ * runs the device primitive of ks_cuda_prims.h on the backend's stream, with scratch memory from
+ * its pool (cuda_backend_int.h). */
+#include "cuda_backend_int.h"
+
+#ifdef KS_BACKEND_PRIMS
+#define PRIM_CTX(b) cuda_ctx *c_ = CTX(b); ks_cuda_scratch sc_ = ks_cuda_backend_scratch(b); (void)sc_
+static ks_status pr_scores(ks_backend *b, const float *q, const int32_t *qpos, int64_t hq, int64_t m, const void *k,
+                           int k_bf16, const int32_t *kpos, int64_t hkv, int64_t n, int64_t d, const ks_scores_opts *o,
+                           float *out) {
+    PRIM_CTX(b);
+    return ks_cuda_scores(c_->stream, &sc_, q, qpos, hq, m, k, k_bf16, kpos, hkv, n, d, o, out);
+}
+static ks_status pr_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t kernel, ks_pool_mode mode,
+                           float *out) {
+    PRIM_CTX(b);
+    return ks_cuda_pool1d(c_->stream, &sc_, x, rows, n, kernel, mode, out);
+}
+static ks_status pr_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, ks_topk_order order,
+                         int32_t *oi, float *ov) {
+    PRIM_CTX(b);
+    return ks_cuda_topk(c_->stream, &sc_, x, rows, n, k, order, oi, ov);
+}
+static ks_status pr_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *oi) {
+    PRIM_CTX(b);
+    return ks_cuda_argsort(c_->stream, &sc_, x, n, desc, oi);
+}
+static ks_status pr_sort_f32(ks_backend *b, const float *x, int64_t n, int desc, float *out) {
+    PRIM_CTX(b);
+    return ks_cuda_sort_f32(c_->stream, &sc_, x, n, desc, out);
+}
+static ks_status pr_sort_i32(ks_backend *b, const int32_t *x, int64_t n, int32_t *out) {
+    PRIM_CTX(b);
+    return ks_cuda_sort_i32(c_->stream, &sc_, x, n, out);
+}
+static ks_status pr_rank(ks_backend *b, const float *x, int64_t n, int32_t *out) {
+    PRIM_CTX(b);
+    return ks_cuda_rank(c_->stream, &sc_, x, n, out);
+}
+static ks_status pr_unique(ks_backend *b, const int32_t *x, int64_t n, int32_t *out, int64_t *n_out) {
+    PRIM_CTX(b);
+    return ks_cuda_unique(c_->stream, &sc_, x, n, out, n_out);
+}
+static ks_status pr_union(ks_backend *b, const int32_t *a, int64_t na, const int32_t *bb, int64_t nb, int32_t *out,
+                          int64_t *n_out) {
+    PRIM_CTX(b);
+    return ks_cuda_union(c_->stream, &sc_, a, na, bb, nb, out, n_out);
+}
+static ks_status pr_concat_i32(ks_backend *b, const int32_t *a, int64_t na, const int32_t *bb, int64_t nb, int32_t *out) {
+    return ks_cuda_concat_i32(CTX(b)->stream, a, na, bb, nb, out);
+}
+static ks_status pr_concat_f32(ks_backend *b, const float *a, int64_t na, const float *bb, int64_t nb, float *out) {
+    return ks_cuda_concat_f32(CTX(b)->stream, a, na, bb, nb, out);
+}
+static ks_status pr_arange(ks_backend *b, int64_t start, int64_t stop, int64_t step, int32_t *out) {
+    return ks_cuda_arange(CTX(b)->stream, start, stop, step, out);
+}
+static ks_status pr_gather(ks_backend *b, const float *x, int64_t n, int64_t d, const int32_t *idx, int64_t k, float *out,
+                           int64_t *err) {
+    return ks_cuda_gather(CTX(b)->stream, x, n, d, idx, k, out, err);
+}
+static ks_status pr_gather_i32(ks_backend *b, const int32_t *x, int64_t n, const int32_t *idx, int64_t k, int32_t *out,
+                               int64_t *err) {
+    return ks_cuda_gather_i32(CTX(b)->stream, x, n, idx, k, out, err);
+}
+static ks_status pr_softmax(ks_backend *b, const float *x, int64_t rows, int64_t n, float *out) {
+    return ks_cuda_softmax(CTX(b)->stream, x, rows, n, out);
+}
+static ks_status pr_sum(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, float *out) {
+    return ks_cuda_sum(CTX(b)->stream, x, rows, cols, axis, out);
+}
+static ks_status pr_mean(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, float *out) {
+    return ks_cuda_mean(CTX(b)->stream, x, rows, cols, axis, out);
+}
+static ks_status pr_var(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, int64_t ddof, float *out) {
+    return ks_cuda_var(CTX(b)->stream, x, rows, cols, axis, ddof, out);
+}
+static ks_status pr_cosine(ks_backend *b, const float *a, const float *bb, int64_t n, float *out) {
+    return ks_cuda_cosine(CTX(b)->stream, a, bb, n, out);
+}
+static ks_status pr_cosine_rows(ks_backend *b, const float *a, const float *bb, int64_t rows, int64_t d, float *out) {
+    return ks_cuda_cosine_rows(CTX(b)->stream, a, bb, rows, d, out);
+}
+static const ks_backend_prims cuda_prims = {
+    pr_scores, pr_pool1d, pr_topk, pr_argsort, pr_sort_f32, pr_sort_i32, pr_rank, pr_unique, pr_union,
+    pr_concat_i32, pr_concat_f32, pr_arange, pr_gather, pr_gather_i32, pr_softmax, pr_sum, pr_mean, pr_var,
+    pr_cosine, pr_cosine_rows,
+};
+#endif
+
+void cuda_prims_install(ks_backend *b) {
+#ifdef KS_BACKEND_PRIMS
+    b->prims = &cuda_prims;
+#endif
+}
