@@ -16,13 +16,14 @@
  *     opts.theta      rotate with a plain RoPE of this base instead of the model's (the only
  *                     way outside an event handler, where no model is running; tests)
  *
- * The model's RoPE is the one of the session whose event is running (ev->sess->m->cfg.rope),
- * so a policy needs nothing else; outside an event handler, without opts.theta, it is an
- * error. Cost O(m * H * d) plus O(m * d / 2) cos/sin. A device tensor x (ks_lua.h) is rotated
- * on its device by the backend's RoPE (the engine's own rotation) into a new device tensor.
+ * The model's RoPE is the one of the session whose event is running (the rope of
+ * ks_model_config(ks_session_model(ev->sess))), so a policy needs nothing else; outside an
+ * event handler, without opts.theta, it is an error. Cost O(m * H * d) plus O(m * d / 2)
+ * cos/sin. A device tensor x (ks_lua.h) is rotated on its device by the backend's RoPE (the
+ * engine's own rotation) into a new device tensor.
  *
  * Wiring (one line each, after ks_prims_open(L)): lua/module.c luaopen_kvsieve and
- * lua/policy_lua.c l_open_sandbox call ks_ext_rope_open(L) with the module table on top. */
+ * lua/sandbox.c ks_lpol_open_sandbox call ks_ext_rope_open(L) with the module table on top. */
 #include "ks_lua.h"
 
 #include <math.h>
@@ -108,9 +109,9 @@ static int l_rope(lua_State *L) {
         plain.attn_factor = 1;
         r = &plain;
     } else {
-        if (!ev || !ev->sess || !ev->sess->m)
+        if (!ev || !ev->sess || !ks_session_model(ev->sess))
             return ks_lua_errorf(L, fn, "the model's RoPE is known only inside an event handler (outside one, pass {theta = ...})");
-        r = &ev->sess->m->cfg.rope;
+        r = &ks_model_config(ks_session_model(ev->sess))->rope;
         if (r->head_dim != d)
             return ks_lua_errorf(L, fn, "x has head_dim %lld but the model rotates %d dims", (long long)d, r->head_dim);
     }

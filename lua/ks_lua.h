@@ -2,11 +2,18 @@
  *
  * Pieces (one file each):
  *   lua/tensor.c      the tensor userdata ("kvsieve.tensor"): owned data or views into engine
- *                     memory that die with their event
+ *                     memory that die with their event; methods; the error helpers below
+ *   lua/tensor_dev.c  device residency of tensors: device views and owned device tensors,
+ *                     downloads and host copies, staging on a backend, the end of an event
  *   lua/prims_lua.c   the native primitives (scores, pool1d, topk, ...) over core/prims.h, or
  *                     over a backend's ks_backend_prims for device tensors; the emulated device
- *   lua/policy_lua.c  Lua policies: loader, sandbox, trampolines, the event object and its
- *                     actions, parameters, reports; the public ks_policy_* C API
+ *   lua/ext_rope.c    ks.rope, the model's rotary embedding as a primitive
+ *   Lua policies (struct ks_lpol, lua/lpol.h; the public ks_policy_* C API, policy_lua.h):
+ *   lua/sandbox.c     a policy state's allocator, budgets, protected calls, safe stdlib
+ *   lua/events.c      the event object, its views and actions; the trampolines
+ *   lua/report.c      reports (ev:report / ks.report)
+ *   lua/policy_load.c loading a policy file / string / inline table; the handler table
+ *   lua/params.c      parameters (ks_policy_set / get, --set) and the reserved limits
  *   lua/module.c      the `kvsieve` module for scripts and the REPL: models, sessions,
  *                     generate, results, policy objects; the embedded prelude
  *
@@ -16,6 +23,8 @@
  * tensor dimensions are 0-based everywhere; Lua tables returned are ordinary 1-based
  * sequences. Only this layer raises Lua errors; core calls return a status and the binding
  * converts it with luaL_error after its own cleanup (no longjmp ever crosses a core frame).
+ * The binding reads sessions and models through calls (kvsieve.h, core/session_api.h), never
+ * through the fields of struct ks_session or struct ks_model.
  */
 #ifndef KS_LUA_H
 #define KS_LUA_H
@@ -26,6 +35,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "session_api.h"
 
 /* ---------------------------------------------------------------- per-state context */
 
@@ -192,8 +202,8 @@ void ks_lt_dev_drop(lua_State *L);
 /* The emulated device: core/prims.c behind a ks_backend_prims table, with host memory at
  * tagged addresses (dereferencing one without going through the backend faults), so the
  * device-tensor code path runs - and is tested - on the CPU backend (lua/prims_lua.c).
- * Select it with the environment variable KVSIEVE_LUA_DEVICE=emulate or the policy parameter
- * _device = "emulate". Test hook: ks_lua_emu_fail_in = n > 0 makes the n-th allocation from
+ * Select it with the policy parameter _device = "emulate" (the kvsieve CLI: the environment
+ * variable KVSIEVE_LUA_DEVICE=emulate). Test hook: ks_lua_emu_fail_in = n > 0 makes the n-th allocation from
  * now and every later one fail (KS_ERR_OOM) until it is set to 0 again. */
 struct ks_backend *ks_lua_emu_backend(void);
 void *ks_lua_emu_untag(const void *p);
@@ -235,7 +245,8 @@ void ks_lpol_inline_take(lua_State *L, int idx, ks_policy *p);
 int ks_lpol_param_type(const ks_policy *p, const char *key);
 /* Push the model's config table (n_layers, n_heads, ...). */
 void ks_lua_push_config(lua_State *L, const ks_model *m);
-/* Non-zero: do not log the first failure of each kind to stderr (tests). */
+/* Non-zero: do not log the first failure of each kind (the KS_LOG_WARN line through the host's
+ * log, ks_set_log; lua/sandbox.c); failures are still counted. Tests and the quiet CLI set it. */
 extern int ks_lua_quiet;
 /* Push a table of the policy's report (key -> number/boolean/string). */
 void ks_lpol_push_report(lua_State *L, const ks_policy *p);

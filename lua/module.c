@@ -256,8 +256,8 @@ static int l_model_token_str(lua_State *L) {
     lua_settop(L, 2);
     model_box *b = check_model(L, 1);
     lua_Integer id = luaL_checkinteger(L, 2);
-    const ks_model *m = b->lm->m;
-    const char *s = m->tok && id >= 0 && id <= INT32_MAX ? ks_tokenizer_token_str(m->tok, (int32_t)id) : NULL;
+    const ks_tokenizer *tok = ks_model_tokenizer(b->lm->m);
+    const char *s = tok && id >= 0 && id <= INT32_MAX ? ks_tokenizer_token_str(tok, (int32_t)id) : NULL;
     if (s) lua_pushstring(L, s);
     else lua_pushnil(L);
     return 1;
@@ -272,8 +272,8 @@ static int l_model_index(lua_State *L) {
     const char *k = lua_tostring(L, 2);
     model_box *b = check_model(L, 1);
     if (!strcmp(k, "config")) ks_lua_push_config(L, b->lm->m);
-    else if (!strcmp(k, "dir")) lua_pushstring(L, b->lm->m->dir);
-    else if (!strcmp(k, "has_tokenizer")) lua_pushboolean(L, b->lm->m->tok != NULL);
+    else if (!strcmp(k, "dir")) lua_pushstring(L, ks_model_dir(b->lm->m));
+    else if (!strcmp(k, "has_tokenizer")) lua_pushboolean(L, ks_model_tokenizer(b->lm->m) != NULL);
     else return luaL_error(L, "model: no field or method '%s'", k);
     return 1;
 }
@@ -282,8 +282,8 @@ static int l_model_tostring(lua_State *L) {
     model_box *b = luaL_checkudata(L, 1, MODEL_MT);
     if (!b->lm) lua_pushliteral(L, "model(closed)");
     else {
-        const ks_config *c = &b->lm->m->cfg;
-        lua_pushfstring(L, "model(%s, %s: %d layers, %d heads, %d kv heads, dim %d)", b->lm->m->dir, c->model_type, c->n_layers,
+        const ks_config *c = ks_model_config(b->lm->m);
+        lua_pushfstring(L, "model(%s, %s: %d layers, %d heads, %d kv heads, dim %d)", ks_model_dir(b->lm->m), c->model_type, c->n_layers,
                         c->n_heads, c->n_kv_heads, c->dim);
     }
     return 1;
@@ -528,7 +528,8 @@ typedef struct kept_box {
 } kept_box;
 
 static void push_kept(lua_State *L, const ks_session *s) {
-    int NL = s->m->cfg.n_layers, H = s->m->cfg.n_kv_heads;
+    const ks_config *c = ks_model_config(ks_session_model(s));
+    int NL = c->n_layers, H = c->n_kv_heads;
     size_t nexp = 0;
     for (int l = 0; l < NL; l++) {
         const int32_t *prev = NULL;
@@ -667,7 +668,7 @@ static void set_num(lua_State *L, const char *k, lua_Number v) {
 
 /* Build the result table of the last generate of s (copies everything it needs). */
 static void push_result(lua_State *L, ks_session *s, ks_policy *pol) {
-    const ks_config *c = &s->m->cfg;
+    const ks_config *c = ks_model_config(ks_session_model(s));
     lua_createtable(L, 0, 24);
     int r = lua_gettop(L);
     lua_pushstring(L, ks_result_text(s));
@@ -682,10 +683,11 @@ static void push_result(lua_State *L, ks_session *s, ks_policy *pol) {
     lua_setfield(L, r, "ids");
     set_int(L, "n_generated", ng);
     set_int(L, "prompt_tokens", ks_result_prompt_tokens(s));
-    int np = KS_MIN(s->n_prompt, s->n_tokens);
+    int np;
+    const int32_t *prompt = ks_session_prompt_ids(s, &np);
     lua_createtable(L, np, 0);
     for (int i = 0; i < np; i++) {
-        lua_pushinteger(L, s->tokens[i]);
+        lua_pushinteger(L, prompt[i]);
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, r, "prompt_ids");
@@ -705,7 +707,7 @@ static void push_result(lua_State *L, ks_session *s, ks_policy *pol) {
     lua_setfield(L, r, "kv_rows");
     lua_createtable(L, c->n_layers, 0);
     for (int l = 0; l < c->n_layers; l++) {
-        lua_pushinteger(L, s->prop_layer_n[l]);
+        lua_pushinteger(L, ks_session_active_rows(s, l));
         lua_rawseti(L, -2, l + 1);
     }
     lua_setfield(L, r, "active_rows");
@@ -719,7 +721,7 @@ static void push_result(lua_State *L, ks_session *s, ks_policy *pol) {
         }
         lua_setfield(L, r, "restart");
     }
-    if (s->stopped_at >= 0) set_int(L, "stopped_at", s->stopped_at);
+    if (ks_session_stopped_at(s) >= 0) set_int(L, "stopped_at", ks_session_stopped_at(s));
     const char *pe = ks_result_policy_error(s);
     if (pe && *pe) {
         lua_pushstring(L, pe);
@@ -758,7 +760,7 @@ static int l_session_generate(lua_State *L) {
     }
     ensure_ctx(L);
     ks_session *s = sb->s;
-    ks_model *m = s->m;
+    ks_model *m = ks_session_model(s);
     ks_generate_opts o;
     ks_generate_opts_default(&o);
     o.max_new_tokens = (int)opt_int(L, 3, "n", 64);
@@ -866,7 +868,7 @@ static int l_session_generate(lua_State *L) {
     ks_lpol_set_thread(ks_lpol_of(pol), L);
     ks_session_set_policy(s, pol);
     ks_session_set_fallback(s, fallback);
-    s->interrupt = g_interrupt;
+    ks_session_set_interrupt(s, g_interrupt);
     sb->busy = 1;
     if (pbox) pbox->busy++;
     ks_clear_error();
@@ -894,7 +896,7 @@ static int l_session_generate(lua_State *L) {
 static int l_session_kept(lua_State *L) {
     lua_settop(L, 3);
     session_box *b = check_session(L, 1);
-    const ks_config *c = &b->s->m->cfg;
+    const ks_config *c = ks_model_config(ks_session_model(b->s));
     lua_Integer l = luaL_checkinteger(L, 2), h = luaL_optinteger(L, 3, 0);
     if (l < 0 || l >= c->n_layers || h < 0 || h >= c->n_kv_heads) return luaL_error(L, "kept: layer or head out of range");
     const int32_t *p;
@@ -917,7 +919,7 @@ static int l_session_reset(lua_State *L) {
 static int l_session_tostring(lua_State *L) {
     session_box *b = luaL_checkudata(L, 1, SESSION_MT);
     if (!b->s) lua_pushliteral(L, "session(closed)");
-    else lua_pushfstring(L, "session(%d tokens)", b->s->n_tokens);
+    else lua_pushfstring(L, "session(%d tokens)", ks_session_n_tokens(b->s));
     return 1;
 }
 

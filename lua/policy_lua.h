@@ -1,6 +1,9 @@
-/* policy_lua.h — the policy part of the public embedding API (implemented in lua/policy_lua.c).
- * These declarations belong in include/kvsieve.h ("policies" section); this header repeats
- * them until they are pasted there (identical prototypes, so both may be included).
+/* policy_lua.h — Lua policies: the file format, the event object, the sandbox, and the calls
+ * that load and drive a policy. The calls are part of the public API: include/kvsieve.h
+ * ("policies") declares the same prototypes, so a host needs only kvsieve.h; they are repeated
+ * here with the details of each (identical prototypes, so both may be included). Implemented
+ * in lua/policy_load.c (loading), lua/params.c (parameters), lua/report.c (reports), with the
+ * sandbox in lua/sandbox.c and the events in lua/events.c; ks_policy_free is in core/api.c.
  *
  * A policy file is a Lua 5.4 chunk returning a table:
  *
@@ -45,14 +48,16 @@
  * memory limit (default 64 MB), per-call instruction budget (default 100 million) and
  * wall-clock budget (default 30 s), standard library allow-list (base without dofile /
  * loadfile / binary chunks, string, table, math, utf8, coroutine, os.clock/time/date/
- * difftime; no io; print goes to stderr; require only "kvsieve"). The limits are the
- * reserved parameters _memory_mb, _instructions and _seconds (0 = unlimited).
+ * difftime; no io; print goes to the host's log, ks_set_log, at KS_LOG_INFO; require only
+ * "kvsieve"). The limits are the reserved parameters _memory_mb, _instructions and _seconds
+ * (0 = unlimited).
  * Device tensors: on a backend with primitives on the device (CUDA), ev.q, ev.k, ev.v, ev.hidden
  * and ev:kv_keys() / kv_values() are views of the device buffers (no copy) and the primitives
  * called on them run on the device, returning device tensors; element access (t:item(),
  * t:tolist(), tostring) and actions download what they read. Results a handler keeps past its
  * event (a selection reused at the next layer) move to host memory when the handler returns.
- * Reserved parameter _device = "auto" (default; or the environment variable KVSIEVE_LUA_DEVICE):
+ * Reserved parameter _device = "auto" (default; the kvsieve CLI sets it from the environment
+ * variable KVSIEVE_LUA_DEVICE, repl/env_opts.c; the library reads no environment):
  * device views where the backend has device primitives; "host": host copies and CPU
  * primitives everywhere (the behaviour before device tensors); "emulate": on the CPU backend,
  * the emulated device of lua/prims_lua.c (tests of the device path without a GPU). _device_mb

@@ -1,4 +1,4 @@
-/* tensor.c — the tensor userdata ("kvsieve.tensor").
+/* tensor.c — the tensor userdata ("kvsieve.tensor"): host tensors and the methods of all.
  *
  * A tensor is a full userdata: a ks_tensor header followed (for owned tensors) by its data,
  * so the Lua allocator accounts for every byte (a policy's memory limit covers tensors too)
@@ -7,12 +7,12 @@
  * crash) or another tensor (kept alive through the view's user value). Element access is
  * strided; most primitives take contiguous data and copy a strided argument first.
  *
- * Device tensors (ks_lua.h) keep their elements in backend memory: element access goes
- * through one cached host copy per tensor (ks_lt_host), views of them are device views, and
- * the end of each event moves the survivors to the host (ks_lt_dev_settle). */
-#include "ks_lua.h"
-
-#include "common.h"
+ * Device tensors (ks_lua.h) keep their elements in backend memory; what keeps them there is
+ * lua/tensor_dev.c: element access here goes through one cached host copy per tensor
+ * (ks_lt_host / ks_lt_rd), views of them are device views, and the end of each event moves
+ * the survivors to the host (ks_lt_dev_settle). Also here: the binding's error helpers
+ * (ks_lua_errorf, ks_lua_core_error), which name the running event. */
+#include "tensor_impl.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -137,306 +137,6 @@ static int view_stale(const ks_tensor *t) {
     return t->scope && !(t->scope->in_event && t->scope->serial == t->serial);
 }
 
-/* ================================================================ device tensors */
-
-static size_t esize(const ks_tensor *t) { return t->bf16 ? 2 : 4; }
-
-static void dev_link(ks_lctx *c, ks_tensor *t) {
-    t->dctx = c;
-    t->dprev = NULL;
-    t->dnext = c->dev_head;
-    if (c->dev_head) c->dev_head->dprev = t;
-    c->dev_head = t;
-    c->dev_live++;
-}
-
-static void dev_unlink(ks_tensor *t) {
-    ks_lctx *c = t->dctx;
-    if (!c) return;
-    if (t->dprev) t->dprev->dnext = t->dnext;
-    else c->dev_head = t->dnext;
-    if (t->dnext) t->dnext->dprev = t->dprev;
-    t->dnext = t->dprev = NULL;
-    t->dctx = NULL;
-    c->dev_live--;
-}
-
-/* Free the backend memory t owns (never raises). */
-static void dev_release(ks_tensor *t, ks_lctx *c) {
-    if (!t->dev_owned) return;
-    t->be->free(t->be, t->dev_owned);
-    if (c) c->dev_used -= t->dev_bytes < c->dev_used ? t->dev_bytes : c->dev_used;
-    t->dev_owned = NULL;
-    t->dev_bytes = 0;
-}
-
-/* Host memory from the state's allocator, so a policy's memory limit counts it. */
-static void *state_alloc(lua_State *L, size_t n, const char *what) {
-    void *ud;
-    lua_Alloc f = lua_getallocf(L, &ud);
-    void *p = f(ud, NULL, LUA_TUSERDATA, n ? n : 1);
-    if (!p) {
-        ks_lctx *c = ks_lua_ctx(L);
-        if (c && c->mem_exceeded) {
-            c->fail_kind = KS_FAIL_MEMORY;
-            ks_lua_errorf(L, what, "memory limit of %.4g MB exceeded by a %zu-byte host copy of a device tensor (parameter _memory_mb)",
-                          c->mem_limit / 1048576.0, n);
-        }
-        ks_lua_errorf(L, what, "out of host memory for a %zu-byte host copy of a device tensor", n);
-    }
-    return p;
-}
-
-static void state_free(lua_State *L, void *p, size_t n) {
-    if (!p) return;
-    void *ud;
-    lua_Alloc f = lua_getallocf(L, &ud);
-    f(ud, p, n ? n : 1, 0);
-}
-
-static int l_t_gc(lua_State *L) {
-    ks_tensor *t = lua_touserdata(L, 1);
-    if (!t) return 0;
-    ks_lctx *c = t->dctx;
-    dev_unlink(t);
-    dev_release(t, c);
-    if (t->host) {
-        if (t->data == t->host) t->data = NULL;
-        state_free(L, t->host, t->host_bytes);
-        t->host = NULL;
-    }
-    return 0;
-}
-
-void ks_lt_download(lua_State *L, ks_backend *be, void *dst, const void *src, size_t n) {
-    if (!n) return;
-    ks_lctx *c = ks_lua_ctx(L);
-    if (c) c->dev_downloads++;
-    ks_status st = be->download(be, dst, src, n);
-    if (st) ks_lua_core_error(L, "download", st);
-}
-
-/* n bytes of backend memory for a device tensor: over the limit or refused by the backend, a
- * full collection (garbage device tensors are only freed by the collector) and one retry. */
-static void *dev_alloc(lua_State *L, ks_backend *be, size_t n) {
-    ks_lctx *c = ks_lua_ctx(L);
-    if (!n) n = 4;
-    if (c->dev_limit && c->dev_used + n > c->dev_limit) {
-        lua_gc(L, LUA_GCCOLLECT);
-        if (c->dev_used + n > c->dev_limit) {
-            c->fail_kind = KS_FAIL_MEMORY;
-            ks_lua_errorf(L, "device", "device memory limit of %.4g MB exceeded (%.4g MB in use, %zu bytes more asked; parameter _device_mb)",
-                          c->dev_limit / 1048576.0, c->dev_used / 1048576.0, n);
-        }
-    }
-    void *p = be->alloc(be, n);
-    if (!p) {
-        lua_gc(L, LUA_GCCOLLECT);
-        p = be->alloc(be, n);
-        if (!p) ks_lua_core_error(L, "device", KS_ERR_OOM);
-    }
-    c->dev_used += n;
-    c->dev_allocs++;
-    if (c->dev_used > c->dev_peak) c->dev_peak = c->dev_used;
-    return p;
-}
-
-ks_tensor *ks_lt_dview(lua_State *L, ks_backend *be, ks_tdtype dt, int bf16, int ndim, const int64_t *shape,
-                       const int64_t *stride, void *data, int scoped, int owner_idx) {
-    ks_tensor *t = ks_lt_view(L, dt, ndim, shape, stride, data, scoped, owner_idx);
-    t->data = data; /* a backend address as given (the empty-view stand-in is host memory) */
-    t->be = be;
-    t->bf16 = bf16;
-    dev_link(ks_lua_ctx(L), t);
-    return t;
-}
-
-ks_tensor *ks_lt_dnew(lua_State *L, ks_backend *be, ks_tdtype dt, int ndim, const int64_t *shape) {
-    ks_tensor *t = ks_lt_dview(L, be, dt, 0, ndim, shape, NULL, NULL, 0, 0);
-    size_t bytes = (size_t)t->numel * 4;
-    t->dev_owned = dev_alloc(L, be, bytes);
-    t->dev_bytes = bytes ? bytes : 4;
-    t->data = t->dev_owned;
-    return t;
-}
-
-/* Offset (elements) of the last element of t + 1: the extent its strides reach. */
-static int64_t span_of(const ks_tensor *t) {
-    if (t->numel == 0) return 0;
-    int64_t e = 0;
-    for (int i = 0; i < t->ndim; i++) e += (t->shape[i] - 1) * t->stride[i];
-    return e + 1;
-}
-
-/* Runs of contiguous elements along the last dimension (t strided, last stride 1). */
-static int64_t runs_of(const ks_tensor *t) {
-    if (t->ndim == 0 || t->numel == 0) return t->numel ? 1 : 0;
-    return t->numel / t->shape[t->ndim - 1];
-}
-
-static inline int64_t flat_off(const ks_tensor *t, int64_t i);
-
-/* Element j of a downloaded span (es bytes each) as a 32-bit pattern of dtype. */
-static inline uint32_t span_elem(const void *span, int64_t off, int bf16) {
-    if (bf16) {
-        float f = ks_bf16_to_f32(((const uint16_t *)span)[off]);
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        return u;
-    }
-    return ((const uint32_t *)span)[off];
-}
-
-/* Download device tensor t into dst (numel contiguous 32-bit elements of t->dtype). */
-static void dev_to_host(lua_State *L, ks_tensor *t, void *dst) {
-    size_t es = esize(t);
-    if (!t->numel) return;
-    if (ks_lt_is_contig(t) && !t->bf16) {
-        ks_lt_download(L, t->be, dst, t->data, (size_t)t->numel * 4);
-        return;
-    }
-    int64_t span = span_of(t), runs = runs_of(t), last = t->ndim ? t->shape[t->ndim - 1] : 1;
-    int last_contig = t->ndim == 0 || t->stride[t->ndim - 1] == 1;
-    uint32_t *out = dst;
-    if (last_contig && runs <= 1024 && span > 4 * t->numel) {
-        /* far-apart runs (a head of ev.k, a slice): one download per run */
-        void *buf = malloc((size_t)last * es);
-        if (!buf) ks_lua_errorf(L, "download", "out of host memory");
-        for (int64_t r = 0; r < runs; r++) {
-            int64_t off = flat_off(t, r * last);
-            ks_lctx *c = ks_lua_ctx(L);
-            if (c) c->dev_downloads++;
-            ks_status st = t->be->download(t->be, buf, (const char *)t->data + off * es, (size_t)last * es);
-            if (st) { free(buf); ks_lua_core_error(L, "download", st); }
-            for (int64_t j = 0; j < last; j++) out[r * last + j] = span_elem(buf, j, t->bf16);
-        }
-        free(buf);
-        return;
-    }
-    void *buf = malloc((size_t)span * es);
-    if (!buf) ks_lua_errorf(L, "download", "out of host memory for %lld elements", (long long)span);
-    ks_lctx *c = ks_lua_ctx(L);
-    if (c) c->dev_downloads++;
-    ks_status st = t->be->download(t->be, buf, t->data, (size_t)span * es);
-    if (st) { free(buf); ks_lua_core_error(L, "download", st); }
-    for (int64_t i = 0; i < t->numel; i++) out[i] = span_elem(buf, flat_off(t, i), t->bf16);
-    free(buf);
-}
-
-static void copy_contig(const ks_tensor *t, void *out);
-
-const void *ks_lt_host(lua_State *L, ks_tensor *t) {
-    if (!t->be && ks_lt_is_contig(t)) return t->data;
-    if (t->host) return t->host;
-    size_t bytes = (size_t)t->numel * 4;
-    void *h = state_alloc(L, bytes, "tensor");
-    if (t->be) {
-        /* keep h owned by t before anything can raise, so an error cannot leak it */
-        t->host = h;
-        t->host_bytes = bytes ? bytes : 1;
-        dev_to_host(L, t, h);
-    } else {
-        copy_contig(t, h);
-        t->host = h;
-        t->host_bytes = bytes ? bytes : 1;
-    }
-    return t->host;
-}
-
-/* A host-readable copy of t's header: the cached contiguous copy for device tensors. */
-static ks_tensor rd(lua_State *L, ks_tensor *t) {
-    ks_tensor h = *t;
-    if (!t->be) return h;
-    h.data = (void *)ks_lt_host(L, t);
-    h.be = NULL;
-    h.bf16 = 0;
-    int64_t s = 1;
-    for (int i = h.ndim - 1; i >= 0; i--) {
-        h.stride[i] = s;
-        s *= h.shape[i] > 0 ? h.shape[i] : 1;
-    }
-    return h;
-}
-
-const void *ks_lt_on(lua_State *L, int arg, ks_tensor *t, ks_backend *be, int *pushed) {
-    *pushed = 0;
-    arg = lua_absindex(L, arg);
-    if (!be) {
-        if (t->be) return ks_lt_host(L, t);
-        return ks_lt_contig(L, arg, t, pushed);
-    }
-    if (t->be == be && !t->bf16 && ks_lt_is_contig(t)) return t->data;
-    ks_tensor *o;
-    if (t->be == be && !t->bf16 && t->ndim && t->stride[t->ndim - 1] == 1 && runs_of(t) <= 256) {
-        /* a strided view on the same device: copy its runs */
-        o = ks_lt_dnew(L, be, t->dtype, t->ndim, t->shape);
-        int64_t last = t->shape[t->ndim - 1], runs = runs_of(t);
-        for (int64_t r = 0; r < runs; r++) {
-            ks_status st = be->copy(be, (char *)o->data + (size_t)(r * last) * 4, (const char *)t->data + (size_t)flat_off(t, r * last) * 4,
-                                    (size_t)last * 4);
-            if (st) ks_lua_core_error(L, "copy", st);
-        }
-    } else {
-        /* host data (or a bf16 / scattered device view: through its host copy) */
-        const void *h = t->be ? ks_lt_host(L, t) : NULL;
-        int hp = 0;
-        if (!h) h = ks_lt_contig(L, arg, t, &hp);
-        o = ks_lt_dnew(L, be, t->dtype, t->ndim, t->shape);
-        ks_status st = be->upload(be, o->data, h, (size_t)t->numel * 4);
-        if (st) ks_lua_core_error(L, "upload", st);
-        if (hp) lua_remove(L, -2);
-    }
-    *pushed = 1;
-    return o->data;
-}
-
-void ks_lt_dev_settle(lua_State *L) {
-    ks_lctx *c = ks_lua_ctx(L);
-    if (!c || !c->dev_head) return;
-    lua_gc(L, LUA_GCCOLLECT);
-    /* host copies first (views of an owned tensor read its memory), then release */
-    for (ks_tensor *t = c->dev_head; t; t = t->dnext)
-        if (!t->scope) ks_lt_host(L, t);
-    while (c->dev_head) {
-        ks_tensor *t = c->dev_head;
-        dev_unlink(t);
-        if (t->scope) continue; /* a view of an engine buffer: stale from now on */
-        dev_release(t, c);
-        t->be = NULL;
-        t->bf16 = 0;
-        t->data = t->host;
-        int64_t s = 1;
-        for (int i = t->ndim - 1; i >= 0; i--) {
-            t->stride[i] = s;
-            s *= t->shape[i] > 0 ? t->shape[i] : 1;
-        }
-    }
-}
-
-void ks_lt_dev_drop(lua_State *L) {
-    ks_lctx *c = ks_lua_ctx(L);
-    if (!c) return;
-    while (c->dev_head) {
-        ks_tensor *t = c->dev_head;
-        dev_unlink(t);
-        if (t->scope) continue;
-        dev_release(t, c);
-        if (t->host) { /* it was downloaded already: keep that copy */
-            t->be = NULL;
-            t->bf16 = 0;
-            t->data = t->host;
-            int64_t s = 1;
-            for (int i = t->ndim - 1; i >= 0; i--) {
-                t->stride[i] = s;
-                s *= t->shape[i] > 0 ? t->shape[i] : 1;
-            }
-        } else {
-            t->lost = 1;
-            t->data = NULL;
-        }
-    }
-}
-
 ks_tensor *ks_lt_check(lua_State *L, int arg, const char *fn) {
     ks_tensor *t = luaL_testudata(L, arg, KS_TENSOR_MT);
     if (!t) {
@@ -471,19 +171,7 @@ int ks_lt_is_contig(const ks_tensor *t) {
     return 1;
 }
 
-/* Element offset (in elements) of the flat index i (row-major order) in t. Callers pass
- * 0 <= i < numel, so no dimension is 0 here (an empty tensor has no element to find). */
-static inline int64_t flat_off(const ks_tensor *t, int64_t i) {
-    int64_t off = 0;
-    for (int d = t->ndim - 1; d >= 0; d--) {
-        int64_t s = t->shape[d];
-        off += (i % s) * t->stride[d];
-        i /= s;
-    }
-    return off;
-}
-
-static void copy_contig(const ks_tensor *t, void *out) {
+void ks_lt_copy_contig(const ks_tensor *t, void *out) {
     if (t->numel == 0) return; /* an empty view may have no data at all */
     if (ks_lt_is_contig(t)) {
         memcpy(out, t->data, (size_t)t->numel * 4);
@@ -505,7 +193,7 @@ void *ks_lt_contig(lua_State *L, int arg, ks_tensor *t, int *pushed) {
     if (t->be) return (void *)ks_lt_host(L, t); /* device: the cached host copy */
     if (ks_lt_is_contig(t)) return t->data;
     ks_tensor *c = ks_lt_new(L, t->dtype, t->ndim, t->shape, 0);
-    copy_contig(t, c->data);
+    ks_lt_copy_contig(t, c->data);
     *pushed = 1;
     return c->data;
 }
@@ -596,7 +284,7 @@ static ks_tensor *tensor_from_table(lua_State *L, int idx, int dt /* KS_T_ANY = 
 
 /* Convert tensor t into a new owned tensor of dtype dt (pushed). */
 static ks_tensor *convert(lua_State *L, ks_tensor *t0, ks_tdtype dt) {
-    ks_tensor h = rd(L, t0), *t = &h; /* device tensors: through their host copy */
+    ks_tensor h = ks_lt_rd(L, t0), *t = &h; /* device tensors: through their host copy */
     ks_tensor *o = ks_lt_new(L, dt, t->ndim, t->shape, 0);
     for (int64_t i = 0; i < t->numel; i++) {
         int64_t off = flat_off(t, i);
@@ -644,7 +332,7 @@ static void push_list(lua_State *L, const ks_tensor *t, int d, int64_t off) {
 
 static int l_t_tolist(lua_State *L) {
     ks_tensor *t0 = ks_lt_check(L, 1, "tolist");
-    ks_tensor h = rd(L, t0), *t = &h;
+    ks_tensor h = ks_lt_rd(L, t0), *t = &h;
     if (t->ndim == 0) push_elem(L, t, 0);
     else {
         luaL_checkstack(L, t->ndim + 4, "tolist");
@@ -668,7 +356,7 @@ static int l_t_item(lua_State *L) {
     ks_tensor *t = ks_lt_check(L, 1, "item");
     ks_tensor h;
     /* device tensors: through the host copy when it exists or is small, else one element */
-    if (t->be && (t->host || t->numel <= 4096)) { h = rd(L, t); t = &h; }
+    if (t->be && (t->host || t->numel <= 4096)) { h = ks_lt_rd(L, t); t = &h; }
     int64_t off = 0;
     if (lua_gettop(L) >= 2) { /* item(i, j, ...) : one element, 0-based */
         int nidx = lua_gettop(L) - 1;
@@ -742,7 +430,7 @@ static void clone_at(lua_State *L, int arg, ks_tensor *t) {
         return;
     }
     ks_tensor *o = ks_lt_new(L, t->dtype, t->ndim, t->shape, 0);
-    copy_contig(t, o->data);
+    ks_lt_copy_contig(t, o->data);
 }
 
 static int l_t_clone(lua_State *L) {
@@ -967,8 +655,8 @@ static int arith(lua_State *L, char op) {
         !memcmp(a->shape, b->shape, sizeof(int64_t) * a->ndim) && (a->be ? a->be : b->be)->prims)
         return dev_add(L, a, b);
     ks_tensor ha, hb; /* device operands: through their host copies */
-    if (a && a->be) { ha = rd(L, a); a = &ha; }
-    if (b && b->be) { hb = rd(L, b); b = &hb; }
+    if (a && a->be) { ha = ks_lt_rd(L, a); a = &ha; }
+    if (b && b->be) { hb = ks_lt_rd(L, b); b = &hb; }
     if (!a && !lua_isnumber(L, 1)) return ks_lua_errorf(L, fn, "a tensor or number expected, got %s", luaL_typename(L, 1));
     if (!b && !lua_isnumber(L, 2)) return ks_lua_errorf(L, fn, "a tensor or number expected, got %s", luaL_typename(L, 2));
     /* the result takes the shape of the non-scalar operand (a 1-element tensor broadcasts,
@@ -1104,7 +792,7 @@ static int l_stack(lua_State *L) {
             ks_status st = be->copy(be, (char *)o->data + (size_t)i * o0.numel * 4, d, (size_t)o0.numel * 4);
             if (st) return ks_lua_core_error(L, "stack", st);
             if (pushed) lua_pop(L, 1);
-        } else copy_contig(t, (char *)o->data + (size_t)i * o0.numel * 4);
+        } else ks_lt_copy_contig(t, (char *)o->data + (size_t)i * o0.numel * 4);
         lua_pop(L, 1);
     }
     return 1;
@@ -1120,7 +808,7 @@ void ks_lt_open(lua_State *L) {
         luaL_newlib(L, methods);
         lua_pushcclosure(L, l_t_index, 1);
         lua_setfield(L, -2, "__index");
-        static const luaL_Reg meta[] = {{"__gc", l_t_gc}, {"__newindex", l_t_newindex}, {"__len", l_t_len},   {"__close", l_t_close},
+        static const luaL_Reg meta[] = {{"__gc", ks_lt_gc}, {"__newindex", l_t_newindex}, {"__len", l_t_len},   {"__close", l_t_close},
                                         {"__tostring", l_t_tostring}, {"__add", l_t_add},   {"__sub", l_t_sub},
                                         {"__mul", l_t_mul},           {"__div", l_t_div},   {"__unm", l_t_unm},
                                         {NULL, NULL}};

@@ -1,0 +1,52 @@
+/* tensor_impl.h — what lua/tensor.c (host tensors: construction, element access, methods) and
+ * lua/tensor_dev.c (device residency: device tensors, downloads, host copies, staging) share;
+ * internal to those two files. The tensor API itself is in ks_lua.h. */
+#ifndef KS_TENSOR_IMPL_H
+#define KS_TENSOR_IMPL_H
+
+#include "ks_lua.h"
+
+#include "common.h"
+
+#include <string.h>
+
+/* Bytes per element as stored: 2 for a bf16 device view, else 4. */
+static inline size_t esize(const ks_tensor *t) { return t->bf16 ? 2 : 4; }
+
+/* Element offset (in elements) of the flat index i (row-major order) in t. Callers pass
+ * 0 <= i < numel, so no dimension is 0 here (an empty tensor has no element to find). */
+static inline int64_t flat_off(const ks_tensor *t, int64_t i) {
+    int64_t off = 0;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        int64_t s = t->shape[d];
+        off += (i % s) * t->stride[d];
+        i /= s;
+    }
+    return off;
+}
+
+/* Element j of a downloaded span (es bytes each) as a 32-bit pattern of dtype. */
+static inline uint32_t span_elem(const void *span, int64_t off, int bf16) {
+    if (bf16) {
+        float f = ks_bf16_to_f32(((const uint16_t *)span)[off]);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        return u;
+    }
+    return ((const uint32_t *)span)[off];
+}
+
+/* ---------------------------------------------------------------- tensor.c */
+
+/* Copy host tensor t into out (numel contiguous elements of its dtype). */
+void ks_lt_copy_contig(const ks_tensor *t, void *out);
+
+/* ---------------------------------------------------------------- tensor_dev.c */
+
+/* __gc of every tensor: unlinks a device tensor and frees its device memory and host copy. */
+int ks_lt_gc(lua_State *L);
+/* A host-readable copy of t's header: the cached contiguous copy for device tensors (t itself
+ * for host tensors). */
+ks_tensor ks_lt_rd(lua_State *L, ks_tensor *t);
+
+#endif
