@@ -150,18 +150,6 @@ ks_status ks_detokenize(ks_model *m, const int32_t *ids, int n, char **text) {
     return ks_detokenize_ex(m, ids, n, 0, text);
 }
 
-ks_status ks_session_create(ks_model *m, ks_session **out) {
-    if (!m) return ks_errorf(KS_ERR_ARG, "ks_session_create: no model");
-    return ks_session_new(m, out);
-}
-
-void ks_session_free(ks_session *s) {
-    if (!s) return;
-    free(s->gen_ids);
-    free(s->gen_text);
-    ks_session_free_(s);
-}
-
 ks_status ks_session_set_policy(ks_session *s, ks_policy *p) {
     s->policy = p;
     return KS_OK;

@@ -124,8 +124,7 @@ struct ks_session {
                                     recorded decode step (backend graphs); NULL until a decode */
 };
 
-ks_status ks_session_new(ks_model *m, ks_session **out);
-void ks_session_free_(ks_session *s);
+/* Sessions are made and freed by ks_session_create / ks_session_free (kvsieve.h; session.c). */
 /* Forget everything (KV rows freed, positions back to 0). */
 void ks_session_reset(ks_session *s);
 

@@ -16,7 +16,9 @@ ks_status ks_session_check_interrupt(ks_session *s) {
     return KS_OK;
 }
 
-ks_status ks_session_new(ks_model *m, ks_session **out) {
+/* ks_session_create / ks_session_free: the public pair (kvsieve.h), the only one */
+ks_status ks_session_create(ks_model *m, ks_session **out) {
+    if (!m) return ks_errorf(KS_ERR_ARG, "ks_session_create: no model");
     ks_session *s = ks_calloc(1, sizeof *s);
     if (!s) return KS_ERR_OOM;
     s->m = m;
@@ -27,7 +29,7 @@ ks_status ks_session_new(ks_model *m, ks_session **out) {
     s->logits = m->be->host_alloc ? m->be->host_alloc(m->be, sizeof(float) * c->vocab)
                                   : ks_malloc(sizeof(float) * c->vocab);
     s->prop_layer_n = ks_calloc(c->n_layers, sizeof(int));
-    if (!s->kv || !s->logits || !s->prop_layer_n) { ks_session_free_(s); return KS_ERR_OOM; }
+    if (!s->kv || !s->logits || !s->prop_layer_n) { ks_session_free(s); return KS_ERR_OOM; }
     for (int l = 0; l < c->n_layers; l++) {
         s->kv[l].n_kv_heads = c->n_kv_heads;
         s->kv[l].head_dim = c->head_dim;
@@ -55,7 +57,7 @@ void ks_session_reset(ks_session *s) {
     s->graph_steps = 0;
 }
 
-void ks_session_free_(ks_session *s) {
+void ks_session_free(ks_session *s) {
     if (!s) return;
     if (s->prof.on && s->be->opts.profile && ks_log_on()) { /* profiled by the backend's option: the table goes to the host's log */
         char *t = NULL;
@@ -79,6 +81,8 @@ void ks_session_free_(ks_session *s) {
     free(s->tokens);
     free(s->restart_idx);
     free(s->prop_layer_n);
+    free(s->gen_ids);
+    free(s->gen_text);
     free(s);
 }
 

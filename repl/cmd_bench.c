@@ -156,7 +156,7 @@ int ks_cli_bench(int argc, char **argv) {
     } else if (ks_cli_model_open(model, &(ks_model_opts){.backend = backend}, &m)) return ks_cli_fail("cannot load model");
     const ks_config *c = &m->cfg;
     ks_session *s;
-    if (ks_session_new(m, &s)) { ks_model_close(m); return ks_cli_fail("session"); }
+    if (ks_session_create(m, &s)) { ks_model_close(m); return ks_cli_fail("session"); }
     /* --profile, or KS_PROFILE in the environment (already on: =sync keeps the host clock) */
     if (profile && !s->prof.on) ks_profile_enable(s, 1);
     profile = s->prof.on;
@@ -370,7 +370,7 @@ int ks_cli_bench(int argc, char **argv) {
         else printf("results: %s\n", json_path);
     }
     free(rows);
-    ks_session_free_(s);
+    ks_session_free(s);
     ks_model_close(m);
     return rc;
 }

@@ -17,13 +17,13 @@
 /* prefill of n ids then `steps` greedy-free decode steps fed fixed ids; the last logits into out */
 static ks_status run(ks_model *m, const int32_t *ids, int n, int steps, float *out, int *profiled) {
     ks_session *s = NULL;
-    ks_status st = ks_session_new(m, &s);
+    ks_status st = ks_session_create(m, &s);
     if (st) return st;
     *profiled = s->prof.on;
     st = ks_session_prefill(s, ids, n);
     for (int t = 0; !st && t < steps; t++) st = ks_session_decode(s, ids[(5 * t + 1) % n]);
     if (!st) memcpy(out, s->logits, sizeof(float) * m->cfg.vocab);
-    ks_session_free_(s);
+    ks_session_free(s);
     return st;
 }
 

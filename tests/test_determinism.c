@@ -129,7 +129,7 @@ KT_TEST(determinism_model_repeated_tokens_and_thread_counts) {
         bo.n_threads = th;
         KT_CHECK(ks_cpu_backend_create(&bo, &be) == KS_OK, "%s", ks_last_error());
         KT_CHECK(ks_model_load(dir, be, 0, &m) == KS_OK, "%s: %s", dir, ks_last_error());
-        KT_CHECK(ks_session_new(m, &s) == KS_OK, "%s", ks_last_error());
+        KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
         capture cap = {0};
         ks_policy pol = {0};
         pol.name = "capture";
@@ -158,7 +158,7 @@ KT_TEST(determinism_model_repeated_tokens_and_thread_counts) {
         free(cap.k_pre);
         free(cap.v);
         s->policy = NULL;
-        ks_session_free_(s);
+        ks_session_free(s);
         ks_model_close(m);
     }
     for (int th = 2; th <= 3; th++)

@@ -16,10 +16,10 @@ static int fx_open(fixture *f, int n_layers) {
     cfg.n_layers = n_layers;
     if (kt_write_tiny_model(f->dir, &cfg)) return -1;
     if (ks_model_open(f->dir, "cpu", &f->m)) return -1;
-    return ks_session_new(f->m, &f->s) ? -1 : 0;
+    return ks_session_create(f->m, &f->s) ? -1 : 0;
 }
 static void fx_close(fixture *f) {
-    ks_session_free_(f->s);
+    ks_session_free(f->s);
     ks_model_close(f->m);
     kt_rmdir(f->dir);
 }
@@ -242,7 +242,7 @@ static int fx_open_cfg(fixture *f, const kt_tiny_cfg *cfg) {
     if (kt_tmpdir(f->dir, sizeof f->dir)) return -1;
     if (kt_write_tiny_model(f->dir, cfg)) return -1;
     if (ks_model_open(f->dir, "cpu", &f->m)) return -1;
-    return ks_session_new(f->m, &f->s) ? -1 : 0;
+    return ks_session_create(f->m, &f->s) ? -1 : 0;
 }
 
 static double prof_sum(const ks_profile *p, int stage) {

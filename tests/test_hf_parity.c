@@ -41,7 +41,7 @@ static int check_case(const char *dir, const ks_json *ref, char *msg, size_t msz
     ks_model *m;
     if (ks_model_open(dir, "cpu", &m)) { snprintf(msg, msz, "load: %s", ks_last_error()); return -1; }
     ks_session *s;
-    ks_session_new(m, &s);
+    ks_session_create(m, &s);
     int V = m->cfg.vocab, rc = 0;
     const ks_json *prompts = ks_json_get(ref, "prompts"), *last = ks_json_get(ref, "last_logits");
     const ks_json *greedy = ks_json_get(ref, "greedy"), *gtop = ks_json_get(ref, "greedy_top");
@@ -94,7 +94,7 @@ static int check_case(const char *dir, const ks_json *ref, char *msg, size_t msz
         }
     }
     if (!rc) snprintf(msg, msz, "worst rel err %.2g", worst);
-    ks_session_free_(s);
+    ks_session_free(s);
     ks_model_close(m);
     return rc;
 }

@@ -51,7 +51,7 @@ KT_TEST(stories260k_prompt_then_decode_matches_full_prefill) {
     ks_model *m;
     KT_CHECK(ks_model_open(dir, "cpu", &m) == KS_OK, "%s", ks_last_error());
     ks_session *s;
-    KT_CHECK(ks_session_new(m, &s) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
     int32_t ids[] = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376};
     KT_CHECK(ks_session_prefill(s, ids, 10) == KS_OK, "%s", ks_last_error());
     float *full = malloc(sizeof(float) * 512);
@@ -63,7 +63,7 @@ KT_TEST(stories260k_prompt_then_decode_matches_full_prefill) {
     for (int i = 0; i < 512; i++) md = fmax(md, fabs(full[i] - s->logits[i]));
     free(full);
     KT_CHECK(md < 1e-4, "max |diff| %g", md);
-    ks_session_free_(s);
+    ks_session_free(s);
     ks_model_close(m);
 }
 

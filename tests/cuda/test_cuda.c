@@ -1154,8 +1154,8 @@ static void e2e(const char *label, const char *dir, uint64_t seed, double tol, c
     snprintf(name, sizeof name, "e2e %s: load on both backends", label);
     ks_status st = seed ? ks_model_random(dir, CPU, seed, &mc) : ks_model_load(dir, CPU, 0, &mc);
     if (!st) st = seed ? ks_model_random(dir, GPU, seed, &mg) : ks_model_load(dir, GPU, 0, &mg);
-    if (!st) st = ks_session_new(mc, &sc);
-    if (!st) st = ks_session_new(mg, &sg);
+    if (!st) st = ks_session_create(mc, &sc);
+    if (!st) st = ks_session_create(mg, &sg);
     if (st) {
         result(0, name, "%s: %s", ks_status_name(st), ks_last_error());
         goto out;
@@ -1209,8 +1209,8 @@ static void e2e(const char *label, const char *dir, uint64_t seed, double tol, c
         result(same, name, "%s", same ? "same on both" : "differ");
     }
 out:
-    if (sc) ks_session_free_(sc);
-    if (sg) ks_session_free_(sg);
+    if (sc) ks_session_free(sc);
+    if (sg) ks_session_free(sg);
     if (mc) ks_model_free(mc);
     if (mg) ks_model_free(mg);
 }
@@ -1406,7 +1406,7 @@ static void test_engine_perf(void) {
     ks_model *m = NULL;
     ks_session *s = NULL;
     ks_status st = ks_model_random(dir, GPU, 5, &m);
-    if (!st) st = ks_session_new(m, &s);
+    if (!st) st = ks_session_create(m, &s);
     if (st) { result(0, "engine: random model on the GPU", "%s", ks_last_error()); goto out; }
     int n = g_quick ? 300 : 3000, steps = 8;
     int32_t *ids = malloc(sizeof(int32_t) * n);
@@ -1473,7 +1473,7 @@ static void test_engine_perf(void) {
     }
     free(ids);
 out:
-    if (s) ks_session_free_(s);
+    if (s) ks_session_free(s);
     if (m) ks_model_free(m);
     kt_rmdir(dir);
 }
@@ -1518,7 +1518,7 @@ static ks_status graph_run_session(ks_model *m, const ks_policy *pol, const int3
     ks_status (*gb)(ks_backend *, int32_t, int32_t) = be->graph_begin;
     if (!graphs) be->graph_begin = NULL;
     ks_session *s = NULL;
-    ks_status st = ks_session_new(m, &s);
+    ks_status st = ks_session_create(m, &s);
     int V = m->cfg.vocab;
     if (!st) {
         s->policy = pol;
@@ -1532,7 +1532,7 @@ static ks_status graph_run_session(ks_model *m, const ks_policy *pol, const int3
         }
         *graph_steps = s->graph_steps;
     }
-    if (s) ks_session_free_(s);
+    if (s) ks_session_free(s);
     be->graph_begin = gb;
     return st;
 }
