@@ -80,6 +80,10 @@ ks_status ks_backend_create_opts(const char *name, const ks_backend_opts *opts, 
 
 ks_status ks_backend_create(const char *name, ks_backend **out) { return ks_backend_create_opts(name, NULL, out); }
 
+void ks_backend_free(ks_backend *b) {
+    if (b) b->destroy(b);
+}
+
 void ks_model_opts_default(ks_model_opts *o) {
     if (o) memset(o, 0, sizeof *o); /* cpu, threads from the affinity mask, device 0 */
 }
@@ -99,7 +103,7 @@ ks_status ks_model_open_ex(const char *dir, const ks_model_opts *o, ks_model **o
     ks_status st = ks_backend_create_opts(o->backend, &bo, &be);
     if (st) return st;
     st = ks_model_load(dir, be, 0, out);
-    if (st) { be->destroy(be); return st; }
+    if (st) { ks_backend_free(be); return st; }
     return KS_OK;
 }
 
@@ -114,7 +118,7 @@ void ks_model_close(ks_model *m) {
     if (!m) return;
     ks_backend *be = m->be;
     ks_model_free(m);
-    if (be) be->destroy(be);
+    ks_backend_free(be);
 }
 
 ks_status ks_tokenize(ks_model *m, const char *text, int add_special, int32_t **ids, int *n) {

@@ -134,7 +134,7 @@ typedef struct ks_mem_stats {
  * Thread-safe. kind: 0 = fixed, 1 = scratch. add returns KS_ERR_OOM (nothing recorded) when
  * its table cannot grow; remove of an unknown pointer does nothing and returns 0. */
 typedef struct ks_memtrack ks_memtrack;
-ks_memtrack *ks_memtrack_new(void);
+ks_memtrack *ks_memtrack_create(void);
 void ks_memtrack_free(ks_memtrack *t);
 ks_status ks_memtrack_add(ks_memtrack *t, const void *p, size_t bytes, int kind);
 size_t ks_memtrack_remove(ks_memtrack *t, const void *p);
@@ -286,6 +286,9 @@ struct ks_backend {
  * ks_backend_opts_default()); ks_backend_create uses the defaults. */
 ks_status ks_backend_create_opts(const char *name, const ks_backend_opts *opts, ks_backend **out);
 ks_status ks_backend_create(const char *name, ks_backend **out);
+/* Frees a backend made by any ks_*backend_create* (it calls the backend's own ->destroy); NULL
+ * does nothing. Everything allocated on it must be freed first. */
+void ks_backend_free(ks_backend *b);
 
 /* The CPU backend (float32, fixed-order products: bit-identical results for identical rows on any
  * CPU and thread count; its own sleeping thread pool of opts->n_threads threads, <= 0: the CPUs

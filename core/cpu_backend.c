@@ -39,7 +39,7 @@ struct ks_memtrack {
     size_t cur[2], peak, peak_split[2];
 };
 
-ks_memtrack *ks_memtrack_new(void) {
+ks_memtrack *ks_memtrack_create(void) {
     ks_memtrack *t = ks_calloc(1, sizeof *t);
     if (!t) return NULL;
     pthread_mutex_init(&t->mu, NULL);
@@ -728,7 +728,7 @@ ks_status ks_cpu_backend_create(const ks_backend_opts *opts, ks_backend **out) {
     ks_backend *b = ks_calloc(1, sizeof *b);
     cpu_ctx *c = ks_calloc(1, sizeof *c);
     if (!b || !c) { free(b); free(c); return KS_ERR_OOM; }
-    if (!(c->mem = ks_memtrack_new())) { free(b); free(c); return KS_ERR_OOM; }
+    if (!(c->mem = ks_memtrack_create())) { free(b); free(c); return KS_ERR_OOM; }
     ks_status st = ks_pool_create(o.n_threads, &c->pool); /* this backend's own threads */
     if (st) { ks_memtrack_free(c->mem); free(b); free(c); return st; }
     o.n_threads = ks_pool_threads(c->pool);

@@ -253,7 +253,7 @@ extern "C" ks_status ks_cuda_backend_create(const ks_backend_opts *opts, ks_back
     c->o = o;
     ks_status st = KS_OK;
     c->device = device;
-    if (!(c->mem = ks_memtrack_new())) { st = KS_ERR_OOM; goto fail; }
+    if (!(c->mem = ks_memtrack_create())) { st = KS_ERR_OOM; goto fail; }
     if ((e = cudaSetDevice(device))) { st = ks_cuda_status(e, "cudaSetDevice"); goto fail; }
     if ((e = cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device)) ||
         (e = cudaDeviceGetAttribute(&c->sm_major, cudaDevAttrComputeCapabilityMajor, device))) {

@@ -236,10 +236,11 @@ ks_lpol *ks_lpol_of(ks_policy *p);
 /* Make the handlers run on thread L for the next request (inline policies: the thread that
  * called generate). */
 void ks_lpol_set_thread(ks_lpol *lp, lua_State *L);
-/* Inline policies: a table of handlers in host state L (not sandboxed). _new allocates an
- * empty one (NULL on out of memory; raises nothing) so the caller can box it for the GC
- * first; _take then validates the table at idx and takes its handlers (raises on errors). */
-ks_policy *ks_lpol_inline_new(lua_State *L);
+/* Inline policies: a table of handlers in host state L (not sandboxed). _create allocates an
+ * empty one (NULL on out of memory; raises nothing; ks_policy_free frees it) so the caller can
+ * box it for the GC first; _take then validates the table at idx and takes its handlers
+ * (raises on errors). */
+ks_policy *ks_lpol_inline_create(lua_State *L);
 void ks_lpol_inline_take(lua_State *L, int idx, ks_policy *p);
 /* LUA_TNUMBER / LUA_TBOOLEAN / LUA_TSTRING / LUA_TTABLE of a parameter's default, or LUA_TNONE. */
 int ks_lpol_param_type(const ks_policy *p, const char *key);

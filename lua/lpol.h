@@ -104,6 +104,6 @@ int ks_lpol_do_report(lua_State *L, ks_lpol *p, int karg, const char *fn);
 /* ---------------------------------------------------------------- policy_load.c */
 
 /* ks_policy.free of a Lua policy (ks_lpol_of recognises a Lua policy by it). */
-void ks_lpol_free_(void *ud);
+void ks_lpol_free(void *ud);
 
 #endif

@@ -189,7 +189,7 @@ static int l_load(lua_State *L) {
         st = ks_cpu_backend_create(&bo, &be);
         if (!st) {
             st = ks_model_load(dir, be, 0, &lm->m);
-            if (st) be->destroy(be);
+            if (st) ks_backend_free(be);
         }
     } else st = ks_model_open(dir, backend, &lm->m);
     if (st) {
@@ -406,7 +406,7 @@ static policy_box *resolve_policy(lua_State *L, int arg, ks_model *m) {
         return b;
     }
     if (lua_istable(L, arg)) {
-        b->p = ks_lpol_inline_new(L);
+        b->p = ks_lpol_inline_create(L);
         if (!b->p) luaL_error(L, "policy: out of memory");
         ks_lpol_inline_take(L, arg, b->p);
         return b;

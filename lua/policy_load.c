@@ -16,8 +16,8 @@
 /* ================================================================ the ks_lpol of a ks_policy */
 
 ks_lpol *ks_lpol_of(ks_policy *p) {
-    extern void ks_lpol_free_(void *ud);
-    return p && p->free == ks_lpol_free_ ? (ks_lpol *)p->ud : NULL;
+    extern void ks_lpol_free(void *ud);
+    return p && p->free == ks_lpol_free ? (ks_lpol *)p->ud : NULL;
 }
 
 void ks_lpol_set_thread(ks_lpol *lp, lua_State *L) {
@@ -147,7 +147,7 @@ static int l_load_chunk(lua_State *L) {
     return 0;
 }
 
-void ks_lpol_free_(void *ud) {
+void ks_lpol_free(void *ud) {
     ks_lpol *p = ud;
     if (!p) return;
     if (p->L && p->own_state) {
@@ -187,7 +187,7 @@ static ks_lpol *lpol_new(const char *chunk) {
     p->dev_mode = DEV_AUTO;
     p->dev_limit = (size_t)DEFAULT_DEVICE_MB << 20;
     p->pol.ud = p;
-    p->pol.free = ks_lpol_free_;
+    p->pol.free = ks_lpol_free;
     p->pol.begin = ks_lpol_begin;
     return p;
 }
@@ -207,7 +207,7 @@ ks_status ks_policy_load_string(ks_model *m, const char *chunkname, const char *
     p->ctx.seconds = DEFAULT_SECONDS;
     p->ctx.layer = -1;
     p->L = lua_newstate(ks_lpol_alloc, &p->ctx);
-    if (!p->L) { ks_lpol_free_(p); return ks_errorf(KS_ERR_OOM, "policy %s: cannot create a Lua state", chunkname); }
+    if (!p->L) { ks_lpol_free(p); return ks_errorf(KS_ERR_OOM, "policy %s: cannot create a Lua state", chunkname); }
     ks_lua_set_ctx(p->L, &p->ctx);
     p->run_L = p->L;
     lua_sethook(p->L, ks_lua_count_hook, LUA_MASKCOUNT, HOOK_EVERY);
@@ -221,7 +221,7 @@ ks_status ks_policy_load_string(ks_model *m, const char *chunkname, const char *
     }
     if (st) {
         /* a load failure is not a runtime failure of the policy: do not keep counts */
-        ks_lpol_free_(p);
+        ks_lpol_free(p);
         return st;
     }
     memset(p->fail_count, 0, sizeof p->fail_count);
@@ -295,7 +295,7 @@ ks_status ks_policy_load_path(ks_model *m, const char *name_or_path, const char 
 
 /* ---------------------------------------------------------------- inline policies */
 
-ks_policy *ks_lpol_inline_new(lua_State *L) {
+ks_policy *ks_lpol_inline_create(lua_State *L) {
     ks_lpol *p = lpol_new("inline");
     if (!p) return NULL;
     lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);

@@ -151,7 +151,7 @@ int ks_cli_bench(int argc, char **argv) {
     if (random_cfg) {
         ks_backend *be;
         if (ks_cli_backend_create(backend, &be)) return ks_cli_fail("backend");
-        if (ks_model_random(random_cfg, be, 1, &m)) { be->destroy(be); return ks_cli_fail("cannot build random model"); }
+        if (ks_model_random(random_cfg, be, 1, &m)) { ks_backend_free(be); return ks_cli_fail("cannot build random model"); }
         model = random_cfg;
     } else if (ks_cli_model_open(model, &(ks_model_opts){.backend = backend}, &m)) return ks_cli_fail("cannot load model");
     const ks_config *c = &m->cfg;

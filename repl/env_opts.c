@@ -55,7 +55,7 @@ ks_status ks_cli_model_open(const char *dir, const ks_model_opts *mo, ks_model *
     ks_backend *be = NULL;
     ks_status st = ks_backend_create_opts(mo->backend, &o, &be);
     if (st) return st;
-    if ((st = ks_model_load(dir, be, 0, out))) be->destroy(be);
+    if ((st = ks_model_load(dir, be, 0, out))) ks_backend_free(be);
     return st;
 }
 

@@ -36,7 +36,7 @@ KT_TEST(backend_opts_defaults) {
     KT_CHECK(ks_cpu_backend_create(NULL, &be) == KS_OK, "%s", ks_last_error());
     KT_CHECK(be->opts.n_threads >= 1, "NULL options: the pool's real thread count, got %d", be->opts.n_threads);
     KT_CHECK(be->opts.graphs == 1 && be->opts.profile == 0, "NULL options are the defaults");
-    be->destroy(be);
+    ks_backend_free(be);
 }
 
 KT_TEST(backend_opts_two_cpu_backends_keep_their_own) {

@@ -221,7 +221,7 @@ KT_TEST(model_random_beyond_memory_is_refused_before_allocating) {
     ks_status st = ks_model_random(path, be, 1, &m);
     size_t rss1 = ks_peak_rss();
     if (m) ks_model_free(m);
-    be->destroy(be);
+    ks_backend_free(be);
     kt_rmdir(dir);
     KT_CHECK(st == KS_ERR_OOM && !m, "status %d", st);
     KT_CHECK(strstr(ks_last_error(), "random weights need") && strstr(ks_last_error(), "GiB of memory"), "message: %s",

@@ -1698,9 +1698,9 @@ int main(int argc, char **argv) {
     test_graph();
     test_two_backends();
     test_e2e(stories);
-    GPU_MMA->destroy(GPU_MMA);
-    GPU->destroy(GPU);
-    CPU->destroy(CPU);
+    ks_backend_free(GPU_MMA);
+    ks_backend_free(GPU);
+    ks_backend_free(CPU);
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

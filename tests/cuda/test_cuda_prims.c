@@ -572,7 +572,7 @@ int main(int argc, char **argv) {
     test_gather();
     test_numerics();
     cudaStreamSynchronize(S);
-    gpu->destroy(gpu);
+    ks_backend_free(gpu);
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }
