@@ -1,7 +1,7 @@
 /* backend.h — the interface every compute backend implements (CPU here, CUDA in kernels/).
  *
- * The engine (core/engine.c) drives a forward pass only through these calls, so the same
- * engine runs on any backend. Contract:
+ * The engine (core/prefill.c, decode.c, forward.c) drives a forward pass only through these
+ * calls, so the same engine runs on any backend. Contract:
  *   - Activation buffers come from ->alloc and live in backend memory (host for CPU, device
  *     for CUDA). Activations are float32 at the interface; a backend may keep weights and
  *     the KV cache in a narrower type (CUDA: bf16) and accumulate in fp32.

@@ -1,8 +1,8 @@
 /* test_sampling.c — the sampling filters and stop strings of issue 15: top_k, min_p, the CTRL
- * repetition penalty and stop strings, in the sampler (core/engine.c), through ks_generate on
- * the bundled model, the CLI flags (--top-k, --min-p, --repeat-penalty, --stop; needs KS_BIN)
- * and the Lua generate options. Everything is deterministic: fixed logits, fixed seeds, the
- * bundled model on the CPU. */
+ * repetition penalty and stop strings, in the sampler and generation (core/sample.c,
+ * core/generate.c), through ks_generate on the bundled model, the CLI flags (--top-k, --min-p,
+ * --repeat-penalty, --stop; needs KS_BIN) and the Lua generate options. Everything is
+ * deterministic: fixed logits, fixed seeds, the bundled model on the CPU. */
 #include "engine.h"
 #include "kvsieve.h"
 #include "ks_lua.h"

@@ -1,7 +1,7 @@
 /* fuzz_lua_prims.c — libFuzzer harness for the Lua side of policies: the primitives
  * (lua/prims_lua.c, lua/ext_rope.c), the tensor userdata and its methods and operators
- * (lua/tensor.c), and the event object with its fields and actions (lua/policy_lua.c, with the
- * engine's action validation of core/engine.c), all inside the policy sandbox with its limits.
+ * (lua/tensor.c), and the event object with its fields and actions (lua/events.c, with the
+ * engine's action validation of core/actions.c), all inside the policy sandbox with its limits.
  *
  * How. At init one sandboxed policy is loaded per device mode ("host" and "emulate", the latter
  * running every primitive through the emulated device of lua/prims_lua.c). Its handlers are one
