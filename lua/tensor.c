@@ -391,7 +391,8 @@ static int l_t_slice(lua_State *L) {
     int64_t shape[KS_TENSOR_MAXDIM];
     memcpy(shape, t->shape, sizeof shape);
     shape[d] = b - a;
-    void *data = (char *)t->data + (size_t)(a * t->stride[d]) * esize(t);
+    /* an empty tensor's data may be NULL: no offset from it (UBSan, found by fuzz_lua_prims) */
+    void *data = t->data ? (char *)t->data + (size_t)(a * t->stride[d]) * esize(t) : t->data;
     ks_tensor *v = t->be ? ks_lt_dview(L, t->be, t->dtype, t->bf16, t->ndim, shape, t->stride, data, 0, 1)
                          : ks_lt_view(L, t->dtype, t->ndim, shape, t->stride, data, 0, 1);
     v->scope = t->scope;
@@ -408,7 +409,7 @@ static int l_t_row(lua_State *L) {
     lua_Integer i = luaL_checkinteger(L, 2);
     if (i < 0) i += t->shape[0];
     if (i < 0 || i >= t->shape[0]) return ks_lua_errorf(L, "row", "row %lld out of range [0, %lld)", (long long)lua_tointeger(L, 2), (long long)t->shape[0]);
-    void *data = (char *)t->data + (size_t)(i * t->stride[0]) * esize(t);
+    void *data = t->data ? (char *)t->data + (size_t)(i * t->stride[0]) * esize(t) : t->data;
     ks_tensor *v = t->be ? ks_lt_dview(L, t->be, t->dtype, t->bf16, t->ndim - 1, t->shape + 1, t->stride + 1, data, 0, 1)
                          : ks_lt_view(L, t->dtype, t->ndim - 1, t->shape + 1, t->stride + 1, data, 0, 1);
     v->scope = t->scope;
