@@ -5,7 +5,7 @@
 # objective). Issue 18: which policies work on a model that was not built for them.
 #
 #   bash bench/compare_models.sh RESULTS_DIR                  # the grid, on the GPU (CUDA backend)
-#   BACKEND=cpu LENGTHS=512 DEPTHS=0,1 CASES=1 bash bench/compare_models.sh /tmp/cmp   # CPU smoke
+#   BACKEND=cpu LENGTHS=512 DEPTHS=0,1 CASES=1 bash bench/compare_models.sh cmp-smoke  # CPU smoke
 #
 # Default grid: niah at 2K and 4K, 11 depths (0%..100%), 4 cases per cell = 88 cases per policy
 # and model, cases from the held-out seed base (repl/cmd_eval.c). Budget B = 512 (BUDGET=...):
