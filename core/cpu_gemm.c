@@ -202,8 +202,9 @@ static void gemm_task(void *ctx, int64_t t, int thread) {
 void ks_gemm_nt(ks_pool *p, float *y, const float *x, const float *W, int64_t n, int64_t in, int64_t out) {
     if (n <= 0 || out <= 0) return;
     int nt = ks_pool_threads(p);
-    /* below ~1M multiply-adds a wake-up of the workers costs about what it saves */
-    if (nt == 1 || (double)n * in * out < (double)(1 << 20)) {
+    /* below ~64K multiply-adds (a 256 KB weight: ~15 us of streaming) a wake-up of the workers
+     * costs about what it saves */
+    if (nt == 1 || (double)n * in * out < (double)(1 << 16)) {
         ks_gemm_nt_serial(y, out, x, in, W, in, n, in, out);
         return;
     }
