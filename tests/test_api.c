@@ -51,9 +51,9 @@ static const char *printing_policy =
 
 /* Run fn with fd 2 on a temporary file; returns the bytes written there (-1 on setup failure). */
 static long stderr_bytes_during(void (*fn)(void *), void *arg) {
-    char path[] = "/tmp/ks_api_stderr_XXXXXX";
-    int fd = mkstemp(path);
-    if (fd < 0) return -1;
+    FILE *tf = tmpfile(); /* anonymous: no path, gone when closed */
+    if (!tf) return -1;
+    int fd = fileno(tf);
     fflush(stderr);
     int saved = dup(2);
     dup2(fd, 2);
@@ -62,8 +62,7 @@ static long stderr_bytes_during(void (*fn)(void *), void *arg) {
     dup2(saved, 2);
     close(saved);
     long n = (long)lseek(fd, 0, SEEK_END);
-    close(fd);
-    unlink(path);
+    fclose(tf);
     return n;
 }
 

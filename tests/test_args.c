@@ -13,15 +13,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char *bin(void) {
-    const char *b = getenv("KS_BIN");
-    return b && *b ? b : NULL;
-}
-
 /* Run `kvsieve ARGS` (stderr joined); the exit status. */
 static int run(const char *args, char *out, size_t cap) {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s", bin(), args);
+    snprintf(cmd, sizeof cmd, "%s %s", kt_bin(), args);
     return kt_sh(cmd, out, cap);
 }
 
@@ -67,7 +62,7 @@ static int tiny_model(char *dir, size_t n, int max_pos) {
     return kt_write_tiny_model(dir, &c) || drop_eos(dir) ? -1 : 0;
 }
 
-#define NEED_BIN() do { if (!bin()) KT_SKIP("KS_BIN not set (run through make test)"); } while (0)
+#define NEED_BIN() do { if (!kt_bin()) KT_SKIP("KS_BIN not set (run through make test)"); } while (0)
 
 /* ---------------------------------------------------------------- numbers */
 

@@ -11,13 +11,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
-static const char *bin(void) {
-    const char *b = getenv("KS_BIN");
-    return b && *b ? b : NULL;
-}
-
 KT_TEST(cli_bad_inputs_exit_nonzero_with_message) {
-    if (!bin()) KT_SKIP("KS_BIN not set (run through make test)");
+    if (!kt_bin()) KT_SKIP("KS_BIN not set (run through make test)");
     char dir[256], cmd[1024], out[8192];
     KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "tmpdir");
     struct { const char *setup, *args, *want; } cases[] = {
@@ -32,7 +27,7 @@ KT_TEST(cli_bad_inputs_exit_nonzero_with_message) {
         if (cases[i].setup) kt_write_file(dir, "config.json", cases[i].setup);
         char args[512];
         snprintf(args, sizeof args, cases[i].args, dir);
-        snprintf(cmd, sizeof cmd, "%s %s", bin(), args);
+        snprintf(cmd, sizeof cmd, "%s %s", kt_bin(), args);
         int rc = kt_sh(cmd, out, sizeof out);
         KT_CHECK(rc != 0 && rc < 128, "case %zu: exit %d (crash or success): %s", i, rc, out);
         KT_CHECK(strstr(out, cases[i].want), "case %zu: message lacks \"%s\": %s", i, cases[i].want, out);
@@ -41,10 +36,10 @@ KT_TEST(cli_bad_inputs_exit_nonzero_with_message) {
     kt_tiny_cfg cfg = kt_tiny_default();
     cfg.max_pos = 8;
     kt_write_tiny_model(dir, &cfg);
-    snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,2,3,4,5,6,7,8,9 -n 2", bin(), dir);
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,2,3,4,5,6,7,8,9 -n 2", kt_bin(), dir);
     int rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 1 && strstr(out, "context"), "context overflow: exit %d: %s", rc, out);
-    snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,2,3 -n 3", bin(), dir);
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --ids -p 1,2,3 -n 3", kt_bin(), dir);
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0 && strstr(out, "prompt 3 tokens") && strstr(out, "peak memory"), "good run: exit %d: %s", rc, out);
     cfg.bad_shape = 1;
@@ -60,23 +55,23 @@ KT_TEST(cli_bad_inputs_exit_nonzero_with_message) {
 }
 
 KT_TEST(cli_stories_generate_and_sampling) {
-    if (!bin()) KT_SKIP("KS_BIN not set (run through make test)");
+    if (!kt_bin()) KT_SKIP("KS_BIN not set (run through make test)");
     char cmd[1024], out[8192], out2[8192];
     snprintf(cmd, sizeof cmd, "%s/models/stories260K", kt_shared_dir());
     FILE *f = fopen(cmd, "r");
     if (!f) KT_SKIP("../shared/models/stories260K absent");
     fclose(f);
-    snprintf(cmd, sizeof cmd, "%s generate -m %s/models/stories260K -p 'Once upon a time' -n 24", bin(), kt_shared_dir());
+    snprintf(cmd, sizeof cmd, "%s generate -m %s/models/stories260K -p 'Once upon a time' -n 24", kt_bin(), kt_shared_dir());
     KT_CHECK(kt_sh(cmd, out, sizeof out) == 0, "%s", out);
     KT_CHECK(strstr(out, "there was a little girl named Lily"), "greedy text: %s", out);
     /* seeded sampling is reproducible, and differs from greedy */
     snprintf(cmd, sizeof cmd, "%s generate -m %s/models/stories260K -p 'Once upon a time' -n 24 --temp 1 --top-p 0.9 --seed 5 -q",
-             bin(), kt_shared_dir());
+             kt_bin(), kt_shared_dir());
     KT_CHECK(kt_sh(cmd, out, sizeof out) == 0, "%s", out);
     KT_CHECK(kt_sh(cmd, out2, sizeof out2) == 0, "%s", out2);
     /* -q prints no text, only the timing line, so compare ids via tokenize-free path: rerun with text */
     snprintf(cmd, sizeof cmd, "%s generate -m %s/models/stories260K -p 'Once upon a time' -n 24 --temp 1 --seed 5",
-             bin(), kt_shared_dir());
+             kt_bin(), kt_shared_dir());
     KT_CHECK(kt_sh(cmd, out, sizeof out) == 0, "%s", out);
     KT_CHECK(kt_sh(cmd, out2, sizeof out2) == 0, "%s", out2);
     char *t1 = strstr(out, "[kvsieve]"), *t2 = strstr(out2, "[kvsieve]");
@@ -84,7 +79,7 @@ KT_TEST(cli_stories_generate_and_sampling) {
     if (t2) *t2 = 0;
     KT_CHECK(strcmp(out, out2) == 0, "same seed, different text:\n%s\n%s", out, out2);
     snprintf(cmd, sizeof cmd, "%s generate -m %s/models/stories260K -p 'Once upon a time' -n 24 --temp 1 --seed 6",
-             bin(), kt_shared_dir());
+             kt_bin(), kt_shared_dir());
     KT_CHECK(kt_sh(cmd, out2, sizeof out2) == 0, "%s", out2);
     t2 = strstr(out2, "[kvsieve]");
     if (t2) *t2 = 0;

@@ -22,34 +22,15 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *bin(void) {
-    const char *b = getenv("KS_BIN");
-    return b && *b ? b : NULL;
-}
-
 static int have_model(void) {
     FILE *f = fopen("models/kvsieve-tiny/model.safetensors", "rb");
     if (f) fclose(f);
     return f != NULL;
 }
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) { free(b); b = NULL; }
-    if (b) b[sz] = 0;
-    fclose(f);
-    if (n) *n = (size_t)sz;
-    return b;
-}
-
 static ks_json *read_json(const char *path) {
     size_t n;
-    char *t = slurp(path, &n);
+    char *t = kt_slurp(path, &n);
     if (!t) return NULL;
     ks_json *j = ks_json_parse(t, n);
     free(t);
@@ -66,14 +47,14 @@ static int count_lines(const char *s) {
 
 #define SKIP_UNLESS_READY()                                                  \
     do {                                                                     \
-        if (!bin()) KT_SKIP("KS_BIN not set (run through make test)");       \
+        if (!kt_bin()) KT_SKIP("KS_BIN not set (run through make test)");       \
         if (!have_model()) KT_SKIP("models/kvsieve-tiny absent");            \
     } while (0)
 
 /* ---------------------------------------------------------------- help and version */
 
 KT_TEST(cli_help_for_every_subcommand) {
-    if (!bin()) KT_SKIP("KS_BIN not set (run through make test)");
+    if (!kt_bin()) KT_SKIP("KS_BIN not set (run through make test)");
     /* every command of repl/main.c; what its help must name (options a user needs) */
     static const struct { const char *cmd, *must[6]; } cmds[] = {
         {"generate", {"-f FILE", "-p -", "--policy", "--set", "-q", "example:"}},
@@ -90,7 +71,7 @@ KT_TEST(cli_help_for_every_subcommand) {
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         for (int f = 0; f < 2; f++) {
             /* stdout only: the help is for reading and piping */
-            snprintf(cmd, sizeof cmd, "%s %s %s 2>/dev/null", bin(), cmds[i].cmd, flags[f]);
+            snprintf(cmd, sizeof cmd, "%s %s %s 2>/dev/null", kt_bin(), cmds[i].cmd, flags[f]);
             int rc = kt_sh(cmd, out, sizeof out);
             KT_CHECK(rc == 0, "kvsieve %s %s: exit %d: %s", cmds[i].cmd, flags[f], rc, out);
             char want[64];
@@ -101,20 +82,20 @@ KT_TEST(cli_help_for_every_subcommand) {
                          cmds[i].must[k], out);
         }
     /* after other options too, and `kvsieve help CMD` */
-    snprintf(cmd, sizeof cmd, "%s generate -m models/kvsieve-tiny --help 2>/dev/null", bin());
+    snprintf(cmd, sizeof cmd, "%s generate -m models/kvsieve-tiny --help 2>/dev/null", kt_bin());
     KT_CHECK(kt_sh(cmd, out, sizeof out) == 0 && strstr(out, "usage: kvsieve generate"), "generate -m DIR --help: %s", out);
-    snprintf(cmd, sizeof cmd, "%s help eval 2>/dev/null", bin());
+    snprintf(cmd, sizeof cmd, "%s help eval 2>/dev/null", kt_bin());
     KT_CHECK(kt_sh(cmd, out, sizeof out) == 0 && strstr(out, "usage: kvsieve eval"), "help eval: %s", out);
     /* the version, both spellings, on stdout */
     for (int v = 0; v < 2; v++) {
-        snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", bin(), v ? "version" : "--version");
+        snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", kt_bin(), v ? "version" : "--version");
         int rc = kt_sh(cmd, out, sizeof out);
         int a = -1, b = -1, c = -1;
         KT_CHECK(rc == 0 && sscanf(out, "kvsieve %d.%d.%d", &a, &b, &c) == 3 && a >= 0 && b >= 0 && c >= 0,
                  "%s: exit %d: %s", v ? "version" : "--version", rc, out);
     }
     /* the overview lists every command */
-    snprintf(cmd, sizeof cmd, "%s --help 2>/dev/null", bin());
+    snprintf(cmd, sizeof cmd, "%s --help 2>/dev/null", kt_bin());
     KT_CHECK(kt_sh(cmd, out, sizeof out) == 0, "--help: %s", out);
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         KT_CHECK(strstr(out, cmds[i].cmd), "the overview lacks %s: %s", cmds[i].cmd, out);
@@ -136,11 +117,11 @@ KT_TEST(cli_prompt_50k_chars_from_file_and_stdin) {
     fputc('\n', f); /* an editor's final newline: dropped */
     fclose(f);
     size_t n;
-    free(slurp(path, &n));
+    free(kt_slurp(path, &n));
     KT_CHECK(n == 50001, "the prompt file has %zu bytes", n);
 
     /* the token count, from the same file */
-    snprintf(cmd, sizeof cmd, "%s tokenize -m models/kvsieve-tiny -f %s 2>&1", bin(), path);
+    snprintf(cmd, sizeof cmd, "%s tokenize -m models/kvsieve-tiny -f %s 2>&1", kt_bin(), path);
     static char ids[200000];
     KT_CHECK(kt_sh(cmd, ids, sizeof ids) == 0, "tokenize -f: %.300s", ids);
     int ntok = 0;
@@ -151,17 +132,17 @@ KT_TEST(cli_prompt_50k_chars_from_file_and_stdin) {
     snprintf(want, sizeof want, "prompt %d tokens", ntok);
 
     const char *gen = "generate -m models/kvsieve-tiny -n 2 --policy gemfilter --set layer=0 --set k=32";
-    snprintf(cmd, sizeof cmd, "%s %s -f %s", bin(), gen, path);
+    snprintf(cmd, sizeof cmd, "%s %s -f %s", kt_bin(), gen, path);
     int rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0 && strstr(out, want), "-f FILE: exit %d, want \"%s\": %s", rc, want, out);
     KT_CHECK(!strstr(out, "The grass is green. The grass"), "a prompt from a file is not echoed: %.300s", out);
-    snprintf(cmd, sizeof cmd, "%s %s -p - < %s", bin(), gen, path);
+    snprintf(cmd, sizeof cmd, "%s %s -p - < %s", kt_bin(), gen, path);
     rc = kt_sh(cmd, out2, sizeof out2);
     KT_CHECK(rc == 0 && strstr(out2, want), "-p - (stdin): exit %d, want \"%s\": %s", rc, want, out2);
     /* the same tokens in, the same text out (the text is the first line) */
     KT_CHECK(strcspn(out, "\n") == strcspn(out2, "\n") && !strncmp(out, out2, strcspn(out, "\n")),
              "file and stdin give different text: %s | %s", out, out2);
-    snprintf(cmd, sizeof cmd, "%s %s -f - < %s", bin(), gen, path);
+    snprintf(cmd, sizeof cmd, "%s %s -f - < %s", kt_bin(), gen, path);
     rc = kt_sh(cmd, out2, sizeof out2);
     KT_CHECK(rc == 0 && strstr(out2, want), "-f - (stdin): exit %d: %s", rc, out2);
 
@@ -170,19 +151,19 @@ KT_TEST(cli_prompt_50k_chars_from_file_and_stdin) {
     KT_CHECK(f, "cannot write %s", path);
     for (int i = 0; i < 5000; i++) fputs("The grass is green. ", f);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "%s %s -f %s", bin(), gen, path);
+    snprintf(cmd, sizeof cmd, "%s %s -f %s", kt_bin(), gen, path);
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 1 && strstr(out, "kvsieve: the prompt is") && strstr(out, "context of 16384 tokens") &&
                  count_lines(out) == 1 && !strstr(out, "[kvsieve] prompt"),
              "over the context: exit %d: %s", rc, out);
     /* a missing file, a NUL byte, -p and -f together: one line each */
-    snprintf(cmd, sizeof cmd, "%s %s -f %s/nonexistent.txt", bin(), gen, dir);
+    snprintf(cmd, sizeof cmd, "%s %s -f %s/nonexistent.txt", kt_bin(), gen, dir);
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 2 && strstr(out, "nonexistent.txt") && count_lines(out) == 1, "missing file: exit %d: %s", rc, out);
-    snprintf(cmd, sizeof cmd, "printf 'a\\0b' | %s %s -p -", bin(), gen);
+    snprintf(cmd, sizeof cmd, "printf 'a\\0b' | %s %s -p -", kt_bin(), gen);
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 2 && strstr(out, "NUL") && count_lines(out) == 1, "NUL byte: exit %d: %s", rc, out);
-    snprintf(cmd, sizeof cmd, "%s %s -p hi -f %s", bin(), gen, path);
+    snprintf(cmd, sizeof cmd, "%s %s -p hi -f %s", kt_bin(), gen, path);
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 2 && strstr(out, "not both"), "-p and -f: exit %d: %s", rc, out);
     kt_rmdir(dir);
@@ -205,7 +186,7 @@ KT_TEST(cli_policy_errors_are_one_line_and_name_the_parameter) {
         {"--policy gemfilter --set snapkv.budget=3", "not snapkv"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        snprintf(cmd, sizeof cmd, "%s generate -m models/kvsieve-tiny -p 'Once upon a time' -n 2 %s", bin(), cases[i].args);
+        snprintf(cmd, sizeof cmd, "%s generate -m models/kvsieve-tiny -p 'Once upon a time' -n 2 %s", kt_bin(), cases[i].args);
         int rc = kt_sh(cmd, out, sizeof out);
         KT_CHECK(rc == 2, "case %zu (%s): exit %d: %s", i, cases[i].args, rc, out);
         KT_CHECK(strstr(out, cases[i].want), "case %zu (%s): lacks \"%s\": %s", i, cases[i].args, cases[i].want, out);
@@ -213,21 +194,21 @@ KT_TEST(cli_policy_errors_are_one_line_and_name_the_parameter) {
                  cases[i].args, out);
     }
     /* the traceback and the library's first-failure note with -v (before or after the command) */
-    snprintf(cmd, sizeof cmd, "%s -v generate -m models/kvsieve-tiny -p hi -n 2 --policy gemfilter", bin());
+    snprintf(cmd, sizeof cmd, "%s -v generate -m models/kvsieve-tiny -p hi -n 2 --policy gemfilter", kt_bin());
     int rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 2 && strstr(out, "stack traceback") && strstr(out, "gemfilter.lua"), "-v: exit %d: %s", rc, out);
-    snprintf(cmd, sizeof cmd, "%s generate -m models/kvsieve-tiny -p hi -n 2 --policy gemfilter --verbose", bin());
+    snprintf(cmd, sizeof cmd, "%s generate -m models/kvsieve-tiny -p hi -n 2 --policy gemfilter --verbose", kt_bin());
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 2 && strstr(out, "stack traceback"), "--verbose: exit %d: %s", rc, out);
     /* in range: runs */
-    snprintf(cmd, sizeof cmd, "%s generate -m models/kvsieve-tiny -p 'Once upon a time' -n 2 --policy fastkv --set tsp_layer=7 -q", bin());
+    snprintf(cmd, sizeof cmd, "%s generate -m models/kvsieve-tiny -p 'Once upon a time' -n 2 --policy fastkv --set tsp_layer=7 -q", kt_bin());
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0 && strstr(out, "generated 2 tokens"), "tsp_layer=7: exit %d: %s", rc, out);
     /* unknown command / option: one line */
-    snprintf(cmd, sizeof cmd, "%s generate -m models/kvsieve-tiny -p hi --frobnicate", bin());
+    snprintf(cmd, sizeof cmd, "%s generate -m models/kvsieve-tiny -p hi --frobnicate", kt_bin());
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 2 && count_lines(out) == 1 && strstr(out, "kvsieve: unknown option --frobnicate"), "exit %d: %s", rc, out);
-    snprintf(cmd, sizeof cmd, "%s frobnicate", bin());
+    snprintf(cmd, sizeof cmd, "%s frobnicate", kt_bin());
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 2 && count_lines(out) == 1 && strstr(out, "kvsieve: unknown command"), "exit %d: %s", rc, out);
 }
@@ -263,7 +244,7 @@ KT_TEST(eval_checks_every_argument_before_the_first_case) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[1024];
         snprintf(args, sizeof args, cases[i].args, dir);
-        snprintf(cmd, sizeof cmd, "%s eval %s", bin(), args);
+        snprintf(cmd, sizeof cmd, "%s eval %s", kt_bin(), args);
         int rc = kt_sh(cmd, out, sizeof out);
         KT_CHECK(rc == 2, "case %zu (%s): exit %d: %s", i, args, rc, out);
         KT_CHECK(strstr(out, cases[i].want), "case %zu (%s): lacks \"%s\": %s", i, args, cases[i].want, out);
@@ -339,13 +320,13 @@ KT_TEST(eval_sigint_then_resume_equals_an_uninterrupted_run) {
 
     /* 1. interrupted: the process sends itself SIGINT once its first run is finished (5 runs are
      * left then; KS_EVAL_INTERRUPT_AFTER, so the point does not depend on the machine's speed) */
-    snprintf(cmd, sizeof cmd, "KS_EVAL_INTERRUPT_AFTER=1 exec %s eval " GRID " --out %s --png %s/r.png", bin(), p_json,
+    snprintf(cmd, sizeof cmd, "KS_EVAL_INTERRUPT_AFTER=1 exec %s eval " GRID " --out %s --png %s/r.png", kt_bin(), p_json,
              dir);
     pid_t pid = spawn(cmd, p_out, p_err);
     KT_CHECK(pid > 0, "fork");
     int st = 0;
     waitpid(pid, &st, 0);
-    char *err = slurp(p_err, NULL), *so = slurp(p_out, NULL);
+    char *err = kt_slurp(p_err, NULL), *so = kt_slurp(p_out, NULL);
     KT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 130, "exit %d (signal %d), want 130: %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1,
              WIFSIGNALED(st) ? WTERMSIG(st) : 0, err ? err : "");
     KT_CHECK(err && strstr(err, "kvsieve: eval: interrupted:") && strstr(err, "--resume"), "the interrupt line: %s", err);
@@ -365,7 +346,7 @@ KT_TEST(eval_sigint_then_resume_equals_an_uninterrupted_run) {
     KT_CHECK(access(png, F_OK) == 0, "the partial heatmap");
 
     /* 2. resumed into the same file: only the missing runs run */
-    snprintf(cmd, sizeof cmd, "%s eval " GRID " --out %s --resume %s", bin(), p_json, p_json);
+    snprintf(cmd, sizeof cmd, "%s eval " GRID " --out %s --resume %s", kt_bin(), p_json, p_json);
     int rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0, "resume: exit %d: %s", rc, out);
     int ran = 0;
@@ -373,7 +354,7 @@ KT_TEST(eval_sigint_then_resume_equals_an_uninterrupted_run) {
     KT_CHECK(ran == 6 - (int)n_part, "resume ran %d runs, %zu were done", ran, n_part);
 
     /* 3. uninterrupted, quiet (no case lines, no progress) */
-    snprintf(cmd, sizeof cmd, "%s eval " GRID " --out %s -q", bin(), p_ref);
+    snprintf(cmd, sizeof cmd, "%s eval " GRID " --out %s -q", kt_bin(), p_ref);
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0 && !strstr(out, "[eval]"), "reference: exit %d: %s", rc, out);
 
@@ -386,10 +367,10 @@ KT_TEST(eval_sigint_then_resume_equals_an_uninterrupted_run) {
     ks_json_free(b);
 
     /* 4. a resume of a finished file runs nothing; a mismatched grid is refused by name */
-    snprintf(cmd, sizeof cmd, "%s eval " GRID " --resume %s", bin(), p_ref);
+    snprintf(cmd, sizeof cmd, "%s eval " GRID " --resume %s", kt_bin(), p_ref);
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0 && !strstr(out, " tok  ") && strstr(out, "exact match 3/3"), "resume of a full file: %d: %s", rc, out);
-    snprintf(cmd, sizeof cmd, "%s eval " GRID " --set gemfilter.k=32 --resume %s", bin(), p_ref);
+    snprintf(cmd, sizeof cmd, "%s eval " GRID " --set gemfilter.k=32 --resume %s", kt_bin(), p_ref);
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 2 && strstr(out, "gemfilter.k = 64 there, 32 here"), "mismatched parameter: %d: %s", rc, out);
     kt_rmdir(dir);
@@ -402,7 +383,7 @@ KT_TEST(bench_json_has_every_row_and_the_spread) {
     char dir[256], cmd[2048], out[16384], path[512];
     KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "tmpdir");
     snprintf(path, sizeof path, "%s/b.json", dir);
-    snprintf(cmd, sizeof cmd, "%s bench -m models/kvsieve-tiny --lengths 32,64 --gen 2 --repeat 3 --json %s", bin(), path);
+    snprintf(cmd, sizeof cmd, "%s bench -m models/kvsieve-tiny --lengths 32,64 --gen 2 --repeat 3 --json %s", kt_bin(), path);
     int rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0, "bench: exit %d: %s", rc, out);
     ks_json *j = read_json(path);
@@ -424,7 +405,7 @@ KT_TEST(bench_json_has_every_row_and_the_spread) {
     }
     ks_json_free(j);
     /* an unwritable --json is refused before any work */
-    snprintf(cmd, sizeof cmd, "%s bench -m models/kvsieve-tiny --lengths 32 --json /nonexistent/b.json", bin());
+    snprintf(cmd, sizeof cmd, "%s bench -m models/kvsieve-tiny --lengths 32 --json /nonexistent/b.json", kt_bin());
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 2 && count_lines(out) == 1 && strstr(out, "/nonexistent/b.json"), "bad --json: exit %d: %s", rc, out);
     kt_rmdir(dir);

@@ -13,33 +13,14 @@
 #include <string.h>
 #include <sys/wait.h>
 
-static const char *bin(void) {
-    const char *b = getenv("KS_BIN");
-    return b && *b ? b : NULL;
-}
-
 static int have_model(void) {
     FILE *f = fopen("models/kvsieve-tiny/model.safetensors", "rb");
     if (f) fclose(f);
     return f != NULL;
 }
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc(sz + 1);
-    if (b && fread(b, 1, sz, f) != (size_t)sz) { free(b); b = NULL; }
-    if (b) b[sz] = 0;
-    fclose(f);
-    if (n) *n = (size_t)sz;
-    return b;
-}
-
 KT_TEST(eval_smoke_grid_two_policies) {
-    if (!bin()) KT_SKIP("KS_BIN not set (run through make test)");
+    if (!kt_bin()) KT_SKIP("KS_BIN not set (run through make test)");
     if (!have_model()) KT_SKIP("models/kvsieve-tiny absent");
     char dir[256], cmd[2048], out[65536], path[512];
     KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "tmpdir");
@@ -47,7 +28,7 @@ KT_TEST(eval_smoke_grid_two_policies) {
     snprintf(cmd, sizeof cmd,
              "%s eval --model models/kvsieve-tiny --task passkey --lengths 512 --depths 0,0.5,1 "
              "--compare full,gemfilter --set gemfilter.layer=2 --set gemfilter.k=128 --out %s/r.json --png %s/r.png",
-             bin(), dir, dir);
+             kt_bin(), dir, dir);
     int rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0, "eval exit %d: %s", rc, out);
     /* the terminal summary and table */
@@ -57,7 +38,7 @@ KT_TEST(eval_smoke_grid_two_policies) {
     /* the JSON: 6 cases, full always right with the value kept; GemFilter kept 128 tokens */
     snprintf(path, sizeof path, "%s/r.json", dir);
     size_t n;
-    char *text = slurp(path, &n);
+    char *text = kt_slurp(path, &n);
     KT_CHECK(text != NULL, "no %s", path);
     ks_json *j = ks_json_parse(text, n);
     KT_CHECK(j != NULL, "JSON does not parse: %s", ks_last_error());
@@ -93,14 +74,14 @@ KT_TEST(eval_smoke_grid_two_policies) {
 
     /* the PNG: signature and IHDR */
     snprintf(path, sizeof path, "%s/r.png", dir);
-    unsigned char *png = (unsigned char *)slurp(path, &n);
+    unsigned char *png = (unsigned char *)kt_slurp(path, &n);
     KT_CHECK(png && n > 100 && !memcmp(png, "\x89PNG\r\n\x1a\n", 8) && !memcmp(png + 12, "IHDR", 4), "PNG written");
     free(png);
     kt_rmdir(dir);
 }
 
 KT_TEST(eval_niah_show_marks_the_needle) {
-    if (!bin()) KT_SKIP("KS_BIN not set (run through make test)");
+    if (!kt_bin()) KT_SKIP("KS_BIN not set (run through make test)");
     if (!have_model()) KT_SKIP("models/kvsieve-tiny absent");
     char cmd[2048], out[65536];
     snprintf(cmd, sizeof cmd, "%s/corpora", kt_shared_dir());
@@ -110,7 +91,7 @@ KT_TEST(eval_niah_show_marks_the_needle) {
     snprintf(cmd, sizeof cmd,
              "%s eval --model models/kvsieve-tiny --task niah --lengths 1024 --depths 0.5 --policy gemfilter "
              "--set layer=2 --set k=128 --show --corpora %s/corpora",
-             bin(), kt_shared_dir());
+             kt_bin(), kt_shared_dir());
     int rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc == 0, "eval exit %d: %s", rc, out);
     KT_CHECK(strstr(out, "kept 128 of"), "kept count: %s", out);
@@ -119,7 +100,7 @@ KT_TEST(eval_niah_show_marks_the_needle) {
 }
 
 KT_TEST(eval_bad_inputs_are_named_errors) {
-    if (!bin()) KT_SKIP("KS_BIN not set (run through make test)");
+    if (!kt_bin()) KT_SKIP("KS_BIN not set (run through make test)");
     if (!have_model()) KT_SKIP("models/kvsieve-tiny absent");
     char cmd[2048], out[8192];
     struct { const char *args, *want; } cases[] = {
@@ -137,7 +118,7 @@ KT_TEST(eval_bad_inputs_are_named_errors) {
         {"--model models/kvsieve-tiny --task passkey --lengths 512 --depths 0 --out /nonexistent/dir/r.json", "cannot write"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        snprintf(cmd, sizeof cmd, "%s eval %s", bin(), cases[i].args);
+        snprintf(cmd, sizeof cmd, "%s eval %s", kt_bin(), cases[i].args);
         int rc = kt_sh(cmd, out, sizeof out);
         KT_CHECK(rc != 0 && rc < 128, "case %zu (%s): exit %d: %s", i, cases[i].args, rc, out);
         KT_CHECK(strstr(out, cases[i].want), "case %zu (%s): message lacks \"%s\": %s", i, cases[i].args, cases[i].want, out);
@@ -149,7 +130,7 @@ KT_TEST(eval_bad_inputs_are_named_errors) {
  * assumes (models/kvsieve-tiny/README.md); k = 128 of ~1000 tokens (13%). Every value token of
  * every case must be kept, and the answers mostly right. */
 KT_TEST(eval_gemfilter_keeps_the_needle) {
-    if (!bin()) KT_SKIP("KS_BIN not set (run through make test)");
+    if (!kt_bin()) KT_SKIP("KS_BIN not set (run through make test)");
     if (!have_model()) KT_SKIP("models/kvsieve-tiny absent");
     char dir[256], cmd[2048], out[65536], path[512], corp[512];
     snprintf(corp, sizeof corp, "%s/corpora", kt_shared_dir());
@@ -163,12 +144,12 @@ KT_TEST(eval_gemfilter_keeps_the_needle) {
         snprintf(cmd, sizeof cmd,
                  "%s eval --model models/kvsieve-tiny --task %s --lengths 1K --depths 0,0.25,0.5,0.75,1 --corpora %s "
                  "--policy gemfilter --set layer=2 --set k=128 --quiet --out %s/%s.json",
-                 bin(), tasks[t], corp, dir, tasks[t]);
+                 kt_bin(), tasks[t], corp, dir, tasks[t]);
         int rc = kt_sh(cmd, out, sizeof out);
         KT_CHECK(rc == 0, "%s: exit %d: %s", tasks[t], rc, out);
         snprintf(path, sizeof path, "%s/%s.json", dir, tasks[t]);
         size_t n;
-        char *text = slurp(path, &n);
+        char *text = kt_slurp(path, &n);
         KT_CHECK(text, "no %s", path);
         ks_json *j = ks_json_parse(text, n);
         KT_CHECK(j, "JSON: %s", ks_last_error());

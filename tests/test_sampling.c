@@ -315,11 +315,6 @@ KT_TEST(sampling_options_checked) {
 
 /* ---------------------------------------------------------------- CLI and Lua */
 
-static const char *bin(void) {
-    const char *b = getenv("KS_BIN");
-    return b && *b ? b : NULL;
-}
-
 static int one_line(const char *s) { return s[0] && strchr(s, '\n') == s + strlen(s) - 1; }
 
 /* kt_sh joins stderr: drop generate's timing line */
@@ -329,35 +324,35 @@ static void cut_timing(char *out) {
 }
 
 KT_TEST(sampling_cli_flags) {
-    if (!bin()) KT_SKIP("KS_BIN not set (run through make test)");
+    if (!kt_bin()) KT_SKIP("KS_BIN not set (run through make test)");
     char cmd[2048], out[8192], ref[8192];
     static const char *const bad[][2] = {
         {"--top-k abc", "--top-k"}, {"--top-k -1", "--top-k"}, {"--min-p 1.5", "--min-p"}, {"--min-p nan", "--min-p"},
         {"--repeat-penalty 0", "--repeat-penalty"}, {"--repeat-penalty x", "--repeat-penalty"}, {"--stop ''", "--stop"},
         {"--stop", "--stop"}};
     for (int i = 0; i < 8; i++) {
-        snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p hi -n 2 %s", bin(), bad[i][0]);
+        snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p hi -n 2 %s", kt_bin(), bad[i][0]);
         int rc = kt_sh(cmd, out, sizeof out);
         KT_CHECK(rc == 2 && one_line(out) && strstr(out, bad[i][1]) && !strncmp(out, "kvsieve: ", 9),
                  "%s: rc %d, \"%s\"", bad[i][0], rc, out);
     }
     /* greedy vs top-k 1 at T = 1 and min-p 1 at T = 1: the same text */
-    snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p '%s' -n 30", bin(), prompt);
+    snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p '%s' -n 30", kt_bin(), prompt);
     KT_CHECK(kt_sh(cmd, ref, sizeof ref) == 0, "%s", ref);
     cut_timing(ref);
-    snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p '%s' -n 30 --temp 1 --seed 9 --top-k 1", bin(), prompt);
+    snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p '%s' -n 30 --temp 1 --seed 9 --top-k 1", kt_bin(), prompt);
     KT_CHECK(kt_sh(cmd, out, sizeof out) == 0 && (cut_timing(out), !strcmp(out, ref)), "top-k 1:\n%s\ngreedy:\n%s", out, ref);
-    snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p '%s' -n 30 --temp 1 --seed 9 --min-p 1", bin(), prompt);
+    snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p '%s' -n 30 --temp 1 --seed 9 --min-p 1", kt_bin(), prompt);
     KT_CHECK(kt_sh(cmd, out, sizeof out) == 0 && (cut_timing(out), !strcmp(out, ref)), "min-p 1:\n%s\ngreedy:\n%s", out, ref);
     /* --stop, twice: the output ends right before the earliest */
-    snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p '%s' -n 30 --stop 'back again' --stop ' sky'", bin(), prompt);
+    snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p '%s' -n 30 --stop 'back again' --stop ' sky'", kt_bin(), prompt);
     KT_CHECK(kt_sh(cmd, out, sizeof out) == 0, "%s", out);
     cut_timing(out);
     const char *cut = strstr(ref + strlen(prompt), " sky");
     KT_CHECK(cut, "the greedy output has no \" sky\": %s", ref);
     KT_CHECK(strlen(out) == (size_t)(cut - ref) + 1 && !strncmp(out, ref, (size_t)(cut - ref)),
              "--stop ' sky':\n%s\ngreedy:\n%s", out, ref);
-    snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p '%s' -n 30 --repeat-penalty 1.5", bin(), prompt);
+    snprintf(cmd, sizeof cmd, "%s generate -m " TINY " -p '%s' -n 30 --repeat-penalty 1.5", kt_bin(), prompt);
     KT_CHECK(kt_sh(cmd, out, sizeof out) == 0 && (cut_timing(out), strcmp(out, ref)), "--repeat-penalty 1.5 changed nothing: %s", out);
 }
 

@@ -175,3 +175,22 @@ int kt_sh(const char *cmd, char *out, size_t cap) {
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
 }
+
+const char *kt_bin(void) {
+    const char *b = getenv("KS_BIN");
+    return b && *b ? b : NULL;
+}
+
+char *kt_slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    long sz = -1;
+    if (fseek(f, 0, SEEK_END) == 0) sz = ftell(f);
+    if (sz < 0 || fseek(f, 0, SEEK_SET) != 0) { fclose(f); return NULL; }
+    char *b = malloc((size_t)sz + 1);
+    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) { free(b); b = NULL; }
+    if (b) b[sz] = 0;
+    fclose(f);
+    if (b && n) *n = (size_t)sz;
+    return b;
+}

@@ -11,6 +11,8 @@ int kt_write_file(const char *dir, const char *name, const char *text);
 /* Run a shell command with stderr joined to stdout; its output (up to cap - 1 bytes) goes to out.
  * Returns the exit status, 128 + the signal if it was killed, -1 if it could not start. */
 int kt_sh(const char *cmd, char *out, size_t cap);
+const char *kt_bin(void);                                 /* $KS_BIN (the CLI under test), or NULL */
+char *kt_slurp(const char *path, size_t *n);              /* a whole file, NUL-terminated (malloc), or NULL */
 int kt_truncate(const char *dir, const char *name, long size);
 int kt_poke_u64(const char *dir, const char *name, long offset, uint64_t value);
 
