@@ -295,5 +295,7 @@ void ks_backend_free(ks_backend *b);
  * this process may run on). It reads n_threads, profile and verbose; opts NULL = the defaults.
  * The created backend's opts.n_threads is the pool's real thread count. */
 ks_status ks_cpu_backend_create(const ks_backend_opts *opts, ks_backend **out);
+/* The CPU backend's primitive table (core/cpu_prims.c): core/prims.c on host buffers, or NULL. */
+const ks_backend_prims *ks_cpu_prims(void);
 
 #endif

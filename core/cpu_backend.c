@@ -758,6 +758,7 @@ ks_status ks_cpu_backend_create(const ks_backend_opts *opts, ks_backend **out) {
     b->attention = cpu_attention;
     b->destroy = cpu_destroy;
     b->mem_stats = cpu_mem_stats;
+    b->prims = ks_cpu_prims(); /* core/cpu_prims.c */
     *out = b;
     return KS_OK;
 }
