@@ -326,6 +326,80 @@ KS_API int ks_model_n_kv_heads(const ks_model *m);
 KS_API int ks_model_vocab(const ks_model *m);
 KS_API int ks_model_max_context(const ks_model *m);
 
+/* ---------------------------------------------------------------- batched stepping (core/batch.c)
+ * Several requests generated together, one token each per step: what a server runs (continuous
+ * batching). A sequence (ks_seq) is one request on one session: its prompt, its sampling options,
+ * its output so far. The host creates a sequence when a request arrives, prefills its prompt
+ * (in pieces if it likes, between steps of the others), then steps it together with every other
+ * sequence in decode until each is done; cancelling one frees its KV rows at once.
+ *
+ *   ks_seq_create(s, ids, n, o, &q)      the session is reset; nothing runs yet (state PREFILL)
+ *   ks_seq_prefill(q, max_rows)          up to max_rows more prompt tokens through the model
+ *                                        (0 = the rest); the last piece moves q to DECODE
+ *   ks_batch_step(qs, n)                 one token for each sequence of qs in DECODE
+ *   ks_seq_token / ks_seq_piece          what the last step gave: the id, the new text
+ *   ks_seq_cancel(q)                     DONE now, "cancelled"; its KV rows freed
+ *   ks_seq_free(q)                       the sequence (not the session)
+ *
+ * The ids are those of ks_generate_ids with the same session, policy and options, token for token
+ * (the same sampler, token events, EOS and stop strings), whatever else is in the batch and
+ * however the prompt was split into prefill pieces. When a sequence ends, the session holds its
+ * results as after ks_generate (ks_result_ids, _text, _kept, _restart; the policy's reports).
+ * Differences from ks_generate: a policy failure ends the sequence with the error (no fallback
+ * to full attention), and reaching the model's context ends it with "length" instead of
+ * KS_ERR_CONTEXT. A policy sees the whole prompt in one prefill: with a policy attached,
+ * ks_seq_prefill ignores max_rows (chunking is then the policy's own prefill_chunk).
+ *
+ * Today ks_batch_step samples every sequence, then runs their decode steps one after the other
+ * (one forward each, the weights read once per sequence); the weight-once batched forward (one
+ * pass over the weights for all B rows, attention per sequence over its own rows) will replace
+ * that loop without changing this API or the ids. Sequences may be on different sessions of one
+ * model only. Not thread-safe: one thread steps a batch and owns its sessions. */
+typedef struct ks_seq ks_seq;
+typedef enum ks_seq_state {
+    KS_SEQ_PREFILL = 0,     /* prompt tokens left to prefill */
+    KS_SEQ_DECODE = 1,      /* generating: the next ks_batch_step gives it a token */
+    KS_SEQ_DONE = 2,        /* finished (ks_seq_finish says why) */
+} ks_seq_state;
+
+/* A sequence generating a reply to ids[0..n) on s, with options o (NULL = defaults; checked as
+ * ks_generate_ids checks them; n < 1, a prompt over the model's context: KS_ERR_ARG /
+ * KS_ERR_CONTEXT). The session is reset and must stay alive and unused otherwise until the
+ * sequence is freed; ids and o (its stop strings too) are copied. */
+KS_API ks_status ks_seq_create(ks_session *s, const int32_t *ids, int n, const ks_generate_opts *o, ks_seq **out);
+/* Prefill up to max_rows more prompt tokens (0 = all that are left; a policy: all). A failure
+ * (policy error, out of memory...) ends the sequence ("error") and is returned. KS_ERR_ARG when
+ * the sequence is not in PREFILL. */
+KS_API ks_status ks_seq_prefill(ks_seq *q, int max_rows);
+/* One step: each sequence of qs[0..n) in DECODE samples a token, fires the token event, checks
+ * EOS, stop strings and max_new_tokens, and, unless that ended it, runs its decode step; others
+ * are left as they are. A sequence that fails ends with "error" and its own status (ks_seq_status);
+ * the others go on, and the call returns KS_OK. KS_ERR_ARG: NULL qs, n < 0, a NULL entry, or
+ * sequences of different models. */
+KS_API ks_status ks_batch_step(ks_seq *const *qs, int n);
+/* End the sequence now (DONE, "cancelled") and free its session's KV rows; nothing else runs for
+ * it. No-op when it is already DONE. */
+KS_API void ks_seq_cancel(ks_seq *q);
+KS_API void ks_seq_free(ks_seq *q);
+
+KS_API ks_seq_state ks_seq_get_state(const ks_seq *q);
+KS_API ks_session *ks_seq_session(const ks_seq *q);
+/* The id the last step sampled (-1 before the first), and the text it completed: UTF-8 that is
+ * complete, with stop strings (and text that may begin one) held back as ks_generate's stream
+ * does; "" when none. Valid until the next step or free. */
+KS_API int32_t ks_seq_token(const ks_seq *q);
+KS_API const char *ks_seq_piece(const ks_seq *q);
+/* The ids generated so far (valid until the next step or free); the prompt's token count. */
+KS_API const int32_t *ks_seq_ids(const ks_seq *q, int *n);
+KS_API int ks_seq_prompt_tokens(const ks_seq *q);
+/* Why it ended: NULL while running; "stop" (EOS or a stop string), "length" (max_new_tokens or
+ * the context), "cancelled", "error" (then ks_seq_status / ks_seq_error say what). */
+KS_API const char *ks_seq_finish(const ks_seq *q);
+KS_API ks_status ks_seq_status(const ks_seq *q);
+KS_API const char *ks_seq_error(const ks_seq *q);   /* "" unless "error" */
+/* KV rows the session holds now, summed over layers and KV heads. */
+KS_API size_t ks_seq_kv_rows(const ks_seq *q);
+
 #ifdef __cplusplus
 }
 #endif
