@@ -1,0 +1,198 @@
+/* prims_page.c — page primitives, CPU reference (meaning and rules: prims_page.h). */
+#include "prims_page.h"
+
+#include "common.h"
+
+#include <math.h>
+#include <stddef.h>
+
+int64_t ks_page_count(int64_t n, int64_t page) {
+    if (n <= 0 || page <= 0) return 0;
+    return n / page + (n % page != 0);
+}
+
+/* ================================================================ page_reduce */
+
+ks_status ks_page_reduce_check_args(const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t row_stride,
+                                    int64_t head_stride, int64_t page, int64_t p0, int64_t p1, const float *out_min,
+                                    const float *out_max, const float *out_mean) {
+    const char *fn = "page_reduce";
+    if (n < 0 || h < 0 || d < 0)
+        return ks_errorf(KS_ERR_ARG, "%s: negative size (n = %lld, h = %lld, d = %lld)", fn, (long long)n, (long long)h,
+                         (long long)d);
+    if (page < 1) return ks_errorf(KS_ERR_ARG, "%s: page = %lld must be >= 1", fn, (long long)page);
+    int64_t np = ks_page_count(n, page);
+    if (p0 < 0 || p1 < p0 || p1 > np)
+        return ks_errorf(KS_ERR_ARG, "%s: pages [%lld, %lld) not within [0, %lld] (%lld rows of %lld)", fn, (long long)p0,
+                         (long long)p1, (long long)np, (long long)n, (long long)page);
+    if (row_stride < 0 || head_stride < 0) return ks_errorf(KS_ERR_ARG, "%s: negative stride", fn);
+    if (x_bf16 != 0 && x_bf16 != 1) return ks_errorf(KS_ERR_ARG, "%s: x_bf16 = %d must be 0 or 1", fn, x_bf16);
+    if (!out_min && !out_max && !out_mean) return ks_errorf(KS_ERR_ARG, "%s: no output asked for", fn);
+    if (!x && p1 > p0 && h > 0 && d > 0) return ks_errorf(KS_ERR_ARG, "%s: x is NULL", fn);
+    int64_t cnt;
+    if (__builtin_mul_overflow(p1 - p0, h, &cnt) || __builtin_mul_overflow(cnt, d, &cnt) ||
+        cnt > (int64_t)(SIZE_MAX / 8))
+        return ks_errorf(KS_ERR_ARG, "%s: output of %lld x %lld x %lld is too large", fn, (long long)(p1 - p0),
+                         (long long)h, (long long)d);
+    return KS_OK;
+}
+
+static inline float elem(const void *x, int bf16, int64_t off) {
+    return bf16 ? ks_bf16_to_f32(((const uint16_t *)x)[off]) : ((const float *)x)[off];
+}
+
+ks_status ks_cpu_page_reduce(const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t row_stride,
+                             int64_t head_stride, int64_t page, int64_t p0, int64_t p1, float *out_min, float *out_max,
+                             float *out_mean) {
+    ks_status st = ks_page_reduce_check_args(x, x_bf16, n, h, d, row_stride, head_stride, page, p0, p1, out_min, out_max,
+                                             out_mean);
+    if (st) return st;
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t r0 = p * page, r1 = KS_MIN(n, r0 + page);
+        for (int64_t j = 0; j < h; j++)
+            for (int64_t c = 0; c < d; c++) {
+                int64_t base = j * head_stride + c;
+                float mn = elem(x, x_bf16, r0 * row_stride + base), mx = mn;
+                double sum = mn;
+                for (int64_t r = r0 + 1; r < r1; r++) {
+                    float v = elem(x, x_bf16, r * row_stride + base);
+                    if (v < mn || isnan(v)) mn = isnan(mn) ? mn : v;
+                    if (v > mx || isnan(v)) mx = isnan(mx) ? mx : v;
+                    sum += v;
+                }
+                int64_t o = ((p - p0) * h + j) * d + c;
+                if (out_min) out_min[o] = mn;
+                if (out_max) out_max[o] = mx;
+                if (out_mean) out_mean[o] = (float)(sum / (double)(r1 - r0));
+            }
+    }
+    return KS_OK;
+}
+
+/* ================================================================ bound_scores */
+
+ks_status ks_bound_scores_check_args(int64_t n_q_heads, int64_t n, int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce) {
+    const char *fn = "bound_scores";
+    if (n_q_heads < 1 || n_kv_heads < 1)
+        return ks_errorf(KS_ERR_ARG, "%s: n_q_heads = %lld and n_kv_heads = %lld must be >= 1", fn, (long long)n_q_heads,
+                         (long long)n_kv_heads);
+    if (n_q_heads % n_kv_heads)
+        return ks_errorf(KS_ERR_ARG, "%s: n_q_heads = %lld is not a multiple of n_kv_heads = %lld", fn,
+                         (long long)n_q_heads, (long long)n_kv_heads);
+    if (d < 1) return ks_errorf(KS_ERR_ARG, "%s: d = %lld must be >= 1", fn, (long long)d);
+    if (n < 0) return ks_errorf(KS_ERR_ARG, "%s: n = %lld is negative", fn, (long long)n);
+    if (reduce != KS_BOUND_NONE && reduce != KS_BOUND_GROUP_MAX && reduce != KS_BOUND_GROUP_SUM)
+        return ks_errorf(KS_ERR_ARG, "%s: unknown reduce %d", fn, (int)reduce);
+    int64_t cnt;
+    if (__builtin_mul_overflow(n, n_kv_heads, &cnt) || __builtin_mul_overflow(cnt, d, &cnt) ||
+        __builtin_mul_overflow(n, n_q_heads, &cnt) || cnt > (int64_t)(SIZE_MAX / 8))
+        return ks_errorf(KS_ERR_ARG, "%s: %lld boxes are too many", fn, (long long)n);
+    return KS_OK;
+}
+
+/* sum_i max(q_i lo_i, q_i hi_i) in double, i ascending (the products are exact in double) */
+static double bound_one(const float *q, const float *lo, const float *hi, int64_t d) {
+    double s = 0;
+    for (int64_t i = 0; i < d; i++) {
+        double a = (double)q[i] * lo[i], b = (double)q[i] * hi[i];
+        s += (a > b || isnan(a)) ? a : b;
+    }
+    return s;
+}
+
+ks_status ks_cpu_bound_scores(const float *q, int64_t n_q_heads, const float *lo, const float *hi, int64_t n,
+                              int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce, float *out) {
+    ks_status st = ks_bound_scores_check_args(n_q_heads, n, n_kv_heads, d, reduce);
+    if (st) return st;
+    if (n > 0 && (!q || !lo || !hi || !out)) return ks_errorf(KS_ERR_ARG, "bound_scores: NULL data");
+    int64_t g = n_q_heads / n_kv_heads;
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t kv = 0; kv < n_kv_heads; kv++) {
+            const float *l = lo + (j * n_kv_heads + kv) * d, *u = hi + (j * n_kv_heads + kv) * d;
+            if (reduce == KS_BOUND_NONE) {
+                for (int64_t t = 0; t < g; t++) {
+                    int64_t h = kv * g + t;
+                    out[h * n + j] = (float)bound_one(q + h * d, l, u, d);
+                }
+            } else if (reduce == KS_BOUND_GROUP_MAX) {
+                float m = 0;
+                for (int64_t t = 0; t < g; t++) {
+                    float v = (float)bound_one(q + (kv * g + t) * d, l, u, d);
+                    if (t == 0 || v > m || isnan(v)) m = (t > 0 && isnan(m)) ? m : v;
+                }
+                out[kv * n + j] = m;
+            } else {
+                double s = 0;
+                for (int64_t t = 0; t < g; t++) s += bound_one(q + (kv * g + t) * d, l, u, d);
+                out[kv * n + j] = (float)s;
+            }
+        }
+    return KS_OK;
+}
+
+/* ================================================================ page_rows */
+
+ks_status ks_page_rows_check_args(int64_t lists, int64_t k, int64_t page, int64_t n, int64_t before_begin,
+                                  int64_t before_end, int64_t after_begin, int64_t after_end, int64_t *w) {
+    const char *fn = "page_rows";
+    if (lists < 0 || k < 0 || n < 0)
+        return ks_errorf(KS_ERR_ARG, "%s: negative size (lists = %lld, k = %lld, n = %lld)", fn, (long long)lists,
+                         (long long)k, (long long)n);
+    if (page < 1) return ks_errorf(KS_ERR_ARG, "%s: page = %lld must be >= 1", fn, (long long)page);
+    if (n > (int64_t)INT32_MAX + 1) return ks_errorf(KS_ERR_ARG, "%s: n = %lld exceeds the int32 index range", fn, (long long)n);
+    if (before_begin < 0 || before_end < before_begin || before_end > n)
+        return ks_errorf(KS_ERR_ARG, "%s: before = [%lld, %lld) is not within [0, %lld]", fn, (long long)before_begin,
+                         (long long)before_end, (long long)n);
+    if (after_begin < 0 || after_end < after_begin || after_end > n)
+        return ks_errorf(KS_ERR_ARG, "%s: after = [%lld, %lld) is not within [0, %lld]", fn, (long long)after_begin,
+                         (long long)after_end, (long long)n);
+    if (before_end > before_begin && after_end > after_begin && after_begin < before_end)
+        return ks_errorf(KS_ERR_ARG, "%s: after = [%lld, %lld) starts before the end of before = [%lld, %lld)", fn,
+                         (long long)after_begin, (long long)after_end, (long long)before_begin, (long long)before_end);
+    int64_t rows, width, cnt;
+    if (__builtin_mul_overflow(k, page, &rows) || rows > n)
+        return ks_errorf(KS_ERR_ARG, "%s: %lld pages of %lld rows exceed the %lld rows", fn, (long long)k, (long long)page,
+                         (long long)n);
+    width = (before_end - before_begin) + rows + (after_end - after_begin);
+    if (width > n)
+        return ks_errorf(KS_ERR_ARG, "%s: %lld rows per list exceed the %lld rows (the ranges overlap the pages)", fn,
+                         (long long)width, (long long)n);
+    if (__builtin_mul_overflow(lists, width, &cnt) || cnt > (int64_t)(SIZE_MAX / 8))
+        return ks_errorf(KS_ERR_ARG, "%s: %lld lists of %lld rows are too many", fn, (long long)lists, (long long)width);
+    *w = width;
+    return KS_OK;
+}
+
+ks_status ks_cpu_page_rows(const int32_t *pages, int64_t lists, int64_t k, int64_t page, int64_t n,
+                           int64_t before_begin, int64_t before_end, int64_t after_begin, int64_t after_end,
+                           int32_t *out) {
+    int64_t w;
+    ks_status st = ks_page_rows_check_args(lists, k, page, n, before_begin, before_end, after_begin, after_end, &w);
+    if (st) return st;
+    if (lists > 0 && w > 0 && !out) return ks_errorf(KS_ERR_ARG, "page_rows: out is NULL");
+    if (lists > 0 && k > 0 && !pages) return ks_errorf(KS_ERR_ARG, "page_rows: pages is NULL");
+    /* the rows a page may cover: [lo_row, hi_row) */
+    int64_t lo_row = before_end > before_begin ? before_end : 0;
+    int64_t hi_row = after_end > after_begin ? after_begin : n;
+    for (int64_t l = 0; l < lists; l++) {
+        const int32_t *pl = pages + l * k;
+        int32_t *o = out + l * w;
+        for (int64_t t = 0; t < k; t++) {
+            int64_t p = pl[t];
+            if (p < 0 || p * page < lo_row || (p + 1) * page > hi_row)
+                return ks_errorf(KS_ERR_ARG,
+                                 "page_rows: page %lld at (list %lld, position %lld) out of range: its rows must lie in "
+                                 "[%lld, %lld) (pages of %lld rows)",
+                                 (long long)p, (long long)l, (long long)t, (long long)lo_row, (long long)hi_row,
+                                 (long long)page);
+            if (t > 0 && p <= pl[t - 1])
+                return ks_errorf(KS_ERR_ARG, "page_rows: page %lld at (list %lld, position %lld) follows %d (not ascending)",
+                                 (long long)p, (long long)l, (long long)t, pl[t - 1]);
+        }
+        for (int64_t r = before_begin; r < before_end; r++) *o++ = (int32_t)r;
+        for (int64_t t = 0; t < k; t++)
+            for (int64_t r = 0; r < page; r++) *o++ = (int32_t)(pl[t] * page + r);
+        for (int64_t r = after_begin; r < after_end; r++) *o++ = (int32_t)r;
+    }
+    return KS_OK;
+}
