@@ -435,11 +435,12 @@ ks_status ks_lpol_trampoline(void *ud, ks_event *ev) {
     c->ev = ev;
     c->pol = p;
     if (ev->sess && ks_session_interrupt(ev->sess)) c->interrupt = ks_session_interrupt(ev->sess);
-    /* where the views live: on the engine's device when it has primitives (or emulated) */
+    /* where the views live: host memory on the CPU backend (or the emulated device), else on
+     * the engine's device when it has primitives */
     c->dev = NULL;
     if (ev->be && p->dev_mode != DEV_HOST) {
-        if (ev->be->prims) c->dev = (ks_backend *)ev->be;
-        else if (p->dev_mode == DEV_EMULATE && is_cpu(ev)) c->dev = ks_lua_emu_backend();
+        if (is_cpu(ev)) c->dev = p->dev_mode == DEV_EMULATE ? ks_lua_emu_backend() : NULL;
+        else if (ev->be->prims) c->dev = (ks_backend *)ev->be;
     }
     c->dev_limit = p->dev_limit;
     call_args a = {p, ev, p->ref_fn[ev->kind]};

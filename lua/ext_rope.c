@@ -22,19 +22,16 @@
  * cos/sin. A device tensor x (ks_lua.h) is rotated on its device by the backend's RoPE (the
  * engine's own rotation) into a new device tensor.
  *
- * Wiring (one line each, after ks_prims_open(L)): lua/module.c luaopen_kvsieve and
- * lua/sandbox.c ks_lpol_open_sandbox call ks_ext_rope_open(L) with the module table on top. */
+ * Registered with the other primitives (lua/prims_lua.c, the primitive registry). */
 #include "ks_lua.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-void ks_ext_rope_open(lua_State *L);
-
 #define ROPE_MAX_HALF 512
 
-static int l_rope(lua_State *L) {
+int ks_lp_rope(lua_State *L) {
     const char *fn = "rope";
     lua_settop(L, 3);
     ks_tensor *x = ks_lt_check(L, 1, fn);
@@ -181,9 +178,4 @@ void ks_lua_rope_rows(float *out, const float *x, int64_t m, int64_t H, int64_t 
             }
         }
     }
-}
-
-void ks_ext_rope_open(lua_State *L) {
-    lua_pushcfunction(L, l_rope);
-    lua_setfield(L, -2, "rope");
 }

@@ -5,9 +5,12 @@
  *                     memory that die with their event; methods; the error helpers below
  *   lua/tensor_dev.c  device residency of tensors: device views and owned device tensors,
  *                     downloads and host copies, staging on a backend, the end of an event
- *   lua/prims_lua.c   the native primitives (scores, pool1d, topk, ...) over core/prims.h, or
- *                     over a backend's ks_backend_prims for device tensors; the emulated device
+ *   lua/prims_lua.c   the native primitives (pool1d, topk, sort, ...) and the primitive registry:
+ *                     one ks_backend_prims entry per call, the device backend's table for device
+ *                     tensors, the CPU backend's (core/cpu_prims.c) for host ones (prims_impl.h)
+ *   lua/prims_scores.c ks.scores and its options
  *   lua/ext_rope.c    ks.rope, the model's rotary embedding as a primitive
+ *   lua/emu_device.c  the emulated device: the device-tensor path on the CPU, for tests
  *   Lua policies (struct ks_lpol, lua/lpol.h; the public ks_policy_* C API, policy_lua.h):
  *   lua/sandbox.c     a policy state's allocator, budgets, protected calls, safe stdlib
  *   lua/events.c      the event object, its views and actions; the trampolines
@@ -199,9 +202,9 @@ void ks_lt_dev_settle(lua_State *L);
  * raises. */
 void ks_lt_dev_drop(lua_State *L);
 
-/* The emulated device: core/prims.c behind a ks_backend_prims table, with host memory at
- * tagged addresses (dereferencing one without going through the backend faults), so the
- * device-tensor code path runs - and is tested - on the CPU backend (lua/prims_lua.c).
+/* The emulated device: the CPU backend's primitives behind a device backend, with host memory
+ * at tagged addresses (dereferencing one without going through the backend faults), so the
+ * device-tensor code path runs - and is tested - on the CPU backend (lua/emu_device.c).
  * Select it with the policy parameter _device = "emulate" (the kvsieve CLI: the environment
  * variable KVSIEVE_LUA_DEVICE=emulate). Test hook: ks_lua_emu_fail_in = n > 0 makes the n-th allocation from
  * now and every later one fail (KS_ERR_OOM) until it is set to 0 again. */
@@ -218,8 +221,8 @@ const char *ks_tdtype_name(ks_tdtype d);
 
 /* Add the native primitives (scores, pool1d, topk, ...) to the module table on top. */
 void ks_prims_open(lua_State *L);
-/* ks.rope (lua/ext_rope.c), added to the module table on top. */
-void ks_ext_rope_open(lua_State *L);
+/* ks.rope (lua/ext_rope.c), in the primitive registry. */
+int ks_lp_rope(lua_State *L);
 /* The rotation behind ks.rope on host memory: out (m, H, d) = x rotated at pos[i] (or at `one`
  * for every row when pos is NULL) with r's frequencies for max_pos; out may be x. */
 void ks_lua_rope_rows(float *out, const float *x, int64_t m, int64_t H, int64_t d, const int32_t *pos, int32_t one,

@@ -980,7 +980,6 @@ int luaopen_kvsieve(lua_State *L) {
     int mod = lua_gettop(L);
     ks_lt_open(L);
     ks_prims_open(L);
-    ks_ext_rope_open(L);
     ks_policy_module_open(L, 0);
     static const luaL_Reg fns[] = {{"load", l_load}, {"policy", l_policy}, {"_isatty", l_isatty}, {NULL, NULL}};
     luaL_setfuncs(L, fns, 0);

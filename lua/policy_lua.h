@@ -60,7 +60,7 @@
  * variable KVSIEVE_LUA_DEVICE, repl/env_opts.c; the library reads no environment):
  * device views where the backend has device primitives; "host": host copies and CPU
  * primitives everywhere (the behaviour before device tensors); "emulate": on the CPU backend,
- * the emulated device of lua/prims_lua.c (tests of the device path without a GPU). _device_mb
+ * the emulated device of lua/emu_device.c (tests of the device path without a GPU). _device_mb
  * (default 1024, 0 = unlimited) bounds the bytes of device tensors alive at once (not counted
  * in _memory_mb; host copies of device data are).
  * Handlers return nothing and act through the event object (ev:retain(...), ...). Every

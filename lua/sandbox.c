@@ -627,7 +627,6 @@ int ks_lpol_open_sandbox(lua_State *L) {
     int mod = lua_gettop(L);
     ks_lt_open(L);
     ks_prims_open(L);
-    ks_ext_rope_open(L);
     ks_policy_module_open(L, 1);
     if (p->model) {
         ks_lua_push_config(L, p->model);

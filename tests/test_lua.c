@@ -632,8 +632,9 @@ KT_TEST(lua_cli_run_repl_generate) {
  *
  * _device = "emulate" (the CLI: KVSIEVE_LUA_DEVICE=emulate) runs a policy's primitives through the
  * device-tensor path on the CPU backend: views are device views of the emulated device
- * (lua/prims_lua.c), primitives dispatch to its ks_backend_prims table, element access and
- * actions download. Every policy must keep exactly what it keeps on the plain host path. */
+ * (lua/emu_device.c), primitives dispatch to its ks_backend_prims table (the CPU table behind
+ * tagged addresses), element access and actions download. Every policy must keep exactly what
+ * it keeps on the plain host path (the CPU backend's table on host tensors). */
 
 typedef struct dev_run {
     ks_status st;

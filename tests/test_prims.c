@@ -817,14 +817,81 @@ KT_TEST(prims_bad_arguments) {
 #undef BAD
 }
 
-/* ================================================================ the emulated device (lua/prims_lua.c)
+/* ================================================================ the CPU backend's table (core/cpu_prims.c)
  *
- * The ks_backend_prims table that runs the device-tensor path on the CPU: every entry reached
- * through tagged addresses (alloc / upload / download), the results equal to core/prims.c's,
- * the device-only conventions (counts and cosine written to device memory, gather's error
- * word, union in any order), and an injected allocation failure. */
+ * What lua/ calls for host tensors (one dispatch): every entry gives core/prims.c's result bit
+ * for bit, with the conventions all backends' tables share (backend.h): counts and cosine
+ * through the output pointer, union in any order, gather's error word, no bf16 keys. */
 #include "backend.h"
 #include "ks_lua.h"
+
+KT_TEST(prims_cpu_table) {
+    const ks_backend_prims *P = ks_cpu_prims();
+    KT_CHECK(P, "the CPU backend has a table");
+    ks_backend *cpu = NULL;
+    ks_backend_opts o = ks_backend_opts_default();
+    o.n_threads = 1;
+    KT_CHECK(ks_backend_create_opts("cpu", &o, &cpu) == KS_OK && cpu->prims == P, "the CPU backend carries it");
+    ks_backend_free(cpu);
+    /* every entry is set (a NULL would crash the binding) */
+    const void *const *entry = (const void *const *)P;
+    for (size_t i = 0; i < sizeof *P / sizeof(void *); i++) KT_CHECK(entry[i], "entry %zu is NULL", i);
+    enum { N = 300, ROWS = 3 };
+    float x[ROWS * N], ref[ROWS * N], got[ROWS * N];
+    int32_t ri[ROWS * N], gi[ROWS * N];
+    for (int i = 0; i < ROWS * N; i++) x[i] = (float)((i * 37) % 101 - 50) * 0.25f + (i % 7 == 0 ? 0.0f : 0.001f * (i % 13));
+    KT_CHECK(P->pool1d(NULL, x, ROWS, N, 5, KS_POOL_MAX, got) == KS_OK && ks_cpu_pool1d(x, ROWS, N, 5, KS_POOL_MAX, ref) == KS_OK, "pool");
+    KT_CHECK(!memcmp(got, ref, sizeof ref), "pool1d differs");
+    KT_CHECK(P->softmax(NULL, x, ROWS, N, got) == KS_OK && ks_cpu_softmax(x, ROWS, N, ref) == KS_OK, "softmax");
+    KT_CHECK(!memcmp(got, ref, sizeof ref), "softmax differs");
+    KT_CHECK(P->var(NULL, x, ROWS, N, 1, 1, got) == KS_OK && ks_cpu_var(x, ROWS, N, 1, 1, ref) == KS_OK, "var");
+    KT_CHECK(!memcmp(got, ref, sizeof(float) * ROWS), "var differs");
+    KT_CHECK(P->topk(NULL, x, ROWS, N, 17, KS_TOPK_BY_VALUE, gi, got) == KS_OK, "topk");
+    KT_CHECK(ks_cpu_topk(x, ROWS, N, 17, KS_TOPK_BY_VALUE, ri, ref) == KS_OK, "cpu topk");
+    KT_CHECK(!memcmp(gi, ri, sizeof(int32_t) * ROWS * 17) && !memcmp(got, ref, sizeof(float) * ROWS * 17), "topk differs");
+    float c = 0, cref = 1;
+    KT_CHECK(P->cosine(NULL, x, x + N, N, &c) == KS_OK && ks_cpu_cosine(x, x + N, N, &cref) == KS_OK && c == cref, "cosine %g vs %g", c, cref);
+    /* scores: the same floats; bf16 keys refused with a message */
+    ks_scores_opts so = ks_scores_opts_default();
+    so.heads = KS_HEADS_SUM;
+    KT_CHECK(P->scores(NULL, x, NULL, 2, 1, x + 8, 0, NULL, 1, 10, 4, &so, got) == KS_OK, "scores: %s", ks_last_error());
+    KT_CHECK(ks_cpu_scores(x, NULL, 2, 1, x + 8, NULL, 1, 10, 4, &so, ref) == KS_OK && !memcmp(got, ref, sizeof(float) * 10), "scores differ");
+    KT_CHECK(P->scores(NULL, x, NULL, 2, 1, x + 8, 1, NULL, 1, 10, 4, &so, got) == KS_ERR_UNSUPPORTED && strstr(ks_last_error(), "bf16"),
+             "%s", ks_last_error());
+    /* union in any order: the sorted distinct values; ascending lists merge */
+    int32_t a[] = {9, 2, 5, 2}, b[] = {7, 1, 9}, u[7];
+    int64_t nu = 0;
+    KT_CHECK(P->union_(NULL, a, 4, b, 3, u, &nu) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(nu == 5 && u[0] == 1 && u[1] == 2 && u[2] == 5 && u[3] == 7 && u[4] == 9, "union: %lld values", (long long)nu);
+    int32_t sa[] = {1, 4, 8}, sb[] = {2, 4, 9};
+    KT_CHECK(P->union_(NULL, sa, 3, sb, 3, u, &nu) == KS_OK && nu == 5 && u[0] == 1 && u[2] == 4 && u[4] == 9, "ascending union");
+    KT_CHECK(P->union_(NULL, sa, -1, sb, 3, u, &nu) == KS_ERR_ARG && strstr(ks_last_error(), "union: na = -1"), "%s", ks_last_error());
+    /* gather: a bad index leaves its row NaN and its lowest position in the error word */
+    int32_t idx[] = {1, 0, 7, 2, -1};
+    float big[5 * N];
+    int64_t err = -1;
+    KT_CHECK(P->gather(NULL, x, ROWS, N, idx, 5, big, &err) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(err == 2, "error word %lld", (long long)err);
+    KT_CHECK(!memcmp(big, x + N, sizeof(float) * N) && !memcmp(big + 3 * N, x + 2 * N, sizeof(float) * N) && big[2 * N] != big[2 * N] &&
+                 big[5 * N - 1] != big[5 * N - 1],
+             "gathered rows");
+    err = -1;
+    KT_CHECK(P->gather(NULL, x, ROWS, N, idx, 2, big, &err) == KS_OK && err == -1, "no bad index: %lld", (long long)err);
+    KT_CHECK(P->gather(NULL, x, ROWS, N, idx, 5, big, NULL) == KS_ERR_ARG && strstr(ks_last_error(), "index 7 at position 2"),
+             "unchecked: the core's error: %s", ks_last_error());
+    int32_t xi[] = {10, 11, 12}, go[5] = {0};
+    err = -1;
+    KT_CHECK(P->gather_i32(NULL, xi, 3, idx, 5, go, &err) == KS_OK && err == 2 && go[0] == 11 && go[1] == 10 && go[3] == 12 &&
+                 go[2] == 0x7fc00000,
+             "gather_i32: err %lld", (long long)err);
+    KT_CHECK(P->gather(NULL, NULL, ROWS, N, idx, 5, big, &err) == KS_ERR_ARG, "x NULL is an argument error");
+}
+
+/* ================================================================ the emulated device (lua/emu_device.c)
+ *
+ * The device backend that runs lua/'s device-tensor path on the CPU: its entries are reached
+ * through tagged addresses (alloc / upload / download) and give the CPU table's results (the
+ * device conventions included), and an injected allocation failure fails until reset. */
 
 KT_TEST(prims_emulated_device_table) {
     ks_backend *be = ks_lua_emu_backend();
