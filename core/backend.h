@@ -21,6 +21,7 @@
 typedef struct ks_backend ks_backend;
 typedef struct ks_weight ks_weight;
 typedef struct ks_graph ks_graph; /* a recorded decode step (graph_begin below) */
+typedef struct ks_layer_w ks_layer_w; /* one layer's weights (core/model.h) */
 
 /* ---- backend options: everything that chooses how a backend computes, per backend (two backends
  * of one process may differ). A backend ignores the fields that are not its own. The CLI maps
@@ -36,9 +37,10 @@ typedef struct ks_backend_opts {
     ks_prefill_attn prefill_attn; /* CUDA: prefill attention kernel choice */
     int decode_kernels;           /* CUDA: 1 = the one-row kernels (gemv for one-row matmuls, the tensor-core
                                      decode attention); 0 = cuBLAS and the float32 split-KV attention */
-    int fused;                    /* CUDA: 1 = fused decode projections (matmul_add, matmul_qkv(_append),
-                                     matmul_swiglu); 0 = the engine composes the plain calls */
-    int mlp;                      /* CUDA: 1 = the bf16 prefill MLP (->mlp); 0 = the engine's float32 one */
+    int fused;                    /* CUDA: 1 = the fused projections inside attn_in, attn_out and mlp (norm +
+                                     q|k|v + RoPE + the cache row, the residual folded into the GEMM,
+                                     norm + gate|up + SwiGLU); 0 = plain kernels one by one (A/B timing) */
+    int mlp;                      /* CUDA: 1 = the bf16 prefill MLP inside ->mlp; 0 = float32 intermediates */
     int pdl;                      /* CUDA: 1 = programmatic dependent launch of the decode kernels (default 0) */
     int decode_splits;            /* CUDA: split-KV blocks of the tensor-core decode attention, 0 = automatic */
     int graphs;                   /* 1 = record decode steps as graphs where the backend can (CUDA); 0 = never */
@@ -62,6 +64,17 @@ typedef struct ks_kv_layer {
     void *v;             /* (n_kv_heads, capacity, head_dim) backend storage */
     void *pos_dev;       /* backend mirror of pos (NULL on CPU) */
 } ks_kv_layer;
+
+/* The activations of a forward over n rows: backend buffers the engine allocates (forward.h) and
+ * the forward ops below read and write. Which op reads and writes which is said at each op; a
+ * layer never needs more at once (QD = n_heads*head_dim, KD = n_kv_heads*head_dim).
+ * (The attention output can't take q's buffer: attention reads q while writing it.) */
+typedef struct ks_acts {
+    float *x;     /* (n, dim) the residual stream */
+    float *xn;    /* (n, max(dim, QD)) normalised rows; then the attention output */
+    float *q;     /* (n, max(dim, QD)) queries; then scratch of attn_out and mlp */
+    float *k, *v; /* (n, KD) keys and values of these rows */
+} ks_acts;
 
 /* Attention description shared by prefill and decode. Query row i (of n) sits at position
  * qpos[i]; key row j of head kv is visible iff pos[kv][j] <= qpos[i] (and, with a sliding
@@ -162,22 +175,35 @@ struct ks_backend {
     ks_status (*weight_random)(ks_backend *b, int64_t rows, int64_t cols, uint64_t seed, float scale, float offset,
                                ks_weight **out);
 
-    /* ---- dense ops (x, y: float32 backend buffers) */
-    /* y (n, out) = x (n, in) @ W^T (W: (out, in)) [+ bias (out)] */
-    ks_status (*matmul)(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias,
-                        int n, int in, int out);
-    /* out (n, dim) = E[ids] ; ids host array */
-    ks_status (*embed)(ks_backend *b, float *out, const ks_weight *E, const int32_t *ids, int n, int dim);
-    /* out (n, dim) = x / rms(x) * w */
-    ks_status (*rmsnorm)(ks_backend *b, float *out, const float *x, const ks_weight *w, int n, int dim, float eps);
-    /* in place: x (n, n_heads, head_dim) rotated by positions pos (n, host) with rotate-half pairing */
-    ks_status (*rope)(ks_backend *b, float *x, int n, int n_heads, const int32_t *pos, const ks_rope *r, int max_pos);
-    /* out (n) = silu(gate) * up, elementwise over n floats (out may alias gate) */
-    ks_status (*swiglu)(ks_backend *b, float *out, const float *gate, const float *up, size_t n);
-    /* x += y over n floats */
-    ks_status (*add)(ks_backend *b, float *x, const float *y, size_t n);
-    /* rows gather: out (k, d) = x[idx] (idx host) */
+    /* ---- the forward pass, in the coarse steps of the picture (docs/DESIGN.md): embed, a
+     * layer's attention input (attn_in), attention, its output projection (attn_out), its MLP
+     * block (mlp), the head. Each takes the layer's weights and the model's sizes and works on
+     * the activations in a (ks_acts above); how it computes inside (which kernels, what is
+     * fused, what scratch it needs) is the backend's own choice, from its ks_backend_opts. */
+    /* x (n, dim) = E[ids] (ids: (n) host); the forward passes a->x */
+    ks_status (*embed)(ks_backend *b, float *x, const ks_weight *E, const int32_t *ids, int n, int dim);
+    /* A layer's attention input: a->xn = rmsnorm(a->x, W->attn_norm), then a->q (n, n_heads*head_dim)
+     * = xn Wq^T [+ bq] and a->k, a->v (n, n_kv_heads*head_dim) likewise. rotate: q and k are then
+     * rotated at positions pos (n, host) by c->rope (max_pos: the request's largest position,
+     * longrope's factor choice); 0: they stay pre-RoPE. L non-NULL: then the rows are appended to
+     * L as kv_append(L, a->k, a->v, pos, n) does. q, k and v are written in every case (policy
+     * events read them). */
+    ks_status (*attn_in)(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n,
+                         const int32_t *pos, int max_pos, int rotate, ks_kv_layer *L);
+    /* a->x += a->xn Wo^T [+ bo]: the attention output (n, n_heads*head_dim) in xn projected back
+     * and added to the residual stream. a->q is scratch. */
+    ks_status (*attn_out)(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n);
+    /* A layer's MLP block: a->x += W_down (silu(W_gate h) * (W_up h)), h = rmsnorm(a->x, W->ffn_norm)
+     * for each of the n rows. a->xn and a->q are scratch. */
+    ks_status (*mlp)(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n);
+    /* logits (vocab, backend memory) = lm_head rmsnorm(row `row` of a->x, norm). a->xn is scratch. */
+    ks_status (*head)(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *c,
+                      const ks_acts *a, int row, float *logits);
+    /* rows: out (k, d) = x[idx] (idx: (k) host, ascending or not; out may be x: propagate) */
     ks_status (*gather_rows)(ks_backend *b, float *out, const float *x, const int32_t *idx, int k, int d);
+    /* in place: x (n, n_heads, head_dim) rotated by positions pos (n, host) with rotate-half
+     * pairing. The forward never calls it (attn_in rotates); it is the ks.rope policy primitive. */
+    ks_status (*rope)(ks_backend *b, float *x, int n, int n_heads, const int32_t *pos, const ks_rope *r, int max_pos);
 
     /* ---- KV cache */
     ks_status (*kv_alloc)(ks_backend *b, ks_kv_layer *L, int capacity);
@@ -219,40 +245,6 @@ struct ks_backend {
     ks_status (*prof_mark)(ks_backend *b, int tag);
     ks_status (*prof_collect)(ks_backend *b, double *sec, int n_tags);
 
-    /* ---- fused ops (optional; NULL = the engine composes the plain calls above). Each means
-     * exactly its composition, to rounding; the engine uses them for one-row (decode) steps. */
-    /* y (n, out) += x (n, in) @ W^T [+ bias]: matmul then add, without the temporary */
-    ks_status (*matmul_add)(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias, int n,
-                            int in, int out);
-    /* the attention projections of x (n, in): q (n, n_heads*head_dim) = x @ Wq^T [+ bq], k, v
-     * (n, n_kv_heads*head_dim) likewise (bias entries may be NULL); with r non-NULL q and k are
-     * then rotated at positions pos (n, host) as ->rope does (r->head_dim == head_dim). With
-     * norm non-NULL, x is first normalised as ->rmsnorm(xn, x, norm, n, in, eps) does (xn
-     * (n, in) receives it) and the projections read xn. */
-    ks_status (*matmul_qkv)(ks_backend *b, float *q, float *k, float *v, const float *x, const ks_weight *norm,
-                            float eps, float *xn, const ks_weight *Wq, const ks_weight *Wk, const ks_weight *Wv,
-                            const ks_weight *bq, const ks_weight *bk, const ks_weight *bv, int n, int in, int n_heads,
-                            int n_kv_heads, int head_dim, const int32_t *pos, const ks_rope *r, int max_pos);
-    /* y (n, out) = silu(x @ Wg^T) * (x @ Wu^T), as two matmuls and ->swiglu; tmp (n, out) is
-     * scratch the backend may use; norm, eps, xn as for matmul_qkv; y, x, xn and tmp distinct */
-    ks_status (*matmul_swiglu)(ks_backend *b, float *y, const float *x, const ks_weight *norm, float eps, float *xn,
-                               const ks_weight *Wg, const ks_weight *Wu, float *tmp, int n, int in, int out);
-    /* matmul_qkv followed by ->kv_append(L, k, v, pos, n) (the rotated k when r is non-NULL), in
-     * one call: the CUDA decode path stores the new cache row from the projection kernel. q, k,
-     * v are still written (policies read them). L's heads and head_dim match n_kv_heads and
-     * head_dim, else KS_ERR_INTERNAL. */
-    ks_status (*matmul_qkv_append)(ks_backend *b, ks_kv_layer *L, float *q, float *k, float *v, const float *x,
-                                   const ks_weight *norm, float eps, float *xn, const ks_weight *Wq, const ks_weight *Wk,
-                                   const ks_weight *Wv, const ks_weight *bq, const ks_weight *bk, const ks_weight *bv,
-                                   int n, int in, int n_heads, int n_kv_heads, int head_dim, const int32_t *pos,
-                                   const ks_rope *r, int max_pos);
-    /* Optional, for n > 1 rows (prefill): the MLP after its norm, residual included:
-     * x (n, dim) += W_down (silu(W_gate xn) * (W_up xn)), xn (n, dim) the normalised rows,
-     * W_gate / W_up (ffn, dim), W_down (dim, ffn). The backend picks its own row chunks and
-     * intermediates (CUDA: bf16, as a bf16 model computes them). */
-    ks_status (*mlp)(ks_backend *b, float *x, const float *xn, const ks_weight *Wg, const ks_weight *Wu,
-                     const ks_weight *Wd, int n, int dim, int ffn);
-
     /* ---- page-locked host memory (optional; NULL = malloc / free) for host buffers that are
      * downloaded into every step (the logits): CUDA's cudaMallocHost, so a download is one DMA
      * (several times faster than into pageable memory: bench/NOTES.md). */
@@ -261,9 +253,10 @@ struct ks_backend {
 
     /* ---- decode-step graphs (optional; NULL = none; CUDA: CUDA graphs). Between graph_begin
      * and graph_end the backend records the device work of the calls made in between instead of
-     * running it; their host effects still happen (matmul_qkv_append books its row in L->n and
-     * L->pos). What can be recorded is one decode step: embed of one id, matmul_qkv_append,
-     * one-row attention over the cache, the dense one-row ops. The per-token values (the token
+     * running it; their host effects still happen (attn_in with L books its row in L->n and
+     * L->pos). What can be recorded is one decode step: embed of one id, attn_in with rotate and
+     * L (the cache row written by the projection), one-row attention over the cache, attn_out,
+     * mlp and head; a backend without graphs for some of its options leaves these NULL. The per-token values (the token
      * id, the position, each head's row count) are read from a device slot when the graph runs:
      * graph_run(g, id, pos) sets that slot (id, pos, delta = pos - the position given to
      * graph_begin) and launches the whole step with one call. Row counts run as recorded + delta

@@ -5,24 +5,12 @@
  * Determinism: every value an op writes is computed by one thread with the same operations
  * whatever its row, the thread count or the CPU (no BLAS, no FMA), so identical input rows give
  * bit-identical output rows, and a run gives the same bits on every machine with this binary. */
-#include "backend.h"
-#include "cpu_gemm.h"
+#include "cpu_int.h"
 
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct ks_weight {
-    float *data;   /* (rows, cols) */
-    int64_t rows, cols;
-    int owned;     /* data was allocated (converted or realigned) rather than mapped */
-};
-
-typedef struct cpu_ctx {
-    ks_pool *pool;     /* every parallel loop of this backend */
-    ks_memtrack *mem;  /* sizes of what cpu_alloc handed out (mem_stats) */
-} cpu_ctx;
 
 /* ---------------------------------------------------------------- memory accounting */
 
@@ -157,8 +145,8 @@ void ks_memtrack_stats(ks_memtrack *t, ks_mem_stats *o, int reset_peak) {
 
 /* ---------------------------------------------------------------- memory */
 
-/* kind: 0 = weights / KV cache, 1 = activations and temporaries (mem_stats' split) */
-static void *cpu_alloc_kind(ks_backend *b, size_t bytes, int kind) {
+/* kind: 0 = weights / KV cache, 1 = activations and temporaries (mem_stats' split; cpu_int.h) */
+void *cpu_alloc_kind(ks_backend *b, size_t bytes, int kind) {
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes ? bytes : 64)) {
         ks_errorf(KS_ERR_OOM, "cpu: out of memory allocating %zu bytes", bytes);
@@ -171,7 +159,7 @@ static void *cpu_alloc_kind(ks_backend *b, size_t bytes, int kind) {
     return p;
 }
 static void *cpu_alloc(ks_backend *b, size_t bytes) { return cpu_alloc_kind(b, bytes, 1); }
-static void cpu_free(ks_backend *b, void *p) {
+void cpu_free(ks_backend *b, void *p) {
     if (!p) return;
     ks_memtrack_remove(((cpu_ctx *)b->ctx)->mem, p);
     free(p);
@@ -228,8 +216,7 @@ static ks_status cpu_weight_create(ks_backend *b, const ks_st_tensor *t, int64_t
 
 /* ---------------------------------------------------------------- parallel ranges */
 
-/* fn(ctx, begin, end) over [0, n) in chunks of at least `grain` items, on the backend's pool. */
-typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
+/* cpu_par_range (cpu_int.h): the range cut into at most 4 chunks a thread */
 typedef struct range_job { range_fn fn; void *ctx; int64_t n, chunk; } range_job;
 
 static void range_task(void *c, int64_t t, int thread) {
@@ -238,7 +225,7 @@ static void range_task(void *c, int64_t t, int thread) {
     j->fn(j->ctx, b0, KS_MIN(j->n, b0 + j->chunk));
 }
 
-static void par_range(ks_backend *b, int64_t n, int64_t grain, range_fn fn, void *ctx) {
+void cpu_par_range(ks_backend *b, int64_t n, int64_t grain, range_fn fn, void *ctx) {
     ks_pool *p = ((cpu_ctx *)b->ctx)->pool;
     int nt = ks_pool_threads(p);
     if (n <= grain || nt == 1) {
@@ -277,7 +264,7 @@ static ks_status cpu_weight_random(ks_backend *b, int64_t rows, int64_t cols, ui
     w->cols = cols;
     w->owned = 1;
     rand_job j = {w->data, cols, seed, scale, offset};
-    par_range(b, rows, KS_MAX(1, 65536 / KS_MAX(cols, 1)), rand_rows, &j);
+    cpu_par_range(b, rows, KS_MAX(1, 65536 / KS_MAX(cols, 1)), rand_rows, &j);
     *out = w;
     return KS_OK;
 }
@@ -286,119 +273,6 @@ static void cpu_weight_free(ks_backend *b, ks_weight *w) {
     if (!w) return;
     if (w->owned) cpu_free(b, w->data);
     free(w);
-}
-
-/* ---------------------------------------------------------------- dense ops */
-
-static ks_status cpu_matmul(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias, int n,
-                            int in, int out) {
-    if (W->cols != in || W->rows != out)
-        return ks_errorf(KS_ERR_INTERNAL, "matmul: weight is (%lld, %lld), expected (%d, %d)", (long long)W->rows,
-                         (long long)W->cols, out, in);
-    double t0 = b->count_stats ? ks_now() : 0;
-    ks_gemm_nt(((cpu_ctx *)b->ctx)->pool, y, x, W->data, n, in, out);
-    if (bias) {
-        const float *bb = bias->data;
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < out; j++) y[(size_t)i * out + j] += bb[j];
-    }
-    if (b->count_stats) b->stat_matmul_s += ks_now() - t0;
-    b->stat_matmul_flop += 2.0 * n * in * out;
-    return KS_OK;
-}
-
-static ks_status cpu_embed(ks_backend *b, float *out, const ks_weight *E, const int32_t *ids, int n, int dim) {
-    for (int i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= E->rows)
-            return ks_errorf(KS_ERR_ARG, "embed: token id %d out of range [0, %lld)", ids[i], (long long)E->rows);
-        memcpy(out + (size_t)i * dim, E->data + (size_t)ids[i] * dim, sizeof(float) * dim);
-    }
-    return KS_OK;
-}
-
-typedef struct norm_job { float *out; const float *x, *w; int dim; float eps; } norm_job;
-
-static void norm_rows(void *c, int64_t i0, int64_t i1) {
-    const norm_job *j = c;
-    for (int64_t i = i0; i < i1; i++) {
-        const float *xi = j->x + (size_t)i * j->dim;
-        float *oi = j->out + (size_t)i * j->dim;
-        double ss = 0;
-        for (int k = 0; k < j->dim; k++) ss += (double)xi[k] * xi[k];
-        float r = 1.0f / sqrtf((float)(ss / j->dim) + j->eps);
-        for (int k = 0; k < j->dim; k++) oi[k] = j->w[k] * (xi[k] * r);
-    }
-}
-
-static ks_status cpu_rmsnorm(ks_backend *b, float *out, const float *x, const ks_weight *w, int n, int dim, float eps) {
-    norm_job j = {out, x, w->data, dim, eps};
-    par_range(b, n, KS_MAX(1, 32768 / KS_MAX(dim, 1)), norm_rows, &j);
-    return KS_OK;
-}
-
-typedef struct rope_job { float *x; int n_heads, d; const int32_t *pos; const float *inv; float af; } rope_job;
-
-static void rope_rows(void *c, int64_t i0, int64_t i1) {
-    const rope_job *j = c;
-    int half = j->d / 2;
-    float cs[512], sn[512];
-    for (int64_t i = i0; i < i1; i++) {
-        for (int k = 0; k < half; k++) {
-            float a = (float)j->pos[i] * j->inv[k]; /* float32 angle, as HF computes it */
-            cs[k] = cosf(a) * j->af;
-            sn[k] = sinf(a) * j->af;
-        }
-        for (int h = 0; h < j->n_heads; h++) {
-            float *v = j->x + ((size_t)i * j->n_heads + h) * j->d;
-            for (int k = 0; k < half; k++) {
-                float x0 = v[k], x1 = v[k + half];
-                v[k] = x0 * cs[k] - x1 * sn[k];
-                v[k + half] = x1 * cs[k] + x0 * sn[k];
-            }
-        }
-    }
-}
-
-static ks_status cpu_rope(ks_backend *b, float *x, int n, int n_heads, const int32_t *pos, const ks_rope *r, int max_pos) {
-    int d = r->head_dim, half = d / 2;
-    float inv[512];
-    if (half > 512) return ks_errorf(KS_ERR_UNSUPPORTED, "rope: head_dim %d too large", d);
-    ks_rope_inv_freq(r, max_pos, inv);
-    rope_job j = {x, n_heads, d, pos, inv, (float)r->attn_factor};
-    par_range(b, n, 8, rope_rows, &j);
-    return KS_OK;
-}
-
-typedef struct ew_job { float *out; const float *a, *b; } ew_job;
-
-static void swiglu_range(void *c, int64_t i0, int64_t i1) {
-    const ew_job *j = c;
-    for (int64_t i = i0; i < i1; i++) {
-        float g = j->a[i];
-        j->out[i] = g / (1.0f + expf(-g)) * j->b[i];
-    }
-}
-
-static ks_status cpu_swiglu(ks_backend *b, float *out, const float *gate, const float *up, size_t n) {
-    ew_job j = {out, gate, up};
-    par_range(b, (int64_t)n, 65536, swiglu_range, &j);
-    return KS_OK;
-}
-
-static void add_range(void *c, int64_t i0, int64_t i1) {
-    const ew_job *j = c;
-    for (int64_t i = i0; i < i1; i++) j->out[i] += j->a[i];
-}
-
-static ks_status cpu_add(ks_backend *b, float *x, const float *y, size_t n) {
-    ew_job j = {x, y, NULL};
-    par_range(b, (int64_t)n, 262144, add_range, &j);
-    return KS_OK;
-}
-
-static ks_status cpu_gather_rows(ks_backend *b, float *out, const float *x, const int32_t *idx, int k, int d) {
-    for (int i = 0; i < k; i++) memmove(out + (size_t)i * d, x + (size_t)idx[i] * d, sizeof(float) * d);
-    return KS_OK;
 }
 
 /* ---------------------------------------------------------------- KV cache */
@@ -685,7 +559,7 @@ static ks_status cpu_attention(ks_backend *b, float *out, const float *q, const 
     A.scr = scr;
     for (int h = 0; h < Hkv; h++) {
         gather_job G = {&A, h, kg, vg, pg};
-        par_range(b, a->idx ? a->n_idx[h] : L->n[h], 2048, gather_keys, &G);
+        cpu_par_range(b, a->idx ? a->n_idx[h] : L->n[h], 2048, gather_keys, &G);
     }
     ks_pool_run(pool, (int64_t)Hkv * A.nqb, att_task, &A);
 done:
@@ -744,18 +618,12 @@ ks_status ks_cpu_backend_create(const ks_backend_opts *opts, ks_backend **out) {
     b->weight_create = cpu_weight_create;
     b->weight_free = cpu_weight_free;
     b->weight_random = cpu_weight_random;
-    b->matmul = cpu_matmul;
-    b->embed = cpu_embed;
-    b->rmsnorm = cpu_rmsnorm;
-    b->rope = cpu_rope;
-    b->swiglu = cpu_swiglu;
-    b->add = cpu_add;
-    b->gather_rows = cpu_gather_rows;
     b->kv_alloc = cpu_kv_alloc;
     b->kv_free = cpu_kv_free;
     b->kv_append = cpu_kv_append;
     b->kv_retain = cpu_kv_retain;
     b->attention = cpu_attention;
+    cpu_dense_install(b); /* cpu_dense.c: embed, attn_in, attn_out, mlp, head, gather_rows, rope */
     b->destroy = cpu_destroy;
     b->mem_stats = cpu_mem_stats;
     b->prims = ks_cpu_prims(); /* core/cpu_prims.c */

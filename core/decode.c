@@ -63,11 +63,11 @@ static ks_status dec_get(ks_session *s, int pre, ks_decode_state **out) {
         d->cap = (int *)(d->pd + c->n_layers);
         s->dec = d;
     }
-    if (d->b.x && d->pre != pre) {
+    if (d->b.a.x && d->pre != pre) {
         ks_decode_drop_graph(s);
         ks_fwd_free(be, &d->b);
     }
-    if (!d->b.x) {
+    if (!d->b.a.x) {
         ks_status st = ks_fwd_alloc(be, c, 1, pre, &d->b);
         if (st) return st;
         d->pre = pre;
@@ -87,27 +87,16 @@ static ks_status decode_body(ks_session *s, ks_fwd_buf *b, int32_t id, int32_t p
     ks_backend *be = s->be;
     const ks_policy *pol = s->policy;
     ks_status st;
-    if ((st = be->embed(be, b->x, s->m->embed, &id, 1, c->dim))) return st;
+    if ((st = be->embed(be, b->a.x, s->m->embed, &id, 1, c->dim))) return st;
     PROF(s, KS_PH_EMBED);
     for (int l = 0; l < c->n_layers; l++) {
-        if (!b->kpre && be->matmul_qkv_append) { /* norm, projections, RoPE and the cache row in one call */
-            const ks_layer_w *W = &s->m->layers[l];
-            st = be->matmul_qkv_append(be, &s->kv[l], b->q, b->k, b->v, b->x, W->attn_norm, c->eps, b->xn, W->wq, W->wk,
-                                       W->wv, W->bq, W->bk, W->bv, 1, c->dim, c->n_heads, c->n_kv_heads, c->head_dim,
-                                       &pos, &c->rope, pos);
-            PROF(s, KS_PH_QKV);
-            if (st) return st;
-        } else {
-            if ((st = ks_layer_qkv(s, l, b, 1, &pos, pos))) return st;
-            st = be->kv_append(be, &s->kv[l], b->k, b->v, &pos, 1);
-            PROF(s, KS_PH_KV_APPEND);
-            if (st) return st;
-        }
+        /* norm, projections, RoPE (unless pre-RoPE) and the new cache row */
+        if ((st = ks_layer_qkv(s, l, b, 1, &pos, pos, &s->kv[l]))) return st;
         ks_actions act = {0}; /* the decode event's: attend in this attention, retain after it */
         if (pol && pol->on[KS_EV_DECODE_QKV]) {
             ks_event ev;
             ks_event_init(s, &ev, KS_EV_DECODE_QKV, l, 0, 1);
-            ev.q = b->q; ev.k = b->k; ev.v = b->v; ev.k_pre = b->kpre;
+            ev.q = b->a.q; ev.k = b->a.k; ev.v = b->a.v; ev.k_pre = b->kpre;
             ev.pos = &pos; ev.ids = &id; ev.kv = &s->kv[l];
             st = ks_event_fire(s, &ev);
             PROF(s, KS_PH_POLICY);
@@ -115,8 +104,7 @@ static ks_status decode_body(ks_session *s, ks_fwd_buf *b, int32_t id, int32_t p
             if (st) { ks_actions_free(&act, c->n_kv_heads); return st; }
         }
         ks_attn_args aa = ks_layer_attn_args(s, b, 1, &pos, pos, &act);
-        st = be->attention(be, b->xn, b->q, &s->kv[l], &aa); /* output to xn, see ks_fwd_buf */
-        PROF(s, KS_PH_ATTENTION);
+        st = ks_layer_attention(s, l, b, &aa);
         if (!st && act.retain) {
             st = ks_actions_apply_retain(s, l, &act);
             PROF(s, KS_PH_KV_EDIT);
@@ -148,7 +136,7 @@ static int dec_graph_valid(ks_session *s, ks_decode_state *d, int32_t pos) {
     return 1;
 }
 
-/* Book the row a graph run wrote at `pos` in every layer (what matmul_qkv_append does on the host). */
+/* Book the row a graph run wrote at `pos` in every layer (what attn_in with L does on the host). */
 static void dec_book_rows(ks_session *s, int32_t pos) {
     const ks_config *c = &s->m->cfg;
     for (int l = 0; l < c->n_layers; l++) {
@@ -232,7 +220,7 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
     if (st) goto out;
     /* a graph when the step is the same every token: no decode-time policy handler, keys rotated
      * as stored, no profiling marks */
-    int graphs = be->graph_begin && !pre && be->matmul_qkv_append && !(pol && pol->on[KS_EV_DECODE_QKV]) && !s->prof.on;
+    int graphs = be->graph_begin && !pre && !(pol && pol->on[KS_EV_DECODE_QKV]) && !s->prof.on;
     st = graphs ? decode_graph(s, d, id, pos) : KS_ERR_UNSUPPORTED;
     if (st == KS_ERR_UNSUPPORTED) {
         ks_clear_error();

@@ -5,8 +5,9 @@
  *     ks_session_prefill (prefill.c)   passes over the prompt: each ends "done" or "restart(idx)"
  *     ks_sample (sample.c)             the next id from s->logits
  *     ks_session_decode (decode.c)     one row through every layer, plain or as a recorded graph
- * Both forwards are made of the blocks below (forward.c): a layer's q/k/v, its attention
- * arguments, its tail (o-projection and MLP) and the head. Policy events are built and fired by
+ * Both forwards are made of the blocks below (forward.c), each one call of the backend's coarse
+ * forward ops (backend.h): a layer's q/k/v (attn_in), its attention, its tail (attn_out, mlp)
+ * and the head. What a backend fuses inside them is its own business. Policy events are built and fired by
  * actions.c, which also validates and records the actions a handler asks for (ks_actions, a value
  * that the forward carries through the layer and frees). Per-phase timing: profile.c. */
 #ifndef KS_FORWARD_H
@@ -15,20 +16,13 @@
 #include "engine.h"
 
 /* ---------------------------------------------------------------- activations (forward.c)
- * Scratch activations for a forward over n rows. Five row buffers, each used for several
- * things in turn (a layer never needs more at once):
- *   x    residual stream                                  (n, dim)
- *   xn   rmsnorm output; then the attention output        (n, max(dim, n_heads*head_dim))
- *   q    queries; then the o-proj and the MLP outputs     (n, max(dim, n_heads*head_dim))
- *   k, v keys and values of this step, until appended     (n, n_kv_heads*head_dim)
- * plus the MLP's gate/up for one chunk of rows            (min(n, KS_MLP_CHUNK), ffn) each.
- * (The attention output can't take q's buffer: attention reads q while writing it.)
- * kpre is not a buffer: it equals k in pre-RoPE mode (the policy wants keys before RoPE; they
- * stay unrotated and attention rotates q and k itself), NULL otherwise. */
-#define KS_MLP_CHUNK 1024 /* rows per MLP chunk: never n x ffn activations at once */
-
+ * The activations of a forward over n rows: the backend buffers of ks_acts (backend.h has what
+ * each holds when), plus the pre-RoPE mark. kpre is not a buffer: it equals a.k in pre-RoPE
+ * mode (the policy wants keys before RoPE; they stay unrotated and attention rotates q and k
+ * itself), NULL otherwise. Scratch beyond these (the MLP's intermediates) is each backend's. */
 typedef struct ks_fwd_buf {
-    float *x, *xn, *q, *k, *v, *kpre, *gate, *up;
+    ks_acts a;
+    float *kpre;
 } ks_fwd_buf;
 
 /* Backend buffers for n rows (b zeroed first; on failure nothing stays allocated). */
@@ -36,19 +30,21 @@ ks_status ks_fwd_alloc(ks_backend *be, const ks_config *c, int n, int pre_rope, 
 /* Frees what b holds and zeroes it (a zeroed b is fine). */
 void ks_fwd_free(ks_backend *be, ks_fwd_buf *b);
 
-/* ---------------------------------------------------------------- layer blocks (forward.c) */
+/* ---------------------------------------------------------------- layer blocks (forward.c)
+ * The backend's forward ops (backend.h) with the profile's marks; one call each, no choices. */
 
-/* Norm, q/k/v projections of x (n, dim) and RoPE at pos (n) into q (n, n_heads*head_dim),
- * k, v (n, n_kv_heads*head_dim); in pre-RoPE mode (b->kpre) q and k stay unrotated. */
-ks_status ks_layer_qkv(ks_session *s, int l, ks_fwd_buf *b, int n, const int32_t *pos, int max_pos);
+/* be->attn_in of layer l for n rows at pos (n): norm, q/k/v, RoPE unless pre-RoPE mode (b->kpre),
+ * and with L non-NULL the rows appended to L. */
+ks_status ks_layer_qkv(ks_session *s, int l, ks_fwd_buf *b, int n, const int32_t *pos, int max_pos, ks_kv_layer *L);
 /* Attention arguments for n query rows at qpos (n), the largest being max_pos; act's attend
  * lists (NULL or no attend: every row of the layer). The arguments point into c, qpos and act. */
 ks_attn_args ks_layer_attn_args(const ks_session *s, const ks_fwd_buf *b, int n, const int32_t *qpos, int max_pos,
                                 const ks_actions *act);
-/* The layer after attention (its output in xn, (n, n_heads*head_dim)): o-proj, residual, MLP
- * (chunked), residual. x (n, dim) updated; q and xn are overwritten. */
+/* be->attention of layer l: q over the layer's KV rows, the output into xn. */
+ks_status ks_layer_attention(ks_session *s, int l, ks_fwd_buf *b, const ks_attn_args *aa);
+/* The layer after attention (its output in xn): be->attn_out then be->mlp. x (n, dim) updated. */
 ks_status ks_layer_tail(ks_session *s, int l, ks_fwd_buf *b, int n);
-/* Final norm + lm_head of row `row` of x into lg (vocab, backend memory). */
+/* be->head of row `row` of x into lg (vocab, backend memory). */
 ks_status ks_head_compute(ks_session *s, ks_fwd_buf *b, int row, float *lg);
 /* The same into s->logits (vocab, host). */
 ks_status ks_head_logits(ks_session *s, ks_fwd_buf *b, int row);

@@ -44,7 +44,7 @@ static ks_status prefill_qkv_event(ks_session *s, const ks_fwd_buf *b, const pre
     if (!pol || !pol->on[KS_EV_PREFILL_QKV]) return KS_OK;
     ks_event ev;
     ks_event_init(s, &ev, KS_EV_PREFILL_QKV, l, pass, r->n);
-    ev.q = b->q; ev.k = b->k; ev.v = b->v; ev.k_pre = b->kpre;
+    ev.q = b->a.q; ev.k = b->a.k; ev.v = b->a.v; ev.k_pre = b->kpre;
     ev.pos = r->pos; ev.ids = r->ids; ev.orig = r->orig; ev.kv = &s->kv[l];
     ks_status st = ks_event_fire(s, &ev);
     PROF(s, KS_PH_POLICY);
@@ -76,7 +76,7 @@ static ks_status prefill_layer_end_event(ks_session *s, const ks_fwd_buf *b, con
     if (!pol || !pol->on[KS_EV_PREFILL_LAYER_END]) return KS_OK;
     ks_event ev;
     ks_event_init(s, &ev, KS_EV_PREFILL_LAYER_END, l, pass, r->n);
-    ev.hidden = b->x; ev.pos = r->pos; ev.ids = r->ids; ev.orig = r->orig; ev.kv = &s->kv[l];
+    ev.hidden = b->a.x; ev.pos = r->pos; ev.ids = r->ids; ev.orig = r->orig; ev.kv = &s->kv[l];
     ev.act = *act;
     ks_status st = ks_event_fire(s, &ev);
     PROF(s, KS_PH_POLICY);
@@ -116,7 +116,7 @@ static ks_status prefill_apply(ks_session *s, ks_fwd_buf *b, prefill_rows *r, in
     if (act->propagate) {
         int k = act->n_prop;
         const int32_t *ix = act->prop_idx;
-        st = be->gather_rows(be, b->x, b->x, ix, k, s->m->cfg.dim);
+        st = be->gather_rows(be, b->a.x, b->a.x, ix, k, s->m->cfg.dim);
         PROF(s, KS_PH_KV_EDIT);
         if (st) return st;
         for (int i = 0; i < k; i++) { r->ids[i] = r->ids[ix[i]]; r->pos[i] = r->pos[ix[i]]; r->orig[i] = r->orig[ix[i]]; }
@@ -135,15 +135,13 @@ static ks_status layer_run(ks_session *s, ks_fwd_buf *b, prefill_rows *r, int l,
     int max_pos = r->pos[r->n - 1];
     for (int i = 0; i < r->n; i++) max_pos = KS_MAX(max_pos, r->pos[i]);
     PROF(s, KS_PH_OTHER);
-    if ((st = ks_layer_qkv(s, l, b, r->n, r->pos, max_pos))) return st;
+    /* the rows join the cache after the event (it may restart the pass or discard them) */
+    if ((st = ks_layer_qkv(s, l, b, r->n, r->pos, max_pos, NULL))) return st;
     if ((st = prefill_qkv_event(s, b, r, l, pass, chunked, act, end)) || end->restart) return st;
-    if ((st = be->kv_append(be, &s->kv[l], b->k, b->v, r->pos, r->n))) return st;
+    if ((st = be->kv_append(be, &s->kv[l], b->a.k, b->a.v, r->pos, r->n))) return st;
     PROF(s, KS_PH_KV_APPEND);
     ks_attn_args aa = ks_layer_attn_args(s, b, r->n, r->pos, max_pos, act);
-    /* the attention output goes to xn (free until the MLP's norm), see ks_fwd_buf */
-    st = be->attention(be, b->xn, b->q, &s->kv[l], &aa);
-    PROF(s, KS_PH_ATTENTION);
-    if (st) return st;
+    if ((st = ks_layer_attention(s, l, b, &aa))) return st;
     if (s->discard_kv) { /* this pass's KV rows are not kept (a restart follows): free them now */
         ks_session_kv_clear(s, l);
         PROF(s, KS_PH_KV_EDIT);
@@ -170,7 +168,7 @@ static ks_status pass_run(ks_session *s, ks_fwd_buf *b, prefill_rows *r, int pas
     const ks_config *c = &s->m->cfg;
     ks_backend *be = s->be;
     ks_status st;
-    if ((st = be->embed(be, b->x, s->m->embed, r->ids, r->n, c->dim))) return st;
+    if ((st = be->embed(be, b->a.x, s->m->embed, r->ids, r->n, c->dim))) return st;
     PROF(s, KS_PH_EMBED);
     for (int l = 0; l < c->n_layers; l++) {
         int stop = 0;
