@@ -1,0 +1,32 @@
+"""kvsieve: an LLM inference engine whose KV-cache pruning policies are Lua scripts, from Python.
+
+A thin layer (ctypes) over libkvsieve.so and its C API, include/kvsieve.h:
+
+    import kvsieve
+    model = kvsieve.Model("models/kvsieve-tiny")                 # backend="cpu" | "cuda"
+    policy = model.policy("streamingllm", budget=16, sinks=4)     # a name, a file or Lua source
+    session = model.session(policy)
+    r = session.generate("The grass is green. The sky is", max_new_tokens=16)
+    r.text, r.ids, r.kept(layer=0)                                # str, int32 arrays
+    for tok in session.generate("Once upon a time", stream=True):
+        print(tok.text, end="")
+
+Failures raise kvsieve.Error subclasses (FileError, PolicyError, ArgumentError, ...) carrying the
+library's message. The library is found as kvsieve._lib describes (KVSIEVE_LIBRARY overrides);
+its log messages (a policy's print()) go to the "kvsieve" logger of the logging module.
+"""
+from ._errors import (ArgumentError, ContextError, DeviceError, DtypeError, Error, FileError, FormatError,
+                      InternalError, Interrupted, OutOfMemory, PolicyError, ShapeError, UnsupportedError)
+from ._lib import LibraryNotFound, library_path, load_library
+from ._core import Model, Policy, Result, Session, Stream, Token, policy_search_path, version
+
+try:  # the installed distribution's version (the library's, from include/kvsieve.h)
+    from importlib.metadata import PackageNotFoundError, version as _dist_version
+    __version__ = _dist_version("kvsieve")
+except Exception:  # imported from a checkout without installing
+    __version__ = "0+checkout"
+
+__all__ = ["Model", "Policy", "Session", "Result", "Stream", "Token", "version", "load_library", "library_path",
+           "policy_search_path", "LibraryNotFound", "Error", "FileError", "FormatError", "ShapeError",
+           "DtypeError", "UnsupportedError", "OutOfMemory", "ArgumentError", "ContextError", "PolicyError",
+           "Interrupted", "DeviceError", "InternalError"]
