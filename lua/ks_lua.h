@@ -17,8 +17,9 @@
  *   lua/report.c      reports (ev:report / ks.report)
  *   lua/policy_load.c loading a policy file / string / inline table; the handler table
  *   lua/params.c      parameters (ks_policy_set / get, --set) and the reserved limits
- *   lua/module.c      the `kvsieve` module for scripts and the REPL: models, sessions,
- *                     generate, results, policy objects; the embedded prelude
+ *   lua/module.c      the `kvsieve` module for scripts and the REPL: the module table, models,
+ *                     the embedded prelude; module_policy.c policy objects, module_session.c
+ *                     sessions, generate and results (module_impl.h)
  *
  * Every lua_State the binding touches carries a ks_lctx in its extra space (LUA_EXTRASPACE):
  * the event scope (which event is running, for views and error messages) and, in a policy's
