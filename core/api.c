@@ -1,6 +1,7 @@
 /* api.c — the public embedding API (include/kvsieve.h) over models, sessions and the engine:
  * version, the log sink, models with options, sessions, generation, results, logits, C policies
- * (ks_policy_create_c, the event accessors) and ks_policy_free for policies of every kind. */
+ * (ks_policy_create_c, the event accessors) and ks_policy_free / ks_policy_check for policies of
+ * every kind. */
 #include "engine.h"
 
 #include <math.h>
@@ -328,6 +329,20 @@ ks_status ks_session_top_logprobs(const ks_session *s, int k, int32_t *ids, floa
 
 void ks_policy_free(ks_policy *p) {
     if (p && p->free) p->free(p->ud);
+}
+
+ks_status ks_policy_check(ks_policy *p, ks_model *m) {
+    if (!p || !m) return ks_errorf(KS_ERR_ARG, "policy check: NULL %s", p ? "model" : "policy");
+    if (!p->begin) return KS_OK;
+    /* begin is what every request runs first (fresh session state); it validates the
+     * parameters, the model's layer count included (ks.config in a policy). A real request
+     * calls it again. */
+    ks_session *s;
+    ks_status st = ks_session_create(m, &s);
+    if (st) return st;
+    st = p->begin(p->ud, s);
+    ks_session_free(s);
+    return st;
 }
 
 /* A C policy: the engine's ks_policy, whose handlers are trampolines onto the host's struct. */

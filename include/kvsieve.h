@@ -14,7 +14,8 @@
  *                                           (ks_model_open, ks_model_open_ex -> ks_model_close)
  *       ks_<noun>_create, ks_<noun>_load*  -> ks_<noun>_free  an object built in memory
  *                                           (ks_session_create -> ks_session_free;
- *                                           ks_policy_load*, ks_policy_create_c -> ks_policy_free)
+ *                                           ks_policy_load*, ks_policy_create_c -> ks_policy_free;
+ *                                           ks_eval_create -> ks_eval_free)
  *     Each way out accepts NULL and does nothing then.
  *   - Token ids are int32_t; positions are int32_t.
  *   - The library never prints: what it has to say (a policy's print(), the first failure of a
@@ -31,6 +32,7 @@
 #ifndef KVSIEVE_H
 #define KVSIEVE_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -319,6 +321,140 @@ KS_API ks_status ks_action_attend(ks_event *ev, const int32_t *idx, int k, int r
 KS_API ks_status ks_action_attend_heads(ks_event *ev, const int32_t *const *idx, const int *k, int renumber);
 KS_API ks_status ks_action_stop(ks_event *ev);
 KS_API ks_status ks_action_discard_kv(ks_event *ev);
+
+/* ---------------------------------------------------------------- policy checks */
+
+/* Run the policy's begin handler against model m on a scratch session, as every request does
+ * first: a Lua policy checks its parameters there (a layer the model lacks, ks.config included).
+ * KS_OK when it accepts (or has no begin), else its status and message. Either argument NULL is
+ * KS_ERR_ARG. */
+KS_API ks_status ks_policy_check(ks_policy *p, ks_model *m);
+
+/* ---------------------------------------------------------------- eval: retrieval grids
+ * A grid of long-context retrieval cases, each run under one or several policies and scored by
+ * exact match: the library side of `kvsieve eval` (the CLI adds argument parsing, a progress
+ * line, tables, heatmaps). Tasks (generated bit for bit as tools/train/tasks.py does):
+ *   "passkey"   a 5-digit key hidden in repeated filler text
+ *   "niah"      a 7-digit number in a haystack of real text (needs corpora)
+ *   "multikey"  niah with 3 distractor needles (needs corpora)
+ *   "kv"        the value of one key of a JSON object of UUID pairs
+ * A run is (length L, depth d, case index i, policy p). Its case seed is derived from (seed, task,
+ * L, d, i), its prompt is the longest one of at most L tokens (BOS included) with the needle at
+ * depth d, and it is right when the next len(tokens(answer)) greedy tokens equal tokens(answer).
+ * It also records which of the needle's value tokens the policy kept: the restart set (GemFilter,
+ * two-pass ASL), else the union over KV heads of the last layer's resident prompt rows.
+ * Runs are numbered in the order they run: ((li * n_depths + di) * cases + i) * n_policies + p.
+ * Everything is deterministic: two runs of one grid give the same records, timings aside.
+ *
+ * Use: ks_eval_opts_default, set the fields; ks_eval_create (checks everything, loads the
+ * haystack); optionally ks_eval_resume (an earlier file's runs count as done); ks_eval_run
+ * (runs what is not done yet; call it again after an interrupt to go on); read
+ * ks_eval_record_at / ks_eval_cell_at; ks_eval_write_json; ks_eval_free. */
+
+/* The seed base of the grids (held out from the bundled model's training). */
+#define KS_EVAL_SEED 0xf2cb78610a862fceull
+
+typedef struct ks_eval ks_eval;          /* one grid: its options, policies, records */
+
+/* One finished run. Strings and arrays are owned by the ks_eval (valid until ks_eval_free);
+ * prompt_ids and kept_positions only during the on_run callback (NULL elsewhere). */
+typedef struct ks_eval_record {
+    int policy, length_index, depth_index, index; /* the run's place in the grid */
+    const char *policy_name;
+    int length;                 /* L, the cell's length (tokens, BOS included) */
+    double depth;               /* d in [0, 1] */
+    uint64_t seed;              /* the case's seed */
+    int tokens;                 /* prompt tokens (BOS included), <= length */
+    int correct;                /* 1: the answer's tokens came out exactly */
+    int kept;                   /* prompt positions kept (see above; all of them for full attention) */
+    int value_in, value_n;      /* of the needle's value_n value tokens, value_in were kept */
+    double value_kept;          /* value_in / value_n; NaN when value_n is 0 */
+    int needle_begin, needle_end; /* token ranges [begin, end) in the prompt ids (index 0 = BOS) */
+    int value_begin, value_end;
+    double prefill_s, decode_s; /* seconds (decode_s is 0 for a resumed run: files lack it) */
+    const char *answer, *output; /* the expected answer and the generated text */
+    int resumed;                /* 1: read by ks_eval_resume, not run here */
+    const int32_t *prompt_ids;  /* (tokens) the prompt's ids; on_run only */
+    const int32_t *kept_positions; /* (kept) sorted prompt positions kept; on_run only */
+} ks_eval_record;
+
+/* Called after each run finishes (resumed runs excepted), with the record and done / total: the
+ * runs finished by this ks_eval and those that it must run in all (resumed ones excluded).
+ * Return non-zero to stop: ks_eval_run then returns KS_ERR_INTERRUPTED after this run. */
+typedef int (*ks_eval_run_fn)(void *user, const ks_eval_record *r, long done, long total);
+
+typedef struct ks_eval_opts {
+    const char *task;           /* "passkey", "niah", "multikey" or "kv" (required) */
+    const int *lengths;         /* n_lengths prompt lengths >= 1, each + 64 <= the model's context;
+                                 * NULL / 0: 512, 1024, 2048, 4096 (copied by ks_eval_create) */
+    int n_lengths;
+    const double *depths;       /* n_depths needle depths in [0, 1]; NULL / 0: 0, 0.25, 0.5, 0.75, 1 */
+    int n_depths;
+    int cases;                  /* cases per cell, 1 .. 100000 (default 1) */
+    uint64_t seed;              /* seed base (default KS_EVAL_SEED) */
+    ks_policy *const *policies; /* n_policies policies, borrowed until ks_eval_free; an entry NULL
+                                 * = full attention; NULL / 0: one run per case, full attention */
+    const char *const *policy_names; /* their names in records and files (copied); NULL, or an
+                                 * entry NULL: ks_policy_name, "full" for a NULL policy. Distinct. */
+    int n_policies;
+    const char *corpora;        /* folder of *.txt files, the haystack of niah / multikey (required
+                                 * for them, ignored otherwise) */
+    const char *model_label;    /* "model" in the JSON and what a resume file must name (its folder
+                                 * name suffices); NULL: the model's folder as opened */
+    volatile sig_atomic_t *interrupt; /* NULL, or a flag (a signal handler's): once non-zero, the
+                                 * running case stops between layers and ks_eval_run returns
+                                 * KS_ERR_INTERRUPTED; that run is dropped, finished ones kept */
+    ks_eval_run_fn on_run;      /* NULL, or called after each finished run */
+    void *user;                 /* passed to on_run */
+} ks_eval_opts;
+
+KS_API void ks_eval_opts_default(ks_eval_opts *o);
+/* The checks that need no model: task name, axes, cases, policy names (distinct). KS_ERR_ARG
+ * naming the first bad field. ks_eval_create runs them too. */
+KS_API ks_status ks_eval_opts_check(const ks_eval_opts *o);
+/* A grid on model m (which needs a tokenizer). Everything is checked before any run: the
+ * options, the lengths against the context, the haystack (KS_ERR_IO / KS_ERR_FORMAT), each
+ * policy against the model (ks_policy_check), the resume file. The model and the policies must
+ * outlive the ks_eval. *out is set only on success. */
+KS_API ks_status ks_eval_create(ks_model *m, const ks_eval_opts *o, ks_eval **out);
+/* Take the runs of an earlier ks_eval_write_json file of this grid as done (before ks_eval_run;
+ * they are not run again, and a finished resumed grid equals an uninterrupted one, timings
+ * aside). Task, seed, lengths, depths, cases, model (label or folder name), the policies (in
+ * order) and each one's parameters must match: the first difference is KS_ERR_ARG naming it,
+ * e.g. "FILE: depths differ from this run's (depths)", the field named last; KS_ERR_IO / KS_ERR_FORMAT for an unreadable or
+ * malformed file. On error no run is marked. */
+KS_API ks_status ks_eval_resume(ks_eval *e, const char *path);
+/* Run every run not done yet, in order. KS_OK when all are done; KS_ERR_INTERRUPTED (interrupt
+ * flag, or on_run returned non-zero); or the first failing run's status, its message naming
+ * policy, length, depth and case. Finished records stay readable in every case. */
+KS_API ks_status ks_eval_run(ks_eval *e);
+KS_API void ks_eval_free(ks_eval *e);
+
+/* The grid's shape: runs in all (n_lengths * n_depths * cases * n_policies) and those done. */
+KS_API long ks_eval_n_runs(const ks_eval *e);
+KS_API long ks_eval_n_done(const ks_eval *e);
+/* Run i (0 <= i < ks_eval_n_runs), or NULL when it is not done or i is out of range. */
+KS_API const ks_eval_record *ks_eval_record_at(const ks_eval *e, long i);
+
+/* One cell (policy p, length li, depth di) over its finished runs. */
+typedef struct ks_eval_cell {
+    int cases;                  /* finished runs in the cell */
+    int correct;                /* of which right */
+    int n_value;                /* runs with a value_kept (value_n > 0) */
+    double value_kept_sum;      /* sum of their value_kept */
+    double prefill_sum;         /* seconds */
+    long long tokens_sum, kept_sum;
+    double exact_match;         /* correct / cases; NaN with no runs */
+    double value_kept;          /* value_kept_sum / n_value; NaN when n_value is 0 */
+} ks_eval_cell;
+/* Indices out of range, or NULL pointers, are KS_ERR_ARG. */
+KS_API ks_status ks_eval_cell_at(const ks_eval *e, int p, int li, int di, ks_eval_cell *out);
+
+/* Write the grid and its finished runs as JSON (model, task, backend, seed_base,
+ * cases_per_cell, complete, lengths, depths, cases[], policies[] with params and cells[]): to
+ * PATH.tmp, then renamed to PATH, so no half-written file is left. "complete" is false while
+ * runs are missing; such a file is what opts.resume takes. KS_ERR_IO when it cannot be written. */
+KS_API ks_status ks_eval_write_json(const ks_eval *e, const char *path);
 
 /* Model facts. */
 KS_API int ks_model_n_layers(const ks_model *m);

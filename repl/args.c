@@ -160,7 +160,6 @@ int ks_arg_ids(const char *opt, const char *v, int32_t **ids, int *n) {
 
 /* ---------------------------------------------------------------- prompt files, policy checks */
 
-#include "engine.h"
 #include "kvsieve.h"
 
 int ks_cli_read_text(const char *path, char **out, size_t *n) {
@@ -209,15 +208,8 @@ int ks_cli_read_text(const char *path, char **out, size_t *n) {
 }
 
 int ks_cli_check_policy(ks_model *m, ks_policy *p, const char *what) {
-    if (!p || !p->begin) return 0;
-    ks_session *s;
-    if (ks_session_create(m, &s)) { ks_cli_fail(what); return -1; }
-    /* begin is what every request runs first (fresh session state); it validates the
-     * parameters, the model's layer count included (ks.config in a policy). A real request
-     * calls it again. */
-    ks_status st = p->begin(p->ud, s);
-    ks_session_free(s);
-    if (st) { ks_cli_fail(what); return -1; }
+    if (!p) return 0;
+    if (ks_policy_check(p, m)) { ks_cli_fail(what); return -1; }
     return 0;
 }
 
