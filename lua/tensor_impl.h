@@ -1,6 +1,8 @@
-/* tensor_impl.h — what lua/tensor.c (host tensors: construction, element access, methods) and
- * lua/tensor_dev.c (device residency: device tensors, downloads, host copies, staging) share;
- * internal to those two files. The tensor API itself is in ks_lua.h. */
+/* tensor_impl.h — what the tensor files share (internal to them; the tensor API is in ks_lua.h):
+ *   lua/tensor.c          construction (owned, views, from Lua tables), checks, conversion,
+ *                         ks.tensor / ks.zeros / ks.stack, the error helpers
+ *   lua/tensor_methods.c  methods and operators, the metatable
+ *   lua/tensor_dev.c      device residency: device tensors, downloads, host copies, staging */
 #ifndef KS_TENSOR_IMPL_H
 #define KS_TENSOR_IMPL_H
 
@@ -36,10 +38,33 @@ static inline uint32_t span_elem(const void *span, int64_t off, int bf16) {
     return ((const uint32_t *)span)[off];
 }
 
+/* A view whose event has ended. */
+static inline int ks_lt_view_stale(const ks_tensor *t) {
+    return t->scope && !(t->scope->in_event && t->scope->serial == t->serial);
+}
+
+/* Element at offset off of host data, as a double / pushed as a Lua number or integer. */
+static inline double ks_lt_elem_get(const ks_tensor *t, int64_t off) {
+    return t->dtype == KS_T_F32 ? (double)((const float *)t->data)[off] : (double)((const int32_t *)t->data)[off];
+}
+static inline void ks_lt_push_elem(lua_State *L, const ks_tensor *t, int64_t off) {
+    if (t->dtype == KS_T_F32) lua_pushnumber(L, ((const float *)t->data)[off]);
+    else lua_pushinteger(L, ((const int32_t *)t->data)[off]);
+}
+
 /* ---------------------------------------------------------------- tensor.c */
 
 /* Copy host tensor t into out (numel contiguous elements of its dtype). */
 void ks_lt_copy_contig(const ks_tensor *t, void *out);
+/* A new host tensor of dtype dt with t's values (converted), pushed. */
+ks_tensor *ks_lt_convert(lua_State *L, ks_tensor *t0, ks_tdtype dt);
+
+/* ---------------------------------------------------------------- tensor_methods.c */
+
+/* Fill the tensor metatable on top of the stack: methods (__index), operators, __gc, names. */
+void ks_lt_methods_open(lua_State *L);
+/* A copy of the tensor t at arg, on its side (device tensors stay on their device), pushed. */
+void ks_lt_clone_at(lua_State *L, int arg, ks_tensor *t);
 
 /* ---------------------------------------------------------------- tensor_dev.c */
 
