@@ -5,12 +5,15 @@
 #include "chat.h"
 
 #include "json.h"
+#include "model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 const char *const ks_chat_formats = "llama3, chatml, mistral, phi3";
+
+const char *ks_chat_format_names(void) { return ks_chat_formats; }
 
 typedef enum { F_LLAMA3, F_CHATML, F_MISTRAL, F_PHI3, F_NONE } chat_fmt;
 static const char *const fmt_names[] = {"llama3", "chatml", "mistral", "phi3"};
@@ -80,6 +83,7 @@ static ks_status render_mistral(sbuf *b, const ks_chat_msg *m, int n) {
 }
 
 ks_status ks_chat_format(const char *format, const ks_chat_msg *msgs, int n, char **out) {
+    if (!out) return ks_errorf(KS_ERR_ARG, "chat format: NULL output pointer");
     *out = NULL;
     chat_fmt f = fmt_of(format);
     if (f == F_NONE) return ks_errorf(KS_ERR_ARG, "unknown chat format \"%s\" (%s)", format ? format : "", ks_chat_formats);
@@ -140,7 +144,9 @@ const char *ks_chat_detect(const char *t) {
 }
 
 ks_status ks_chat_from_model_dir(const char *dir, const char **format) {
+    if (!format) return ks_errorf(KS_ERR_ARG, "chat format: NULL output pointer");
     *format = NULL;
+    if (!dir) return ks_errorf(KS_ERR_ARG, "chat format: no model folder given");
     char path[4096];
     if (snprintf(path, sizeof path, "%s/tokenizer_config.json", dir) >= (int)sizeof path)
         return ks_errorf(KS_ERR_ARG, "model path too long");
@@ -211,4 +217,10 @@ ks_status ks_chat_check(const char *format, const ks_tokenizer *tok, const ks_ch
     for (int i = 0; f == F_PHI3 && i < n && !st; i++)
         if (msgs[i].role && !strcmp(msgs[i].role, "system")) st = need_token(tok, "<|system|>", format);
     return st;
+}
+
+ks_status ks_chat_check_model(const char *format, const ks_model *m, const ks_chat_msg *msgs, int n) {
+    if (!m) return ks_errorf(KS_ERR_ARG, "chat check: NULL model");
+    if (n < 0 || (n > 0 && !msgs)) return ks_errorf(KS_ERR_ARG, "no chat messages");
+    return ks_chat_check(format, m->tok, msgs, n);
 }

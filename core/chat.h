@@ -14,32 +14,20 @@
  * Which format a model wants comes from its tokenizer_config.json: ks_chat_detect recognises a
  * Jinja chat_template by the special tokens it writes. ks_chat_check refuses a tokenizer that
  * does not turn each of the format's special-token strings into one token: without it the prompt
- * would be tokenized as plain text and the model would silently produce junk. */
+ * would be tokenized as plain text and the model would silently produce junk.
+ * The public calls are in kvsieve.h ("chat prompts"); this header adds the tokenizer-level check. */
 #ifndef KS_CHAT_H
 #define KS_CHAT_H
 #include "common.h"
 #include "tokenizer.h"
 
-typedef struct ks_chat_msg { const char *role, *content; } ks_chat_msg;
+/* ks_chat_msg, ks_chat_format, ks_chat_detect, ks_chat_from_model_dir, ks_chat_check_model and
+ * ks_chat_format_names are public (kvsieve.h, where their documentation is); what follows is
+ * the library's own. */
 
-/* The names accepted by ks_chat_format, for messages: "llama3, chatml, mistral, phi3". */
+/* The names accepted by ks_chat_format, for messages: "llama3, chatml, mistral, phi3"
+ * (ks_chat_format_names() returns it). */
 extern const char *const ks_chat_formats;
-
-/* Render msgs in `format`; *out is malloc'd. Unknown format -> KS_ERR_ARG. Roles: llama3 and
- * chatml take any role string; mistral takes an optional first "system" then "user" and
- * "assistant" turns alternating from "user"; phi3 takes system, user and assistant. A message
- * outside those rules is KS_ERR_ARG naming it. */
-ks_status ks_chat_format(const char *format, const ks_chat_msg *msgs, int n, char **out);
-
-/* The format a Jinja chat_template renders, recognised by its special tokens:
- * "<|start_header_id|>" -> llama3, "<|im_start|>" -> chatml, "<|user|>" with "<|end|>" -> phi3,
- * "[INST]" -> mistral. NULL when it is none of these. */
-const char *ks_chat_detect(const char *chat_template);
-
-/* The format of the model in `dir`: its tokenizer_config.json's chat_template (a string, or a
- * list of {name, template} where "default" is taken), else a chat_template.jinja file beside
- * it. *format is a static string. No template, or one that is none of the four: KS_ERR_ARG. */
-ks_status ks_chat_from_model_dir(const char *dir, const char **format);
 
 /* Checks that `tok` encodes each special-token string the rendering of msgs in `format` uses as
  * exactly one token. KS_ERR_ARG naming the first missing one, e.g. `the model's tokenizer has no

@@ -322,6 +322,43 @@ KS_API ks_status ks_action_attend_heads(ks_event *ev, const int32_t *const *idx,
 KS_API ks_status ks_action_stop(ks_event *ev);
 KS_API ks_status ks_action_discard_kv(ks_event *ev);
 
+/* ---------------------------------------------------------------- chat prompts
+ * The chat prompt formats of four model families, written in C (no Jinja engine):
+ *   "llama3"  <|begin_of_text|><|start_header_id|>ROLE<|end_header_id|>\n\nTEXT<|eot_id|> ...
+ *             <|start_header_id|>assistant<|end_header_id|>\n\n   (Llama 3 / 3.x instruct; TEXT is
+ *             trimmed of surrounding whitespace, as the official template's `| trim`)
+ *   "chatml"  <|im_start|>ROLE\nTEXT<|im_end|>\n ... <|im_start|>assistant\n       (Qwen 2/3 ...)
+ *   "mistral" <s>[INST] USER [/INST]ANSWER</s>[INST] USER [/INST]   (Mistral 7B instruct v0.1/v0.2
+ *             spacing; a system message goes in front of the first user message, "SYSTEM\n\nUSER")
+ *   "phi3"    <|system|>\nTEXT<|end|>\n<|user|>\nTEXT<|end|>\n ... <|assistant|>\n  (Phi-3 instruct)
+ * Every rendering ends with the open assistant turn (HF's add_generation_prompt=True) and already
+ * holds any BOS: tokenize it with add_special = 0 (ks_generate_opts.add_special = 0), as HF's
+ * apply_chat_template does. */
+typedef struct ks_chat_msg { const char *role, *content; } ks_chat_msg;
+
+/* "llama3, chatml, mistral, phi3": the formats ks_chat_format takes (static storage). */
+KS_API const char *ks_chat_format_names(void);
+/* Render msgs[0..n) in `format`; *out is malloc'd (free it). Unknown format, NULL pointers, a
+ * message without role or content: KS_ERR_ARG. Roles: llama3 and chatml take any role string;
+ * mistral an optional first "system", then "user" and "assistant" alternating from "user"; phi3
+ * system, user and assistant. A message outside those rules is KS_ERR_ARG naming it. */
+KS_API ks_status ks_chat_format(const char *format, const ks_chat_msg *msgs, int n, char **out);
+/* The format a Jinja chat_template renders, recognised by its special tokens:
+ * "<|start_header_id|>" -> llama3, "<|im_start|>" -> chatml, "<|user|>" with "<|end|>" -> phi3,
+ * "[INST]" -> mistral. NULL when it is none of these (or t is NULL). Static storage. */
+KS_API const char *ks_chat_detect(const char *chat_template);
+/* The format of the model folder `dir`: its tokenizer_config.json's chat_template (a string, or
+ * a list of {name, template} where "default" is taken), else a chat_template.jinja beside it.
+ * *format is static. No template, or one that is none of the four: KS_ERR_ARG; a malformed
+ * tokenizer_config.json: KS_ERR_FORMAT. */
+KS_API ks_status ks_chat_from_model_dir(const char *dir, const char **format);
+/* Check that model m's tokenizer turns each special-token string that rendering msgs in
+ * `format` writes into exactly one token: without them the prompt would be tokenized as plain
+ * text and the model would answer junk. KS_ERR_ARG naming the first missing one, e.g. `the
+ * model's tokenizer has no token "<|im_start|>" (needed by the chatml chat format)`; a model
+ * without a tokenizer, an unknown format or NULL pointers are KS_ERR_ARG too. */
+KS_API ks_status ks_chat_check_model(const char *format, const ks_model *m, const ks_chat_msg *msgs, int n);
+
 /* ---------------------------------------------------------------- policy checks */
 
 /* Run the policy's begin handler against model m on a scratch session, as every request does

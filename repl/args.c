@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Parse text[0..len) as a base-10 integer in [lo, hi], with an optional K (x1024) suffix when
@@ -254,4 +256,16 @@ int ks_cli_check_writable(const char *what, const char *path) {
     fclose(f);
     remove(path);
     return 0;
+}
+
+double ks_cli_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+size_t ks_cli_peak_rss(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (size_t)ru.ru_maxrss * 1024; /* Linux: kilobytes */
 }

@@ -45,6 +45,10 @@ int ks_cli_check_policy(ks_model *m, ks_policy *p, const char *what);
 int ks_cli_check_writable(const char *what, const char *path);
 int ks_cli_apply_sets(ks_policy *p, const char *name, const char *const *sets, int n_sets, int strict);
 
+/* Monotonic seconds, and this process's peak resident memory in bytes (0 if unknown). */
+double ks_cli_now(void);
+size_t ks_cli_peak_rss(void);
+
 /* Strict number parsing for every option (repl/args.c). Each takes the option's name (for the
  * message) and its text; it accepts the whole text only when it is a number of the right kind
  * inside the range, else prints "kvsieve: OPT expects ... in RANGE, got "TEXT"" and returns -1

@@ -41,19 +41,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define MAX_AXIS 64
 #define MAX_POL 16
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 typedef struct eval_args {
     const char *model, *task, *policy, *compare, *corpora, *out, *png, *backend, *resume;
@@ -219,7 +212,7 @@ static void progress_clear(progress *pg) {
 
 static void progress_update(progress *pg, int final) {
     if (!pg->on || !pg->total) return; /* nothing ran (all resumed): nothing to tell */
-    double now = now_s(), el = now - pg->t0;
+    double now = ks_cli_now(), el = now - pg->t0;
     /* not a terminal: the first run, then a line every 10 s, and the last */
     if (!pg->tty && !final && pg->done != 1 && now - pg->last_print < 10) return;
     pg->last_print = now;
@@ -431,7 +424,7 @@ int ks_cli_eval(int argc, char **argv) {
     pg.total = n_rec - pg.resumed;
     pg.on = !a.quiet;
     pg.tty = isatty(2);
-    pg.t0 = pg.last_print = now_s();
+    pg.t0 = pg.last_print = ks_cli_now();
     if (pg.resumed && !a.quiet)
         fprintf(stderr, "[eval] resuming: %ld of %ld runs are in %s, %ld to go\n", pg.resumed, n_rec, a.resume, pg.total);
     g_eval_interrupt = 0;

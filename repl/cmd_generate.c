@@ -4,10 +4,8 @@
  * up to the model's context, which is checked once the prompt is tokenized, before the policy
  * or the prefill runs. A prompt read from a file is not echoed (the output is the continuation
  * alone); -p TEXT is echoed, so that the text reads on. */
-#include "chat.h"
 #include "cli.h"
 #include "env_opts.h"
-#include "engine.h"
 #include "kvsieve.h"
 
 #include <limits.h>
@@ -106,10 +104,10 @@ static int prompt_ids(ks_model *m, const gen_args *a, int32_t **ids, int *n) {
         msgs[k++] = (ks_chat_msg){"user", a->prompt};
         char *text;
         /* auto: the format of the model's tokenizer_config.json chat_template; then the model
-         * must have the format's special tokens, checked before any work (core/chat.h) */
+         * must have the format's special tokens, checked before any work (kvsieve.h) */
         const char *fmt = a->chat;
         if (!strcmp(fmt, "auto") && ks_chat_from_model_dir(a->model, &fmt)) return ks_cli_fail("chat"), -1;
-        if (ks_chat_check(fmt, m->tok, msgs, k)) return ks_cli_fail("chat"), -1;
+        if (ks_chat_check_model(fmt, m, msgs, k)) return ks_cli_fail("chat"), -1;
         if (ks_chat_format(fmt, msgs, k, &text)) return ks_cli_fail("chat"), -1;
         ks_status st = ks_tokenize(m, text, 0, ids, n);
         free(text);
@@ -120,11 +118,6 @@ static int prompt_ids(ks_model *m, const gen_args *a, int32_t **ids, int *n) {
     if (*n == 0) { free(*ids); fprintf(stderr, "kvsieve: the prompt tokenizes to nothing\n"); return -1; }
     return 0;
 }
-
-/* Provided by the Lua layer (lua/policy_lua.c): load a policy by name or path with --set overrides. */
-ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out);
-ks_status ks_policy_set(ks_policy *p, const char *key, const char *value);
-void ks_policy_free(ks_policy *p);
 
 int ks_cli_generate(int argc, char **argv) {
     gen_args a;
@@ -186,7 +179,7 @@ int ks_cli_generate(int argc, char **argv) {
     double tp = ks_result_prefill_seconds(s), td = ks_result_decode_seconds(s);
     fprintf(stderr, "[kvsieve] prompt %d tokens in %.3f s (%.1f tok/s) | generated %d tokens, decode %.1f tok/s | peak memory %.1f MiB\n",
             n, tp, tp > 0 ? n / tp : 0.0, ng, (ng > 1 && td > 0) ? (ng - 1) / td : 0.0,
-            ks_peak_rss() / 1048576.0);
+            ks_cli_peak_rss() / 1048576.0);
 out:
     free(ids);
     ks_session_free(s);

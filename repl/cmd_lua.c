@@ -11,13 +11,12 @@
  * For people at the terminal: values print through a pretty-printer (tables expanded with
  * indentation up to a depth and a count, tensors by shape and first values, results with
  * their summary line); generate streams its text and ends with a timing line; `help` or
- * /help; /chat on|off|reset (a conversation kept across turns, core/chat.h's templates);
+ * /help; /chat on|off|reset (a conversation kept across turns, kvsieve.h's chat formats);
  * /stream on|off. The Lua side of these lives in repl_lua below. */
 #include "cli.h"
 #include "env_opts.h"
 #include "kvsieve.h"
 #include "ks_lua.h"
-#include "chat.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -166,7 +165,7 @@ int ks_cli_run(int argc, char **argv) {
  * terminal, /stream on|off) a generate without stream= of its own writes its text as it
  * comes, then a timing line. Chat mode (/chat on) keeps the conversation and a session of its
  * own across turns: each turn renders the whole conversation through the engine's chat
- * template (core/chat.h, ks_chat_format) and generates the reply in that session (the
+ * template (kvsieve.h's ks_chat_format) and generates the reply in that session (the
  * module's generate starts from a fresh state, so every turn prefills the conversation again);
  * a model whose vocabulary lacks the template's markers gets plain "User: / Assistant:"
  * turns, and says so. The Lua source is kept here as C string literals: edit it in place. */

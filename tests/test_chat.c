@@ -331,3 +331,31 @@ KT_TEST(chat_missing_tokens) {
     rc = kt_sh(cmd, out, sizeof out);
     KT_CHECK(rc != 0 && strstr(out, "unknown chat format \"vicuna\""), "an unknown --chat: rc %d, %s", rc, out);
 }
+
+/* The public chat calls of kvsieve.h on a model handle: the format list, the check of a model's
+ * tokenizer (the bundled model has no chat tokens: refused by name), and NULL arguments. */
+KT_TEST(chat_public_api_on_a_model) {
+    KT_CHECK(!strcmp(ks_chat_format_names(), "llama3, chatml, mistral, phi3"), "%s", ks_chat_format_names());
+    ks_chat_msg msgs[] = {{"system", "Be brief."}, {"user", "Hi"}};
+    char *out = (char *)"x";
+    KT_CHECK(ks_chat_format("chatml", msgs, 2, NULL) == KS_ERR_ARG, "NULL output pointer");
+    KT_CHECK(ks_chat_format("chatml", NULL, 2, &out) == KS_ERR_ARG && out == NULL, "NULL messages");
+    const char *fmt = "x";
+    KT_CHECK(ks_chat_from_model_dir(NULL, &fmt) == KS_ERR_ARG && fmt == NULL, "NULL folder");
+    KT_CHECK(ks_chat_from_model_dir("models/kvsieve-tiny", NULL) == KS_ERR_ARG, "NULL format pointer");
+    KT_CHECK(ks_chat_detect(NULL) == NULL, "NULL template");
+    KT_CHECK(ks_chat_check_model("chatml", NULL, msgs, 2) == KS_ERR_ARG, "NULL model");
+    FILE *f = fopen("models/kvsieve-tiny/model.safetensors", "rb");
+    if (!f) KT_SKIP("models/kvsieve-tiny absent");
+    fclose(f);
+    ks_model *m;
+    KT_CHECK(ks_model_open("models/kvsieve-tiny", "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_status st = ks_chat_check_model("chatml", m, msgs, 2);
+    KT_CHECK(st == KS_ERR_ARG && strstr(ks_last_error(), "has no token \"<|im_start|>\""), "%d %s", st, ks_last_error());
+    st = ks_chat_check_model("phi3", m, msgs, 2);
+    KT_CHECK(st == KS_ERR_ARG && strstr(ks_last_error(), "phi3 chat format"), "%s", ks_last_error());
+    KT_CHECK(ks_chat_check_model("jinja", m, msgs, 2) == KS_ERR_ARG && strstr(ks_last_error(), "unknown chat format"), "%s",
+             ks_last_error());
+    KT_CHECK(ks_chat_check_model("chatml", m, NULL, 2) == KS_ERR_ARG, "NULL messages");
+    ks_model_close(m);
+}
