@@ -12,7 +12,8 @@
  *        packages (numpy), `pip install --no-build-isolation` of a copy of python/ (so the build
  *        leaves nothing in the checkout), bundling the .so of step 1;
  *     4. runs `python -m pytest tests/python` with that venv's python; every test must pass and
- *        none may be skipped (the reference and the venv are given: KS_PY_REFERENCE, KS_PY_VENV).
+ *        none may be skipped (the reference and the venv are given: KS_PY_REFERENCE, KS_PY_VENV);
+ *     5. runs examples/python_demo.py with it.
  *   Skipped, with the reason, when no python3 imports numpy (`python3` on PATH may be a pyenv
  *   interpreter without it: /usr/bin/python3 is tried first), or when that python lacks pytest,
  *   venv/ensurepip, setuptools or wheel (tools/deps.sh installs them all). */
@@ -164,6 +165,13 @@ KT_SLOW_TEST(python_package_pytest) {
     KT_CHECK(rc == 0, "pytest: exit %d:\n%s", rc, out);
     KT_CHECK(strstr(sum, " passed") && !strstr(sum, "skipped") && !strstr(sum, "failed"),
              "pytest did not pass everything unskipped: %s", sum);
+
+    /* 5. the example runs with the installed package */
+    snprintf(cmd, sizeof cmd, "PYTHONDONTWRITEBYTECODE=1 timeout 300 '%s/venv/bin/python' examples/python_demo.py </dev/null", tmp);
+    rc = kt_sh(cmd, out, sizeof out);
+    KT_CHECK(rc == 0, "examples/python_demo.py: exit %d: %s", rc, out);
+    KT_CHECK(strstr(out, "greedy picked the argmax: True") && strstr(out, "PolicyError (policy)"),
+             "examples/python_demo.py said: %s", out);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     kt_sh(cmd, out, sizeof out);
 }

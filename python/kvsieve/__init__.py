@@ -13,7 +13,8 @@ A thin layer (ctypes) over libkvsieve.so and its C API, include/kvsieve.h:
 
 Failures raise kvsieve.Error subclasses (FileError, PolicyError, ArgumentError, ...) carrying the
 library's message. The library is found as kvsieve._lib describes (KVSIEVE_LIBRARY overrides);
-its log messages (a policy's print()) go to the "kvsieve" logger of the logging module.
+its log messages (a policy's print()) go to the "kvsieve" logger of the logging module
+(logging.basicConfig(level=logging.INFO) shows them).
 """
 from ._errors import (ArgumentError, ContextError, DeviceError, DtypeError, Error, FileError, FormatError,
                       InternalError, Interrupted, OutOfMemory, PolicyError, ShapeError, UnsupportedError)
@@ -25,6 +26,12 @@ try:  # the installed distribution's version (the library's, from include/kvsiev
     __version__ = _dist_version("kvsieve")
 except Exception:  # imported from a checkout without installing
     __version__ = "0+checkout"
+
+for _name in ("Model", "Policy", "Session", "Result", "Stream", "Token", "LibraryNotFound", "Error", "FileError",
+              "FormatError", "ShapeError", "DtypeError", "UnsupportedError", "OutOfMemory", "ArgumentError",
+              "ContextError", "PolicyError", "Interrupted", "DeviceError", "InternalError"):
+    globals()[_name].__module__ = __name__  # kvsieve.PolicyError, not kvsieve._errors.PolicyError
+del _name
 
 __all__ = ["Model", "Policy", "Session", "Result", "Stream", "Token", "version", "load_library", "library_path",
            "policy_search_path", "LibraryNotFound", "Error", "FileError", "FormatError", "ShapeError",

@@ -177,10 +177,13 @@ def library_path():
 
 def _install_log_forwarder(lib):
     """The library never prints: its messages (a policy's print(), the first failure of a kind
-    in a policy) go to the Python logger "kvsieve" (policy prints at INFO)."""
+    in a policy) go to the Python logger "kvsieve" (policy prints at INFO). As any library's,
+    that logger shows nothing until the program configures logging, e.g.
+    logging.basicConfig(level=logging.INFO)."""
     global _log_cb
     import logging
     log = logging.getLogger("kvsieve")
+    log.addHandler(logging.NullHandler())
     levels = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 
     def forward(user, level, msg):
