@@ -162,24 +162,16 @@ static int l_load(lua_State *L) {
         if (!lua_isnil(L, -1)) backend = luaL_checkstring(L, -1);
         lua_pop(L, 1); /* the string stays referenced by the options table */
     }
-    int threads = (int)ks_lm_opt_int(L, 2, "threads", 0);
+    ks_model_opts mo;
+    ks_model_opts_default(&mo);
+    mo.backend = backend;
+    mo.threads = (int)ks_lm_opt_int(L, 2, "threads", 0);
     model_box *b = lua_newuserdatauv(L, sizeof *b, 0);
     b->lm = NULL;
     luaL_setmetatable(L, MODEL_MT);
     lmodel *lm = calloc(1, sizeof *lm);
     if (!lm) return luaL_error(L, "load: out of memory");
-    ks_status st;
-    if (threads > 0 && !strcmp(backend, "cpu")) {
-        ks_backend *be;
-        ks_backend_opts bo = ks_backend_opts_default();
-        bo.n_threads = threads;
-        st = ks_cpu_backend_create(&bo, &be);
-        if (!st) {
-            st = ks_model_load(dir, be, 0, &lm->m);
-            if (st) ks_backend_free(be);
-        }
-    } else st = ks_model_open(dir, backend, &lm->m);
-    if (st) {
+    if (ks_model_open_ex(dir, &mo, &lm->m)) {
         free(lm);
         return luaL_error(L, "load %s: %s", dir, ks_last_error());
     }
