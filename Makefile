@@ -16,6 +16,8 @@ STATIC_LIBS = /usr/lib/x86_64-linux-gnu/libpcre2-8.a \
 # the REPL's line editing: GNU readline, statically
 CFLAGS  += -DKS_HAVE_READLINE
 STATIC_LIBS += /usr/lib/x86_64-linux-gnu/libreadline.a /usr/lib/x86_64-linux-gnu/libtinfo.a
+# `kvsieve serve`'s HTTP (repl/serve_http.c): libevent's evhttp, statically (the GPU machine has no libevent)
+STATIC_LIBS += /usr/lib/x86_64-linux-gnu/libevent_extra.a /usr/lib/x86_64-linux-gnu/libevent_core.a
 LDLIBS  += $(STATIC_LIBS) -lm -ldl
 
 ifeq ($(SANITIZE),1)

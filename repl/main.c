@@ -167,6 +167,25 @@ static const cli_help HELP[] = {
      "SCRIPT belong to the script.\n"
      "example:\n"
      "  kvsieve run tools/fastkv_calibrate.lua models/kvsieve-tiny\n"},
+    {"serve",
+     "usage: kvsieve serve -m DIR [--backend cpu|cuda] [--host 127.0.0.1] [--port 8080] [--max-batch N] [--max-kv-tokens N]\n"
+     "An OpenAI-compatible HTTP server (docs/serve.md): POST /v1/completions and /v1/chat/completions (streamed\n"
+     "or not), GET /v1/models and /health; a request may choose its own policy (\"kvsieve\": {\"policy\": ...}).\n"
+     "  -m, --model DIR        model folder\n"
+     "  --backend cpu|cuda     (default cpu)\n"
+     "  --host H, --port P     where to listen (default 127.0.0.1:8080; port 0: any free port, printed)\n"
+     "  --max-batch N          sequences generated together (default 16)\n"
+     "  --max-kv-tokens N      KV rows reserved (prompt + max_tokens) over the active sequences (default 65536)\n"
+     "  --max-queue N          waiting requests beyond which a request gets 429 (default 64)\n"
+     "  --prefill-chunk N      prompt tokens prefilled between two decode steps (default 256)\n"
+     "  --timeout S            seconds a client may stall (default 60)\n"
+     "  --chat FMT             chat format (llama3, chatml, mistral, phi3; default: the model's template)\n"
+     "  --no-inline-policies   refuse policies given as Lua source (403)\n"
+     "  --no-path-policies     refuse policies given as a file path (403)\n"
+     "  --threads T            CPU threads, 0 = every CPU (default 0)\n"
+     "  -v, --verbose          the library's secondary messages\n"
+     "example:\n"
+     "  kvsieve serve -m models/kvsieve-tiny --port 8080\n"},
     {"version", "usage: kvsieve version (or kvsieve --version)\nPrint the version.\nexample:\n  kvsieve --version\n"},
     {"help", "usage: kvsieve help [COMMAND]\nThe list of commands, or COMMAND's options.\nexample:\n  kvsieve help eval\n"},
 };
@@ -194,6 +213,7 @@ static void usage(FILE *f) {
             "  eval     --model DIR --task passkey|niah|multikey|kv [--compare a,b] [--out F.json] [--resume F.json]\n"
             "  repl     [-m DIR]                interactive Lua REPL (also `kvsieve` alone on a terminal)\n"
             "  run      SCRIPT.lua [args]       run a Lua program with the kvsieve module\n"
+            "  serve    -m DIR [--port 8080] [--max-batch N]   OpenAI-compatible HTTP server, a policy per request\n"
             "  version                          print the version (also --version)\n"
             "  help [COMMAND]                   this text, or COMMAND's options\n"
             "  -v, --verbose                    Lua tracebacks and secondary messages with errors\n"
@@ -267,5 +287,6 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return ks_cli_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "repl")) return ks_cli_repl(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return ks_cli_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) { int ks_cli_serve(int, char **); return ks_cli_serve(argc - 1, argv + 1); } /* repl/serve.c */
     return ks_cli_eval(argc - 1, argv + 1); /* help_of() knows no other command */
 }
