@@ -196,3 +196,38 @@ ks_status ks_cpu_page_rows(const int32_t *pages, int64_t lists, int64_t k, int64
     }
     return KS_OK;
 }
+
+/* ================================================================ the CPU table's entries */
+
+ks_status ks_cpu_page_reduce_entry(struct ks_backend *b, const void *x, int x_bf16, int64_t n, int64_t h, int64_t d,
+                                   int64_t row_stride, int64_t head_stride, int64_t page, int64_t p0, int64_t p1,
+                                   float *out_min, float *out_max, float *out_mean) {
+    return ks_cpu_page_reduce(x, x_bf16, n, h, d, row_stride, head_stride, page, p0, p1, out_min, out_max, out_mean);
+}
+
+ks_status ks_cpu_bound_scores_entry(struct ks_backend *b, const float *q, int64_t n_q_heads, const float *lo,
+                                    const float *hi, int64_t n, int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce,
+                                    float *out) {
+    return ks_cpu_bound_scores(q, n_q_heads, lo, hi, n, n_kv_heads, d, reduce, out);
+}
+
+ks_status ks_cpu_page_rows_entry(struct ks_backend *b, const int32_t *pages, int64_t lists, int64_t k, int64_t page,
+                                 int64_t n, int64_t before_begin, int64_t before_end, int64_t after_begin,
+                                 int64_t after_end, int32_t *out, int64_t *err) {
+    ks_status st = ks_cpu_page_rows(pages, lists, k, page, n, before_begin, before_end, after_begin, after_end, out);
+    if (st != KS_ERR_ARG || !err) return st;
+    /* argument errors stay errors; a bad entry is reported through the word, like a device */
+    int64_t w;
+    if (ks_page_rows_check_args(lists, k, page, n, before_begin, before_end, after_begin, after_end, &w)) return st;
+    if ((lists > 0 && w > 0 && !out) || (lists > 0 && k > 0 && !pages)) return st;
+    int64_t lo_row = before_end > before_begin ? before_end : 0;
+    int64_t hi_row = after_end > after_begin ? after_begin : n;
+    for (int64_t e = 0; e < lists * k; e++) {
+        int64_t t = e % k, p = pages[e];
+        if (p < 0 || p * page < lo_row || (p + 1) * page > hi_row || (t > 0 && p <= pages[e - 1])) {
+            *err = e;
+            return KS_OK;
+        }
+    }
+    return st;
+}

@@ -96,4 +96,19 @@ ks_status ks_page_reduce_check_args(const void *x, int x_bf16, int64_t n, int64_
                                     const float *out_max, const float *out_mean);
 ks_status ks_bound_scores_check_args(int64_t n_q_heads, int64_t n, int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce);
 
+/* The CPU backend's table entries (core/cpu_prims.c: ks_backend_prims.page_reduce, bound_scores,
+ * page_rows): the functions above with the table's backend argument (unused). page_rows with an
+ * error word follows the tables' convention (gather's): a bad entry puts its lowest flat position
+ * in *err (the caller set it to -1) and the call succeeds; err NULL: the message above. */
+struct ks_backend;
+ks_status ks_cpu_page_reduce_entry(struct ks_backend *b, const void *x, int x_bf16, int64_t n, int64_t h, int64_t d,
+                                   int64_t row_stride, int64_t head_stride, int64_t page, int64_t p0, int64_t p1,
+                                   float *out_min, float *out_max, float *out_mean);
+ks_status ks_cpu_bound_scores_entry(struct ks_backend *b, const float *q, int64_t n_q_heads, const float *lo,
+                                    const float *hi, int64_t n, int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce,
+                                    float *out);
+ks_status ks_cpu_page_rows_entry(struct ks_backend *b, const int32_t *pages, int64_t lists, int64_t k, int64_t page,
+                                 int64_t n, int64_t before_begin, int64_t before_end, int64_t after_begin,
+                                 int64_t after_end, int32_t *out, int64_t *err);
+
 #endif /* KS_PRIMS_PAGE_H */

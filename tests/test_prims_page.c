@@ -203,3 +203,19 @@ KT_TEST(prims_page_rows_errors) {
     KT_CHECK(ks_cpu_page_rows(p3, 1, 1, 4, (int64_t)INT32_MAX + 2, 0, 0, 0, 0, out) == KS_ERR_ARG && has(ks_last_error(), "int32"), "%s", ks_last_error());
     KT_CHECK(ks_cpu_page_rows(p3, 1, 1, INT64_MAX / 2, 16, 0, 0, 0, 0, out) == KS_ERR_ARG, "a huge page is refused: %s", ks_last_error());
 }
+
+KT_TEST(prims_page_rows_cpu_table_error_word) {
+    /* the CPU table's entry (core/cpu_prims.c) reports a bad entry through the error word like a
+     * device, and keeps argument errors as errors */
+    const int32_t pages[2][2] = {{0, 2}, {3, 3}};
+    int32_t out[16];
+    int64_t err = -1;
+    KT_CHECK(ks_cpu_page_rows_entry(NULL, &pages[0][0], 2, 2, 2, 8, 0, 0, 0, 0, out, &err) == KS_OK && err == 3,
+             "error word %lld (expected 3: list 1, position 1)", (long long)err);
+    err = -1;
+    KT_CHECK(ks_cpu_page_rows_entry(NULL, &pages[0][0], 1, 2, 2, 8, 0, 0, 0, 0, out, &err) == KS_OK && err == -1 &&
+                 out[0] == 0 && out[3] == 5, "a good list: error word %lld", (long long)err);
+    KT_CHECK(ks_cpu_page_rows_entry(NULL, &pages[0][0], 1, 2, 0, 8, 0, 0, 0, 0, out, &err) == KS_ERR_ARG, "page = 0 is an error");
+    KT_CHECK(ks_cpu_page_rows_entry(NULL, &pages[0][0], 2, 2, 2, 8, 0, 0, 0, 0, out, NULL) == KS_ERR_ARG &&
+                 has(ks_last_error(), "page 3 at (list 1, position 1) follows 3"), "%s", ks_last_error());
+}
