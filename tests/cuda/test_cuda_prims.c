@@ -2,6 +2,7 @@
  * (core/prims.h) on random inputs of many shapes, never zeros alone: ties, plateaus, NaN, inf
  * and signed zeros included where the order rules matter. Index results (top-k, argsort, rank,
  * unique) must equal the CPU's exactly; floats within float rounding (pooling exactly).
+ * The page primitives (kernels/ks_cuda_page.h) must equal core/prims_page.c bit for bit.
  * Also times top-k of 1M floats. Usage: test_cuda_prims [--quick] [--only NAME].
  * Prints "N passed, N failed"; exits 1 on failure. */
 #include <cuda_runtime_api.h>
@@ -14,6 +15,7 @@
 #include "backend.h"
 #include "ks_cuda.h"
 #include "prims.h"
+#include "ks_cuda_page.h"
 
 static int g_pass, g_fail, g_quick;
 static const char *g_only;
@@ -555,6 +557,107 @@ static void test_numerics(void) {
     result(st == KS_ERR_ARG, "var of an empty axis is an error", "%s", ks_last_error());
 }
 
+/* ================================================================ page primitives (ks_cuda_page.h) */
+
+/* page_reduce (f32 and bf16 token-major views of a cache, page ranges, partial last pages),
+ * bound_scores (every reduce) and page_rows (ranges; a bad entry's error word) against
+ * core/prims_page.c: all bit-identical (same order, double sums). */
+static void test_page(void) {
+    if (!want("page")) return;
+    const int64_t shapes[][5] = {{1, 1, 1, 1, 1}, {37, 2, 8, 16, 4}, {1000, 8, 128, 16, 32}, {130, 4, 64, 7, 8}, {4096, 2, 64, 16, 8}};
+    for (int s = 0; s < 5; s++) {
+        int64_t n = shapes[s][0], h = shapes[s][1], d = shapes[s][2], page = shapes[s][3], H = shapes[s][4], cap = n + 5;
+        char name[200];
+        size_t cn = (size_t)h * cap * d;
+        float *cache = malloc(4 * cn);
+        uint16_t *cb = malloc(2 * cn);
+        for (size_t i = 0; i < cn; i++) {
+            cb[i] = ks_f32_to_bf16(i % 97 == 3 ? 0.5f : frand() * 3);
+            cache[i] = ks_bf16_to_f32(cb[i]);
+        }
+        int64_t np = ks_page_count(n, page), p0 = np / 4, p1 = np, cnt = (p1 - p0) * h * d;
+        float *r[3], *g[3], *dout[3];
+        for (int i = 0; i < 3; i++) {
+            r[i] = malloc(4 * (cnt + 1)); g[i] = malloc(4 * (cnt + 1)); dout[i] = dalloc(4 * (cnt + 1));
+            poison_dev(dout[i], 4 * (cnt + 1));
+        }
+        float *dc = dup_dev(cache, 4 * cn);
+        uint16_t *dcb = dup_dev(cb, 2 * cn);
+        for (int bf = 0; bf < 2; bf++) {
+            snprintf(name, sizeof name, "page_reduce n=%lld h=%lld d=%lld page=%lld pages [%lld, %lld)%s", (long long)n,
+                     (long long)h, (long long)d, (long long)page, (long long)p0, (long long)p1, bf ? " bf16" : "");
+            ks_status st = ks_cpu_page_reduce(cache, 0, n, h, d, d, cap * d, page, p0, p1, r[0], r[1], r[2]);
+            CHECK_ST(st, name);
+            st = ks_cuda_page_reduce(S, bf ? (const void *)dcb : (const void *)dc, bf, n, h, d, d, cap * d, page, p0, p1,
+                                     dout[0], dout[1], dout[2]);
+            CHECK_ST(st, name);
+            int ok = get(g[0], dout[0], 4 * cnt) && get(g[1], dout[1], 4 * cnt) && get(g[2], dout[2], 4 * cnt) &&
+                     !memcmp(g[0], r[0], 4 * cnt) && !memcmp(g[1], r[1], 4 * cnt) && !memcmp(g[2], r[2], 4 * cnt);
+            result(ok, name, "%s", ok ? "min, max, mean identical" : "DIFFER");
+        }
+        /* bound scores over the min / max boxes just made (contiguous (pages, h, d)) */
+        int64_t nb = p1 - p0;
+        float *q = malloc(4 * H * d), *rs = malloc(4 * (H * nb + 1)), *gs = malloc(4 * (H * nb + 1));
+        for (int64_t i = 0; i < H * d; i++) q[i] = frand();
+        float *dq = dup_dev(q, 4 * H * d), *ds = dalloc(4 * (H * nb + 1));
+        static const char *rn[3] = {"none", "group_max", "group_sum"};
+        for (int red = 0; red < 3; red++) {
+            int64_t rows = red == KS_BOUND_NONE ? H : h;
+            snprintf(name, sizeof name, "bound_scores %s H=%lld/%lld boxes=%lld d=%lld", rn[red], (long long)H, (long long)h,
+                     (long long)nb, (long long)d);
+            ks_status st = ks_cpu_bound_scores(q, H, r[0], r[1], nb, h, d, (ks_bound_reduce)red, rs);
+            CHECK_ST(st, name);
+            poison_dev(ds, 4 * (H * nb + 1));
+            st = ks_cuda_bound_scores(S, dq, H, dout[0], dout[1], nb, h, d, (ks_bound_reduce)red, ds);
+            CHECK_ST(st, name);
+            int ok = get(gs, ds, 4 * rows * nb) && !memcmp(gs, rs, 4 * rows * nb);
+            result(ok, name, "%s", ok ? "identical" : "DIFFER");
+        }
+        cudaFree(dq); cudaFree(ds); free(q); free(rs); free(gs);
+        for (int i = 0; i < 3; i++) { cudaFree(dout[i]); free(r[i]); free(g[i]); }
+        cudaFree(dc); cudaFree(dcb); free(cache); free(cb);
+    }
+    /* page_rows: lists of ascending pages (as ks.topk gives them) with before / after ranges */
+    const int64_t pr[][6] = {{1, 3, 4, 64, 0, 60}, {8, 250, 16, 4096, 16, 4080}, {2, 0, 8, 40, 0, 32}, {3, 5, 1, 9, 2, 9}};
+    for (int c = 0; c < 4; c++) {
+        int64_t lists = pr[c][0], k = pr[c][1], page = pr[c][2], n = pr[c][3], bb = 0, be = pr[c][4], ab = pr[c][5], ae = n;
+        int64_t lo_page = (be + page - 1) / page, hi_page = ab / page, w = be + k * page + (ae - ab);
+        int32_t *pages = malloc(4 * (lists * k + 1)), *ro = malloc(4 * (lists * w + 1)), *go = malloc(4 * (lists * w + 1));
+        for (int64_t l = 0; l < lists; l++) { /* k distinct ascending pages of [lo_page, hi_page) */
+            int64_t avail = hi_page - lo_page, chosen = 0;
+            for (int64_t p = lo_page; p < hi_page && chosen < k; p++)
+                if (irand((int)avail) < k - chosen || hi_page - p <= k - chosen) pages[l * k + chosen++] = (int32_t)p;
+        }
+        char name[200];
+        snprintf(name, sizeof name, "page_rows lists=%lld k=%lld page=%lld n=%lld", (long long)lists, (long long)k,
+                 (long long)page, (long long)n);
+        ks_status st = ks_cpu_page_rows(pages, lists, k, page, n, bb, be, ab, ae, ro);
+        CHECK_ST(st, name);
+        int32_t *dp = dup_dev(pages, 4 * (lists * k + 1)), *dout = dalloc(4 * (lists * w + 1));
+        int64_t m1 = -1, bad = 0, *derr = dup_dev(&m1, 8);
+        st = ks_cuda_page_rows(S, dp, lists, k, page, n, bb, be, ab, ae, dout, derr);
+        CHECK_ST(st, name);
+        int ok = get(go, dout, 4 * lists * w) && get(&bad, derr, 8) && !memcmp(go, ro, 4 * lists * w) && bad == -1;
+        result(ok, name, "%s (error word %lld)", ok ? "identical" : "DIFFER", (long long)bad);
+        if (lists * k >= 2) { /* a repeated page at the last entry: the error word points at it */
+            pages[lists * k - 1] = pages[lists * k - 2];
+            cudaMemcpy(dp, pages, 4 * lists * k, cudaMemcpyHostToDevice);
+            cudaMemcpy(derr, &m1, 8, cudaMemcpyHostToDevice);
+            cudaDeviceSynchronize(); /* pageable copies may still be in flight: S does not wait for them */
+            st = ks_cuda_page_rows(S, dp, lists, k, page, n, bb, be, ab, ae, dout, derr);
+            CHECK_ST(st, name);
+            ks_status cst = ks_cpu_page_rows(pages, lists, k, page, n, bb, be, ab, ae, ro);
+            snprintf(name, sizeof name, "page_rows lists=%lld k=%lld: a bad entry", (long long)lists, (long long)k);
+            int got = get(&bad, derr, 8); /* before result(): its arguments have no evaluation order */
+            result(got && bad == lists * k - 1 && cst == KS_ERR_ARG, name, "error word %lld; cpu: %s", (long long)bad,
+                   ks_last_error());
+        }
+        cudaFree(dp); cudaFree(dout); cudaFree(derr); free(pages); free(ro); free(go);
+    }
+    ks_status st = ks_cuda_page_reduce(S, NULL, 0, 8, 1, 1, 1, 0, 0, 0, 1, NULL, NULL, NULL);
+    result(st == KS_ERR_ARG, "page_reduce: bad arguments are refused on the host", "%s", ks_last_error());
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
@@ -571,6 +674,7 @@ int main(int argc, char **argv) {
     test_order();
     test_gather();
     test_numerics();
+    test_page();
     cudaStreamSynchronize(S);
     ks_backend_free(gpu);
     printf("%d passed, %d failed\n", g_pass, g_fail);
