@@ -110,20 +110,51 @@ typedef struct ks_policy ks_policy;     /* a token-pruning policy (Lua script or
 KS_API ks_status ks_model_open(const char *dir, const char *backend, ks_model **out);
 KS_API void ks_model_close(ks_model *m);
 
-/* Options of ks_model_open_ex; fill with ks_model_opts_default, then set what you need. The
- * backend belongs to the model: two models opened with different options in one process keep
- * their own settings (nothing here is process-wide). */
+/* The values of ks_model_opts's switches. A zero-filled struct holds KS_DEFAULT everywhere. */
+enum { KS_DEFAULT = 0, KS_ON = 1, KS_OFF = -1 };
+
+/* Options of ks_model_open_ex; fill with ks_model_opts_default (all zero: every default), then
+ * set what you need. The backend belongs to the model: two models opened with different options
+ * in one process keep their own settings (nothing here is process-wide). */
 typedef struct ks_model_opts {
     const char *backend;    /* "cpu" (also NULL, the default) or "cuda" (builds with CUDA) */
     int threads;            /* CPU backend: worker threads in all, the calling one included;
                              * 0 = one per CPU this process may run on (default). Results are
                              * bit-identical for every thread count. Ignored by "cuda". */
     int device;             /* CUDA device index (default 0); ignored by "cpu" */
+    /* The CUDA backend's kernel choices (ignored by "cpu"), for A/B timing and for isolating a
+     * kernel; every choice gives results within the CUDA tests' tolerances. Each switch is
+     * KS_DEFAULT, KS_ON or KS_OFF. */
+    int decode_kernels;     /* the one-row kernels of decode (gemv matmuls, tensor-core decode
+                             * attention); off: cuBLAS and the float32 split-KV attention. Default on */
+    int fused;              /* the fused projections (norm + q|k|v + RoPE + the cache row, the
+                             * residual folded into the GEMM, norm + gate|up + SwiGLU); off: plain
+                             * kernels one by one. Default on */
+    int mlp;                /* the bf16 prefill MLP; off: float32 intermediates. Default on */
+    int graphs;             /* decode steps recorded once and replayed as graphs. Default on */
+    int pdl;                /* programmatic dependent launch of the decode kernels. Default off */
+    int prefill_attn_mma;   /* on: always the mma.sync flash prefill attention; default (or off):
+                             * the planner's kernel (Hopper: wgmma where it takes the shape) */
+    int decode_splits;      /* split-KV blocks of the tensor-core decode attention, 0 = automatic
+                             * (default); >= 0 */
+    /* Both backends: */
+    int profile;            /* sessions on this model: 0 = no profile (default); 1 = a per-phase
+                             * profile (ks_bench_run reads it; the backend's timestamps where it has
+                             * them); 2 = the same on the host clock (each phase synced). A session
+                             * with a profile logs its table (KS_LOG_INFO) when it is freed */
+    int verbose;            /* 1: the backend's debug notes (KS_LOG_DEBUG), e.g. why a decode step
+                             * ran without its graph; 0 (default) none */
 } ks_model_opts;
 KS_API void ks_model_opts_default(ks_model_opts *o);
-/* ks_model_open with options (o NULL = the defaults). Negative threads or device, or an unknown
- * backend, is KS_ERR_ARG. ks_model_open(dir, b, out) is ks_model_open_ex with backend b. */
+/* ks_model_open with options (o NULL = the defaults). Negative threads, device or decode_splits,
+ * a switch other than KS_DEFAULT / KS_ON / KS_OFF, profile outside 0..2, verbose outside 0..1,
+ * or an unknown backend, is KS_ERR_ARG. ks_model_open(dir, b, out) is ks_model_open_ex with
+ * backend b. */
 KS_API ks_status ks_model_open_ex(const char *dir, const ks_model_opts *o, ks_model **out);
+/* A model of seeded random weights (never zero; norms near 1) in the shape of a config.json
+ * (`config`: the file, or a folder holding one), for speed measurements at any shape without a
+ * checkpoint. It has no tokenizer (ks_tokenize is KS_ERR_ARG). Close with ks_model_close. */
+KS_API ks_status ks_model_open_random(const char *config, const ks_model_opts *o, uint64_t seed, ks_model **out);
 
 /* Tokenize UTF-8 text (add_special: BOS etc. as the tokenizer's post-processor says).
  * *ids is malloc'd (free it). Decode returns a malloc'd NUL-terminated string. */
@@ -358,6 +389,86 @@ KS_API ks_status ks_chat_from_model_dir(const char *dir, const char **format);
  * model's tokenizer has no token "<|im_start|>" (needed by the chatml chat format)`; a model
  * without a tokenizer, an unknown format or NULL pointers are KS_ERR_ARG too. */
 KS_API ks_status ks_chat_check_model(const char *format, const ks_model *m, const ks_chat_msg *msgs, int n);
+
+/* ---------------------------------------------------------------- speed measurements
+ * What `kvsieve bench` measures, for any host: a model's shape, its backend's memory, the
+ * backend's ceilings, and one row of the bench (prefill and decode times of a prompt, repeated). */
+
+/* A model's shape and where it runs. Strings are static or owned by the model. */
+typedef struct ks_model_info {
+    const char *arch;           /* "llama", "qwen2", ... */
+    const char *backend;        /* "cpu" or "cuda" */
+    int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn, vocab, max_context;
+    size_t n_params;            /* weights in all */
+    int elem_bytes;             /* bytes per weight and per KV element on the backend: 4 (CPU,
+                                 * float32) or 2 (CUDA, bf16) */
+} ks_model_info;
+/* NULL pointers are KS_ERR_ARG. */
+KS_API ks_status ks_model_get_info(const ks_model *m, ks_model_info *out);
+
+/* The backend's own memory (weights, KV rows, workspaces), in bytes. "fixed" is long-lived
+ * (weights, KV), "scratch" the activations of a forward. */
+typedef struct ks_model_memory {
+    size_t cur;                 /* now */
+    size_t peak;                /* the most at once since the last reset (reset_peak) */
+    size_t peak_fixed, peak_scratch; /* the split of that peak */
+    size_t pool_used_high, pool_reserved_high; /* CUDA: the memory pool's own high-water marks of
+                                 * used and reserved bytes (driver); 0 on the CPU */
+} ks_model_memory;
+/* The counts now; reset_peak != 0 then starts a new peak. KS_ERR_UNSUPPORTED when the backend
+ * keeps none; NULL pointers are KS_ERR_ARG. */
+KS_API ks_status ks_model_memory_stats(ks_model *m, int reset_peak, ks_model_memory *out);
+/* The backend's measured ceilings: the rate of a large GEMM (TFLOP/s) and of a device copy
+ * (GB/s). It allocates and runs for a moment; KS_ERR_UNSUPPORTED where the backend measures
+ * none (the CPU backend). */
+KS_API ks_status ks_model_ceilings(ks_model *m, double *gemm_tflops, double *copy_gbs);
+
+/* A session's per-phase profile (ks_model_opts.profile turns it on for every session): on != 0
+ * turns it on (2: the host clock), 0 off; the counters start again. ks_session_profiling says
+ * whether it is on. */
+KS_API void ks_session_set_profile(ks_session *s, int on);
+KS_API int ks_session_profiling(const ks_session *s);
+
+typedef struct ks_bench_opts {
+    int gen;                    /* decode steps after each prefill, >= 0 (default 16) */
+    int repeat;                 /* timed runs, >= 1 (default 3) */
+    int gemm_ceiling;           /* 1: also measure the CPU GEMM alone on the model's linear shapes
+                                 * with as many rows as the prompt (CPU backend only; default 0) */
+} ks_bench_opts;
+KS_API void ks_bench_opts_default(ks_bench_opts *o);
+
+/* One bench row. Arrays are malloc'd: free them with ks_bench_result_free (not r itself). */
+typedef struct ks_bench_result {
+    int runs;                   /* timed runs finished (repeat, on success) */
+    double *prefill_s;          /* (runs) seconds of each run's prefill: its time to first token */
+    double *decode_s;           /* (runs) seconds of each run's gen decode steps */
+    double best_prefill_s, best_decode_s; /* the fastest of each */
+    double linear_gflops;       /* matmul GFLOP/s of prefill: with a profile, all timed prefills'
+                                 * matmul FLOPs over their matmul phases; else (CPU) the fastest
+                                 * prefill's own matmul counters; NaN where neither exists */
+    double gemm_gflops;         /* opts.gemm_ceiling: the CPU GEMM alone; NaN otherwise */
+    double prefill_flop;        /* matmul FLOPs of all timed prefills */
+    size_t kv_rows;             /* KV rows over every layer and KV head after the last run */
+    int has_memory;             /* the backend keeps memory counts: */
+    ks_model_memory memory;     /*   the peak over the timed runs (ks_model_memory_stats) */
+    /* with the session's profile on (ks_session_profiling): */
+    int profiled;
+    long prefill_forwards, decode_steps;        /* profiled */
+    double prefill_linear_s, prefill_attention_s; /* summed over them: q/k/v, o, MLP and head */
+    double decode_linear_s, decode_attention_s;   /*   matmuls; attention */
+    char *profile_text;         /* the per-phase table, titled `title` (malloc'd), or NULL */
+} ks_bench_result;
+
+/* Measure prompt ids[0..n) on session s (its policy included): one untimed warm-up prefill of
+ * min(n, 16) tokens, then opts.repeat times: a fresh prefill of the n ids, timed, and gen greedy
+ * decode steps, timed. The memory peak and the profile cover the timed runs only; the profile
+ * counters are reset first. n + gen beyond the model's context, bad options or NULL pointers are
+ * KS_ERR_ARG; an engine failure stops the runs with its status (*out then holds what finished
+ * and must still be freed). title names the profile table (may be NULL). */
+KS_API ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks_bench_opts *o, const char *title,
+                              ks_bench_result *out);
+/* Free the arrays and text of r and zero it (NULL is a no-op). */
+KS_API void ks_bench_result_free(ks_bench_result *r);
 
 /* ---------------------------------------------------------------- policy checks */
 

@@ -1,13 +1,13 @@
 /* cmd_bench.c — `kvsieve bench`: prefill / decode speed per context length, the linear
  * layers' GFLOP/s next to what the backend's GEMM alone reaches on the same shapes, the peak
- * of the backend's own memory per row (ks_backend.mem_stats), and with --profile (or
+ * of the backend's own memory per row (ks_model_memory_stats), and with --profile (or
  * KS_PROFILE=1) a per-phase table per row after the rows. --json FILE writes every figure of
  * every row, with the spread over the --repeat runs (min / median / max of TTFT, prefill
- * tokens/s, TPOT and decode tokens/s); the table shows the best run, as before. */
+ * tokens/s, TPOT and decode tokens/s); the table shows the best run, as before. The measuring
+ * is the library's (kvsieve.h: ks_bench_run, core/bench.c); this file chooses and prints. */
 #include "cli.h"
-#include "cpu_gemm.h"
-#include "engine.h"
 #include "env_opts.h"
+#include "kvsieve.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -15,41 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* GFLOP/s of the CPU backend's GEMM alone (core/cpu_gemm.h, on a pool of all online cores) over
- * the model's linear shapes with n rows: the ceiling the linear layers are measured against. */
-static double sgemm_ceiling(const ks_config *c, int n) {
-    int QD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim;
-    int shapes[][2] = {{c->dim, QD}, {c->dim, KD}, {c->dim, KD}, {QD, c->dim}, {c->dim, c->ffn}, {c->dim, c->ffn}, {c->ffn, c->dim}};
-    size_t maxw = 0;
-    for (int i = 0; i < 7; i++) maxw = KS_MAX(maxw, (size_t)shapes[i][0] * shapes[i][1]);
-    size_t maxin = (size_t)n * KS_MAX(KS_MAX(c->dim, QD), c->ffn);
-    float *W = malloc(sizeof(float) * maxw), *x = malloc(sizeof(float) * maxin), *y = malloc(sizeof(float) * maxin);
-    ks_pool *pool = NULL;
-    if (!W || !x || !y || ks_pool_create(0, &pool)) { free(W); free(x); free(y); return 0; }
-    uint64_t r = 12345;
-    for (size_t i = 0; i < maxw; i++) { r = r * 6364136223846793005ull + 1; W[i] = ((r >> 40) / 16777216.0f - 0.5f) * 0.1f; }
-    for (size_t i = 0; i < maxin; i++) { r = r * 6364136223846793005ull + 1; x[i] = (r >> 40) / 16777216.0f - 0.5f; }
-    double flop = 0, t = 1e30;
-    for (int rep = 0; rep < 4; rep++) { /* best of 3 after a warm-up */
-        flop = 0;
-        double t0 = ks_now();
-        for (int i = 0; i < 7; i++) {
-            int in = shapes[i][0], out = shapes[i][1];
-            ks_gemm_nt(pool, y, x, W, n, in, out);
-            flop += 2.0 * n * in * out;
-        }
-        if (rep > 0) t = fmin(t, ks_now() - t0);
-    }
-    ks_pool_free(pool);
-    free(W); free(x); free(y);
-    return flop / t / 1e9;
-}
-
-/* Provided by the Lua layer. */
-ks_status ks_policy_load(ks_model *m, const char *name_or_path, ks_policy **out);
-ks_status ks_policy_set(ks_policy *p, const char *key, const char *value);
-void ks_policy_free(ks_policy *p);
 
 #define GIB(x) ((double)(x) / 1073741824.0)
 
@@ -87,32 +52,27 @@ typedef struct bench_row {
     char policy[64];
     int tokens;
     spread ttft, prefill_tps, tpot_ms, decode_tps; /* over the repeats */
-    double lin_gf, sgemm_gf;
-    ks_profile prof;
-    ks_mem_stats mem;
-    double pf_flop;   /* matmul FLOPs of the timed prefills */
-    size_t kv_rows;   /* KV rows over all layers and KV heads after the last decode */
+    ks_bench_result r;  /* the library's measurements (owned: ks_bench_result_free) */
 } bench_row;
 
 /* Per row, the rates of the main phases next to the measured ceilings: prefill linear and
  * (full attention only: causal FLOPs are known) attention TFLOP/s; decode weight and KV
  * streaming GB/s. */
-static void print_rates(const bench_row *r, const ks_config *c, size_t n_params, int elem_bytes, double gemm_tf,
-                        double copy_gbs) {
-    const double *ps = r->prof.sec[0], *ds = r->prof.sec[1];
-    long nf = r->prof.forwards[0], nd = r->prof.forwards[1];
+static void print_rates(const bench_row *br, const ks_model_info *c, double gemm_tf, double copy_gbs) {
+    const ks_bench_result *r = &br->r;
+    long nf = r->prefill_forwards, nd = r->decode_steps;
     if (nf <= 0) return;
-    double lin_s = ps[KS_PH_QKV] + ps[KS_PH_OPROJ] + ps[KS_PH_MLP] + ps[KS_PH_LM_HEAD];
-    printf("rates: %s, %d tokens:", r->policy, r->tokens);
-    if (lin_s > 0) printf(" prefill linear %.3g TFLOP/s", r->pf_flop / lin_s / 1e12);
-    if (!strcmp(r->policy, "none") && ps[KS_PH_ATTENTION] > 0) {
-        double n = r->tokens, fl = 2.0 * n * n * c->head_dim * c->n_heads * c->n_layers * nf; /* causal */
-        printf(", prefill attention %.3g TFLOP/s", fl / ps[KS_PH_ATTENTION] / 1e12);
+    double lin_s = r->prefill_linear_s;
+    printf("rates: %s, %d tokens:", br->policy, br->tokens);
+    if (lin_s > 0) printf(" prefill linear %.3g TFLOP/s", r->prefill_flop / lin_s / 1e12);
+    if (!strcmp(br->policy, "none") && r->prefill_attention_s > 0) {
+        double n = br->tokens, fl = 2.0 * n * n * c->head_dim * c->n_heads * c->n_layers * nf; /* causal */
+        printf(", prefill attention %.3g TFLOP/s", fl / r->prefill_attention_s / 1e12);
     }
     if (nd > 0) {
-        double dl = (ds[KS_PH_QKV] + ds[KS_PH_OPROJ] + ds[KS_PH_MLP] + ds[KS_PH_LM_HEAD]) / nd;
-        double kvb = (double)r->kv_rows * c->head_dim * 2 * elem_bytes, da = ds[KS_PH_ATTENTION] / nd;
-        if (dl > 0) printf(", decode weights %.3g GB/s", (double)n_params * elem_bytes / dl / 1e9);
+        double dl = r->decode_linear_s / nd;
+        double kvb = (double)r->kv_rows * c->head_dim * 2 * c->elem_bytes, da = r->decode_attention_s / nd;
+        if (dl > 0) printf(", decode weights %.3g GB/s", (double)c->n_params * c->elem_bytes / dl / 1e9);
         if (da > 0) printf(", decode attention %.3g GB/s (%.3g GB of KV)", kvb / da / 1e9, kvb / 1e9);
     }
     if (gemm_tf > 0) printf(" | ceilings: GEMM %.0f TFLOP/s, copy %.0f GB/s", gemm_tf, copy_gbs);
@@ -148,24 +108,25 @@ int ks_cli_bench(int argc, char **argv) {
     /* the JSON file must be writable before any work (written at the end) */
     if (json_path && ks_cli_check_writable("bench: --json", json_path)) return 2;
     ks_model *m;
+    ks_model_opts mo;
+    ks_model_opts_default(&mo);
+    mo.backend = backend;
     if (random_cfg) {
-        ks_backend *be;
-        if (ks_cli_backend_create(backend, &be)) return ks_cli_fail("backend");
-        if (ks_model_random(random_cfg, be, 1, &m)) { ks_backend_free(be); return ks_cli_fail("cannot build random model"); }
+        if (ks_cli_model_open_random(random_cfg, &mo, 1, &m)) return ks_cli_fail("cannot build random model");
         model = random_cfg;
-    } else if (ks_cli_model_open(model, &(ks_model_opts){.backend = backend}, &m)) return ks_cli_fail("cannot load model");
-    const ks_config *c = &m->cfg;
+    } else if (ks_cli_model_open(model, &mo, &m)) return ks_cli_fail("cannot load model");
+    ks_model_info c;
+    ks_model_get_info(m, &c);
     ks_session *s;
     if (ks_session_create(m, &s)) { ks_model_close(m); return ks_cli_fail("session"); }
     /* --profile, or KS_PROFILE in the environment (already on: =sync keeps the host clock) */
-    if (profile && !s->prof.on) ks_profile_enable(s, 1);
-    profile = s->prof.on;
-    ks_backend *be = m->be;
-    ks_mem_stats ms0 = {0};
-    if (be->mem_stats) be->mem_stats(be, &ms0, 1);
-    printf("kvsieve bench: %s (%s, %d layers, dim %d, %zu M params) on %s, batch 1, best of %d\n", model,
-           ks_arch_name(c->arch), c->n_layers, c->dim, m->n_params / 1000000, be->name, reps);
-    if (be->mem_stats) printf("backend memory after loading: %.2f GiB (weights and workspaces)\n", GIB(ms0.cur));
+    if (profile && !ks_session_profiling(s)) ks_session_set_profile(s, 1);
+    profile = ks_session_profiling(s);
+    ks_model_memory ms0;
+    int has_mem = ks_model_memory_stats(m, 1, &ms0) == KS_OK;
+    printf("kvsieve bench: %s (%s, %d layers, dim %d, %zu M params) on %s, batch 1, best of %d\n", model, c.arch,
+           c.n_layers, c.dim, c.n_params / 1000000, c.backend, reps);
+    if (has_mem) printf("backend memory after loading: %.2f GiB (weights and workspaces)\n", GIB(ms0.cur));
     if (profile)
         printf("profiling on: linear_GF/s from the profile's matmul phases, TTFT/TPOT include the profiler's marks\n");
     printf("%-12s %8s %10s %12s %12s %11s %8s %10s %9s %9s\n", "policy", "tokens", "TTFT_s", "prefill_t/s", "linear_GF/s",
@@ -174,6 +135,11 @@ int ks_cli_bench(int argc, char **argv) {
     bench_row *rows = NULL;
     char *plist = strdup(policies);
     char *psave = NULL;
+    ks_bench_opts bo;
+    ks_bench_opts_default(&bo);
+    bo.gen = gen;
+    bo.repeat = reps;
+    bo.gemm_ceiling = 1;
     for (char *pn = strtok_r(plist, ",", &psave); pn && !rc; pn = strtok_r(NULL, ",", &psave)) {
         ks_policy *pol = NULL;
         if (strcmp(pn, "none")) {
@@ -195,84 +161,15 @@ int ks_cli_bench(int argc, char **argv) {
             if (!rc && ks_cli_check_policy(m, pol, "bench")) rc = 2;
             if (rc) { ks_policy_free(pol); break; }
         }
-        s->policy = pol;
+        ks_session_set_policy(s, pol);
         for (int li = 0; li < n_lens; li++) {
             int L = lens[li];
-            if ((long long)L + gen > c->max_pos) { /* in 64 bits: --gen may be up to INT_MAX */
-                fprintf(stderr, "kvsieve: bench: length %d (+%d generated) exceeds the model's context %d\n", L, gen, c->max_pos);
+            if ((long long)L + gen > c.max_context) { /* in 64 bits: --gen may be up to INT_MAX */
+                fprintf(stderr, "kvsieve: bench: length %d (+%d generated) exceeds the model's context %d\n", L, gen,
+                        c.max_context);
                 rc = 2;
                 break;
             }
-            int32_t *ids = malloc(sizeof(int32_t) * L);
-            uint64_t r = 99;
-            for (int i = 0; i < L; i++) { r = r * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((r >> 33) % c->vocab); }
-            /* warm-up on a short prompt, then the timed runs (best of `reps`: timings here are noisy);
-             * the memory peak and the profile cover the timed runs */
-            ks_session_reset(s);
-            ks_session_prefill(s, ids, KS_MIN(L, 16));
-            ks_session_reset(s);
-            ks_mem_stats ms = {0};
-            if (be->mem_stats) be->mem_stats(be, &ms, 1);
-            ks_profile_reset(s);
-            double tp = 1e30, td = 1e30, lin_gf = 0, pf_flop = 0;
-            double *tps = calloc((size_t)reps, sizeof *tps), *tds = calloc((size_t)reps, sizeof *tds);
-            int n_rep = 0;
-            if (!tps || !tds) { free(tps); free(tds); free(ids); rc = ks_cli_fail("bench: out of memory"); break; }
-            size_t kv_rows = 0;
-            ks_status st = KS_OK;
-            for (int rep = 0; rep < reps && !st; rep++) {
-                ks_session_reset(s);
-                be->stat_matmul_s = be->stat_matmul_flop = 0;
-                /* the CPU backend times its matmuls for the linear_GF/s column; a GPU backend would have
-                 * to synchronise around each one (TTFT would include those stalls): there the column
-                 * comes from --profile */
-                be->count_stats = !profile && !strcmp(be->name, "cpu");
-                double t0 = ks_now();
-                st = ks_session_prefill(s, ids, L);
-                double t = ks_now() - t0;
-                be->count_stats = 0;
-                pf_flop += be->stat_matmul_flop;
-                if (st) break;
-                if (t < tp) { tp = t; lin_gf = be->stat_matmul_s > 0 ? be->stat_matmul_flop / be->stat_matmul_s / 1e9 : NAN; }
-                ks_sampler smp;
-                ks_sampler_init(&smp, 0, 1, 0);
-                double t1 = ks_now();
-                for (int g = 0; g < gen && !st; g++) st = ks_session_decode(s, ks_sample(&smp, s->logits, c->vocab));
-                double tdr = ks_now() - t1;
-                td = fmin(td, tdr);
-                if (!st) { tps[n_rep] = t; tds[n_rep] = tdr; n_rep++; }
-                kv_rows = 0;
-                for (int l = 0; l < c->n_layers; l++) kv_rows += ks_session_kv_rows(s, l);
-            }
-            free(ids);
-            if (st) { free(tps); free(tds); rc = ks_cli_fail("bench"); break; }
-            /* the spread over the repeats: TTFT and TPOT directly, the rates from each run's time */
-            double *rate = calloc((size_t)n_rep + 1, sizeof *rate), *tpot = calloc((size_t)n_rep + 1, sizeof *tpot),
-                   *drate = calloc((size_t)n_rep + 1, sizeof *drate);
-            spread s_ttft = {NAN, NAN, NAN}, s_rate = s_ttft, s_tpot = s_ttft, s_drate = s_ttft;
-            if (rate && tpot && drate) {
-                for (int k = 0; k < n_rep; k++) {
-                    rate[k] = L / tps[k];
-                    tpot[k] = gen > 0 ? 1e3 * tds[k] / gen : NAN;
-                    drate[k] = gen > 0 && tds[k] > 0 ? gen / tds[k] : NAN;
-                }
-                s_rate = spread_of(rate, n_rep);
-                if (gen > 0) { s_tpot = spread_of(tpot, n_rep); s_drate = spread_of(drate, n_rep); }
-                s_ttft = spread_of(tps, n_rep);
-            }
-            free(rate); free(tpot); free(drate); free(tps); free(tds);
-            if (be->mem_stats) be->mem_stats(be, &ms, 0);
-            if (profile) { /* linear rate from the matmul phases of all timed prefills */
-                const double *ps = s->prof.sec[0];
-                double lin_s = ps[KS_PH_QKV] + ps[KS_PH_OPROJ] + ps[KS_PH_MLP] + ps[KS_PH_LM_HEAD];
-                lin_gf = lin_s > 0 ? pf_flop / lin_s / 1e9 : 0;
-            }
-            /* the CPU's sgemm ceiling only means something next to the CPU backend */
-            double ceil = strcmp(be->name, "cpu") ? NAN : sgemm_ceiling(c, L);
-            printf("%-12s %8d %10.3f %12.1f %12.1f %11.1f %7.0f%% %10.2f %9zu %9.2f\n", pn, L, tp, L / tp, lin_gf, ceil,
-                   100 * lin_gf / ceil, gen > 0 ? 1e3 * td / gen : 0.0, kv_rows / ((size_t)c->n_layers * c->n_kv_heads),
-                   be->mem_stats ? GIB(ms.peak) : NAN);
-            fflush(stdout);
             if (n_rows == cap_rows) {
                 int nc = cap_rows ? 2 * cap_rows : 8;
                 bench_row *nr = realloc(rows, sizeof *nr * nc);
@@ -280,46 +177,71 @@ int ks_cli_bench(int argc, char **argv) {
                 rows = nr;
                 cap_rows = nc;
             }
-            bench_row *br = &rows[n_rows++];
+            int32_t *ids = malloc(sizeof(int32_t) * L);
+            if (!ids) { rc = ks_cli_fail("bench: out of memory"); break; }
+            uint64_t r = 99;
+            for (int i = 0; i < L; i++) { r = r * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((r >> 33) % c.vocab); }
+            bench_row *br = &rows[n_rows];
+            memset(br, 0, sizeof *br);
             snprintf(br->policy, sizeof br->policy, "%s", pn);
             br->tokens = L;
-            br->prof = s->prof;
-            br->mem = ms;
-            br->pf_flop = pf_flop;
-            br->kv_rows = kv_rows;
+            char title[128];
+            snprintf(title, sizeof title, "%s, %d tokens", pn, L);
+            /* warm-up, then the timed runs (best of `reps`: timings here are noisy) */
+            ks_status st = ks_bench_run(s, ids, L, &bo, title, &br->r);
+            free(ids);
+            if (st) { ks_bench_result_free(&br->r); rc = ks_cli_fail("bench"); break; }
+            n_rows++;
+            const ks_bench_result *res = &br->r;
+            int n_rep = res->runs;
+            /* the spread over the repeats: TTFT and TPOT directly, the rates from each run's time */
+            double *rate = calloc((size_t)n_rep + 1, sizeof *rate), *tpot = calloc((size_t)n_rep + 1, sizeof *tpot),
+                   *drate = calloc((size_t)n_rep + 1, sizeof *drate), *tps = calloc((size_t)n_rep + 1, sizeof *tps);
+            spread s_ttft = {NAN, NAN, NAN}, s_rate = s_ttft, s_tpot = s_ttft, s_drate = s_ttft;
+            if (rate && tpot && drate && tps) {
+                for (int k = 0; k < n_rep; k++) {
+                    const double *tds = res->decode_s;
+                    tps[k] = res->prefill_s[k];
+                    rate[k] = L / res->prefill_s[k];
+                    tpot[k] = gen > 0 ? 1e3 * tds[k] / gen : NAN;
+                    drate[k] = gen > 0 && tds[k] > 0 ? gen / tds[k] : NAN;
+                }
+                s_rate = spread_of(rate, n_rep);
+                if (gen > 0) { s_tpot = spread_of(tpot, n_rep); s_drate = spread_of(drate, n_rep); }
+                s_ttft = spread_of(tps, n_rep);
+            }
+            free(rate); free(tpot); free(drate); free(tps);
+            double tp = res->best_prefill_s, td = res->best_decode_s, lin_gf = res->linear_gflops, ceil = res->gemm_gflops;
+            printf("%-12s %8d %10.3f %12.1f %12.1f %11.1f %7.0f%% %10.2f %9zu %9.2f\n", pn, L, tp, L / tp, lin_gf, ceil,
+                   100 * lin_gf / ceil, gen > 0 ? 1e3 * td / gen : 0.0, res->kv_rows / ((size_t)c.n_layers * c.n_kv_heads),
+                   has_mem ? GIB(res->memory.peak) : NAN);
+            fflush(stdout);
             br->ttft = s_ttft;
             br->prefill_tps = s_rate;
             br->tpot_ms = s_tpot;
             br->decode_tps = s_drate;
-            br->lin_gf = lin_gf;
-            br->sgemm_gf = ceil;
-            ks_profile_reset(s);
         }
-        s->policy = NULL;
+        ks_session_set_policy(s, NULL);
         ks_policy_free(pol);
     }
     free(plist);
-    printf("peak host memory %.1f MiB\n", ks_peak_rss() / 1048576.0);
+    printf("peak host memory %.1f MiB\n", ks_cli_peak_rss() / 1048576.0);
     /* per row: what the peak was made of; the CUDA pool's own high-water marks (driver) */
-    for (int i = 0; i < n_rows && be->mem_stats; i++) {
-        const ks_mem_stats *q = &rows[i].mem;
+    for (int i = 0; i < n_rows && has_mem; i++) {
+        const ks_model_memory *q = &rows[i].r.memory;
         printf("memory %-12s %8d: peak %.2f GiB = fixed %.2f (weights, KV) + scratch %.2f", rows[i].policy,
                rows[i].tokens, GIB(q->peak), GIB(q->peak_fixed), GIB(q->peak_scratch));
         if (q->pool_reserved_high) printf("; pool used high %.2f, reserved high %.2f", GIB(q->pool_used_high), GIB(q->pool_reserved_high));
         printf("\n");
     }
-    for (int i = 0; i < n_rows && profile; i++) {
-        char title[128];
-        snprintf(title, sizeof title, "%s, %d tokens", rows[i].policy, rows[i].tokens);
-        ks_profile_print(&rows[i].prof, stdout, title);
-    }
+    for (int i = 0; i < n_rows && profile; i++)
+        if (rows[i].r.profile_text) fputs(rows[i].r.profile_text, stdout);
     if (profile && n_rows) {
         /* the ceilings are measured after the rows, so that their allocations miss the peaks */
         double gemm_tf = 0, copy_gbs = 0;
-        if (be->ceilings && be->ceilings(be, &gemm_tf, &copy_gbs))
-            fprintf(stderr, "kvsieve: bench: ceilings not measured: %s\n", ks_last_error());
-        int elem = strcmp(be->name, "cpu") ? 2 : 4; /* bf16 weights and KV on the GPU, float32 on the CPU */
-        for (int i = 0; i < n_rows; i++) print_rates(&rows[i], c, m->n_params, elem, gemm_tf, copy_gbs);
+        ks_status cst = ks_model_ceilings(m, &gemm_tf, &copy_gbs);
+        if (cst && cst != KS_ERR_UNSUPPORTED) fprintf(stderr, "kvsieve: bench: ceilings not measured: %s\n", ks_last_error());
+        for (int i = 0; i < n_rows; i++) print_rates(&rows[i], &c, gemm_tf, copy_gbs);
     }
     FILE *jf = json_path ? fopen(json_path, "w") : NULL;
     if (json_path && !jf) {
@@ -333,11 +255,11 @@ int ks_cli_bench(int argc, char **argv) {
             if (*c2 == '"' || *c2 == '\\') fputc('\\', jf);
             if ((unsigned char)*c2 >= 0x20) fputc(*c2, jf);
         }
-        fprintf(jf, "\",\n  \"arch\": \"%s\", \"n_layers\": %d, \"dim\": %d, \"n_params\": %zu,\n", ks_arch_name(c->arch),
-                c->n_layers, c->dim, m->n_params);
-        fprintf(jf, "  \"backend\": \"%s\", \"batch\": 1, \"repeat\": %d, \"gen\": %d, \"complete\": %s,\n", be->name, reps,
+        fprintf(jf, "\",\n  \"arch\": \"%s\", \"n_layers\": %d, \"dim\": %d, \"n_params\": %zu,\n", c.arch, c.n_layers, c.dim,
+                c.n_params);
+        fprintf(jf, "  \"backend\": \"%s\", \"batch\": 1, \"repeat\": %d, \"gen\": %d, \"complete\": %s,\n", c.backend, reps,
                 gen, rc ? "false" : "true");
-        fprintf(jf, "  \"peak_host_mib\": %.1f,\n  \"rows\": [", ks_peak_rss() / 1048576.0);
+        fprintf(jf, "  \"peak_host_mib\": %.1f,\n  \"rows\": [", ks_cli_peak_rss() / 1048576.0);
         for (int i = 0; i < n_rows; i++) {
             const bench_row *r = &rows[i];
             fprintf(jf, "%s\n    {\"policy\": \"%s\", \"tokens\": %d, ", i ? "," : "", r->policy, r->tokens);
@@ -349,17 +271,17 @@ int ks_cli_bench(int argc, char **argv) {
             fputs(", ", jf);
             json_spread(jf, "decode_tok_s", r->decode_tps);
             fputs(", \"linear_gflops\": ", jf);
-            json_num(jf, r->lin_gf);
+            json_num(jf, r->r.linear_gflops);
             fputs(", \"sgemm_gflops\": ", jf);
-            json_num(jf, r->sgemm_gf);
-            fprintf(jf, ", \"kv_rows_per_head\": %zu", r->kv_rows / ((size_t)c->n_layers * c->n_kv_heads));
-            if (be->mem_stats) {
+            json_num(jf, r->r.gemm_gflops);
+            fprintf(jf, ", \"kv_rows_per_head\": %zu", r->r.kv_rows / ((size_t)c.n_layers * c.n_kv_heads));
+            if (has_mem) {
                 fputs(", \"peak_gib\": ", jf);
-                json_num(jf, GIB(r->mem.peak));
+                json_num(jf, GIB(r->r.memory.peak));
                 fputs(", \"peak_fixed_gib\": ", jf);
-                json_num(jf, GIB(r->mem.peak_fixed));
+                json_num(jf, GIB(r->r.memory.peak_fixed));
                 fputs(", \"peak_scratch_gib\": ", jf);
-                json_num(jf, GIB(r->mem.peak_scratch));
+                json_num(jf, GIB(r->r.memory.peak_scratch));
             }
             fputc('}', jf);
         }
@@ -369,6 +291,7 @@ int ks_cli_bench(int argc, char **argv) {
         if (bad) { fprintf(stderr, "kvsieve: bench: --json %s: write failed\n", json_path); rc = rc ? rc : 1; }
         else printf("results: %s\n", json_path);
     }
+    for (int i = 0; i < n_rows; i++) ks_bench_result_free(&rows[i].r);
     free(rows);
     ks_session_free(s);
     ks_model_close(m);

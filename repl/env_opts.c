@@ -1,7 +1,5 @@
 /* env_opts.c — see env_opts.h: the one place where the environment becomes options. */
 #include "env_opts.h"
-#include "model.h"
-#include "policy_lua.h"
 
 #include <lua.h>
 #include <stdlib.h>
@@ -19,15 +17,14 @@ static int env_int(const char *name, int *v) {
     return 1;
 }
 
-void ks_cli_backend_opts(ks_backend_opts *o) {
-    *o = ks_backend_opts_default();
+void ks_cli_model_opts(ks_model_opts *o) {
     int v;
-    if (env_int("KS_CUDA_NEW", &v)) o->decode_kernels = v != 0;
-    if (env_int("KS_CUDA_FUSED", &v)) o->fused = v != 0;
-    if (env_int("KS_CUDA_MLP", &v)) o->mlp = v != 0;
-    if (env_int("KS_CUDA_GRAPH", &v)) o->graphs = v != 0;
-    if (env_int("KS_CUDA_PDL", &v)) o->pdl = v != 0;
-    if (env_int("KS_CUDA_WGMMA", &v)) o->prefill_attn = v == 0 ? KS_PREFILL_ATTN_MMA : KS_PREFILL_ATTN_AUTO;
+    if (env_int("KS_CUDA_NEW", &v)) o->decode_kernels = v ? KS_ON : KS_OFF;
+    if (env_int("KS_CUDA_FUSED", &v)) o->fused = v ? KS_ON : KS_OFF;
+    if (env_int("KS_CUDA_MLP", &v)) o->mlp = v ? KS_ON : KS_OFF;
+    if (env_int("KS_CUDA_GRAPH", &v)) o->graphs = v ? KS_ON : KS_OFF;
+    if (env_int("KS_CUDA_PDL", &v)) o->pdl = v ? KS_ON : KS_OFF;
+    if (env_int("KS_CUDA_WGMMA", &v)) o->prefill_attn_mma = v == 0 ? KS_ON : KS_OFF;
     if (env_int("KS_CUDA_TC_SPLITS", &v)) o->decode_splits = v > 0 ? v : 0;
     const char *pe = getenv("KS_PROFILE");
     if (pe && *pe && strcmp(pe, "0")) o->profile = strcmp(pe, "sync") ? 1 : 2;
@@ -35,28 +32,27 @@ void ks_cli_backend_opts(ks_backend_opts *o) {
     o->verbose = dbg && *dbg;
 }
 
-ks_status ks_cli_backend_create(const char *name, ks_backend **out) {
-    ks_backend_opts o;
-    ks_cli_backend_opts(&o);
-    return ks_backend_create_opts(name, &o, out);
+/* mo's backend, threads and device on the defaults, the environment on top */
+static void opts_of(const ks_model_opts *mo, ks_model_opts *o) {
+    ks_model_opts_default(o);
+    if (mo) {
+        o->backend = mo->backend;
+        o->threads = mo->threads;
+        o->device = mo->device;
+    }
+    ks_cli_model_opts(o);
 }
 
 ks_status ks_cli_model_open(const char *dir, const ks_model_opts *mo, ks_model **out) {
-    *out = NULL;
-    ks_model_opts def;
-    if (!mo) { ks_model_opts_default(&def); mo = &def; }
-    if (!dir) return ks_errorf(KS_ERR_ARG, "no model folder given");
-    if (mo->threads < 0 || mo->device < 0)
-        return ks_errorf(KS_ERR_ARG, "threads and device must be >= 0, got %d and %d", mo->threads, mo->device);
-    ks_backend_opts o;
-    ks_cli_backend_opts(&o);
-    o.n_threads = mo->threads;
-    o.device = mo->device;
-    ks_backend *be = NULL;
-    ks_status st = ks_backend_create_opts(mo->backend, &o, &be);
-    if (st) return st;
-    if ((st = ks_model_load(dir, be, 0, out))) ks_backend_free(be);
-    return st;
+    ks_model_opts o;
+    opts_of(mo, &o);
+    return ks_model_open_ex(dir, &o, out);
+}
+
+ks_status ks_cli_model_open_random(const char *config, const ks_model_opts *mo, uint64_t seed, ks_model **out) {
+    ks_model_opts o;
+    opts_of(mo, &o);
+    return ks_model_open_random(config, &o, seed, out);
 }
 
 ks_status ks_cli_policy_load(ks_model *m, const char *name_or_path, ks_policy **out) {
