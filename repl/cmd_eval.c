@@ -275,7 +275,10 @@ static int print_results(const eval_args *a, const ks_eval *ev, const char *cons
     snprintf(title, sizeof title, "%s  %s  %d case%s per cell", a->task, base, a->cases, a->cases == 1 ? "" : "s");
     ks_heatmap_print(stdout, title, nD, dp, nL, lp, panels, nP, isatty(1));
     if (a->png) {
-        if (ks_heatmap_png(a->png, title, nD, dp, nL, lp, panels, nP)) return ks_cli_fail("eval: --png"), -1;
+        if (ks_heatmap_png(a->png, title, nD, dp, nL, lp, panels, nP)) {
+            fprintf(stderr, "kvsieve: eval: --png: %s\n", ks_heatmap_last_error());
+            return -1;
+        }
         printf("heatmap: %s\n", a->png);
     }
     return 0;

@@ -1,12 +1,53 @@
 /* heatmap.c — PNG writer, NIAH heatmap renderer with a built-in bitmap font, terminal table.
  * See heatmap.h. */
 #include "heatmap.h"
-#include "common.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---------------------------------------------------------------- errors and allocation
+ * The message of this file's last failure on this thread (ks_heatmap_last_error): the CLI
+ * layer keeps its own, as it uses only the library's public API. */
+static _Thread_local char hm_err[1024];
+
+const char *ks_heatmap_last_error(void) { return hm_err; }
+
+static ks_status hm_errorf(ks_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static ks_status hm_errorf(ks_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(hm_err, sizeof hm_err, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* "PREFIX: the previous message" */
+static ks_status hm_error_prefix(ks_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static ks_status hm_error_prefix(ks_status st, const char *fmt, ...) {
+    char old[sizeof hm_err], pre[512];
+    memcpy(old, hm_err, sizeof old);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pre, sizeof pre, fmt, ap);
+    va_end(ap);
+    snprintf(hm_err, sizeof hm_err, "%s: %s", pre, old);
+    return st;
+}
+
+static void *hm_malloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) hm_errorf(KS_ERR_OOM, "out of host memory (asked for %zu bytes)", n);
+    return p;
+}
+
+static void *hm_realloc(void *q, size_t n) {
+    void *p = realloc(q, n ? n : 1);
+    if (!p) hm_errorf(KS_ERR_OOM, "out of host memory (asked for %zu bytes)", n);
+    return p;
+}
 
 /* ===================================================================== checksums */
 
@@ -49,7 +90,7 @@ static int ob_reserve(obuf *o, size_t extra) {
     if (o->len + extra <= o->cap) return 0;
     size_t cap = o->cap ? o->cap : 4096;
     while (cap < o->len + extra) cap *= 2;
-    uint8_t *p = ks_realloc(o->p, cap);
+    uint8_t *p = hm_realloc(o->p, cap);
     if (!p) { o->oom = 1; return -1; }
     o->p = p;
     o->cap = cap;
@@ -168,9 +209,9 @@ static int lz_match(const lz *z, size_t i, size_t end, int *dist) {
  * Huffman codes, or stored when that is smaller (noise). bpp/stride: bytes per pixel and per
  * filtered row, tried first as match distances. */
 static ks_status deflate_fixed(bitw *b, const uint8_t *d, size_t n, int bpp, int stride) {
-    lz z = {d, n, ks_malloc(sizeof(int32_t) << HASH_BITS), ks_malloc(sizeof(int32_t) * DEFL_WINDOW),
+    lz z = {d, n, hm_malloc(sizeof(int32_t) << HASH_BITS), hm_malloc(sizeof(int32_t) * DEFL_WINDOW),
             (size_t)bpp, (size_t)stride};
-    tok *t = ks_malloc(sizeof(tok) * DEFL_BLOCK);
+    tok *t = hm_malloc(sizeof(tok) * DEFL_BLOCK);
     if (!z.head || !z.prev || !t) { free(z.head); free(z.prev); free(t); return KS_ERR_OOM; }
     for (size_t i = 0; i < (size_t)1 << HASH_BITS; i++) z.head[i] = -1;
     for (size_t i = 0; i < DEFL_WINDOW; i++) z.prev[i] = -1;
@@ -257,16 +298,16 @@ static void png_chunk(obuf *o, const char *type, const uint8_t *data, size_t n) 
 static unsigned sabs(uint8_t v) { return v < 128 ? v : 256u - v; }
 
 ks_status ks_png_encode_rgb(int w, int h, const uint8_t *rgb, uint8_t **out, size_t *out_len) {
-    if (!rgb || !out || !out_len) return ks_errorf(KS_ERR_ARG, "png: NULL pixel or output pointer");
+    if (!rgb || !out || !out_len) return hm_errorf(KS_ERR_ARG, "png: NULL pixel or output pointer");
     *out = NULL;
     *out_len = 0;
-    if (w <= 0 || h <= 0) return ks_errorf(KS_ERR_ARG, "png: image size %dx%d: width and height must be positive", w, h);
+    if (w <= 0 || h <= 0) return hm_errorf(KS_ERR_ARG, "png: image size %dx%d: width and height must be positive", w, h);
     if (w > KS_PNG_MAX_DIM || h > KS_PNG_MAX_DIM || (int64_t)w * h > KS_PNG_MAX_PIXELS)
-        return ks_errorf(KS_ERR_ARG, "png: image size %dx%d is too large (at most %d per side, %d pixels)", w, h,
+        return hm_errorf(KS_ERR_ARG, "png: image size %dx%d is too large (at most %d per side, %d pixels)", w, h,
                          KS_PNG_MAX_DIM, KS_PNG_MAX_PIXELS);
     size_t row = (size_t)w * 3, stride = row + 1;
-    uint8_t *raw = ks_malloc(stride * (size_t)h);
-    if (!raw) return ks_error_prefix(KS_ERR_OOM, "png: %dx%d image", w, h);
+    uint8_t *raw = hm_malloc(stride * (size_t)h);
+    if (!raw) return hm_error_prefix(KS_ERR_OOM, "png: %dx%d image", w, h);
     for (int y = 0; y < h; y++) {
         const uint8_t *cur = rgb + (size_t)y * row, *up = y ? cur - row : NULL;
         uint8_t *o = raw + (size_t)y * stride;
@@ -291,7 +332,7 @@ ks_status ks_png_encode_rgb(int w, int h, const uint8_t *rgb, uint8_t **out, siz
     bw_align(&b);
     ob_be32(&b.o, ks_adler32(1, raw, stride * (size_t)h));
     free(raw);
-    if (st || b.o.oom) { free(b.o.p); return ks_error_prefix(KS_ERR_OOM, "png: %dx%d image", w, h); }
+    if (st || b.o.oom) { free(b.o.p); return hm_error_prefix(KS_ERR_OOM, "png: %dx%d image", w, h); }
 
     obuf o = {0};
     static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
@@ -305,29 +346,29 @@ ks_status ks_png_encode_rgb(int w, int h, const uint8_t *rgb, uint8_t **out, siz
         png_chunk(&o, "IDAT", b.o.p + at, b.o.len - at < part ? b.o.len - at : part);
     png_chunk(&o, "IEND", NULL, 0);
     free(b.o.p);
-    if (o.oom) { free(o.p); return ks_error_prefix(KS_ERR_OOM, "png: %dx%d image", w, h); }
+    if (o.oom) { free(o.p); return hm_error_prefix(KS_ERR_OOM, "png: %dx%d image", w, h); }
     *out = o.p;
     *out_len = o.len;
     return KS_OK;
 }
 
 ks_status ks_png_write_rgb(const char *path, int w, int h, const uint8_t *rgb) {
-    if (!path || !*path) return ks_errorf(KS_ERR_ARG, "png: no output path");
+    if (!path || !*path) return hm_errorf(KS_ERR_ARG, "png: no output path");
     uint8_t *png;
     size_t n;
     ks_status st = ks_png_encode_rgb(w, h, rgb, &png, &n);
-    if (st) return ks_error_prefix(st, "%s", path);
+    if (st) return hm_error_prefix(st, "%s", path);
     FILE *f = fopen(path, "wb");
     if (!f) {
         int e = errno;
         free(png);
-        return ks_errorf(KS_ERR_IO, "cannot write %s: %s", path, strerror(e));
+        return hm_errorf(KS_ERR_IO, "cannot write %s: %s", path, strerror(e));
     }
     size_t wr = fwrite(png, 1, n, f);
     int e = errno;
     free(png);
-    if (wr != n) { fclose(f); return ks_errorf(KS_ERR_IO, "cannot write %s: %s", path, strerror(e)); }
-    if (fclose(f)) return ks_errorf(KS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    if (wr != n) { fclose(f); return hm_errorf(KS_ERR_IO, "cannot write %s: %s", path, strerror(e)); }
+    if (fclose(f)) return hm_errorf(KS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
     return KS_OK;
 }
 
@@ -578,7 +619,7 @@ static int wrap_text(const char *s, int width, int scale, char **lines, int max)
     if (!s || !*s) return 0;
     int nl = 0;
     size_t len = strlen(s);
-    char *buf = ks_malloc(len + 1);
+    char *buf = hm_malloc(len + 1);
     if (!buf) return 0;
     const char *p = s;
     while (*p) {
@@ -599,7 +640,7 @@ static int wrap_text(const char *s, int width, int scale, char **lines, int max)
             best = take = e;
         }
         if (lines && nl < max) {
-            lines[nl] = ks_malloc(best + 1);
+            lines[nl] = hm_malloc(best + 1);
             if (lines[nl]) { memcpy(lines[nl], p, best); lines[nl][best] = 0; }
         }
         nl++;
@@ -626,9 +667,9 @@ ks_status ks_heatmap_render(const char *title, int n_rows, const char *const *ro
                             const char *const *col_labels, const ks_heat_panel *panels, int n_panels,
                             uint8_t **rgb, ks_heat_geom *g) {
     char ebuf[200], lb[16];
-    if (!rgb) return ks_errorf(KS_ERR_ARG, "heatmap: NULL output pointer");
+    if (!rgb) return hm_errorf(KS_ERR_ARG, "heatmap: NULL output pointer");
     *rgb = NULL;
-    if (check_args(n_rows, n_cols, panels, n_panels, ebuf, sizeof ebuf)) return ks_errorf(KS_ERR_ARG, "heatmap: %s", ebuf);
+    if (check_args(n_rows, n_cols, panels, n_panels, ebuf, sizeof ebuf)) return hm_errorf(KS_ERR_ARG, "heatmap: %s", ebuf);
 
     /* cell size: room for "0.00" and the column labels, shrunk for very large grids */
     int colw = 0, roww = 0;
@@ -679,10 +720,10 @@ ks_status ks_heatmap_render(const char *title, int n_rows, const char *const *ro
     width = imax(width, gx[n_panels - 1] + pitch_w) + MARGIN;
     if (title) width = imax(width, 2 * MARGIN + text_width(title, TS) + 1);
     if (width > KS_PNG_MAX_DIM || height > KS_PNG_MAX_DIM)
-        return ks_errorf(KS_ERR_ARG, "heatmap: image would be %dx%d pixels (too large; shorten the title?)", width, height);
+        return hm_errorf(KS_ERR_ARG, "heatmap: image would be %dx%d pixels (too large; shorten the title?)", width, height);
 
-    canvas cv = {width, height, ks_malloc((size_t)width * height * 3)};
-    if (!cv.p) return ks_error_prefix(KS_ERR_OOM, "heatmap %dx%d", width, height);
+    canvas cv = {width, height, hm_malloc((size_t)width * height * 3)};
+    if (!cv.p) return hm_error_prefix(KS_ERR_OOM, "heatmap %dx%d", width, height);
     fill(&cv, 0, 0, width, height, C_BG);
 
     if (title && *title) draw_text(&cv, MARGIN, title_y, title, TS, C_TEXT, 1, 0);
@@ -770,11 +811,11 @@ ks_status ks_heatmap_render(const char *title, int n_rows, const char *const *ro
 
 ks_status ks_heatmap_png(const char *path, const char *title, int n_rows, const char *const *row_labels,
                          int n_cols, const char *const *col_labels, const ks_heat_panel *panels, int n_panels) {
-    if (!path || !*path) return ks_errorf(KS_ERR_ARG, "heatmap: no output path");
+    if (!path || !*path) return hm_errorf(KS_ERR_ARG, "heatmap: no output path");
     uint8_t *rgb;
     ks_heat_geom g;
     ks_status st = ks_heatmap_render(title, n_rows, row_labels, n_cols, col_labels, panels, n_panels, &rgb, &g);
-    if (st) return ks_error_prefix(st, "%s", path);
+    if (st) return hm_error_prefix(st, "%s", path);
     st = ks_png_write_rgb(path, g.width, g.height, rgb);
     free(rgb);
     return st;

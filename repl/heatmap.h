@@ -23,6 +23,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* The message of the last failure of a function below on this thread ("" if none); every
+ * function that returns a failing ks_status sets it. */
+const char *ks_heatmap_last_error(void);
+
 /* Largest image side the PNG writer accepts, and the largest pixel count (w*h). */
 #define KS_PNG_MAX_DIM 16384
 #define KS_PNG_MAX_PIXELS (64 * 1024 * 1024)
@@ -39,7 +43,7 @@ uint32_t ks_crc32(uint32_t crc, const void *data, size_t n);
 uint32_t ks_adler32(uint32_t adler, const void *data, size_t n);
 
 /* Encode an image as PNG in memory. rgb: (h, w, 3) bytes, row-major, top row first.
- * On success *out (ks_malloc'd, caller frees) holds *out_len bytes.
+ * On success *out (malloc'd, caller frees) holds *out_len bytes.
  * Errors: KS_ERR_ARG for NULL pointers or w/h <= 0 or beyond KS_PNG_MAX_DIM / KS_PNG_MAX_PIXELS;
  * KS_ERR_OOM. */
 ks_status ks_png_encode_rgb(int w, int h, const uint8_t *rgb, uint8_t **out, size_t *out_len);

@@ -6,6 +6,7 @@
  * heatmap code is therefore compiled into this test directly (its static helpers, e.g. the font,
  * are then visible to the tests too). */
 #include "../repl/heatmap.c"
+#include "common.h" /* ks_read_file */
 
 #include "ktest.h"
 #include "testutil.h"
@@ -157,7 +158,7 @@ KT_TEST(heatmap_png_roundtrip) {
         char path[400], msg[400];
         snprintf(path, sizeof path, "%s/%s.png", dir, im[k].name);
         ks_status st = ks_png_write_rgb(path, im[k].w, im[k].h, im[k].rgb);
-        if (st) { fprintf(stderr, "    %s: %s\n", im[k].name, ks_last_error()); ok = 0; break; }
+        if (st) { fprintf(stderr, "    %s: %s\n", im[k].name, ks_heatmap_last_error()); ok = 0; break; }
         int w = 0, h = 0;
         uint8_t *dec = NULL;
         if (py_decode(dir, path, &w, &h, &dec, msg, sizeof msg)) { fprintf(stderr, "    %s: %s\n", im[k].name, msg); ok = 0; break; }
@@ -184,26 +185,26 @@ KT_TEST(heatmap_png_errors) {
     uint8_t *out = NULL;
     size_t n = 0;
     KT_CHECK(ks_png_encode_rgb(0, 5, px, &out, &n) == KS_ERR_ARG && !out, "width 0");
-    KT_CHECK(strstr(ks_last_error(), "0x5"), "message names the size: %s", ks_last_error());
+    KT_CHECK(strstr(ks_heatmap_last_error(), "0x5"), "message names the size: %s", ks_heatmap_last_error());
     KT_CHECK(ks_png_encode_rgb(2, -1, px, &out, &n) == KS_ERR_ARG, "negative height");
     KT_CHECK(ks_png_encode_rgb(KS_PNG_MAX_DIM + 1, 1, px, &out, &n) == KS_ERR_ARG, "too wide");
-    KT_CHECK(strstr(ks_last_error(), "too large"), "%s", ks_last_error());
+    KT_CHECK(strstr(ks_heatmap_last_error(), "too large"), "%s", ks_heatmap_last_error());
     KT_CHECK(ks_png_encode_rgb(10000, 10000, px, &out, &n) == KS_ERR_ARG, "too many pixels");
     KT_CHECK(ks_png_encode_rgb(2, 2, NULL, &out, &n) == KS_ERR_ARG, "NULL pixels");
     char dir[256], path[400];
     KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "mkdtemp");
     snprintf(path, sizeof path, "%s/no_such_dir/x.png", dir);
     ks_status st = ks_png_write_rgb(path, 2, 2, px);
-    int named = strstr(ks_last_error(), "no_such_dir/x.png") != NULL;
+    int named = strstr(ks_heatmap_last_error(), "no_such_dir/x.png") != NULL;
     snprintf(path, sizeof path, "%s/bad.png", dir);
     ks_status st2 = ks_png_write_rgb(path, 0, 2, px);
     int absent = file_size(path) < 0;
     kt_rmdir(dir);
-    KT_CHECK(st == KS_ERR_IO && named, "unwritable path: %d %s", st, ks_last_error());
+    KT_CHECK(st == KS_ERR_IO && named, "unwritable path: %d %s", st, ks_heatmap_last_error());
     KT_CHECK(st2 == KS_ERR_ARG && absent, "a bad size creates no file");
     KT_CHECK(ks_png_write_rgb(NULL, 2, 2, px) == KS_ERR_ARG, "NULL path");
     /* the smallest image, in memory: signature, IHDR, IDAT, IEND */
-    KT_CHECK(ks_png_encode_rgb(1, 1, px, &out, &n) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_png_encode_rgb(1, 1, px, &out, &n) == KS_OK, "%s", ks_heatmap_last_error());
     int sig = n > 8 && !memcmp(out, "\x89PNG\r\n\x1a\n", 8) && !memcmp(out + 12, "IHDR", 4) && !memcmp(out + n - 8, "IEND", 4);
     free(out);
     KT_CHECK(sig, "PNG layout");
@@ -278,11 +279,11 @@ KT_TEST(heatmap_png_niah_grid) {
     const char *title = "niah  kvsieve-tiny  compare  4 cases per cell";
     uint8_t *rgb = NULL;
     ks_heat_geom g;
-    KT_CHECK(ks_heatmap_render(title, 11, DEPTHS, 5, LENGTHS, pan, 3, &rgb, &g) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_heatmap_render(title, 11, DEPTHS, 5, LENGTHS, pan, 3, &rgb, &g) == KS_OK, "%s", ks_heatmap_last_error());
     /* KS_HEAT_SAMPLE=FILE.png keeps a copy to look at */
     const char *keep = getenv("KS_HEAT_SAMPLE");
     if (keep && *keep && ks_heatmap_png(keep, title, 11, DEPTHS, 5, LENGTHS, pan, 3))
-        fprintf(stderr, "    sample not written: %s\n", ks_last_error());
+        fprintf(stderr, "    sample not written: %s\n", ks_heatmap_last_error());
     int ok = g.cell_text_scale == 2 && g.grid_x[1] > g.grid_x[0] + 5 * g.cell_w && g.width < 2000 && g.height < 800;
     int green[3], red[3], grey[3];
     cell_colour(rgb, g.width, &g, 0, 0, 0, green);
@@ -305,7 +306,7 @@ KT_TEST(heatmap_png_niah_grid) {
     int drc = st ? -1 : py_decode(dir, path, &w, &h, &dec, msg, sizeof msg);
     long sz = file_size(path);
     kt_rmdir(dir);
-    if (st || drc) { free(rgb); KT_CHECK(0, "%s", st ? ks_last_error() : msg); }
+    if (st || drc) { free(rgb); KT_CHECK(0, "%s", st ? ks_heatmap_last_error() : msg); }
     int same = w == g.width && h == g.height && !memcmp(dec, rgb, (size_t)w * h * 3);
     cell_colour(dec, w, &g, 0, 0, 0, green);
     cell_colour(dec, w, &g, 2, 10, 4, red);
@@ -322,20 +323,20 @@ KT_TEST(heatmap_bad_args) {
     ks_heat_panel ok = {"p", sc}, nos = {"broken", NULL};
     uint8_t *rgb = (uint8_t *)1;
     KT_CHECK(ks_heatmap_render("t", 0, NULL, 2, NULL, &ok, 1, &rgb, NULL) == KS_ERR_ARG && !rgb, "0 rows");
-    KT_CHECK(strstr(ks_last_error(), "0 rows"), "%s", ks_last_error());
+    KT_CHECK(strstr(ks_heatmap_last_error(), "0 rows"), "%s", ks_heatmap_last_error());
     KT_CHECK(ks_heatmap_render("t", 2, NULL, KS_HEAT_MAX_AXIS + 1, NULL, &ok, 1, &rgb, NULL) == KS_ERR_ARG, "too many columns");
     KT_CHECK(ks_heatmap_render("t", 2, NULL, 2, NULL, &ok, 0, &rgb, NULL) == KS_ERR_ARG, "0 panels");
     KT_CHECK(ks_heatmap_render("t", 2, NULL, 2, NULL, NULL, 1, &rgb, NULL) == KS_ERR_ARG, "NULL panels");
     ks_heat_panel two[2] = {ok, nos};
     KT_CHECK(ks_heatmap_render("t", 2, NULL, 2, NULL, two, 2, &rgb, NULL) == KS_ERR_ARG, "NULL scores");
-    KT_CHECK(strstr(ks_last_error(), "panel 1 (broken)"), "%s", ks_last_error());
+    KT_CHECK(strstr(ks_heatmap_last_error(), "panel 1 (broken)"), "%s", ks_heatmap_last_error());
     KT_CHECK(ks_heatmap_png(NULL, "t", 2, NULL, 2, NULL, &ok, 1) == KS_ERR_ARG, "NULL path");
     char dir[256], path[400];
     KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "mkdtemp");
     snprintf(path, sizeof path, "%s/none/h.png", dir);
     ks_status st = ks_heatmap_png(path, "t", 2, NULL, 2, NULL, &ok, 1);
     kt_rmdir(dir);
-    KT_CHECK(st == KS_ERR_IO && strstr(ks_last_error(), "none/h.png"), "unwritable: %s", ks_last_error());
+    KT_CHECK(st == KS_ERR_IO && strstr(ks_heatmap_last_error(), "none/h.png"), "unwritable: %s", ks_heatmap_last_error());
     /* odd but valid: no labels, no titles, one cell, a very long title, large grids */
     KT_CHECK(ks_heatmap_render(NULL, 1, NULL, 1, NULL, &(ks_heat_panel){NULL, sc}, 1, &rgb, NULL) == KS_OK, "1x1");
     free(rgb);
