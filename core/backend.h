@@ -1,7 +1,9 @@
 /* backend.h — the interface every compute backend implements (CPU here, CUDA in kernels/).
  *
  * The engine (core/prefill.c, decode.c, forward.c) drives a forward pass only through these
- * calls, so the same engine runs on any backend. Contract:
+ * calls, so the same engine runs on any backend. The forward is a few coarse ops (embed,
+ * attn_in, attention, attn_out, mlp, head): each backend fuses what it likes inside them, so
+ * the engine never asks what was fused. Contract:
  *   - Activation buffers come from ->alloc and live in backend memory (host for CPU, device
  *     for CUDA). Activations are float32 at the interface; a backend may keep weights and
  *     the KV cache in a narrower type (CUDA: bf16) and accumulate in fp32.
@@ -256,8 +258,9 @@ struct ks_backend {
      * running it; their host effects still happen (attn_in with L books its row in L->n and
      * L->pos). What can be recorded is one decode step: embed of one id, attn_in with rotate and
      * L (the cache row written by the projection), one-row attention over the cache, attn_out,
-     * mlp and head; a backend without graphs for some of its options leaves these NULL. The per-token values (the token
-     * id, the position, each head's row count) are read from a device slot when the graph runs:
+     * mlp and head; a backend that cannot record under some of its options leaves these NULL.
+     * The per-token values (the token id, the position, each head's row count) are read from a
+     * device slot when the graph runs:
      * graph_run(g, id, pos) sets that slot (id, pos, delta = pos - the position given to
      * graph_begin) and launches the whole step with one call. Row counts run as recorded + delta
      * and the new row goes to row (recorded count + delta). The caller guarantees that at every

@@ -2,7 +2,9 @@
  *
  *   cuda_ctx.cu    context: device, stream, memory pool, pinned staging, cuBLAS, allocation
  *                  helpers, memory ops, memory statistics, pinned host memory, create/destroy
- *   cuda_dense.cu  weights, matmul/gemv (plain and fused), embed, rmsnorm, rope, swiglu, add, gather_rows
+ *   cuda_dense.cu  weights, matmul/gemv (plain and fused), embed, rmsnorm, rope, swiglu, add,
+ *                  gather_rows (ks_cuda_dense.h)
+ *   cuda_layer.cu  the forward ops (attn_in, attn_out, mlp, head): fused or plain by the options
  *   cuda_kv.cu     the KV cache: alloc, free, append, retain
  *   cuda_attn.cu   attention: the path planner (decode, tensor-core decode, prefill) and its launches
  *   cuda_prof.cu   profiling marks and the roofline ceilings
@@ -23,6 +25,7 @@ extern "C" {
 #include "backend.h"
 #include "config.h"
 }
+#include "ks_cuda_dense.h"
 
 struct ks_weight {
     void *data;            /* (rows, cols) bf16, or float32 for vectors (cols == 1) */
@@ -67,6 +70,8 @@ typedef struct cuda_ctx {
     int32_t *h_step;       /* pinned {id, pos, delta, 0}: written by graph_run, copied by the graph's first node */
     int32_t *d_step;       /* device copy the recorded kernels read */
     void *gws;             /* attention split workspace of recorded steps (GRAPH_WS bytes) */
+    float *row_mlp;        /* (2, row_mlp_n) one row's MLP gate and up (cuda_layer.cu; kept: a recorded step reads it) */
+    size_t row_mlp_n;
 } cuda_ctx;
 
 #define GRAPH_WS ((size_t)8 << 20) /* split-KV workspace of a recorded decode step */
@@ -96,11 +101,12 @@ ks_status cu_kv_append(ks_backend *b, ks_kv_layer *L, const float *k, const floa
 
 /* ---- each file's entries of the backend table (b->opts holds the options) */
 
-void cuda_dense_install(ks_backend *b); /* opts.fused, opts.mlp choose the fused entries */
+void cuda_dense_install(ks_backend *b);
+void cuda_layer_install(ks_backend *b); /* opts.fused, opts.mlp are read at each call */
 void cuda_kv_install(ks_backend *b);
 void cuda_attn_install(ks_backend *b);
 void cuda_prof_install(ks_backend *b);
-void cuda_graph_install(ks_backend *b); /* opts.graphs */
+void cuda_graph_install(ks_backend *b); /* opts.graphs (and opts.fused: the plain ops don't record) */
 void cuda_prims_install(ks_backend *b);
 
 #endif

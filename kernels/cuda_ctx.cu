@@ -206,6 +206,7 @@ static void cu_destroy(ks_backend *b) {
         if (c->h_step) cudaFreeHost(c->h_step);
         raw_free(c, c->d_step);
         raw_free(c, c->gws);
+        raw_free(c, c->row_mlp);
         for (int i = 0; i < ROPE_CACHE; i++) raw_free(c, c->rc[i].dev);
         for (int i = 0; i < c->pcap; i++) cudaEventDestroy(c->pev[i]);
         free(c->pev);
@@ -301,6 +302,7 @@ extern "C" ks_status ks_cuda_backend_create(const ks_backend_opts *opts, ks_back
     b->host_alloc = cu_host_alloc;
     b->host_free = cu_host_free;
     cuda_dense_install(b);
+    cuda_layer_install(b);
     cuda_kv_install(b);
     cuda_attn_install(b);
     cuda_prof_install(b);

@@ -1,7 +1,8 @@
-/* cuda_dense.cu — the CUDA backend's weights and dense operations (cuda_backend_int.h): weight
+/* cuda_dense.cu — the CUDA backend's weights and dense operations (ks_cuda_dense.h): weight
  * upload and conversion, matmul (cuBLAS GEMMs, the one-row gemv), the fused norm + q|k|v + RoPE
- * (+ KV row) and norm + gate|up + SwiGLU projections, the chunked prefill MLP, embed, rmsnorm,
- * rope (with the device inv_freq cache), swiglu, add and gather_rows.
+ * (+ KV row) and norm + gate|up + SwiGLU projections, the chunked bf16 prefill MLP, embed,
+ * rmsnorm, rope (with the device inv_freq cache), swiglu, add and gather_rows. The forward ops
+ * of backend.h are composed of these in cuda_layer.cu.
  *
  * Weights are bf16 (vectors float32), activations float32. GEMMs: cuBLAS bf16 x bf16 -> float32
  * with float32 compute, the float32 activations converted to bf16 in a scratch buffer first. */
@@ -92,6 +93,34 @@ static void cu_weight_free(ks_backend *b, ks_weight *w) {
 
 /* ================================================================ dense ops */
 
+/* y (n, out) = beta * y + x W^T: x (n, in) bf16, W (out, in) bf16, y float32 (yt CUDA_R_32F) or
+ * bf16 (CUDA_R_16BF); float32 accumulation */
+static ks_status gemm_bf16(cuda_ctx *c, void *y, cudaDataType yt, const void *xb, const ks_weight *W, int n, int in,
+                           int out, float beta) {
+    const float one = 1.0f;
+    return blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W->data, CUDA_R_16BF, in, xb,
+                                    CUDA_R_16BF, in, &beta, y, yt, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       yt == CUDA_R_16BF ? "matmul (cublasGemmEx bf16 -> bf16)" : "matmul (cublasGemmEx bf16)");
+}
+
+/* ys[i] (n, outs[i]) = beta * ys[i] + x Ws[i]^T for i < nw (bf16 weights, float32 outputs): x (n,
+ * in) float32 converted to bf16 in row chunks of at most MM_CONV_BYTES (a 128K-row input would
+ * otherwise need a 1 GiB temporary), each chunk once for all nw GEMMs */
+static ks_status gemm_rows_bf16(cuda_ctx *c, const float *x, int n, int in, int nw, const ks_weight *const *Ws,
+                                float *const *ys, const int *outs, float beta) {
+    int rc = (int)KS_MAX((size_t)1, KS_MIN((size_t)n, MM_CONV_BYTES / ((size_t)in * 2)));
+    void *xb = NULL;
+    ks_status st = dev_alloc(c, (size_t)rc * in * 2, "matmul input (bf16)", &xb);
+    for (int r0 = 0; r0 < n && !st; r0 += rc) {
+        int rn = KS_MIN(rc, n - r0);
+        st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, x + (size_t)r0 * in, KS_CUDA_F32, (size_t)rn * in);
+        for (int i = 0; i < nw && !st; i++)
+            st = gemm_bf16(c, ys[i] + (size_t)r0 * outs[i], CUDA_R_32F, xb, Ws[i], rn, in, outs[i], beta);
+    }
+    dev_free(c, xb);
+    return st;
+}
+
 /* y = x W^T + bias (acc = 0) or y += x W^T + bias (acc = 1) */
 static ks_status matmul_impl(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias, int n,
                              int in, int out, int acc) {
@@ -118,21 +147,7 @@ static ks_status matmul_impl(ks_backend *b, float *y, const float *x, const ks_w
         if (st) return st;
         bias = NULL;
     } else if (W->type == KS_CUDA_BF16) {
-        /* the bf16 copy of x in row chunks of at most MM_CONV_BYTES (a 128K-row input would
-         * otherwise need a 1 GiB temporary), one GEMM per chunk */
-        int rc = (int)KS_MAX((size_t)1, KS_MIN((size_t)n, MM_CONV_BYTES / ((size_t)in * 2)));
-        void *xb;
-        if ((st = dev_alloc(c, (size_t)rc * in * 2, "matmul input (bf16)", &xb))) return st;
-        for (int r0 = 0; r0 < n && !st; r0 += rc) {
-            int rn = KS_MIN(rc, n - r0);
-            st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, x + (size_t)r0 * in, KS_CUDA_F32, (size_t)rn * in);
-            if (!st)
-                st = blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rn, in, &one, W->data, CUDA_R_16BF,
-                                              in, xb, CUDA_R_16BF, in, beta, y + (size_t)r0 * out, CUDA_R_32F, out,
-                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                                 "matmul (cublasGemmEx bf16)");
-        }
-        dev_free(c, xb);
+        st = gemm_rows_bf16(c, x, n, in, 1, &W, &y, &out, acc ? 1.0f : 0.0f);
     } else {
         st = blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W->data, CUDA_R_32F, in, x,
                                       CUDA_R_32F, in, beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -152,26 +167,15 @@ static ks_status matmul_impl(ks_backend *b, float *y, const float *x, const ks_w
     return KS_OK;
 }
 
-/* y (n, out) = beta * y + x W^T: x (n, in) bf16, W (out, in) bf16, y float32 (yt CUDA_R_32F) or
- * bf16 (CUDA_R_16BF); float32 accumulation */
-static ks_status gemm_bf16(cuda_ctx *c, void *y, cudaDataType yt, const void *xb, const ks_weight *W, int n, int in,
-                           int out, float beta) {
-    const float one = 1.0f;
-    return blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W->data, CUDA_R_16BF, in, xb,
-                                    CUDA_R_16BF, in, &beta, y, yt, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                       yt == CUDA_R_16BF ? "matmul (cublasGemmEx bf16 -> bf16)" : "matmul (cublasGemmEx bf16)");
-}
-
-static ks_status cu_matmul(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias, int n,
-                           int in, int out) {
+ks_status ks_cuda_dense_matmul(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias, int n,
+                               int in, int out) {
     return matmul_impl(b, y, x, W, bias, n, in, out, 0);
 }
-static ks_status cu_matmul_add(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias, int n,
-                               int in, int out) {
+ks_status ks_cuda_dense_matmul_add(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias,
+                                   int n, int in, int out) {
     return matmul_impl(b, y, x, W, bias, n, in, out, 1);
 }
 
-static ks_status cu_rope(ks_backend *b, float *x, int n, int n_heads, const int32_t *pos, const ks_rope *r, int max_pos);
 static ks_status rope_inv_dev(cuda_ctx *c, const ks_rope *r, int max_pos, const float **out);
 
 /* bench counters for a fused call: like matmul_impl's (a timed call synchronises) */
@@ -197,7 +201,6 @@ static int gemv_weight_ok(const ks_weight *W, int in, int out) {
 }
 static int vec_ok(const ks_weight *v, int n) { return !v || (v->type == KS_CUDA_F32 && v->rows * v->cols == n); }
 
-static ks_status cu_rmsnorm(ks_backend *b, float *out, const float *x, const ks_weight *w, int n, int dim, float eps);
 
 /* A fused call's norm: into the gemv (*nw set) when the kernel takes it, else ks_cuda_rmsnorm
  * first (x then points at xn). */
@@ -210,13 +213,13 @@ static ks_status fused_norm(ks_backend *b, const float **x, const ks_weight *nor
         *nw = (const float *)norm->data;
         return KS_OK;
     }
-    ks_status st = cu_rmsnorm(b, xn, *x, norm, n, in, eps);
+    ks_status st = ks_cuda_dense_rmsnorm(b, xn, *x, norm, n, in, eps);
     *x = xn;
     return st;
 }
 
-/* matmul_qkv, and with L non-NULL then kv_append(L, k, v, pos, n): on the one-row gemv path the
- * kernel stores the new cache row itself (no kv_append launch) */
+/* ks_cuda_dense_qkv: the projections, and with L non-NULL then kv_append(L, k, v, pos, n); on
+ * the one-row gemv path the kernel stores the new cache row itself (no kv_append launch) */
 static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const float *x, const ks_weight *norm, float eps,
                           float *xn, const ks_weight *Wq, const ks_weight *Wk, const ks_weight *Wv, const ks_weight *bq,
                           const ks_weight *bk, const ks_weight *bv, int n, int in, int H, int Hkv, int hd,
@@ -224,7 +227,7 @@ static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const flo
     cuda_ctx *c = CTX(b);
     int QD = H * hd, KD = Hkv * hd;
     if (r && r->head_dim != hd)
-        return ks_errorf(KS_ERR_UNSUPPORTED, "matmul_qkv: rope over %d of %d head dims", r->head_dim, hd);
+        return ks_errorf(KS_ERR_UNSUPPORTED, "q|k|v projection: rope over %d of %d head dims", r->head_dim, hd);
     ks_status st;
     int gemv = n == 1 && c->o.decode_kernels && (uintptr_t)x % 16 == 0 && gemv_weight_ok(Wq, in, QD) &&
                gemv_weight_ok(Wk, in, KD) && gemv_weight_ok(Wv, in, KD) && vec_ok(bq, QD) && vec_ok(bk, KD) &&
@@ -252,14 +255,14 @@ static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const flo
             for (int h = 0; h < Hkv; h++) L->pos[(size_t)h * L->capacity + L->n[h]++] = pos[0];
             return stats_end(b, t0, 2.0 * in * (QD + 2.0 * KD));
         }
-        if (c->rec) return rec_fail(c, "matmul_qkv without the cache row in the kernel");
+        if (c->rec) return rec_fail(c, "the q|k|v projection without the cache row in the kernel");
         st = ks_cuda_gemv_qkv(c->stream, x, nw, eps, nw ? xn : NULL, in, 3, ys, ws, bs, rows, rope, hd, pos[0], inv,
                               r ? (float)r->attn_factor : 1.0f, c->o.pdl);
         if (st) return st;
         if ((st = stats_end(b, t0, 2.0 * in * (QD + 2.0 * KD)))) return st;
         return L ? cu_kv_append(b, L, k, v, pos, n) : KS_OK;
     }
-    if (c->rec) return rec_fail(c, "matmul_qkv off the one-row gemv path");
+    if (c->rec) return rec_fail(c, "the q|k|v projection off the one-row gemv path");
     if (n > 1 && Wq->type == KS_CUDA_BF16 && Wk->type == KS_CUDA_BF16 && Wv->type == KS_CUDA_BF16) {
         /* prefill: the rows converted to bf16 once per chunk for all three projections */
         const ks_weight *Ws[3] = {Wq, Wk, Wv}, *Bs[3] = {bq, bk, bv};
@@ -267,56 +270,37 @@ static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const flo
         const int outs[3] = {QD, KD, KD};
         for (int i = 0; i < 3; i++) {
             if (Ws[i]->cols != in || Ws[i]->rows != outs[i])
-                return ks_errorf(KS_ERR_INTERNAL, "matmul_qkv: weight %d is (%lld, %lld), expected (%d, %d)", i,
+                return ks_errorf(KS_ERR_INTERNAL, "q|k|v projection: weight %d is (%lld, %lld), expected (%d, %d)", i,
                                  (long long)Ws[i]->rows, (long long)Ws[i]->cols, outs[i], in);
             if (Bs[i] && (Bs[i]->type != KS_CUDA_F32 || Bs[i]->rows * Bs[i]->cols != outs[i]))
-                return ks_errorf(KS_ERR_INTERNAL, "matmul_qkv: bias %d of %lld values for %d outputs", i,
+                return ks_errorf(KS_ERR_INTERNAL, "q|k|v projection: bias %d of %lld values for %d outputs", i,
                                  (long long)(Bs[i]->rows * Bs[i]->cols), outs[i]);
         }
         double t0;
         if ((st = stats_begin(b, &t0))) return st;
-        int rc = (int)KS_MAX((size_t)1, KS_MIN((size_t)n, MM_CONV_BYTES / ((size_t)in * 2)));
-        void *xb;
-        if ((st = dev_alloc(c, (size_t)rc * in * 2, "matmul input (bf16)", &xb))) return st;
-        for (int r0 = 0; r0 < n && !st; r0 += rc) {
-            int rn = KS_MIN(rc, n - r0);
-            st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, x + (size_t)r0 * in, KS_CUDA_F32, (size_t)rn * in);
-            for (int i = 0; i < 3 && !st; i++)
-                st = gemm_bf16(c, Ys[i] + (size_t)r0 * outs[i], CUDA_R_32F, xb, Ws[i], rn, in, outs[i], 0.0f);
-        }
-        dev_free(c, xb);
+        st = gemm_rows_bf16(c, x, n, in, 3, Ws, Ys, outs, 0.0f);
         for (int i = 0; i < 3 && !st; i++)
             if (Bs[i]) st = ks_cuda_add_bias(c->stream, Ys[i], (const float *)Bs[i]->data, n, outs[i]);
         if (st || (st = stats_end(b, t0, 2.0 * n * in * (QD + 2.0 * KD)))) return st;
-    } else if ((st = cu_matmul(b, q, x, Wq, bq, n, in, QD)) || (st = cu_matmul(b, k, x, Wk, bk, n, in, KD)) ||
-               (st = cu_matmul(b, v, x, Wv, bv, n, in, KD)))
+    } else if ((st = ks_cuda_dense_matmul(b, q, x, Wq, bq, n, in, QD)) || (st = ks_cuda_dense_matmul(b, k, x, Wk, bk, n, in, KD)) ||
+               (st = ks_cuda_dense_matmul(b, v, x, Wv, bv, n, in, KD)))
         return st;
-    if (r && ((st = cu_rope(b, q, n, H, pos, r, max_pos)) || (st = cu_rope(b, k, n, Hkv, pos, r, max_pos)))) return st;
+    if (r && ((st = ks_cuda_dense_rope(b, q, n, H, pos, r, max_pos)) || (st = ks_cuda_dense_rope(b, k, n, Hkv, pos, r, max_pos)))) return st;
     return L ? cu_kv_append(b, L, k, v, pos, n) : KS_OK;
 }
 
-static ks_status cu_matmul_qkv(ks_backend *b, float *q, float *k, float *v, const float *x, const ks_weight *norm,
-                               float eps, float *xn, const ks_weight *Wq, const ks_weight *Wk, const ks_weight *Wv,
-                               const ks_weight *bq, const ks_weight *bk, const ks_weight *bv, int n, int in, int H,
-                               int Hkv, int hd, const int32_t *pos, const ks_rope *r, int max_pos) {
-    return qkv_impl(b, q, k, v, x, norm, eps, xn, Wq, Wk, Wv, bq, bk, bv, n, in, H, Hkv, hd, pos, r, max_pos, NULL);
-}
-
-static ks_status cu_matmul_qkv_append(ks_backend *b, ks_kv_layer *L, float *q, float *k, float *v, const float *x,
-                                      const ks_weight *norm, float eps, float *xn, const ks_weight *Wq,
-                                      const ks_weight *Wk, const ks_weight *Wv, const ks_weight *bq,
-                                      const ks_weight *bk, const ks_weight *bv, int n, int in, int H, int Hkv, int hd,
-                                      const int32_t *pos, const ks_rope *r, int max_pos) {
-    if (!L || L->n_kv_heads != Hkv || L->head_dim != hd)
-        return ks_errorf(KS_ERR_INTERNAL, "matmul_qkv_append: KV layer of %d heads x %d dims for %d x %d projections",
-                         L ? L->n_kv_heads : 0, L ? L->head_dim : 0, Hkv, hd);
+ks_status ks_cuda_dense_qkv(ks_backend *b, ks_kv_layer *L, float *q, float *k, float *v, const float *x,
+                            const ks_weight *norm, float eps, float *xn, const ks_weight *Wq, const ks_weight *Wk,
+                            const ks_weight *Wv, const ks_weight *bq, const ks_weight *bk, const ks_weight *bv, int n,
+                            int in, int H, int Hkv, int hd, const int32_t *pos, const ks_rope *r, int max_pos) {
+    if (L && (L->n_kv_heads != Hkv || L->head_dim != hd))
+        return ks_errorf(KS_ERR_INTERNAL, "q|k|v projection: KV layer of %d heads x %d dims for %d x %d projections",
+                         L->n_kv_heads, L->head_dim, Hkv, hd);
     return qkv_impl(b, q, k, v, x, norm, eps, xn, Wq, Wk, Wv, bq, bk, bv, n, in, H, Hkv, hd, pos, r, max_pos, L);
 }
 
-static ks_status cu_swiglu(ks_backend *b, float *out, const float *gate, const float *up, size_t n);
-
-static ks_status cu_matmul_swiglu(ks_backend *b, float *y, const float *x, const ks_weight *norm, float eps, float *xn,
-                                  const ks_weight *Wg, const ks_weight *Wu, float *tmp, int n, int in, int out) {
+ks_status ks_cuda_dense_swiglu_proj(ks_backend *b, float *y, const float *x, const ks_weight *norm, float eps, float *xn,
+                                    const ks_weight *Wg, const ks_weight *Wu, float *tmp, int n, int in, int out) {
     cuda_ctx *c = CTX(b);
     ks_status st;
     int gemv = n == 1 && c->o.decode_kernels && (uintptr_t)x % 16 == 0 && gemv_weight_ok(Wg, in, out) && gemv_weight_ok(Wu, in, out);
@@ -329,17 +313,17 @@ static ks_status cu_matmul_swiglu(ks_backend *b, float *y, const float *x, const
         if ((st = ks_cuda_gemv_swiglu(c->stream, y, x, nw, eps, nw ? xn : NULL, Wg->data, Wu->data, in, out, c->o.pdl))) return st;
         return stats_end(b, t0, 4.0 * in * out);
     }
-    if ((st = cu_matmul(b, y, x, Wg, NULL, n, in, out)) || (st = cu_matmul(b, tmp, x, Wu, NULL, n, in, out))) return st;
-    return cu_swiglu(b, y, y, tmp, (size_t)n * out);
+    if ((st = ks_cuda_dense_matmul(b, y, x, Wg, NULL, n, in, out)) || (st = ks_cuda_dense_matmul(b, tmp, x, Wu, NULL, n, in, out))) return st;
+    return ks_cuda_dense_swiglu(b, y, y, tmp, (size_t)n * out);
 }
 
 #define MLP_ROWS 4096 /* rows per prefill-MLP chunk: bf16 gate and up of MLP_ROWS x ffn each */
 
-/* Prefill MLP (ks_backend.mlp): per chunk of rows, xn -> bf16 once, gate and up GEMMs with bf16
+/* Prefill MLP (ks_cuda_dense.h): per chunk of rows, xn -> bf16 once, gate and up GEMMs with bf16
  * outputs, SwiGLU bf16 -> bf16 in place, the down GEMM accumulating into x (float32). Float32
  * weights take the plain matmuls with float32 intermediates. */
-static ks_status cu_mlp(ks_backend *b, float *x, const float *xn, const ks_weight *Wg, const ks_weight *Wu,
-                        const ks_weight *Wd, int n, int dim, int ffn) {
+ks_status ks_cuda_dense_mlp_bf16(ks_backend *b, float *x, const float *xn, const ks_weight *Wg, const ks_weight *Wu,
+                                 const ks_weight *Wd, int n, int dim, int ffn) {
     cuda_ctx *c = CTX(b);
     if (Wg->rows != ffn || Wg->cols != dim || Wu->rows != ffn || Wu->cols != dim || Wd->rows != dim || Wd->cols != ffn)
         return ks_errorf(KS_ERR_INTERNAL, "mlp: weights (%lld, %lld), (%lld, %lld), (%lld, %lld) for dim %d, ffn %d",
@@ -366,7 +350,7 @@ static ks_status cu_mlp(ks_backend *b, float *x, const float *xn, const ks_weigh
         if (!bf) {
             if (!(st = matmul_impl(b, (float *)g, xr, Wg, NULL, rn, dim, ffn, 0)) &&
                 !(st = matmul_impl(b, (float *)u, xr, Wu, NULL, rn, dim, ffn, 0)) &&
-                !(st = cu_swiglu(b, (float *)g, (float *)g, (float *)u, (size_t)rn * ffn)))
+                !(st = ks_cuda_dense_swiglu(b, (float *)g, (float *)g, (float *)u, (size_t)rn * ffn)))
                 st = matmul_impl(b, yr, (float *)g, Wd, NULL, rn, ffn, dim, 1);
             continue;
         }
@@ -383,7 +367,7 @@ static ks_status cu_mlp(ks_backend *b, float *x, const float *xn, const ks_weigh
     return st;
 }
 
-static ks_status cu_embed(ks_backend *b, float *out, const ks_weight *E, const int32_t *ids, int n, int dim) {
+ks_status ks_cuda_dense_embed(ks_backend *b, float *out, const ks_weight *E, const int32_t *ids, int n, int dim) {
     cuda_ctx *c = CTX(b);
     if (E->cols != dim || E->type != KS_CUDA_BF16)
         return ks_errorf(KS_ERR_INTERNAL, "embed: table is (%lld, %lld), expected %d columns", (long long)E->rows,
@@ -404,7 +388,7 @@ static ks_status cu_embed(ks_backend *b, float *out, const ks_weight *E, const i
     return st;
 }
 
-static ks_status cu_rmsnorm(ks_backend *b, float *out, const float *x, const ks_weight *w, int n, int dim, float eps) {
+ks_status ks_cuda_dense_rmsnorm(ks_backend *b, float *out, const float *x, const ks_weight *w, int n, int dim, float eps) {
     if (w->type != KS_CUDA_F32 || w->rows * w->cols != dim)
         return ks_errorf(KS_ERR_INTERNAL, "rmsnorm: weight of %lld values for dim %d", (long long)(w->rows * w->cols), dim);
     if (n <= 0) return KS_OK;
@@ -451,7 +435,7 @@ static ks_status rope_inv_dev(cuda_ctx *c, const ks_rope *r, int max_pos, const 
     return KS_OK;
 }
 
-static ks_status cu_rope(ks_backend *b, float *x, int n, int n_heads, const int32_t *pos, const ks_rope *r, int max_pos) {
+ks_status ks_cuda_dense_rope(ks_backend *b, float *x, int n, int n_heads, const int32_t *pos, const ks_rope *r, int max_pos) {
     cuda_ctx *c = CTX(b);
     int d = r->head_dim, half = d / 2;
     if (half > 512) return ks_errorf(KS_ERR_UNSUPPORTED, "rope: head_dim %d too large", d);
@@ -466,12 +450,12 @@ static ks_status cu_rope(ks_backend *b, float *x, int n, int n_heads, const int3
     return st;
 }
 
-static ks_status cu_swiglu(ks_backend *b, float *out, const float *gate, const float *up, size_t n) {
+ks_status ks_cuda_dense_swiglu(ks_backend *b, float *out, const float *gate, const float *up, size_t n) {
     return ks_cuda_swiglu(CTX(b)->stream, out, gate, up, n);
 }
-static ks_status cu_add(ks_backend *b, float *x, const float *y, size_t n) { return ks_cuda_add(CTX(b)->stream, x, y, n); }
+ks_status ks_cuda_dense_add(ks_backend *b, float *x, const float *y, size_t n) { return ks_cuda_add(CTX(b)->stream, x, y, n); }
 
-static ks_status cu_gather_rows(ks_backend *b, float *out, const float *x, const int32_t *idx, int k, int d) {
+ks_status ks_cuda_dense_gather_rows(ks_backend *b, float *out, const float *x, const int32_t *idx, int k, int d) {
     cuda_ctx *c = CTX(b);
     if (k <= 0) return KS_OK;
     int32_t mx = 0;
@@ -504,18 +488,7 @@ void cuda_dense_install(ks_backend *b) {
     b->weight_create = cu_weight_create;
     b->weight_free = cu_weight_free;
     b->weight_random = cu_weight_random;
-    b->matmul = cu_matmul;
-    if (b->opts.fused) { /* off: the engine composes plain calls (A/B timing, fallback) */
-        b->matmul_add = cu_matmul_add;
-        b->matmul_qkv = cu_matmul_qkv;
-        b->matmul_qkv_append = cu_matmul_qkv_append;
-        b->matmul_swiglu = cu_matmul_swiglu;
-    }
-    if (b->opts.mlp) b->mlp = cu_mlp; /* off: the engine's float32 prefill MLP */
-    b->embed = cu_embed;
-    b->rmsnorm = cu_rmsnorm;
-    b->rope = cu_rope;
-    b->swiglu = cu_swiglu;
-    b->add = cu_add;
-    b->gather_rows = cu_gather_rows;
+    b->embed = ks_cuda_dense_embed;
+    b->gather_rows = ks_cuda_dense_gather_rows;
+    b->rope = ks_cuda_dense_rope;
 }

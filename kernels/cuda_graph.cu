@@ -71,7 +71,7 @@ static ks_status cu_graph_end(ks_backend *b, ks_graph **out) {
 static ks_status cu_graph_run(ks_backend *b, ks_graph *g, int32_t id, int32_t pos) {
     cuda_ctx *c = CTX(b);
     if (c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_run while recording");
-    if (g->rc_gen != c->rc_gen) return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph reads a replaced rope table");
+    if (g->rc_gen != c->rc_gen) return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph reads a replaced device table (rope inv_freq, one-row MLP buffers)");
     /* the previous run's slot copy must be done before the slot is rewritten: every step ends
      * with a download that waits for the stream, so this only waits when a caller did not */
     KS_CU(cudaStreamSynchronize(c->stream), "decode graph (an earlier kernel failed)");
@@ -89,7 +89,10 @@ static void cu_graph_free(ks_backend *b, ks_graph *g) {
 }
 
 void cuda_graph_install(ks_backend *b) {
-    if (!b->opts.graphs) return; /* off: every decode step launches its kernels one by one */
+    /* off: every decode step launches its kernels one by one; so too without the fused one-row
+     * kernels (opts.fused, opts.decode_kernels): only their q|k|v gemv writes the cache row at the
+     * position the graph's step slot gives, so a step without it cannot be recorded */
+    if (!b->opts.graphs || !b->opts.fused || !b->opts.decode_kernels) return;
     b->graph_begin = cu_graph_begin;
     b->graph_end = cu_graph_end;
     b->graph_run = cu_graph_run;

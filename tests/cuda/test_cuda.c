@@ -16,7 +16,9 @@
 #include <stdarg.h>
 #include "backend.h"
 #include "engine.h"
+#include "cpu_dense.h"
 #include "ks_cuda.h"
+#include "ks_cuda_dense.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -196,9 +198,9 @@ static void test_matmul_one(int n, int in, int out, const char *dt, int bias) {
     NEED(GPU->weight_create(GPU, &tw.t, 0, out, &gw), name);
     NEED(GPU->weight_create(GPU, &tb.t, 0, out, &gb), name);
     float *yc = malloc(sizeof(float) * n * out);
-    NEED(CPU->matmul(CPU, yc, x, cw, bias ? cb : NULL, n, in, out), name);
+    NEED(ks_cpu_matmul(CPU, yc, x, cw, bias ? cb : NULL, n, in, out), name);
     float *dx = gpu_buf(x, (size_t)n * in), *dy = gpu_buf(NULL, (size_t)n * out);
-    ks_status st = GPU->matmul(GPU, dy, dx, gw, bias ? gb : NULL, n, in, out);
+    ks_status st = ks_cuda_dense_matmul(GPU, dy, dx, gw, bias ? gb : NULL, n, in, out);
     NEED(st, name);
     float *yg = gpu_get(dy, (size_t)n * out);
     double e = relerr(yg, yc, (size_t)n * out), er = row_relerr(yg, yc, n, out);
@@ -286,9 +288,9 @@ static void test_rmsnorm(void) {
         NEED(CPU->weight_create(CPU, &tw.t, 0, dim, &cw), name);
         NEED(GPU->weight_create(GPU, &tw.t, 0, dim, &gw), name);
         float *oc = malloc(sizeof(float) * n * dim);
-        NEED(CPU->rmsnorm(CPU, oc, x, cw, n, dim, 1e-5f), name);
+        NEED(ks_cpu_rmsnorm(CPU, oc, x, cw, n, dim, 1e-5f), name);
         float *dx = gpu_buf(x, (size_t)n * dim), *dout = gpu_buf(NULL, (size_t)n * dim);
-        NEED(GPU->rmsnorm(GPU, dout, dx, gw, n, dim, 1e-5f), name);
+        NEED(ks_cuda_dense_rmsnorm(GPU, dout, dx, gw, n, dim, 1e-5f), name);
         float *og = gpu_get(dout, (size_t)n * dim);
         double e = relerr(og, oc, (size_t)n * dim);
         result(e < 1e-6, name, "relerr %.2e", e);
@@ -340,9 +342,10 @@ static void test_rope(void) {
     }
 }
 
-/* ================================================================ fused decode ops (backend.h's
- * matmul_add, matmul_qkv, matmul_swiglu): each against the GPU's own composition of plain calls
- * (same kernels' arithmetic: near-bitwise) and against the CPU's composition */
+/* ================================================================ fused dense ops (ks_cuda_dense.h:
+ * matmul_add, qkv, swiglu_proj; what attn_in, attn_out and mlp run with opts.fused): each against
+ * the GPU's own composition of plain calls (same kernels' arithmetic: near-bitwise) and against
+ * the CPU's composition (cpu_dense.h) */
 
 /* The CPU backend's float32 weights point into the tensor's memory (as into a mapped file), so
  * that memory must outlive them: kept here and freed by keep_free() after the fused tests. */
@@ -373,9 +376,8 @@ static float *bf16_copy(const float *x, size_t n) {
 
 static void test_fused_qkv(int in, int H, int Hkv, int hd, int bias, int rope, int pos, int norm) {
     char name[160];
-    snprintf(name, sizeof name, "matmul_qkv in=%d heads=%d/%d hd=%d%s%s%s pos=%d", in, H, Hkv, hd, bias ? " +bias" : "",
+    snprintf(name, sizeof name, "qkv in=%d heads=%d/%d hd=%d%s%s%s pos=%d", in, H, Hkv, hd, bias ? " +bias" : "",
              rope ? " +rope" : "", norm ? " +norm" : "", pos);
-    if (!GPU->matmul_qkv) { result(0, name, "backend has no matmul_qkv"); return; }
     int QD = H * hd, KD = Hkv * hd, rows[3] = {QD, KD, KD};
     ks_rope r;
     memset(&r, 0, sizeof r);
@@ -392,7 +394,7 @@ static void test_fused_qkv(int in, int H, int Hkv, int hd, int bias, int rope, i
     for (int i = 0; i < in; i++) nwh[i] = 1.0f + 0.2f * frand();
     memcpy(x_raw, x, sizeof(float) * in);
     ks_weight *gnw = gw_make(GPU, "norm", in, 0, nwh), *cnw = gw_make(CPU, "norm", in, 0, nwh);
-    if (norm) NEED(CPU->rmsnorm(CPU, x, x_raw, cnw, 1, in, 1e-5f), name); /* the CPU reference reads the normalised x */
+    if (norm) NEED(ks_cpu_rmsnorm(CPU, x, x_raw, cnw, 1, in, 1e-5f), name); /* the CPU reference reads the normalised x */
     float *Wh[3], *Bh[3], *Wr[3];
     ks_weight *gw[3], *gb[3], *cw[3], *cb[3];
     float *yc[3], *dyf[3], *dyp[3];
@@ -411,7 +413,7 @@ static void test_fused_qkv(int in, int H, int Hkv, int hd, int bias, int rope, i
         keep(tb.mem);
         if (!gw[i] || !gb[i]) { result(0, name, "weight create failed"); return; }
         yc[i] = malloc(sizeof(float) * rows[i]);
-        NEED(CPU->matmul(CPU, yc[i], x, cw[i], bias ? cb[i] : NULL, 1, in, rows[i]), name);
+        NEED(ks_cpu_matmul(CPU, yc[i], x, cw[i], bias ? cb[i] : NULL, 1, in, rows[i]), name);
         dyf[i] = gpu_buf(NULL, rows[i]);
         dyp[i] = gpu_buf(NULL, rows[i]);
     }
@@ -422,17 +424,17 @@ static void test_fused_qkv(int in, int H, int Hkv, int hd, int bias, int rope, i
     }
     float *dx = gpu_buf(norm ? x_raw : x, in), *dxn = gpu_buf(NULL, in), *dxn2 = gpu_buf(NULL, in);
     /* fused */
-    NEED(GPU->matmul_qkv(GPU, dyf[0], dyf[1], dyf[2], dx, norm ? gnw : NULL, 1e-5f, dxn, gw[0], gw[1], gw[2],
+    NEED(ks_cuda_dense_qkv(GPU, NULL, dyf[0], dyf[1], dyf[2], dx, norm ? gnw : NULL, 1e-5f, dxn, gw[0], gw[1], gw[2],
                          bias ? gb[0] : NULL, bias ? gb[1] : NULL, bias ? gb[2] : NULL, 1, in, H, Hkv, hd, &p32,
                          rope ? &r : NULL, pos),
          name);
     /* composed from plain calls */
     const float *xin = dx;
     if (norm) {
-        NEED(GPU->rmsnorm(GPU, dxn2, dx, gnw, 1, in, 1e-5f), name);
+        NEED(ks_cuda_dense_rmsnorm(GPU, dxn2, dx, gnw, 1, in, 1e-5f), name);
         xin = dxn2;
     }
-    for (int i = 0; i < 3; i++) NEED(GPU->matmul(GPU, dyp[i], xin, gw[i], bias ? gb[i] : NULL, 1, in, rows[i]), name);
+    for (int i = 0; i < 3; i++) NEED(ks_cuda_dense_matmul(GPU, dyp[i], xin, gw[i], bias ? gb[i] : NULL, 1, in, rows[i]), name);
     if (rope) {
         NEED(GPU->rope(GPU, dyp[0], 1, H, &p32, &r, pos), name);
         NEED(GPU->rope(GPU, dyp[1], 1, Hkv, &p32, &r, pos), name);
@@ -471,15 +473,14 @@ static void test_fused_qkv(int in, int H, int Hkv, int hd, int bias, int rope, i
     free(x);
 }
 
-/* matmul_qkv_append (the decode gemv storing the cache row) vs matmul_qkv then kv_append: the
+/* qkv with a KV layer (the decode gemv storing the cache row) vs qkv without, then kv_append: the
  * same q, k, v and bit-identical caches (rows, positions, counts), over `steps` decode steps
  * after `prefill` rows in a cache of exactly that capacity (the first step grows it); with
  * uneven, heads keep different row counts (a per-head retain) before the steps. */
 static void test_qkv_append(int in, int H, int Hkv, int hd, int prefill, int uneven, int steps) {
     char name[160];
-    snprintf(name, sizeof name, "matmul_qkv_append in=%d heads=%d/%d hd=%d prefill=%d%s steps=%d", in, H, Hkv, hd,
+    snprintf(name, sizeof name, "qkv + cache row in=%d heads=%d/%d hd=%d prefill=%d%s steps=%d", in, H, Hkv, hd,
              prefill, uneven ? " uneven" : "", steps);
-    if (!GPU->matmul_qkv_append) { result(0, name, "backend has no matmul_qkv_append"); return; }
     int QD = H * hd, KD = Hkv * hd, rows[3] = {QD, KD, KD};
     ks_rope r;
     memset(&r, 0, sizeof r);
@@ -538,10 +539,10 @@ static void test_qkv_append(int in, int H, int Hkv, int hd, int prefill, int une
         int32_t pos = prefill + st;
         fill(xh, in, 1.0f);
         NEED(GPU->upload(GPU, dx, xh, sizeof(float) * in), name);
-        NEED(GPU->matmul_qkv_append(GPU, &L[0], dy[0][0], dy[0][1], dy[0][2], dx, gnw, 1e-5f, dxn, gw[0], gw[1], gw[2],
+        NEED(ks_cuda_dense_qkv(GPU, &L[0], dy[0][0], dy[0][1], dy[0][2], dx, gnw, 1e-5f, dxn, gw[0], gw[1], gw[2],
                                     NULL, NULL, NULL, 1, in, H, Hkv, hd, &pos, &r, pos),
              name);
-        NEED(GPU->matmul_qkv(GPU, dy[1][0], dy[1][1], dy[1][2], dx, gnw, 1e-5f, dxn, gw[0], gw[1], gw[2], NULL, NULL, NULL,
+        NEED(ks_cuda_dense_qkv(GPU, NULL, dy[1][0], dy[1][1], dy[1][2], dx, gnw, 1e-5f, dxn, gw[0], gw[1], gw[2], NULL, NULL, NULL,
                              1, in, H, Hkv, hd, &pos, &r, pos),
              name);
         NEED(GPU->kv_append(GPU, &L[1], dy[1][1], dy[1][2], &pos, 1), name);
@@ -592,8 +593,7 @@ static void test_qkv_append(int in, int H, int Hkv, int hd, int prefill, int une
 
 static void test_fused_swiglu(int n, int in, int out, int norm) {
     char name[128];
-    snprintf(name, sizeof name, "matmul_swiglu n=%d in=%d out=%d%s", n, in, out, norm ? " +norm" : "");
-    if (!GPU->matmul_swiglu) { result(0, name, "backend has no matmul_swiglu"); return; }
+    snprintf(name, sizeof name, "swiglu_proj n=%d in=%d out=%d%s", n, in, out, norm ? " +norm" : "");
     float *Wg = malloc(sizeof(float) * out * in), *Wu = malloc(sizeof(float) * out * in), *x = malloc(sizeof(float) * n * in);
     fill(Wg, (size_t)out * in, 0.5f);
     fill(Wu, (size_t)out * in, 0.5f);
@@ -602,7 +602,7 @@ static void test_fused_swiglu(int n, int in, int out, int norm) {
     for (int i = 0; i < in; i++) nwh[i] = 1.0f + 0.2f * frand();
     memcpy(x_raw, x, sizeof(float) * n * in);
     ks_weight *gnw = gw_make(GPU, "norm", in, 0, nwh), *cnw = gw_make(CPU, "norm", in, 0, nwh);
-    if (norm) NEED(CPU->rmsnorm(CPU, x, x_raw, cnw, n, in, 1e-5f), name);
+    if (norm) NEED(ks_cpu_rmsnorm(CPU, x, x_raw, cnw, n, in, 1e-5f), name);
     ks_weight *gg = gw_make(GPU, "Wg", out, in, Wg), *gu = gw_make(GPU, "Wu", out, in, Wu);
     float *Wgr = bf16_copy(Wg, (size_t)out * in), *Wur = bf16_copy(Wu, (size_t)out * in);
     tensor_buf tg = make_tensor("Wg", "F32", 2, out, in, Wgr), tu = make_tensor("Wu", "F32", 2, out, in, Wur);
@@ -611,21 +611,21 @@ static void test_fused_swiglu(int n, int in, int out, int norm) {
     NEED(CPU->weight_create(CPU, &tu.t, 0, out, &cu), name);
     size_t no = (size_t)n * out;
     float *g = malloc(sizeof(float) * no), *u = malloc(sizeof(float) * no);
-    NEED(CPU->matmul(CPU, g, x, cg, NULL, n, in, out), name);
-    NEED(CPU->matmul(CPU, u, x, cu, NULL, n, in, out), name);
-    NEED(CPU->swiglu(CPU, g, g, u, no), name);
+    NEED(ks_cpu_matmul(CPU, g, x, cg, NULL, n, in, out), name);
+    NEED(ks_cpu_matmul(CPU, u, x, cu, NULL, n, in, out), name);
+    NEED(ks_cpu_swiglu(CPU, g, g, u, no), name);
     float *dx = gpu_buf(norm ? x_raw : x, (size_t)n * in), *dy = gpu_buf(NULL, no), *dt = gpu_buf(NULL, no),
           *dg = gpu_buf(NULL, no), *du = gpu_buf(NULL, no), *dxn = gpu_buf(NULL, (size_t)n * in),
           *dxn2 = gpu_buf(NULL, (size_t)n * in);
-    NEED(GPU->matmul_swiglu(GPU, dy, dx, norm ? gnw : NULL, 1e-5f, dxn, gg, gu, dt, n, in, out), name);
+    NEED(ks_cuda_dense_swiglu_proj(GPU, dy, dx, norm ? gnw : NULL, 1e-5f, dxn, gg, gu, dt, n, in, out), name);
     const float *xin = dx;
     if (norm) {
-        NEED(GPU->rmsnorm(GPU, dxn2, dx, gnw, n, in, 1e-5f), name);
+        NEED(ks_cuda_dense_rmsnorm(GPU, dxn2, dx, gnw, n, in, 1e-5f), name);
         xin = dxn2;
     }
-    NEED(GPU->matmul(GPU, dg, xin, gg, NULL, n, in, out), name);
-    NEED(GPU->matmul(GPU, du, xin, gu, NULL, n, in, out), name);
-    NEED(GPU->swiglu(GPU, dg, dg, du, no), name);
+    NEED(ks_cuda_dense_matmul(GPU, dg, xin, gg, NULL, n, in, out), name);
+    NEED(ks_cuda_dense_matmul(GPU, du, xin, gu, NULL, n, in, out), name);
+    NEED(ks_cuda_dense_swiglu(GPU, dg, dg, du, no), name);
     float *yf = gpu_get(dy, no), *yp = gpu_get(dg, no);
     double e_self = relerr(yf, yp, no), e_cpu = relerr(yf, g, no);
     if (norm) {
@@ -651,7 +651,6 @@ static void test_fused_swiglu(int n, int in, int out, int norm) {
 static void test_fused_add(int n, int in, int out, int bias) {
     char name[128];
     snprintf(name, sizeof name, "matmul_add n=%d in=%d out=%d%s", n, in, out, bias ? " +bias" : "");
-    if (!GPU->matmul_add) { result(0, name, "backend has no matmul_add"); return; }
     float *W = malloc(sizeof(float) * out * in), *B = malloc(sizeof(float) * out), *x = malloc(sizeof(float) * n * in),
           *y0 = malloc(sizeof(float) * n * out);
     fill(W, (size_t)out * in, 0.5f);
@@ -661,9 +660,9 @@ static void test_fused_add(int n, int in, int out, int bias) {
     ks_weight *gw = gw_make(GPU, "W", out, in, W), *gb = gw_make(GPU, "b", out, 0, B);
     size_t no = (size_t)n * out;
     float *dx = gpu_buf(x, (size_t)n * in), *dy = gpu_buf(y0, no), *dp = gpu_buf(y0, no), *dt = gpu_buf(NULL, no);
-    NEED(GPU->matmul_add(GPU, dy, dx, gw, bias ? gb : NULL, n, in, out), name);
-    NEED(GPU->matmul(GPU, dt, dx, gw, bias ? gb : NULL, n, in, out), name);
-    NEED(GPU->add(GPU, dp, dt, no), name);
+    NEED(ks_cuda_dense_matmul_add(GPU, dy, dx, gw, bias ? gb : NULL, n, in, out), name);
+    NEED(ks_cuda_dense_matmul(GPU, dt, dx, gw, bias ? gb : NULL, n, in, out), name);
+    NEED(ks_cuda_dense_add(GPU, dp, dt, no), name);
     float *yf = gpu_get(dy, no), *yp = gpu_get(dp, no);
     double e = relerr(yf, yp, no);
     /* n = 1: the same rounding; cuBLAS with beta = 1 rounds once less */
@@ -687,7 +686,7 @@ static void test_fused(void) {
     test_qkv_append(256, 4, 2, 64, 37, 0, 3);    /* capacity 37: the first step grows the cache */
     test_qkv_append(256, 8, 4, 64, 40, 1, 2);    /* per-head row counts differ */
     test_qkv_append(96, 3, 1, 8, 5, 0, 2);       /* small head_dim */
-    test_qkv_append(172, 2, 1, 64, 5, 0, 2);     /* in % 8 != 0: matmul_qkv then kv_append */
+    test_qkv_append(172, 2, 1, 64, 5, 0, 2);     /* in % 8 != 0: qkv then kv_append */
     test_fused_swiglu(1, 256, 1000, 0);
     test_fused_swiglu(1, 256, 1000, 1);
     test_fused_swiglu(1, 172, 100, 1);            /* fallback */
@@ -716,22 +715,22 @@ static void test_elementwise(void) {
         fill(u, n, 2.0f);
         float *dg = gpu_buf(g, n), *du = gpu_buf(u, n), *dout = gpu_buf(NULL, n);
         snprintf(name, sizeof name, "swiglu n=%zu", n);
-        NEED(CPU->swiglu(CPU, o, g, u, n), name);
-        NEED(GPU->swiglu(GPU, dout, dg, du, n), name);
+        NEED(ks_cpu_swiglu(CPU, o, g, u, n), name);
+        NEED(ks_cuda_dense_swiglu(GPU, dout, dg, du, n), name);
         float *og = gpu_get(dout, n);
         double e = relerr(og, o, n);
         result(e < 1e-6, name, "relerr %.2e", e);
         free(og);
         snprintf(name, sizeof name, "swiglu in place (out = gate) n=%zu", n);
-        NEED(GPU->swiglu(GPU, dg, dg, du, n), name);
+        NEED(ks_cuda_dense_swiglu(GPU, dg, dg, du, n), name);
         og = gpu_get(dg, n);
         e = relerr(og, o, n);
         result(e < 1e-6, name, "relerr %.2e", e);
         free(og);
         snprintf(name, sizeof name, "add n=%zu", n);
         GPU->upload(GPU, dg, g, n * sizeof(float));
-        NEED(CPU->add(CPU, g, u, n), name);
-        NEED(GPU->add(GPU, dg, du, n), name);
+        NEED(ks_cpu_add(CPU, g, u, n), name);
+        NEED(ks_cuda_dense_add(GPU, dg, du, n), name);
         og = gpu_get(dg, n);
         e = relerr(og, g, n);
         result(e == 0, name, "relerr %.2e", e);
@@ -739,8 +738,8 @@ static void test_elementwise(void) {
         /* unaligned sub-buffers (the engine passes row offsets) */
         if (n > 8) {
             snprintf(name, sizeof name, "add unaligned n=%zu", n - 3);
-            NEED(CPU->add(CPU, g + 1, u + 2, n - 3), name);
-            NEED(GPU->add(GPU, dg + 1, du + 2, n - 3), name);
+            NEED(ks_cpu_add(CPU, g + 1, u + 2, n - 3), name);
+            NEED(ks_cuda_dense_add(GPU, dg + 1, du + 2, n - 3), name);
             og = gpu_get(dg, n);
             e = relerr(og, g, n);
             result(e == 0, name, "relerr %.2e", e);
@@ -1539,7 +1538,7 @@ static ks_status graph_run_session(ks_model *m, const ks_policy *pol, const int3
 
 static void test_graph(void) {
     if (!want("graph")) return;
-    if (!GPU->graph_begin) { result(1, "decode graph", "skipped: graphs off (--no-graphs)"); g_pass--; return; }
+    if (!GPU->graph_begin) { result(1, "decode graph", "skipped: the backend records no graphs (--no-graphs, --plain, --basic-decode)"); g_pass--; return; }
     static const int which[] = {0, 2, 3}; /* random_cfgs: llama3 rope g=4, qwen2 biases, mistral window */
     const int steps = 12;
     for (size_t w = 0; w < sizeof which / sizeof which[0]; w++) {
@@ -1660,9 +1659,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-graphs")) go.graphs = 0;
         else if (!strcmp(argv[i], "--mma-prefill")) go.prefill_attn = KS_PREFILL_ATTN_MMA;
         else if (!strcmp(argv[i], "--basic-decode")) go.decode_kernels = 0;
+        else if (!strcmp(argv[i], "--plain")) go.fused = go.mlp = 0; /* the forward ops' plain compositions */
         else {
             fprintf(stderr, "usage: %s [--quick] [--only NAME] [--stories DIR] [--pdl] [--no-graphs] [--mma-prefill] "
-                            "[--basic-decode]\n", argv[0]);
+                            "[--basic-decode] [--plain]\n", argv[0]);
             return 2;
         }
     }
@@ -1680,9 +1680,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cuda backend: %s\n", ks_last_error());
         return 2;
     }
-    printf("kernels: prefill %s, decode %s, PDL %s, graphs %s\n", go.prefill_attn == KS_PREFILL_ATTN_MMA ? "mma.sync" : "planner",
+    printf("kernels: prefill %s, decode %s, PDL %s, graphs %s, %s\n",
+           go.prefill_attn == KS_PREFILL_ATTN_MMA ? "mma.sync" : "planner",
            go.decode_kernels ? "gemv + tensor-core attention" : "cuBLAS + split-KV", go.pdl ? "on" : "off",
-           go.graphs ? "on" : "off");
+           go.graphs ? "on" : "off", go.fused ? "fused forward ops" : "plain forward ops (--plain)");
     test_matmul();
     test_embed();
     test_rmsnorm();

@@ -1,0 +1,115 @@
+/* cuda_layer.cu — the CUDA backend's forward ops (core/backend.h: attn_in, attn_out, mlp, head),
+ * composed of the dense operations of cuda_dense.cu (ks_cuda_dense.h). This file is where the
+ * backend chooses, from its own options (ks_backend_opts), what runs fused:
+ *   opts.fused  one row (decode): norm + q|k|v + RoPE + the cache row in one gemv launch, the
+ *               o-projection's and the down projection's residual add inside their gemv, norm +
+ *               gate|up + SwiGLU in one launch. Prefill with opts.mlp: the rows converted to
+ *               bf16 once for q|k|v, the o-projection's residual folded into its GEMM (beta = 1).
+ *   opts.mlp    prefill: the bf16 MLP (bf16 intermediates in row chunks, residual folded in).
+ * Off, each step runs as its plain kernels one by one (the A/B reference). A new fused path
+ * changes this file and cuda_dense.cu, never the engine. */
+#include "cuda_backend_int.h"
+
+extern "C" {
+#include "model.h"
+}
+
+#define MLP_CHUNK 1024 /* rows per chunk of the float32 MLP (not opts.mlp) */
+
+/* opts.fused and a call shape it fuses: one row, or prefill rows with the bf16 MLP path on */
+static int fused_rows(const cuda_ctx *c, int n) { return c->o.fused && (n == 1 || c->o.mlp); }
+
+static ks_status cu_attn_in(ks_backend *b, const ks_layer_w *W, const ks_config *cf, const ks_acts *a, int n,
+                            const int32_t *pos, int max_pos, int rotate, ks_kv_layer *L) {
+    cuda_ctx *c = CTX(b);
+    int D = cf->dim, H = cf->n_heads, Hkv = cf->n_kv_heads, hd = cf->head_dim;
+    const ks_rope *r = rotate ? &cf->rope : NULL;
+    ks_status st;
+    if (fused_rows(c, n)) {
+        /* pre-RoPE rows go to the cache by kv_append: the gemv stores rotated rows only */
+        st = ks_cuda_dense_qkv(b, rotate ? L : NULL, a->q, a->k, a->v, a->x, W->attn_norm, cf->eps, a->xn, W->wq, W->wk,
+                               W->wv, W->bq, W->bk, W->bv, n, D, H, Hkv, hd, pos, r, max_pos);
+        if (st || !L || rotate) return st;
+        return cu_kv_append(b, L, a->k, a->v, pos, n);
+    }
+    if ((st = ks_cuda_dense_rmsnorm(b, a->xn, a->x, W->attn_norm, n, D, cf->eps)) ||
+        (st = ks_cuda_dense_matmul(b, a->q, a->xn, W->wq, W->bq, n, D, H * hd)) ||
+        (st = ks_cuda_dense_matmul(b, a->k, a->xn, W->wk, W->bk, n, D, Hkv * hd)) ||
+        (st = ks_cuda_dense_matmul(b, a->v, a->xn, W->wv, W->bv, n, D, Hkv * hd)))
+        return st;
+    if (r && ((st = ks_cuda_dense_rope(b, a->q, n, H, pos, r, max_pos)) ||
+              (st = ks_cuda_dense_rope(b, a->k, n, Hkv, pos, r, max_pos))))
+        return st;
+    return L ? cu_kv_append(b, L, a->k, a->v, pos, n) : KS_OK;
+}
+
+static ks_status cu_attn_out(ks_backend *b, const ks_layer_w *W, const ks_config *cf, const ks_acts *a, int n) {
+    int D = cf->dim, QD = cf->n_heads * cf->head_dim;
+    if (fused_rows(CTX(b), n)) return ks_cuda_dense_matmul_add(b, a->x, a->xn, W->wo, W->bo, n, QD, D);
+    ks_status st = ks_cuda_dense_matmul(b, a->q, a->xn, W->wo, W->bo, n, QD, D); /* q is dead once attention ran */
+    return st ? st : ks_cuda_dense_add(b, a->x, a->q, (size_t)n * D);
+}
+
+/* One row's MLP intermediates (2, ffn), kept by the backend: a recorded decode step reads them,
+ * so they are allocated outside a recording (the step before it) and replaced only when a model
+ * with a larger ffn comes (recorded steps then go stale, as for a replaced rope table). */
+static ks_status row_mlp(cuda_ctx *c, int ffn, float **gate, float **up) {
+    size_t fr = ((size_t)ffn + 3) & ~(size_t)3; /* up 16-byte aligned too */
+    if (fr > c->row_mlp_n) {
+        if (c->rec) return rec_fail(c, "the one-row MLP buffers grew");
+        void *p;
+        ks_status st = raw_alloc(c, sizeof(float) * 2 * fr, "one row's MLP intermediates", &p);
+        if (st) return st;
+        if (c->row_mlp) c->rc_gen++; /* graphs that read the old buffers are stale */
+        raw_free(c, c->row_mlp);
+        c->row_mlp = (float *)p;
+        c->row_mlp_n = fr;
+    }
+    *gate = c->row_mlp;
+    *up = c->row_mlp + c->row_mlp_n;
+    return KS_OK;
+}
+
+static ks_status cu_mlp(ks_backend *b, const ks_layer_w *W, const ks_config *cf, const ks_acts *a, int n) {
+    cuda_ctx *c = CTX(b);
+    int D = cf->dim, F = cf->ffn;
+    ks_status st;
+    float *gate = NULL, *up = NULL;
+    if (n == 1 && (st = row_mlp(c, F, &gate, &up))) return st;
+    if (n == 1 && c->o.fused) { /* norm + gate|up + SwiGLU in one launch, the down projection adds into x */
+        if ((st = ks_cuda_dense_swiglu_proj(b, gate, a->x, W->ffn_norm, cf->eps, a->xn, W->w_gate, W->w_up, up, 1, D, F)))
+            return st;
+        return ks_cuda_dense_matmul_add(b, a->x, gate, W->w_down, NULL, 1, F, D);
+    }
+    if ((st = ks_cuda_dense_rmsnorm(b, a->xn, a->x, W->ffn_norm, n, D, cf->eps))) return st;
+    if (n > 1 && c->o.mlp) return ks_cuda_dense_mlp_bf16(b, a->x, a->xn, W->w_gate, W->w_up, W->w_down, n, D, F);
+    /* float32 intermediates in chunks of rows; the down projections go to q's rows, then x += q */
+    int ch = KS_MIN(n, MLP_CHUNK);
+    if (n > 1) {
+        if ((st = dev_alloc(c, sizeof(float) * (size_t)ch * F, "mlp gate", (void **)&gate))) return st;
+        if ((st = dev_alloc(c, sizeof(float) * (size_t)ch * F, "mlp up", (void **)&up))) { dev_free(c, gate); return st; }
+    }
+    for (int r0 = 0; r0 < n && !st; r0 += MLP_CHUNK) {
+        int rn = KS_MIN(MLP_CHUNK, n - r0);
+        const float *h = a->xn + (size_t)r0 * D;
+        if (!(st = ks_cuda_dense_matmul(b, gate, h, W->w_gate, NULL, rn, D, F)) &&
+            !(st = ks_cuda_dense_matmul(b, up, h, W->w_up, NULL, rn, D, F)) &&
+            !(st = ks_cuda_dense_swiglu(b, gate, gate, up, (size_t)rn * F)))
+            st = ks_cuda_dense_matmul(b, a->q + (size_t)r0 * D, gate, W->w_down, NULL, rn, F, D);
+    }
+    if (n > 1) { dev_free(c, gate); dev_free(c, up); }
+    return st ? st : ks_cuda_dense_add(b, a->x, a->q, (size_t)n * D);
+}
+
+static ks_status cu_head(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *cf,
+                         const ks_acts *a, int row, float *logits) {
+    ks_status st = ks_cuda_dense_rmsnorm(b, a->xn, a->x + (size_t)row * cf->dim, norm, 1, cf->dim, cf->eps);
+    return st ? st : ks_cuda_dense_matmul(b, logits, a->xn, lm_head, NULL, 1, cf->dim, cf->vocab);
+}
+
+void cuda_layer_install(ks_backend *b) {
+    b->attn_in = cu_attn_in;
+    b->attn_out = cu_attn_out;
+    b->mlp = cu_mlp;
+    b->head = cu_head;
+}
