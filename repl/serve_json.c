@@ -163,13 +163,15 @@ static int set_value(const ks_json *v, const char *key, char **out, srv_error *e
     return 0;
 }
 
-/* A policy given as text: inline Lua source when it has a newline or "return", a path when it
- * ends in ".lua" or holds a '/', else a name (letters, digits, '_', '-'). */
+/* A policy given as text: a path when it ends in ".lua" and holds no blank; else inline Lua
+ * source when it has a newline or "return"; else a path when it holds a '/'; else a name
+ * (letters, digits, '_', '-'). */
 static int policy_kind(const char *s, srv_error *e) {
     if (!*s) return BAD("kvsieve.policy is empty");
-    if (strchr(s, '\n') || strstr(s, "return")) return SRV_POL_INLINE;
     size_t n = strlen(s);
-    if (strchr(s, '/') || (n > 4 && !strcmp(s + n - 4, ".lua"))) return SRV_POL_PATH;
+    if (n > 4 && !strcmp(s + n - 4, ".lua") && !strpbrk(s, " \t\r\n")) return SRV_POL_PATH;
+    if (strchr(s, '\n') || strstr(s, "return")) return SRV_POL_INLINE;
+    if (strchr(s, '/')) return SRV_POL_PATH;
     for (const char *c = s; *c; c++)
         if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '_' || *c == '-'))
             return BAD("kvsieve.policy \"%.60s\" is neither a policy name, a .lua path nor Lua source", s);
