@@ -89,15 +89,19 @@ void ks_model_opts_default(ks_model_opts *o) {
     if (o) memset(o, 0, sizeof *o); /* cpu, threads from the affinity mask, device 0 */
 }
 
-/* The backend options of o, checked (KS_ERR_ARG naming the field; `what` names the caller). */
-static ks_status backend_opts_of(const ks_model_opts *o, const char *what, ks_backend_opts *bo) {
+void ks_model_tuning_default(ks_model_tuning *t) {
+    if (t) memset(t, 0, sizeof *t); /* every switch KS_DEFAULT, automatic splits, no profile */
+}
+
+/* The backend options of o and t, checked (KS_ERR_ARG naming the field; `what` names the caller). */
+static ks_status backend_opts_of(const ks_model_opts *o, const ks_model_tuning *t, const char *what, ks_backend_opts *bo) {
     if (o->threads < 0) return ks_errorf(KS_ERR_ARG, "%s: threads must be >= 0, got %d", what, o->threads);
     if (o->device < 0) return ks_errorf(KS_ERR_ARG, "%s: device must be >= 0, got %d", what, o->device);
-    if (o->decode_splits < 0) return ks_errorf(KS_ERR_ARG, "%s: decode_splits must be >= 0, got %d", what, o->decode_splits);
-    if (o->profile < 0 || o->profile > 2) return ks_errorf(KS_ERR_ARG, "%s: profile must be 0, 1 or 2, got %d", what, o->profile);
-    if (o->verbose < 0 || o->verbose > 1) return ks_errorf(KS_ERR_ARG, "%s: verbose must be 0 or 1, got %d", what, o->verbose);
-    const struct { const char *name; int v; } sw[] = {{"decode_kernels", o->decode_kernels}, {"fused", o->fused},
-        {"mlp", o->mlp}, {"graphs", o->graphs}, {"pdl", o->pdl}, {"prefill_attn_mma", o->prefill_attn_mma}};
+    if (t->decode_splits < 0) return ks_errorf(KS_ERR_ARG, "%s: decode_splits must be >= 0, got %d", what, t->decode_splits);
+    if (t->profile < 0 || t->profile > 2) return ks_errorf(KS_ERR_ARG, "%s: profile must be 0, 1 or 2, got %d", what, t->profile);
+    if (t->verbose < 0 || t->verbose > 1) return ks_errorf(KS_ERR_ARG, "%s: verbose must be 0 or 1, got %d", what, t->verbose);
+    const struct { const char *name; int v; } sw[] = {{"decode_kernels", t->decode_kernels}, {"fused", t->fused},
+        {"mlp", t->mlp}, {"graphs", t->graphs}, {"pdl", t->pdl}, {"prefill_attn_mma", t->prefill_attn_mma}};
     for (size_t i = 0; i < sizeof sw / sizeof *sw; i++)
         if (sw[i].v != KS_DEFAULT && sw[i].v != KS_ON && sw[i].v != KS_OFF)
             return ks_errorf(KS_ERR_ARG, "%s: %s must be KS_DEFAULT (0), KS_ON (1) or KS_OFF (-1), got %d", what, sw[i].name,
@@ -106,30 +110,32 @@ static ks_status backend_opts_of(const ks_model_opts *o, const char *what, ks_ba
     bo->n_threads = o->threads;
     bo->device = o->device;
 #define SWITCH(field, v) if ((v) != KS_DEFAULT) bo->field = (v) == KS_ON
-    SWITCH(decode_kernels, o->decode_kernels);
-    SWITCH(fused, o->fused);
-    SWITCH(mlp, o->mlp);
-    SWITCH(graphs, o->graphs);
-    SWITCH(pdl, o->pdl);
+    SWITCH(decode_kernels, t->decode_kernels);
+    SWITCH(fused, t->fused);
+    SWITCH(mlp, t->mlp);
+    SWITCH(graphs, t->graphs);
+    SWITCH(pdl, t->pdl);
 #undef SWITCH
-    if (o->prefill_attn_mma == KS_ON) bo->prefill_attn = KS_PREFILL_ATTN_MMA;
-    bo->decode_splits = o->decode_splits;
-    bo->profile = o->profile;
-    bo->verbose = o->verbose;
+    if (t->prefill_attn_mma == KS_ON) bo->prefill_attn = KS_PREFILL_ATTN_MMA;
+    bo->decode_splits = t->decode_splits;
+    bo->profile = t->profile;
+    bo->verbose = t->verbose;
     return KS_OK;
 }
 
-/* The model of `path` on a backend made from o: a checkpoint folder, or random weights in the
- * shape of a config (random != 0). */
-static ks_status model_open(const char *path, const ks_model_opts *o, int random, uint64_t seed, const char *what,
-                            ks_model **out) {
+/* The model of `path` on a backend made from o and t: a checkpoint folder, or random weights in
+ * the shape of a config (random != 0). */
+static ks_status model_open(const char *path, const ks_model_opts *o, const ks_model_tuning *t, int random, uint64_t seed,
+                            const char *what, ks_model **out) {
     if (!out) return ks_errorf(KS_ERR_ARG, "%s: NULL output pointer", what);
     *out = NULL;
     ks_model_opts def;
+    ks_model_tuning tdef;
     if (!o) { ks_model_opts_default(&def); o = &def; }
+    if (!t) { ks_model_tuning_default(&tdef); t = &tdef; }
     if (!path) return ks_errorf(KS_ERR_ARG, "%s: no model %s given", what, random ? "config" : "folder");
     ks_backend_opts bo;
-    ks_status st = backend_opts_of(o, what, &bo);
+    ks_status st = backend_opts_of(o, t, what, &bo);
     if (st) return st;
     ks_backend *be = NULL;
     if ((st = ks_backend_create_opts(o->backend, &bo, &be))) return st;
@@ -139,11 +145,16 @@ static ks_status model_open(const char *path, const ks_model_opts *o, int random
 }
 
 ks_status ks_model_open_ex(const char *dir, const ks_model_opts *o, ks_model **out) {
-    return model_open(dir, o, 0, 0, "ks_model_open", out);
+    return model_open(dir, o, NULL, 0, 0, "ks_model_open", out);
 }
 
-ks_status ks_model_open_random(const char *config, const ks_model_opts *o, uint64_t seed, ks_model **out) {
-    return model_open(config, o, 1, seed, "ks_model_open_random", out);
+ks_status ks_model_open_tuned(const char *dir, const ks_model_opts *o, const ks_model_tuning *t, ks_model **out) {
+    return model_open(dir, o, t, 0, 0, "ks_model_open", out);
+}
+
+ks_status ks_model_open_random(const char *config, const ks_model_opts *o, const ks_model_tuning *t, uint64_t seed,
+                               ks_model **out) {
+    return model_open(config, o, t, 1, seed, "ks_model_open_random", out);
 }
 
 ks_status ks_model_open(const char *dir, const char *backend, ks_model **out) {

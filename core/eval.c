@@ -21,8 +21,10 @@ void ks_eval_opts_default(ks_eval_opts *o) {
     o->seed = KS_EVAL_SEED;
 }
 
-/* Policy p's name: the given one, else the policy's own, "full" for none. */
+/* Policy p's name: the given one, else the policy's own, "full" for none (and for the one run of
+ * a grid without policies). */
 static const char *pol_name(const ks_eval_opts *o, int p) {
+    if (!o->n_policies) return "full";
     if (o->policy_names && o->policy_names[p]) return o->policy_names[p];
     ks_policy *pol = o->policies ? o->policies[p] : NULL;
     return pol ? ks_policy_name(pol) : "full";

@@ -110,21 +110,31 @@ typedef struct ks_policy ks_policy;     /* a token-pruning policy (Lua script or
 KS_API ks_status ks_model_open(const char *dir, const char *backend, ks_model **out);
 KS_API void ks_model_close(ks_model *m);
 
-/* The values of ks_model_opts's switches. A zero-filled struct holds KS_DEFAULT everywhere. */
-enum { KS_DEFAULT = 0, KS_ON = 1, KS_OFF = -1 };
-
-/* Options of ks_model_open_ex; fill with ks_model_opts_default (all zero: every default), then
- * set what you need. The backend belongs to the model: two models opened with different options
- * in one process keep their own settings (nothing here is process-wide). */
+/* Options of ks_model_open_ex; fill with ks_model_opts_default, then set what you need. The
+ * backend belongs to the model: two models opened with different options in one process keep
+ * their own settings (nothing here is process-wide). */
 typedef struct ks_model_opts {
     const char *backend;    /* "cpu" (also NULL, the default) or "cuda" (builds with CUDA) */
     int threads;            /* CPU backend: worker threads in all, the calling one included;
                              * 0 = one per CPU this process may run on (default). Results are
                              * bit-identical for every thread count. Ignored by "cuda". */
     int device;             /* CUDA device index (default 0); ignored by "cpu" */
-    /* The CUDA backend's kernel choices (ignored by "cpu"), for A/B timing and for isolating a
-     * kernel; every choice gives results within the CUDA tests' tolerances. Each switch is
-     * KS_DEFAULT, KS_ON or KS_OFF. */
+} ks_model_opts;
+KS_API void ks_model_opts_default(ks_model_opts *o);
+/* ks_model_open with options (o NULL = the defaults). Negative threads or device, or an unknown
+ * backend, is KS_ERR_ARG. ks_model_open(dir, b, out) is ks_model_open_ex with backend b, and
+ * ks_model_open_ex(dir, o, out) is ks_model_open_tuned(dir, o, NULL, out). */
+KS_API ks_status ks_model_open_ex(const char *dir, const ks_model_opts *o, ks_model **out);
+
+/* The values of ks_model_tuning's switches. A zero-filled struct holds KS_DEFAULT everywhere. */
+enum { KS_DEFAULT = 0, KS_ON = 1, KS_OFF = -1 };
+
+/* How the backend computes, beyond ks_model_opts: the CUDA backend's kernel choices (for A/B
+ * timing and for isolating a kernel; every choice gives results within the CUDA tests'
+ * tolerances; ignored by "cpu"), the per-phase profile and debug notes. Its own struct, so that
+ * ks_model_opts keeps its layout for hosts built against it. Fill with ks_model_tuning_default
+ * (all zero: every default). Each switch is KS_DEFAULT, KS_ON or KS_OFF. */
+typedef struct ks_model_tuning {
     int decode_kernels;     /* the one-row kernels of decode (gemv matmuls, tensor-core decode
                              * attention); off: cuBLAS and the float32 split-KV attention. Default on */
     int fused;              /* the fused projections (norm + q|k|v + RoPE + the cache row, the
@@ -144,17 +154,18 @@ typedef struct ks_model_opts {
                              * with a profile logs its table (KS_LOG_INFO) when it is freed */
     int verbose;            /* 1: the backend's debug notes (KS_LOG_DEBUG), e.g. why a decode step
                              * ran without its graph; 0 (default) none */
-} ks_model_opts;
-KS_API void ks_model_opts_default(ks_model_opts *o);
-/* ks_model_open with options (o NULL = the defaults). Negative threads, device or decode_splits,
- * a switch other than KS_DEFAULT / KS_ON / KS_OFF, profile outside 0..2, verbose outside 0..1,
- * or an unknown backend, is KS_ERR_ARG. ks_model_open(dir, b, out) is ks_model_open_ex with
- * backend b. */
-KS_API ks_status ks_model_open_ex(const char *dir, const ks_model_opts *o, ks_model **out);
+} ks_model_tuning;
+KS_API void ks_model_tuning_default(ks_model_tuning *t);
+/* ks_model_open_ex with tuning t (NULL = the defaults). Negative decode_splits, a switch other
+ * than KS_DEFAULT / KS_ON / KS_OFF, profile outside 0..2 or verbose outside 0..1 is KS_ERR_ARG
+ * naming the field. */
+KS_API ks_status ks_model_open_tuned(const char *dir, const ks_model_opts *o, const ks_model_tuning *t, ks_model **out);
 /* A model of seeded random weights (never zero; norms near 1) in the shape of a config.json
  * (`config`: the file, or a folder holding one), for speed measurements at any shape without a
- * checkpoint. It has no tokenizer (ks_tokenize is KS_ERR_ARG). Close with ks_model_close. */
-KS_API ks_status ks_model_open_random(const char *config, const ks_model_opts *o, uint64_t seed, ks_model **out);
+ * checkpoint; o and t as for ks_model_open_tuned (NULL = defaults). It has no tokenizer
+ * (ks_tokenize fails). Close with ks_model_close. */
+KS_API ks_status ks_model_open_random(const char *config, const ks_model_opts *o, const ks_model_tuning *t, uint64_t seed,
+                                      ks_model **out);
 
 /* Tokenize UTF-8 text (add_special: BOS etc. as the tokenizer's post-processor says).
  * *ids is malloc'd (free it). Decode returns a malloc'd NUL-terminated string. */
@@ -423,7 +434,7 @@ KS_API ks_status ks_model_memory_stats(ks_model *m, int reset_peak, ks_model_mem
  * none (the CPU backend). */
 KS_API ks_status ks_model_ceilings(ks_model *m, double *gemm_tflops, double *copy_gbs);
 
-/* A session's per-phase profile (ks_model_opts.profile turns it on for every session): on != 0
+/* A session's per-phase profile (ks_model_tuning.profile turns it on for every session): on != 0
  * turns it on (2: the host clock), 0 off; the counters start again. ks_session_profiling says
  * whether it is on. */
 KS_API void ks_session_set_profile(ks_session *s, int on);
@@ -541,10 +552,10 @@ typedef struct ks_eval_opts {
     int cases;                  /* cases per cell, 1 .. 100000 (default 1) */
     uint64_t seed;              /* seed base (default KS_EVAL_SEED) */
     ks_policy *const *policies; /* n_policies policies, borrowed until ks_eval_free; an entry NULL
-                                 * = full attention; NULL / 0: one run per case, full attention */
+                                 * (or policies NULL) = full attention */
     const char *const *policy_names; /* their names in records and files (copied); NULL, or an
                                  * entry NULL: ks_policy_name, "full" for a NULL policy. Distinct. */
-    int n_policies;
+    int n_policies;             /* >= 0; 0: one policy, full attention, named "full" */
     const char *corpora;        /* folder of *.txt files, the haystack of niah / multikey (required
                                  * for them, ignored otherwise) */
     const char *model_label;    /* "model" in the JSON and what a resume file must name (its folder

@@ -17,42 +17,33 @@ static int env_int(const char *name, int *v) {
     return 1;
 }
 
-void ks_cli_model_opts(ks_model_opts *o) {
+void ks_cli_model_tuning(ks_model_tuning *t) {
     int v;
-    if (env_int("KS_CUDA_NEW", &v)) o->decode_kernels = v ? KS_ON : KS_OFF;
-    if (env_int("KS_CUDA_FUSED", &v)) o->fused = v ? KS_ON : KS_OFF;
-    if (env_int("KS_CUDA_MLP", &v)) o->mlp = v ? KS_ON : KS_OFF;
-    if (env_int("KS_CUDA_GRAPH", &v)) o->graphs = v ? KS_ON : KS_OFF;
-    if (env_int("KS_CUDA_PDL", &v)) o->pdl = v ? KS_ON : KS_OFF;
-    if (env_int("KS_CUDA_WGMMA", &v)) o->prefill_attn_mma = v == 0 ? KS_ON : KS_OFF;
-    if (env_int("KS_CUDA_TC_SPLITS", &v)) o->decode_splits = v > 0 ? v : 0;
+    if (env_int("KS_CUDA_NEW", &v)) t->decode_kernels = v ? KS_ON : KS_OFF;
+    if (env_int("KS_CUDA_FUSED", &v)) t->fused = v ? KS_ON : KS_OFF;
+    if (env_int("KS_CUDA_MLP", &v)) t->mlp = v ? KS_ON : KS_OFF;
+    if (env_int("KS_CUDA_GRAPH", &v)) t->graphs = v ? KS_ON : KS_OFF;
+    if (env_int("KS_CUDA_PDL", &v)) t->pdl = v ? KS_ON : KS_OFF;
+    if (env_int("KS_CUDA_WGMMA", &v)) t->prefill_attn_mma = v == 0 ? KS_ON : KS_OFF;
+    if (env_int("KS_CUDA_TC_SPLITS", &v)) t->decode_splits = v > 0 ? v : 0;
     const char *pe = getenv("KS_PROFILE");
-    if (pe && *pe && strcmp(pe, "0")) o->profile = strcmp(pe, "sync") ? 1 : 2;
+    if (pe && *pe && strcmp(pe, "0")) t->profile = strcmp(pe, "sync") ? 1 : 2;
     const char *dbg = getenv("KS_DEBUG");
-    o->verbose = dbg && *dbg;
-}
-
-/* mo's backend, threads and device on the defaults, the environment on top */
-static void opts_of(const ks_model_opts *mo, ks_model_opts *o) {
-    ks_model_opts_default(o);
-    if (mo) {
-        o->backend = mo->backend;
-        o->threads = mo->threads;
-        o->device = mo->device;
-    }
-    ks_cli_model_opts(o);
+    t->verbose = dbg && *dbg;
 }
 
 ks_status ks_cli_model_open(const char *dir, const ks_model_opts *mo, ks_model **out) {
-    ks_model_opts o;
-    opts_of(mo, &o);
-    return ks_model_open_ex(dir, &o, out);
+    ks_model_tuning t;
+    ks_model_tuning_default(&t);
+    ks_cli_model_tuning(&t);
+    return ks_model_open_tuned(dir, mo, &t, out);
 }
 
 ks_status ks_cli_model_open_random(const char *config, const ks_model_opts *mo, uint64_t seed, ks_model **out) {
-    ks_model_opts o;
-    opts_of(mo, &o);
-    return ks_model_open_random(config, &o, seed, out);
+    ks_model_tuning t;
+    ks_model_tuning_default(&t);
+    ks_cli_model_tuning(&t);
+    return ks_model_open_random(config, mo, &t, seed, out);
 }
 
 ks_status ks_cli_policy_load(ks_model *m, const char *name_or_path, ks_policy **out) {

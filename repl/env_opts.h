@@ -1,12 +1,12 @@
 /* env_opts.h — the CLI's environment variables as options (repl/env_opts.c). Nothing below
  * repl/ reads the environment; the commands open models and policies through these, which map
- * the variables onto the public option structs of kvsieve.h. */
+ * the variables onto the public option structs of kvsieve.h (ks_model_tuning). */
 #ifndef KS_ENV_OPTS_H
 #define KS_ENV_OPTS_H
 
 #include "kvsieve.h"
 
-/* o's backend, threads and device kept, the environment's choices on top (ks_model_opts):
+/* The environment's choices on top of t (ks_model_tuning):
  *   KS_CUDA_NEW=0      decode_kernels off (cuBLAS one-row matmuls, float32 split-KV attention)
  *   KS_CUDA_FUSED=0    fused off          KS_CUDA_MLP=0    mlp off
  *   KS_CUDA_GRAPH=0    graphs off         KS_CUDA_PDL=1    pdl on
@@ -14,10 +14,10 @@
  *   KS_CUDA_TC_SPLITS=N  decode_splits N (N <= 0: automatic)
  *   KS_PROFILE=1 / sync  profile 1 / 2    KS_DEBUG (set)   verbose 1
  * A value that is no integer counts as unset. */
-void ks_cli_model_opts(ks_model_opts *o);
+void ks_cli_model_tuning(ks_model_tuning *t);
 
-/* ks_model_open_ex / ks_model_open_random with the environment's options (mo NULL: the
- * defaults; its backend, threads and device are kept). */
+/* ks_model_open_tuned / ks_model_open_random with the environment's tuning (mo NULL: the
+ * default ks_model_opts). */
 ks_status ks_cli_model_open(const char *dir, const ks_model_opts *mo, ks_model **out);
 ks_status ks_cli_model_open_random(const char *config, const ks_model_opts *mo, uint64_t seed, ks_model **out);
 

@@ -10,9 +10,8 @@
  *     debug notes) are shown only with -v (--verbose: before CMD, or among generate's, tokenize's,
  *     bench's and eval's options).
  * The help texts live here, in one table, so that `--help` and the README can be checked
- * against one place (tests/test_cli_help.c runs `--help` for every entry). */
+ * against one place (tests/test_cli_day1.c: cli_help_for_every_subcommand runs `--help` for each). */
 #include "cli.h"
-#include "kvsieve.h"
 #include "kvsieve.h"
 #include "ks_lua.h"
 
@@ -262,7 +261,7 @@ int main(int argc, char **argv) {
         if (!strcmp(cmd, "help") && argc > 2 && ks_cli_is_help(argv[2])) return ks_cli_help("help"), 0;
         if (argc > 2 && !ks_cli_is_help(argv[2])) {
             if (ks_cli_help(argv[2])) {
-                fprintf(stderr, "kvsieve: help: unknown command \"%s\" (commands: generate, tokenize, bench, eval, repl, run, version)\n", argv[2]);
+                fprintf(stderr, "kvsieve: help: unknown command \"%s\" (commands: generate, tokenize, bench, eval, repl, run, serve, version)\n", argv[2]);
                 return 2;
             }
             return 0;

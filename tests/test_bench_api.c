@@ -1,6 +1,6 @@
 /* test_bench_api.c — kvsieve.h's speed measurements and model options, through the public header
- * only, on the bundled model: ks_model_opts's backend switches (checked, and profile reaching
- * the sessions), ks_model_open_random, ks_model_get_info, memory counts, ceilings, a session's
+ * only, on the bundled model: ks_model_tuning's switches (checked, and profile reaching the
+ * sessions), ks_model_open_random, ks_model_get_info, memory counts, ceilings, a session's
  * profile switch, and ks_bench_run's runs, counters, profile and named errors. No timing is
  * asserted beyond "measured" (positive and finite). */
 #include "kvsieve.h"
@@ -19,47 +19,63 @@ static int have_tiny(void) {
     return f != NULL;
 }
 
-KT_TEST(model_opts_switches_are_checked) {
+KT_TEST(model_tuning_switches_are_checked) {
+    ks_model_tuning t;
+    ks_model_tuning_default(&t);
+    KT_CHECK(t.decode_kernels == KS_DEFAULT && t.fused == KS_DEFAULT && t.mlp == KS_DEFAULT && t.graphs == KS_DEFAULT &&
+                 t.pdl == KS_DEFAULT && t.prefill_attn_mma == KS_DEFAULT && !t.decode_splits && !t.profile && !t.verbose,
+             "the defaults are all zero");
+    ks_model_tuning_default(NULL);
+    ks_model *m = (ks_model *)&t; /* must be cleared on failure */
+    t.fused = 2;
+    KT_CHECK(ks_model_open_tuned(TINY, NULL, &t, &m) == KS_ERR_ARG && !m && strstr(ks_last_error(), "fused must be"), "%s",
+             ks_last_error());
+    ks_model_tuning_default(&t);
+    t.prefill_attn_mma = -2;
+    KT_CHECK(ks_model_open_tuned(TINY, NULL, &t, &m) == KS_ERR_ARG && strstr(ks_last_error(), "prefill_attn_mma"), "%s",
+             ks_last_error());
+    ks_model_tuning_default(&t);
+    t.decode_splits = -1;
+    KT_CHECK(ks_model_open_tuned(TINY, NULL, &t, &m) == KS_ERR_ARG && strstr(ks_last_error(), "decode_splits"), "%s",
+             ks_last_error());
+    ks_model_tuning_default(&t);
+    t.profile = 3;
+    KT_CHECK(ks_model_open_tuned(TINY, NULL, &t, &m) == KS_ERR_ARG && strstr(ks_last_error(), "profile must be"), "%s",
+             ks_last_error());
+    ks_model_tuning_default(&t);
+    t.verbose = 2;
+    KT_CHECK(ks_model_open_random(TINY, NULL, &t, 1, &m) == KS_ERR_ARG && strstr(ks_last_error(), "verbose must be"), "%s",
+             ks_last_error());
     ks_model_opts o;
     ks_model_opts_default(&o);
-    KT_CHECK(!o.backend && !o.threads && !o.device && o.decode_kernels == KS_DEFAULT && o.fused == KS_DEFAULT &&
-                 o.graphs == KS_DEFAULT && o.pdl == KS_DEFAULT && !o.decode_splits && !o.profile && !o.verbose,
-             "the defaults are all zero");
-    ks_model *m = (ks_model *)&o; /* must be cleared on failure */
-    o.fused = 2;
-    KT_CHECK(ks_model_open_ex(TINY, &o, &m) == KS_ERR_ARG && !m && strstr(ks_last_error(), "fused must be"), "%s",
+    o.threads = -1;
+    KT_CHECK(ks_model_open_tuned(TINY, &o, NULL, &m) == KS_ERR_ARG && strstr(ks_last_error(), "threads must be"), "%s",
              ks_last_error());
-    ks_model_opts_default(&o);
-    o.prefill_attn_mma = -2;
-    KT_CHECK(ks_model_open_ex(TINY, &o, &m) == KS_ERR_ARG && strstr(ks_last_error(), "prefill_attn_mma"), "%s", ks_last_error());
-    ks_model_opts_default(&o);
-    o.decode_splits = -1;
-    KT_CHECK(ks_model_open_ex(TINY, &o, &m) == KS_ERR_ARG && strstr(ks_last_error(), "decode_splits"), "%s", ks_last_error());
-    ks_model_opts_default(&o);
-    o.profile = 3;
-    KT_CHECK(ks_model_open_ex(TINY, &o, &m) == KS_ERR_ARG && strstr(ks_last_error(), "profile must be"), "%s", ks_last_error());
-    ks_model_opts_default(&o);
-    o.verbose = 2;
-    KT_CHECK(ks_model_open_random(TINY, &o, 1, &m) == KS_ERR_ARG && strstr(ks_last_error(), "verbose must be"), "%s",
+    KT_CHECK(ks_model_open_tuned(NULL, NULL, NULL, &m) == KS_ERR_ARG && strstr(ks_last_error(), "no model folder"), "%s",
              ks_last_error());
-    KT_CHECK(ks_model_open_random(NULL, NULL, 1, &m) == KS_ERR_ARG && strstr(ks_last_error(), "no model config"), "%s",
+    KT_CHECK(ks_model_open_random(NULL, NULL, NULL, 1, &m) == KS_ERR_ARG && strstr(ks_last_error(), "no model config"), "%s",
              ks_last_error());
-    KT_CHECK(ks_model_open_random(TINY, NULL, 1, NULL) == KS_ERR_ARG, "NULL output");
-    KT_CHECK(ks_model_open_random("/nonexistent/config.json", NULL, 1, &m) != KS_OK && !m, "a missing config");
+    KT_CHECK(ks_model_open_random(TINY, NULL, NULL, 1, NULL) == KS_ERR_ARG, "NULL output");
+    KT_CHECK(ks_model_open_random("/nonexistent/config.json", NULL, NULL, 1, &m) != KS_OK && !m, "a missing config");
     if (!have_tiny()) KT_SKIP(TINY " absent");
     /* every CUDA switch set: the CPU backend takes and ignores them */
-    ks_model_opts_default(&o);
-    o.decode_kernels = o.fused = o.mlp = o.graphs = KS_OFF;
-    o.pdl = o.prefill_attn_mma = KS_ON;
-    o.decode_splits = 4;
-    o.profile = 1;
-    o.verbose = 1;
-    KT_CHECK(ks_model_open_ex(TINY, &o, &m) == KS_OK, "%s", ks_last_error());
+    ks_model_tuning_default(&t);
+    t.decode_kernels = t.fused = t.mlp = t.graphs = KS_OFF;
+    t.pdl = t.prefill_attn_mma = KS_ON;
+    t.decode_splits = 4;
+    t.profile = 1;
+    t.verbose = 1;
+    KT_CHECK(ks_model_open_tuned(TINY, NULL, &t, &m) == KS_OK, "%s", ks_last_error());
     ks_session *s;
     KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
     KT_CHECK(ks_session_profiling(s) == 1, "profile = 1 reaches the session");
     ks_session_set_profile(s, 0);
     KT_CHECK(ks_session_profiling(s) == 0 && ks_session_profiling(NULL) == 0, "switched off");
+    ks_session_free(s);
+    ks_model_close(m);
+    /* without tuning, sessions start without a profile */
+    KT_CHECK(ks_model_open_tuned(TINY, NULL, NULL, &m) == KS_OK && ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_session_profiling(s) == 0, "no profile by default");
     ks_session_free(s);
     ks_model_close(m);
 }
@@ -90,7 +106,7 @@ KT_TEST(model_info_memory_ceilings) {
     ks_model_close(m);
 
     /* random weights in the same shape: the same info, no tokenizer */
-    KT_CHECK(ks_model_open_random(TINY "/config.json", NULL, 7, &m) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_model_open_random(TINY "/config.json", NULL, NULL, 7, &m) == KS_OK, "%s", ks_last_error());
     ks_model_info ri;
     KT_CHECK(ks_model_get_info(m, &ri) == KS_OK && ri.n_layers == info.n_layers && ri.dim == info.dim &&
                  ri.n_params == info.n_params && ri.vocab == info.vocab,

@@ -63,6 +63,7 @@ KT_TEST(cli_help_for_every_subcommand) {
         {"eval", {"--corpora", "-q, --quiet", "--resume", "--png", "(default 1)", "example:"}},
         {"repl", {"-m DIR", "example:", NULL}},
         {"run", {"SCRIPT", "example:", NULL}},
+        {"serve", {"-m, --model DIR", "--port P", "--max-batch N", "--no-inline-policies", "example:", NULL}},
         {"version", {"example:", NULL}},
         {"help", {"example:", NULL}},
     };

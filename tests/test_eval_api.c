@@ -75,6 +75,9 @@ KT_TEST(eval_api_opts_default_and_check) {
     const char *names[2] = {"a", "b"};
     o.policy_names = names;
     KT_CHECK(ks_eval_opts_check(&o) == KS_OK, "two named full-attention runs: %s", ks_last_error());
+    o.n_policies = 0; /* one policy, "full", whatever the arrays hold */
+    KT_CHECK(ks_eval_opts_check(&o) == KS_OK, "no policies: %s", ks_last_error());
+    o.n_policies = 2;
     o.cases = 100000;
     int many[64];
     for (int i = 0; i < 64; i++) many[i] = 100 + i;
@@ -101,6 +104,20 @@ KT_TEST(eval_api_create_refuses_bad_grids) {
     o.n_lengths = 2;
     KT_CHECK(ks_eval_create(m, &o, &e) == KS_ERR_ARG && strstr(ks_last_error(), "exceeds the model's context"), "%s",
              ks_last_error());
+    grid_opts(&o, NULL, NULL, 0);
+    /* no policies: one run per case under full attention, named "full" */
+    KT_CHECK(ks_eval_create(m, &o, &e) == KS_OK && ks_eval_n_runs(e) == 6, "%s", ks_last_error());
+    o.on_run = NULL;
+    const int one_len[] = {200};
+    ks_eval_free(e);
+    o.lengths = one_len;
+    o.n_depths = 1;
+    o.cases = 1;
+    KT_CHECK(ks_eval_create(m, &o, &e) == KS_OK && ks_eval_run(e) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_eval_n_done(e) == 1 && !strcmp(ks_eval_record_at(e, 0)->policy_name, "full") &&
+                 ks_eval_record_at(e, 0)->kept == ks_eval_record_at(e, 0)->tokens,
+             "the one run, full attention");
+    ks_eval_free(e);
     grid_opts(&o, NULL, NULL, 0);
     o.task = "niah";
     KT_CHECK(ks_eval_create(m, &o, &e) == KS_ERR_ARG && strstr(ks_last_error(), "corpora"), "niah without corpora: %s",
