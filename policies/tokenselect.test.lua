@@ -23,8 +23,7 @@ local ks = require "kvsieve"
 local json = require "json"
 
 if not ks.rope then
-  error("tokenselect: ks.rope is missing: lua/ext_rope.c must be wired in (ks_ext_rope_open(L) after ks_prims_open(L) "
-    .. "in lua/module.c and lua/policy_lua.c)", 0)
+  error("tokenselect: ks.rope is missing from the primitive registry (lua/prims_lua.c; lua/ext_rope.c implements it)", 0)
 end
 
 local polfix = require "polfix"

@@ -57,7 +57,7 @@ out:
 /* ================================================================ lua_prims */
 
 /* fuzz_lua_prims: ks.scores with a query of zero rows (the layer-0 KV view in prefill_qkv is
- * empty: its data pointer is NULL) offset that NULL pointer (lua/prims_lua.c, UBSan "applying
+ * empty: its data pointer is NULL) offset that NULL pointer (ks.scores, now lua/prims_scores.c, UBSan "applying
  * zero offset to null pointer"), then core/prims.c did the same with empty keys. An empty
  * query or key set now gives an empty result. */
 KT_TEST(fuzz_regress_scores_empty_rows) {
@@ -78,7 +78,7 @@ KT_TEST(fuzz_regress_scores_empty_rows) {
 }
 
 /* fuzz_lua_prims (found by CI's 30 s run): ks.mean / ks.sum along an axis of a tensor with no
- * elements offset its NULL data pointer (lua/prims_lua.c reduce, UBSan "applying zero offset to
+ * elements offset its NULL data pointer (the reduce of lua/prims_lua.c, UBSan "applying zero offset to
  * null pointer"); ks.concat of empty pieces did the same at its output. Now a sum over an empty
  * axis is 0, a mean over one is the named error "axis 0 is empty", an empty output stays empty. */
 KT_TEST(fuzz_regress_reduce_and_concat_of_empty) {

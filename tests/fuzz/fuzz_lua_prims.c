@@ -1,10 +1,10 @@
 /* fuzz_lua_prims.c — libFuzzer harness for the Lua side of policies: the primitives
- * (lua/prims_lua.c, lua/ext_rope.c), the tensor userdata and its methods and operators
- * (lua/tensor.c), and the event object with its fields and actions (lua/events.c, with the
+ * (lua/prims_lua.c, lua/prims_scores.c, lua/ext_rope.c), the tensor userdata and its methods and operators
+ * (lua/tensor.c, lua/tensor_methods.c), and the event object with its fields and actions (lua/events.c, with the
  * engine's action validation of core/actions.c), all inside the policy sandbox with its limits.
  *
  * How. At init one sandboxed policy is loaded per device mode ("host" and "emulate", the latter
- * running every primitive through the emulated device of lua/prims_lua.c). Its handlers are one
+ * running every primitive through the emulated device of lua/emu_device.c). Its handlers are one
  * small interpreter written in Lua (PROGRAM below) that reads a byte program and executes it as
  * a sequence of opcodes over a pool of values: push a constant (0, -1, NaN, inf, 2^31,
  * math.maxinteger, option names, ...), build a table (numbers, nested, mixed with tensors and
