@@ -99,6 +99,20 @@ print("top 5 after the last step:", [(model.detokenize([i]), round(float(lp), 3)
 print("greedy picked the argmax:", int(np.argmax(r.logits())) == int(r.ids[-1]))
 
 # %% [markdown]
+# ## A retrieval grid
+# `kvsieve.eval` runs the library's long-context grid (what `kvsieve eval` runs): a 5-digit pass
+# key hidden in filler text, at several lengths and depths, under each policy. It returns one
+# dict per run (pandas.DataFrame(runs) takes it as is); `.cells` sums them per cell.
+
+# %%
+runs = kvsieve.eval(model, "passkey", lengths=[128, 256], depths=[0.0, 0.5, 1.0], cases=1,
+                    policies={"full": None, "snapkv": model.policy("snapkv", budget=48, window=8)})
+print("%d runs; the first: %s" % (len(runs), {k: runs[0][k] for k in ("policy", "length", "depth", "answer", "output")}))
+print("policy  length  depth  exact  value kept")
+for c in runs.cells:
+    print("%-7s %6d %6.2f %6.2f %11.2f" % (c["policy"], c["length"], c["depth"], c["exact_match"], c["value_kept"]))
+
+# %% [markdown]
 # ## Errors are exceptions with the library's message
 
 # %%

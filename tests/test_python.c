@@ -12,7 +12,8 @@
  *        packages (numpy), `pip install --no-build-isolation` of a copy of python/ (so the build
  *        leaves nothing in the checkout), bundling the .so of step 1;
  *     4. runs `python -m pytest tests/python` with that venv's python; every test must pass and
- *        none may be skipped (the reference and the venv are given: KS_PY_REFERENCE, KS_PY_VENV);
+ *        none may be skipped (the reference and the venv are given: KS_PY_REFERENCE, KS_PY_VENV;
+ *        KS_BIN lets test_eval.py compare kvsieve.eval with `kvsieve eval`);
  *     5. runs examples/python_demo.py with it.
  *   Skipped, with the reason, when no python3 imports numpy (`python3` on PATH may be a pyenv
  *   interpreter without it: /usr/bin/python3 is tried first), or when that python lacks pytest,

@@ -10,6 +10,9 @@ A thin layer (ctypes) over libkvsieve.so and its C API, include/kvsieve.h:
     r.text, r.ids, r.kept(layer=0)                                # str, int32 arrays
     for tok in session.generate("Once upon a time", stream=True):
         print(tok.text, end="")
+    runs = kvsieve.eval(model, "passkey", lengths=[256], depths=[0, 1], cases=2,
+                        policies={"full": None, "snap": model.policy("snapkv", budget=64)})
+    # a list of dicts, one per run: pandas.DataFrame(runs)
 
 Failures raise kvsieve.Error subclasses (FileError, PolicyError, ArgumentError, ...) carrying the
 library's message. The library is found as kvsieve._lib describes (KVSIEVE_LIBRARY overrides);
@@ -20,6 +23,7 @@ from ._errors import (ArgumentError, ContextError, DeviceError, DtypeError, Erro
                       InternalError, Interrupted, OutOfMemory, PolicyError, ShapeError, UnsupportedError)
 from ._lib import LibraryNotFound, library_path, load_library
 from ._core import Model, Policy, Result, Session, Stream, Token, policy_search_path, version
+from ._eval import EVAL_SEED, EvalRuns, eval
 
 try:  # the installed distribution's version (the library's, from include/kvsieve.h)
     from importlib.metadata import PackageNotFoundError, version as _dist_version
@@ -27,13 +31,14 @@ try:  # the installed distribution's version (the library's, from include/kvsiev
 except Exception:  # imported from a checkout without installing
     __version__ = "0+checkout"
 
-for _name in ("Model", "Policy", "Session", "Result", "Stream", "Token", "LibraryNotFound", "Error", "FileError",
+for _name in ("Model", "Policy", "EvalRuns", "Session", "Result", "Stream", "Token", "LibraryNotFound", "Error", "FileError",
               "FormatError", "ShapeError", "DtypeError", "UnsupportedError", "OutOfMemory", "ArgumentError",
               "ContextError", "PolicyError", "Interrupted", "DeviceError", "InternalError"):
     globals()[_name].__module__ = __name__  # kvsieve.PolicyError, not kvsieve._errors.PolicyError
 del _name
 
-__all__ = ["Model", "Policy", "Session", "Result", "Stream", "Token", "version", "load_library", "library_path",
+__all__ = ["Model", "Policy", "Session", "Result", "Stream", "Token", "eval", "EvalRuns", "EVAL_SEED", "version",
+           "load_library", "library_path",
            "policy_search_path", "LibraryNotFound", "Error", "FileError", "FormatError", "ShapeError",
            "DtypeError", "UnsupportedError", "OutOfMemory", "ArgumentError", "ContextError", "PolicyError",
            "Interrupted", "DeviceError", "InternalError"]

@@ -53,6 +53,48 @@ class GenerateOpts(ctypes.Structure):
     ]
 
 
+class EvalRecord(ctypes.Structure):
+    """struct ks_eval_record"""
+    _fields_ = [
+        ("policy", ctypes.c_int), ("length_index", ctypes.c_int), ("depth_index", ctypes.c_int),
+        ("index", ctypes.c_int), ("policy_name", ctypes.c_char_p), ("length", ctypes.c_int),
+        ("depth", ctypes.c_double), ("seed", ctypes.c_uint64), ("tokens", ctypes.c_int),
+        ("correct", ctypes.c_int), ("kept", ctypes.c_int), ("value_in", ctypes.c_int), ("value_n", ctypes.c_int),
+        ("value_kept", ctypes.c_double), ("needle_begin", ctypes.c_int), ("needle_end", ctypes.c_int),
+        ("value_begin", ctypes.c_int), ("value_end", ctypes.c_int), ("prefill_s", ctypes.c_double),
+        ("decode_s", ctypes.c_double), ("answer", ctypes.c_char_p), ("output", ctypes.c_char_p),
+        ("resumed", ctypes.c_int), ("prompt_ids", c_int32_p), ("kept_positions", c_int32_p),
+    ]
+
+
+# int (*ks_eval_run_fn)(void *user, const ks_eval_record *r, long done, long total)
+EVAL_RUN_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(EvalRecord), ctypes.c_long,
+                               ctypes.c_long)
+
+
+class EvalOpts(ctypes.Structure):
+    """struct ks_eval_opts"""
+    _fields_ = [
+        ("task", ctypes.c_char_p), ("lengths", ctypes.POINTER(ctypes.c_int)), ("n_lengths", ctypes.c_int),
+        ("depths", ctypes.POINTER(ctypes.c_double)), ("n_depths", ctypes.c_int), ("cases", ctypes.c_int),
+        ("seed", ctypes.c_uint64), ("policies", ctypes.POINTER(ctypes.c_void_p)),
+        ("policy_names", ctypes.POINTER(ctypes.c_char_p)), ("n_policies", ctypes.c_int),
+        ("corpora", ctypes.c_char_p), ("model_label", ctypes.c_char_p),
+        ("interrupt", ctypes.POINTER(ctypes.c_int)),  # volatile sig_atomic_t * (an int on Linux)
+        ("on_run", EVAL_RUN_FN), ("user", ctypes.c_void_p),
+    ]
+
+
+class EvalCell(ctypes.Structure):
+    """struct ks_eval_cell"""
+    _fields_ = [
+        ("cases", ctypes.c_int), ("correct", ctypes.c_int), ("n_value", ctypes.c_int),
+        ("value_kept_sum", ctypes.c_double), ("prefill_sum", ctypes.c_double),
+        ("tokens_sum", ctypes.c_longlong), ("kept_sum", ctypes.c_longlong),
+        ("exact_match", ctypes.c_double), ("value_kept", ctypes.c_double),
+    ]
+
+
 # int (*ks_stream_fn)(void *ud, int32_t id, const char *piece)
 STREAM_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32, ctypes.c_char_p)
 # void (*ks_log_fn)(void *user, ks_log_level level, const char *msg)
@@ -98,6 +140,16 @@ _PROTOS = {
     "ks_policy_n_reports": (ctypes.c_int, [_P]),
     "ks_policy_report_key": (ctypes.c_char_p, [_P, ctypes.c_int]),
     "ks_policy_free": (None, [_P]),
+    "ks_eval_opts_default": (None, [ctypes.POINTER(EvalOpts)]),
+    "ks_eval_create": (_S, [_P, ctypes.POINTER(EvalOpts), ctypes.POINTER(_P)]),
+    "ks_eval_resume": (_S, [_P, ctypes.c_char_p]),
+    "ks_eval_run": (_S, [_P]),
+    "ks_eval_free": (None, [_P]),
+    "ks_eval_n_runs": (ctypes.c_long, [_P]),
+    "ks_eval_n_done": (ctypes.c_long, [_P]),
+    "ks_eval_record_at": (ctypes.POINTER(EvalRecord), [_P, ctypes.c_long]),
+    "ks_eval_cell_at": (_S, [_P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(EvalCell)]),
+    "ks_eval_write_json": (_S, [_P, ctypes.c_char_p]),
     "ks_model_n_layers": (ctypes.c_int, [_P]),
     "ks_model_n_kv_heads": (ctypes.c_int, [_P]),
     "ks_model_vocab": (ctypes.c_int, [_P]),
