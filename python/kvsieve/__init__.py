@@ -26,7 +26,7 @@ from ._core import Model, Policy, Result, Session, Stream, Token, policy_search_
 from ._eval import EVAL_SEED, EvalRuns, eval
 
 try:  # the installed distribution's version (the library's, from include/kvsieve.h)
-    from importlib.metadata import PackageNotFoundError, version as _dist_version
+    from importlib.metadata import version as _dist_version
     __version__ = _dist_version("kvsieve")
 except Exception:  # imported from a checkout without installing
     __version__ = "0+checkout"

@@ -358,6 +358,7 @@ class Session(_Handle):
         self._model = model
         self._policy = None
         self._busy = False
+        self._busy_lock = threading.Lock()  # _busy is tested and set by one thread at a time
         self._generation = 0
         h = ctypes.c_void_p()
         _check(lib.ks_session_create(model._handle(), ctypes.byref(h)))
@@ -409,7 +410,15 @@ class Session(_Handle):
 
     def _not_busy(self):
         if self._busy:
-            raise RuntimeError("session is busy: a stream from it is still open (iterate it to the end or close it)")
+            raise RuntimeError("session is busy: a request on it is still running (a stream not finished or "
+                               "closed, or a generate() on another thread)")
+
+    def _claim(self):
+        """Mark the session busy for one request (RuntimeError if it already is)."""
+        with self._busy_lock:
+            self._not_busy()
+            self._busy = True
+            self._generation += 1
 
     def _opts(self, kw):
         o = GenerateOpts()
@@ -469,12 +478,12 @@ class Session(_Handle):
                  min_p=0.0, repeat_penalty=1.0, stop=None (a str or list of str),
                  add_special=True: ks_generate_opts; out-of-range values raise ArgumentError.
         Failures raise the library's error: ContextError, PolicyError, ArgumentError, ..."""
-        self._not_busy()
         opts, keep = self._opts(options)
         run = self._runner(prompt, opts)
+        if stream and on_token is not None:
+            raise TypeError("on_token is for stream=False (iterate the stream instead)")
+        self._claim()
         if stream:
-            if on_token is not None:
-                raise TypeError("on_token is for stream=False (iterate the stream instead)")
             return Stream(self, run, (opts, keep))
         caught = []
 
@@ -487,8 +496,6 @@ class Session(_Handle):
                 caught.append(e)
                 return 1
         cfn = STREAM_FN(cb)
-        self._busy = True
-        self._generation += 1
         try:
             st = run(cfn)
             err = _last_error() if st else ""
@@ -631,9 +638,7 @@ class Stream:
         self._stop = threading.Event()
         self.result = None
         self._finished = False
-        session._busy = True
-        session._generation += 1
-        session._stream = weakref.ref(self)
+        session._stream = weakref.ref(self)  # the session was claimed by generate()
         self._thread = threading.Thread(target=_stream_worker, args=(run, self._q, self._stop), daemon=True,
                                         name="kvsieve-stream")
         self._thread.start()

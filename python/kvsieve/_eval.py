@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 from ._core import Model, Policy, _check, _cstr, _last_error, _pystr
-from ._errors import Error, raise_status
+from ._errors import raise_status
 from ._lib import EVAL_RUN_FN, EvalCell, EvalOpts, lib
 
 __all__ = ["eval", "EvalRuns", "EVAL_SEED"]

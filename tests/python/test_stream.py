@@ -114,3 +114,21 @@ def test_ctrl_c_while_streaming(model, full_run):
     timer.join()
     assert st.result is not None and len(st.result.ids) < 2000
     np.testing.assert_array_equal(s.generate(PROMPT, max_new_tokens=12).ids, full_run[0])
+
+
+def test_sessions_on_two_threads_give_the_sequential_ids(model, full_run):
+    """Two sessions of one model generating at once, one per thread (ctypes lets go of the GIL
+    during the call), give the ids of one run alone."""
+    want = model.session("snapkv", budget=12, window=4, kernel=3).generate(PROMPT, max_new_tokens=12).ids.tolist()
+    got = {}
+
+    def work(name, spec):
+        s = model.session(spec, budget=12, window=4, kernel=3) if spec else model.session()
+        got[name] = [s.generate(PROMPT, max_new_tokens=12).ids.tolist() for _ in range(3)]
+    ts = [threading.Thread(target=work, args=("full", None)), threading.Thread(target=work, args=("snap", "snapkv"))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert got["full"] == [full_run[0].tolist()] * 3
+    assert got["snap"] == [want] * 3
