@@ -16,8 +16,9 @@
  *        KS_BIN lets test_eval.py compare kvsieve.eval with `kvsieve eval`);
  *     5. runs examples/python_demo.py with it.
  *   Skipped, with the reason, when no python3 imports numpy (`python3` on PATH may be a pyenv
- *   interpreter without it: /usr/bin/python3 is tried first), or when that python lacks pytest,
- *   venv/ensurepip, setuptools or wheel (tools/deps.sh installs them all). */
+ *   interpreter without it: /usr/bin/python3 is tried first; $KS_PYTHON, when set, is the only
+ *   one tried), or when that python lacks pytest, venv/ensurepip, setuptools or wheel
+ *   (tools/deps.sh installs them all). */
 #include "kvsieve.h"
 #include "ktest.h"
 #include "testutil.h"
@@ -103,13 +104,16 @@ KT_SLOW_TEST(python_package_pytest) {
     static char out[65536];
     char cmd[8192], py[64] = "", build[512], tmp[256], err[1024];
 
-    /* the interpreter: the first that imports numpy */
-    const char *cands[] = {"/usr/bin/python3", "python3"};
-    for (size_t i = 0; i < 2 && !py[0]; i++) {
+    /* the interpreter: $KS_PYTHON if set, else the first that imports numpy */
+    const char *env_py = getenv("KS_PYTHON");
+    const char *cands[] = {env_py && *env_py ? env_py : "/usr/bin/python3", "python3"};
+    for (size_t i = 0; i < (env_py && *env_py ? 1u : 2u) && !py[0]; i++) {
         snprintf(cmd, sizeof cmd, "%s -c 'import numpy' </dev/null", cands[i]);
         if (kt_sh(cmd, out, sizeof out) == 0) snprintf(py, sizeof py, "%s", cands[i]);
     }
-    if (!py[0]) KT_SKIP("no python3 that imports numpy (tried /usr/bin/python3 and python3 on PATH; Debian: python3-numpy)");
+    if (!py[0])
+        KT_SKIP("no python3 that imports numpy (tried %s; Debian: python3-numpy)",
+                env_py && *env_py ? env_py : "/usr/bin/python3 and python3 on PATH");
     snprintf(cmd, sizeof cmd, "%s -c 'import pytest, venv, ensurepip, setuptools, wheel' </dev/null", py);
     if (kt_sh(cmd, out, sizeof out))
         KT_SKIP("%s lacks a package the test needs (Debian: python3-pytest python3-venv python3-setuptools "
