@@ -4,7 +4,7 @@ A thin layer (ctypes) over libkvsieve.so and its C API, include/kvsieve.h:
 
     import kvsieve
     model = kvsieve.Model("models/kvsieve-tiny")                 # backend="cpu" | "cuda"
-    policy = model.policy("streamingllm", budget=16, sinks=4)     # a name, a file or Lua source
+    policy = model.policy("streamingllm", budget=6, sinks=2)      # a name, a file or Lua source
     session = model.session(policy)
     r = session.generate("The grass is green. The sky is", max_new_tokens=16)
     r.text, r.ids, r.kept(layer=0)                                # str, int32 arrays
