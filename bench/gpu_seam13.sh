@@ -20,6 +20,8 @@ step_variants() {
 step_memcheck() {
     compute-sanitizer --tool memcheck --error-exitcode 1 $N/test_cuda --quick 2>&1 | tail -12 > $OUT/memcheck.txt
     echo "rc=${PIPESTATUS[0]}" >> $OUT/memcheck.txt
+    timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 $N/test_wgmma --quick 2>&1 | tail -4 >> $OUT/memcheck.txt
+    echo "test_wgmma rc=${PIPESTATUS[0]}" >> $OUT/memcheck.txt
 }
 step_bench() {
     C="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --lengths 8192,32768 --gen 32 --repeat 1"

@@ -1,11 +1,12 @@
 /* cpu_dense.c — the CPU backend's dense ops (cpu_dense.h) and the forward ops of backend.h built
- * from them: attn_in (norm, q/k/v projections, RoPE, the cache rows), attn_out (o-projection and
- * residual), mlp (norm, gate/up, SwiGLU, down, residual) and head (final norm, lm_head).
+ * from them by the plain composition of dense_plain.h: attn_in (norm, q/k/v projections, RoPE,
+ * the cache rows), attn_out (o-projection and residual), mlp (norm, gate/up, SwiGLU, down,
+ * residual) and head (final norm, lm_head).
  * Float32 throughout; every element is computed by one thread in a fixed order (cpu_gemm.h), so
  * identical rows give identical bits whatever the thread count. */
 #include "cpu_dense.h"
 #include "cpu_int.h"
-#include "model.h"
+#include "dense_plain.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -127,59 +128,22 @@ ks_status ks_cpu_gather_rows(ks_backend *b, float *out, const float *x, const in
 
 /* ================================================================ forward ops (backend.h) */
 
+/* The forward ops are the plain composition (dense_plain.h) of the ops above. */
+static const ks_dense_ops cpu_ops = {ks_cpu_matmul, ks_cpu_rmsnorm, ks_cpu_rope, ks_cpu_swiglu, ks_cpu_add};
+
 static ks_status cpu_attn_in(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n,
                              const int32_t *pos, int max_pos, int rotate, ks_kv_layer *L) {
-    int D = c->dim, QD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim;
-    ks_status st;
-    if ((st = ks_cpu_rmsnorm(b, a->xn, a->x, W->attn_norm, n, D, c->eps)) ||
-        (st = ks_cpu_matmul(b, a->q, a->xn, W->wq, W->bq, n, D, QD)) ||
-        (st = ks_cpu_matmul(b, a->k, a->xn, W->wk, W->bk, n, D, KD)) ||
-        (st = ks_cpu_matmul(b, a->v, a->xn, W->wv, W->bv, n, D, KD)))
-        return st;
-    if (rotate && ((st = ks_cpu_rope(b, a->q, n, c->n_heads, pos, &c->rope, max_pos)) ||
-                   (st = ks_cpu_rope(b, a->k, n, c->n_kv_heads, pos, &c->rope, max_pos))))
-        return st;
-    return L ? b->kv_append(b, L, a->k, a->v, pos, n) : KS_OK;
+    return ks_plain_attn_in(b, &cpu_ops, W, c, a, n, pos, max_pos, rotate, L);
 }
-
 static ks_status cpu_attn_out(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n) {
-    int D = c->dim, QD = c->n_heads * c->head_dim;
-    ks_status st = ks_cpu_matmul(b, a->q, a->xn, W->wo, W->bo, n, QD, D); /* q is dead once attention ran */
-    return st ? st : ks_cpu_add(b, a->x, a->q, (size_t)n * D);
+    return ks_plain_attn_out(b, &cpu_ops, W, c, a, n);
 }
-
-#define MLP_CHUNK 1024 /* rows per MLP chunk: never n x ffn intermediates at once */
-
-/* h = rmsnorm(x) into xn; per chunk of rows gate and up (chunk, ffn), SwiGLU into gate, down into
- * q's rows; then x += q. */
 static ks_status cpu_mlp(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n) {
-    int D = c->dim, F = c->ffn, ch = KS_MIN(n, MLP_CHUNK);
-    ks_status st = ks_cpu_rmsnorm(b, a->xn, a->x, W->ffn_norm, n, D, c->eps);
-    if (st) return st;
-    float *gate = cpu_alloc_kind(b, sizeof(float) * (size_t)ch * F, 1);
-    float *up = cpu_alloc_kind(b, sizeof(float) * (size_t)ch * F, 1);
-    if (!gate || !up) {
-        cpu_free(b, gate);
-        cpu_free(b, up);
-        return ks_errorf(KS_ERR_OOM, "cpu: out of memory for the MLP of %d rows", ch);
-    }
-    for (int r0 = 0; r0 < n && !st; r0 += MLP_CHUNK) {
-        int rn = KS_MIN(MLP_CHUNK, n - r0);
-        const float *h = a->xn + (size_t)r0 * D;
-        if (!(st = ks_cpu_matmul(b, gate, h, W->w_gate, NULL, rn, D, F)) &&
-            !(st = ks_cpu_matmul(b, up, h, W->w_up, NULL, rn, D, F)) &&
-            !(st = ks_cpu_swiglu(b, gate, gate, up, (size_t)rn * F)))
-            st = ks_cpu_matmul(b, a->q + (size_t)r0 * D, gate, W->w_down, NULL, rn, F, D);
-    }
-    cpu_free(b, gate);
-    cpu_free(b, up);
-    return st ? st : ks_cpu_add(b, a->x, a->q, (size_t)n * D);
+    return ks_plain_mlp(b, &cpu_ops, W, c, a, n);
 }
-
 static ks_status cpu_head(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *c,
                           const ks_acts *a, int row, float *logits) {
-    ks_status st = ks_cpu_rmsnorm(b, a->xn, a->x + (size_t)row * c->dim, norm, 1, c->dim, c->eps);
-    return st ? st : ks_cpu_matmul(b, logits, a->xn, lm_head, NULL, 1, c->dim, c->vocab);
+    return ks_plain_head(b, &cpu_ops, norm, lm_head, c, a, row, logits);
 }
 
 void cpu_dense_install(ks_backend *b) {

@@ -5,7 +5,7 @@
  *                  create / destroy
  *   cpu_dense.c    the dense ops (matmul, embed, rmsnorm, rope, swiglu, add, gather_rows) and
  *                  the coarse forward ops of backend.h composed of them (attn_in, attn_out,
- *                  mlp, head)
+ *                  mlp, head: dense_plain.h's composition)
  *   cpu_prims.c    the policy primitives table (ks_backend.prims)
  *   cpu_gemm.c     the fixed-order products every linear layer and attention uses */
 #ifndef KS_CPU_INT_H

@@ -74,6 +74,17 @@ ks_status ks_session_push_tokens(ks_session *s, const int32_t *ids, int n);
 /* KS_ERR_INTERRUPTED when the session's interrupt flag is up. */
 ks_status ks_session_check_interrupt(ks_session *s);
 
+/* ---------------------------------------------------------------- generated text (generate.c)
+ * Shared by ks_session_generate and the batch stepper (batch.c). */
+
+/* Bytes at the end of text[0..len) that are a proper prefix of some stop string (the longest
+ * such suffix): they may become a stop string with the next token, so they wait. */
+size_t ks_stop_holdback(const char *text, size_t len, const char *const *stop, int n);
+/* Longest prefix of s (len n) that is complete UTF-8. */
+size_t ks_utf8_complete(const char *s, size_t n);
+/* id is one of the model's end-of-sequence ids. */
+int ks_is_eos(const ks_config *c, int32_t id);
+
 /* ---------------------------------------------------------------- decode state (decode.c) */
 
 /* Drop the recorded decode step (the KV cache changes under it). */

@@ -17,9 +17,7 @@ long ks_stop_find(const char *text, size_t len, const char *const *stop, int n) 
     return best;
 }
 
-/* Bytes at the end of text[0..len) that are a proper prefix of some stop string (the longest
- * such suffix): they may become a stop string with the next token, so they wait. */
-static size_t stop_holdback(const char *text, size_t len, const char *const *stop, int n) {
+size_t ks_stop_holdback(const char *text, size_t len, const char *const *stop, int n) {
     size_t hold = 0;
     for (int j = 0; j < n; j++) {
         size_t k = strlen(stop[j]);
@@ -29,14 +27,13 @@ static size_t stop_holdback(const char *text, size_t len, const char *const *sto
     return hold;
 }
 
-static int is_eos(const ks_config *c, int32_t id) {
+int ks_is_eos(const ks_config *c, int32_t id) {
     for (int i = 0; i < c->n_eos; i++)
         if (c->eos[i] == id) return 1;
     return 0;
 }
 
-/* Longest prefix of s (len n) that is complete UTF-8. */
-static size_t utf8_complete(const char *s, size_t n) {
+size_t ks_utf8_complete(const char *s, size_t n) {
     size_t i = n, back = 0;
     while (i > 0 && back < 4) {
         unsigned char ch = (unsigned char)s[i - 1];
@@ -105,7 +102,7 @@ ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks
             ks_actions_free(&ev.act, ev.n_kv_heads); /* none is legal here; a handler may have tried */
             if (st) break;
         }
-        int eos = p->stop_at_eos && is_eos(c, id);
+        int eos = p->stop_at_eos && ks_is_eos(c, id);
         int last = eos || t + 1 == p->max_new, hit = 0;
         if (cb || p->n_stop > 0) {
             const char *piece = "";
@@ -116,11 +113,11 @@ ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks
             size_t nd = eos ? (p->n_stop > 0 ? (size_t)ng - 1 : 0) : (size_t)ng;
             if (s->m->tok && nd > 0) {
                 if (ks_tokenizer_decode(s->m->tok, gen, nd, 1, &text, &len) == KS_OK) {
-                    size_t ok = utf8_complete(text, len);
+                    size_t ok = ks_utf8_complete(text, len);
                     if (p->n_stop > 0) {
                         long at = ks_stop_find(text, ok, p->stop, p->n_stop);
                         if (at >= 0) { ok = (size_t)at; hit = 1; }
-                        else if (!last) ok -= stop_holdback(text, ok, p->stop, p->n_stop);
+                        else if (!last) ok -= ks_stop_holdback(text, ok, p->stop, p->n_stop);
                     }
                     if (ok > emitted) {
                         text[ok] = 0;

@@ -78,6 +78,31 @@ template <> struct wg_mma<128> {
     static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) { wgmma_rs_n128(d, a, b, 1); }
 };
 
+/* Issue S (64 x BN) = Q K^T of one key tile as KS k16 wgmmas: Q at qbase (BM-row slabs of 128
+ * bytes a row, 128-byte swizzle), K at kbase (BN-row slabs). Issue only: the caller fences,
+ * commits and waits. */
+template <int BN, int KS, int BM, int SR>
+static __device__ __forceinline__ void qk_issue(float (&s)[SR], uint32_t qbase, uint32_t kbase) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        uint32_t off = (ks & 3) * 32; /* k16 slice within the 128-byte swizzle row */
+        uint64_t da = wg_desc(qbase + (ks >> 2) * (BM * 128) + off, 16, 1024);
+        uint64_t db = wg_desc(kbase + (ks >> 2) * (BN * 128) + off, 16, 1024);
+        wg_mma<BN>::ss(s, da, db, ks > 0);
+    }
+}
+
+/* Issue O (64 x D) += P V of one key tile as PK k16 wgmmas: P in registers (pack_p), V at vbase
+ * (BN rows, MN-major). Issue only, as qk_issue. */
+template <int D, int PK, int BN, int OR>
+static __device__ __forceinline__ void pv_issue(float (&o)[OR], const uint32_t (&pa)[PK][4], uint32_t vbase) {
+#pragma unroll
+    for (int kk = 0; kk < PK; kk++) {
+        uint64_t db = wg_desc(vbase + kk * 2048, BN * 128, 1024);
+        wg_mma<D>::rs(o, pa[kk], db);
+    }
+}
+
 /* ---------------------------------------------------------------- the kernel */
 
 struct wg_args {
@@ -356,13 +381,7 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
         float s[SR];
         pin(s);
         wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t off = (ks & 3) * 32; /* k16 slice within the 128-byte swizzle row */
-            uint64_t da = wg_desc(qbase + (ks >> 2) * (WG_BM * 128) + off, 16, 1024);
-            uint64_t db = wg_desc(kbase + (ks >> 2) * (BN * 128) + off, 16, 1024);
-            wg_mma<BN>::ss(s, da, db, ks > 0);
-        }
+        qk_issue<BN, KS, WG_BM>(s, qbase, kbase);
         wg_commit();
         wg_wait0();
         pin(s);
@@ -379,11 +398,7 @@ __global__ void __launch_bounds__(WG_THREADS, MINB) wg_prefill_kernel(const wg_a
         pack_p(pa, s);
         pin(o);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < PK; kk++) {
-            uint64_t db = wg_desc(vbase + kk * 2048, BN * 128, 1024);
-            wg_mma<D>::rs(o, pa[kk], db);
-        }
+        pv_issue<D, PK, BN>(o, pa, vbase);
         wg_commit();
         wg_wait0();
         pin(o);
@@ -601,22 +616,9 @@ __global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __
         pin(o);
         if (PP) bar_sync_n(3 + cw, 256); /* my turn on the tensor cores */
         wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t off = (ks & 3) * 32;
-            uint64_t da = wg_desc(qbase + (ks >> 2) * (BM * 128) + off, 16, 1024);
-            uint64_t db = wg_desc(kbase + (ks >> 2) * (BN * 128) + off, 16, 1024);
-            wg_mma<BN>::ss(s, da, db, ks > 0);
-        }
+        qk_issue<BN, KS, BM>(s, qbase, kbase);
         wg_commit();
-        if (j > 0) {
-            const uint32_t vbase = smem_u32(sV + pslot * L::KV);
-#pragma unroll
-            for (int kk = 0; kk < PK; kk++) {
-                uint64_t db = wg_desc(vbase + kk * 2048, BN * 128, 1024);
-                wg_mma<D>::rs(o, pa[kk], db);
-            }
-        }
+        if (j > 0) pv_issue<D, PK, BN>(o, pa, smem_u32(sV + pslot * L::KV));
         wg_commit();
         if (PP) bar_arrive_n(3 + (1 - cw), 256); /* the other warpgroup's turn */
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -642,14 +644,9 @@ __global__ void __launch_bounds__(384, 1) wg_ws_kernel(const wg_args A, const __
         pslot = slot;
     }
     if (j > 0) {
-        const uint32_t vbase = smem_u32(sV + pslot * L::KV);
         pin(o);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < PK; kk++) {
-            uint64_t db = wg_desc(vbase + kk * 2048, BN * 128, 1024);
-            wg_mma<D>::rs(o, pa[kk], db);
-        }
+        pv_issue<D, PK, BN>(o, pa, smem_u32(sV + pslot * L::KV));
         wg_commit();
         wg_wait0();
         pin(o);

@@ -11,10 +11,13 @@
 #include "cuda_backend_int.h"
 
 extern "C" {
+#include "dense_plain.h"
 #include "model.h"
 }
 
-#define MLP_CHUNK 1024 /* rows per chunk of the float32 MLP (not opts.mlp) */
+/* Off the fused paths: the plain composition every backend shares (core/dense_plain.h). */
+static const ks_dense_ops cuda_ops = {ks_cuda_dense_matmul, ks_cuda_dense_rmsnorm, ks_cuda_dense_rope,
+                                      ks_cuda_dense_swiglu, ks_cuda_dense_add};
 
 /* opts.fused and a call shape it fuses: one row, or prefill rows with the bf16 MLP path on */
 static int fused_rows(const cuda_ctx *c, int n) { return c->o.fused && (n == 1 || c->o.mlp); }
@@ -32,27 +35,19 @@ static ks_status cu_attn_in(ks_backend *b, const ks_layer_w *W, const ks_config 
         if (st || !L || rotate) return st;
         return cu_kv_append(b, L, a->k, a->v, pos, n);
     }
-    if ((st = ks_cuda_dense_rmsnorm(b, a->xn, a->x, W->attn_norm, n, D, cf->eps)) ||
-        (st = ks_cuda_dense_matmul(b, a->q, a->xn, W->wq, W->bq, n, D, H * hd)) ||
-        (st = ks_cuda_dense_matmul(b, a->k, a->xn, W->wk, W->bk, n, D, Hkv * hd)) ||
-        (st = ks_cuda_dense_matmul(b, a->v, a->xn, W->wv, W->bv, n, D, Hkv * hd)))
-        return st;
-    if (r && ((st = ks_cuda_dense_rope(b, a->q, n, H, pos, r, max_pos)) ||
-              (st = ks_cuda_dense_rope(b, a->k, n, Hkv, pos, r, max_pos))))
-        return st;
-    return L ? cu_kv_append(b, L, a->k, a->v, pos, n) : KS_OK;
+    return ks_plain_attn_in(b, &cuda_ops, W, cf, a, n, pos, max_pos, rotate, L);
 }
 
 static ks_status cu_attn_out(ks_backend *b, const ks_layer_w *W, const ks_config *cf, const ks_acts *a, int n) {
     int D = cf->dim, QD = cf->n_heads * cf->head_dim;
     if (fused_rows(CTX(b), n)) return ks_cuda_dense_matmul_add(b, a->x, a->xn, W->wo, W->bo, n, QD, D);
-    ks_status st = ks_cuda_dense_matmul(b, a->q, a->xn, W->wo, W->bo, n, QD, D); /* q is dead once attention ran */
-    return st ? st : ks_cuda_dense_add(b, a->x, a->q, (size_t)n * D);
+    return ks_plain_attn_out(b, &cuda_ops, W, cf, a, n);
 }
 
-/* One row's MLP intermediates (2, ffn), kept by the backend: a recorded decode step reads them,
- * so they are allocated outside a recording (the step before it) and replaced only when a model
- * with a larger ffn comes (recorded steps then go stale, as for a replaced rope table). */
+/* One row's MLP intermediates (2, ffn) of the fused path, kept by the backend: a recorded decode
+ * step reads them, so they are allocated outside a recording (the step before it) and replaced
+ * only when a model with a larger ffn comes (recorded steps then go stale, as for a replaced
+ * rope table). */
 static ks_status row_mlp(cuda_ctx *c, int ffn, float **gate, float **up) {
     size_t fr = ((size_t)ffn + 3) & ~(size_t)3; /* up 16-byte aligned too */
     if (fr > c->row_mlp_n) {
@@ -74,37 +69,22 @@ static ks_status cu_mlp(ks_backend *b, const ks_layer_w *W, const ks_config *cf,
     cuda_ctx *c = CTX(b);
     int D = cf->dim, F = cf->ffn;
     ks_status st;
-    float *gate = NULL, *up = NULL;
-    if (n == 1 && (st = row_mlp(c, F, &gate, &up))) return st;
     if (n == 1 && c->o.fused) { /* norm + gate|up + SwiGLU in one launch, the down projection adds into x */
-        if ((st = ks_cuda_dense_swiglu_proj(b, gate, a->x, W->ffn_norm, cf->eps, a->xn, W->w_gate, W->w_up, up, 1, D, F)))
+        float *gate = NULL, *up = NULL;
+        if ((st = row_mlp(c, F, &gate, &up)) ||
+            (st = ks_cuda_dense_swiglu_proj(b, gate, a->x, W->ffn_norm, cf->eps, a->xn, W->w_gate, W->w_up, up, 1, D, F)))
             return st;
         return ks_cuda_dense_matmul_add(b, a->x, gate, W->w_down, NULL, 1, F, D);
     }
+    if (n == 1 || !c->o.mlp) return ks_plain_mlp(b, &cuda_ops, W, cf, a, n);
+    /* prefill: the bf16 MLP, residual folded into the down projection */
     if ((st = ks_cuda_dense_rmsnorm(b, a->xn, a->x, W->ffn_norm, n, D, cf->eps))) return st;
-    if (n > 1 && c->o.mlp) return ks_cuda_dense_mlp_bf16(b, a->x, a->xn, W->w_gate, W->w_up, W->w_down, n, D, F);
-    /* float32 intermediates in chunks of rows; the down projections go to q's rows, then x += q */
-    int ch = KS_MIN(n, MLP_CHUNK);
-    if (n > 1) {
-        if ((st = dev_alloc(c, sizeof(float) * (size_t)ch * F, "mlp gate", (void **)&gate))) return st;
-        if ((st = dev_alloc(c, sizeof(float) * (size_t)ch * F, "mlp up", (void **)&up))) { dev_free(c, gate); return st; }
-    }
-    for (int r0 = 0; r0 < n && !st; r0 += MLP_CHUNK) {
-        int rn = KS_MIN(MLP_CHUNK, n - r0);
-        const float *h = a->xn + (size_t)r0 * D;
-        if (!(st = ks_cuda_dense_matmul(b, gate, h, W->w_gate, NULL, rn, D, F)) &&
-            !(st = ks_cuda_dense_matmul(b, up, h, W->w_up, NULL, rn, D, F)) &&
-            !(st = ks_cuda_dense_swiglu(b, gate, gate, up, (size_t)rn * F)))
-            st = ks_cuda_dense_matmul(b, a->q + (size_t)r0 * D, gate, W->w_down, NULL, rn, F, D);
-    }
-    if (n > 1) { dev_free(c, gate); dev_free(c, up); }
-    return st ? st : ks_cuda_dense_add(b, a->x, a->q, (size_t)n * D);
+    return ks_cuda_dense_mlp_bf16(b, a->x, a->xn, W->w_gate, W->w_up, W->w_down, n, D, F);
 }
 
 static ks_status cu_head(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *cf,
                          const ks_acts *a, int row, float *logits) {
-    ks_status st = ks_cuda_dense_rmsnorm(b, a->xn, a->x + (size_t)row * cf->dim, norm, 1, cf->dim, cf->eps);
-    return st ? st : ks_cuda_dense_matmul(b, logits, a->xn, lm_head, NULL, 1, cf->dim, cf->vocab);
+    return ks_plain_head(b, &cuda_ops, norm, lm_head, cf, a, row, logits); /* the lm_head gemv is its fused path */
 }
 
 void cuda_layer_install(ks_backend *b) {

@@ -6,6 +6,7 @@
  * so its ramp overlaps the previous kernel's tail. */
 #include "common.cuh"
 #include "gemv.cuh"
+#include "rms.cuh"
 #include "pdl.cuh"
 
 #include <stdlib.h>
@@ -244,14 +245,7 @@ static __device__ void norm_prologue(float4 *xs, const float *x, const float *__
         xs[j] = v;
         ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    double t = 0;
-#pragma unroll
-    for (int k = 0; k < 8; k++) t += part[k];
-    float r = 1.0f / sqrtf((float)(t / in) + eps);
+    float r = ks_rms_inverse(ss, in, eps, part);
     float4 *xo = reinterpret_cast<float4 *>(xn);
     for (int j = threadIdx.x; j < n4; j += 256) {
         float4 v = xs[j], g = w4[j];
@@ -437,7 +431,13 @@ extern "C" int ks_cuda_gemv_norm_supported(const float *x, const float *w, int i
 
 static int fused_ok(const void *W, const float *x, int in) { return ks_cuda_gemv_supported(W, in) && (uintptr_t)x % 16 == 0; }
 
-static ks_status norm_args(gemv_fused_args *a, const float *x, const float *nw, float eps, float *xn, int in) {
+/* *a zeroed, then the input x (in) of n_seg segments and the fused norm (nw NULL: none) */
+static ks_status fused_args_init(gemv_fused_args *a, const float *x, const float *nw, float eps, float *xn, int in,
+                                 int n_seg) {
+    memset(a, 0, sizeof *a);
+    a->x = x;
+    a->in = in;
+    a->n_seg = n_seg;
     if (!nw) return KS_OK;
     if (!ks_cuda_gemv_norm_supported(x, nw, in) || (uintptr_t)xn % 16)
         return ks_errorf(KS_ERR_INTERNAL, "gemv: fused rmsnorm over %d values unsupported or misaligned", in);
@@ -453,12 +453,8 @@ extern "C" ks_status ks_cuda_gemv_qkv_kv(cudaStream_t s, const float *x, const f
                                          float attn_factor, const ks_cuda_kv_row *kv, int pdl) {
     if (n_seg < 1 || n_seg > 3) return ks_errorf(KS_ERR_INTERNAL, "gemv_qkv: %d segments (1 to 3)", n_seg);
     gemv_fused_args a;
-    memset(&a, 0, sizeof a);
-    ks_status st = norm_args(&a, x, norm_w, eps, xn, in);
+    ks_status st = fused_args_init(&a, x, norm_w, eps, xn, in, n_seg);
     if (st) return st;
-    a.x = x;
-    a.in = in;
-    a.n_seg = n_seg;
     a.head_dim = head_dim;
     a.half = head_dim / 2;
     a.pos = pos;
@@ -517,12 +513,8 @@ extern "C" ks_status ks_cuda_gemv_swiglu(cudaStream_t s, float *y, const float *
     if (!fused_ok(Wg, x, in) || !fused_ok(Wu, x, in))
         return ks_errorf(KS_ERR_INTERNAL, "gemv_swiglu: in = %d not a multiple of 8 or misaligned operands", in);
     gemv_fused_args a;
-    memset(&a, 0, sizeof a);
-    ks_status st = norm_args(&a, x, norm_w, eps, xn, in);
+    ks_status st = fused_args_init(&a, x, norm_w, eps, xn, in, 1);
     if (st) return st;
-    a.x = x;
-    a.in = in;
-    a.n_seg = 1;
     a.W[0] = (const bf16 *)Wg;
     a.W[1] = (const bf16 *)Wu;
     a.y[0] = y;

@@ -5,6 +5,19 @@
 
 #include <string.h>
 
+/* 8 columns of a key and a value row, float32 -> bf16: 2 x 16-byte loads and one 16-byte store
+ * per tensor (ks, vs, Kd, Vd 16-byte aligned) */
+static __device__ __forceinline__ void store_kv8(bf16 *Kd, bf16 *Vd, const float *ks, const float *vs) {
+    float4 k0 = reinterpret_cast<const float4 *>(ks)[0], k1 = reinterpret_cast<const float4 *>(ks)[1];
+    float4 v0 = reinterpret_cast<const float4 *>(vs)[0], v1 = reinterpret_cast<const float4 *>(vs)[1];
+    __nv_bfloat162 kb[4] = {__floats2bfloat162_rn(k0.x, k0.y), __floats2bfloat162_rn(k0.z, k0.w),
+                            __floats2bfloat162_rn(k1.x, k1.y), __floats2bfloat162_rn(k1.z, k1.w)};
+    __nv_bfloat162 vb[4] = {__floats2bfloat162_rn(v0.x, v0.y), __floats2bfloat162_rn(v0.z, v0.w),
+                            __floats2bfloat162_rn(v1.x, v1.y), __floats2bfloat162_rn(v1.z, v1.w)};
+    *reinterpret_cast<uint4 *>(Kd) = *reinterpret_cast<uint4 *>(kb);
+    *reinterpret_cast<uint4 *>(Vd) = *reinterpret_cast<uint4 *>(vb);
+}
+
 /* One thread per (row, head, 4 columns) when head_dim % 4 == 0, else per column. */
 template <int W>
 __global__ void kv_append_kernel(bf16 *__restrict__ K, bf16 *__restrict__ V, int32_t *__restrict__ P, int cap, int H,
@@ -18,15 +31,8 @@ __global__ void kv_append_kernel(bf16 *__restrict__ K, bf16 *__restrict__ V, int
         int h = (int)(ih % H), i = (int)(ih / H);
         size_t dst = ((size_t)h * cap + row0[h] + i) * d + (size_t)u * W;
         const float *ks = k + ih * d + (size_t)u * W, *vs = v + ih * d + (size_t)u * W;
-        if (W == 8) { /* 2 x 16-byte loads, one 16-byte store per tensor */
-            float4 k0 = reinterpret_cast<const float4 *>(ks)[0], k1 = reinterpret_cast<const float4 *>(ks)[1];
-            float4 v0 = reinterpret_cast<const float4 *>(vs)[0], v1 = reinterpret_cast<const float4 *>(vs)[1];
-            __nv_bfloat162 kb[4] = {__floats2bfloat162_rn(k0.x, k0.y), __floats2bfloat162_rn(k0.z, k0.w),
-                                    __floats2bfloat162_rn(k1.x, k1.y), __floats2bfloat162_rn(k1.z, k1.w)};
-            __nv_bfloat162 vb[4] = {__floats2bfloat162_rn(v0.x, v0.y), __floats2bfloat162_rn(v0.z, v0.w),
-                                    __floats2bfloat162_rn(v1.x, v1.y), __floats2bfloat162_rn(v1.z, v1.w)};
-            *reinterpret_cast<uint4 *>(K + dst) = *reinterpret_cast<uint4 *>(kb);
-            *reinterpret_cast<uint4 *>(V + dst) = *reinterpret_cast<uint4 *>(vb);
+        if (W == 8) {
+            store_kv8(K + dst, V + dst, ks, vs);
         } else {
 #pragma unroll
             for (int w = 0; w < W; w++) {
@@ -117,14 +123,7 @@ __global__ void kv_append1_kernel(bf16 *__restrict__ K, bf16 *__restrict__ V, in
     size_t dst = ((size_t)h * cap + r.row0[h]) * d + (size_t)u * W;
     const float *ks = k + (size_t)h * d + (size_t)u * W, *vs = v + (size_t)h * d + (size_t)u * W;
     if (W == 8) {
-        float4 k0 = reinterpret_cast<const float4 *>(ks)[0], k1 = reinterpret_cast<const float4 *>(ks)[1];
-        float4 v0 = reinterpret_cast<const float4 *>(vs)[0], v1 = reinterpret_cast<const float4 *>(vs)[1];
-        __nv_bfloat162 kb[4] = {__floats2bfloat162_rn(k0.x, k0.y), __floats2bfloat162_rn(k0.z, k0.w),
-                                __floats2bfloat162_rn(k1.x, k1.y), __floats2bfloat162_rn(k1.z, k1.w)};
-        __nv_bfloat162 vb[4] = {__floats2bfloat162_rn(v0.x, v0.y), __floats2bfloat162_rn(v0.z, v0.w),
-                                __floats2bfloat162_rn(v1.x, v1.y), __floats2bfloat162_rn(v1.z, v1.w)};
-        *reinterpret_cast<uint4 *>(K + dst) = *reinterpret_cast<uint4 *>(kb);
-        *reinterpret_cast<uint4 *>(V + dst) = *reinterpret_cast<uint4 *>(vb);
+        store_kv8(K + dst, V + dst, ks, vs);
     } else {
         K[dst] = __float2bfloat16_rn(ks[0]);
         V[dst] = __float2bfloat16_rn(vs[0]);

@@ -2,20 +2,10 @@
  * Rows of up to 8192 floats (dim % 4 == 0, aligned) stay in registers between the two passes
  * (one read of x); other shapes read x twice. */
 #include "common.cuh"
+#include "rms.cuh"
 #include "rmsnorm.cuh"
 
-#define RN_THREADS 256
-
-static __device__ float rms_inverse(double ss, int dim, float eps, double *part) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    double t = 0;
-#pragma unroll
-    for (int k = 0; k < RN_THREADS / 32; k++) t += part[k];
-    return 1.0f / sqrtf((float)(t / dim) + eps);
-}
+#define RN_THREADS KS_RMS_THREADS
 
 /* VPT float4 per thread held in registers */
 template <int VPT>
@@ -34,7 +24,7 @@ __global__ void __launch_bounds__(RN_THREADS) rmsnorm_reg_kernel(float *out, con
         v[k] = j < n4 ? xi[j] : make_float4(0.f, 0.f, 0.f, 0.f);
         ss += (double)v[k].x * v[k].x + (double)v[k].y * v[k].y + (double)v[k].z * v[k].z + (double)v[k].w * v[k].w;
     }
-    float r = rms_inverse(ss, dim, eps, part);
+    float r = ks_rms_inverse(ss, dim, eps, part);
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         int j = threadIdx.x + k * RN_THREADS;
@@ -53,7 +43,7 @@ __global__ void __launch_bounds__(RN_THREADS) rmsnorm_kernel(float *out, const f
     float *oi = out + (size_t)blockIdx.x * dim;
     double ss = 0;
     for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += (double)xi[j] * xi[j];
-    float r = rms_inverse(ss, dim, eps, part);
+    float r = ks_rms_inverse(ss, dim, eps, part);
     for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = __fmul_rn(w[j], __fmul_rn(xi[j], r));
 }
 
