@@ -259,15 +259,15 @@ static char *final_json(srv_state *S, sjob *j, const char *fin) {
     return b.p;
 }
 
-/* The sequence ended: post its reply. Returns 1 when it ended in an error. */
-static int finish_job(srv_state *S, sjob *j) {
+/* The sequence ended: post its reply. */
+static void finish_job(srv_state *S, sjob *j) {
     const char *fin = ks_seq_finish(j->q);
-    if (!strcmp(fin, "cancelled")) { srv_post(S, j->job, SRV_MSG_END, 200, NULL, 1); return 0; }
+    if (!strcmp(fin, "cancelled")) { srv_post(S, j->job, SRV_MSG_END, 200, NULL, 1); return; }
     if (!strcmp(fin, "error")) {
         srv_error e;
         engine_error(&e, ks_seq_status(j->q), "generation", ks_seq_error(j->q));
         post_error(S, j, &e);
-        return 1;
+        return;
     }
     if (j->job->p.stream) {
         srv_post(S, j->job, SRV_MSG_CHUNK, 200, chunk_json(S, j, "", fin), 0);
@@ -275,7 +275,6 @@ static int finish_job(srv_state *S, sjob *j) {
     } else {
         srv_post(S, j->job, SRV_MSG_REPLY, 200, final_json(S, j, fin), 1);
     }
-    return 0;
 }
 
 /* ---------------------------------------------------------------- the loop */
@@ -358,6 +357,8 @@ void *srv_sched_main(void *arg) {
             if (ks_seq_get_state(act[i]->q) == KS_SEQ_DECODE) qs[nq++] = act[i]->q;
         if (nq) ks_batch_step(qs, nq);
         long kv = 0;
+        sjob *ended = NULL; /* replied to after the stats say so: a client that has its reply sees
+                               /health without its sequence */
         for (int i = 0; i < na;) {
             sjob *j = act[i];
             const char *piece = ks_seq_piece(j->q);
@@ -369,12 +370,13 @@ void *srv_sched_main(void *arg) {
             int ng = 0;
             ks_seq_ids(j->q, &ng);
             n_tok += ng;
-            int gone = !strcmp(ks_seq_finish(j->q), "cancelled");
-            if (finish_job(S, j)) n_err++;
-            else if (gone) n_cancel++;
+            const char *fin = ks_seq_finish(j->q);
+            if (!strcmp(fin, "error")) n_err++;
+            else if (!strcmp(fin, "cancelled")) n_cancel++;
             else n_done++;
             reserved -= j->reserve;
-            sjob_free(j);
+            j->next = ended;
+            ended = j;
             act[i] = act[--na];
         }
         pthread_mutex_lock(&S->mu);
@@ -389,6 +391,11 @@ void *srv_sched_main(void *arg) {
         S->st.queued = n_wait; /* and those the HTTP side queued since the round began */
         for (srv_job *jb = S->q_head; jb; jb = jb->next) S->st.queued++;
         pthread_mutex_unlock(&S->mu);
+        for (sjob *j = ended, *nx; j; j = nx) {
+            nx = j->next;
+            finish_job(S, j);
+            sjob_free(j);
+        }
     }
     free(act);
     free(qs);
