@@ -15,6 +15,17 @@ static void kv_release(cuda_ctx *c, ks_kv_layer *L) {
     L->pos = NULL;
 }
 
+/* L's storage replaced by k, v (bf16), pd (device positions) and pos (host), of capacity rows
+ * per head; the old storage is released. Row counts stay the caller's. */
+static void kv_adopt(cuda_ctx *c, ks_kv_layer *L, void *k, void *v, void *pd, int32_t *pos, int capacity) {
+    kv_release(c, L);
+    L->k = k;
+    L->v = v;
+    L->pos_dev = pd;
+    L->pos = pos;
+    L->capacity = capacity;
+}
+
 /* (Re)allocate to `capacity` rows per head, keeping min(n[h], capacity) rows of each head. */
 static ks_status cu_kv_alloc(ks_backend *b, ks_kv_layer *L, int capacity) {
     cuda_ctx *c = CTX(b);
@@ -56,12 +67,7 @@ static ks_status cu_kv_alloc(ks_backend *b, ks_kv_layer *L, int capacity) {
         free(pos);
         return st;
     }
-    kv_release(c, L);
-    L->k = k;
-    L->v = v;
-    L->pos_dev = pd;
-    L->pos = pos;
-    L->capacity = capacity;
+    kv_adopt(c, L, k, v, pd, pos, capacity);
     return KS_OK;
 }
 
@@ -190,12 +196,7 @@ static ks_status cu_kv_retain(ks_backend *b, ks_kv_layer *L, const int32_t *cons
             }
             for (int h = 0; h < H; h++)
                 for (int i = 0; i < cnt[h]; i++) pos[(size_t)h * ncap + i] = L->pos[(size_t)h * L->capacity + idx[h][i]];
-            kv_release(c, L);
-            L->k = nk;
-            L->v = nv;
-            L->pos_dev = np;
-            L->pos = pos;
-            L->capacity = ncap;
+            kv_adopt(c, L, nk, nv, np, pos, ncap);
             for (int h = 0; h < H; h++) L->n[h] = cnt[h];
             return KS_OK;
         }
