@@ -166,7 +166,7 @@ KT_SLOW_TEST(python_package_pytest) {
     while (last > out && (last[-1] == '\n' || last[-1] == ' ')) last--;
     const char *sum = last;
     while (sum > out && sum[-1] != '\n') sum--;
-    printf("  pytest (%s venv): %.*s\n", py, (int)(last - sum), sum);
+    fprintf(stderr, "\n    pytest (%s venv): %.*s\n%47s", py, (int)(last - sum), sum, ""); /* the runner's column */
     KT_CHECK(rc == 0, "pytest: exit %d:\n%s", rc, out);
     KT_CHECK(strstr(sum, " passed") && !strstr(sum, "skipped") && !strstr(sum, "failed"),
              "pytest did not pass everything unskipped: %s", sum);
