@@ -56,17 +56,14 @@ long ks_stop_find(const char *text, size_t len, const char *const *stop, int n);
  * costs one branch per call. */
 typedef enum ks_phase {
     KS_PH_EMBED = 0,   /* token embedding */
-    KS_PH_NORM,        /* rmsnorm (attention, MLP, final) */
-    KS_PH_QKV,         /* q, k, v projections */
-    KS_PH_ROPE,        /* RoPE of q and k */
+    KS_PH_QKV,         /* attn_in: the attention norm, q, k, v projections and their RoPE */
     KS_PH_KV_APPEND,   /* KV cache append (incl. growth) */
     KS_PH_ATTENTION,   /* attention (prefill flash / decode) */
-    KS_PH_OPROJ,       /* output projection */
-    KS_PH_MLP,         /* gate, up, down projections */
-    KS_PH_ELEMWISE,    /* SwiGLU and residual adds */
+    KS_PH_OPROJ,       /* attn_out: output projection and its residual add */
+    KS_PH_MLP,         /* mlp: the MLP norm, gate, up, SwiGLU, down and the residual add */
     KS_PH_POLICY,      /* policy handlers, incl. their host copies and device primitives */
     KS_PH_KV_EDIT,     /* retain, propagate's gather, restart / discard_kv frees */
-    KS_PH_LM_HEAD,     /* lm_head matmul of the last row */
+    KS_PH_LM_HEAD,     /* head: the final norm and the lm_head matmul of one row */
     KS_PH_SYNC,        /* logits download and waiting for the device */
     KS_PH_ALLOC,       /* activation buffers: alloc and free */
     KS_PH_OTHER,       /* host bookkeeping between backend calls */

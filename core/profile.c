@@ -5,8 +5,8 @@
 #include <string.h>
 
 const char *ks_phase_name(ks_phase p) {
-    static const char *n[] = {"embed", "norm", "qkv", "rope", "kv_append", "attention", "o_proj", "mlp",
-                              "swiglu/add", "policy", "kv_edit", "lm_head", "sync/download", "alloc", "other"};
+    static const char *n[] = {"embed",   "qkv",     "kv_append", "attention",     "o_proj", "mlp",
+                              "policy",  "kv_edit", "lm_head",   "sync/download", "alloc",  "other"};
     return (unsigned)p < KS_PH_COUNT ? n[p] : "?";
 }
 
