@@ -91,6 +91,31 @@ r = model.session(mine).generate(prompt, max_new_tokens=8)
 print(mine.params, r.reports, "layer 3 keeps", r.kept(3))
 
 # %% [markdown]
+# ## A policy written in Python, scoring rows in numpy
+# Handlers get each event's tensors as numpy arrays: here every layer scores the prompt rows by
+# the attention of the last prompt token's queries and keeps the 8 best.
+
+# %%
+class TopByAttention:
+    def __init__(self):
+        self.scores = {}
+
+    def prefill_qkv(self, ev):
+        q, k = ev.tensor("q"), ev.tensor("k")  # (rows, heads, head_dim), (rows, kv_heads, head_dim)
+        k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
+        s = np.einsum("hd,rhd->hr", q[-1], k) / np.sqrt(q.shape[2])
+        w = np.exp(s - s.max(axis=1, keepdims=True))
+        self.scores[ev.layer] = score = (w / w.sum(axis=1, keepdims=True)).mean(axis=0)
+        ev.retain(np.sort(np.argsort(-score, kind="stable")[:8]))
+
+
+top = TopByAttention()
+r = model.session(kvsieve.Policy.from_python(model, top)).generate(prompt, max_new_tokens=8)
+print(repr(r.text))
+print("layer 0 scores:", np.round(top.scores[0], 3))
+print("layer 0 keeps:", r.kept(0))
+
+# %% [markdown]
 # ## The logits behind the last token
 
 # %%

@@ -24,6 +24,7 @@ from ._errors import (ArgumentError, ContextError, DeviceError, DtypeError, Erro
 from ._lib import LibraryNotFound, library_path, load_library
 from ._core import Model, Policy, Result, Session, Stream, Token, policy_search_path, version
 from ._eval import EVAL_SEED, EvalRuns, eval
+from ._pypolicy import Event
 
 try:  # the installed distribution's version (the library's, from include/kvsieve.h)
     from importlib.metadata import version as _dist_version
@@ -31,13 +32,13 @@ try:  # the installed distribution's version (the library's, from include/kvsiev
 except Exception:  # imported from a checkout without installing
     __version__ = "0+checkout"
 
-for _name in ("Model", "Policy", "EvalRuns", "Session", "Result", "Stream", "Token", "LibraryNotFound", "Error", "FileError",
+for _name in ("Model", "Policy", "EvalRuns", "Event", "Session", "Result", "Stream", "Token", "LibraryNotFound", "Error", "FileError",
               "FormatError", "ShapeError", "DtypeError", "UnsupportedError", "OutOfMemory", "ArgumentError",
               "ContextError", "PolicyError", "Interrupted", "DeviceError", "InternalError"):
     globals()[_name].__module__ = __name__  # kvsieve.PolicyError, not kvsieve._errors.PolicyError
 del _name
 
-__all__ = ["Model", "Policy", "Session", "Result", "Stream", "Token", "eval", "EvalRuns", "EVAL_SEED", "version",
+__all__ = ["Model", "Policy", "Session", "Result", "Stream", "Token", "Event", "eval", "EvalRuns", "EVAL_SEED", "version",
            "load_library", "library_path",
            "policy_search_path", "LibraryNotFound", "Error", "FileError", "FormatError", "ShapeError",
            "DtypeError", "UnsupportedError", "OutOfMemory", "ArgumentError", "ContextError", "PolicyError",

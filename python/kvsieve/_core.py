@@ -259,6 +259,28 @@ class Policy(_Handle):
             raise TypeError("spec must be a str (a name, a path or Lua source)")
         self._load(model, spec, _is_source(spec), chunkname, params)
 
+    _pending = None  # Python policies: {"exc": the first exception a handler raised this request}
+
+    @classmethod
+    def from_python(cls, model, handlers, name=None, pre_rope_keys=False, prefill_chunk=0):
+        """A policy whose handlers are Python callables (ks_policy_create_c): handlers is an object
+        or a dict with any of begin(), prefill_qkv(ev), prefill_layer_end(ev), prefill_end(ev),
+        decode_qkv(ev), token(ev); each ev is a kvsieve.Event (tensors as numpy arrays, actions
+        as methods). name: the policy's name in messages (default: handlers.name or its class
+        name). pre_rope_keys, prefill_chunk: as in ks_policy_handlers. Such a policy has no
+        parameters or reports (its handlers keep their own state). An exception in a handler
+        stops the request and comes out of generate()."""
+        from ._pypolicy import create_python_policy
+        if not isinstance(model, Model):
+            raise TypeError("model must be a kvsieve.Model (the events' shapes come from it)")
+        self = cls.__new__(cls)
+        self._model, self._sessions, self.source = model, weakref.WeakSet(), "python"
+        model._handle()  # not closed
+        self._h, self._keep, self._pending = create_python_policy(model, handlers, name, pre_rope_keys,
+                                                                  prefill_chunk)
+        model._children.add(self)
+        return self
+
     @classmethod
     def from_string(cls, model, source, chunkname="<string>", **params):
         """A policy from Lua source text, whatever it looks like; chunkname names it in messages."""
@@ -496,6 +518,9 @@ class Session(_Handle):
                 caught.append(e)
                 return 1
         cfn = STREAM_FN(cb)
+        pending = self._policy._pending if self._policy is not None else None
+        if pending is not None:
+            pending["exc"] = None
         try:
             st = run(cfn)
             err = _last_error() if st else ""
@@ -503,9 +528,7 @@ class Session(_Handle):
             self._busy = False
         if caught:
             raise caught[0]
-        if st:
-            raise_status(st, err)
-        return Result(self)
+        return _outcome(self, st, err, pending)
 
     def logits(self):
         """The logits of the last position computed (a float32 copy, length vocab): after
@@ -529,6 +552,24 @@ class Session(_Handle):
     def __repr__(self):
         return "<kvsieve.Session policy=%s%s>" % (self._policy.name if self._policy and self._policy._h else None,
                                                    " (closed)" if self._h is None else "")
+
+
+def _outcome(session, st, err, pending):
+    """The Result of a finished request, or its failure raised: a Python policy's exception as
+    itself; with fallback on, it becomes the result's policy_error."""
+    pexc = pending["exc"] if pending is not None else None
+    if pending is not None:
+        pending["exc"] = None
+    if st and pexc is not None:
+        raise pexc
+    if st > 0:
+        raise_status(st, err)
+    if st:
+        raise Error(err)
+    r = Result(session)
+    if pexc is not None:
+        r.policy_error = "policy %s: %s: %s" % (r.policy, type(pexc).__name__, pexc)
+    return r
 
 
 # ------------------------------------------------------------------ Result -----------------------
@@ -639,6 +680,9 @@ class Stream:
         self.result = None
         self._finished = False
         session._stream = weakref.ref(self)  # the session was claimed by generate()
+        self._pending = session._policy._pending if session._policy is not None else None
+        if self._pending is not None:
+            self._pending["exc"] = None
         self._thread = threading.Thread(target=_stream_worker, args=(run, self._q, self._stop), daemon=True,
                                         name="kvsieve-stream")
         self._thread.start()
@@ -665,11 +709,7 @@ class Stream:
         self._finished = True
         self._session._busy = False
         self._keep = None
-        if st > 0:
-            raise_status(st, err)
-        if st:
-            raise Error(err)
-        self.result = Result(self._session)
+        self.result = _outcome(self._session, st, err, self._pending)
 
     def close(self):
         """Stop the request at the next token and wait for it to end (idempotent). The tokens

@@ -177,6 +177,11 @@ def eval(model, task, lengths=None, depths=None, cases=1, policies=None, seed=EV
             raise interrupted
         if caught:
             raise caught[0]
+        for p, _ in pols:  # a Python policy's handler raised: that exception, not the library's text
+            pexc = p._pending["exc"] if p is not None and p._pending is not None else None
+            if res["st"] and pexc is not None:
+                p._pending["exc"] = None
+                raise pexc
         if res["st"]:
             raise_status(res["st"], res["err"])
         return records

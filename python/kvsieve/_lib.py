@@ -95,6 +95,23 @@ class EvalCell(ctypes.Structure):
     ]
 
 
+# ks_status (*ks_policy_fn)(void *user, ks_event *ev); ks_status (*begin)(void *user, ks_session *s)
+POLICY_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+BEGIN_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+FREE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class PolicyHandlers(ctypes.Structure):
+    """struct ks_policy_handlers"""
+    _fields_ = [
+        ("name", ctypes.c_char_p), ("user", ctypes.c_void_p),
+        ("prefill_qkv", POLICY_FN), ("prefill_layer_end", POLICY_FN), ("prefill_end", POLICY_FN),
+        ("decode_qkv", POLICY_FN), ("token", POLICY_FN),
+        ("begin", BEGIN_FN), ("free_user", FREE_FN),
+        ("pre_rope_keys", ctypes.c_int), ("prefill_chunk", ctypes.c_int),
+    ]
+
+
 # int (*ks_stream_fn)(void *ud, int32_t id, const char *piece)
 STREAM_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32, ctypes.c_char_p)
 # void (*ks_log_fn)(void *user, ks_log_level level, const char *msg)
@@ -150,6 +167,25 @@ _PROTOS = {
     "ks_eval_record_at": (ctypes.POINTER(EvalRecord), [_P, ctypes.c_long]),
     "ks_eval_cell_at": (_S, [_P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(EvalCell)]),
     "ks_eval_write_json": (_S, [_P, ctypes.c_char_p]),
+    "ks_policy_create_c": (_S, [ctypes.POINTER(PolicyHandlers), ctypes.POINTER(_P)]),
+    "ks_event_layer": (ctypes.c_int, [_P]),
+    "ks_event_pass": (ctypes.c_int, [_P]),
+    "ks_event_rows": (ctypes.c_int, [_P]),
+    "ks_event_prompt_tokens": (ctypes.c_int, [_P]),
+    "ks_event_positions": (c_int32_p, [_P]),
+    "ks_event_ids": (c_int32_p, [_P]),
+    "ks_event_token": (ctypes.c_int32, [_P]),
+    "ks_event_kv_rows": (ctypes.c_int, [_P, ctypes.c_int, ctypes.POINTER(c_int32_p)]),
+    "ks_event_tensor_size": (ctypes.c_size_t, [_P, ctypes.c_int]),
+    "ks_event_copy": (_S, [_P, ctypes.c_int, c_float_p, ctypes.c_size_t]),
+    "ks_action_restart": (_S, [_P, c_int32_p, ctypes.c_int]),
+    "ks_action_propagate": (_S, [_P, c_int32_p, ctypes.c_int]),
+    "ks_action_retain": (_S, [_P, c_int32_p, ctypes.c_int]),
+    "ks_action_retain_heads": (_S, [_P, ctypes.POINTER(c_int32_p), ctypes.POINTER(ctypes.c_int)]),
+    "ks_action_attend": (_S, [_P, c_int32_p, ctypes.c_int, ctypes.c_int]),
+    "ks_action_attend_heads": (_S, [_P, ctypes.POINTER(c_int32_p), ctypes.POINTER(ctypes.c_int), ctypes.c_int]),
+    "ks_action_stop": (_S, [_P]),
+    "ks_action_discard_kv": (_S, [_P]),
     "ks_model_n_layers": (ctypes.c_int, [_P]),
     "ks_model_n_kv_heads": (ctypes.c_int, [_P]),
     "ks_model_vocab": (ctypes.c_int, [_P]),
