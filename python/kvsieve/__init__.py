@@ -14,6 +14,10 @@ A thin layer (ctypes) over libkvsieve.so and its C API, include/kvsieve.h:
                         policies={"full": None, "snap": model.policy("snapkv", budget=64)})
     # a list of dicts, one per run: pandas.DataFrame(runs)
 
+Policy.from_python(model, handlers) makes a policy of Python handlers that see each event's
+tensors as numpy arrays (kvsieve.Event); kvsieve.eval(model, task, ...) runs the library's
+retrieval grid and returns one dict per run.
+
 Failures raise kvsieve.Error subclasses (FileError, PolicyError, ArgumentError, ...) carrying the
 library's message. The library is found as kvsieve._lib describes (KVSIEVE_LIBRARY overrides);
 its log messages (a policy's print()) go to the "kvsieve" logger of the logging module
