@@ -146,7 +146,14 @@ KT_SLOW_TEST(python_package_pytest) {
     snprintf(ref, sizeof ref, "%s/reference.txt", tmp);
     KT_CHECK(py_write_reference(ref, err, sizeof err) == 0, "reference: %s", err);
 
-    /* 3. pip install into a venv, from a copy of python/ */
+    /* 3. pip install into a venv, from a copy of python/, as README.md says (its lines checked) */
+    char *readme = kt_slurp("README.md", NULL);
+    KT_CHECK(readme, "README.md unreadable");
+    int documented = strstr(readme, "\n/usr/bin/python3 -m venv --system-site-packages build/venv\n") &&
+                     strstr(readme, "\nbuild/venv/bin/pip install --no-build-isolation ./python\n");
+    free(readme);
+    KT_CHECK(documented, "README.md no longer installs the package as this test does (venv --system-site-packages, "
+                         "pip install --no-build-isolation): change both together");
     snprintf(cmd, sizeof cmd,
              "cp -r python '%s/python' && %s -m venv --system-site-packages '%s/venv' </dev/null && "
              "KVSIEVE_ROOT=\"$PWD\" KVSIEVE_LIBRARY='%s' '%s/venv/bin/pip' install -q --disable-pip-version-check "

@@ -723,7 +723,7 @@ class Stream:
                 break
         try:
             self._finish(item)
-        except Error:
+        except Exception:  # the request failed after all (a policy, say): close() only stops it
             pass
 
     def __enter__(self):
