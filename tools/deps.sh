@@ -6,7 +6,8 @@ set -eu
 # libraries; they are optional: installed when the distribution has them (Debian 12 names them
 # so), else .ci/run skips the fuzz step with a message saying so
 fuzz_pkgs="clang libclang-rt-14-dev"
-# libevent-dev: the server's HTTP (evhttp, linked statically); python3-numpy, -cffi, -pytest: the Python package and its tests
+# libevent-dev: the server's HTTP (evhttp, linked statically); python3-numpy, -cffi, -pytest, -venv, -pip,
+# -setuptools, -wheel: the Python package, installed offline into a venv that sees the system numpy, and its tests
 pkgs="build-essential liblua5.4-dev libpcre2-dev libutf8proc-dev libreadline-dev libncurses-dev nodejs npm python3 libevent-dev python3-numpy python3-cffi python3-pytest python3-venv python3-pip python3-setuptools python3-wheel"
 missing=""
 for p in $pkgs; do
