@@ -480,7 +480,7 @@ static void *conc_one(void *a_) {
     return NULL;
 }
 
-KT_TEST(serve_concurrent_matches_sequential) {
+KT_SLOW_TEST(serve_concurrent_matches_sequential) {
     NEED_BIN();
     srv s;
     char why[512] = "";
