@@ -3,6 +3,7 @@
  * (ks_policy_create_c, the event accessors) and ks_policy_free / ks_policy_check for policies of
  * every kind. */
 #include "engine.h"
+#include "tp_backend.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -100,6 +101,7 @@ static ks_status backend_opts_of(const ks_model_opts *o, const ks_model_tuning *
     if (t->decode_splits < 0) return ks_errorf(KS_ERR_ARG, "%s: decode_splits must be >= 0, got %d", what, t->decode_splits);
     if (t->profile < 0 || t->profile > 2) return ks_errorf(KS_ERR_ARG, "%s: profile must be 0, 1 or 2, got %d", what, t->profile);
     if (t->verbose < 0 || t->verbose > 1) return ks_errorf(KS_ERR_ARG, "%s: verbose must be 0 or 1, got %d", what, t->verbose);
+    if (t->tp < 0 || t->tp > KS_TP_MAX) return ks_errorf(KS_ERR_ARG, "%s: tp must be 0..%d, got %d", what, KS_TP_MAX, t->tp);
     const struct { const char *name; int v; } sw[] = {{"decode_kernels", t->decode_kernels}, {"fused", t->fused},
         {"mlp", t->mlp}, {"graphs", t->graphs}, {"pdl", t->pdl}, {"prefill_attn_mma", t->prefill_attn_mma}};
     for (size_t i = 0; i < sizeof sw / sizeof *sw; i++)
@@ -138,8 +140,17 @@ static ks_status model_open(const char *path, const ks_model_opts *o, const ks_m
     ks_status st = backend_opts_of(o, t, what, &bo);
     if (st) return st;
     ks_backend *be = NULL;
-    if ((st = ks_backend_create_opts(o->backend, &bo, &be))) return st;
+    if (t->tp > 1) { /* tensor parallel (tp_backend.h): simulated CPU ranks */
+        if (o->backend && strcmp(o->backend, "cpu"))
+            return ks_errorf(KS_ERR_UNSUPPORTED, "%s: tp %d: tensor parallel runs on simulated CPU ranks in this build; "
+                             "the %s backend has no ranks yet", what, t->tp, o->backend);
+        st = ks_tp_backend_create(t->tp, &bo, &be);
+    } else {
+        st = ks_backend_create_opts(o->backend, &bo, &be);
+    }
+    if (st) return st;
     st = random ? ks_model_random(path, be, seed, out) : ks_model_load(path, be, 0, out);
+    if (!st && t->tp > 1 && (st = ks_tp_shard_model(be, *out))) { ks_model_free(*out); *out = NULL; }
     if (st) { ks_backend_free(be); return st; }
     return KS_OK;
 }

@@ -154,11 +154,19 @@ typedef struct ks_model_tuning {
                              * with a profile logs its table (KS_LOG_INFO) when it is freed */
     int verbose;            /* 1: the backend's debug notes (KS_LOG_DEBUG), e.g. why a decode step
                              * ran without its graph; 0 (default) none */
+    /* Tensor parallelism (issue 17; the CLI's --tp N): */
+    int tp;                 /* 0 or 1 (default): one backend, as always. N in 2..8: each layer split
+                             * across N ranks (heads and KV heads, ffn units and vocab rows divided
+                             * among them; docs/DESIGN.md "Tensor parallel"). This build's ranks are
+                             * simulated CPU ranks of the "cpu" backend in one process (another
+                             * backend with tp > 1 is KS_ERR_UNSUPPORTED); ids and kept sets equal
+                             * the unsplit run's, logits to float32 rounding. A model whose KV heads
+                             * do not divide among N is refused (KS_ERR_UNSUPPORTED). */
 } ks_model_tuning;
 KS_API void ks_model_tuning_default(ks_model_tuning *t);
 /* ks_model_open_ex with tuning t (NULL = the defaults). Negative decode_splits, a switch other
- * than KS_DEFAULT / KS_ON / KS_OFF, profile outside 0..2 or verbose outside 0..1 is KS_ERR_ARG
- * naming the field. */
+ * than KS_DEFAULT / KS_ON / KS_OFF, profile outside 0..2, verbose outside 0..1 or tp outside 0..8
+ * is KS_ERR_ARG naming the field. */
 KS_API ks_status ks_model_open_tuned(const char *dir, const ks_model_opts *o, const ks_model_tuning *t, ks_model **out);
 /* A model of seeded random weights (never zero; norms near 1) in the shape of a config.json
  * (`config`: the file, or a folder holding one), for speed measurements at any shape without a

@@ -27,6 +27,7 @@ typedef struct gen_args {
     const char *file;  /* -f FILE (or -p -: "-"): the prompt is read from it */
     char *text;        /* the prompt read from file / stdin (malloc'd; a->prompt points to it) */
     int n, ids, threads, quiet, n_sets;
+    int tp;            /* --tp N: tensor-parallel ranks (ks_model_tuning.tp), 0 = none */
     float temp, top_p;
     uint64_t seed;
     const char *sets[64];
@@ -69,6 +70,7 @@ static int parse_gen(int argc, char **argv, gen_args *a) {
         else if (!strcmp(o, "--policy")) { NEED(); a->policy = v; }
         else if (!strcmp(o, "--set")) { NEED(); if (a->n_sets < 64) a->sets[a->n_sets++] = v; }
         else if (!strcmp(o, "--threads")) { NEED(); if (ks_arg_int(o, v, 0, 4096, &a->threads)) return -1; }
+        else if (!strcmp(o, "--tp")) { NEED(); if (ks_arg_int(o, v, 1, 8, &a->tp)) return -1; }
         else if (!strcmp(o, "--backend")) { NEED(); a->backend = v; }
         else if (!strcmp(o, "--ids")) a->ids = 1;
         else if (!strcmp(o, "-q") || !strcmp(o, "--quiet")) a->quiet = 1;
@@ -128,7 +130,11 @@ int ks_cli_generate(int argc, char **argv) {
     ks_model_opts_default(&mo);
     mo.backend = a.backend;
     mo.threads = a.threads;
-    if (ks_cli_model_open(a.model, &mo, &m)) { free(a.text); return ks_cli_fail("cannot load model"); }
+    ks_model_tuning tu; /* the environment's tuning, and --tp */
+    ks_model_tuning_default(&tu);
+    ks_cli_model_tuning(&tu);
+    tu.tp = a.tp;
+    if (ks_model_open_tuned(a.model, &mo, &tu, &m)) { free(a.text); return ks_cli_fail("cannot load model"); }
     int32_t *ids = NULL;
     int n = 0, rc = 0;
     ks_session *s = NULL;

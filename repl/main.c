@@ -91,6 +91,8 @@ static const cli_help HELP[] = {
      "  --policy NAME|FILE     token-pruning policy (policies/NAME.lua or a .lua file; default: none)\n"
      "  --set key=value        a policy parameter (repeatable); checked against the model before any work\n"
      "  --threads T            CPU threads, 0 = every CPU this process may use (default 0)\n"
+     "  --tp N                 tensor parallel: each layer split across N ranks (2..8; this build: simulated\n"
+     "                         CPU ranks; the model's KV heads must divide by N; 1 = unsplit, the default)\n"
      "  --backend cpu|cuda     (default cpu)\n"
      "  -q, --quiet            print no text, only the timing line\n"
      "  -v, --verbose          Lua tracebacks and the library's secondary messages\n"

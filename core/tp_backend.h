@@ -1,0 +1,74 @@
+/* tp_backend.h — tensor parallelism: one ks_backend made of N rank backends (issue 17).
+ *
+ * The engine and the policies see one backend; inside it every coarse forward op runs on N
+ * ranks with the Megatron split of each layer:
+ *   attn_in    column-parallel: rank r holds the rows of Wq (and bq) of its query heads
+ *              [r*H/N, (r+1)*H/N) and of Wk, Wv (bk, bv) of its KV heads [r*Hkv/N, (r+1)*Hkv/N);
+ *              each rank norms the whole x itself (the norm weight is replicated), projects,
+ *              rotates and appends its KV heads' rows to its own KV layer.
+ *   attention  per rank over its heads and its own KV rows (query head h reads KV head
+ *              h / (H/Hkv), which is on the same rank because both divide by N).
+ *   attn_out   row-parallel: rank r holds the columns of Wo of its query heads and computes a
+ *              partial (n, dim); an all-reduce (sum) of the partials is added to x. The bias bo,
+ *              if any, is added once, by rank 0.
+ *   mlp        Wgate, Wup column-parallel over the ffn units [F*r/N, F*(r+1)/N), Wdown
+ *              row-parallel over the same units; an all-reduce (sum) of the partials.
+ *   embed      vocab-parallel: rank r holds the rows [V*r/N, V*(r+1)/N) of the table and
+ *              writes the rows of the ids in its range, zeros elsewhere; all-reduce (sum).
+ *   head       rank r holds the same vocab rows of lm_head; an all-gather of the logits.
+ * The KV cache is split by KV heads: rank r's KV layer holds only its heads' rows. The engine's
+ * ks_kv_layer keeps the whole per-head row counts and positions (the engine and the policies
+ * index them as on one backend) and, in this simulation, a whole host copy of the keys and
+ * values (the view the policy events read); the rank layers hang off ks_kv_layer.pos_dev.
+ *
+ * This build's ranks are CPU backends (simulated ranks in one process, run one after another),
+ * and the all-reduce is a host sum in fixed rank order ((p0 + p1) + p2) + ..., so a run gives
+ * the same bits on every machine and thread count. The composite's own buffers (activations,
+ * the KV view, logits) are host memory, so it is named "cpu" to the layers above (lua/ and
+ * bench.c tell host buffers by that name) and its policy primitives are the CPU table. Results
+ * equal the unsplit CPU backend's up to float summation order: embed, the head's logits (each
+ * a whole dot product on one rank) and attention are bit-identical for identical inputs; the
+ * two reductions per layer differ from the unsplit dot products by summation order only.
+ * docs/DESIGN.md ("Tensor parallel") says how NCCL ranks on GPUs plug into the same seam.
+ *
+ * Refused (KS_ERR_UNSUPPORTED, at ks_tp_shard_model): n_kv_heads not divisible by N (KV heads
+ * are not replicated). N must be 2..KS_TP_MAX. */
+#ifndef KS_TP_BACKEND_H
+#define KS_TP_BACKEND_H
+
+#include "backend.h"
+
+#define KS_TP_MAX 8
+
+typedef struct ks_model ks_model;
+
+/* A composite of n_ranks CPU rank backends, each created with opts (NULL = the defaults; each
+ * rank gets its own pool of opts->n_threads threads; the ranks run one after another). Weights
+ * created on it are views of their tensors until ks_tp_shard_model cuts them into the ranks'
+ * shards; no forward op runs before that. Free with ks_backend_free. */
+ks_status ks_tp_backend_create(int n_ranks, const ks_backend_opts *opts, ks_backend **out);
+
+/* Cut every weight of m (loaded or random on the composite) into its ranks' shards by its role
+ * (the split above) and release the whole copies the composite held (random weights). Checks
+ * the shape first: n_kv_heads % N != 0 is KS_ERR_UNSUPPORTED with a one-line message. */
+ks_status ks_tp_shard_model(ks_backend *b, ks_model *m);
+
+/* The number of ranks of b, or 0 when b is no tensor-parallel composite. */
+int ks_tp_ranks(const ks_backend *b);
+
+/* Bytes of rank r (0 <= r < ks_tp_ranks(b)): its backend's own allocations (its weight shards,
+ * its KV heads' rows, its scratch) plus the float32 shard copies the composite keeps for it
+ * (the CPU backend reads float32 tensors in place, so those copies are the shards' storage).
+ * KS_ERR_ARG for a bad rank or a backend that is no composite. */
+ks_status ks_tp_rank_mem_stats(ks_backend *b, int r, ks_mem_stats *out, int reset_peak);
+
+/* Bytes the composite itself holds on the host: the whole activations the engine allocates and
+ * the whole KV view of the policy events (a simulation cost; device ranks keep no view). */
+ks_status ks_tp_view_mem_stats(ks_backend *b, ks_mem_stats *out, int reset_peak);
+
+/* Rank r's KV rows of layer L per KV head of that rank (Hkv/N of them): *n_heads receives the
+ * count, the return value points to the rank's row counts (NULL when L holds no rows yet). For
+ * the tests and the memory report: the KV cache split by heads. */
+const int *ks_tp_kv_rank_rows(const ks_kv_layer *L, int r, int *n_heads);
+
+#endif
