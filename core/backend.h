@@ -88,8 +88,12 @@ typedef struct ks_attn_args {
     const int32_t *qpos;         /* (n) query positions (host) */
     float scale;                 /* usually 1/sqrt(head_dim) */
     int window;                  /* sliding window, 0 = none */
-    const int32_t *const *idx;   /* NULL, or (n_kv_heads) lists of row indices to attend */
-    const int *n_idx;            /* (n_kv_heads) lengths of those lists */
+    const int32_t *const *idx;   /* NULL, or (n_kv_heads) lists of row indices to attend (host) */
+    const int *n_idx;            /* (n_kv_heads) lengths of those lists (host) */
+    int idx_dev;                 /* 1: idx[h] point into ONE backend allocation that starts at the lowest
+                                    of them (idx[h] - min idx: each head's offset; a shared list: all
+                                    equal), already checked (or checked by the engine later: entries
+                                    are in range whatever the check finds), read where they are */
     int renumber;                /* with idx: keys take positions 0..n_idx-1 (queries n_idx-n+i) */
     const ks_rope *rope;         /* non-NULL: q and the KV rows are pre-RoPE; rotate each query and
                                     key at its effective position (renumbered or stored) first */
@@ -217,6 +221,15 @@ struct ks_backend {
     ks_status (*kv_retain)(ks_backend *b, ks_kv_layer *L, const int32_t *const *idx, const int *cnt, int shrink);
     /* attention of q (n, n_heads, head_dim) over the layer's rows -> out (n, n_heads*head_dim) */
     ks_status (*attention)(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a);
+    /* Check index lists in backend memory without waiting: `rows` lists of k entries, row-major
+     * (lists (rows, k)); list r must be strictly ascending with values in [0, lim[r]) (lim: host,
+     * rows entries). *slot (backend memory, 8 bytes) is first set to all ones, then receives the
+     * minimum over the bad entries of (r*k + i) << 34 | why << 32 | (uint32)value, why = 1 out of
+     * range, 2 below its predecessor, 3 equal to it (deterministic: the first bad entry in list
+     * order); every out-of-range entry is then replaced by 0 (so a reader stays in bounds).
+     * rows * k < 2^30. KS_ERR_UNSUPPORTED (nothing queued): more rows than the backend takes
+     * by value; the caller checks on the host. NULL = none (the engine checks on the host). */
+    ks_status (*check_idx)(ks_backend *b, int32_t *lists, int rows, int k, const int *lim, uint64_t *slot);
 
     void (*destroy)(ks_backend *b);
 

@@ -363,6 +363,24 @@ static ks_status cpu_kv_retain(ks_backend *b, ks_kv_layer *L, const int32_t *con
     return KS_OK;
 }
 
+/* check_idx (backend.h): the first bad entry in list order, then out-of-range entries set to 0
+ * (kernels/check_idx.cu is its CUDA twin). */
+static ks_status cpu_check_idx(ks_backend *b, int32_t *x, int rows, int k, const int *lim, uint64_t *slot) {
+    (void)b;
+    uint64_t key = UINT64_MAX;
+    for (int r = 0; r < rows && key == UINT64_MAX; r++)
+        for (int i = 0; i < k; i++) {
+            int32_t v = x[(size_t)r * k + i], p = i ? x[(size_t)r * k + i - 1] : INT32_MIN;
+            int why = v < 0 || v >= lim[r] ? 1 : i && v < p ? 2 : i && v == p ? 3 : 0;
+            if (why) { key = (uint64_t)((int64_t)r * k + i) << 34 | (uint64_t)why << 32 | (uint32_t)v; break; }
+        }
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < k; i++)
+            if (x[(size_t)r * k + i] < 0 || x[(size_t)r * k + i] >= lim[r]) x[(size_t)r * k + i] = 0;
+    *slot = key;
+    return KS_OK;
+}
+
 /* Rotate one head vector v (d) at position p with precomputed inverse frequencies. */
 static void rope_vec(float *v, int d, int32_t p, const float *inv, float af) {
     int half = d / 2;
@@ -623,6 +641,7 @@ ks_status ks_cpu_backend_create(const ks_backend_opts *opts, ks_backend **out) {
     b->kv_append = cpu_kv_append;
     b->kv_retain = cpu_kv_retain;
     b->attention = cpu_attention;
+    b->check_idx = cpu_check_idx;
     cpu_dense_install(b); /* cpu_dense.c: embed, attn_in, attn_out, mlp, head, gather_rows, rope */
     b->destroy = cpu_destroy;
     b->mem_stats = cpu_mem_stats;

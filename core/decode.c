@@ -25,6 +25,7 @@ typedef struct ks_decode_state {
     int *n0;                 /* (n_layers, n_kv_heads) rows before the recorded step's append */
     int ready;               /* plain steps since the graph was dropped (record after one) */
     int fails;               /* recordings that failed; no more graphs for the session after 2 */
+    ks_devcheck *chk;        /* deferred checks of attend device lists (actions.c), or NULL */
 } ks_decode_state;
 
 void ks_decode_drop_graph(ks_session *s) {
@@ -41,28 +42,41 @@ void ks_decode_free(ks_session *s) {
     ks_decode_drop_graph(s);
     ks_fwd_free(s->be, &d->b);
     if (d->lg) s->be->free(s->be, d->lg);
+    ks_devcheck_free(s->be, d->chk);
     free(d->k);
     free(d->n0);
     free(d);
     s->dec = NULL;
 }
 
+/* The session's decode state, created empty when it has none (NULL: out of memory). */
+static ks_decode_state *dec_state(ks_session *s) {
+    const ks_config *c = &s->m->cfg;
+    ks_decode_state *d = s->dec;
+    if (d) return d;
+    d = ks_calloc(1, sizeof *d);
+    if (!d) return NULL;
+    d->k = ks_calloc((size_t)4 * c->n_layers, sizeof(void *));
+    d->n0 = ks_calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(int));
+    if (!d->k || !d->n0) { free(d->k); free(d->n0); free(d); return NULL; }
+    d->v = d->k + c->n_layers;
+    d->pd = d->v + c->n_layers;
+    d->cap = (int *)(d->pd + c->n_layers);
+    s->dec = d;
+    return d;
+}
+
+ks_devcheck **ks_decode_devcheck(ks_session *s) {
+    ks_decode_state *d = dec_state(s);
+    return d ? &d->chk : NULL;
+}
+
 /* The decode state with buffers for pre-RoPE mode `pre` (reallocated when the mode changes). */
 static ks_status dec_get(ks_session *s, int pre, ks_decode_state **out) {
     const ks_config *c = &s->m->cfg;
     ks_backend *be = s->be;
-    ks_decode_state *d = s->dec;
-    if (!d) {
-        d = ks_calloc(1, sizeof *d);
-        if (!d) return KS_ERR_OOM;
-        d->k = ks_calloc((size_t)4 * c->n_layers, sizeof(void *));
-        d->n0 = ks_calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(int));
-        if (!d->k || !d->n0) { free(d->k); free(d->n0); free(d); return KS_ERR_OOM; }
-        d->v = d->k + c->n_layers;
-        d->pd = d->v + c->n_layers;
-        d->cap = (int *)(d->pd + c->n_layers);
-        s->dec = d;
-    }
+    ks_decode_state *d = dec_state(s);
+    if (!d) return KS_ERR_OOM;
     if (d->b.a.x && d->pre != pre) {
         ks_decode_drop_graph(s);
         ks_fwd_free(be, &d->b);
@@ -215,6 +229,7 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
     ks_prof_begin(s, 1);
     if (s->prof.on) s->prof.forwards[1]++;
     ks_status st = dec_get(s, pre, &d);
+    ks_devcheck_reset(s);
     PROF(s, KS_PH_ALLOC);
     if (!st) st = ks_session_push_tokens(s, &id, 1);
     if (st) goto out;
@@ -228,6 +243,7 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
         if (!st) d->ready++;
     }
     if (!st) st = be->download(be, s->logits, d->lg, sizeof(float) * c->vocab);
+    if (!st) st = ks_devcheck_sync(s); /* the step's device list checks, now that it has run */
     PROF(s, KS_PH_SYNC);
     if (!st) s->n_past++;
 out:

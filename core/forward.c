@@ -52,6 +52,7 @@ ks_attn_args ks_layer_attn_args(const ks_session *s, const ks_fwd_buf *b, int n,
     if (act && act->attend) {
         aa.idx = (const int32_t *const *)act->attend_idx;
         aa.n_idx = act->n_attend;
+        aa.idx_dev = act->attend_dev;
         aa.renumber = act->renumber;
     }
     return aa;
@@ -90,6 +91,7 @@ ks_status ks_head_logits(ks_session *s, ks_fwd_buf *b, int row) {
     PROF(s, KS_PH_ALLOC);
     ks_status st = ks_head_compute(s, b, row, lg);
     if (!st) st = be->download(be, s->logits, lg, sizeof(float) * c->vocab);
+    if (!st) st = ks_devcheck_sync(s); /* the forward's device list checks, now that it has run */
     PROF(s, KS_PH_SYNC);
     be->free(be, lg);
     return st;

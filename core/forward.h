@@ -62,8 +62,23 @@ ks_status ks_event_fire(ks_session *s, ks_event *ev);
 ks_actions ks_actions_take(ks_event *ev);
 /* Free the lists of a (per-head ones have n_kv_heads entries) and empty it. */
 void ks_actions_free(ks_actions *a, int n_kv_heads);
-/* a's retain lists, checked against layer l as it is now, applied to its KV rows. */
+/* a's retain lists, checked against layer l as it is now, applied to its KV rows (a device list
+ * is downloaded and checked here). */
 ks_status ks_actions_apply_retain(ks_session *s, int l, const ks_actions *a);
+/* A propagate device list (a->prop_dbuf) downloaded into a->prop_idx and checked against the
+ * n_rows rows of the pass (layer l names it in messages); nothing without one. */
+ks_status ks_actions_host_propagate(ks_session *s, int l, int n_rows, ks_actions *a);
+
+/* Deferred checks of attend device lists (actions.c, policy.h "Device lists"): at most this
+ * many lists per check (more: checked on the host at once). */
+#define KS_DEVCHECK_HEADS 128
+typedef struct ks_devcheck ks_devcheck;
+/* The checks queued since the last sync: their words downloaded (the stream is drained: the
+ * caller just downloaded the logits), the first failure as a policy error naming the policy. */
+ks_status ks_devcheck_sync(ks_session *s);
+/* Forget the checks queued (a forward begins; a failed one left some). */
+void ks_devcheck_reset(ks_session *s);
+void ks_devcheck_free(ks_backend *be, ks_devcheck *c);
 
 /* ---------------------------------------------------------------- session helpers (session.c) */
 
@@ -91,6 +106,9 @@ int ks_is_eos(const ks_config *c, int32_t id);
 void ks_decode_drop_graph(ks_session *s);
 /* Free the decode state (buffers and graph); s->dec becomes NULL. */
 void ks_decode_free(ks_session *s);
+/* Where the session's deferred checks live (in the decode state, created here if needed; NULL:
+ * out of memory). */
+ks_devcheck **ks_decode_devcheck(ks_session *s);
 
 /* ---------------------------------------------------------------- profiler (profile.c) */
 

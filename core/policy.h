@@ -30,6 +30,24 @@
  *                   each layer's rows are freed right after its attention; the pass must end
  *                   in a restart, else the request fails (GemFilter: ~6.5 GiB less at 128K)
  * Index lists may be given in any order; the engine sorts them ascending.
+ *
+ * Device lists (issue 14). attend, retain and propagate also take a list in backend memory
+ * (ks_dev_list: device memory on CUDA, host memory on the CPU backend), so a handler whose
+ * selection runs on the device never waits for it:
+ *   - the list must be ascending without duplicates (the engine does not sort on the device);
+ *   - a list "checked by construction" (ks_dev_list.checked: each row strictly ascending with
+ *     values in [lo, hi), what topk / arange / concat produce) is checked on the host against
+ *     the bounds only (hi <= each head's rows), with no device work;
+ *   - attend with an unchecked list queues the backend's check_idx on a copy of it: the
+ *     first bad entry (out of range, not ascending, duplicate) is written to a backend word
+ *     that the engine reads at the step's next sync (the logits download), failing the step
+ *     with one line naming the action, the event, the layer, the KV head and the bad value
+ *     (bad entries are replaced by 0 first, so the attention of the failing step stays in
+ *     bounds; its output is discarded);
+ *   - retain and propagate download their list when the engine applies them (the host keeps
+ *     the mirror of the kept positions, ks_kv_layer.pos, and propagate's rows, exact), and
+ *     check it there: one download per retain / propagate, none per attend.
+ * The list is copied (a device-to-device copy on CUDA): the caller's memory may go right after.
  */
 #ifndef KS_POLICY_H
 #define KS_POLICY_H
@@ -49,7 +67,19 @@ const char *ks_event_name(ks_event_kind k);
 
 typedef struct ks_session ks_session;
 
-/* What a handler asked for (filled by ks_action_*; read by the engine). */
+/* An index list in backend memory for the *_dev actions: `rows` lists of k entries each,
+ * row-major (rows 1: one list for every KV head; rows n_kv_heads: one per head). */
+typedef struct ks_dev_list {
+    const int32_t *data;     /* (rows, k) backend memory of the event's backend */
+    int rows, k;
+    int checked;             /* 1: valid by construction: every row strictly ascending, values in [lo, hi) */
+    int64_t lo, hi;          /* with checked */
+} ks_dev_list;
+
+/* What a handler asked for (filled by ks_action_*; read by the engine). A device list lives in
+ * one backend allocation owned here (the *_dbuf fields, freed by ks_actions_free on `be`):
+ * attend_idx[h] then point into attend_dbuf (backend memory; attend_dev = 1); a retain or
+ * propagate device list is downloaded into the host fields when the engine applies it. */
 typedef struct ks_actions {
     int restart, propagate, retain, attend, stop, renumber;
     int discard_kv;                               /* see discard_kv() above */
@@ -57,6 +87,12 @@ typedef struct ks_actions {
     int32_t *prop_idx; int n_prop;                /* sorted */
     int32_t **retain_idx; int *n_retain;          /* (n_kv_heads) sorted lists */
     int32_t **attend_idx; int *n_attend;          /* (n_kv_heads) sorted lists */
+    int attend_dev;                               /* attend_idx point into attend_dbuf (backend memory) */
+    void *attend_dbuf, *retain_dbuf, *prop_dbuf;  /* backend copies of device lists, or NULL */
+    int retain_rows, retain_k, retain_checked;    /* retain_dbuf: (retain_rows, retain_k), checked by construction */
+    int prop_checked;                             /* prop_dbuf: (n_prop), checked by construction */
+    int retain_kind, prop_kind;                   /* the ks_event_kind that asked (messages) */
+    const ks_backend *be;                         /* owner of the *_dbuf buffers */
 } ks_actions;
 
 typedef struct ks_event {
@@ -105,6 +141,10 @@ ks_status ks_action_retain(ks_event *ev, const int32_t *idx, int k);
 ks_status ks_action_retain_heads(ks_event *ev, const int32_t *const *idx, const int *k);
 ks_status ks_action_attend(ks_event *ev, const int32_t *idx, int k, int renumber);
 ks_status ks_action_attend_heads(ks_event *ev, const int32_t *const *idx, const int *k, int renumber);
+/* The same on lists in backend memory (see "Device lists" above). propagate takes one row. */
+ks_status ks_action_attend_dev(ks_event *ev, const ks_dev_list *l, int renumber);
+ks_status ks_action_retain_dev(ks_event *ev, const ks_dev_list *l);
+ks_status ks_action_propagate_dev(ks_event *ev, const ks_dev_list *l);
 ks_status ks_action_stop(ks_event *ev);
 ks_status ks_action_discard_kv(ks_event *ev);
 

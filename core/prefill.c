@@ -103,7 +103,7 @@ static ks_status prefill_end_event(ks_session *s, const prefill_rows *r, int pas
 
 /* What the layer's events asked for once the layer ran: retain (the layer keeps only those KV
  * rows), then propagate (only those rows go on: x (n, dim) and r shrink to k rows). */
-static ks_status prefill_apply(ks_session *s, ks_fwd_buf *b, prefill_rows *r, int l, const ks_actions *act) {
+static ks_status prefill_apply(ks_session *s, ks_fwd_buf *b, prefill_rows *r, int l, ks_actions *act) {
     ks_backend *be = s->be;
     ks_status st;
     if (act->retain && s->discard_kv)
@@ -114,6 +114,7 @@ static ks_status prefill_apply(ks_session *s, ks_fwd_buf *b, prefill_rows *r, in
         if (st) return st;
     }
     if (act->propagate) {
+        if ((st = ks_actions_host_propagate(s, l, r->n, act))) return st; /* a device list: to the host */
         int k = act->n_prop;
         const int32_t *ix = act->prop_idx;
         st = be->gather_rows(be, b->a.x, b->a.x, ix, k, s->m->cfg.dim);
@@ -231,6 +232,7 @@ static ks_status prefill_once(ks_session *s, const int32_t *ids_in, int n_in, in
                       .orig = ks_malloc(sizeof(int32_t) * n_in), .n = n_in, .base = s->n_past};
     ks_status st = KS_OK;
     s->discard_kv = 0;
+    ks_devcheck_reset(s);
     ks_prof_begin(s, 0);
     if (!r.ids || !r.pos || !r.orig) st = KS_ERR_OOM;
     else

@@ -13,6 +13,7 @@
  *     become stale when the event ends; primitives and actions name the event. The handler
  *     runs through the sandbox's choke point (ks_lpol_protected). */
 #include "lpol.h"
+#include "tensor_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -224,6 +225,30 @@ static void head_lists(lua_State *L, int arg, const char *fn, int Hkv, const int
     *cnt = k;
 }
 
+/* An i32 tensor at arg on the event's device (or the emulated one on the CPU backend) as a
+ * device list (policy.h): 1-d, or 2-d (rows, k) when heads; *out filled, its data valid while
+ * the value pushed (one, always) is on the stack; marked lists (ks_lt_sorted) go as checked.
+ * 0: not a device list (the host path takes it, and reports what is wrong with it). */
+static int dev_list_arg(lua_State *L, int arg, const l_event *e, const char *fn, int heads, ks_dev_list *out) {
+    ks_tensor *t = ks_lt_test(L, arg);
+    if (!t || !t->be) return 0;
+    ks_lt_check(L, arg, fn);
+    const ks_event *ev = e->ev;
+    ks_backend *emu = ks_lua_emu_backend();
+    if (!(t->be == ev->be || (t->be == emu && is_cpu(ev))) || t->bf16 || t->dtype != KS_T_I32) return 0;
+    if (t->ndim != 1 && !(heads && t->ndim == 2)) return 0;
+    if (t->numel > INT32_MAX) ks_lua_errorf(L, fn, "an index list of %lld entries is too long", (long long)t->numel);
+    int pushed;
+    const int32_t *d = ks_lt_on(L, arg, t, t->be, &pushed); /* contiguous, on the same device */
+    if (!pushed) lua_pushvalue(L, arg);
+    memset(out, 0, sizeof *out);
+    out->data = t->be == emu ? ks_lua_emu_untag(d) : d;
+    out->rows = t->ndim == 2 ? (int)t->shape[0] : 1;
+    out->k = t->ndim == 2 ? (int)t->shape[1] : (int)t->numel;
+    out->checked = ks_lt_sorted(L, arg, &out->lo, &out->hi);
+    return 1;
+}
+
 #define ACT(fn, call)                                                                                                \
     do {                                                                                                             \
         ks_status st_ = (call);                                                                                      \
@@ -240,6 +265,11 @@ static int l_ev_restart(lua_State *L) {
 
 static int l_ev_propagate(lua_State *L) {
     l_event *e = check_event(L, 1, "propagate");
+    ks_dev_list dl;
+    if (dev_list_arg(L, 2, e, "propagate", 0, &dl)) {
+        ACT("propagate", ks_action_propagate_dev(e->ev, &dl));
+        return 0;
+    }
     int k;
     const int32_t *idx = index_list(L, 2, "propagate", &k);
     ACT("propagate", ks_action_propagate(e->ev, idx, k));
@@ -248,7 +278,9 @@ static int l_ev_propagate(lua_State *L) {
 
 static int l_ev_retain(lua_State *L) {
     l_event *e = check_event(L, 1, "retain");
-    if (per_head(L, 2)) {
+    ks_dev_list dl;
+    if (dev_list_arg(L, 2, e, "retain", 1, &dl)) ACT("retain", ks_action_retain_dev(e->ev, &dl));
+    else if (per_head(L, 2)) {
         const int32_t **idx;
         int *cnt;
         head_lists(L, 2, "retain", e->ev->n_kv_heads, &idx, &cnt);
@@ -276,7 +308,9 @@ static int l_ev_attend(lua_State *L) {
         renumber = lua_toboolean(L, -1);
         lua_pop(L, 1);
     }
-    if (per_head(L, 2)) {
+    ks_dev_list dl;
+    if (dev_list_arg(L, 2, e, "attend", 1, &dl)) ACT("attend", ks_action_attend_dev(e->ev, &dl, renumber));
+    else if (per_head(L, 2)) {
         const int32_t **idx;
         int *cnt;
         head_lists(L, 2, "attend", e->ev->n_kv_heads, &idx, &cnt);

@@ -22,6 +22,7 @@
  *   ks._upload(t)                  a device copy on the running event's device (tests)
  */
 #include "prims_impl.h"
+#include "tensor_impl.h"
 
 #include "common.h"
 
@@ -206,6 +207,7 @@ static int l_topk(lua_State *L) {
     ks_tensor *idx = t->ndim == 1 ? ks_lp_out(L, be, KS_T_I32, 1, &sh[1]) : ks_lp_out(L, be, KS_T_I32, 2, sh);
     ks_tensor *val = t->ndim == 1 ? ks_lp_out(L, be, KS_T_F32, 1, &sh[1]) : ks_lp_out(L, be, KS_T_F32, 2, sh);
     KS_LP_PRIM(fn, be, topk, x, rows, n, k, order, idx->data, val->data);
+    if (order == KS_TOPK_BY_INDEX) ks_lt_mark_sorted(L, -2, 0, n); /* each row ascending, unique, in [0, n) */
     return 2;
 }
 
@@ -353,7 +355,11 @@ static int l_concat(lua_State *L) {
         total += t->numel;
         ts[i - 1] = t;
     }
+    /* on the device when any piece is there: a host piece goes up without waiting, a device
+     * piece would come down with a sync (TokenSelect: arange ++ device top-k ++ arange) */
     ks_backend *be = ks_lp_where(ts, nargs);
+    for (int i = 0; !be && i < nargs; i++)
+        if (ts[i]->be && ts[i]->be->prims && !ts[i]->bf16) be = ts[i]->be;
     ks_tensor *o = ks_lp_out(L, be, dt, 1, &total);
     int oslot = lua_gettop(L);
     int64_t at = 0;
@@ -368,6 +374,17 @@ static int l_concat(lua_State *L) {
         lua_settop(L, oslot);
         at += t->numel;
     }
+    /* marked pieces in increasing, disjoint ranges make a marked whole (arange ++ topk ++ arange) */
+    int64_t lo = 0, hi = 0, plo, phi;
+    int ok = dt == KS_T_I32, any = 0;
+    for (int i = 1; ok && i <= nargs; i++) {
+        if (ts[i - 1]->numel == 0) continue;
+        ok = ks_lt_sorted(L, i, &plo, &phi) && ts[i - 1]->ndim == 1 && (!any || hi <= plo);
+        if (!any) lo = plo;
+        hi = phi;
+        any = 1;
+    }
+    if (ok && any) ks_lt_mark_sorted(L, oslot, lo, hi);
     return 1;
 }
 
@@ -380,6 +397,7 @@ static int l_arange(lua_State *L) {
     if (n < 0) return ks_lua_errorf(L, fn, "step must not be 0");
     ks_tensor *o = ks_lt_new(L, KS_T_I32, 1, &n, 0);
     KS_LP_PRIM(fn, NULL, arange, a, b, s, o->data);
+    if (s > 0 && n > 0) ks_lt_mark_sorted(L, -1, a, a + (n - 1) * s + 1);
     return 1;
 }
 

@@ -290,3 +290,47 @@ void ks_lt_dev_drop(lua_State *L) {
         }
     }
 }
+
+/* ---------------------------------------------------------------- lists valid by construction */
+
+/* The marks live in a weak-keyed registry table (tensor -> lo << 32 | (uint32)hi): tensors are
+ * read-only, so a mark stays true for the tensor's life; views and copies carry none. */
+static const char sorted_key = 0;
+
+static void sorted_table(lua_State *L) {
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &sorted_key) == LUA_TTABLE) return;
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "k");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &sorted_key);
+}
+
+void ks_lt_mark_sorted(lua_State *L, int idx, int64_t lo, int64_t hi) {
+    ks_tensor *t = ks_lt_test(L, idx);
+    if (!t || t->dtype != KS_T_I32 || t->ndim < 1 || t->ndim > 2 || lo < INT32_MIN || hi > INT32_MAX || lo > hi) return;
+    idx = lua_absindex(L, idx);
+    sorted_table(L);
+    lua_pushvalue(L, idx);
+    lua_pushinteger(L, (lua_Integer)((uint64_t)(int64_t)lo << 32 | (uint32_t)(int32_t)hi));
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+}
+
+int ks_lt_sorted(lua_State *L, int idx, int64_t *lo, int64_t *hi) {
+    if (!ks_lt_test(L, idx)) return 0;
+    idx = lua_absindex(L, idx);
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &sorted_key) != LUA_TTABLE) { lua_pop(L, 1); return 0; }
+    lua_pushvalue(L, idx);
+    int ok = lua_rawget(L, -2) == LUA_TNUMBER;
+    if (ok) {
+        uint64_t w = (uint64_t)lua_tointeger(L, -1);
+        *lo = (int32_t)(uint32_t)(w >> 32);
+        *hi = (int32_t)(uint32_t)w;
+    }
+    lua_pop(L, 2);
+    return ok;
+}

@@ -68,6 +68,14 @@ void ks_lt_clone_at(lua_State *L, int arg, ks_tensor *t);
 
 /* ---------------------------------------------------------------- tensor_dev.c */
 
+/* Lists valid by construction (issue 14): an i32 tensor (1-d, or 2-d: per row) whose every row
+ * is strictly ascending with values in [lo, hi) may be marked so (topk, arange, concat and a
+ * shift by a constant mark their results); the event's actions then skip the check of its
+ * order and uniqueness and check only the bounds. ks_lt_sorted: 1 and the bounds when the
+ * tensor at idx is marked. (Used by lua/prims_lua.c and lua/events.c too.) */
+void ks_lt_mark_sorted(lua_State *L, int idx, int64_t lo, int64_t hi);
+int ks_lt_sorted(lua_State *L, int idx, int64_t *lo, int64_t *hi);
+
 /* __gc of every tensor: unlinks a device tensor and frees its device memory and host copy. */
 int ks_lt_gc(lua_State *L);
 /* A host-readable copy of t's header: the cached contiguous copy for device tensors (t itself

@@ -348,6 +348,27 @@ static int dev_add(lua_State *L, ks_tensor *a, ks_tensor *b) {
     return 1;
 }
 
+/* t (the i32 tensor at arg, on a device, marked valid by construction in [lo, hi), lo >= 0) + c
+ * on its device without a download: the rows t of arange(c, c + hi) (two launches), marked
+ * [lo + c, hi + c). 0: not such a case (the host path runs). */
+static int dev_shift(lua_State *L, int arg, ks_tensor *t, lua_Integer c) {
+    int64_t lo, hi;
+    ks_backend *be = t->be;
+    if (!be || !be->prims || t->bf16 || t->dtype != KS_T_I32 || t->ndim != 1 || !ks_lt_sorted(L, arg, &lo, &hi))
+        return 0;
+    if (lo < 0 || hi < 1 || c < INT32_MIN || c > INT32_MAX || hi + c > INT32_MAX || lo + c < INT32_MIN) return 0;
+    int64_t n = hi;
+    ks_tensor *ar = ks_lt_dnew(L, be, KS_T_I32, 1, &n);
+    ks_status st = be->prims->arange(be, c, c + hi, 1, ar->data);
+    if (st) return ks_lua_core_error(L, "add", st);
+    int pushed;
+    const int32_t *ix = ks_lt_on(L, arg, t, be, &pushed);
+    ks_tensor *o = ks_lt_dnew(L, be, KS_T_I32, 1, t->shape);
+    if ((st = be->prims->gather_i32(be, ar->data, hi, ix, t->numel, o->data, NULL))) return ks_lua_core_error(L, "add", st);
+    ks_lt_mark_sorted(L, -1, lo + c, hi + c);
+    return 1;
+}
+
 static int arith(lua_State *L, char op) {
     const char *fn = op == '+' ? "add" : op == '-' ? "sub" : op == '*' ? "mul" : "div";
     ks_tensor *a = ks_lt_test(L, 1), *b = ks_lt_test(L, 2);
@@ -356,6 +377,11 @@ static int arith(lua_State *L, char op) {
     if (op == '+' && a && b && (a->be || b->be) && a->dtype == KS_T_F32 && b->dtype == KS_T_F32 && a->ndim == b->ndim &&
         !memcmp(a->shape, b->shape, sizeof(int64_t) * a->ndim) && (a->be ? a->be : b->be)->prims)
         return dev_add(L, a, b);
+    /* a marked device list shifted by an integer (topk's rows + lo): stays on the device, marked */
+    if ((op == '+' || op == '-') && a && !b && lua_isinteger(L, 2) && lua_tointeger(L, 2) != LUA_MININTEGER &&
+        dev_shift(L, 1, a, op == '+' ? lua_tointeger(L, 2) : -lua_tointeger(L, 2)))
+        return 1;
+    if (op == '+' && b && !a && lua_isinteger(L, 1) && dev_shift(L, 2, b, lua_tointeger(L, 1))) return 1;
     ks_tensor ha, hb; /* device operands: through their host copies */
     if (a && a->be) { ha = ks_lt_rd(L, a); a = &ha; }
     if (b && b->be) { hb = ks_lt_rd(L, b); b = &hb; }

@@ -1,0 +1,259 @@
+/* test_device_actions.c — actions on index lists in backend memory (issue 14, core/policy.h
+ * "Device lists"): the backend's check_idx rule on the CPU, device lists (emulated device on
+ * the CPU backend) giving exactly what the same host lists give, their errors (out of range,
+ * unsorted, duplicates, wrong head count, a list that fits one layer and not another), deferred
+ * to the step's sync and named there, and TokenSelect's decode step without a download. */
+#include "engine.h"
+#include "ks_lua.h"
+#include "ktest.h"
+#include "policy_lua.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- check_idx on the CPU */
+
+static uint64_t key_of(int64_t at, int why, int32_t v) { return (uint64_t)at << 34 | (uint64_t)why << 32 | (uint32_t)v; }
+
+KT_TEST(device_actions_check_idx_cpu_rule) {
+    ks_backend *b;
+    KT_CHECK(ks_backend_create("cpu", &b) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(b->check_idx != NULL, "the CPU backend has no check_idx");
+    int lim[2] = {10, 6};
+    uint64_t slot = 0;
+    struct { int32_t x[8]; int rows, k; uint64_t want; int32_t after[8]; } c[] = {
+        {{0, 3, 9, 1, 2, 5}, 2, 3, UINT64_MAX, {0, 3, 9, 1, 2, 5}},           /* valid */
+        {{0, 3, 10, 1, 2, 5}, 2, 3, key_of(2, 1, 10), {0, 3, 0, 1, 2, 5}},     /* out of range (row 0: [0, 10)) */
+        {{0, 3, 9, 1, 2, 6}, 2, 3, key_of(5, 1, 6), {0, 3, 9, 1, 2, 0}},       /* row 1 has 6 rows */
+        {{0, 4, 3, 1, 2, 5}, 2, 3, key_of(2, 2, 3), {0, 4, 3, 1, 2, 5}},       /* unsorted */
+        {{0, 4, 4, 1, 2, 5}, 2, 3, key_of(2, 3, 4), {0, 4, 4, 1, 2, 5}},       /* duplicate */
+        {{-1, 4, 4, 9, 2, 5}, 2, 3, key_of(0, 1, -1), {0, 4, 4, 0, 2, 5}},     /* the first bad entry wins */
+        {{0, 4, 4, 9, 2, 5}, 2, 3, key_of(2, 3, 4), {0, 4, 4, 0, 2, 5}},       /* ... in list order, all replaced */
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        KT_CHECK(b->check_idx(b, c[i].x, c[i].rows, c[i].k, lim, &slot) == KS_OK, "%s", ks_last_error());
+        KT_CHECK(slot == c[i].want, "case %zu: word %llx, expected %llx", i, (unsigned long long)slot,
+                 (unsigned long long)c[i].want);
+        KT_CHECK(!memcmp(c[i].x, c[i].after, sizeof(int32_t) * 6), "case %zu: out-of-range entries not replaced by 0", i);
+    }
+    ks_backend_free(b);
+}
+
+/* ---------------------------------------------------------------- one request, its results */
+
+typedef struct run {
+    ks_status st;
+    char err[1024];
+    int32_t ids[16];
+    int n_ids;
+    int kept_n[8][2];
+    int32_t kept[8][2][1200];
+    float logit0;
+    long downloads_decode, allocs_decode;
+} run;
+
+/* Prefill n tokens of a fixed stream, then `steps` greedy decode steps, under policy `p` with
+ * parameters "k=v,..." (and _device = mode). Downloads and device tensors made by the decode
+ * steps alone go to r->downloads_decode / allocs_decode. */
+static void run_policy(ks_model *m, ks_policy *p, const char *params, const char *mode, int n, int steps, run *r) {
+    memset(r, 0, sizeof *r);
+    ks_session *s = NULL;
+    char kv[512];
+    snprintf(kv, sizeof kv, "%s", params);
+    for (char *save = NULL, *tok = strtok_r(kv, ",", &save); !r->st && tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) continue;
+        *eq = 0;
+        r->st = ks_policy_set(p, tok, eq + 1);
+    }
+    if (!r->st) r->st = ks_policy_set(p, "_device", mode);
+    if (!r->st) r->st = ks_session_create(m, &s);
+    if (!r->st) r->st = ks_session_set_policy(s, p);
+    int32_t *prompt = malloc(sizeof(int32_t) * n);
+    uint64_t x = 88172645463325252ull;
+    prompt[0] = m->cfg.bos;
+    for (int i = 1; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        prompt[i] = 3 + (int32_t)(x % (uint64_t)(m->cfg.vocab - 3));
+    }
+    if (!r->st) r->st = ks_session_prefill(s, prompt, n);
+    free(prompt);
+    ks_lpol_devstats d0, d1;
+    ks_lpol_dev_stats(p, &d0);
+    for (int t = 0; !r->st && t < steps; t++) {
+        const float *lg;
+        int nv;
+        ks_session_logits(s, &lg, &nv);
+        int best = 0;
+        for (int i = 1; i < nv; i++)
+            if (lg[i] > lg[best]) best = i;
+        if (t == 0) r->logit0 = lg[best];
+        r->ids[r->n_ids++] = best;
+        r->st = ks_session_decode(s, best);
+    }
+    ks_lpol_dev_stats(p, &d1);
+    r->downloads_decode = d1.downloads - d0.downloads;
+    r->allocs_decode = d1.allocs - d0.allocs;
+    if (r->st) snprintf(r->err, sizeof r->err, "%s", ks_last_error());
+    else
+        for (int l = 0; l < KS_MIN(m->cfg.n_layers, 8); l++)
+            for (int h = 0; h < KS_MIN(m->cfg.n_kv_heads, 2); h++) {
+                const ks_kv_layer *L = &s->kv[l];
+                r->kept_n[l][h] = KS_MIN(L->n[h], 1200);
+                memcpy(r->kept[l][h], L->pos + (size_t)h * L->capacity, sizeof(int32_t) * r->kept_n[l][h]);
+            }
+    ks_session_free(s);
+}
+
+static int same_run(const run *a, const run *b) {
+    if (a->n_ids != b->n_ids || memcmp(a->ids, b->ids, sizeof(int32_t) * a->n_ids) || a->logit0 != b->logit0) return 0;
+    for (int l = 0; l < 8; l++)
+        for (int h = 0; h < 2; h++)
+            if (a->kept_n[l][h] != b->kept_n[l][h] || memcmp(a->kept[l][h], b->kept[l][h], sizeof(int32_t) * a->kept_n[l][h]))
+                return 0;
+    return 1;
+}
+
+/* ---------------------------------------------------------------- device lists == host lists */
+
+/* Every action with a list: `how` picks the list's form (host table, unchecked device copy,
+ * device list checked by construction), the same rows every time. Prefill: propagate at layer 2
+ * (all but every 7th row), retain at layer 3 (per head, different sets); decode: attend at every
+ * layer (per head: the first 20 rows and the last 30), retain at layer 5 (the last 200 rows). */
+static const char *lists_policy =
+    "local ks = require 'kvsieve'\n"
+    "local function form(t, p)\n"
+    "  if p.how == 'host' then return t end\n"
+    "  return ks._upload(ks.tensor(t))\n"
+    "end\n"
+    "local function rng(a, b, p)\n" /* [a, b): a marked list in the 'checked' form */
+    "  if p.how == 'checked' then local v = {} for i = 1, b - a do v[i] = 1.0 end return ks.topk(ks._upload(ks.tensor(v)), b - a) + a end\n"
+    "  local t = {} for i = a, b - 1 do t[#t + 1] = i end return form(t, p)\n"
+    "end\n"
+    "return { name = 'lists', params = { how = 'host' },\n"
+    "  prefill_layer_end = function(ev, p)\n"
+    "    if ev.layer == 2 then local t = {} for i = 0, ev.n - 1 do if i % 7 ~= 3 then t[#t + 1] = i end end ev:propagate(form(t, p)) end\n"
+    "    if ev.layer == 3 then\n"
+    "      local n = ev.kv_rows[1]\n"
+    "      local a, b = {}, {} for i = 0, n - 1 do if i % 3 ~= 1 then a[#a + 1] = i end if i % 5 ~= 2 then b[#b + 1] = i end end\n"
+    "      local k = math.min(#a, #b)\n"
+    "      local a2, b2 = {}, {} for i = 1, k do a2[i] = a[i] b2[i] = b[i] end\n"
+    "      ev:retain(p.how == 'host' and {a2, b2} or ks._upload(ks.tensor({a2, b2})))\n"
+    "    end\n"
+    "  end,\n"
+    "  decode_qkv = function(ev, p)\n"
+    "    local n = ev.kv_rows[1]\n"
+    "    if p.how == 'checked' then ev:attend(ks.concat(ks.arange(0, 20), rng(n - 30, n, p)), { renumber = true })\n"
+    "    else local t = {} for i = 0, 19 do t[#t + 1] = i end for i = n - 30, n - 1 do t[#t + 1] = i end\n"
+    "      ev:attend(form(t, p), { renumber = true }) end\n"
+    "    if ev.layer == 5 and n > 200 then ev:retain(rng(n - 200, n, p)) end\n"
+    "  end }\n";
+
+KT_TEST(device_actions_lists_equal_host_lists) {
+    ks_lua_quiet = 1;
+    ks_model *m;
+    KT_CHECK(ks_model_open("models/kvsieve-tiny", "cpu", &m) == KS_OK, "%s", ks_last_error());
+    static run r[3];
+    const char *hows[] = {"host", "unchecked", "checked"};
+    for (int i = 0; i < 3; i++) {
+        ks_policy *p;
+        KT_CHECK(ks_policy_load_string(m, "lists", lists_policy, &p) == KS_OK, "%s", ks_last_error());
+        char params[64];
+        snprintf(params, sizeof params, "how=%s", hows[i]);
+        run_policy(m, p, params, i ? "emulate" : "host", 300, 4, &r[i]);
+        ks_policy_free(p);
+        KT_CHECK(r[i].st == KS_OK, "%s: %s", hows[i], r[i].err);
+    }
+    KT_CHECK(r[0].kept_n[5][0] == 200 && r[0].kept_n[3][0] < 200, "the policy did not act (%d, %d rows)", r[0].kept_n[5][0],
+             r[0].kept_n[3][0]);
+    KT_CHECK(same_run(&r[0], &r[1]), "unchecked device lists differ from host lists");
+    KT_CHECK(same_run(&r[0], &r[2]), "device lists checked by construction differ from host lists");
+    ks_model_close(m);
+}
+
+/* ---------------------------------------------------------------- errors */
+
+/* One decode-time action per case: the error (at the step's sync for unchecked attend lists,
+ * at once for shapes and marked bounds, when applied for retain). */
+static const char *bad_policy =
+    "local ks = require 'kvsieve'\n"
+    "local function up(t) return ks._upload(ks.tensor(t)) end\n"
+    "return { name = 'bad', params = { case = '' },\n"
+    "  prefill_layer_end = function(ev, p)\n"
+    "    if p.case == 'layer' and ev.layer == 0 then local t = {} for i = 0, 9 do t[i + 1] = i end ev:retain(t) end\n"
+    "  end,\n"
+    "  decode_qkv = function(ev, p)\n"
+    "    local n, c = ev.kv_rows[1], p.case\n"
+    "    if ev.layer ~= 1 and c ~= 'layer' then return end\n"
+    "    if c == 'range' then ev:attend(up({0, 1, n}))\n"
+    "    elseif c == 'unsorted' then ev:attend(up({0, 5, 2, 7}))\n"
+    "    elseif c == 'duplicate' then ev:attend(up({{0, 1, 2}, {0, 4, 4}}))\n"
+    "    elseif c == 'heads' then ev:attend(up({{0}, {1}, {2}}))\n"
+    "    elseif c == 'bounds' then ev:attend(ks.concat(ks.arange(0, 3), ks.topk(up({1.0, 2.0}), 1) + n))\n"
+    "    elseif c == 'layer' then ev:attend(up({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}))\n"
+    "    elseif c == 'retain' then ev:retain(up({3, 2}))\n"
+    "    elseif c == 'empty' then ev:attend((ks.topk(up({1.0}), 0)))\n"
+    "    end\n"
+    "  end }\n";
+
+KT_TEST(device_actions_errors_are_named) {
+    ks_lua_quiet = 1;
+    ks_model *m;
+    KT_CHECK(ks_model_open("models/kvsieve-tiny", "cpu", &m) == KS_OK, "%s", ks_last_error());
+    static const struct { const char *c, *want; } cases[] = {
+        {"range", "attend in decode_qkv (layer 1): index 41 at position 2 out of range [0, 41)"},
+        {"unsorted", "attend in decode_qkv (layer 1): unsorted index 2 at position 2 (a device list must be ascending)"},
+        {"duplicate", "attend in decode_qkv (layer 1): duplicate index 4 at position 2 of KV head 1"},
+        {"heads", "attend in decode_qkv (layer 1): 3 lists for 2 KV heads"},
+        {"bounds", "attend in decode_qkv (layer 1): a list of 4 indices in [0, 43) does not fit the rows [0, 41)"},
+        {"layer", "attend in decode_qkv (layer 0): index 11 at position 11 out of range [0, 11)"},
+        {"retain", "retain in decode_qkv (layer 1): unsorted index 2 at position 1"},
+        {"empty", "attend in decode_qkv: empty index list"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ks_policy *p;
+        KT_CHECK(ks_policy_load_string(m, "bad", bad_policy, &p) == KS_OK, "%s", ks_last_error());
+        char params[64];
+        snprintf(params, sizeof params, "case=%s", cases[i].c);
+        static run r;
+        run_policy(m, p, params, "emulate", 40, 2, &r);
+        ks_policy_free(p);
+        KT_CHECK(r.st == KS_ERR_POLICY, "%s: status %d (%s)", cases[i].c, r.st, r.err);
+        KT_CHECK(strstr(r.err, cases[i].want) != NULL, "%s: message '%s' lacks '%s'", cases[i].c, r.err, cases[i].want);
+        /* unchecked attend lists fail at the step's sync, retain lists when applied (no Lua
+         * traceback: the handler had returned), the others inside the handler */
+        int deferred = strstr("range unsorted duplicate layer retain", cases[i].c) != NULL;
+        KT_CHECK(deferred == !strstr(r.err, "traceback"), "%s: %s where %s expected: %s", cases[i].c,
+                 deferred ? "a handler error" : "a deferred error", deferred ? "a deferred one" : "a handler error", r.err);
+        if (deferred) KT_CHECK(!strchr(r.err, '\n'), "%s: not one line: %s", cases[i].c, r.err);
+    }
+    ks_model_close(m);
+}
+
+/* ---------------------------------------------------------------- TokenSelect */
+
+/* TokenSelect's decode steps on the (emulated) device: the same ids, logits and kept rows as on
+ * the host, and no download: the attend list (topk + shift + concat) stays on the device and is
+ * valid by construction. With the selection cache on, the cosine is read on the host (the
+ * policy compares it in Lua) and the cached tensors outlive their event: downloads, by design. */
+KT_TEST(device_actions_tokenselect_decode_without_download) {
+    ks_lua_quiet = 1;
+    ks_model *m;
+    KT_CHECK(ks_model_open("models/kvsieve-tiny", "cpu", &m) == KS_OK, "%s", ks_last_error());
+    static run host, emu, cache;
+    const char *params = "n_init=8,n_local=500,k=40,pool_kernel=3";
+    ks_policy *p;
+    KT_CHECK(ks_policy_load(m, "tokenselect", &p) == KS_OK, "%s", ks_last_error());
+    run_policy(m, p, params, "host", 1100, 4, &host);
+    run_policy(m, p, params, "emulate", 1100, 4, &emu);
+    KT_CHECK(host.st == KS_OK && emu.st == KS_OK, "%s / %s", host.err, emu.err);
+    KT_CHECK(same_run(&host, &emu), "emulated device and host differ");
+    KT_CHECK(emu.allocs_decode > 0, "the decode steps made no device tensor");
+    KT_CHECK(emu.downloads_decode == 0, "%ld downloads in 4 decode steps", emu.downloads_decode);
+    run_policy(m, p, "cache_theta=0.5", "emulate", 1100, 4, &cache);
+    KT_CHECK(cache.st == KS_OK, "%s", cache.err);
+    KT_CHECK(cache.downloads_decode > 0, "the cache's cosine was not read (did the cache run?)");
+    ks_policy_free(p);
+    ks_model_close(m);
+}
