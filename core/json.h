@@ -1,25 +1,20 @@
-/* json.h — a small strict JSON (RFC 8259) parser for config.json, tokenizer.json,
- * safetensors headers and fixture files. Parses to an immutable tree allocated in
- * one arena; freed with ks_json_free on the root.
+/* json.h — the inside of the strict JSON (RFC 8259) parser (core/json.c) that reads config.json,
+ * tokenizer.json, safetensors headers and fixture files. kvsieve.h declares its public face: the
+ * opaque ks_json, the ks_json_type kinds, ks_json_parse / ks_json_free, ks_json_get and the
+ * read-only accessors (core/json_api.c), with the parsing rules. Core code may read the struct
+ * below directly, and has the keyed getters declared here.
  *
- * Strings are decoded to UTF-8 (\uXXXX escapes and surrogate pairs included) and
- * NUL-terminated; they may contain embedded NULs, so `len` is authoritative.
- * Errors: ks_json_parse returns NULL, records KS_ERR_FORMAT with "line L, column C: what"
- * (1-based line, 1-based byte column). Strict: input must be UTF-8; escaped lone surrogates,
- * raw control characters in strings, trailing garbage, leading zeros, "1." / ".5", numbers
- * overflowing a double and nesting deeper than 512 are rejected. A leading BOM is skipped.
- * The tree never points into `text`. ks_json_free takes the root only. */
+ * A tree is immutable and allocated in one arena behind its root; strings are decoded to UTF-8
+ * and NUL-terminated but may contain embedded NULs, so `len` is authoritative. Errors:
+ * ks_json_parse returns NULL and records KS_ERR_FORMAT with "line L, column C: what". */
 #ifndef KS_JSON_H
 #define KS_JSON_H
+
+#include "kvsieve.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum ks_json_type {
-    KS_JSON_NULL, KS_JSON_BOOL, KS_JSON_NUMBER, KS_JSON_STRING, KS_JSON_ARRAY, KS_JSON_OBJECT
-} ks_json_type;
-
-typedef struct ks_json ks_json;
 struct ks_json {
     ks_json_type type;
     int boolean;          /* KS_JSON_BOOL */
@@ -33,12 +28,9 @@ struct ks_json {
     size_t *key_lens;     /* OBJECT: byte lengths of keys */
 };
 
-/* Parse `len` bytes of `text`. Max nesting depth 512. Returns NULL on error. */
-ks_json *ks_json_parse(const char *text, size_t len);
-void ks_json_free(ks_json *root);
+/* ks_json_parse (max nesting depth 512), ks_json_free and ks_json_get (object member by key,
+ * first match, or NULL): kvsieve.h. */
 
-/* Object member by key (first match), or NULL if absent or `obj` is not an object. */
-const ks_json *ks_json_get(const ks_json *obj, const char *key);
 /* Convenience typed getters: return `def` when absent, null, or of another type.
  * ks_json_int also reads numbers written with a fraction/exponent whose value is an
  * integer in int64 range (2.0, 1e3); other non-integers give `def`. */

@@ -703,6 +703,74 @@ KS_API const char *ks_seq_error(const ks_seq *q);   /* "" unless "error" */
 /* KV rows the session holds now, summed over layers and KV heads. */
 KS_API size_t ks_seq_kv_rows(const ks_seq *q);
 
+/* ---------------------------------------------------------------- JSON reader (core/json.c)
+ * The strict JSON (RFC 8259) parser the library reads config.json, tokenizer.json and safetensors
+ * headers with, for a host that reads JSON of its own (kvsieve serve parses request bodies with
+ * it): parse once, then walk the tree read-only.
+ *
+ *   ks_json_parse(text, len)      the root of an immutable tree, or NULL
+ *   ks_json_kind(v)               which of the six kinds v is
+ *   ks_json_count / _item / _key  an array's elements, an object's members (in document order)
+ *   ks_json_get(obj, key)         an object's member by key
+ *   ks_json_string / _number / _integer / _boolean   a scalar's value
+ *   ks_json_free(root)            the whole tree
+ *
+ * Parsing is strict: the text must be UTF-8 (a leading byte-order mark is skipped); raw control
+ * characters in strings, escaped lone surrogates, text after the value, leading zeros, "1." and
+ * ".5", numbers beyond the range of a double and nesting deeper than 512 levels are refused.
+ * Strings are decoded to UTF-8 and NUL-terminated; "\u0000" decodes to a NUL byte, so a string
+ * (or a key) may hold NULs and its byte length is the authority. Duplicate keys are kept.
+ * The tree is one allocation behind its root and never points into `text`: every pointer read
+ * from it (values, strings, keys) is valid until ks_json_free of that root, and a tree may be
+ * read from several threads at once.
+ *
+ * Every accessor accepts NULL and a value of another kind, and then returns its documented
+ * default instead of failing, so lookups chain: ks_json_get(ks_json_get(root, "a"), "b") is NULL
+ * when any step is missing, and a missing value reads as JSON null. */
+typedef struct ks_json ks_json;   /* one JSON value; a root owns its whole tree */
+typedef enum ks_json_type {
+    KS_JSON_NULL = 0,
+    KS_JSON_BOOL = 1,
+    KS_JSON_NUMBER = 2,
+    KS_JSON_STRING = 3,
+    KS_JSON_ARRAY = 4,
+    KS_JSON_OBJECT = 5,
+} ks_json_type;
+
+/* Parse len bytes of text (no NUL needed; len 0 is an empty document, an error). NULL on failure,
+ * with ks_last_error() = "line L, column C: what" (1-based line, 1-based byte column; malformed
+ * input), a NULL text with len > 0 named as a bad argument, or out of memory. */
+KS_API ks_json *ks_json_parse(const char *text, size_t len);
+/* Free a tree: its root only (never a value inside it); NULL does nothing. */
+KS_API void ks_json_free(ks_json *root);
+/* v's kind; KS_JSON_NULL when v is NULL (a missing value reads as null). */
+KS_API ks_json_type ks_json_kind(const ks_json *v);
+/* The number of elements of an array or members of an object; 0 for any other kind and NULL. */
+KS_API size_t ks_json_count(const ks_json *v);
+/* Element i of an array, or the value of member i of an object (i < ks_json_count(v)); NULL
+ * when i is out of range or v is neither. */
+KS_API const ks_json *ks_json_item(const ks_json *v, size_t i);
+/* The key of member i of an object, NUL-terminated, with its byte length in *len (len may be
+ * NULL; a key may hold NUL bytes). NULL and *len = 0 when v is not an object or i is out of
+ * range. */
+KS_API const char *ks_json_key(const ks_json *v, size_t i, size_t *len);
+/* The value of the first member of obj whose key is exactly `key` (a NUL-terminated string, so a
+ * key holding NUL bytes never matches); NULL when there is none, obj is not an object or key is
+ * NULL. */
+KS_API const ks_json *ks_json_get(const ks_json *obj, const char *key);
+/* A string's bytes, NUL-terminated, with its byte length in *len (len may be NULL; the text may
+ * hold NUL bytes before *len). NULL and *len = 0 when v is not a string. */
+KS_API const char *ks_json_string(const ks_json *v, size_t *len);
+/* A number's value as a double (an integer beyond 2^53 rounded); NaN when v is not a number
+ * (JSON cannot write NaN, so NaN means exactly that). */
+KS_API double ks_json_number(const ks_json *v);
+/* A number written as an integer (no fraction, no exponent) that fits int64_t: its exact value,
+ * *is_int = 1. Any other number (2.0, 1e3, 1.5, 2^63), another kind or NULL: 0, *is_int = 0.
+ * is_int may be NULL. */
+KS_API int64_t ks_json_integer(const ks_json *v, int *is_int);
+/* 1 for true; 0 for false, for any other kind and for NULL. */
+KS_API int ks_json_boolean(const ks_json *v);
+
 #ifdef __cplusplus
 }
 #endif
