@@ -2,8 +2,9 @@
  * (the path planner below: the tensor-core decode kernel over the cache itself for one decode
  * row, else a prefill kernel for prefill-sized calls, chosen by ks_cuda_attn_prefill_plan, else
  * the tensor-core decode kernel where it takes the shape, else the float32 split-KV kernel),
- * the host lists it needs on the device, the gathered (and rotated) copy of the attended rows,
- * and the launch. ks_cuda_backend_set_attn_path (tests) pins one path. */
+ * the host lists it needs on the device (device lists, ks_attn_args.idx_dev, are read in place),
+ * the gathered (and rotated) copy of the attended rows, and the launch; check_idx (index lists
+ * checked on the device, kernels/check_idx.cu). ks_cuda_backend_set_attn_path (tests) pins one path. */
 #include "cuda_backend_int.h"
 #include "attn_prep.cuh"
 
@@ -64,12 +65,20 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
             return st;
         }
     }
-    /* host buffer: qpos (n), nk (Hkv), idx_off (Hkv), lists, inv_freq (half floats) */
+    /* host buffer: qpos (n), nk (Hkv), idx_off (Hkv), host lists, inv_freq (half floats); device
+     * lists (a->idx_dev) are read where they are: only their offsets travel */
     size_t total = 0;
     int max_nk = 0;
+    const int32_t *dbase = NULL; /* device lists: the allocation holding them */
+    if (a->idx && a->idx_dev)
+        for (int h = 0; h < Hkv; h++)
+            if (!dbase || a->idx[h] < dbase) dbase = a->idx[h];
     for (int h = 0; h < Hkv; h++) {
         int nk = a->idx ? a->n_idx[h] : (L->n ? L->n[h] : 0);
-        if (a->idx) {
+        if (a->idx && a->idx_dev) {
+            if (nk > L->n[h])
+                return ks_errorf(KS_ERR_ARG, "attention: %d indices for KV head %d of %d rows", nk, h, L->n[h]);
+        } else if (a->idx) {
             for (int t = 0; t < nk; t++)
                 if (a->idx[h][t] < 0 || a->idx[h][t] >= L->n[h])
                     return ks_errorf(KS_ERR_ARG, "attention: index %d of KV head %d out of range [0, %d)", a->idx[h][t],
@@ -87,7 +96,8 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
     for (int h = 0; h < Hkv; h++) {
         nkh[h] = a->idx ? a->n_idx[h] : (L->n ? L->n[h] : 0);
         offh[h] = (int32_t)o;
-        if (a->idx) {
+        if (dbase) offh[h] = (int32_t)(a->idx[h] - dbase);
+        else if (a->idx) {
             memcpy(cat + o, a->idx[h], sizeof(int32_t) * nkh[h]);
             o += nkh[h];
         }
@@ -104,7 +114,7 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
     attn_params(c, &p, out, q, L, a);
     p.qpos = dq;
     p.nk = dq + n;
-    p.idx = a->idx ? dq + n + 2 * Hkv : NULL;
+    p.idx = dbase ? dbase : a->idx ? dq + n + 2 * Hkv : NULL;
     p.idx_off = dq + n + Hkv;
     p.max_nk = max_nk;
     p.renumber = rn;
@@ -177,7 +187,19 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
     return st;
 }
 
-void cuda_attn_install(ks_backend *b) { b->attention = cu_attention; }
+extern "C" ks_status ks_cuda_check_idx(cudaStream_t s, int32_t *x, int rows, int k, const int *lim, uint64_t *slot);
+
+/* backend.h check_idx: kernels/check_idx.cu on the stream (nothing waits) */
+static ks_status cu_check_idx(ks_backend *b, int32_t *lists, int rows, int k, const int *lim, uint64_t *slot) {
+    cuda_ctx *c = CTX(b);
+    if (c->rec) return rec_fail(c, "an index list check");
+    return ks_cuda_check_idx(c->stream, lists, rows, k, lim, slot);
+}
+
+void cuda_attn_install(ks_backend *b) {
+    b->attention = cu_attention;
+    b->check_idx = cu_check_idx;
+}
 
 extern "C" void ks_cuda_backend_set_attn_path(ks_backend *b, ks_cuda_attn_path path) { CTX(b)->attn_path = path; }
 extern "C" long ks_cuda_backend_prefill_calls(ks_backend *b, ks_cuda_prefill_kernel k) {

@@ -366,6 +366,15 @@ static int l_concat(lua_State *L) {
     for (int i = 1; i <= nargs; i++) {
         ks_tensor *t = ts[i - 1];
         if (t->numel == 0) continue; /* nothing to copy, and its data may be NULL */
+        int64_t alo, ahi;
+        if (be && !t->be && ks_lt_sorted(L, i, &alo, &ahi) && ahi - alo == t->numel) {
+            /* a host arange (marked, as many entries as its range): made on the device, no upload
+             * (the backend's upload waits for the stream) */
+            ks_status st = be->prims->arange(be, alo, ahi, 1, (int32_t *)((char *)o->data + at * 4));
+            if (st) return ks_lua_core_error(L, fn, st);
+            at += t->numel;
+            continue;
+        }
         const void *d = ks_lp_data(L, nargs + i, t, be);
         if (be) {
             ks_status st = be->copy(be, (char *)o->data + at * 4, d, (size_t)t->numel * 4);

@@ -118,6 +118,13 @@ static float *gpu_buf(const float *src, size_t n) {
     free(h);
     return d;
 }
+/* n int32 words on the GPU, copied bit for bit (gpu_buf goes through float values) */
+static int32_t *gpu_ibuf(const int32_t *src, size_t n) {
+    int32_t *d = GPU->alloc(GPU, n * sizeof(int32_t) + 8);
+    if (!d) { fprintf(stderr, "gpu alloc failed: %s\n", ks_last_error()); exit(2); }
+    if (src && GPU->upload(GPU, d, src, n * sizeof(int32_t))) { fprintf(stderr, "upload: %s\n", ks_last_error()); exit(2); }
+    return d;
+}
 static float *gpu_get(const float *d, size_t n) {
     float *h = malloc(n * sizeof(float));
     if (GPU->download(GPU, h, d, n * sizeof(float))) {
@@ -998,6 +1005,31 @@ static void run_attn(const attn_case *ac, ks_cuda_attn_path path, int mma) {
     ks_cuda_backend_set_attn_path(G, KS_CUDA_ATTN_AUTO);
     NEED(st, name);
     float *og = gpu_get(dout, (size_t)n * H * d);
+    if (idx) { /* the same lists in device memory (ks_attn_args.idx_dev, issue 14): read in place, the same output */
+        size_t tot = 0;
+        for (int h = 0; h < Hkv; h++) tot += nidx[h];
+        int32_t *cat = malloc(sizeof(int32_t) * tot), **dptr = calloc(Hkv, sizeof *dptr);
+        for (int h = 0, o = 0; h < Hkv; o += nidx[h], h++) memcpy(cat + o, idx[h], sizeof(int32_t) * nidx[h]);
+        int32_t *dl = gpu_ibuf(cat, tot);
+        for (int h = 0, o = 0; h < Hkv; o += nidx[h], h++) dptr[h] = dl + o;
+        ks_attn_args ad = a;
+        ad.idx = (const int32_t *const *)dptr;
+        ad.idx_dev = 1;
+        ks_cuda_backend_set_attn_path(G, path);
+        st = G != GPU ? GPU->sync(GPU) : KS_OK;
+        if (!st) st = G->attention(G, dout, dq, &p.g, &ad);
+        if (!st) st = G->sync(G);
+        ks_cuda_backend_set_attn_path(G, KS_CUDA_ATTN_AUTO);
+        char dname[220];
+        snprintf(dname, sizeof dname, "%s device lists", name);
+        float *od = st ? NULL : gpu_get(dout, (size_t)n * H * d);
+        result(!st && !memcmp(od, og, sizeof(float) * n * H * d), dname, "%s",
+               st ? ks_last_error() : "bit-identical to host lists: no");
+        free(od);
+        GPU->free(GPU, dl);
+        free(cat);
+        free(dptr);
+    }
     double e = relerr(og, oc, (size_t)n * H * d), er = row_relerr(og, oc, (size_t)n * H, d);
     /* split-KV: float32 math on the same bf16 K/V (rotated keys kept in float32) -> float
      * rounding only; flash and tensor-core decode: Q, P (and rotated K) in bf16 -> ~3e-3 */
@@ -1012,6 +1044,43 @@ static void run_attn(const attn_case *ac, ks_cuda_attn_path path, int mma) {
     GPU->free(GPU, dout);
     kv_done(&p);
     free(pos); free(q); free(oc); free(og);
+}
+
+/* check_idx (backend.h, kernels/check_idx.cu) against the CPU backend's: random ascending lists
+ * with one injected fault (or none) at a random place, the same word and the same lists after
+ * (out-of-range entries replaced by 0). */
+static void test_check_idx(void) {
+    if (!want("check_idx")) return;
+    for (int t = 0; t < (g_quick ? 12 : 60); t++) {
+        int rows = 1 + irand(8), k = 1 + irand(t % 3 == 0 ? 5000 : 300), lim[8];
+        size_t nw = (size_t)rows * k;
+        int32_t *x = malloc(sizeof(int32_t) * nw);
+        for (int r = 0; r < rows; r++) {
+            int v = irand(3);
+            for (int i = 0; i < k; i++) { x[(size_t)r * k + i] = v; v += 1 + irand(3); }
+            lim[r] = v + irand(2) - 1 > 0 ? v + irand(2) - 1 : 1; /* the last entry sometimes out of range */
+        }
+        int fault = t % 5; /* 0 none, 1 out of range, 2 unsorted, 3 duplicate, 4 negative */
+        size_t at = nw > 1 ? 1 + (size_t)irand((int)nw - 1) : 0;
+        if (fault == 1) x[at] = lim[at / k] + irand(100);
+        if (fault == 2 && at % k) x[at] = x[at - 1] - 1;
+        if (fault == 3 && at % k) x[at] = x[at - 1];
+        if (fault == 4) x[at] = -1 - irand(100);
+        char name[120];
+        snprintf(name, sizeof name, "check_idx rows=%d k=%d fault=%d", rows, k, fault);
+        int32_t *dx = gpu_ibuf(x, nw);
+        uint64_t *dslot = (uint64_t *)gpu_ibuf(NULL, 2), wc = 0, wg = 0;
+        NEED(CPU->check_idx(CPU, x, rows, k, lim, &wc), name);
+        NEED(GPU->check_idx(GPU, dx, rows, k, lim, dslot), name);
+        NEED(GPU->download(GPU, &wg, dslot, 8), name);
+        int32_t *xg = (int32_t *)gpu_get((float *)dx, nw);
+        result(wg == wc && !memcmp(xg, x, sizeof(int32_t) * nw), name, "word %llx (cpu %llx)%s", (unsigned long long)wg,
+               (unsigned long long)wc, memcmp(xg, x, sizeof(int32_t) * nw) ? ", lists differ" : "");
+        GPU->free(GPU, dx);
+        GPU->free(GPU, dslot);
+        free(x);
+        free(xg);
+    }
 }
 
 static void test_attention(void) {
@@ -1692,6 +1761,7 @@ int main(int argc, char **argv) {
     test_elementwise();
     test_gather();
     test_kv();
+    test_check_idx();
     test_attention();
     test_oom();
     test_mem_stats();
