@@ -168,6 +168,23 @@ ks_status ks_model_open_random(const char *config, const ks_model_opts *o, const
     return model_open(config, o, t, 1, seed, "ks_model_open_random", out);
 }
 
+int ks_model_tp_ranks(const ks_model *m) { return m ? ks_tp_ranks(m->be) : 0; }
+
+ks_status ks_model_rank_memory_stats(ks_model *m, int rank, int reset_peak, ks_model_memory *out) {
+    if (!m || !out) return ks_errorf(KS_ERR_ARG, "rank memory stats: NULL %s", m ? "output" : "model");
+    memset(out, 0, sizeof *out);
+    if (rank < 0 || rank >= ks_tp_ranks(m->be))
+        return ks_errorf(KS_ERR_ARG, "rank memory stats: the model has no rank %d (%d ranks)", rank, ks_tp_ranks(m->be));
+    ks_mem_stats ms;
+    ks_status st = ks_tp_rank_mem_stats(m->be, rank, &ms, reset_peak != 0);
+    if (st) return st;
+    out->cur = ms.cur;
+    out->peak = ms.peak;
+    out->peak_fixed = ms.peak_fixed;
+    out->peak_scratch = ms.peak_scratch;
+    return KS_OK;
+}
+
 ks_status ks_model_open(const char *dir, const char *backend, ks_model **out) {
     ks_model_opts o;
     ks_model_opts_default(&o);

@@ -63,6 +63,20 @@ static ks_layer_w rank_w(const ks_layer_w *W, int r) {
     return x;
 }
 
+/* The ranks' matmul counters into the composite's (the bench reads b->stat_matmul_*): set the
+ * ranks' timing switch from b's before an op (rank_stats_on), collect after it (rank_stats_take). */
+static void rank_stats_on(ks_backend *b) {
+    for (int r = 0; r < CTX(b)->N; r++) CTX(b)->rank[r]->count_stats = b->count_stats;
+}
+static void rank_stats_take(ks_backend *b) {
+    for (int r = 0; r < CTX(b)->N; r++) {
+        ks_backend *rb = CTX(b)->rank[r];
+        b->stat_matmul_s += rb->stat_matmul_s;
+        b->stat_matmul_flop += rb->stat_matmul_flop;
+        rb->stat_matmul_s = rb->stat_matmul_flop = 0;
+    }
+}
+
 static ks_status need_shards(tp_ctx *t) {
     return t->sharded ? KS_OK
                       : ks_errorf(KS_ERR_INTERNAL, "tp: the model's weights are not split across the ranks yet "
@@ -381,7 +395,7 @@ static ks_status tp_embed(ks_backend *b, float *x, const ks_weight *E, const int
     return st;
 }
 
-static ks_status tp_attn_in(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n,
+static ks_status tp_attn_in_run(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n,
                             const int32_t *pos, int max_pos, int rotate, ks_kv_layer *L) {
     tp_ctx *t = CTX(b);
     ks_status st = need_shards(t);
@@ -436,7 +450,7 @@ static ks_status tp_attention(ks_backend *b, float *out, const float *q, const k
 }
 
 /* x += all-reduce of the ranks' o-projections of their heads' attention output (in xn). */
-static ks_status tp_attn_out(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n) {
+static ks_status tp_attn_out_run(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n) {
     tp_ctx *t = CTX(b);
     ks_status st = need_shards(t);
     if (st) return st;
@@ -462,7 +476,7 @@ static ks_status tp_attn_out(ks_backend *b, const ks_layer_w *W, const ks_config
 }
 
 /* x += all-reduce of the ranks' down projections of their ffn units. */
-static ks_status tp_mlp(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n) {
+static ks_status tp_mlp_run(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n) {
     tp_ctx *t = CTX(b);
     ks_status st = need_shards(t);
     if (st) return st;
@@ -498,7 +512,7 @@ static ks_status tp_mlp(ks_backend *b, const ks_layer_w *W, const ks_config *c, 
 }
 
 /* logits (vocab) = all-gather of the ranks' logits of their vocab rows. */
-static ks_status tp_head(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *c,
+static ks_status tp_head_run(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *c,
                          const ks_acts *a, int row, float *logits) {
     tp_ctx *t = CTX(b);
     ks_status st = need_shards(t);
@@ -517,6 +531,33 @@ static ks_status tp_head(ks_backend *b, const ks_weight *norm, const ks_weight *
         rfree(rb, ar.xn);
         rfree(rb, lr);
     }
+    return st;
+}
+
+static ks_status tp_attn_in(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n,
+                            const int32_t *pos, int max_pos, int rotate, ks_kv_layer *L) {
+    rank_stats_on(b);
+    ks_status st = tp_attn_in_run(b, W, c, a, n, pos, max_pos, rotate, L);
+    rank_stats_take(b);
+    return st;
+}
+static ks_status tp_attn_out(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n) {
+    rank_stats_on(b);
+    ks_status st = tp_attn_out_run(b, W, c, a, n);
+    rank_stats_take(b);
+    return st;
+}
+static ks_status tp_mlp(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n) {
+    rank_stats_on(b);
+    ks_status st = tp_mlp_run(b, W, c, a, n);
+    rank_stats_take(b);
+    return st;
+}
+static ks_status tp_head(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *c,
+                         const ks_acts *a, int row, float *logits) {
+    rank_stats_on(b);
+    ks_status st = tp_head_run(b, norm, lm_head, c, a, row, logits);
+    rank_stats_take(b);
     return st;
 }
 

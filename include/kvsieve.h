@@ -437,6 +437,11 @@ typedef struct ks_model_memory {
 /* The counts now; reset_peak != 0 then starts a new peak. KS_ERR_UNSUPPORTED when the backend
  * keeps none; NULL pointers are KS_ERR_ARG. */
 KS_API ks_status ks_model_memory_stats(ks_model *m, int reset_peak, ks_model_memory *out);
+/* Tensor parallel (ks_model_tuning.tp): the number of ranks of m (0: unsplit), and rank r's own
+ * bytes (its weight shards, its KV heads' rows, its scratch; ks_model_memory_stats counts every
+ * rank and the composite's host buffers together). A rank m does not have is KS_ERR_ARG. */
+KS_API int ks_model_tp_ranks(const ks_model *m);
+KS_API ks_status ks_model_rank_memory_stats(ks_model *m, int rank, int reset_peak, ks_model_memory *out);
 /* The backend's measured ceilings: the rate of a large GEMM (TFLOP/s) and of a device copy
  * (GB/s). It allocates and runs for a moment; KS_ERR_UNSUPPORTED where the backend measures
  * none (the CPU backend). */

@@ -83,7 +83,7 @@ int ks_cli_bench(int argc, char **argv) {
     const char *model = NULL, *random_cfg = NULL, *lengths = "128,512,1024", *backend = NULL, *policies = "none";
     const char *sets[64];
     const char *json_path = NULL;
-    int n_sets = 0, gen = 16, reps = 3, profile = 0;
+    int n_sets = 0, gen = 16, reps = 3, profile = 0, tp = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (ks_cli_is_help(argv[i])) return ks_cli_help("bench"), 0;
@@ -94,6 +94,7 @@ int ks_cli_bench(int argc, char **argv) {
         else if (!strcmp(argv[i], "--lengths") && v) { lengths = v; i++; }
         else if (!strcmp(argv[i], "--gen") && v) { if (ks_arg_int("--gen", v, 0, INT_MAX, &gen)) return 2; i++; }
         else if (!strcmp(argv[i], "--backend") && v) { backend = v; i++; }
+        else if (!strcmp(argv[i], "--tp") && v) { if (ks_arg_int("--tp", v, 1, 8, &tp)) return 2; i++; }
         else if (!strcmp(argv[i], "--repeat") && v) { if (ks_arg_int("--repeat", v, 1, 1000000, &reps)) return 2; i++; }
         else if (!strcmp(argv[i], "--policy") && v) { policies = v; i++; }
         else if (!strcmp(argv[i], "--set") && v) { if (n_sets < 64) sets[n_sets++] = v; i++; }
@@ -111,10 +112,14 @@ int ks_cli_bench(int argc, char **argv) {
     ks_model_opts mo;
     ks_model_opts_default(&mo);
     mo.backend = backend;
+    ks_model_tuning tu; /* the environment's tuning, and --tp */
+    ks_model_tuning_default(&tu);
+    ks_cli_model_tuning(&tu);
+    tu.tp = tp;
     if (random_cfg) {
-        if (ks_cli_model_open_random(random_cfg, &mo, 1, &m)) return ks_cli_fail("cannot build random model");
+        if (ks_model_open_random(random_cfg, &mo, &tu, 1, &m)) return ks_cli_fail("cannot build random model");
         model = random_cfg;
-    } else if (ks_cli_model_open(model, &mo, &m)) return ks_cli_fail("cannot load model");
+    } else if (ks_model_open_tuned(model, &mo, &tu, &m)) return ks_cli_fail("cannot load model");
     ks_model_info c;
     ks_model_get_info(m, &c);
     ks_session *s;
@@ -233,6 +238,12 @@ int ks_cli_bench(int argc, char **argv) {
                rows[i].tokens, GIB(q->peak), GIB(q->peak_fixed), GIB(q->peak_scratch));
         if (q->pool_reserved_high) printf("; pool used high %.2f, reserved high %.2f", GIB(q->pool_used_high), GIB(q->pool_reserved_high));
         printf("\n");
+    }
+    for (int r = 0; r < ks_model_tp_ranks(m); r++) { /* --tp: each rank's bytes, the last row's peak */
+        ks_model_memory q;
+        if (ks_model_rank_memory_stats(m, r, 0, &q)) break;
+        printf("memory rank %d (last row): peak %.3f GiB = fixed %.3f (its weight shards, its KV heads) + scratch %.3f\n", r,
+               GIB(q.peak), GIB(q.peak_fixed), GIB(q.peak_scratch));
     }
     for (int i = 0; i < n_rows && profile; i++)
         if (rows[i].r.profile_text) fputs(rows[i].r.profile_text, stdout);

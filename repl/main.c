@@ -121,6 +121,8 @@ static const cli_help HELP[] = {
      "  --set [P.]key=value    a policy parameter (P.: only policy P)\n"
      "  --profile              a per-phase table per row (also KS_PROFILE=1)\n"
      "  --json FILE            write the results as JSON (every figure, min/median/max over repeats)\n"
+     "  --tp N                 tensor parallel over N ranks (2..8; this build: simulated CPU ranks);\n"
+     "                         prints each rank's memory\n"
      "  --backend cpu|cuda     (default cpu)\n"
      "  -v, --verbose          Lua tracebacks and the library's secondary messages\n"
      "example:\n"

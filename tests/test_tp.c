@@ -303,6 +303,12 @@ KT_TEST(tp_memory_per_rank_and_kv_split_by_heads) {
     KT_CHECK(r0.fixed + r1.fixed >= m1.fixed && r0.fixed + r1.fixed <= m1.fixed + norms + 4096,
              "ranks %zu + %zu vs unsplit %zu", r0.fixed, r1.fixed, m1.fixed);
     KT_CHECK(r0.fixed == r1.fixed, "ranks differ: %zu vs %zu", r0.fixed, r1.fixed);
+    /* the same through the public API */
+    ks_model_memory q;
+    KT_CHECK(ks_model_tp_ranks(two) == 2 && ks_model_tp_ranks(one) == 0, "ks_model_tp_ranks");
+    KT_CHECK(ks_model_rank_memory_stats(two, 1, 0, &q) == KS_OK && q.cur == r1.cur, "rank 1: %zu vs %zu", q.cur, r1.cur);
+    KT_CHECK(ks_model_rank_memory_stats(two, 2, 0, &q) == KS_ERR_ARG && ks_model_rank_memory_stats(one, 0, 0, &q) == KS_ERR_ARG,
+             "a rank the model does not have");
     tp_run_free(&a);
     tp_run_free(&b);
     ks_session_free(sa);
@@ -328,6 +334,10 @@ KT_TEST(tp_cli_generate_tp2_same_text) {
     snprintf(cmd, sizeof cmd, "%s generate -m models/kvsieve-tiny -p hi -n 2 --tp 4", bin);
     int rc4 = kt_sh(cmd, out4, sizeof out4);
     KT_CHECK(rc4 != 0 && strstr(out4, "do not divide among 4 ranks"), "--tp 4: exit %d: %s", rc4, out4);
+    snprintf(cmd, sizeof cmd, "%s bench -m models/kvsieve-tiny --lengths 64 --gen 2 --repeat 1 --tp 2", bin);
+    rc4 = kt_sh(cmd, out4, sizeof out4);
+    KT_CHECK(rc4 == 0 && strstr(out4, "memory rank 0 (last row)") && strstr(out4, "memory rank 1 (last row)"),
+             "bench --tp 2: exit %d: %s", rc4, out4);
     snprintf(cmd, sizeof cmd, "%s generate -m models/kvsieve-tiny -p hi -n 2 --tp x", bin);
     rc4 = kt_sh(cmd, out4, sizeof out4);
     KT_CHECK(rc4 == 2 && strstr(out4, "--tp"), "--tp x: exit %d: %s", rc4, out4);
