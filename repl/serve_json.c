@@ -1,8 +1,7 @@
 /* serve_json.c — the server's JSON: a small escaping writer for replies, and the request parser
- * (core/json.c's tree -> srv_params), where every field is checked for its type and range and
- * anything unknown is refused by name. No engine calls: the fuzz harness runs it alone. */
+ * (kvsieve.h's JSON reader -> srv_params), where every field is checked for its type and range
+ * and anything unknown is refused by name. No engine calls: the fuzz harness runs it alone. */
 #include "serve.h"
-#include "json.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -122,27 +121,48 @@ static const char *type_name(ks_json_type t) {
 
 #define BAD(...) (srv_err(e, 400, "invalid_request_error", "invalid_value", __VA_ARGS__), -1)
 #define BADTYPE(key, want, v) (srv_err(e, 400, "invalid_request_error", "invalid_type", \
-                                       "'%s' must be %s, got %s", key, want, type_name((v)->type)), -1)
+                                       "'%s' must be %s, got %s", key, want, type_name(ks_json_kind(v))), -1)
+
+/* Member i's key of obj (a request object, whose keys are compared as C strings) must hold no
+ * NUL and not repeat an earlier member's key: a repeated field is refused, since taking one of the
+ * two would be a guess and each field fills its slot of srv_params once. The scan is short: every
+ * caller refuses an unknown key when it meets it, so i stays below the number of names it knows
+ * (kvsieve.set: below SRV_MAX_SET). `in` prefixes the name in the message ("kvsieve."). */
+static int check_key(const ks_json *obj, size_t i, const char *in, srv_error *e) {
+    size_t n, m;
+    const char *k = ks_json_key(obj, i, &n);
+    if (strlen(k) != n) return BAD("a field name holds a NUL character");
+    for (size_t j = 0; j < i; j++) {
+        const char *o = ks_json_key(obj, j, &m);
+        if (m == n && !memcmp(o, k, n)) return BAD("duplicate field '%s%.80s'", in, k);
+    }
+    return 0;
+}
 
 /* A string without embedded NULs, copied. */
 static int get_str(const ks_json *v, const char *key, char **out, srv_error *e) {
-    if (v->type != KS_JSON_STRING) return BADTYPE(key, "a string", v);
-    if (strlen(v->str) != v->len) return BAD("'%s' holds a NUL character", key);
-    if (!(*out = strdup(v->str))) return BAD("out of memory");
+    size_t n;
+    const char *s = ks_json_string(v, &n);
+    if (!s) return BADTYPE(key, "a string", v);
+    if (strlen(s) != n) return BAD("'%s' holds a NUL character", key);
+    if (!(*out = strdup(s))) return BAD("out of memory");
     return 0;
 }
 
 static int get_num(const ks_json *v, const char *key, double lo, double hi, double *out, srv_error *e) {
-    if (v->type != KS_JSON_NUMBER) return BADTYPE(key, "a number", v);
-    if (!(v->num >= lo && v->num <= hi)) return BAD("'%s' must be in [%g, %g], got %g", key, lo, hi, v->num);
-    *out = v->num;
+    if (ks_json_kind(v) != KS_JSON_NUMBER) return BADTYPE(key, "a number", v);
+    double d = ks_json_number(v);
+    if (!(d >= lo && d <= hi)) return BAD("'%s' must be in [%g, %g], got %g", key, lo, hi, d);
+    *out = d;
     return 0;
 }
 
 static int get_int(const ks_json *v, const char *key, int64_t lo, int64_t hi, int64_t *out, srv_error *e) {
-    if (v->type != KS_JSON_NUMBER || !v->is_int) return BADTYPE(key, "an integer", v);
-    if (v->inum < lo || v->inum > hi) return BAD("'%s' must be in [%lld, %lld], got %lld", key, (long long)lo, (long long)hi, (long long)v->inum);
-    *out = v->inum;
+    int is_int;
+    int64_t n = ks_json_integer(v, &is_int);
+    if (!is_int) return BADTYPE(key, "an integer", v);
+    if (n < lo || n > hi) return BAD("'%s' must be in [%lld, %lld], got %lld", key, (long long)lo, (long long)hi, (long long)n);
+    *out = n;
     return 0;
 }
 
@@ -150,14 +170,17 @@ static int get_int(const ks_json *v, const char *key, int64_t lo, int64_t hi, in
  * written, booleans as true / false. */
 static int set_value(const ks_json *v, const char *key, char **out, srv_error *e) {
     char tmp[64];
-    switch (v->type) {
+    int is_int;
+    switch (ks_json_kind(v)) {
     case KS_JSON_STRING: return get_str(v, key, out, e);
-    case KS_JSON_BOOL: snprintf(tmp, sizeof tmp, "%s", v->boolean ? "true" : "false"); break;
-    case KS_JSON_NUMBER:
-        if (v->is_int) snprintf(tmp, sizeof tmp, "%lld", (long long)v->inum);
-        else snprintf(tmp, sizeof tmp, "%.17g", v->num);
+    case KS_JSON_BOOL: snprintf(tmp, sizeof tmp, "%s", ks_json_boolean(v) ? "true" : "false"); break;
+    case KS_JSON_NUMBER: {
+        int64_t n = ks_json_integer(v, &is_int);
+        if (is_int) snprintf(tmp, sizeof tmp, "%lld", (long long)n);
+        else snprintf(tmp, sizeof tmp, "%.17g", ks_json_number(v));
         break;
-    default: return BAD("kvsieve.set.%s must be a string, number or boolean, got %s", key, type_name(v->type));
+    }
+    default: return BAD("kvsieve.set.%s must be a string, number or boolean, got %s", key, type_name(ks_json_kind(v)));
     }
     if (!(*out = strdup(tmp))) return BAD("out of memory");
     return 0;
@@ -179,26 +202,31 @@ static int policy_kind(const char *s, srv_error *e) {
 }
 
 static int parse_kvsieve(const ks_json *k, srv_params *p, srv_error *e) {
-    if (k->type != KS_JSON_OBJECT) return BADTYPE("kvsieve", "an object", k);
-    for (size_t i = 0; i < k->len; i++) {
-        const char *key = k->keys[i];
-        const ks_json *v = &k->items[i];
+    if (ks_json_kind(k) != KS_JSON_OBJECT) return BADTYPE("kvsieve", "an object", k);
+    for (size_t i = 0; i < ks_json_count(k); i++) {
+        const char *key = ks_json_key(k, i, NULL);
+        const ks_json *v = ks_json_item(k, i);
+        if (check_key(k, i, "kvsieve.", e)) return -1;
         if (!strcmp(key, "policy")) {
-            if (v->type == KS_JSON_NULL) continue;
+            if (ks_json_kind(v) == KS_JSON_NULL) continue;
             if (get_str(v, "kvsieve.policy", &p->policy, e)) return -1;
             if ((p->policy_kind = policy_kind(p->policy, e)) < 0) return -1;
         } else if (!strcmp(key, "set")) {
-            if (v->type != KS_JSON_OBJECT) return BADTYPE("kvsieve.set", "an object", v);
-            if (v->len > SRV_MAX_SET) return BAD("kvsieve.set has %zu entries, at most %d", v->len, SRV_MAX_SET);
-            for (size_t j = 0; j < v->len; j++) {
-                if (strlen(v->keys[j]) != v->key_lens[j] || !v->keys[j][0]) return BAD("kvsieve.set has an empty or NUL key");
-                if (!(p->set_key[p->n_set] = strdup(v->keys[j]))) return BAD("out of memory");
+            if (ks_json_kind(v) != KS_JSON_OBJECT) return BADTYPE("kvsieve.set", "an object", v);
+            size_t n = ks_json_count(v);
+            if (n > SRV_MAX_SET) return BAD("kvsieve.set has %zu entries, at most %d", n, SRV_MAX_SET);
+            for (size_t j = 0; j < n; j++) {
+                size_t klen;
+                const char *sk = ks_json_key(v, j, &klen);
+                if (strlen(sk) != klen || !sk[0]) return BAD("kvsieve.set has an empty or NUL key");
+                if (check_key(v, j, "kvsieve.set.", e)) return -1;
+                if (!(p->set_key[p->n_set] = strdup(sk))) return BAD("out of memory");
                 p->n_set++;
-                if (set_value(&v->items[j], v->keys[j], &p->set_val[p->n_set - 1], e)) return -1;
+                if (set_value(ks_json_item(v, j), sk, &p->set_val[p->n_set - 1], e)) return -1;
             }
         } else if (!strcmp(key, "report_kept")) {
-            if (v->type != KS_JSON_BOOL) return BADTYPE("kvsieve.report_kept", "a boolean", v);
-            p->report_kept = v->boolean;
+            if (ks_json_kind(v) != KS_JSON_BOOL) return BADTYPE("kvsieve.report_kept", "a boolean", v);
+            p->report_kept = ks_json_boolean(v);
         } else {
             return srv_err(e, 400, "invalid_request_error", "unknown_field",
                            "unknown field 'kvsieve.%.60s' (known: policy, set, report_kept)", key), -1;
@@ -209,34 +237,38 @@ static int parse_kvsieve(const ks_json *k, srv_params *p, srv_error *e) {
 }
 
 static int parse_messages(const ks_json *v, srv_params *p, srv_error *e) {
-    if (v->type != KS_JSON_ARRAY) return BADTYPE("messages", "an array", v);
-    if (v->len == 0) return BAD("'messages' is empty");
-    if (v->len > 4096) return BAD("'messages' has %zu entries, at most 4096", v->len);
-    if (!(p->msgs = calloc(v->len, sizeof *p->msgs))) return BAD("out of memory");
-    for (size_t i = 0; i < v->len; i++) {
-        const ks_json *m = &v->items[i];
+    if (ks_json_kind(v) != KS_JSON_ARRAY) return BADTYPE("messages", "an array", v);
+    size_t n = ks_json_count(v);
+    if (n == 0) return BAD("'messages' is empty");
+    if (n > 4096) return BAD("'messages' has %zu entries, at most 4096", n);
+    if (!(p->msgs = calloc(n, sizeof *p->msgs))) return BAD("out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const ks_json *m = ks_json_item(v, i);
         char key[64];
         snprintf(key, sizeof key, "messages[%zu]", i);
-        if (m->type != KS_JSON_OBJECT) return BADTYPE(key, "an object", m);
+        if (ks_json_kind(m) != KS_JSON_OBJECT) return BADTYPE(key, "an object", m);
         p->n_msgs++;
-        for (size_t j = 0; j < m->len; j++) {
-            const ks_json *f = &m->items[j];
-            const char *fk = m->keys[j];
+        for (size_t j = 0; j < ks_json_count(m); j++) {
+            const ks_json *f = ks_json_item(m, j);
+            const char *fk = ks_json_key(m, j, NULL);
+            snprintf(key, sizeof key, "messages[%zu].", i);
+            if (check_key(m, j, key, e)) return -1;
             snprintf(key, sizeof key, "messages[%zu].%.20s", i, fk);
             if (!strcmp(fk, "role")) {
                 if (get_str(f, key, &p->msgs[i].role, e)) return -1;
             } else if (!strcmp(fk, "content")) {
-                if (f->type == KS_JSON_ARRAY) { /* [{"type": "text", "text": ...}, ...]: the texts joined */
+                if (ks_json_kind(f) == KS_JSON_ARRAY) { /* [{"type": "text", "text": ...}, ...]: the texts joined */
                     sj_buf b = {0};
-                    for (size_t t = 0; t < f->len; t++) {
-                        const ks_json *part = &f->items[t];
-                        const char *ty = ks_json_str(part, "type", NULL);
-                        const ks_json *tx = ks_json_get(part, "text");
-                        if (!ty || strcmp(ty, "text") || !tx || tx->type != KS_JSON_STRING || strlen(tx->str) != tx->len) {
+                    for (size_t t = 0; t < ks_json_count(f); t++) {
+                        const ks_json *part = ks_json_item(f, t);
+                        const char *ty = ks_json_string(ks_json_get(part, "type"), NULL);
+                        size_t txn;
+                        const char *tx = ks_json_string(ks_json_get(part, "text"), &txn);
+                        if (!ty || strcmp(ty, "text") || !tx || strlen(tx) != txn) {
                             sj_free(&b);
                             return BAD("%s[%zu] must be {\"type\": \"text\", \"text\": STRING} (only text is supported)", key, t);
                         }
-                        sj_raw(&b, tx->str, tx->len);
+                        sj_raw(&b, tx, txn);
                     }
                     if (b.oom) { sj_free(&b); return BAD("out of memory"); }
                     p->msgs[i].content = b.p ? b.p : strdup("");
@@ -244,7 +276,7 @@ static int parse_messages(const ks_json *v, srv_params *p, srv_error *e) {
                     return -1;
                 }
             } else if (!strcmp(fk, "name")) {
-                if (f->type != KS_JSON_STRING) return BADTYPE(key, "a string", f);
+                if (ks_json_kind(f) != KS_JSON_STRING) return BADTYPE(key, "a string", f);
             } else {
                 return srv_err(e, 400, "invalid_request_error", "unknown_field", "unknown field '%s'", key), -1;
             }
@@ -257,10 +289,10 @@ static int parse_messages(const ks_json *v, srv_params *p, srv_error *e) {
 
 /* OpenAI fields we know but do not implement: accepted only at the value that means "off". */
 static int unsupported(const char *key, const ks_json *v, srv_error *e) {
-    int off = v->type == KS_JSON_NULL || (v->type == KS_JSON_BOOL && !v->boolean) ||
-              (v->type == KS_JSON_NUMBER && v->num == 0) ||
-              (v->type == KS_JSON_OBJECT && v->len == 0);
-    if (!strcmp(key, "n") || !strcmp(key, "best_of")) off = v->type == KS_JSON_NULL || (v->type == KS_JSON_NUMBER && v->num == 1);
+    ks_json_type t = ks_json_kind(v);
+    int off = t == KS_JSON_NULL || (t == KS_JSON_BOOL && !ks_json_boolean(v)) || ks_json_number(v) == 0 ||
+              (t == KS_JSON_OBJECT && ks_json_count(v) == 0);
+    if (!strcmp(key, "n") || !strcmp(key, "best_of")) off = t == KS_JSON_NULL || ks_json_number(v) == 1;
     if (off) return 0;
     return srv_err(e, 400, "invalid_request_error", "unsupported_field", "'%s' is not supported by kvsieve serve", key), -1;
 }
@@ -278,68 +310,72 @@ int srv_parse_request(const char *body, size_t len, int chat, srv_params *p, srv
         return -1;
     }
     int rc = 0;
-    if (root->type != KS_JSON_OBJECT) rc = BADTYPE("the body", "an object", root);
+    if (ks_json_kind(root) != KS_JSON_OBJECT) rc = BADTYPE("the body", "an object", root);
     int have_input = 0;
-    for (size_t i = 0; !rc && i < root->len; i++) {
-        const char *key = root->keys[i];
-        const ks_json *v = &root->items[i];
+    for (size_t i = 0; !rc && i < ks_json_count(root); i++) {
+        const char *key = ks_json_key(root, i, NULL);
+        const ks_json *v = ks_json_item(root, i);
+        ks_json_type t = ks_json_kind(v);
         double d;
         int64_t n;
-        if (strlen(key) != root->key_lens[i]) { rc = BAD("a field name holds a NUL character"); break; }
+        if ((rc = check_key(root, i, "", e))) break;
         if (!strcmp(key, "model")) {
             rc = get_str(v, key, &p->model, e);
         } else if (!chat && !strcmp(key, "prompt")) {
             have_input = 1;
-            if (v->type == KS_JSON_ARRAY && v->len == 1 && v->items[0].type == KS_JSON_STRING) v = &v->items[0];
-            else if (v->type == KS_JSON_ARRAY) { rc = BAD("'prompt' as an array must hold exactly one string"); break; }
+            if (t == KS_JSON_ARRAY) { /* ["text"]: exactly one string */
+                if (ks_json_count(v) != 1 || ks_json_kind(ks_json_item(v, 0)) != KS_JSON_STRING) {
+                    rc = BAD("'prompt' as an array must hold exactly one string");
+                    break;
+                }
+                v = ks_json_item(v, 0);
+            }
             rc = get_str(v, "prompt", &p->prompt, e);
         } else if (chat && !strcmp(key, "messages")) {
             have_input = 1;
             rc = parse_messages(v, p, e);
         } else if (!strcmp(key, "max_tokens") || !strcmp(key, "max_completion_tokens")) {
-            if (v->type == KS_JSON_NULL) continue;
+            if (t == KS_JSON_NULL) continue;
             if (!(rc = get_int(v, key, 0, 1 << 30, &n, e))) p->max_tokens = (int)n;
         } else if (!strcmp(key, "temperature")) {
-            if (v->type == KS_JSON_NULL) continue;
+            if (t == KS_JSON_NULL) continue;
             if (!(rc = get_num(v, key, 0, 100, &d, e))) p->temperature = (float)d;
         } else if (!strcmp(key, "top_p")) {
-            if (v->type == KS_JSON_NULL) continue;
+            if (t == KS_JSON_NULL) continue;
             if (!(rc = get_num(v, key, 0, 1, &d, e))) {
                 if (d <= 0) rc = BAD("'top_p' must be in (0, 1], got %g", d);
                 p->top_p = (float)d;
             }
         } else if (!strcmp(key, "top_k")) {
-            if (v->type == KS_JSON_NULL) continue;
+            if (t == KS_JSON_NULL) continue;
             if (!(rc = get_int(v, key, -1, 1 << 30, &n, e))) p->top_k = n < 0 ? 0 : (int)n; /* -1: all (vLLM) */
         } else if (!strcmp(key, "min_p")) {
-            if (v->type == KS_JSON_NULL) continue;
+            if (t == KS_JSON_NULL) continue;
             if (!(rc = get_num(v, key, 0, 1, &d, e))) p->min_p = (float)d;
         } else if (!strcmp(key, "repetition_penalty")) {
-            if (v->type == KS_JSON_NULL) continue;
+            if (t == KS_JSON_NULL) continue;
             if (!(rc = get_num(v, key, 0, 100, &d, e))) p->repeat_penalty = (float)d;
         } else if (!strcmp(key, "seed")) {
-            if (v->type == KS_JSON_NULL) continue;
+            if (t == KS_JSON_NULL) continue;
             if (!(rc = get_int(v, key, 0, INT64_MAX, &n, e))) p->seed = (uint64_t)n;
         } else if (!strcmp(key, "stop")) {
-            if (v->type == KS_JSON_NULL) continue;
-            const ks_json *one = v;
-            size_t cnt = 1;
-            if (v->type == KS_JSON_ARRAY) { cnt = v->len; one = v->items; }
+            if (t == KS_JSON_NULL) continue;
+            size_t cnt = t == KS_JSON_ARRAY ? ks_json_count(v) : 1;
             if (cnt > SRV_MAX_STOP) { rc = BAD("'stop' has %zu strings, at most %d", cnt, SRV_MAX_STOP); break; }
             for (size_t j = 0; !rc && j < cnt; j++) {
-                if ((rc = get_str(&one[j], "stop", &p->stop[p->n_stop], e))) break;
+                if ((rc = get_str(t == KS_JSON_ARRAY ? ks_json_item(v, j) : v, "stop", &p->stop[p->n_stop], e))) break;
                 p->n_stop++;
                 if (!p->stop[p->n_stop - 1][0]) rc = BAD("'stop' holds an empty string");
             }
         } else if (!strcmp(key, "stream")) {
-            if (v->type == KS_JSON_NULL) continue;
-            if (v->type != KS_JSON_BOOL) rc = BADTYPE(key, "a boolean", v);
-            else p->stream = v->boolean;
+            if (t == KS_JSON_NULL) continue;
+            if (t != KS_JSON_BOOL) rc = BADTYPE(key, "a boolean", v);
+            else p->stream = ks_json_boolean(v);
         } else if (!strcmp(key, "stream_options")) {
-            if (v->type != KS_JSON_NULL && v->type != KS_JSON_OBJECT) rc = BADTYPE(key, "an object", v);
+            if (t != KS_JSON_NULL && t != KS_JSON_OBJECT) rc = BADTYPE(key, "an object", v);
             /* usage is always sent in the last chunk */
         } else if (!strcmp(key, "user")) {
-            if (v->type != KS_JSON_STRING && v->type != KS_JSON_NULL) rc = BADTYPE(key, "a string", v);
+            if (t != KS_JSON_STRING && t != KS_JSON_NULL) rc = BADTYPE(key, "a string", v);
         } else if (!strcmp(key, "kvsieve")) {
             rc = parse_kvsieve(v, p, e);
         } else if (!strcmp(key, "n") || !strcmp(key, "best_of") || !strcmp(key, "logprobs") || !strcmp(key, "top_logprobs") ||
