@@ -3,6 +3,7 @@
  * (ks_policy_create_c, the event accessors) and ks_policy_free / ks_policy_check for policies of
  * every kind. */
 #include "engine.h"
+#include "gen_begin.h"
 #include "tp_backend.h"
 
 #include <math.h>
@@ -239,6 +240,33 @@ ks_status ks_session_set_policy(ks_session *s, ks_policy *p) {
 
 void ks_session_set_fallback(ks_session *s, int fallback_full) { s->fallback_full = fallback_full; }
 
+/* A negative count, a NaN or negative temperature, a top_p outside (0, 1] is the caller's mistake,
+ * named, never reinterpreted. */
+ks_status ks_generate_opts_check(const ks_generate_opts *o, const char *who) {
+    if (o->max_new_tokens < 0) return ks_errorf(KS_ERR_ARG, "%s: max_new_tokens must be >= 0, got %d", who, o->max_new_tokens);
+    if (!(o->temperature >= 0) || isinf(o->temperature))
+        return ks_errorf(KS_ERR_ARG, "%s: temperature must be a finite number >= 0, got %g", who, (double)o->temperature);
+    if (!(o->top_p > 0 && o->top_p <= 1)) return ks_errorf(KS_ERR_ARG, "%s: top_p must be in (0, 1], got %g", who, (double)o->top_p);
+    if (o->top_k < 0) return ks_errorf(KS_ERR_ARG, "%s: top_k must be >= 0, got %d", who, o->top_k);
+    if (!(o->min_p >= 0 && o->min_p <= 1)) return ks_errorf(KS_ERR_ARG, "%s: min_p must be in [0, 1], got %g", who, (double)o->min_p);
+    if (!(o->repeat_penalty >= 0) || isinf(o->repeat_penalty))
+        return ks_errorf(KS_ERR_ARG, "%s: repeat_penalty must be a finite number >= 0, got %g", who, (double)o->repeat_penalty);
+    if (o->n_stop < 0 || (o->n_stop > 0 && !o->stop))
+        return ks_errorf(KS_ERR_ARG, "%s: n_stop must be >= 0 with that many stop strings, got %d", who, o->n_stop);
+    for (int i = 0; i < o->n_stop; i++)
+        if (!o->stop[i] || !o->stop[i][0]) return ks_errorf(KS_ERR_ARG, "%s: stop string %d is empty", who, i);
+    return KS_OK;
+}
+
+void ks_generate_fresh(ks_session *s) {
+    ks_session_reset(s);
+    free(s->gen_ids);
+    free(s->gen_text);
+    s->gen_ids = NULL;
+    s->gen_text = NULL;
+    s->n_gen = 0;
+}
+
 void ks_generate_opts_default(ks_generate_opts *o) {
     memset(o, 0, sizeof *o);
     o->max_new_tokens = 64;
@@ -252,34 +280,14 @@ ks_status ks_generate_ids(ks_session *s, const int32_t *ids, int n, const ks_gen
     ks_generate_opts def;
     if (!o) { ks_generate_opts_default(&def); o = &def; }
     if (!s) return ks_errorf(KS_ERR_ARG, "ks_generate: no session");
-    /* the options are checked before anything runs: a negative count, a NaN or negative
-     * temperature, a top_p outside (0, 1] is the caller's mistake, named, never reinterpreted */
-    if (o->max_new_tokens < 0)
-        return ks_errorf(KS_ERR_ARG, "ks_generate: max_new_tokens must be >= 0, got %d", o->max_new_tokens);
-    if (!(o->temperature >= 0) || isinf(o->temperature))
-        return ks_errorf(KS_ERR_ARG, "ks_generate: temperature must be a finite number >= 0, got %g", (double)o->temperature);
-    if (!(o->top_p > 0 && o->top_p <= 1))
-        return ks_errorf(KS_ERR_ARG, "ks_generate: top_p must be in (0, 1], got %g", (double)o->top_p);
-    if (o->top_k < 0) return ks_errorf(KS_ERR_ARG, "ks_generate: top_k must be >= 0, got %d", o->top_k);
-    if (!(o->min_p >= 0 && o->min_p <= 1))
-        return ks_errorf(KS_ERR_ARG, "ks_generate: min_p must be in [0, 1], got %g", (double)o->min_p);
-    if (!(o->repeat_penalty >= 0) || isinf(o->repeat_penalty))
-        return ks_errorf(KS_ERR_ARG, "ks_generate: repeat_penalty must be a finite number >= 0, got %g", (double)o->repeat_penalty);
-    if (o->n_stop < 0 || (o->n_stop > 0 && !o->stop))
-        return ks_errorf(KS_ERR_ARG, "ks_generate: n_stop must be >= 0 with that many stop strings, got %d", o->n_stop);
-    for (int i = 0; i < o->n_stop; i++)
-        if (!o->stop[i] || !o->stop[i][0]) return ks_errorf(KS_ERR_ARG, "ks_generate: stop string %d is empty", i);
-    ks_session_reset(s);
-    free(s->gen_ids);
-    free(s->gen_text);
-    s->gen_ids = NULL;
-    s->gen_text = NULL;
-    s->n_gen = 0;
+    ks_status st = ks_generate_opts_check(o, "ks_generate");
+    if (st) return st;
+    ks_generate_fresh(s);
     ks_gen_params p = {.max_new = o->max_new_tokens, .temperature = o->temperature, .top_p = o->top_p,
                        .seed = o->seed, .stop_at_eos = 1, .top_k = o->top_k, .min_p = o->min_p,
                        .repeat_penalty = o->repeat_penalty, .stop = o->stop, .n_stop = o->n_stop};
     const ks_policy *pol = s->policy;
-    ks_status st = ks_session_generate(s, ids, n, &p, cb, ud, &s->gen_ids, &s->n_gen);
+    st = ks_session_generate(s, ids, n, &p, cb, ud, &s->gen_ids, &s->n_gen);
     if (st == KS_ERR_POLICY && s->fallback_full && pol) {
         /* the policy failed: say so and answer with full attention */
         snprintf(s->policy_error, sizeof s->policy_error, "%s", ks_last_error());

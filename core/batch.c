@@ -7,8 +7,8 @@
  * The decode calls of a step are gathered in batch_decode(): today one ks_session_decode per
  * sequence; the weight-once batched forward will take their place there. */
 #include "forward.h"
+#include "gen_begin.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,61 +37,7 @@ struct ks_seq {
     char *piece;             /* the last step's piece (malloc'd), NULL = "" */
 };
 
-/* ---------------------------------------------------------------- text helpers (as generate.c) */
-
-/* Bytes at the end of text[0..len) that are a proper prefix of some stop string (the longest
- * such suffix): they may become a stop string with the next token, so they wait. */
-static size_t stop_holdback(const char *text, size_t len, char *const *stop, int n) {
-    size_t hold = 0;
-    for (int j = 0; j < n; j++) {
-        size_t k = strlen(stop[j]);
-        for (size_t m = k > 0 ? KS_MIN(k - 1, len) : 0; m > hold; m--)
-            if (!memcmp(text + len - m, stop[j], m)) { hold = m; break; }
-    }
-    return hold;
-}
-
-/* Longest prefix of s (len n) that is complete UTF-8. */
-static size_t utf8_complete(const char *s, size_t n) {
-    size_t i = n, back = 0;
-    while (i > 0 && back < 4) {
-        unsigned char ch = (unsigned char)s[i - 1];
-        if ((ch & 0xC0) != 0x80) {
-            size_t need = ch < 0x80 ? 1 : (ch >> 5) == 6 ? 2 : (ch >> 4) == 14 ? 3 : (ch >> 3) == 30 ? 4 : 1;
-            return (back + 1 >= need) ? n : i - 1;
-        }
-        i--;
-        back++;
-    }
-    return n;
-}
-
-static int is_eos(const ks_config *c, int32_t id) {
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos[i] == id) return 1;
-    return 0;
-}
-
 /* ---------------------------------------------------------------- lifecycle */
-
-/* The checks of ks_generate_ids (api.c), worded for this API. */
-static ks_status check_opts(const ks_generate_opts *o) {
-    if (o->max_new_tokens < 0) return ks_errorf(KS_ERR_ARG, "ks_seq_create: max_new_tokens must be >= 0, got %d", o->max_new_tokens);
-    if (!(o->temperature >= 0) || isinf(o->temperature))
-        return ks_errorf(KS_ERR_ARG, "ks_seq_create: temperature must be a finite number >= 0, got %g", (double)o->temperature);
-    if (!(o->top_p > 0 && o->top_p <= 1))
-        return ks_errorf(KS_ERR_ARG, "ks_seq_create: top_p must be in (0, 1], got %g", (double)o->top_p);
-    if (o->top_k < 0) return ks_errorf(KS_ERR_ARG, "ks_seq_create: top_k must be >= 0, got %d", o->top_k);
-    if (!(o->min_p >= 0 && o->min_p <= 1))
-        return ks_errorf(KS_ERR_ARG, "ks_seq_create: min_p must be in [0, 1], got %g", (double)o->min_p);
-    if (!(o->repeat_penalty >= 0) || isinf(o->repeat_penalty))
-        return ks_errorf(KS_ERR_ARG, "ks_seq_create: repeat_penalty must be a finite number >= 0, got %g", (double)o->repeat_penalty);
-    if (o->n_stop < 0 || (o->n_stop > 0 && !o->stop))
-        return ks_errorf(KS_ERR_ARG, "ks_seq_create: n_stop must be >= 0 with that many stop strings, got %d", o->n_stop);
-    for (int i = 0; i < o->n_stop; i++)
-        if (!o->stop[i] || !o->stop[i][0]) return ks_errorf(KS_ERR_ARG, "ks_seq_create: stop string %d is empty", i);
-    return KS_OK;
-}
 
 void ks_seq_free(ks_seq *q) {
     if (!q) return;
@@ -113,7 +59,7 @@ ks_status ks_seq_create(ks_session *s, const int32_t *ids, int n, const ks_gener
     if (!ids || n < 1) return ks_errorf(KS_ERR_ARG, "ks_seq_create: empty prompt");
     ks_generate_opts def;
     if (!o) { ks_generate_opts_default(&def); o = &def; }
-    ks_status st = check_opts(o);
+    ks_status st = ks_generate_opts_check(o, "ks_seq_create");
     if (st) return st;
     const ks_config *c = &s->m->cfg;
     if (n > c->max_pos)
@@ -145,13 +91,7 @@ ks_status ks_seq_create(ks_session *s, const int32_t *ids, int n, const ks_gener
     ks_sampler_init(&q->smp, o->temperature, o->top_p, o->seed);
     q->smp.top_k = o->top_k;
     q->smp.min_p = o->min_p;
-    /* a fresh state, as ks_generate_ids makes */
-    ks_session_reset(s);
-    free(s->gen_ids);
-    free(s->gen_text);
-    s->gen_ids = NULL;
-    s->gen_text = NULL;
-    s->n_gen = 0;
+    ks_generate_fresh(s); /* as ks_generate_ids starts */
     q->state = KS_SEQ_PREFILL;
     *out = q;
     return KS_OK;
@@ -171,7 +111,7 @@ static void publish(ks_seq *q) {
     s->n_gen = q->n_gen;
     if (!s->m->tok) return;
     int ng = q->n_gen;
-    if (ng > 0 && is_eos(&s->m->cfg, q->gen[ng - 1])) ng--;
+    if (ng > 0 && ks_is_eos(&s->m->cfg, q->gen[ng - 1])) ng--;
     size_t len;
     if (ks_tokenizer_decode(s->m->tok, q->gen, (size_t)ng, 1, &s->gen_text, &len) != KS_OK) { s->gen_text = NULL; return; }
     long at = ks_stop_find(s->gen_text, len, (const char *const *)q->stop, q->n_stop);
@@ -252,7 +192,7 @@ static int step_sample(ks_seq *q) {
         ks_actions_free(&ev.act, ev.n_kv_heads);
         if (st) return fail(q, st), 0;
     }
-    int eos = is_eos(c, id);
+    int eos = ks_is_eos(c, id);
     int last = eos || q->n_gen == q->max_new, hit = 0;
     /* the output so far, decoded (without the EOS: with stop strings, the text held back is
      * given at the EOS) */
@@ -261,11 +201,11 @@ static int step_sample(ks_seq *q) {
         char *text = NULL;
         size_t len = 0;
         if (ks_tokenizer_decode(s->m->tok, q->gen, nd, 1, &text, &len) == KS_OK) {
-            size_t ok = utf8_complete(text, len);
+            size_t ok = ks_utf8_complete(text, len);
             if (q->n_stop > 0) {
                 long at = ks_stop_find(text, ok, (const char *const *)q->stop, q->n_stop);
                 if (at >= 0) { ok = (size_t)at; hit = 1; }
-                else if (!last) ok -= stop_holdback(text, ok, q->stop, q->n_stop);
+                else if (!last) ok -= ks_stop_holdback(text, ok, (const char *const *)q->stop, q->n_stop);
             }
             if (ok > q->emitted) {
                 memmove(text, text + q->emitted, ok - q->emitted);

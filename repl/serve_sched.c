@@ -207,6 +207,20 @@ static void kvsieve_json(srv_state *S, sjob *j, sj_buf *b) {
     sj_cat(b, "}");
 }
 
+/* The end of a reply: the usage and kvsieve blocks when `blocks`, then the closing brace. The
+ * text (malloc'd), or NULL when out of memory (b freed). */
+static char *reply_close(srv_state *S, sjob *j, sj_buf *b, int blocks) {
+    if (blocks) {
+        sj_cat(b, ", ");
+        usage_json(j, b);
+        sj_cat(b, ", ");
+        kvsieve_json(S, j, b);
+    }
+    sj_cat(b, "}");
+    if (b->oom) { sj_free(b); return NULL; }
+    return b->p;
+}
+
 /* A streamed chunk of text (fin: the last one, with finish_reason, usage and the kvsieve block). */
 static char *chunk_json(srv_state *S, sjob *j, const char *piece, const char *fin) {
     sj_buf b = {0};
@@ -225,15 +239,7 @@ static char *chunk_json(srv_state *S, sjob *j, const char *piece, const char *fi
     sj_cat(&b, ", \"logprobs\": null, \"finish_reason\": ");
     sj_str(&b, fin);
     sj_cat(&b, "}]");
-    if (fin) {
-        sj_cat(&b, ", ");
-        usage_json(j, &b);
-        sj_cat(&b, ", ");
-        kvsieve_json(S, j, &b);
-    }
-    sj_cat(&b, "}");
-    if (b.oom) { sj_free(&b); return NULL; }
-    return b.p;
+    return reply_close(S, j, &b, fin != NULL);
 }
 
 static char *final_json(srv_state *S, sjob *j, const char *fin) {
@@ -250,13 +256,8 @@ static char *final_json(srv_state *S, sjob *j, const char *fin) {
     }
     sj_cat(&b, ", \"logprobs\": null, \"finish_reason\": ");
     sj_str(&b, fin);
-    sj_cat(&b, "}], ");
-    usage_json(j, &b);
-    sj_cat(&b, ", ");
-    kvsieve_json(S, j, &b);
-    sj_cat(&b, "}");
-    if (b.oom) { sj_free(&b); return NULL; }
-    return b.p;
+    sj_cat(&b, "}]");
+    return reply_close(S, j, &b, 1);
 }
 
 /* The sequence ended: post its reply. */
