@@ -10,6 +10,7 @@ int ks_cli_tokenize(int argc, char **argv);
 int ks_cli_repl(int argc, char **argv);
 int ks_cli_run(int argc, char **argv);
 int ks_cli_eval(int argc, char **argv);
+int ks_cli_serve(int argc, char **argv);   /* repl/serve.c */
 /* print "kvsieve: WHAT: <last error>" (its first line only, unless -v: a Lua traceback follows
  * it) and return 1 */
 int ks_cli_fail(const char *what);

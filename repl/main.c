@@ -290,6 +290,6 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return ks_cli_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "repl")) return ks_cli_repl(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return ks_cli_run(argc - 1, argv + 1);
-    if (!strcmp(cmd, "serve")) { int ks_cli_serve(int, char **); return ks_cli_serve(argc - 1, argv + 1); } /* repl/serve.c */
+    if (!strcmp(cmd, "serve")) return ks_cli_serve(argc - 1, argv + 1);
     return ks_cli_eval(argc - 1, argv + 1); /* help_of() knows no other command */
 }
