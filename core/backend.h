@@ -161,7 +161,10 @@ size_t ks_memtrack_remove(ks_memtrack *t, const void *p);
 void ks_memtrack_stats(ks_memtrack *t, ks_mem_stats *out, int reset_peak);
 
 struct ks_backend {
-    const char *name;            /* "cpu", "cuda" */
+    const char *name;            /* "cpu", "cuda", "tp" */
+    int host_memory;             /* 1: its buffers (activations, KV rows, weights) are host memory that the
+                                    engine and policies may read in place (the CPU backend and the
+                                    tensor-parallel composite of CPU ranks); 0: device memory */
     void *ctx;
     ks_backend_opts opts;        /* what it was created with (CPU: n_threads the pool's real count) */
 

@@ -26,7 +26,7 @@ ks_status ks_model_get_info(const ks_model *m, ks_model_info *out) {
     out->vocab = c->vocab;
     out->max_context = c->max_pos;
     out->n_params = m->n_params;
-    out->elem_bytes = strcmp(m->be->name, "cpu") ? 2 : 4; /* bf16 weights and KV on the GPU, float32 on the CPU */
+    out->elem_bytes = m->be->host_memory ? 4 : 2; /* float32 weights and KV on the CPU, bf16 on the GPU */
     return KS_OK;
 }
 
@@ -152,7 +152,7 @@ ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks_bench_
         /* the CPU backend times its matmuls for linear_gflops; a GPU backend would have to
          * synchronise around each one (the prefill time would include those stalls): there the
          * rate comes from the profile */
-        be->count_stats = !profile && !strcmp(be->name, "cpu");
+        be->count_stats = !profile && be->host_memory;
         double t0 = ks_now();
         st = ks_session_prefill(s, ids, n);
         double t = ks_now() - t0;
@@ -200,7 +200,7 @@ ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks_bench_
     }
     out->linear_gflops = lin_gf;
     /* the CPU's GEMM ceiling only means something next to the CPU backend */
-    if (o->gemm_ceiling && !strcmp(be->name, "cpu")) out->gemm_gflops = gemm_ceiling(c, n);
+    if (o->gemm_ceiling && be->host_memory) out->gemm_gflops = gemm_ceiling(c, n);
     ks_profile_reset(s);
     return KS_OK;
 }

@@ -625,6 +625,7 @@ ks_status ks_cpu_backend_create(const ks_backend_opts *opts, ks_backend **out) {
     if (st) { ks_memtrack_free(c->mem); free(b); free(c); return st; }
     o.n_threads = ks_pool_threads(c->pool);
     b->name = "cpu";
+    b->host_memory = 1;
     b->ctx = c;
     b->opts = o;
     b->alloc = cpu_alloc;

@@ -185,7 +185,7 @@ ks_status ks_model_random(const char *config, ks_backend *be, uint64_t seed, ks_
                        (c->qkv_bias ? (double)qd + 2.0 * kd : 0) + (c->o_bias ? (double)D : 0);
     double n_params = (double)c->vocab * D * (c->tied ? 1 : 2) + D + per_layer * c->n_layers;
     size_t mem = ks_mem_limit();
-    if (!strcmp(be->name, "cpu") && mem && n_params * sizeof(float) > (double)mem) {
+    if (be->host_memory && mem && n_params * sizeof(float) > (double)mem) {
         st = ks_errorf(KS_ERR_OOM, "%s: random weights need %.3g GiB (%.3g parameters as float32), more than this "
                        "machine's %.3g GiB of memory", config, n_params * sizeof(float) / 1073741824.0, n_params,
                        (double)mem / 1073741824.0);

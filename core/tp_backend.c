@@ -644,7 +644,8 @@ ks_status ks_tp_backend_create(int n_ranks, const ks_backend_opts *opts, ks_back
     if (st) { tp_destroy(b); return st; }
     t->ops = (ks_dense_ops){ks_cpu_matmul, ks_cpu_rmsnorm, ks_cpu_rope, ks_cpu_swiglu, ks_cpu_add};
     o.n_threads = t->rank[0]->opts.n_threads;
-    b->name = "cpu"; /* host buffers, as the CPU backend's (tp_backend.h) */
+    b->name = "tp";
+    b->host_memory = 1; /* host buffers, as the CPU backend's (tp_backend.h) */
     b->opts = o;
     b->alloc = tp_alloc;
     b->free = tp_free;

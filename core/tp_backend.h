@@ -24,8 +24,8 @@
  * This build's ranks are CPU backends (simulated ranks in one process, run one after another),
  * and the all-reduce is a host sum in fixed rank order ((p0 + p1) + p2) + ..., so a run gives
  * the same bits on every machine and thread count. The composite's own buffers (activations,
- * the KV view, logits) are host memory, so it is named "cpu" to the layers above (lua/ and
- * bench.c tell host buffers by that name) and its policy primitives are the CPU table. Results
+ * the KV view, logits) are host memory (ks_backend.host_memory = 1, so lua/ and bench.c read
+ * them in place; its name is "tp") and its policy primitives are the CPU table. Results
  * equal the unsplit CPU backend's up to float summation order: embed, the head's logits (each
  * a whole dot product on one rank) and attention are bit-identical for identical inputs; the
  * two reductions per layer differ from the unsplit dot products by summation order only.

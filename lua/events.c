@@ -45,7 +45,7 @@ static l_event *check_event(lua_State *L, int arg, const char *fn) {
     return e;
 }
 
-static int is_cpu(const ks_event *ev) { return !ev->be || !strcmp(ev->be->name, "cpu"); }
+static int is_cpu(const ks_event *ev) { return !ev->be || ev->be->host_memory; }
 
 /* A scoped view of engine memory: a host view (CPU backend), a device view (the event runs
  * with a device: ctx->dev), or a host copy of a device buffer staged for the event ("host"
