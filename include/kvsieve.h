@@ -15,7 +15,7 @@
  *       ks_<noun>_create, ks_<noun>_load*  -> ks_<noun>_free  an object built in memory
  *                                           (ks_session_create -> ks_session_free;
  *                                           ks_policy_load*, ks_policy_create_c -> ks_policy_free;
- *                                           ks_eval_create -> ks_eval_free)
+ *                                           ks_eval_create -> ks_eval_free; ks_json_parse -> ks_json_free)
  *     Each way out accepts NULL and does nothing then.
  *   - Token ids are int32_t; positions are int32_t.
  *   - The library never prints: what it has to say (a policy's print(), the first failure of a
@@ -51,9 +51,9 @@ extern "C" {
  * The version of this header; ks_version() is that of the library actually linked. While the
  * major version is 0, a minor release may change the ABI (the soname is libkvsieve.so.0.MINOR). */
 #define KS_VERSION_MAJOR 0
-#define KS_VERSION_MINOR 11
+#define KS_VERSION_MINOR 12
 #define KS_VERSION_PATCH 0
-/* "MAJOR.MINOR.PATCH" of the library, e.g. "0.11.0" (static storage). */
+/* "MAJOR.MINOR.PATCH" of the library, e.g. "0.12.0" (static storage). */
 KS_API const char *ks_version(void);
 
 /* ---------------------------------------------------------------- status */

@@ -17,7 +17,7 @@ int ks_cli_fail(const char *what);
 
 /* The version printed by `kvsieve --version`: the library's ks_version() where include/kvsieve.h
  * declares it (KS_VERSION_MAJOR), else this one (the only other place it is written). */
-#define KS_CLI_VERSION "0.11.0"
+#define KS_CLI_VERSION "0.12.0"
 const char *ks_cli_version(void);
 /* -v / --verbose given: Lua tracebacks and the library's secondary messages are printed */
 extern int ks_cli_verbose;
