@@ -4,8 +4,8 @@
  * ks_batch_step runs one iteration of that loop for every sequence in decode. The iteration is
  * the same as generate.c's, so the ids are those of ks_generate_ids:
  *     sample from s->logits -> token event -> EOS / stop strings / max_new -> decode(id)
- * The decode calls of a step are gathered in batch_decode(): today one ks_session_decode per
- * sequence; the weight-once batched forward will take their place there. */
+ * The decode calls of a step are gathered in batch_decode(): one ks_sessions_decode (decode_batch.c)
+ * for all of them, the weights read once per step. */
 #include "forward.h"
 #include "gen_begin.h"
 
@@ -223,15 +223,32 @@ static int step_sample(ks_seq *q) {
     return 1;
 }
 
-/* The decode steps of one batch step: row i is q[i]->token at its session's next position.
- * THE SEAM: one weight-once batched forward for all n rows goes here; today each sequence runs
- * its own. A failure ends only that sequence. */
+/* The decode steps of one batch step: row i is q[i]->token at its session's next position, all
+ * in one weight-once forward (ks_sessions_decode: the dense ops over the n rows at once,
+ * attention per session). A failure ends only that sequence, with its own status and message. */
 static void batch_decode(ks_seq *const *q, int n) {
-    for (int i = 0; i < n; i++) {
-        ks_status st = ks_session_decode(q[i]->s, q[i]->token);
-        if (st) fail(q[i], st);
-        else q[i]->s->n_decoded++;
+    if (n < 1) return;
+    ks_session *ss_[64], **ss = n <= 64 ? ss_ : ks_malloc(sizeof(ks_session *) * (size_t)n);
+    int32_t id_[64], *ids = n <= 64 ? id_ : ks_malloc(sizeof(int32_t) * (size_t)n);
+    ks_status st_[64], *sts = n <= 64 ? st_ : ks_malloc(sizeof(ks_status) * (size_t)n);
+    char *m_[64], **msg = n <= 64 ? m_ : ks_calloc((size_t)n, sizeof(char *));
+    ks_status st = (!ss || !ids || !sts || !msg) ? KS_ERR_OOM : KS_OK;
+    if (!st) {
+        for (int i = 0; i < n; i++) { ss[i] = q[i]->s; ids[i] = q[i]->token; msg[i] = NULL; }
+        st = ks_sessions_decode(ss, ids, n, sts, msg);
     }
+    for (int i = 0; i < n; i++) {
+        if (st) { fail(q[i], st); continue; } /* nothing ran (out of memory): no messages */
+        if (sts[i]) {
+            fail(q[i], sts[i]);
+            if (msg[i]) { free(q[i]->err); q[i]->err = msg[i]; msg[i] = NULL; } /* its own message */
+        } else q[i]->s->n_decoded++;
+        free(msg[i]);
+    }
+    if (ss != ss_) free(ss);
+    if (ids != id_) free(ids);
+    if (sts != st_) free(sts);
+    if (msg != m_) free(msg);
 }
 
 ks_status ks_batch_step(ks_seq *const *qs, int n) {

@@ -5,6 +5,7 @@
  *   session.c   a session: create, reset, free, its KV layers and ids
  *   prefill.c   ks_session_prefill: passes over the prompt, each "done" or "restart(idx)"
  *   decode.c    ks_session_decode: one token through every layer, plain or as a recorded graph
+ *   decode_batch.c  ks_sessions_decode: one token for each of n sessions, the weights read once
  *   forward.c   the blocks both forwards are made of: activations, a layer's q/k/v, attention
  *               arguments, o-projection and MLP, the head
  *   actions.c   policy events (built, fired) and the actions a handler asks for (ks_actions)
@@ -129,6 +130,21 @@ void ks_session_reset(ks_session *s);
 ks_status ks_session_prefill(ks_session *s, const int32_t *ids, int n);
 /* One decode step with token id at position n_past. Fills s->logits. */
 ks_status ks_session_decode(ks_session *s, int32_t id);
+/* One decode step for n sessions of ONE model at once (decode_batch.c): session s[i] takes token
+ * ids[i] at its own position n_past, with its own policy, KV rows and logits, exactly as
+ * ks_session_decode(s[i], ids[i]) would; the dense ops (q/k/v, o-projection, MLP) run over the
+ * n rows in one call each, so the weights are read once per step for all of them, and
+ * attention runs per session over its own rows. n == 1 (and a session being profiled) takes
+ * ks_session_decode itself. CPU: the logits are bit-identical to separate steps; CUDA: to
+ * bf16 rounding (the n-row GEMM path rounds unlike the one-row gemv; decode_batch.c).
+ * Each session's outcome goes to st[i] (n entries): KS_OK, its logits in s[i]->logits and
+ * n_past advanced; else its own failure (a bad id, the context full, its policy, or a shared op
+ * that failed for all), after which it is left as a failed ks_session_decode leaves it, and
+ * msg (NULL, or n entries) receives a malloc'd copy of its message (NULL where KS_OK; the
+ * caller frees). The other sessions go on. Returns KS_OK when the step ran (whatever st says);
+ * KS_ERR_ARG with nothing run and st untouched: NULL s, ids or st, n < 0, a NULL session, a
+ * session twice, sessions of different models; KS_ERR_OOM: no room to start. */
+ks_status ks_sessions_decode(ks_session *const *s, const int32_t *ids, int n, ks_status *st, char **msg);
 
 /* Streaming callback: piece is the newly completed UTF-8 text (may be ""), id the token.
  * Return non-zero to stop generation. */

@@ -1,0 +1,229 @@
+/* decode_batch.c — one decode step for n sessions of one model, the weights read once for all:
+ * the n tokens go through each layer's dense ops (attn_in, attn_out, mlp) as n rows of one
+ * call, and through its attention one session at a time over that session's own KV rows (and
+ * its policy's attend lists). engine.h has the contract of ks_sessions_decode.
+ *
+ * One step, as data (row r of the step's activations is session sess[r] at position pos[r]):
+ *   embed         x (n, dim) = E[ids]                                     one call
+ *   per layer l:
+ *     attn_in     q (n, QD), k, v (n, KD) for all rows                    one call per group (below)
+ *     kv_append   row r's k, v into sess[r]->kv[l]                        per session
+ *     decode_qkv  sess[r]'s policy event, on views of row r only          per session
+ *     attention   row r's q over sess[r]->kv[l] -> xn row r (n, QD)       per session
+ *     retain      what the event asked, on sess[r]->kv[l]                 per session
+ *     attn_out,   x (n, dim) += ...                                       one call each
+ *     mlp
+ *   head          row r's logits into sess[r]->logits                     per session
+ * A group is a run of rows whose attn_in arguments agree: the same rotation (a policy that
+ * wants pre-RoPE keys leaves its rows unrotated) and the same longrope factor choice (its
+ * inv_freq table follows the largest position of the call). Rows are ordered by group, so a
+ * batch of ordinary sessions is one group and one call.
+ *
+ * Results. On the CPU backend every row is bit-identical to the same session's own
+ * ks_session_decode (cpu_gemm.h: an element of a product depends only on its two input rows,
+ * never on the row's place in the batch or on n; the norms, RoPE and SwiGLU are per row and
+ * element; attention, events and the head run per session exactly as in decode.c), so the
+ * ids of a batched run equal those of separate runs, bit for bit, and tests/test_batch_decode.c
+ * proves it. On CUDA the dense ops with n > 1 rows take the GEMM path (cuBLAS / the fused
+ * projections) where one row takes the gemv kernels, and the two round to bf16 differently: a
+ * batched session's logits may differ from its single-row run in the last bits, and greedy ids
+ * may then part where two logits (nearly) tie.
+ *
+ * A session whose policy (or its own append, attention, retain or check) fails drops out of
+ * the step at that point: its status and message go to st[i] / msg[i], its row rides along in
+ * the dense ops without being read again, and the session is left as a failed
+ * ks_session_decode leaves it (the token pushed, the layers before and at the failure with the
+ * new row, n_past unchanged). The others go on. A failure of a shared op (embed, attn_in,
+ * attn_out, mlp, the step's buffers) fails every session still in the step. */
+#include "forward.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The step's sessions and what they need, in row order. */
+typedef struct brow {
+    ks_session *s;
+    int i;          /* index in the caller's arrays */
+    int32_t id, pos;
+    int pre;        /* pre-RoPE keys (the policy's want_pre_rope_keys) */
+    int key;        /* group key: pre * 2 + longrope's long-factor choice */
+    float *q;       /* (QD) this row's queries in the step's buffers */
+    int dead;       /* failed: no more per-session work */
+} brow;
+
+/* Record session row's failure st (message: the last error, copied now). */
+static void row_fail(brow *r, ks_status st, ks_status *sts, char **msg) {
+    r->dead = 1;
+    sts[r->i] = st ? st : KS_ERR_INTERNAL;
+    if (msg) {
+        const char *e = ks_last_error();
+        free(msg[r->i]);
+        msg[r->i] = ks_strdup(e && *e ? e : ks_status_name(sts[r->i]));
+    }
+}
+
+/* One session's part of layer l after the dense attn_in: its new KV row, its decode event on
+ * its own row, attention over its own rows into its row of xn, its retain. */
+static ks_status row_layer(brow *r, int l, const ks_fwd_buf *B, int row, float *xn_row) {
+    ks_session *s = r->s;
+    ks_backend *be = s->be;
+    const ks_config *c = &s->m->cfg;
+    size_t KD = (size_t)c->n_kv_heads * c->head_dim;
+    ks_fwd_buf v = {0}; /* row `row` of B, as a one-row forward's buffers */
+    v.a.x = B->a.x + (size_t)row * c->dim;
+    v.a.xn = xn_row;
+    v.a.q = r->q;
+    v.a.k = B->a.k + (size_t)row * KD;
+    v.a.v = B->a.v + (size_t)row * KD;
+    v.kpre = r->pre ? v.a.k : NULL;
+    ks_status st = be->kv_append(be, &s->kv[l], v.a.k, v.a.v, &r->pos, 1);
+    if (st) return st;
+    const ks_policy *pol = s->policy;
+    ks_actions act = {0};
+    if (pol && pol->on[KS_EV_DECODE_QKV]) {
+        ks_event ev;
+        ks_event_init(s, &ev, KS_EV_DECODE_QKV, l, 0, 1);
+        ev.q = v.a.q; ev.k = v.a.k; ev.v = v.a.v; ev.k_pre = v.kpre;
+        ev.pos = &r->pos; ev.ids = &r->id; ev.kv = &s->kv[l];
+        st = ks_event_fire(s, &ev);
+        act = ks_actions_take(&ev);
+        if (st) { ks_actions_free(&act, c->n_kv_heads); return st; }
+    }
+    ks_attn_args aa = ks_layer_attn_args(s, &v, 1, &r->pos, r->pos, &act);
+    st = ks_layer_attention(s, l, &v, &aa);
+    if (!st && act.retain) st = ks_actions_apply_retain(s, l, &act);
+    ks_actions_free(&act, c->n_kv_heads);
+    return st;
+}
+
+/* The dense part of the step and the per-session work between, for rows R[0..n) (n >= 2, all
+ * alive, ordered by group key). Shared failures are returned; per-session ones are recorded. */
+static ks_status step_rows(brow *R, int n, ks_status *sts, char **msg) {
+    ks_session *s0 = R[0].s;
+    ks_backend *be = s0->be;
+    const ks_config *c = &s0->m->cfg;
+    size_t D = c->dim, QD = (size_t)c->n_heads * c->head_dim, KD = (size_t)c->n_kv_heads * c->head_dim;
+    size_t W = KS_MAX(D, QD);
+    ks_fwd_buf B;
+    ks_status st = ks_fwd_alloc(be, c, n, 0, &B); /* (n) rows; pre-RoPE mode is set per group view */
+    if (st) return st;
+    int32_t *ids = ks_malloc(sizeof(int32_t) * 2 * (size_t)n), *pos = ids ? ids + n : NULL;
+    float *lg = be->alloc(be, sizeof(float) * c->vocab);
+    if (!ids || !lg) { st = ks_errorf(KS_ERR_OOM, "decode: out of memory for a batch of %d rows", n); goto out; }
+    for (int r = 0; r < n; r++) { ids[r] = R[r].id; pos[r] = R[r].pos; }
+    /* each group's q rows start at its first row's slot of W floats (a one-group step: row r at
+     * r * QD, as attn_in writes them) */
+    for (int g0 = 0, g1; g0 < n; g0 = g1) {
+        for (g1 = g0 + 1; g1 < n && R[g1].key == R[g0].key; g1++) {}
+        for (int r = g0; r < g1; r++) R[r].q = B.a.q + (size_t)g0 * W + (size_t)(r - g0) * QD;
+    }
+    if ((st = be->embed(be, B.a.x, s0->m->embed, ids, n, c->dim))) goto out;
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int g0 = 0, g1; g0 < n; g0 = g1) { /* attn_in per group of equal arguments */
+            int mp = pos[g0];
+            for (g1 = g0 + 1; g1 < n && R[g1].key == R[g0].key; g1++) mp = KS_MAX(mp, pos[g1]);
+            ks_fwd_buf v = {0};
+            v.a.x = B.a.x + (size_t)g0 * D;
+            v.a.xn = B.a.xn + (size_t)g0 * W;
+            v.a.q = B.a.q + (size_t)g0 * W;
+            v.a.k = B.a.k + (size_t)g0 * KD;
+            v.a.v = B.a.v + (size_t)g0 * KD;
+            v.kpre = R[g0].pre ? v.a.k : NULL;
+            if ((st = ks_layer_qkv(R[g0].s, l, &v, g1 - g0, pos + g0, mp, NULL))) goto out;
+        }
+        /* per session; the attention output row r goes to xn at r * QD, where attn_out reads it
+         * (xn's normalised rows are dead once every attn_in ran) */
+        for (int r = 0; r < n; r++) {
+            if (R[r].dead) continue;
+            ks_status sr = row_layer(&R[r], l, &B, r, B.a.xn + (size_t)r * QD);
+            if (sr) row_fail(&R[r], sr, sts, msg);
+        }
+        if ((st = ks_layer_tail(s0, l, &B, n))) goto out;
+    }
+    for (int r = 0; r < n; r++) { /* the head, per row */
+        ks_session *s = R[r].s;
+        if (R[r].dead) continue;
+        ks_status sr = ks_head_compute(s, &B, r, lg);
+        if (!sr) sr = be->download(be, s->logits, lg, sizeof(float) * c->vocab);
+        if (!sr) sr = ks_devcheck_sync(s); /* its device list checks, now that the step ran */
+        if (sr) row_fail(&R[r], sr, sts, msg);
+        else { s->n_past++; sts[R[r].i] = KS_OK; }
+    }
+out:
+    if (lg) be->free(be, lg);
+    free(ids);
+    ks_fwd_free(be, &B);
+    return st;
+}
+
+static int cmp_key(const void *a, const void *b) {
+    const brow *x = a, *y = b;
+    return x->key != y->key ? (x->key > y->key) - (x->key < y->key) : (x->i > y->i) - (x->i < y->i);
+}
+
+ks_status ks_sessions_decode(ks_session *const *s, const int32_t *ids, int n, ks_status *st, char **msg) {
+    if (!s || !ids || !st || n < 0)
+        return ks_errorf(KS_ERR_ARG, "ks_sessions_decode: %s", n < 0 ? "n must be >= 0" : "NULL sessions, ids or statuses");
+    for (int i = 0; i < n; i++) {
+        if (!s[i]) return ks_errorf(KS_ERR_ARG, "ks_sessions_decode: session %d is NULL", i);
+        if (s[i]->m != s[0]->m || s[i]->be != s[0]->be)
+            return ks_errorf(KS_ERR_ARG, "ks_sessions_decode: session %d is on another model than session 0", i);
+        for (int j = 0; j < i; j++)
+            if (s[j] == s[i]) return ks_errorf(KS_ERR_ARG, "ks_sessions_decode: sessions %d and %d are the same", j, i);
+    }
+    if (msg)
+        for (int i = 0; i < n; i++) msg[i] = NULL;
+    brow stack[16], *R = n <= 16 ? stack : ks_calloc((size_t)n, sizeof(brow));
+    if (!R) return KS_ERR_OOM;
+    int nr = 0;
+    for (int i = 0; i < n; i++) {
+        ks_session *si = s[i];
+        const ks_config *c = &si->m->cfg;
+        st[i] = KS_OK;
+        brow r = {.s = si, .i = i, .id = ids[i], .pos = si->n_past};
+        if (ids[i] < 0 || ids[i] >= c->vocab)
+            row_fail(&r, ks_errorf(KS_ERR_ARG, "decode: token id %d out of range [0, %d)", ids[i], c->vocab), st, msg);
+        else if (si->n_past + 1 > c->max_pos)
+            row_fail(&r, ks_errorf(KS_ERR_CONTEXT, "decode: position %d exceeds the model's context of %d tokens",
+                                   si->n_past, c->max_pos), st, msg);
+        if (r.dead) continue;
+        r.pre = si->policy && si->policy->want_pre_rope_keys;
+        r.key = r.pre * 2 + (c->rope.type == KS_ROPE_LONGROPE && r.pos + 1 > c->rope.orig_max_pos);
+        R[nr++] = r;
+    }
+    /* one session, or sessions being profiled (whose phases are their own step's): the
+     * single-session step (with its recorded graph where the backend has one) */
+    int nb = 0;
+    for (int k = 0; k < nr; k++) {
+        if (nr > 1 && !R[k].s->prof.on) { R[nb++] = R[k]; continue; }
+        ks_status sk = ks_session_decode(R[k].s, R[k].id);
+        if (sk) row_fail(&R[k], sk, st, msg);
+    }
+    if (nb == 1) {
+        ks_status sk = ks_session_decode(R[0].s, R[0].id);
+        if (sk) row_fail(&R[0], sk, st, msg);
+        nb = 0;
+    }
+    if (nb > 0) {
+        double t0 = ks_now();
+        qsort(R, (size_t)nb, sizeof *R, cmp_key);
+        int live = 0;
+        for (int k = 0; k < nb; k++) {
+            ks_session *sk = R[k].s;
+            ks_devcheck_reset(sk);
+            ks_status sp = ks_session_push_tokens(sk, &R[k].id, 1);
+            if (sp) { row_fail(&R[k], sp, st, msg); continue; }
+            R[live++] = R[k];
+        }
+        ks_status sh = live ? step_rows(R, live, st, msg) : KS_OK;
+        double dt = ks_now() - t0;
+        for (int k = 0; k < live; k++) {
+            if (sh && !R[k].dead) row_fail(&R[k], sh, st, msg);
+            R[k].s->t_decode += dt;
+            /* as ks_session_decode: no scratch stays where no graph may read it */
+            if (!R[k].s->be->graph_begin) ks_decode_free(R[k].s);
+        }
+    }
+    if (R != stack) free(R);
+    return KS_OK;
+}
