@@ -1,4 +1,4 @@
-/* test_tokenizer.c — the HF tokenizer.json implementation (core/tokenizer.c).
+/* test_tokenizer.c — the HF tokenizer.json implementation (core/tokenizer*.c).
  *
  * Expected ids come from the official HF `tokenizers` library (npm package `tokenizers`
  * 0.23, Tokenizer.fromFile + encode/decode) run on the same files and texts; the tiny

@@ -1,4 +1,4 @@
-/* fuzz_encode.c — libFuzzer harness for encoding text with real tokenizers (core/tokenizer.c:
+/* fuzz_encode.c — libFuzzer harness for encoding text with real tokenizers (core/tokenizer.c, tokenizer_text.c, tokenizer_bpe.c:
  * added-token matching, normalizers, PCRE2 pre-tokenization, byte-level and SentencePiece BPE
  * with byte fallback, the post-processor).
  *

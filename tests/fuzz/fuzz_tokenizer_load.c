@@ -1,4 +1,4 @@
-/* fuzz_tokenizer_load.c — libFuzzer harness for tokenizer.json loading (core/tokenizer.c, with
+/* fuzz_tokenizer_load.c — libFuzzer harness for tokenizer.json loading (core/tokenizer_load.c, with
  * core/json.c under it): the model (BPE vocab and merges, byte fallback), normalizers,
  * pre-tokenizers (PCRE2 split regexes), decoders, the post-processor and added tokens.
  *
