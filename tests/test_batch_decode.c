@@ -8,6 +8,9 @@
  *       each step's logits (and so the greedy ids) of every session are bit-identical to the
  *       same session run alone with ks_session_decode (cpu_gemm.h's element rule: a row's
  *       products do not depend on the other rows of the batch)
+ *   batch_decode_rope_groups_match_separate  a longrope model: sessions below and past the switch
+ *                                      to the long factors, with and without pre-RoPE keys (four
+ *                                      attn_in groups, a session changing group mid-run), bit for bit
  *   batch_decode_refuses_bad_calls     sessions of two models, a session twice, NULL arrays:
  *                                      KS_ERR_ARG, nothing run
  *   batch_decode_policy_failure_isolated  a policy that throws at one step: that session gets
@@ -46,6 +49,11 @@ static const dcase CASES[MAXB] = {
 
 static void prompt_ids(int32_t *ids, int n, int salt) {
     for (int i = 0; i < n; i++) ids[i] = 3 + (i * 131 + salt * 977 + i * i * 7) % 4000;
+}
+
+/* The same for a vocabulary of v ids. */
+static void prompt_ids_v(int32_t *ids, int n, int salt, int v) {
+    for (int i = 0; i < n; i++) ids[i] = 3 + (i * 131 + salt * 977 + i * i * 7) % (v - 3);
 }
 
 static ks_status load_policy(ks_model *m, const dcase *c, ks_policy **p) {
@@ -309,5 +317,74 @@ KT_TEST(batch_decode_policy_failure_isolated) {
     free(ref_lg[0]);
     free(ref_lg[1]);
     ks_model_close(m);
+    KT_CHECK(!why[0], "%s", why);
+}
+
+/* A policy that keeps keys before RoPE and does nothing else (its rows are a group of their own). */
+static const char PRE[] = "return { name = 'pre', pre_rope_keys = true, params = {}, decode_qkv = function(ev, p) end }\n";
+
+KT_TEST(batch_decode_rope_groups_match_separate) {
+    char dir[256];
+    KT_CHECK(kt_tmpdir(dir, sizeof dir) == 0, "no temporary folder");
+    kt_tiny_cfg c = kt_tiny_default(); /* head_dim 8: 4 factors */
+    c.n_layers = 3;
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg,
+             "{\"model_type\": \"llama\", \"hidden_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d,"
+             " \"num_key_value_heads\": %d, \"intermediate_size\": %d, \"vocab_size\": %d,"
+             " \"max_position_embeddings\": %d, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0,"
+             " \"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1.0, 1.5, 2.0, 2.5],"
+             " \"long_factor\": [3.0, 5.0, 9.0, 17.0], \"original_max_position_embeddings\": 16},"
+             " \"tie_word_embeddings\": false, \"hidden_act\": \"silu\", \"bos_token_id\": 1, \"eos_token_id\": 2}",
+             c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.ffn, c.vocab, c.max_pos);
+    ks_model *m = NULL;
+    char why[512] = "";
+    if (kt_write_tiny_model(dir, &c) || kt_write_file(dir, "config.json", cfg) || ks_model_open(dir, "cpu", &m))
+        snprintf(why, sizeof why, "model: %s", ks_last_error());
+    if (!why[0] && m->cfg.rope.type != KS_ROPE_LONGROPE) snprintf(why, sizeof why, "the model is not longrope");
+    /* prompts of 6 (crosses the switch at step 9), 20 (past it) with and without pre-RoPE keys */
+    enum { N = 4, STEPS = 14 };
+    const int np[N] = {6, 20, 6, 21}, pre[N] = {0, 0, 1, 1};
+    int vocab = m ? m->cfg.vocab : 0;
+    float *ref = m ? malloc(sizeof(float) * N * STEPS * vocab) : NULL;
+    int32_t ref_id[N][STEPS];
+    ks_session *ss[N] = {0};
+    ks_policy *pp[N] = {0};
+    ks_sampler smp;
+    ks_sampler_init(&smp, 0, 1, 0);
+    for (int i = 0; i < N && !why[0]; i++) { /* alone */
+        int32_t pr[32];
+        prompt_ids_v(pr, np[i], i, vocab);
+        if (ks_session_create(m, &ss[i]) || (pre[i] && ks_policy_load_string(m, "pre", PRE, &pp[i])) ||
+            ks_session_set_policy(ss[i], pp[i]) || ks_session_prefill(ss[i], pr, np[i])) {
+            snprintf(why, sizeof why, "session %d: %s", i, ks_last_error());
+            break;
+        }
+        for (int t = 0; t < STEPS && !why[0]; t++) {
+            ref_id[i][t] = ks_sample(&smp, ss[i]->logits, vocab);
+            if (ks_session_decode(ss[i], ref_id[i][t])) snprintf(why, sizeof why, "alone %d: %s", i, ks_last_error());
+            memcpy(ref + ((size_t)i * STEPS + t) * vocab, ss[i]->logits, sizeof(float) * vocab);
+        }
+        ks_session_reset(ss[i]);
+        if (!why[0] && ks_session_prefill(ss[i], pr, np[i])) snprintf(why, sizeof why, "prefill %d: %s", i, ks_last_error());
+    }
+    for (int t = 0; t < STEPS && !why[0]; t++) { /* together */
+        int32_t ids[N];
+        ks_status st[N];
+        for (int i = 0; i < N; i++) ids[i] = ks_sample(&smp, ss[i]->logits, vocab);
+        if (ks_sessions_decode(ss, ids, N, st, NULL)) { snprintf(why, sizeof why, "step %d: %s", t, ks_last_error()); break; }
+        for (int i = 0; i < N && !why[0]; i++)
+            if (st[i] || ids[i] != ref_id[i][t] ||
+                memcmp(ss[i]->logits, ref + ((size_t)i * STEPS + t) * vocab, sizeof(float) * vocab))
+                snprintf(why, sizeof why, "session %d (prompt %d, %s) step %d differs from its separate run (status %d)", i,
+                         np[i], pre[i] ? "pre-RoPE" : "rotated", t, st[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        ks_session_free(ss[i]);
+        ks_policy_free(pp[i]);
+    }
+    free(ref);
+    ks_model_close(m);
+    kt_rmdir(dir);
     KT_CHECK(!why[0], "%s", why);
 }
