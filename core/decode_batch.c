@@ -13,7 +13,7 @@
  *     retain      what the event asked, on sess[r]->kv[l]                 per session
  *     attn_out,   x (n, dim) += ...                                       one call each
  *     mlp
- *   head          row r's logits into sess[r]->logits                     per session
+ *   head          row r's logits (n, vocab), then each into sess[r]->logits  per session
  * A group is a run of rows whose attn_in arguments agree: the same rotation (a policy that
  * wants pre-RoPE keys leaves its rows unrotated) and the same longrope factor choice (its
  * inv_freq table follows the largest position of the call). Rows are ordered by group, so a
@@ -108,7 +108,7 @@ static ks_status step_rows(brow *R, int n, ks_status *sts, char **msg) {
     ks_status st = ks_fwd_alloc(be, c, n, 0, &B); /* (n) rows; pre-RoPE mode is set per group view */
     if (st) return st;
     int32_t *ids = ks_malloc(sizeof(int32_t) * 2 * (size_t)n), *pos = ids ? ids + n : NULL;
-    float *lg = be->alloc(be, sizeof(float) * c->vocab);
+    float *lg = be->alloc(be, sizeof(float) * (size_t)n * c->vocab); /* (n, vocab) */
     if (!ids || !lg) { st = ks_errorf(KS_ERR_OOM, "decode: out of memory for a batch of %d rows", n); goto out; }
     for (int r = 0; r < n; r++) { ids[r] = R[r].id; pos[r] = R[r].pos; }
     /* each group's q rows start at its first row's slot of W floats (a one-group step: row r at
@@ -140,14 +140,19 @@ static ks_status step_rows(brow *R, int n, ks_status *sts, char **msg) {
         }
         if ((st = ks_layer_tail(s0, l, &B, n))) goto out;
     }
-    for (int r = 0; r < n; r++) { /* the head, per row */
+    /* the head per row, all queued before the first download waits for them */
+    for (int r = 0; r < n; r++) {
+        if (R[r].dead) continue;
+        ks_status sr = ks_head_compute(R[r].s, &B, r, lg + (size_t)r * c->vocab);
+        if (sr) row_fail(&R[r], sr, sts, msg);
+    }
+    for (int r = 0; r < n; r++) {
         ks_session *s = R[r].s;
         if (R[r].dead) continue;
-        ks_status sr = ks_head_compute(s, &B, r, lg);
-        if (!sr) sr = be->download(be, s->logits, lg, sizeof(float) * c->vocab);
+        ks_status sr = be->download(be, s->logits, lg + (size_t)r * c->vocab, sizeof(float) * c->vocab);
         if (!sr) sr = ks_devcheck_sync(s); /* its device list checks, now that the step ran */
         if (sr) row_fail(&R[r], sr, sts, msg);
-        else { s->n_past++; sts[R[r].i] = KS_OK; }
+        else s->n_past++;
     }
 out:
     if (lg) be->free(be, lg);

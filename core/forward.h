@@ -5,6 +5,9 @@
  *     ks_session_prefill (prefill.c)   passes over the prompt: each ends "done" or "restart(idx)"
  *     ks_sample (sample.c)             the next id from s->logits
  *     ks_session_decode (decode.c)     one row through every layer, plain or as a recorded graph
+ * and several requests stepped together (batch.c) decode through ks_sessions_decode
+ * (decode_batch.c): one row per session, the dense blocks over all rows at once, attention and
+ * policy events per session.
  * Both forwards are made of the blocks below (forward.c), each one call of the backend's coarse
  * forward ops (backend.h): a layer's q/k/v (attn_in), its attention, its tail (attn_out, mlp)
  * and the head. What a backend fuses inside them is its own business. Policy events are built and fired by
