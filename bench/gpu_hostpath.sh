@@ -5,7 +5,7 @@
 # TokenSelect with --profile for each (the policy phase). Carry .data/hostpath (stripped, xz'd:
 # base/kvsieve.xz, new/kvsieve.xz, inst/kvsieve.xz: new plus a temporary clock in lua/events.c
 # printing the host time of a decode event: trampoline, handler call, settle). Usage: bash bench/gpu_hostpath.sh
-S=.data/hostpath; R=$(mktemp -d); mkdir -p $R/base $R/new
+S=.data/hostpath; R=$(mktemp -d); mkdir -p $R/base $R/new $R/inst
 for v in base new inst; do xz -dc $S/$v/kvsieve.xz > $R/$v/kvsieve; chmod +x $R/$v/kvsieve; done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $OUT/card.txt
 C="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --lengths 32768 --gen 32 --repeat 1"
