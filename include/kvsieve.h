@@ -658,11 +658,12 @@ KS_API int ks_model_max_context(const ks_model *m);
  * KS_ERR_CONTEXT. A policy sees the whole prompt in one prefill: with a policy attached,
  * ks_seq_prefill ignores max_rows (chunking is then the policy's own prefill_chunk).
  *
- * Today ks_batch_step samples every sequence, then runs their decode steps one after the other
- * (one forward each, the weights read once per sequence); the weight-once batched forward (one
- * pass over the weights for all B rows, attention per sequence over its own rows) will replace
- * that loop without changing this API or the ids. Sequences may be on different sessions of one
- * model only. Not thread-safe: one thread steps a batch and owns its sessions. */
+ * ks_batch_step samples every sequence, then runs their decode steps as one weight-once batched
+ * forward (core/decode_batch.c): the dense ops of a layer run once over all B rows, each sequence
+ * appends, runs its policy and attends over its own rows. On the CPU the ids and logits are those
+ * of B separate runs, bit for bit; on CUDA the B-row products take the GEMM path, so they equal
+ * one-row runs to bf16 rounding. The final norm and lm_head still run per row. Sequences may be
+ * on different sessions of one model only. Not thread-safe: one thread steps a batch and owns its sessions. */
 typedef struct ks_seq ks_seq;
 typedef enum ks_seq_state {
     KS_SEQ_PREFILL = 0,     /* prompt tokens left to prefill */
