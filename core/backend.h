@@ -18,6 +18,7 @@
 
 #include "config.h"
 #include "prims.h"
+#include "prims_page.h"
 #include "safetensors.h"
 
 typedef struct ks_backend ks_backend;
@@ -135,6 +136,16 @@ typedef struct ks_backend_prims {
     ks_status (*var)(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, int64_t ddof, float *out);
     ks_status (*cosine)(ks_backend *b, const float *a, const float *bb, int64_t n, float *out);
     ks_status (*cosine_rows)(ks_backend *b, const float *a, const float *bb, int64_t rows, int64_t d, float *out);
+    /* page primitives (core/prims_page.h; page_rows' err as gather's); NULL: lua/ runs them on the host */
+#define KS_BACKEND_PRIMS_PAGE 1
+    ks_status (*page_reduce)(ks_backend *b, const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t row_stride,
+                             int64_t head_stride, int64_t page, int64_t p0, int64_t p1, float *out_min, float *out_max,
+                             float *out_mean);
+    ks_status (*bound_scores)(ks_backend *b, const float *q, int64_t n_q_heads, const float *lo, const float *hi, int64_t n,
+                              int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce, float *out);
+    ks_status (*page_rows)(ks_backend *b, const int32_t *pages, int64_t lists, int64_t k, int64_t page, int64_t n,
+                           int64_t before_begin, int64_t before_end, int64_t after_begin, int64_t after_end, int32_t *out,
+                           int64_t *err);
 } ks_backend_prims;
 
 /* Bytes of a backend's own allocations (ks_backend.mem_stats). "fixed" is long-lived memory
@@ -205,9 +216,11 @@ struct ks_backend {
     /* A layer's MLP block: a->x += W_down (silu(W_gate h) * (W_up h)), h = rmsnorm(a->x, W->ffn_norm)
      * for each of the n rows. a->xn and a->q are scratch. */
     ks_status (*mlp)(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n);
-    /* logits (vocab, backend memory) = lm_head rmsnorm(row `row` of a->x, norm). a->xn is scratch. */
+    /* logits (n, vocab, backend memory) = lm_head rmsnorm(rows row .. row+n-1 of a->x, norm): the
+     * last prompt row (n = 1), one decode row, or the n rows of a batched decode step (the
+     * lm_head read once for all). a->xn (n rows of dim) is scratch. */
     ks_status (*head)(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *c,
-                      const ks_acts *a, int row, float *logits);
+                      const ks_acts *a, int row, int n, float *logits);
     /* rows: out (k, d) = x[idx] (idx: (k) host, ascending or not; out may be x: propagate) */
     ks_status (*gather_rows)(ks_backend *b, float *out, const float *x, const int32_t *idx, int k, int d);
     /* in place: x (n, n_heads, head_dim) rotated by positions pos (n, host) with rotate-half

@@ -136,6 +136,9 @@ static const ks_backend_prims cpu_prims = {
     .var = c_var,
     .cosine = c_cosine,
     .cosine_rows = c_cosine_rows,
+    .page_reduce = ks_cpu_page_reduce_entry, /* core/prims_page.c */
+    .bound_scores = ks_cpu_bound_scores_entry,
+    .page_rows = ks_cpu_page_rows_entry,
 };
 
 const ks_backend_prims *ks_cpu_prims(void) { return &cpu_prims; }

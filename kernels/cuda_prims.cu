@@ -2,6 +2,7 @@
  * runs the device primitive of ks_cuda_prims.h on the backend's stream, with scratch memory from
  * its pool (cuda_backend_int.h). */
 #include "cuda_backend_int.h"
+#include "ks_cuda_page.h"
 
 #ifdef KS_BACKEND_PRIMS
 #define PRIM_CTX(b) cuda_ctx *c_ = CTX(b); ks_cuda_scratch sc_ = ks_cuda_backend_scratch(b); (void)sc_
@@ -81,10 +82,23 @@ static ks_status pr_cosine(ks_backend *b, const float *a, const float *bb, int64
 static ks_status pr_cosine_rows(ks_backend *b, const float *a, const float *bb, int64_t rows, int64_t d, float *out) {
     return ks_cuda_cosine_rows(CTX(b)->stream, a, bb, rows, d, out);
 }
+static ks_status pr_page_reduce(ks_backend *b, const void *x, int bf16, int64_t n, int64_t h, int64_t d, int64_t rs,
+                                int64_t hs, int64_t page, int64_t p0, int64_t p1, float *mn, float *mx, float *me) {
+    return ks_cuda_page_reduce(CTX(b)->stream, x, bf16, n, h, d, rs, hs, page, p0, p1, mn, mx, me);
+}
+static ks_status pr_bound_scores(ks_backend *b, const float *q, int64_t hq, const float *lo, const float *hi, int64_t n,
+                                 int64_t hkv, int64_t d, ks_bound_reduce red, float *out) {
+    return ks_cuda_bound_scores(CTX(b)->stream, q, hq, lo, hi, n, hkv, d, red, out);
+}
+static ks_status pr_page_rows(ks_backend *b, const int32_t *pages, int64_t lists, int64_t k, int64_t page, int64_t n,
+                              int64_t bb, int64_t be, int64_t ab, int64_t ae, int32_t *out, int64_t *err) {
+    return ks_cuda_page_rows(CTX(b)->stream, pages, lists, k, page, n, bb, be, ab, ae, out, err);
+}
 static const ks_backend_prims cuda_prims = {
     pr_scores, pr_pool1d, pr_topk, pr_argsort, pr_sort_f32, pr_sort_i32, pr_rank, pr_unique, pr_union,
     pr_concat_i32, pr_concat_f32, pr_arange, pr_gather, pr_gather_i32, pr_softmax, pr_sum, pr_mean, pr_var,
     pr_cosine, pr_cosine_rows,
+    pr_page_reduce, pr_bound_scores, pr_page_rows,
 };
 #endif
 

@@ -22,6 +22,7 @@
  *   ks._upload(t)                  a device copy on the running event's device (tests)
  */
 #include "prims_impl.h"
+#include "prims_page_lua.h"
 #include "tensor_impl.h"
 
 #include "common.h"
@@ -583,6 +584,9 @@ static const luaL_Reg prims_registry[] = {
     {"mean", l_mean},
     {"var", l_var},
     {"cosine", l_cosine},
+    {"page_reduce", ks_lp_page_reduce}, /* lua/prims_page.c */
+    {"bound_scores", ks_lp_bound_scores},
+    {"page_rows", ks_lp_page_rows},
     {"rope", ks_lp_rope},
     {"_upload", l_upload},
     {NULL, NULL},

@@ -16,6 +16,7 @@
 
 #include "ks_lua.h"
 #include "prims_impl.h"
+#include "tensor_impl.h"
 
 #include "backend.h"
 #include "prims_page.h"
@@ -201,9 +202,10 @@ int ks_lp_bound_scores(lua_State *L) {
 /* ================================================================ page_rows */
 
 /* ks.page_rows(pages, page, n [, {before = {b, e}, after = {b, e}, check = true}]): pages i32 (k)
- * or (lists, k), each list strictly ascending -> i32 (w) or (lists, w) row ids. check = false
- * skips the device's check of the page ids (lists valid by construction, e.g. from ks.topk over
- * the candidate pages: no wait for the device); the host always checks. */
+ * or (lists, k), each list strictly ascending -> i32 (w) or (lists, w) row ids, marked valid by
+ * construction. Pages from ks.topk (marked) that fit the ranges are not checked at all; others
+ * are checked on the device through a wait, or not with check = false (the result is then not
+ * marked: an action checks it); the host always checks. */
 int ks_lp_page_rows(lua_State *L) {
     const char *fn = "page_rows";
     lua_settop(L, 4);
@@ -235,11 +237,18 @@ int ks_lp_page_rows(lua_State *L) {
     int64_t shape[2] = {lists, w};
     ks_tensor *o = p->ndim == 2 ? ks_lp_out(L, be, KS_T_I32, 2, shape) : ks_lp_out(L, be, KS_T_I32, 1, &shape[1]);
     int oslot = lua_gettop(L);
-    /* on a device, bad page ids come back through an error word (one download) unless check is
-     * false; on the host the CPU reference checks them itself and names the entry */
+    /* Pages marked valid by construction (ks.topk's index result: rows ascending, in [plo, phi))
+     * whose bounds keep every page inside [lo_row, hi_row) need no check. Else a device checks
+     * them through an error word (one download) unless check = false, and the host reference
+     * always checks. A checked or valid result is marked valid by construction in [0, n), so
+     * ev:attend takes it on the device without a check of its own. */
+    int64_t plo, phi, lo_row = be_ > bb ? be_ : 0, hi_row = ae > ab ? ab : n;
+    int valid = k == 0 || (ks_lt_sorted(L, 5, &plo, &phi) && plo >= 0 && phi <= n && plo * page >= lo_row &&
+                           phi * page <= hi_row);
+    int marked = 1;
 #ifdef KS_BACKEND_PRIMS_PAGE
     if (tab) {
-        int64_t m1 = -1, *err = be && check ? ks_lp_word(L, be, &m1, 1) : NULL;
+        int64_t m1 = -1, *err = be && check && !valid ? ks_lp_word(L, be, &m1, 1) : NULL;
         CORE(fn, tab->page_rows(be, pd, lists, k, page, n, bb, be_, ab, ae, o->data, err));
         if (err) {
             int64_t bad;
@@ -254,13 +263,12 @@ int ks_lp_page_rows(lua_State *L) {
                                      (long long)(bad % (k ? k : 1)));
             }
         }
-        lua_settop(L, oslot);
-        return 1;
-    }
+        marked = !be || valid || check;
+    } else
 #endif
-    (void)check;
-    CORE(fn, ks_cpu_page_rows(pd, lists, k, page, n, bb, be_, ab, ae, o->data));
+        CORE(fn, ks_cpu_page_rows(pd, lists, k, page, n, bb, be_, ab, ae, o->data));
     lua_settop(L, oslot);
+    if (marked && lists * w > 0) ks_lt_mark_sorted(L, oslot, 0, n);
     return 1;
 }
 

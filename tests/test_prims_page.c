@@ -5,6 +5,9 @@
 
 #include "common.h"
 #include "prims_page.h"
+#include "ks_lua.h"
+
+#include <lauxlib.h>
 
 #include <math.h>
 #include <stdlib.h>
@@ -218,4 +221,56 @@ KT_TEST(prims_page_rows_cpu_table_error_word) {
     KT_CHECK(ks_cpu_page_rows_entry(NULL, &pages[0][0], 1, 2, 0, 8, 0, 0, 0, 0, out, &err) == KS_ERR_ARG, "page = 0 is an error");
     KT_CHECK(ks_cpu_page_rows_entry(NULL, &pages[0][0], 2, 2, 2, 8, 0, 0, 0, 0, out, NULL) == KS_ERR_ARG &&
                  has(ks_last_error(), "page 3 at (list 1, position 1) follows 3"), "%s", ks_last_error());
+}
+
+/* ================================================================ the Lua bindings (lua/prims_page.c) */
+
+/* Results and every argument error of ks.page_reduce / ks.bound_scores / ks.page_rows, in a host
+ * state (the device paths run in policies/quest.test.lua, emulated, and tests/cuda). */
+KT_TEST(prims_page_lua_bindings) {
+    static const char *code =
+        "local ks = require 'kvsieve'\n"
+        "local function err(want, f, ...)\n"
+        "  local ok, e = pcall(f, ...)\n"
+        "  assert(not ok, 'no error, expected: ' .. want)\n"
+        "  assert(tostring(e):find(want, 1, true), 'error \"' .. tostring(e) .. '\" lacks \"' .. want .. '\"')\n"
+        "end\n"
+        "local x = ks.tensor({{1, 2}, {3, -4}, {5, 6}}, 'f32')       -- (n = 3, d = 2)\n"
+        "local lo, hi = ks.page_reduce(x, 2, 'minmax')\n"
+        "assert(lo.shape[1] == 2 and lo.shape[2] == 2 and lo:item(0, 1) == -4 and hi:item(1, 0) == 5)\n"
+        "assert(ks.page_reduce(x, 2, 'mean'):item(0, 0) == 2 and ks.page_reduce(x, 2, 'max', {pages = {-1, 2}}):item(0, 1) == 6)\n"
+        "assert(ks.page_reduce(x:slice(1, 1, 2), 2, 'min'):item(0, 0) == -4)  -- a strided view, read in place\n"
+        "err('page_reduce: x must be an f32 tensor', ks.page_reduce, ks.tensor({{1}}), 2, 'min')\n"
+        "err('page_reduce: x must be (n, d) or (n, heads, d), got 1 dimensions', ks.page_reduce, ks.tensor({1.5}), 2, 'min')\n"
+        "err('page_reduce: page = 0 must be >= 1', ks.page_reduce, x, 0, 'min')\n"
+        "err('page_reduce: op must be', ks.page_reduce, x, 2, 'median')\n"
+        "err(\"page_reduce: unknown option 'from' (options: pages)\", ks.page_reduce, x, 2, 'min', {from = 1})\n"
+        "err('page_reduce: option pages = {0, 3} is not within [0, 2]', ks.page_reduce, x, 2, 'min', {pages = {0, 3}})\n"
+        "local q = ks.tensor({{1, 0}, {0, 1}}, 'f32')\n"
+        "local b = ks.tensor({{{0, 0}}, {{1, 1}}}, 'f32')\n"
+        "assert(ks.bound_scores(q, b, b).shape[1] == 2 and ks.bound_scores(q:reshape(1, 2, 2), b, b, {reduce = 'group_sum'}):item(0, 1) == 2)\n"
+        "err('bound_scores: q must be (n_heads, head_dim) or (1, n_heads, head_dim)', ks.bound_scores, ks.tensor({1.5}), b, b)\n"
+        "err('bound_scores: lo and hi must be (n, n_kv_heads, head_dim)', ks.bound_scores, q, x, x)\n"
+        "err('differ in shape', ks.bound_scores, q, b, ks.tensor({{{0, 0}}}, 'f32'))\n"
+        "err('bound_scores: head_dim of q (2) and of the boxes (1) differ', ks.bound_scores, q, ks.tensor({{{0}}}, 'f32'), ks.tensor({{{0}}}, 'f32'))\n"
+        "err('not a multiple of n_kv_heads', ks.bound_scores, ks.tensor({{1, 0}, {0, 1}, {1, 1}}, 'f32'), ks.tensor({{{0, 0}, {0, 0}}}, 'f32'), ks.tensor({{{0, 0}, {0, 0}}}, 'f32'))\n"
+        "err('option reduce: \"none\", \"group_max\" or \"group_sum\", got max', ks.bound_scores, q, b, b, {reduce = 'max'})\n"
+        "err('bound_scores: q, lo and hi must be f32 tensors', ks.bound_scores, ks.tensor({{1, 0}}), b, b)\n"
+        "local r = ks.page_rows({{0, 2}, {1, 2}}, 2, 8, {after = {6, 8}})\n"
+        "assert(table.concat(r:tolist()[2], ',') == '2,3,4,5,6,7' and ks.page_rows({1}, 3, 6).dtype == 'i32')\n"
+        "err('page_rows: page 2 at (list 0, position 1) follows 2', ks.page_rows, {2, 2}, 2, 8)\n"
+        "err('page_rows: page 3 at (list 0, position 0) out of range', ks.page_rows, {3}, 2, 8, {after = {6, 8}})\n"
+        "err('page_rows: pages must be (k) or (lists, k)', ks.page_rows, ks.zeros({1, 1, 1}, 'i32'), 2, 8)\n"
+        "err('page_rows: page = 0 must be >= 1', ks.page_rows, {1}, 0, 8)\n"
+        "err('page_rows: n = -1 is negative', ks.page_rows, {1}, 2, -1)\n"
+        "err('page_rows: option before = {0, 9} is not within [0, 8]', ks.page_rows, {1}, 2, 8, {before = {0, 9}})\n"
+        "err('page_rows: option check must be a boolean', ks.page_rows, {1}, 2, 8, {check = 1})\n"
+        "err(\"page_rows: unknown option 'tail'\", ks.page_rows, {1}, 2, 8, {tail = {6, 8}})\n";
+    lua_State *L = ks_lua_host_state();
+    KT_CHECK(L, "no Lua state");
+    int rc = luaL_dostring(L, code);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", rc ? lua_tostring(L, -1) : "");
+    ks_lua_host_close(L);
+    KT_CHECK(rc == LUA_OK, "%s", msg);
 }

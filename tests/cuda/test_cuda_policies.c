@@ -273,6 +273,8 @@ int main(int argc, char **argv) {
         static const pcase tiny_ts[] = {
             {"tokenselect", "n_init=16,n_local=480,k=64,cache_theta=0.9,trace=true"},
             {"tokenselect", "n_init=8,n_local=500,k=40,pool_kernel=3,gqa=mod"},
+            {"quest", "page=16,budget=256,trace=true"},
+            {"quest", "page=8,budget=96,gqa=sum,dense_layers=0,trace=true"},
         };
         int32_t *prompt = malloc(sizeof(int32_t) * (nlong > 1100 ? nlong : 1100));
         make_prompt(prompt, nlong > 1100 ? nlong : 1100, gpu->cfg.vocab, gpu->cfg.bos, 88172645463325252ull);
@@ -286,6 +288,7 @@ int main(int argc, char **argv) {
                 {"asl", "L_min=3,L_obs=3,tau=0.9,k=512,w=32,kv_budget=512"},
                 {"tokenselect", "n_init=64,n_local=512,k=512,cache_theta=0.9"},
                 {"streamingllm", "budget=512,sinks=4"},
+                {"quest", "page=16,budget=512,trace=true"},
             };
             run_cases("tiny", gpu, cpu, big, (int)(sizeof big / sizeof big[0]), prompt, nlong, 8);
         }
@@ -310,6 +313,8 @@ int main(int argc, char **argv) {
         make_prompt(prompt, 400, cpu->cfg.vocab, cpu->cfg.bos, 0x9e3779b97f4a7c15ull);
         run_cases("stories260K", gpu, cpu, st, (int)(sizeof st / sizeof st[0]) - 1, prompt, 400, 8);
         run_cases("stories260K", gpu, cpu, st + 6, 1, prompt, 380, 16); /* decode goes sparse after 10 tokens */
+        static const pcase st_quest[] = {{"quest", "page=8,budget=64,dense_layers=1,trace=true"}};
+        run_cases("stories260K", gpu, cpu, st_quest, 1, prompt, 380, 16);
         ks_model_close(gpu);
         ks_model_close(cpu);
     }

@@ -1,0 +1,147 @@
+-- quest.lua — Quest: query-aware page selection at every decode step. The KV cache is split into
+-- pages of `page` rows; each page is summarised by the elementwise min and max of its keys; at
+-- each decode step and layer the query scores every page by an upper bound of q.k over that
+-- box, and attention reads only the best pages (budget tokens in all) plus the current page.
+--
+-- Paper: Tang, Zhao, Zhu, Xiao, Kasikci, Han, "Quest: Query-Aware Sparsity for Efficient
+-- Long-Context LLM Inference", ICML 2024, arXiv:2406.10774; reference code mit-han-lab/Quest.
+--
+-- What it does, at each decode step (decode_qkv) of each layer l >= dense_layers, with N = the
+-- layer's rows including the one this step appended, P = page:
+--   1. last = (N - 1) // P is the page holding the newest row (the "current page", partial or
+--      just filled). It is always attended. The candidates are the complete pages [0, last).
+--   2. K = budget // P pages are attended in all: the current page and K - 1 candidates. When
+--      budget >= N or K - 1 >= last, every row fits: the step attends to everything (no action).
+--   3. Page summaries (ks.page_reduce, "minmax"): lo[p], hi[p] = elementwise min / max of the
+--      keys of page p, per KV head, over the cache's keys after RoPE (what the cache holds and
+--      the query is multiplied with).
+--   4. Criticality (ks.bound_scores): for query head h, s[h, p] = sum_i max(q_i lo_i, q_i hi_i),
+--      an upper bound of q_h . k for every key k of page p. The query heads sharing a KV head
+--      are combined by their max (gqa = "max": the page's bound on the best logit any head of
+--      the group can reach; "sum": their sum).
+--   5. Per KV head, the top K - 1 candidates (ks.topk, ties to the lower page), expanded to their
+--      rows, then the current page's rows [last * P, N) (ks.page_rows): ev:attend with one list
+--      per KV head, at the rows' own positions (no renumbering). Nothing is evicted: the cache
+--      keeps every row and the next step chooses again. On a GPU the step stays on the device:
+--      top-k's pages and page_rows' rows are valid by construction, so ev:attend takes them
+--      without a download (with trace = true, reporting the pages downloads them).
+-- The prefill attends to everything (Quest accelerates decoding; the paper's prefill is dense).
+--
+-- Choices (the paper is written for multi-head attention; the points it leaves open):
+--   - Selection per KV head, the group's query heads combined by the max of their bounds (gqa):
+--     the engine's attention reads one row list per KV head, and the reference kernels select
+--     per head of a model without GQA, so a head group is the finest unit here.
+--   - Keys after RoPE, as the reference (its page metadata is built from the rotated keys in the
+--     cache); queries after RoPE (ev.q).
+--   - Dense layers: the first dense_layers (2) layers attend to everything, as the paper's
+--     evaluation skips Quest in the first two layers.
+--   - The current page is always attended and counts against the budget; no attention-sink
+--     page is forced (the paper forces none).
+--   - Summaries: "keep" stores each layer's summaries between steps and computes only pages
+--     completed since (a page's summary never changes once it is full); "recompute" summarises
+--     all candidate pages at every step (one read of the keys). min / max are exact, so both
+--     give the same bits. "auto" keeps them for host tensors and recomputes on a device, because
+--     device tensors do not outlive their event yet (lua/tensor_dev.c moves them to the host).
+--
+-- Parameters:
+--   budget        4096    tokens attended per step and layer (the current page included)
+--   page          16      rows per page
+--   dense_layers  2       the first layers attend to everything
+--   gqa           "max"   how a KV head combines its query heads' bounds: "max" or "sum"
+--   summaries     "auto"  "keep" | "recompute" | "auto" (see above)
+--   trace         false   true: report every step's choice: "d<step>.l<layer>" -> "dense", or
+--                         the chosen candidate pages of each KV head ("1,4,7|0,4,9")
+-- Reports: "selections" (steps and layers that selected), "dense_steps" (steps and layers past
+-- dense_layers that attended to everything).
+local ks = require "kvsieve"
+
+local state = {}
+
+local function _reset()
+  state = { dstep = {}, sum = {}, selections = 0, dense = 0 }
+end
+_reset()
+
+-- Summaries (lo, hi) of the complete pages [0, npages) of this layer's keys K (N, Hkv, d).
+local function _summaries(ev, p, K, npages)
+  local keep = p.summaries == "keep" or (p.summaries == "auto" and K.device == "cpu")
+  if not keep then return ks.page_reduce(K, p.page, "minmax", { pages = { 0, npages } }) end
+  local c = state.sum[ev.layer]
+  if not c or c.n > npages then
+    local lo, hi = ks.page_reduce(K, p.page, "minmax", { pages = { 0, npages } })
+    c = { lo = lo, hi = hi, n = npages }
+    state.sum[ev.layer] = c
+  elseif c.n < npages then
+    local lo, hi = ks.page_reduce(K, p.page, "minmax", { pages = { c.n, npages } })
+    local Hkv, d = K.shape[2], K.shape[3]
+    c.lo = ks.concat(c.lo:reshape(-1), lo:reshape(-1)):reshape(npages, Hkv, d)
+    c.hi = ks.concat(c.hi:reshape(-1), hi:reshape(-1)):reshape(npages, Hkv, d)
+    c.n = npages
+  end
+  return c.lo, c.hi
+end
+
+local function _trace_pages(top)
+  local heads = {}
+  for h, list in ipairs(top:tolist()) do heads[h] = table.concat(list, ",") end
+  return table.concat(heads, "|")
+end
+
+return {
+  name = "quest",
+  description = "Quest: per-page min/max key summaries, page top-k by the upper bound of q.k per KV head, attention over the chosen pages and the current one, every decode step",
+  paper = "Tang et al., Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference, ICML 2024 (arXiv:2406.10774)",
+  params = {
+    budget = 4096,
+    page = 16,
+    dense_layers = 2,
+    gqa = "max",
+    summaries = "auto",
+    trace = false,
+  },
+
+  begin = function(p)
+    if p.page < 1 then error(string.format("page (%d) must be >= 1", p.page), 0) end
+    if p.budget < p.page then
+      error(string.format("budget (%d) must be at least one page (%d): the current page is always attended", p.budget, p.page), 0)
+    end
+    if p.dense_layers < 0 then error(string.format("dense_layers (%d) must be >= 0", p.dense_layers), 0) end
+    if p.gqa ~= "max" and p.gqa ~= "sum" then error("gqa must be \"max\" or \"sum\", got \"" .. tostring(p.gqa) .. "\"", 0) end
+    if p.summaries ~= "auto" and p.summaries ~= "keep" and p.summaries ~= "recompute" then
+      error("summaries must be \"auto\", \"keep\" or \"recompute\", got \"" .. tostring(p.summaries) .. "\"", 0)
+    end
+    _reset()
+  end,
+
+  -- One decode step at one layer; the new row is already in the layer (N rows).
+  decode_qkv = function(ev, p)
+    local l = ev.layer
+    local s = state.dstep[l] or 0
+    state.dstep[l] = s + 1
+    if l < p.dense_layers then return end
+    local N, P = ev.kv_rows[1], p.page
+    local last = (N - 1) // P             -- the current page: always attended
+    local K = p.budget // P               -- pages attended, the current one included
+    if p.budget >= N or K - 1 >= last then
+      state.dense = state.dense + 1
+      ev:report("dense_steps", state.dense)
+      if p.trace then ev:report("d" .. s .. ".l" .. l, "dense") end
+      return
+    end
+    local rows
+    if K == 1 then
+      rows = ks.arange(last * P, N)
+      if p.trace then ev:report("d" .. s .. ".l" .. l, "") end
+    else
+      local keys = ev:kv_keys()           -- (N, Hkv, d), after RoPE
+      local lo, hi = _summaries(ev, p, keys, last)
+      local bound = ks.bound_scores(ev.q, lo, hi, { reduce = p.gqa == "max" and "group_max" or "group_sum" })
+      local top = ks.topk(bound, K - 1)   -- (Hkv, K - 1) pages, ascending; ties to the lower page
+      rows = ks.page_rows(top, P, N, { after = { last * P, N } }) -- valid by construction: no check, no wait
+      if p.trace then ev:report("d" .. s .. ".l" .. l, _trace_pages(top)) end
+    end
+    state.selections = state.selections + 1
+    ev:report("selections", state.selections)
+    ev:attend(rows)
+  end,
+}
