@@ -142,8 +142,8 @@ static ks_status cpu_mlp(ks_backend *b, const ks_layer_w *W, const ks_config *c,
     return ks_plain_mlp(b, &cpu_ops, W, c, a, n);
 }
 static ks_status cpu_head(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *c,
-                          const ks_acts *a, int row, float *logits) {
-    return ks_plain_head(b, &cpu_ops, norm, lm_head, c, a, row, logits);
+                          const ks_acts *a, int row, int n, float *logits) {
+    return ks_plain_head(b, &cpu_ops, norm, lm_head, c, a, row, n, logits);
 }
 
 void cpu_dense_install(ks_backend *b) {

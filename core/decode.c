@@ -127,7 +127,7 @@ static ks_status decode_body(ks_session *s, ks_fwd_buf *b, int32_t id, int32_t p
         if (st) return st;
         if ((st = ks_layer_tail(s, l, b, 1))) return st;
     }
-    return ks_head_compute(s, b, 0, lg);
+    return ks_head_compute(s, b, 0, 1, lg);
 }
 
 /* ================================================================ the recorded step (backend graphs) */

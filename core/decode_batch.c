@@ -13,7 +13,8 @@
  *     retain      what the event asked, on sess[r]->kv[l]                 per session
  *     attn_out,   x (n, dim) += ...                                       one call each
  *     mlp
- *   head          row r's logits (n, vocab), then each into sess[r]->logits  per session
+ *   head          the logits of all rows (n, vocab)                       one call
+ *   download      row r's logits into sess[r]->logits                     per session
  * A group is a run of rows whose attn_in arguments agree: the same rotation (a policy that
  * wants pre-RoPE keys leaves its rows unrotated) and the same longrope factor choice (its
  * inv_freq table follows the largest position of the call). Rows are ordered by group, so a
@@ -22,7 +23,7 @@
  * Results. On the CPU backend every row is bit-identical to the same session's own
  * ks_session_decode (cpu_gemm.h: an element of a product depends only on its two input rows,
  * never on the row's place in the batch or on n; the norms, RoPE and SwiGLU are per row and
- * element; attention, events and the head run per session exactly as in decode.c), so the
+ * element; attention and events run per session exactly as in decode.c), so the
  * ids of a batched run equal those of separate runs, bit for bit, and tests/test_batch_decode.c
  * proves it. On CUDA the dense ops with n > 1 rows take the GEMM path (cuBLAS / the fused
  * projections) where one row takes the gemv kernels, and the two round to bf16 differently: a
@@ -140,12 +141,9 @@ static ks_status step_rows(brow *R, int n, ks_status *sts, char **msg) {
         }
         if ((st = ks_layer_tail(s0, l, &B, n))) goto out;
     }
-    /* the head per row, all queued before the first download waits for them */
-    for (int r = 0; r < n; r++) {
-        if (R[r].dead) continue;
-        ks_status sr = ks_head_compute(R[r].s, &B, r, lg + (size_t)r * c->vocab);
-        if (sr) row_fail(&R[r], sr, sts, msg);
-    }
+    /* the head over all n rows at once (the lm_head read once; a dead row's logits are computed
+     * and never read, as its row was carried through the layers) */
+    if ((st = ks_head_compute(s0, &B, 0, n, lg))) goto out;
     for (int r = 0; r < n; r++) {
         ks_session *s = R[r].s;
         if (R[r].dead) continue;

@@ -48,7 +48,7 @@ ks_status ks_plain_mlp(ks_backend *b, const ks_dense_ops *o, const ks_layer_w *W
 }
 
 ks_status ks_plain_head(ks_backend *b, const ks_dense_ops *o, const ks_weight *norm, const ks_weight *lm_head,
-                        const ks_config *c, const ks_acts *a, int row, float *logits) {
-    ks_status st = o->rmsnorm(b, a->xn, a->x + (size_t)row * c->dim, norm, 1, c->dim, c->eps);
-    return st ? st : o->matmul(b, logits, a->xn, lm_head, NULL, 1, c->dim, c->vocab);
+                        const ks_config *c, const ks_acts *a, int row, int n, float *logits) {
+    ks_status st = o->rmsnorm(b, a->xn, a->x + (size_t)row * c->dim, norm, n, c->dim, c->eps);
+    return st ? st : o->matmul(b, logits, a->xn, lm_head, NULL, n, c->dim, c->vocab);
 }

@@ -41,7 +41,7 @@ ks_status ks_plain_attn_out(ks_backend *b, const ks_dense_ops *o, const ks_layer
 ks_status ks_plain_mlp(ks_backend *b, const ks_dense_ops *o, const ks_layer_w *W, const ks_config *c, const ks_acts *a,
                        int n);
 ks_status ks_plain_head(ks_backend *b, const ks_dense_ops *o, const ks_weight *norm, const ks_weight *lm_head,
-                        const ks_config *c, const ks_acts *a, int row, float *logits);
+                        const ks_config *c, const ks_acts *a, int row, int n, float *logits);
 
 #ifdef __cplusplus
 }

@@ -77,8 +77,8 @@ ks_status ks_layer_tail(ks_session *s, int l, ks_fwd_buf *b, int n) {
 
 /* ================================================================ the head */
 
-ks_status ks_head_compute(ks_session *s, ks_fwd_buf *b, int row, float *lg) {
-    ks_status st = s->be->head(s->be, s->m->final_norm, s->m->lm_head, &s->m->cfg, &b->a, row, lg);
+ks_status ks_head_compute(ks_session *s, ks_fwd_buf *b, int row, int n, float *lg) {
+    ks_status st = s->be->head(s->be, s->m->final_norm, s->m->lm_head, &s->m->cfg, &b->a, row, n, lg);
     PROF(s, KS_PH_LM_HEAD);
     return st;
 }
@@ -89,7 +89,7 @@ ks_status ks_head_logits(ks_session *s, ks_fwd_buf *b, int row) {
     float *lg = be->alloc(be, sizeof(float) * c->vocab);
     if (!lg) return KS_ERR_OOM;
     PROF(s, KS_PH_ALLOC);
-    ks_status st = ks_head_compute(s, b, row, lg);
+    ks_status st = ks_head_compute(s, b, row, 1, lg);
     if (!st) st = be->download(be, s->logits, lg, sizeof(float) * c->vocab);
     if (!st) st = ks_devcheck_sync(s); /* the forward's device list checks, now that it has run */
     PROF(s, KS_PH_SYNC);

@@ -47,9 +47,9 @@ ks_attn_args ks_layer_attn_args(const ks_session *s, const ks_fwd_buf *b, int n,
 ks_status ks_layer_attention(ks_session *s, int l, ks_fwd_buf *b, const ks_attn_args *aa);
 /* The layer after attention (its output in xn): be->attn_out then be->mlp. x (n, dim) updated. */
 ks_status ks_layer_tail(ks_session *s, int l, ks_fwd_buf *b, int n);
-/* be->head of row `row` of x into lg (vocab, backend memory). */
-ks_status ks_head_compute(ks_session *s, ks_fwd_buf *b, int row, float *lg);
-/* The same into s->logits (vocab, host). */
+/* be->head of rows row .. row+n-1 of x into lg (n, vocab, backend memory). */
+ks_status ks_head_compute(ks_session *s, ks_fwd_buf *b, int row, int n, float *lg);
+/* Row `row`'s logits into s->logits (vocab, host). */
 ks_status ks_head_logits(ks_session *s, ks_fwd_buf *b, int row);
 
 /* ---------------------------------------------------------------- events and actions (actions.c) */

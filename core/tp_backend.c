@@ -511,22 +511,25 @@ static ks_status tp_mlp_run(ks_backend *b, const ks_layer_w *W, const ks_config 
     return st;
 }
 
-/* logits (vocab) = all-gather of the ranks' logits of their vocab rows. */
+/* logits (n, vocab) = all-gather of the ranks' logits of their vocab rows. */
 static ks_status tp_head_run(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *c,
-                         const ks_acts *a, int row, float *logits) {
+                         const ks_acts *a, int row, int n, float *logits) {
     tp_ctx *t = CTX(b);
     ks_status st = need_shards(t);
     if (st) return st;
-    size_t D = c->dim;
+    size_t D = c->dim, V = (size_t)c->vocab;
     for (int r = 0; r < t->N && !st; r++) {
         ks_backend *rb = t->rank[r];
         ks_config cr = rank_cfg(c, t->N, r);
-        ks_acts ar = {.x = ralloc(rb, D), .xn = ralloc(rb, D)};
-        float *lr = ralloc(rb, (size_t)cr.vocab);
+        size_t vr = (size_t)cr.vocab;
+        ks_acts ar = {.x = ralloc(rb, (size_t)n * D), .xn = ralloc(rb, (size_t)n * D)};
+        float *lr = ralloc(rb, (size_t)n * vr);
         if (!ar.x || !ar.xn || !lr) st = KS_ERR_OOM;
-        if (!st) st = rb->upload(rb, ar.x, a->x + (size_t)row * D, sizeof(float) * D);
-        if (!st) st = ks_plain_head(rb, &t->ops, norm->sh[r], lm_head->sh[r], &cr, &ar, 0, lr);
-        if (!st) st = rb->download(rb, logits + lo(c->vocab, t->N, r), lr, sizeof(float) * (size_t)cr.vocab);
+        if (!st) st = rb->upload(rb, ar.x, a->x + (size_t)row * D, sizeof(float) * D * (size_t)n);
+        if (!st) st = ks_plain_head(rb, &t->ops, norm->sh[r], lm_head->sh[r], &cr, &ar, 0, n, lr);
+        for (int i = 0; i < n && !st; i++) /* row i's slice to its place in (n, vocab) */
+            st = rb->download(rb, logits + (size_t)i * V + lo(c->vocab, t->N, r), lr + (size_t)i * vr,
+                              sizeof(float) * vr);
         rfree(rb, ar.x);
         rfree(rb, ar.xn);
         rfree(rb, lr);
@@ -554,9 +557,9 @@ static ks_status tp_mlp(ks_backend *b, const ks_layer_w *W, const ks_config *c, 
     return st;
 }
 static ks_status tp_head(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *c,
-                         const ks_acts *a, int row, float *logits) {
+                         const ks_acts *a, int row, int n, float *logits) {
     rank_stats_on(b);
-    ks_status st = tp_head_run(b, norm, lm_head, c, a, row, logits);
+    ks_status st = tp_head_run(b, norm, lm_head, c, a, row, n, logits);
     rank_stats_take(b);
     return st;
 }

@@ -83,8 +83,9 @@ static ks_status cu_mlp(ks_backend *b, const ks_layer_w *W, const ks_config *cf,
 }
 
 static ks_status cu_head(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *cf,
-                         const ks_acts *a, int row, float *logits) {
-    return ks_plain_head(b, &cuda_ops, norm, lm_head, cf, a, row, logits); /* the lm_head gemv is its fused path */
+                         const ks_acts *a, int row, int n, float *logits) {
+    /* one row: the lm_head gemv (its fused path); several: one GEMM */
+    return ks_plain_head(b, &cuda_ops, norm, lm_head, cf, a, row, n, logits);
 }
 
 void cuda_layer_install(ks_backend *b) {

@@ -486,9 +486,9 @@ static ks_status w_mlp(ks_backend *b, const ks_layer_w *W, const ks_config *c, c
     return g_orig.mlp(b, W, c, a, n);
 }
 static ks_status w_head(ks_backend *b, const ks_weight *nw, const ks_weight *lm, const ks_config *c, const ks_acts *a,
-                        int row, float *lg) {
+                        int row, int n, float *lg) {
     g_calls[6]++;
-    return g_orig.head(b, nw, lm, c, a, row, lg);
+    return g_orig.head(b, nw, lm, c, a, row, n, lg);
 }
 static ks_status w_gather_rows(ks_backend *b, float *out, const float *x, const int32_t *idx, int k, int d) {
     g_calls[7]++;
