@@ -244,22 +244,10 @@ const void *ks_lt_on(lua_State *L, int arg, ks_tensor *t, ks_backend *be, int *p
     return o->data;
 }
 
-/* The collection at the end of an event frees the event's garbage device tensors, so that only
- * the reachable ones are downloaded. A full collection traverses the whole heap at every event
- * (~12 us a layer on the bundled model, 7% of TokenSelect's handler on the CPU); the state runs
- * the generational collector instead (switched on at the first settle: that switch is itself a
- * full collection) and a young collection visits only what was made or touched since the last
- * one: every temporary of this event is young, so it is freed now; an old object that died
- * holding a young tensor can keep it one collection longer (it is downloaded like a survivor:
- * results are unchanged). A major collection still runs when the heap has grown enough. */
-static void dev_collect(lua_State *L) {
-    if (lua_gc(L, LUA_GCGEN, 0, 0) == LUA_GCGEN) lua_gc(L, LUA_GCSTEP, 0);
-}
-
 void ks_lt_dev_settle(lua_State *L) {
     ks_lctx *c = ks_lua_ctx(L);
     if (!c || !c->dev_head) return;
-    dev_collect(L);
+    lua_gc(L, LUA_GCCOLLECT);
     /* host copies first (views of an owned tensor read its memory), then release */
     for (ks_tensor *t = c->dev_head; t; t = t->dnext)
         if (!t->scope) ks_lt_host(L, t);
