@@ -136,8 +136,7 @@ typedef struct ks_backend_prims {
     ks_status (*var)(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, int64_t ddof, float *out);
     ks_status (*cosine)(ks_backend *b, const float *a, const float *bb, int64_t n, float *out);
     ks_status (*cosine_rows)(ks_backend *b, const float *a, const float *bb, int64_t rows, int64_t d, float *out);
-    /* page primitives (core/prims_page.h; page_rows' err as gather's); NULL: lua/ runs them on the host */
-#define KS_BACKEND_PRIMS_PAGE 1
+    /* page primitives (core/prims_page.h; page_rows' err as gather's) */
     ks_status (*page_reduce)(ks_backend *b, const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t row_stride,
                              int64_t head_stride, int64_t page, int64_t p0, int64_t p1, float *out_min, float *out_max,
                              float *out_mean);

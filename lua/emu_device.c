@@ -123,12 +123,25 @@ static ks_status e_cosine(ks_backend *b, const float *a, const float *bb, int64_
 static ks_status e_cosine_rows(ks_backend *b, const float *a, const float *bb, int64_t rows, int64_t d, float *out) {
     return CPU->cosine_rows(NULL, U(a), U(bb), rows, d, U(out));
 }
+static ks_status e_page_reduce(ks_backend *b, const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t rs,
+                               int64_t hs, int64_t page, int64_t p0, int64_t p1, float *omin, float *omax, float *omean) {
+    return CPU->page_reduce(NULL, U(x), x_bf16, n, h, d, rs, hs, page, p0, p1, U(omin), U(omax), U(omean));
+}
+static ks_status e_bound_scores(ks_backend *b, const float *q, int64_t hq, const float *lo, const float *hi, int64_t n,
+                                int64_t hkv, int64_t d, ks_bound_reduce red, float *out) {
+    return CPU->bound_scores(NULL, U(q), hq, U(lo), U(hi), n, hkv, d, red, U(out));
+}
+static ks_status e_page_rows(ks_backend *b, const int32_t *pages, int64_t lists, int64_t k, int64_t page, int64_t n,
+                             int64_t bb, int64_t be, int64_t ab, int64_t ae, int32_t *out, int64_t *err) {
+    return CPU->page_rows(NULL, U(pages), lists, k, page, n, bb, be, ab, ae, U(out), U(err));
+}
 
 static const ks_backend_prims emu_prims = {
     .scores = e_scores, .pool1d = e_pool1d, .topk = e_topk, .argsort = e_argsort, .sort_f32 = e_sort_f32,
     .sort_i32 = e_sort_i32, .rank = e_rank, .unique = e_unique, .union_ = e_union, .concat_i32 = e_concat_i32,
     .concat_f32 = e_concat_f32, .arange = e_arange, .gather = e_gather, .gather_i32 = e_gather_i32,
     .softmax = e_softmax, .sum = e_sum, .mean = e_mean, .var = e_var, .cosine = e_cosine, .cosine_rows = e_cosine_rows,
+    .page_reduce = e_page_reduce, .bound_scores = e_bound_scores, .page_rows = e_page_rows,
 };
 
 static ks_backend emu_backend = {

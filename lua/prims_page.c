@@ -5,10 +5,9 @@
  *   ks.bound_scores(q, lo, hi [, opts])    upper bounds of q.k over boxes, per head or group
  *   ks.page_rows(pages, page, n [, opts])  page ids -> ascending row lists (+ fixed ranges)
  *
- * Placement (lua/prims_impl.h): a call runs where ks_lp_where puts it when that backend's
- * primitive table has the page entries (ks_backend_prims.page_reduce, ...: CUDA), else on the host
- * (device inputs are then downloaded: the emulated device and any backend without them), through
- * the CPU backend's table, or core/prims_page.c directly where that table lacks them. page_reduce
+ * Placement (lua/prims_impl.h): one dispatch, as for every primitive: a call runs where
+ * ks_lp_where puts it, through that backend's table (the CPU backend's for the host, which runs
+ * core/prims_page.c; the CUDA backend's; the emulated device's). page_reduce
  * reads a strided or bf16 view (ev:kv_keys(): the KV cache itself) in place on either side, so
  * summarising a layer's keys costs one read of them and no copy. Errors name the primitive and
  * the event, as everywhere in the module. */
@@ -24,28 +23,6 @@
 #include <lauxlib.h>
 #include <stdint.h>
 #include <string.h>
-
-/* Where a page primitive over ts runs: ks_lp_where's choice when that backend's table has the page
- * entries, else the host (device inputs downloaded). */
-static ks_backend *page_where(ks_tensor *const *ts, int n) {
-    ks_backend *be = ks_lp_where(ts, n);
-#ifdef KS_BACKEND_PRIMS_PAGE
-    if (be && be->prims->page_reduce && be->prims->bound_scores && be->prims->page_rows) return be;
-#endif
-    (void)be;
-    return NULL;
-}
-
-/* The table to call for be (NULL = the host: the CPU backend's), or NULL when it has no page
- * entries: then core/prims_page.c directly, which is what the CPU table's entries run. */
-static const ks_backend_prims *page_table(ks_backend *be) {
-#ifdef KS_BACKEND_PRIMS_PAGE
-    const ks_backend_prims *t = ks_lp_prims(be);
-    if (t && t->page_reduce && t->bound_scores && t->page_rows) return t;
-#endif
-    (void)be;
-    return NULL;
-}
 
 /* A {begin, end} option at opts[key]; negative values count from n; checked within [0, n]. */
 static int range_opt(lua_State *L, int opts, const char *key, int64_t n, int64_t *b, int64_t *e, const char *fn) {
@@ -116,9 +93,8 @@ int ks_lp_page_reduce(lua_State *L) {
     int64_t np = ks_page_count(n, page), p0 = 0, p1 = np;
     range_opt(L, 4, "pages", np, &p0, &p1, fn);
 
-    ks_backend *be = page_where(&x, 1);
-    const ks_backend_prims *tab = page_table(be);
-    (void)tab; /* unused in a build without the page entries */
+    ks_backend *be = ks_lp_where(&x, 1);
+    const ks_backend_prims *tab = ks_lp_prims(be);
     const void *data = x->data;
     int bf16 = x->bf16;
     int64_t rs = x->stride[0], hs = x->ndim == 3 ? x->stride[1] : 0;
@@ -136,11 +112,7 @@ int ks_lp_page_reduce(lua_State *L) {
     ks_tensor *omax = want_max ? ks_lp_out(L, be, KS_T_F32, x->ndim, shape) : NULL;
     ks_tensor *omean = want_mean ? ks_lp_out(L, be, KS_T_F32, x->ndim, shape) : NULL;
     float *a = omin ? omin->data : NULL, *b = omax ? omax->data : NULL, *c = omean ? omean->data : NULL;
-#ifdef KS_BACKEND_PRIMS_PAGE
-    if (tab) CORE(fn, tab->page_reduce(be, data, bf16, n, h, d, rs, hs, page, p0, p1, a, b, c));
-    else
-#endif
-        CORE(fn, ks_cpu_page_reduce(data, bf16, n, h, d, rs, hs, page, p0, p1, a, b, c));
+    CORE(fn, tab->page_reduce(be, data, bf16, n, h, d, rs, hs, page, p0, p1, a, b, c));
     return want_min && want_max ? 2 : 1;
 }
 
@@ -182,20 +154,15 @@ int ks_lp_bound_scores(lua_State *L) {
     }
     CORE(fn, ks_bound_scores_check_args(H, n, Hkv, d, red));
     ks_tensor *ts[3] = {q, lo, hi};
-    ks_backend *be = page_where(ts, 3);
-    const ks_backend_prims *tab = page_table(be);
-    (void)tab; /* unused in a build without the page entries */
+    ks_backend *be = ks_lp_where(ts, 3);
+    const ks_backend_prims *tab = ks_lp_prims(be);
     int pushed;
     const float *qd = ks_lt_on(L, 1, q, be, &pushed);
     const float *ld = ks_lt_on(L, 2, lo, be, &pushed);
     const float *hd = ks_lt_on(L, 3, hi, be, &pushed);
     int64_t shape[2] = {red == KS_BOUND_NONE ? H : Hkv, n};
     ks_tensor *o = ks_lp_out(L, be, KS_T_F32, 2, shape);
-#ifdef KS_BACKEND_PRIMS_PAGE
-    if (tab) CORE(fn, tab->bound_scores(be, qd, H, ld, hd, n, Hkv, d, red, o->data));
-    else
-#endif
-        CORE(fn, ks_cpu_bound_scores(qd, H, ld, hd, n, Hkv, d, red, o->data));
+    CORE(fn, tab->bound_scores(be, qd, H, ld, hd, n, Hkv, d, red, o->data));
     return 1;
 }
 
@@ -229,9 +196,8 @@ int ks_lp_page_rows(lua_State *L) {
     }
     int64_t w;
     CORE(fn, ks_page_rows_check_args(lists, k, page, n, bb, be_, ab, ae, &w));
-    ks_backend *be = page_where(&p, 1);
-    const ks_backend_prims *tab = page_table(be);
-    (void)tab; /* unused in a build without the page entries */
+    ks_backend *be = ks_lp_where(&p, 1);
+    const ks_backend_prims *tab = ks_lp_prims(be);
     int pushed;
     const int32_t *pd = ks_lt_on(L, 5, p, be, &pushed);
     int64_t shape[2] = {lists, w};
@@ -245,28 +211,23 @@ int ks_lp_page_rows(lua_State *L) {
     int64_t plo, phi, lo_row = be_ > bb ? be_ : 0, hi_row = ae > ab ? ab : n;
     int valid = k == 0 || (ks_lt_sorted(L, 5, &plo, &phi) && plo >= 0 && phi <= n && plo * page >= lo_row &&
                            phi * page <= hi_row);
-    int marked = 1;
-#ifdef KS_BACKEND_PRIMS_PAGE
-    if (tab) {
-        int64_t m1 = -1, *err = be && check && !valid ? ks_lp_word(L, be, &m1, 1) : NULL;
-        CORE(fn, tab->page_rows(be, pd, lists, k, page, n, bb, be_, ab, ae, o->data, err));
-        if (err) {
-            int64_t bad;
-            ks_lp_get(L, be, &bad, err, sizeof bad);
-            if (bad >= 0) {
-                /* the CPU's message for the same lists (it stops at the same, lowest, bad entry) */
-                const int32_t *hp = ks_lt_host(L, p);
-                ks_tensor *tmp = ks_lt_new(L, KS_T_I32, p->ndim, p->ndim == 2 ? shape : &shape[1], 0);
-                ks_status st = ks_cpu_page_rows(hp, lists, k, page, n, bb, be_, ab, ae, tmp->data);
-                if (st) return ks_lua_core_error(L, fn, st);
-                return ks_lua_errorf(L, fn, "page at (list %lld, position %lld) is invalid", (long long)(bad / (k ? k : 1)),
-                                     (long long)(bad % (k ? k : 1)));
-            }
+    /* on the host (be NULL) the CPU table checks every entry itself (no error word) */
+    int64_t m1 = -1, *err = be && check && !valid ? ks_lp_word(L, be, &m1, 1) : NULL;
+    CORE(fn, tab->page_rows(be, pd, lists, k, page, n, bb, be_, ab, ae, o->data, err));
+    if (err) {
+        int64_t bad;
+        ks_lp_get(L, be, &bad, err, sizeof bad);
+        if (bad >= 0) {
+            /* the CPU's message for the same lists (it stops at the same, lowest, bad entry) */
+            const int32_t *hp = ks_lt_host(L, p);
+            ks_tensor *tmp = ks_lt_new(L, KS_T_I32, p->ndim, p->ndim == 2 ? shape : &shape[1], 0);
+            ks_status st = ks_cpu_page_rows(hp, lists, k, page, n, bb, be_, ab, ae, tmp->data);
+            if (st) return ks_lua_core_error(L, fn, st);
+            return ks_lua_errorf(L, fn, "page at (list %lld, position %lld) is invalid", (long long)(bad / (k ? k : 1)),
+                                 (long long)(bad % (k ? k : 1)));
         }
-        marked = !be || valid || check;
-    } else
-#endif
-        CORE(fn, ks_cpu_page_rows(pd, lists, k, page, n, bb, be_, ab, ae, o->data));
+    }
+    int marked = !be || valid || check;
     lua_settop(L, oslot);
     if (marked && lists * w > 0) ks_lt_mark_sorted(L, oslot, 0, n);
     return 1;
