@@ -1,5 +1,5 @@
 /* fuzz_lua_prims.c — libFuzzer harness for the Lua side of policies: the primitives
- * (lua/prims_lua.c, lua/prims_scores.c, lua/ext_rope.c), the tensor userdata and its methods and operators
+ * (lua/prims_lua.c, lua/prims_scores.c, lua/prims_page.c, lua/ext_rope.c), the tensor userdata and its methods and operators
  * (lua/tensor.c, lua/tensor_methods.c), and the event object with its fields and actions (lua/events.c, with the
  * engine's action validation of core/actions.c), all inside the policy sandbox with its limits.
  *
@@ -37,7 +37,8 @@
 static const char PROGRAM[] =
     "local ks = require 'kvsieve'\n"
     "local FN = {'scores','pool1d','topk','sort','argsort','rank','unique','union','concat','arange','gather',\n"
-    "  'softmax','sum','mean','var','cosine','tensor','zeros','stack','rope','report','unhook','_upload'}\n"
+    "  'softmax','sum','mean','var','cosine','tensor','zeros','stack','rope','report','unhook','_upload',\n"
+    "  'page_reduce','bound_scores','page_rows'}\n"
     "local TM = {'numel','tolist','item','slice','row','clone','float','int','reshape','size'}\n"
     "local EM = {'restart','propagate','retain','attend','stop','discard_kv','report','kv_pos','kv_keys','kv_values'}\n"
     "local EF = {'event','layer','pass','n','n_prompt','n_heads','n_kv_heads','head_dim','dim','n_layers','token',\n"
@@ -46,9 +47,10 @@ static const char PROGRAM[] =
     "  2^31, 2^32, 2^53, 1e308, -1e308, 1e-40, 1000, 65536, 2147483647, 100000, 64, 7, -7, 0.25}\n"
     "local S = {'', 'ab', 'rows','qpos','kpos','scale','causal','softmax','key_range','out','reduce','gqa','threads',\n"
     "  'sorted','descending','ddof','renumber','none','sum','max','mean','avg','last','group','div','mod','index',\n"
-    "  'value','rsqrt_d','sqrt_d','theta','max_pos','prefill_qkv','decode_qkv','token','x'}\n"
+    "  'value','rsqrt_d','sqrt_d','theta','max_pos','prefill_qkv','decode_qkv','token','x',\n"
+    "  'pages','before','after','check','min','minmax','group_max','group_sum'}\n"
     "local OK = {'rows','qpos','kpos','scale','causal','softmax','key_range','out','reduce','gqa','threads','sorted',\n"
-    "  'descending','ddof','renumber','theta','max_pos','bogus'}\n"
+    "  'descending','ddof','renumber','theta','max_pos','bogus','pages','before','after','check'}\n"
     "local KEEP = {}\n"
     "local DBG = false\n"
     "local unpack = table.unpack\n"
