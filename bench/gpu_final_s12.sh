@@ -26,12 +26,17 @@ step_bench() {
     C="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --lengths 8192,32768 --gen 32 --repeat 1"
     for v in base new base new; do echo "== $v"; timeout 150 $R/$v/kvsieve $C 2>&1; done > $OUT/bench.txt
 }
+step_policies128() {
+    P="--policy none,tokenselect,quest --set quest.budget=4096 --set quest.page=16"
+    ( echo "== 128K"; timeout 400 $N/kvsieve bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda \
+          --lengths 131040 --gen 16 --repeat 1 $P 2>&1 ) > $OUT/policies128.txt
+}
 step_policies() {
     P="--policy none,tokenselect,quest --set quest.budget=4096 --set quest.page=16"
     ( echo "== 32K"; timeout 200 $N/kvsieve bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda \
           --lengths 32768 --gen 32 --repeat 1 $P 2>&1
       echo "== 128K"; timeout 300 $N/kvsieve bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda \
-          --lengths 131072 --gen 16 --repeat 1 $P 2>&1 ) > $OUT/policies.txt
+          --lengths 131040 --gen 16 --repeat 1 $P 2>&1 ) > $OUT/policies.txt
 }
 for s in ${*:-tests memcheck bench policies}; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R
