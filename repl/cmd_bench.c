@@ -34,6 +34,15 @@ static spread spread_of(double *v, int n) {
     return r;
 }
 
+/* v formatted with fmt (one conversion), or "-" right-aligned to the same width when v is not a
+ * number (not measured) */
+static void fmt_or_dash(char *buf, size_t n, const char *fmt, double v) {
+    if (!isnan(v) && !isinf(v)) { snprintf(buf, n, fmt, v); return; }
+    char tmp[32];
+    int w = snprintf(tmp, sizeof tmp, fmt, 0.0);
+    snprintf(buf, n, "%*s", w > 0 ? w : 1, "-");
+}
+
 static void json_num(FILE *f, double v) {
     if (isfinite(v)) fprintf(f, "%.6g", v);
     else fputs("null", f);
@@ -217,9 +226,15 @@ int ks_cli_bench(int argc, char **argv) {
             }
             free(rate); free(tpot); free(drate); free(tps);
             double tp = res->best_prefill_s, td = res->best_decode_s, lin_gf = res->linear_gflops, ceil = res->gemm_gflops;
-            printf("%-12s %8d %10.3f %12.1f %12.1f %11.1f %7.0f%% %10.2f %9zu %9.2f\n", pn, L, tp, L / tp, lin_gf, ceil,
-                   100 * lin_gf / ceil, gen > 0 ? 1e3 * td / gen : 0.0, res->kv_rows / ((size_t)c.n_layers * c.n_kv_heads),
-                   has_mem ? GIB(res->memory.peak) : NAN);
+            /* a figure the backend did not measure (the CUDA matmul rates without --profile, the
+             * CPU GEMM ceiling on CUDA) prints as "-", not nan */
+            char f_lin[32], f_ceil[32], f_pct[32], f_peak[32];
+            fmt_or_dash(f_lin, sizeof f_lin, "%12.1f", lin_gf);
+            fmt_or_dash(f_ceil, sizeof f_ceil, "%11.1f", ceil);
+            fmt_or_dash(f_pct, sizeof f_pct, "%7.0f%%", 100 * lin_gf / ceil);
+            fmt_or_dash(f_peak, sizeof f_peak, "%9.2f", has_mem ? GIB(res->memory.peak) : NAN);
+            printf("%-12s %8d %10.3f %12.1f %12s %11s %8s %10.2f %9zu %9s\n", pn, L, tp, L / tp, f_lin, f_ceil, f_pct,
+                   gen > 0 ? 1e3 * td / gen : 0.0, res->kv_rows / ((size_t)c.n_layers * c.n_kv_heads), f_peak);
             fflush(stdout);
             br->ttft = s_ttft;
             br->prefill_tps = s_rate;
