@@ -17,6 +17,7 @@
 
 #include "model.h"
 #include "policy.h"
+#include "session_api.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -123,8 +124,7 @@ struct ks_session {
 };
 
 /* Sessions are made and freed by ks_session_create / ks_session_free (kvsieve.h; session.c). */
-/* Forget everything (KV rows freed, positions back to 0). */
-void ks_session_reset(ks_session *s);
+/* ks_session_reset and ks_session_kv_rows: session_api.h (lua/ calls them too). */
 
 /* Prefill the prompt ids (appended after whatever the session holds). Fills s->logits. */
 ks_status ks_session_prefill(ks_session *s, const int32_t *ids, int n);
@@ -169,8 +169,6 @@ typedef struct ks_gen_params {
 ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks_gen_params *p, ks_token_cb cb,
                               void *ud, int32_t **out_ids, int *n_out);
 
-/* KV rows in use at a layer, summed over its KV heads. */
-size_t ks_session_kv_rows(const ks_session *s, int layer);
 
 /* Profiling: on = 1 turns it on (the backend's timestamps where it has them), 2 = on with sync +
  * host clock, 0 = off. Counters are kept; ks_profile_reset clears them. */

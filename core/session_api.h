@@ -20,6 +20,10 @@
 
 /* ---------------------------------------------------------------- sessions */
 
+/* Forget everything (KV rows freed, positions back to 0): the start of a new conversation. */
+void ks_session_reset(ks_session *s);
+/* KV rows in use at a layer, summed over its KV heads (s->kv[layer]). */
+size_t ks_session_kv_rows(const ks_session *s, int layer);
 /* The model the session runs (s->m). */
 ks_model *ks_session_model(const ks_session *s);
 /* Prompt and generated ids held, as given (s->n_tokens). */

@@ -28,8 +28,8 @@
  * sequences. Only this layer raises Lua errors; core calls return a status and the binding
  * converts it with luaL_error after its own cleanup (no longjmp ever crosses a core frame).
  * The binding reads sessions and models through calls (kvsieve.h, core/session_api.h), never
- * through the fields of struct ks_session or struct ks_model: this header does not include
- * engine.h (their definitions), only lua/module_session.c does, for two of its calls. Events are
+ * through the fields of struct ks_session or struct ks_model: no file of lua/ includes engine.h
+ * (their definitions). Events are
  * read as core/policy.h's ks_event record (the engine's interface to policies: zero-copy views of
  * its buffers), backends through backend.h's interface (memory, rope, the prims table).
  */

@@ -12,7 +12,7 @@
  * call: its error ends the generate with that message. */
 #include "module_impl.h"
 
-#include "engine.h" /* ks_session_reset, ks_session_kv_rows */
+#include "session_api.h" /* ks_session_reset, ks_session_kv_rows */
 
 #include <stdio.h>
 #include <stdlib.h>
