@@ -136,29 +136,62 @@ static const char *type_of(const ks_json *o) {
     return ty && ty->type == KS_JSON_STRING ? ty->str : NULL;
 }
 
+/* ---------------------------------------------------------------- components */
+
+/* The start of every component loader: j must be an object no deeper than 32 components, and *ty
+ * receives its "type" (NULL when absent: the caller says what that means for its kind). */
+static ks_status comp_type(const ks_json *j, const char *where, int depth, const char **ty) {
+    *ty = NULL;
+    if (depth > 32) return ks_errorf(KS_ERR_FORMAT, "%s: nested too deeply", where);
+    ks_status st = want(j, KS_JSON_OBJECT, where);
+    if (!st) *ty = type_of(j);
+    return st;
+}
+
+/* A "Sequence" normalizer, pre-tokenizer, decoder or post-processor: j[key] is an array of parts of
+ * the same kind, each `size` bytes, loaded by `load` (at depth + 1, named where.key[i] in
+ * messages) into an array this allocates. *parts receives the array and *nk the number of parts
+ * loaded so far, also after a failure, so the caller's free releases exactly those. */
+typedef ks_status (*part_loader)(const ks_json *j, void *part, const char *where, int depth);
+
+static ks_status load_seq(const ks_json *j, const char *key, const char *where, int depth, size_t size,
+                          part_loader load, void **parts, size_t *nk) {
+    char sub[256];
+    const ks_json *a = ks_json_get(j, key);
+    snprintf(sub, sizeof sub, "%s.%s", where, key);
+    ks_status st = want(a, KS_JSON_ARRAY, sub);
+    if (st) return st;
+    unsigned char *kids = ks_calloc(a->len ? a->len : 1, size);
+    if (!kids) return KS_ERR_OOM;
+    *parts = kids;
+    for (size_t i = 0; i < a->len; i++) {
+        snprintf(sub, sizeof sub, "%s.%s[%zu]", where, key, i);
+        *nk = i + 1;
+        if ((st = load(&a->items[i], kids + i * size, sub, depth + 1))) return st;
+    }
+    return KS_OK;
+}
+
 /* ---------------------------------------------------------------- normalizer */
+
+static ks_status load_norm(const ks_json *j, knorm *n, const char *where, int depth);
+static ks_status norm_part(const ks_json *j, void *part, const char *where, int depth) {
+    return load_norm(j, part, where, depth);
+}
 
 static ks_status load_norm(const ks_json *j, knorm *n, const char *where, int depth) {
     memset(n, 0, sizeof *n);
-    if (depth > 32) return ks_errorf(KS_ERR_FORMAT, "%s: nested too deeply", where);
-    ks_status st = want(j, KS_JSON_OBJECT, where);
+    const char *ty;
+    ks_status st = comp_type(j, where, depth, &ty);
     if (st) return st;
-    const char *ty = type_of(j);
     if (!ty) return ks_errorf(KS_ERR_FORMAT, "%s: missing \"type\"", where);
     char sub[256];
     if (!strcmp(ty, "Sequence")) {
-        const ks_json *a = ks_json_get(j, "normalizers");
-        snprintf(sub, sizeof sub, "%s.normalizers", where);
-        if ((st = want(a, KS_JSON_ARRAY, sub))) return st;
         n->type = N_SEQ;
-        n->kids = ks_calloc(a->len ? a->len : 1, sizeof *n->kids);
-        if (!n->kids) return KS_ERR_OOM;
-        for (size_t i = 0; i < a->len; i++) {
-            snprintf(sub, sizeof sub, "%s.normalizers[%zu]", where, i);
-            n->nk = i + 1;
-            if ((st = load_norm(&a->items[i], &n->kids[i], sub, depth + 1))) return st;
-        }
-        return KS_OK;
+        void *kids = NULL;
+        st = load_seq(j, "normalizers", where, depth, sizeof *n->kids, norm_part, &kids, &n->nk);
+        n->kids = kids;
+        return st;
     }
     if (!strcmp(ty, "NFC")) { n->type = N_NFC; return KS_OK; }
     if (!strcmp(ty, "NFD")) { n->type = N_NFD; return KS_OK; }
@@ -195,27 +228,24 @@ static ks_status load_norm(const ks_json *j, knorm *n, const char *where, int de
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+static ks_status load_pre(const ks_json *j, kpre *p, const char *where, int depth);
+static ks_status pre_part(const ks_json *j, void *part, const char *where, int depth) {
+    return load_pre(j, part, where, depth);
+}
+
 static ks_status load_pre(const ks_json *j, kpre *p, const char *where, int depth) {
     memset(p, 0, sizeof *p);
-    if (depth > 32) return ks_errorf(KS_ERR_FORMAT, "%s: nested too deeply", where);
-    ks_status st = want(j, KS_JSON_OBJECT, where);
+    const char *ty;
+    ks_status st = comp_type(j, where, depth, &ty);
     if (st) return st;
-    const char *ty = type_of(j);
     if (!ty) return ks_errorf(KS_ERR_FORMAT, "%s: missing \"type\"", where);
     char sub[256];
     if (!strcmp(ty, "Sequence")) {
-        const ks_json *a = ks_json_get(j, "pretokenizers");
-        snprintf(sub, sizeof sub, "%s.pretokenizers", where);
-        if ((st = want(a, KS_JSON_ARRAY, sub))) return st;
         p->type = P_SEQ;
-        p->kids = ks_calloc(a->len ? a->len : 1, sizeof *p->kids);
-        if (!p->kids) return KS_ERR_OOM;
-        for (size_t i = 0; i < a->len; i++) {
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%zu]", where, i);
-            p->nk = i + 1;
-            if ((st = load_pre(&a->items[i], &p->kids[i], sub, depth + 1))) return st;
-        }
-        return KS_OK;
+        void *kids = NULL;
+        st = load_seq(j, "pretokenizers", where, depth, sizeof *p->kids, pre_part, &kids, &p->nk);
+        p->kids = kids;
+        return st;
     }
     if (!strcmp(ty, "ByteLevel")) {
         p->type = P_BYTELEVEL;
@@ -268,27 +298,24 @@ static ks_status load_pre(const ks_json *j, kpre *p, const char *where, int dept
 
 /* ---------------------------------------------------------------- decoder */
 
+static ks_status load_dec(const ks_json *j, kdec *d, const char *where, int depth);
+static ks_status dec_part(const ks_json *j, void *part, const char *where, int depth) {
+    return load_dec(j, part, where, depth);
+}
+
 static ks_status load_dec(const ks_json *j, kdec *d, const char *where, int depth) {
     memset(d, 0, sizeof *d);
-    if (depth > 32) return ks_errorf(KS_ERR_FORMAT, "%s: nested too deeply", where);
-    ks_status st = want(j, KS_JSON_OBJECT, where);
+    const char *ty;
+    ks_status st = comp_type(j, where, depth, &ty);
     if (st) return st;
-    const char *ty = type_of(j);
     if (!ty) return ks_errorf(KS_ERR_UNSUPPORTED, "%s: a decoder without \"type\" (legacy format) is not supported", where);
     char sub[256];
     if (!strcmp(ty, "Sequence")) {
-        const ks_json *a = ks_json_get(j, "decoders");
-        snprintf(sub, sizeof sub, "%s.decoders", where);
-        if ((st = want(a, KS_JSON_ARRAY, sub))) return st;
         d->type = D_SEQ;
-        d->kids = ks_calloc(a->len ? a->len : 1, sizeof *d->kids);
-        if (!d->kids) return KS_ERR_OOM;
-        for (size_t i = 0; i < a->len; i++) {
-            snprintf(sub, sizeof sub, "%s.decoders[%zu]", where, i);
-            d->nk = i + 1;
-            if ((st = load_dec(&a->items[i], &d->kids[i], sub, depth + 1))) return st;
-        }
-        return KS_OK;
+        void *kids = NULL;
+        st = load_seq(j, "decoders", where, depth, sizeof *d->kids, dec_part, &kids, &d->nk);
+        d->kids = kids;
+        return st;
     }
     if (!strcmp(ty, "ByteLevel")) { d->type = D_BYTELEVEL; return KS_OK; }
     if (!strcmp(ty, "ByteFallback")) { d->type = D_BYTEFALLBACK; return KS_OK; }
@@ -358,27 +385,24 @@ static ks_status post_pair(const ks_json *j, const char *key, int32_t *id, const
     return KS_OK;
 }
 
+static ks_status load_post(const ks_json *j, kpost *p, const char *where, int depth);
+static ks_status post_part(const ks_json *j, void *part, const char *where, int depth) {
+    return load_post(j, part, where, depth);
+}
+
 static ks_status load_post(const ks_json *j, kpost *p, const char *where, int depth) {
     memset(p, 0, sizeof *p);
-    if (depth > 32) return ks_errorf(KS_ERR_FORMAT, "%s: nested too deeply", where);
-    ks_status st = want(j, KS_JSON_OBJECT, where);
+    const char *ty;
+    ks_status st = comp_type(j, where, depth, &ty);
     if (st) return st;
-    const char *ty = type_of(j);
     if (!ty) return ks_errorf(KS_ERR_FORMAT, "%s: missing \"type\"", where);
     char sub[256];
     if (!strcmp(ty, "Sequence")) {
-        const ks_json *a = ks_json_get(j, "processors");
-        snprintf(sub, sizeof sub, "%s.processors", where);
-        if ((st = want(a, KS_JSON_ARRAY, sub))) return st;
         p->is_seq = 1;
-        p->kids = ks_calloc(a->len ? a->len : 1, sizeof *p->kids);
-        if (!p->kids) return KS_ERR_OOM;
-        for (size_t i = 0; i < a->len; i++) {
-            snprintf(sub, sizeof sub, "%s.processors[%zu]", where, i);
-            p->nk = i + 1;
-            if ((st = load_post(&a->items[i], &p->kids[i], sub, depth + 1))) return st;
-        }
-        return KS_OK;
+        void *kids = NULL;
+        st = load_seq(j, "processors", where, depth, sizeof *p->kids, post_part, &kids, &p->nk);
+        p->kids = kids;
+        return st;
     }
     if (!strcmp(ty, "ByteLevel")) return KS_OK;
     if (!strcmp(ty, "BertProcessing") || !strcmp(ty, "RobertaProcessing")) {
