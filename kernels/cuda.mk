@@ -5,7 +5,9 @@
 # CUDA libraries to LDLIBS and provides the targets below. cuBLAS is linked dynamically
 # (this toolkit ships no libcublas_static.a), with an rpath to $(CUDA_HOME)/lib64; the CUDA
 # runtime statically (libcudart_static.a). On the GPU machine the toolkit's lib64 (or
-# LD_LIBRARY_PATH) must provide libcublas.so.13 and libcublasLt.so.13.
+# LD_LIBRARY_PATH) must provide libcublas.so.13 and libcublasLt.so.13. NCCL (kernels/tp_nccl.cu:
+# the collectives of tensor parallelism over GPUs) likewise dynamically from the toolkit's lib64
+# (no libnccl_static.a there): libnccl.so.2.
 
 NVCC        ?= nvcc
 CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
@@ -16,7 +18,7 @@ CUDA_INC    := -Iinclude -Icore -Ikernels
 CUDA_SRC    := $(wildcard kernels/*.cu)
 CUDA_OBJ    := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
 CUDA_HDR    := $(wildcard kernels/*.cuh kernels/*.h)
-CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcublasLt \
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lnccl \
                $(CUDA_HOME)/lib64/libcudart_static.a -lrt -ldl -lpthread -lstdc++
 
 CFLAGS  += -DKS_HAVE_CUDA
@@ -96,5 +98,10 @@ test-cuda-sanitize: cuda-tests                                  # the same under
 
 bench-kernels: $(BUILD)/bench_kernels                           # per-kernel benchmark (GPU machine)
 	$(BUILD)/bench_kernels
+
+# all-reduce bandwidth through NCCL, nccl-tests style (bench/nccl_allreduce.cu; GPU machine)
+$(BUILD)/nccl_allreduce: bench/nccl_allreduce.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< -L$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib64 -lnccl
 
 .PHONY: cuda-tests test-cuda test-cuda-sanitize bench-kernels
