@@ -303,6 +303,16 @@ struct ks_backend {
     ks_status (*graph_end)(ks_backend *b, ks_graph **out);
     ks_status (*graph_run)(ks_backend *b, ks_graph *g, int32_t id, int32_t pos);
     void (*graph_free)(ks_backend *b, ks_graph *g);
+
+    /* ---- batched decode attention (optional; NULL = kv_append and attention per session). One
+     * decode row for each of n sessions, all in one go: for each i, kv_append(L[i], k[i], v[i],
+     * &pos[i], 1), then out[i] (n_heads*head_dim) = attention of q[i] over all of L[i]'s rows with
+     * n = 1, qpos = &pos[i], scale and window and nothing else (no index lists, no pre-RoPE).
+     * q, k, v, out: host arrays of n backend pointers; L: n distinct layers. Used by a batched
+     * decode step (core/decode_batch.c) for its sessions without a decode-time policy. */
+    ks_status (*attn_decode_batch)(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
+                                   const float *const *k, const float *const *v, const int32_t *pos, int n_heads,
+                                   float scale, int window, float *const *out);
 };
 #define KS_PROF_TAGS 64
 

@@ -494,6 +494,55 @@ KS_API ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks
 /* Free the arrays and text of r and zero it (NULL is a no-op). */
 KS_API void ks_bench_result_free(ks_bench_result *r);
 
+/* One batched row of the bench (core/bench_batch.c, `kvsieve bench --batch B,...`): B sessions
+ * of model m, each prefilled with its own prompt (one after another, untimed but for
+ * prefill_s), then opts.warmup untimed and opts.gen timed batched decode steps: every step one
+ * ks_sessions_decode of all B (the weights read once; what ks_batch_step runs), greedy ids
+ * (argmax, EOS ignored: every step has B rows). With ttft_under_load, one more prompt arrives
+ * after the timed steps and is prefilled in pieces of prefill_chunk rows, one piece per round
+ * before that round's batched step of the B others (serve's order, repl/serve_sched.c); its
+ * TTFT is from its arrival to its last piece's logits, the others' steps included. ttft_alone_s
+ * is the same piecewise prefill with nobody decoding. */
+typedef struct ks_bench_batch_opts {
+    int gen;                    /* timed batched steps, >= 1 (default 16) */
+    int warmup;                 /* untimed batched steps first, >= 0 (default 2) */
+    int ttft_under_load;        /* 1: the TTFT of one more prompt while the B decode (default 0) */
+    int prefill_chunk;          /* rows per prefill piece of that prompt, >= 1 (default 256, serve's) */
+    int per_session_attention;  /* A/B: 1 = attention session by session even where the backend has a
+                                 * batched decode attention (default 0) */
+    int keep_ids;               /* 1: keep every sequence's generated ids in the result (default 0) */
+} ks_bench_batch_opts;
+KS_API void ks_bench_batch_opts_default(ks_bench_batch_opts *o);
+
+typedef struct ks_bench_batch_result {
+    int batch, tokens, gen;     /* B, prompt length, timed steps */
+    double prefill_s;           /* the B prompts' prefills, one after another */
+    double *step_s;             /* (gen) seconds of each timed step (host clock, the step's logits
+                                 * downloaded) */
+    double step_median_s;       /* their median */
+    double decode_tok_s;        /* B * gen / the timed steps' seconds: aggregate tokens/s */
+    double kv_bytes;            /* KV bytes the B sessions held at the last timed step (all layers,
+                                 * keys and values, in the backend's element type) */
+    /* ttft_under_load (else 0): */
+    double ttft_s;              /* the new prompt's TTFT with the B decoding */
+    double ttft_alone_s;        /* the same pieces with nobody decoding */
+    int ttft_rounds;            /* rounds (pieces) it took */
+    double ttft_step_s;         /* mean seconds of the B others' batched steps in those rounds */
+    int32_t *ids;               /* keep_ids: (batch, warmup + gen) generated ids, row per sequence */
+    int n_ids;                  /* warmup + gen with keep_ids, else 0 */
+    int has_memory;
+    ks_model_memory memory;     /* the backend's peak over the row (ks_model_memory_stats) */
+} ks_bench_batch_result;
+
+/* Run the row on m: ids (n_prompts, n), one prompt per sequence, n_prompts = batch +
+ * (ttft_under_load ? 1 : 0); the row's sessions are created and freed here. batch < 1, n < 1,
+ * n + warmup + gen (+ rounds) beyond the context, ids out of the vocabulary, bad options or NULL
+ * pointers are KS_ERR_ARG; an engine failure stops the row with its status and message (*out
+ * must still be freed). */
+KS_API ks_status ks_bench_batch_run(ks_model *m, const int32_t *ids, int n, int batch, const ks_bench_batch_opts *o,
+                                    ks_bench_batch_result *out);
+KS_API void ks_bench_batch_result_free(ks_bench_batch_result *r);
+
 /* ---------------------------------------------------------------- policy checks */
 
 /* Run the policy's begin handler against model m on a scratch session, as every request does

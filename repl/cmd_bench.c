@@ -88,11 +88,89 @@ static void print_rates(const bench_row *br, const ks_model_info *c, double gemm
     printf("\n");
 }
 
+/* --batch: per length and batch size, the aggregate decode tokens/s of B sessions stepped
+ * together (ks_bench_batch_run), the step time, its multiple of B = 1's rate when B = 1 ran,
+ * the KV the step reads, and with --ttft-under-load a newcomer's TTFT while the B decode. */
+static int bench_batch_rows(ks_model *m, const ks_model_info *c, const char *model, const int *lens, int n_lens,
+                            const int *bs, int n_bs, const ks_bench_batch_opts *bo, const char *json_path) {
+    printf("kvsieve bench: %s (%s, %d layers, dim %d, %zu M params) on %s, batched decode, %d warm-up + %d timed "
+           "steps%s\n", model, c->arch, c->n_layers, c->dim, c->n_params / 1000000, c->backend, bo->warmup, bo->gen,
+           bo->per_session_attention ? ", attention per session (A/B)" : "");
+    printf("%-8s %6s %12s %11s %12s %7s %9s %9s", "tokens", "B", "prefill_s", "step_ms", "decode_t/s", "xB=1", "KV_GB",
+           "peak_GiB");
+    if (bo->ttft_under_load) printf(" %10s %10s %7s %12s", "TTFT_s", "alone_s", "rounds", "load_step_ms");
+    printf("\n");
+    FILE *jf = json_path ? fopen(json_path, "w") : NULL;
+    if (json_path && !jf) { fprintf(stderr, "kvsieve: bench: --json %s: cannot write: %s\n", json_path, strerror(errno)); return 1; }
+    if (jf) fprintf(jf, "{\"backend\": \"%s\", \"gen\": %d, \"warmup\": %d, \"per_session_attention\": %d, \"rows\": [",
+                    c->backend, bo->gen, bo->warmup, bo->per_session_attention);
+    int rc = 0, nj = 0;
+    for (int li = 0; li < n_lens && !rc; li++) {
+        double base = NAN; /* B = 1's tokens/s at this length */
+        for (int bi = 0; bi < n_bs && !rc; bi++) {
+            int L = lens[li], B = bs[bi], np = B + (bo->ttft_under_load ? 1 : 0);
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)np * L);
+            if (!ids) { rc = ks_cli_fail("bench: out of memory"); break; }
+            uint64_t r = 99; /* distinct prompts: one stream of ids cut into rows */
+            for (size_t i = 0; i < (size_t)np * L; i++) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                ids[i] = (int32_t)((r >> 33) % c->vocab);
+            }
+            ks_bench_batch_result res;
+            ks_status st = ks_bench_batch_run(m, ids, L, B, bo, &res);
+            free(ids);
+            if (st) { ks_bench_batch_result_free(&res); rc = ks_cli_fail("bench --batch"); break; }
+            if (B == 1) base = res.decode_tok_s;
+            char f_x[32], f_peak[32];
+            fmt_or_dash(f_x, sizeof f_x, "%7.2f", res.decode_tok_s / base);
+            fmt_or_dash(f_peak, sizeof f_peak, "%9.2f", res.has_memory ? GIB(res.memory.peak) : NAN);
+            printf("%-8d %6d %12.3f %11.3f %12.1f %7s %9.3f %9s", L, B, res.prefill_s, 1e3 * res.step_median_s,
+                   res.decode_tok_s, f_x, res.kv_bytes / 1e9, f_peak);
+            if (bo->ttft_under_load)
+                printf(" %10.3f %10.3f %7d %12.3f", res.ttft_s, res.ttft_alone_s, res.ttft_rounds, 1e3 * res.ttft_step_s);
+            printf("\n");
+            fflush(stdout);
+            if (jf) {
+                fprintf(jf, "%s\n    {\"tokens\": %d, \"batch\": %d, \"prefill_s\": ", nj++ ? "," : "", L, B);
+                json_num(jf, res.prefill_s);
+                fputs(", \"step_median_ms\": ", jf);
+                json_num(jf, 1e3 * res.step_median_s);
+                fputs(", \"decode_tok_s\": ", jf);
+                json_num(jf, res.decode_tok_s);
+                fputs(", \"kv_gb\": ", jf);
+                json_num(jf, res.kv_bytes / 1e9);
+                if (bo->ttft_under_load) {
+                    fputs(", \"ttft_s\": ", jf);
+                    json_num(jf, res.ttft_s);
+                    fputs(", \"ttft_alone_s\": ", jf);
+                    json_num(jf, res.ttft_alone_s);
+                    fprintf(jf, ", \"ttft_rounds\": %d, \"ttft_step_ms\": ", res.ttft_rounds);
+                    json_num(jf, 1e3 * res.ttft_step_s);
+                }
+                fputs(", \"step_ms\": [", jf);
+                for (int g = 0; g < res.gen; g++) {
+                    if (g) fputs(", ", jf);
+                    json_num(jf, 1e3 * res.step_s[g]);
+                }
+                fputs("]}", jf);
+            }
+            ks_bench_batch_result_free(&res);
+        }
+    }
+    if (jf) {
+        fprintf(jf, "%s], \"complete\": %s}\n", nj ? "\n  " : "", rc ? "false" : "true");
+        if (fclose(jf)) { fprintf(stderr, "kvsieve: bench: --json %s: write failed\n", json_path); rc = rc ? rc : 1; }
+        else printf("results: %s\n", json_path);
+    }
+    return rc;
+}
+
 int ks_cli_bench(int argc, char **argv) {
     const char *model = NULL, *random_cfg = NULL, *lengths = "128,512,1024", *backend = NULL, *policies = "none";
     const char *sets[64];
     const char *json_path = NULL;
-    int n_sets = 0, gen = 16, reps = 3, profile = 0, tp = 0;
+    const char *batches = NULL;
+    int n_sets = 0, gen = 16, reps = 3, profile = 0, tp = 0, ttft_load = 0, chunk = 256, per_session = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (ks_cli_is_help(argv[i])) return ks_cli_help("bench"), 0;
@@ -108,6 +186,10 @@ int ks_cli_bench(int argc, char **argv) {
         else if (!strcmp(argv[i], "--policy") && v) { policies = v; i++; }
         else if (!strcmp(argv[i], "--set") && v) { if (n_sets < 64) sets[n_sets++] = v; i++; }
         else if (!strcmp(argv[i], "--profile")) profile = 1;
+        else if (!strcmp(argv[i], "--batch") && v) { batches = v; i++; }
+        else if (!strcmp(argv[i], "--ttft-under-load")) ttft_load = 1;
+        else if (!strcmp(argv[i], "--prefill-chunk") && v) { if (ks_arg_int("--prefill-chunk", v, 1, INT_MAX, &chunk)) return 2; i++; }
+        else if (!strcmp(argv[i], "--attn-per-session")) per_session = 1;
         else { fprintf(stderr, "kvsieve: bench: unknown or incomplete option %s\n", argv[i]); return 2; }
     }
     if (!model && !random_cfg) { fprintf(stderr, "kvsieve: bench needs -m DIR or --random-weights CONFIG\n"); return 2; }
@@ -117,6 +199,12 @@ int ks_cli_bench(int argc, char **argv) {
     if (ks_arg_int_list("--lengths", lengths, 1, INT_MAX, 1, lens, 64, &n_lens)) return 2;
     /* the JSON file must be writable before any work (written at the end) */
     if (json_path && ks_cli_check_writable("bench: --json", json_path)) return 2;
+    int bs[16], n_bs = 0;
+    if (batches && ks_arg_int_list("--batch", batches, 1, 4096, 0, bs, 16, &n_bs)) return 2;
+    if (!batches && (ttft_load || per_session)) {
+        fprintf(stderr, "kvsieve: bench: --ttft-under-load and --attn-per-session need --batch\n");
+        return 2;
+    }
     ks_model *m;
     ks_model_opts mo;
     ks_model_opts_default(&mo);
@@ -131,6 +219,17 @@ int ks_cli_bench(int argc, char **argv) {
     } else if (ks_model_open_tuned(model, &mo, &tu, &m)) return ks_cli_fail("cannot load model");
     ks_model_info c;
     ks_model_get_info(m, &c);
+    if (batches) { /* the batched rows (bench_batch_rows) instead of the batch-1 table */
+        ks_bench_batch_opts bo;
+        ks_bench_batch_opts_default(&bo);
+        bo.gen = gen > 0 ? gen : 1;
+        bo.ttft_under_load = ttft_load;
+        bo.prefill_chunk = chunk;
+        bo.per_session_attention = per_session;
+        int rc = bench_batch_rows(m, &c, model, lens, n_lens, bs, n_bs, &bo, json_path);
+        ks_model_close(m);
+        return rc;
+    }
     ks_session *s;
     if (ks_session_create(m, &s)) { ks_model_close(m); return ks_cli_fail("session"); }
     /* --profile, or KS_PROFILE in the environment (already on: =sync keeps the host clock) */
