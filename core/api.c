@@ -141,11 +141,19 @@ static ks_status model_open(const char *path, const ks_model_opts *o, const ks_m
     ks_status st = backend_opts_of(o, t, what, &bo);
     if (st) return st;
     ks_backend *be = NULL;
-    if (t->tp > 1) { /* tensor parallel (tp_backend.h): simulated CPU ranks */
-        if (o->backend && strcmp(o->backend, "cpu"))
-            return ks_errorf(KS_ERR_UNSUPPORTED, "%s: tp %d: tensor parallel runs on simulated CPU ranks in this build; "
-                             "the %s backend has no ranks yet", what, t->tp, o->backend);
-        st = ks_tp_backend_create(t->tp, &bo, &be);
+    if (t->tp > 1) { /* tensor parallel (tp_backend.h): CPU ranks (simulated), or GPU ranks over NCCL */
+        if (o->backend && !strcmp(o->backend, "cuda")) {
+#ifdef KS_HAVE_CUDA
+            st = ks_tp_backend_create_dev(t->tp, &bo, ks_tp_nccl_ops(), &be);
+#else
+            st = ks_tp_backend_create_dev(t->tp, &bo, NULL, &be);
+#endif
+        } else if (o->backend && strcmp(o->backend, "cpu")) {
+            return ks_errorf(KS_ERR_UNSUPPORTED, "%s: tp %d: tensor parallel runs on CPU or CUDA ranks, not on the %s "
+                             "backend", what, t->tp, o->backend);
+        } else {
+            st = ks_tp_backend_create(t->tp, &bo, &be);
+        }
     } else {
         st = ks_backend_create_opts(o->backend, &bo, &be);
     }
@@ -234,6 +242,7 @@ ks_status ks_detokenize(ks_model *m, const int32_t *ids, int n, char **text) {
 }
 
 ks_status ks_session_set_policy(ks_session *s, ks_policy *p) {
+    if (p) ks_tp_want_views(s->m->be); /* GPU ranks: keep the whole q, k, v and KV copies the events read */
     s->policy = p;
     return KS_OK;
 }

@@ -1,7 +1,7 @@
 /* tp_backend.c — the tensor-parallel composite backend (tp_backend.h): the Megatron split of each
  * coarse forward op over N CPU rank backends, the host all-reduce in fixed rank order, and the
  * KV cache split by KV heads with the whole view kept for the policy events. */
-#include "tp_backend.h"
+#include "tp_int.h"
 #include "cpu_dense.h"
 #include "dense_plain.h"
 #include "model.h"
@@ -11,57 +11,19 @@
 
 /* ================================================================ state */
 
-enum { SPLIT_NONE = 0, SPLIT_REPL, SPLIT_ROWS, SPLIT_COLS };
-
-/* A weight on the composite: the whole tensor until it is sharded, then N rank shards. */
-struct ks_weight {
-    int64_t rows, cols;
-    const ks_st_tensor *t;     /* a checkpoint tensor (the model keeps the mapping open) ... */
-    int64_t row0;              /* ... rows [row0, row0 + rows) of it */
-    float *host;               /* or random values (rows, cols), freed once sharded */
-    int split;                 /* SPLIT_*: how it was cut */
-    ks_weight *sh[KS_TP_MAX];  /* rank r's shard (a weight of rank r's backend) */
-    float *stage[KS_TP_MAX];   /* float32 copy a column shard (or a random one) is read from */
-};
-
-typedef struct tp_ctx {
-    int N;
-    ks_backend *rank[KS_TP_MAX]; /* owned */
-    ks_backend *host;            /* a CPU backend for the composite's own host buffers and KV view */
-    ks_dense_ops ops;            /* the ranks' plain dense ops (CPU: cpu_dense.h) */
-    ks_memtrack *stage_mem[KS_TP_MAX]; /* bytes of the shard copies kept for rank r */
-    int sharded;
-} tp_ctx;
-
-/* A layer's rank KV layers; hangs off the whole layer's pos_dev. */
-typedef struct tp_kv {
-    ks_kv_layer r[KS_TP_MAX];
-} tp_kv;
-
 static tp_ctx *CTX(ks_backend *b) { return b->ctx; }
+static int64_t lo(int64_t total, int N, int r) { return tp_lo(total, N, r); }
+static int64_t cnt(int64_t total, int N, int r) { return tp_cnt(total, N, r); }
+static ks_config rank_cfg(const ks_config *c, int N, int r) { return tp_rank_cfg(c, N, r); }
 
-/* [total*r/N, total*(r+1)/N): units split as evenly as they go */
-static int64_t lo(int64_t total, int N, int r) { return total * r / N; }
-static int64_t cnt(int64_t total, int N, int r) { return lo(total, N, r + 1) - lo(total, N, r); }
-
-/* Rank r's view of the model's sizes: its heads, KV heads, ffn units and vocab rows. */
-static ks_config rank_cfg(const ks_config *c, int N, int r) {
-    ks_config x = *c;
-    x.n_heads = c->n_heads / N;
-    x.n_kv_heads = c->n_kv_heads / N;
-    x.ffn = (int)cnt(c->ffn, N, r);
-    x.vocab = (int)cnt(c->vocab, N, r);
-    return x;
-}
-
-/* Rank r's shards of a layer's weights (bo on rank 0 only: it is added once). */
-static ks_layer_w rank_w(const ks_layer_w *W, int r) {
+ks_layer_w ks_tp_rank_w(const ks_layer_w *W, int r) {
 #define S(w) ((w) ? (w)->sh[r] : NULL)
     ks_layer_w x = {S(W->attn_norm), S(W->wq), S(W->wk), S(W->wv), S(W->wo), S(W->bq), S(W->bk), S(W->bv),
                     r == 0 ? S(W->bo) : NULL, S(W->ffn_norm), S(W->w_gate), S(W->w_up), S(W->w_down)};
 #undef S
     return x;
 }
+static ks_layer_w rank_w(const ks_layer_w *W, int r) { return ks_tp_rank_w(W, r); }
 
 /* The ranks' matmul counters into the composite's (the bench reads b->stat_matmul_*): set the
  * ranks' timing switch from b's before an op (rank_stats_on), collect after it (rank_stats_take). */
@@ -77,7 +39,7 @@ static void rank_stats_take(ks_backend *b) {
     }
 }
 
-static ks_status need_shards(tp_ctx *t) {
+ks_status ks_tp_need_shards(tp_ctx *t) {
     return t->sharded ? KS_OK
                       : ks_errorf(KS_ERR_INTERNAL, "tp: the model's weights are not split across the ranks yet "
                                                    "(ks_tp_shard_model)");
@@ -161,6 +123,15 @@ static ks_status tp_weight_create(ks_backend *b, const ks_st_tensor *t, int64_t 
  * the same seed), read back row by row through its embedding lookup. */
 static ks_status tp_weight_random(ks_backend *b, int64_t rows, int64_t cols, uint64_t seed, float scale, float offset,
                                   ks_weight **out) {
+    if (CTX(b)->dev) { /* device ranks: each shard drawn on its rank (make_shard) */
+        if (rows < 0 || cols < 1)
+            return ks_errorf(KS_ERR_SHAPE, "weight_random: bad shape (%lld, %lld)", (long long)rows, (long long)cols);
+        ks_weight *w = ks_calloc(1, sizeof *w);
+        if (!w) return KS_ERR_OOM;
+        *w = (ks_weight){.rows = rows, .cols = cols, .rnd = 1, .seed = seed, .scale = scale, .offset = offset};
+        *out = w;
+        return KS_OK;
+    }
     ks_backend *h = CTX(b)->host;
     ks_weight *whole = NULL;
     ks_status st = h->weight_random(h, rows, cols, seed, scale, offset, &whole);
@@ -185,6 +156,7 @@ static void tp_weight_free(ks_backend *b, ks_weight *w) {
     if (!w) return;
     tp_ctx *t = CTX(b);
     for (int r = 0; r < t->N; r++) {
+        if (t->dev) t->dev->use(t->comm, r);
         if (w->sh[r]) t->rank[r]->weight_free(t->rank[r], w->sh[r]);
         if (w->stage[r]) { ks_memtrack_remove(t->stage_mem[r], w->stage[r]); free(w->stage[r]); }
     }
@@ -210,7 +182,12 @@ static float w_at(const ks_weight *w, int64_t i, int64_t j) {
  * tensor in place: the copy is the shard). */
 static ks_status make_shard(tp_ctx *t, ks_weight *w, int r, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
     ks_backend *rb = t->rank[r];
+    if (t->dev) t->dev->use(t->comm, r);
     if (w->t && c0 == 0 && nc == w->cols) return rb->weight_create(rb, w->t, w->row0 + r0, nr, &w->sh[r]);
+    if (w->rnd) { /* device ranks: drawn on the rank; a replicated weight gets the same values everywhere */
+        uint64_t seed = w->split == SPLIT_REPL || r == 0 ? w->seed : w->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(r + 1));
+        return rb->weight_random(rb, nr, nc, seed, w->scale, w->offset, &w->sh[r]);
+    }
     size_t bytes = sizeof(float) * (size_t)nr * (size_t)nc;
     float *s = NULL;
     if (posix_memalign((void **)&s, 64, bytes ? bytes : 64)) return ks_errorf(KS_ERR_OOM, "tp: out of memory for a shard");
@@ -219,6 +196,7 @@ static ks_status make_shard(tp_ctx *t, ks_weight *w, int r, int64_t r0, int64_t 
     ks_st_tensor ft = {.name = w->t ? w->t->name : "random", .dtype = KS_DT_F32, .ndim = 2, .shape = {nr, nc},
                        .data = s, .nbytes = bytes, .file = w->t ? w->t->file : ""};
     ks_status st = rb->weight_create(rb, &ft, 0, nr, &w->sh[r]);
+    if (t->dev && !rb->host_memory) { free(s); return st; } /* a device rank made its own copy */
     if (!st) st = ks_memtrack_add(t->stage_mem[r], s, bytes, 0);
     if (st) { free(s); return st; }
     w->stage[r] = s;
@@ -229,14 +207,14 @@ static ks_status make_shard(tp_ctx *t, ks_weight *w, int r, int64_t r0, int64_t 
 static ks_status shard(tp_ctx *t, ks_weight *w, int split, int64_t total, int64_t unit) {
     if (!w || w->split) return KS_OK; /* absent, or already cut (a tied lm_head is the embedding) */
     ks_status st = KS_OK;
+    w->split = split;
     for (int r = 0; r < t->N && !st; r++) {
         int64_t a = lo(total, t->N, r) * unit, n = cnt(total, t->N, r) * unit;
         if (split == SPLIT_REPL) st = make_shard(t, w, r, 0, w->rows, 0, w->cols);
         else if (split == SPLIT_ROWS) st = make_shard(t, w, r, a, n, 0, w->cols);
         else st = make_shard(t, w, r, 0, w->rows, a, n);
     }
-    if (st) return st;
-    w->split = split;
+    if (st) { w->split = SPLIT_NONE; return st; }
     free(w->host);
     w->host = NULL;
     return KS_OK;
@@ -361,7 +339,7 @@ const int *ks_tp_kv_rank_rows(const ks_kv_layer *L, int r, int *n_heads) {
 
 static ks_status tp_embed(ks_backend *b, float *x, const ks_weight *E, const int32_t *ids, int n, int dim) {
     tp_ctx *t = CTX(b);
-    ks_status st = need_shards(t);
+    ks_status st = ks_tp_need_shards(t);
     if (st) return st;
     int64_t V = E->rows;
     for (int i = 0; i < n; i++)
@@ -398,7 +376,7 @@ static ks_status tp_embed(ks_backend *b, float *x, const ks_weight *E, const int
 static ks_status tp_attn_in_run(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n,
                             const int32_t *pos, int max_pos, int rotate, ks_kv_layer *L) {
     tp_ctx *t = CTX(b);
-    ks_status st = need_shards(t);
+    ks_status st = ks_tp_need_shards(t);
     if (st) return st;
     tp_kv *T = L ? kv_ranks(b, L) : NULL;
     if (L && !T) return KS_ERR_OOM;
@@ -452,7 +430,7 @@ static ks_status tp_attention(ks_backend *b, float *out, const float *q, const k
 /* x += all-reduce of the ranks' o-projections of their heads' attention output (in xn). */
 static ks_status tp_attn_out_run(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n) {
     tp_ctx *t = CTX(b);
-    ks_status st = need_shards(t);
+    ks_status st = ks_tp_need_shards(t);
     if (st) return st;
     size_t D = c->dim, d = c->head_dim, QD = (size_t)c->n_heads * d, nd = (size_t)n * D;
     float *acc = a->q, *tmp = ks_malloc(sizeof(float) * (nd ? nd : 1)); /* q is dead once attention ran */
@@ -478,7 +456,7 @@ static ks_status tp_attn_out_run(ks_backend *b, const ks_layer_w *W, const ks_co
 /* x += all-reduce of the ranks' down projections of their ffn units. */
 static ks_status tp_mlp_run(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n) {
     tp_ctx *t = CTX(b);
-    ks_status st = need_shards(t);
+    ks_status st = ks_tp_need_shards(t);
     if (st) return st;
     size_t D = c->dim, nd = (size_t)n * D;
     int ch = KS_MIN(n, KS_PLAIN_MLP_ROWS);
@@ -515,7 +493,7 @@ static ks_status tp_mlp_run(ks_backend *b, const ks_layer_w *W, const ks_config 
 static ks_status tp_head_run(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *c,
                          const ks_acts *a, int row, int n, float *logits) {
     tp_ctx *t = CTX(b);
-    ks_status st = need_shards(t);
+    ks_status st = ks_tp_need_shards(t);
     if (st) return st;
     size_t D = c->dim, V = (size_t)c->vocab;
     for (int r = 0; r < t->N && !st; r++) {
@@ -584,6 +562,7 @@ ks_status ks_tp_rank_mem_stats(ks_backend *b, int r, ks_mem_stats *out, int rese
     if (!ks_tp_ranks(b) || r < 0 || r >= CTX(b)->N)
         return ks_errorf(KS_ERR_ARG, "tp: no rank %d on this backend", r);
     ks_backend *rb = CTX(b)->rank[r];
+    if (CTX(b)->dev) CTX(b)->dev->use(CTX(b)->comm, r);
     if (rb->mem_stats) rb->mem_stats(rb, out, reset_peak);
     ks_mem_stats s;
     ks_memtrack_stats(CTX(b)->stage_mem[r], &s, reset_peak);
@@ -595,7 +574,7 @@ ks_status ks_tp_view_mem_stats(ks_backend *b, ks_mem_stats *out, int reset_peak)
     memset(out, 0, sizeof *out);
     if (!ks_tp_ranks(b)) return ks_errorf(KS_ERR_ARG, "tp: not a tensor-parallel backend");
     ks_backend *h = CTX(b)->host;
-    h->mem_stats(h, out, reset_peak);
+    if (h) h->mem_stats(h, out, reset_peak); /* device ranks: no host view (zeros) */
     return KS_OK;
 }
 
@@ -603,7 +582,8 @@ ks_status ks_tp_view_mem_stats(ks_backend *b, ks_mem_stats *out, int reset_peak)
  * bound of the peak of the sum). */
 static void tp_mem_stats(ks_backend *b, ks_mem_stats *out, int reset_peak) {
     ks_mem_stats s;
-    ks_tp_view_mem_stats(b, out, reset_peak);
+    if (CTX(b)->host) ks_tp_view_mem_stats(b, out, reset_peak);
+    else memset(out, 0, sizeof *out);
     for (int r = 0; r < CTX(b)->N; r++) {
         ks_tp_rank_mem_stats(b, r, &s, reset_peak);
         add_stats(out, &s);
@@ -616,10 +596,13 @@ static void tp_destroy(ks_backend *b) {
     if (!b) return;
     tp_ctx *t = b->ctx;
     if (t) {
+        if (t->dev) ks_tp_dev_destroy(t); /* the allocations left and the communicators */
         for (int r = 0; r < t->N; r++) {
+            if (t->dev && t->comm) t->dev->use(t->comm, r);
             ks_backend_free(t->rank[r]);
             ks_memtrack_free(t->stage_mem[r]);
         }
+        if (t->dev && t->comm) t->dev->fini(t->comm);
         ks_backend_free(t->host);
         free(t);
     }
@@ -627,6 +610,50 @@ static void tp_destroy(ks_backend *b) {
 }
 
 int ks_tp_ranks(const ks_backend *b) { return b && b->destroy == tp_destroy ? ((const tp_ctx *)b->ctx)->N : 0; }
+
+void ks_tp_want_views(ks_backend *b) {
+    if (ks_tp_ranks(b) && CTX(b)->dev) CTX(b)->views = 1;
+}
+
+ks_status ks_tp_backend_create_dev(int n_ranks, const ks_backend_opts *opts, const ks_tp_dev_ops *dev, ks_backend **out) {
+    *out = NULL;
+    if (!dev) return ks_errorf(KS_ERR_UNSUPPORTED, "tensor parallel on GPUs: this build has no NCCL (build with CUDA=1)");
+    if (n_ranks < 1 || n_ranks > KS_TP_MAX)
+        return ks_errorf(KS_ERR_ARG, "tensor parallel: %d ranks; 1 to %d are supported on GPUs", n_ranks, KS_TP_MAX);
+    ks_backend_opts o = opts ? *opts : ks_backend_opts_default();
+    ks_backend *b = ks_calloc(1, sizeof *b);
+    tp_ctx *t = ks_calloc(1, sizeof *t);
+    if (!b || !t) { free(b); free(t); return KS_ERR_OOM; }
+    b->ctx = t;
+    b->destroy = tp_destroy;
+    ks_status st = KS_OK;
+    for (int r = 0; r < n_ranks && !st; r++) {
+        ks_backend_opts ro = o;
+        ro.device = o.device + r;
+        ro.graphs = 0;  /* the composite records no decode graphs */
+        ro.profile = 0; /* the engine profiles the composite on the host clock */
+        if ((st = ks_backend_create_opts(dev->rank_backend, &ro, &t->rank[r]))) {
+            ks_error_prefix(st, "tensor parallel: rank %d (GPU %d)", r, ro.device);
+            break;
+        }
+        t->N = r + 1;
+        if (!(t->stage_mem[r] = ks_memtrack_create())) st = KS_ERR_OOM;
+    }
+    if (!st) st = dev->init(t->rank, n_ranks, &t->comm);
+    if (!st) t->dev = dev;
+    if (st) { tp_destroy(b); return st; }
+    b->name = "tp";
+    b->host_memory = t->rank[0]->host_memory; /* GPU ranks 0; CPU ranks (ks_tp_host_ops) 1: the views are host
+                                                 memory the policies read in place, their KV float32 */
+    b->opts = o;
+    b->weight_create = tp_weight_create;
+    b->weight_free = tp_weight_free;
+    b->weight_random = tp_weight_random;
+    b->mem_stats = tp_mem_stats;
+    ks_tp_dev_install(b); /* tp_device.c: memory, the forward ops, the KV cache */
+    *out = b;
+    return KS_OK;
+}
 
 ks_status ks_tp_backend_create(int n_ranks, const ks_backend_opts *opts, ks_backend **out) {
     *out = NULL;

@@ -42,6 +42,50 @@
 
 typedef struct ks_model ks_model;
 
+/* ---- device ranks. The collectives and the few device steps the composite needs beyond the
+ * ranks' own backend tables, implemented over NCCL and the CUDA runtime in kernels/tp_nccl.cu
+ * (built only with CUDA=1; ks_tp_nccl_ops() is NULL-free there and absent from CPU builds).
+ * Every call is queued on the ranks' own streams (nothing waits) and returns a status. */
+typedef struct ks_tp_dev ks_tp_dev;
+typedef struct ks_tp_dev_ops {
+    const char *rank_backend; /* the ranks' backend: "cuda" (NCCL), "cpu" (ks_tp_host_ops: tests) */
+    /* One communicator per rank over ranks[0..n) (CUDA backends; rank r on its opts.device),
+     * their streams, peer access between their memory pools. */
+    ks_status (*init)(ks_backend *const *ranks, int n, ks_tp_dev **out);
+    void (*fini)(ks_tp_dev *d);
+    /* Make rank r's device current (before any call of rank r's backend). */
+    void (*use)(ks_tp_dev *d, int r);
+    /* In place on every rank: buf[r] (count floats) = the sum over ranks of buf[*] (ncclAllReduce,
+     * float32; every rank receives the same bits). */
+    ks_status (*all_reduce)(ks_tp_dev *d, float *const *buf, size_t count);
+    /* Onto rank 0: dst (rows, ld) columns [col0[r], col0[r] + w[r]) = src[r] (rows, w[r]) of rank r,
+     * after the work queued on each rank so far; rank r's later work waits for the copies. */
+    ks_status (*gather_cols)(ks_tp_dev *d, float *dst, size_t ld, float *const *src, int rows, const size_t *col0,
+                             const size_t *w);
+    /* bytes of rank r's p = 0 */
+    ks_status (*zero)(ks_tp_dev *d, int r, void *p, size_t bytes);
+    /* The MLP of backend.h on rank backend rb with the residual left out: a->xn = rmsnorm(a->x),
+     * then a->x = W_down (silu(W_gate xn) * (W_up xn)) (the partial product alone; the same
+     * kernels as rb->mlp under rb's options). a->q is scratch. */
+    ks_status (*mlp_partial)(ks_backend *rb, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n);
+} ks_tp_dev_ops;
+const ks_tp_dev_ops *ks_tp_nccl_ops(void); /* kernels/tp_nccl.cu (CUDA builds only) */
+/* The same services on CPU rank backends in host memory (core/tp_device.c): the device ranks'
+ * code path run without a GPU, so CI tests its buffers, views, KV bookkeeping and collectives
+ * (all-reduce: a host sum in rank order, so the same bits on every machine). */
+const ks_tp_dev_ops *ks_tp_host_ops(void);
+
+/* A composite of n_ranks (1..KS_TP_MAX) device ranks: backends dev->rank_backend (CUDA: on GPUs
+ * opts->device + r), each made with opts, collectives through dev (ks_tp_nccl_ops()). n_ranks = 1 is the plain CUDA
+ * backend behind the composite (its test: the same outputs). Then as ks_tp_backend_create. */
+ks_status ks_tp_backend_create_dev(int n_ranks, const ks_backend_opts *opts, const ks_tp_dev_ops *dev, ks_backend **out);
+
+/* Device ranks: keep the policy views from now on (sticky; ks_session_set_policy calls it): every
+ * activation buffer and KV layer allocated after it also gets its whole copy on rank 0 that the
+ * policy events read (tp_backend.h above: what is gathered and its cost). No-op on CPU ranks
+ * (their views always exist) and on other backends. */
+void ks_tp_want_views(ks_backend *b);
+
 /* A composite of n_ranks CPU rank backends, each created with opts (NULL = the defaults; each
  * rank gets its own pool of opts->n_threads threads; the ranks run one after another). Weights
  * created on it are views of their tensors until ks_tp_shard_model cuts them into the ranks'

@@ -73,14 +73,23 @@ $(BUILD)/test_cuda_prims: $(BUILD)/tests/cuda/test_cuda_prims.o $(CUDA_OBJ) $(BU
 $(BUILD)/test_cuda_policies: $(BUILD)/tests/cuda/test_cuda_policies.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# tensor parallelism on GPU ranks: one rank with NCCL vs the plain backend, two ranks vs one GPU
+$(BUILD)/test_tp_cuda: $(BUILD)/tests/cuda/test_tp_cuda.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 # every prefill attention kernel (the shipped ones and the dev variants) vs a naive reference,
 # and their speed (GPU machine): $(BUILD)/test_wgmma [--quick]
 $(BUILD)/test_wgmma: $(BUILD)/tests/cuda/test_wgmma.o $(CUDA_DEV_LINK) $(BUILD)/libkvsieve.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# the batched decode attention (kernels/attn_decode_batch.cu) vs its CPU twin, and its time at the
+# Llama-3.1-8B decode shape beside the per-session path (GPU machine): $(BUILD)/test_attn_decode_batch [--quick]
+$(BUILD)/test_attn_decode_batch: $(BUILD)/tests/cuda/test_attn_decode_batch.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 cuda: $(BUILD)/kvsieve $(BUILD)/host cuda-tests                # the CUDA engine and its tests (build-cuda/)
 
-cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_policies $(BUILD)/test_wgmma $(BUILD)/bench_kernels $(BUILD)/bench_decode  # build the CUDA test programs
+cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_policies $(BUILD)/test_tp_cuda $(BUILD)/nccl_allreduce $(BUILD)/test_attn_decode_batch $(BUILD)/test_wgmma $(BUILD)/bench_kernels $(BUILD)/bench_decode  # build the CUDA test programs
 
 test-cuda: cuda-tests                                           # run the CUDA parity tests (GPU machine)
 	$(BUILD)/test_cuda

@@ -213,6 +213,74 @@ KT_SLOW_TEST(tp_bundled_2_ranks_every_policy_equals_unsplit) {
     ks_model_close(two);
 }
 
+/* The device ranks' code path (tp_device.c: rank buffers behind each engine pointer, the policy
+ * views gathered onto rank 0, the KV bookkeeping, the collectives) over CPU ranks with the host
+ * services (ks_tp_host_ops): what GPU ranks run, minus the GPU. */
+static ks_status tp_open_dev(const char *dir, int N, ks_model **m) {
+    ks_backend *be = NULL;
+    *m = NULL;
+    ks_status st = ks_tp_backend_create_dev(N, NULL, ks_tp_host_ops(), &be);
+    if (!st) st = ks_model_load(dir, be, 0, m);
+    if (!st && (st = ks_tp_shard_model(be, *m))) { ks_model_free(*m); *m = NULL; }
+    if (st) ks_backend_free(be);
+    return st;
+}
+
+KT_SLOW_TEST(tp_device_path_on_cpu_ranks_every_policy_equals_unsplit) {
+    ks_lua_quiet = 1;
+    ks_model *one = NULL, *two = NULL;
+    KT_CHECK(tp_open("models/kvsieve-tiny", 0, &one) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(tp_open_dev("models/kvsieve-tiny", 2, &two) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_tp_ranks(two->be) == 2, "a device composite of 2 ranks");
+    tp_every_policy(kt_, one, two, 2);
+    ks_model_close(one);
+    ks_model_close(two);
+}
+
+/* One rank on the device path runs the rank backend's own ops on the same inputs: full
+ * attention's logits are the same bits as the plain backend's, and every policy's ids and sets
+ * are the same. A batched decode step (per-row views into the step's buffers) is refused on
+ * two ranks with a message, not computed wrong. */
+KT_TEST(tp_device_path_one_rank_same_bits_batch_refused) {
+    ks_lua_quiet = 1;
+    ks_model *plain = NULL, *one = NULL, *two = NULL;
+    KT_CHECK(tp_open("models/kvsieve-tiny", 0, &plain) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(tp_open_dev("models/kvsieve-tiny", 1, &one) == KS_OK, "%s", ks_last_error());
+    int32_t prompt[300];
+    tp_prompt(prompt, 300, plain->cfg.bos, plain->cfg.vocab);
+    const char *cases[][2] = {{"full", ""}, {"snapkv", "budget=64,window=8,kernel=7,pool=max"}, {"gemfilter", "layer=2,k=100"}};
+    for (int c = 0; c < 3; c++) {
+        tp_run a, b;
+        tp_run_policy(plain, cases[c][0], cases[c][1], prompt, 300, 6, &a, NULL);
+        tp_run_policy(one, cases[c][0], cases[c][1], prompt, 300, 6, &b, NULL);
+        KT_CHECK(a.st == KS_OK && b.st == KS_OK, "%s: %s | %s", cases[c][0], a.err, b.err);
+        float maxd, maxl;
+        const char *d = tp_diff(&a, &b, &maxd, &maxl);
+        KT_CHECK(!*d && maxd == 0, "%s: one device rank differs from the plain backend: %s (max |dlogit| %g)", cases[c][0], d,
+                 maxd);
+        tp_run_free(&a);
+        tp_run_free(&b);
+    }
+    KT_CHECK(tp_open_dev("models/kvsieve-tiny", 2, &two) == KS_OK, "%s", ks_last_error());
+    ks_session *s[2] = {NULL, NULL};
+    KT_CHECK(!ks_session_create(two, &s[0]) && !ks_session_create(two, &s[1]), "%s", ks_last_error());
+    for (int i = 0; i < 2; i++) KT_CHECK(ks_session_prefill(s[i], prompt, 40 + i) == KS_OK, "%s", ks_last_error());
+    int32_t next[2] = {5, 6};
+    ks_status sst[2] = {KS_OK, KS_OK};
+    char *msg[2] = {NULL, NULL};
+    KT_CHECK(ks_sessions_decode(s, next, 2, sst, msg) == KS_OK, "%s", ks_last_error());
+    /* row 0's views start at their buffers (it is served); row 1's do not */
+    KT_CHECK(sst[0] == KS_OK, "batched decode, row 0: status %d: %s", (int)sst[0], msg[0] ? msg[0] : "");
+    KT_CHECK(sst[1] == KS_ERR_UNSUPPORTED && msg[1] && strstr(msg[1], "batched decode step"),
+             "batched decode on 2 device ranks, row 1: status %d: %s", (int)sst[1], msg[1] ? msg[1] : "");
+    free(msg[0]);
+    free(msg[1]);
+    for (int i = 0; i < 2; i++) ks_session_free(s[i]);
+    ks_model_close(plain);
+    ks_model_close(one);
+    ks_model_close(two);
+}
+
 /* A random model in a shape N = 4 splits: 4 KV heads, and ffn and vocab that do not divide by 4
  * (uneven ranges). */
 static const char *tp_cfg4 =
@@ -258,10 +326,20 @@ KT_TEST(tp_refuses_what_it_cannot_split) {
     ks_model_tuning t;
     ks_model_tuning_default(&t);
     t.tp = 2;
+#ifndef KS_HAVE_CUDA /* GPU ranks need NCCL, which only CUDA=1 builds link (tests/cuda/test_tp_cuda.c runs them) */
     st = ks_model_open_tuned("models/kvsieve-tiny", &o, &t, &m);
-    KT_CHECK(st == KS_ERR_UNSUPPORTED && strstr(ks_last_error(), "simulated CPU ranks"), "cuda with tp 2: %d %s", (int)st,
-             ks_last_error());
+    KT_CHECK(st == KS_ERR_UNSUPPORTED && !m && strstr(ks_last_error(), "this build has no NCCL"), "cuda with tp 2: %d %s",
+             (int)st, ks_last_error());
+#endif
+    o.backend = "vulkan";
+    st = ks_model_open_tuned("models/kvsieve-tiny", &o, &t, &m);
+    KT_CHECK(st == KS_ERR_UNSUPPORTED && !m && strstr(ks_last_error(), "not on the vulkan backend"), "vulkan with tp 2: %d %s",
+             (int)st, ks_last_error());
     ks_backend *b = NULL;
+    KT_CHECK(ks_tp_backend_create_dev(2, NULL, NULL, &b) == KS_ERR_UNSUPPORTED && !b, "GPU ranks without NCCL");
+    static const ks_tp_dev_ops unused = {0}; /* the rank count is checked before anything is called */
+    KT_CHECK(ks_tp_backend_create_dev(0, NULL, &unused, &b) == KS_ERR_ARG && !b, "zero GPU ranks: %s", ks_last_error());
+    KT_CHECK(ks_tp_backend_create_dev(9, NULL, &unused, &b) == KS_ERR_ARG && !b, "nine GPU ranks: %s", ks_last_error());
     KT_CHECK(ks_tp_backend_create(1, NULL, &b) == KS_ERR_ARG && !b, "one rank is no composite");
     /* --tp 1 is exactly today's backend */
     KT_CHECK(tp_open("models/kvsieve-tiny", 1, &m) == KS_OK && ks_tp_ranks(m->be) == 0 && !strcmp(m->be->name, "cpu"),
