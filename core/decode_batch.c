@@ -11,6 +11,9 @@
  *     decode_qkv  sess[r]'s policy event, on views of row r only          per session
  *     attention   row r's q over sess[r]->kv[l] -> xn row r (n, QD)       per session
  *     retain      what the event asked, on sess[r]->kv[l]                 per session
+ *       (rows without a decode event and with rotated keys: append + attention of all of them
+ *        in one backend call, ks_backend.attn_decode_batch, where the backend has it; CUDA:
+ *        kernels/attn_decode_batch.cu, one launch per layer instead of 2 per session)
  *     attn_out,   x (n, dim) += ...                                       one call each
  *     mlp
  *   head          the logits of all rows (n, vocab)                       one call
@@ -36,6 +39,7 @@
  * ks_session_decode leaves it (the token pushed, the layers before and at the failure with the
  * new row, n_past unchanged). The others go on. A failure of a shared op (embed, attn_in,
  * attn_out, mlp, the step's buffers) fails every session still in the step. */
+#include "decode_batch.h"
 #include "forward.h"
 
 #include <stdlib.h>
@@ -97,6 +101,53 @@ static ks_status row_layer(brow *r, int l, const ks_fwd_buf *B, int row, float *
     return st;
 }
 
+ks_status ks_attn_decode_batch_loop(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
+                                    const float *const *k, const float *const *v, const int32_t *pos, int n_heads,
+                                    float scale, int window, float *const *out) {
+    for (int i = 0; i < n; i++) {
+        ks_status st = b->kv_append(b, L[i], k[i], v[i], &pos[i], 1);
+        ks_attn_args a = {.n = 1, .n_heads = n_heads, .qpos = &pos[i], .scale = scale, .window = window};
+        if (!st) st = b->attention(b, out[i], q[i], L[i], &a);
+        if (st) return st;
+    }
+    return KS_OK;
+}
+
+/* A row whose append and attention the backend's batched decode attention may do: no decode
+ * event (so no attend lists, no retain) and rotated keys. */
+static int batchable(const brow *r) {
+    const ks_policy *pol = r->s->policy;
+    return !r->pre && !(pol && pol->on[KS_EV_DECODE_QKV]);
+}
+
+/* The arguments of one attn_decode_batch call, host arrays of up to n rows. */
+typedef struct batch_args {
+    int on;                 /* the backend has attn_decode_batch */
+    int *row;               /* (n) step row of each entry */
+    ks_kv_layer **L;        /* (n) */
+    const float **q, **k, **v;
+    float **out;
+    int32_t *pos;           /* (n) */
+} batch_args;
+
+static int batch_args_alloc(batch_args *a, int n) {
+    a->row = ks_malloc(sizeof(int) * (size_t)n);
+    a->L = ks_malloc(sizeof(ks_kv_layer *) * (size_t)n);
+    a->q = ks_malloc(sizeof(float *) * 3 * (size_t)n);
+    a->out = ks_malloc(sizeof(float *) * (size_t)n);
+    a->pos = ks_malloc(sizeof(int32_t) * (size_t)n);
+    if (a->q) { a->k = a->q + n; a->v = a->q + 2 * n; }
+    return !a->row || !a->L || !a->q || !a->out || !a->pos;
+}
+
+static void batch_args_free(batch_args *a) {
+    free(a->row);
+    free(a->L);
+    free(a->q);
+    free(a->out);
+    free(a->pos);
+}
+
 /* The dense part of the step and the per-session work between, for rows R[0..n) (n >= 2, all
  * alive, ordered by group key). Shared failures are returned; per-session ones are recorded. */
 static ks_status step_rows(brow *R, int n, ks_status *sts, char **msg) {
@@ -110,7 +161,11 @@ static ks_status step_rows(brow *R, int n, ks_status *sts, char **msg) {
     if (st) return st;
     int32_t *ids = ks_malloc(sizeof(int32_t) * 2 * (size_t)n), *pos = ids ? ids + n : NULL;
     float *lg = be->alloc(be, sizeof(float) * (size_t)n * c->vocab); /* (n, vocab) */
-    if (!ids || !lg) { st = ks_errorf(KS_ERR_OOM, "decode: out of memory for a batch of %d rows", n); goto out; }
+    batch_args bt = {.on = be->attn_decode_batch != NULL};
+    if (!ids || !lg || (bt.on && batch_args_alloc(&bt, n))) {
+        st = ks_errorf(KS_ERR_OOM, "decode: out of memory for a batch of %d rows", n);
+        goto out;
+    }
     for (int r = 0; r < n; r++) { ids[r] = R[r].id; pos[r] = R[r].pos; }
     /* each group's q rows start at its first row's slot of W floats (a one-group step: row r at
      * r * QD, as attn_in writes them) */
@@ -133,11 +188,31 @@ static ks_status step_rows(brow *R, int n, ks_status *sts, char **msg) {
             if ((st = ks_layer_qkv(R[g0].s, l, &v, g1 - g0, pos + g0, mp, NULL))) goto out;
         }
         /* per session; the attention output row r goes to xn at r * QD, where attn_out reads it
-         * (xn's normalised rows are dead once every attn_in ran) */
+         * (xn's normalised rows are dead once every attn_in ran). Rows without a decode-time
+         * policy go through the backend's batched decode attention where it has one (append and
+         * attention of all of them in one call); the rest one by one. */
+        int nb = 0;
         for (int r = 0; r < n; r++) {
             if (R[r].dead) continue;
+            if (bt.on && batchable(&R[r])) {
+                ks_session *s = R[r].s;
+                bt.row[nb] = r;
+                bt.L[nb] = &s->kv[l];
+                bt.q[nb] = R[r].q;
+                bt.k[nb] = B.a.k + (size_t)r * KD;
+                bt.v[nb] = B.a.v + (size_t)r * KD;
+                bt.out[nb] = B.a.xn + (size_t)r * QD;
+                bt.pos[nb++] = R[r].pos;
+                continue;
+            }
             ks_status sr = row_layer(&R[r], l, &B, r, B.a.xn + (size_t)r * QD);
             if (sr) row_fail(&R[r], sr, sts, msg);
+        }
+        if (nb) {
+            ks_attn_args aa = ks_layer_attn_args(s0, &B, 1, &bt.pos[0], bt.pos[0], NULL); /* scale, window */
+            ks_status sr = be->attn_decode_batch(be, nb, bt.L, bt.q, bt.k, bt.v, bt.pos, c->n_heads, aa.scale, aa.window,
+                                                 bt.out);
+            for (int i = 0; sr && i < nb; i++) row_fail(&R[bt.row[i]], sr, sts, msg);
         }
         if ((st = ks_layer_tail(s0, l, &B, n))) goto out;
     }
@@ -155,6 +230,7 @@ static ks_status step_rows(brow *R, int n, ks_status *sts, char **msg) {
 out:
     if (lg) be->free(be, lg);
     free(ids);
+    batch_args_free(&bt);
     ks_fwd_free(be, &B);
     return st;
 }

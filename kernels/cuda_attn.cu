@@ -7,6 +7,7 @@
  * checked on the device, kernels/check_idx.cu). ks_cuda_backend_set_attn_path (tests) pins one path. */
 #include "cuda_backend_int.h"
 #include "attn_prep.cuh"
+#include "attn_decode_batch.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -199,6 +200,7 @@ static ks_status cu_check_idx(ks_backend *b, int32_t *lists, int rows, int k, co
 void cuda_attn_install(ks_backend *b) {
     b->attention = cu_attention;
     b->check_idx = cu_check_idx;
+    b->attn_decode_batch = ks_cuda_attn_decode_batch_hook; /* kernels/attn_decode_batch.cu */
 }
 
 extern "C" void ks_cuda_backend_set_attn_path(ks_backend *b, ks_cuda_attn_path path) { CTX(b)->attn_path = path; }

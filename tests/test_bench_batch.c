@@ -11,9 +11,16 @@
  *                                    (B sessions x layers x KV heads x (prompt + steps)), the
  *                                    newcomer's rounds = ceil(n / chunk) and positive TTFTs; no
  *                                    wall-clock bounds
+ *   bench_batch_hook_path_matches_separate  the same with the engine's batched-attention path on:
+ *                                    the CPU backend given ks_attn_decode_batch_loop (the hook's
+ *                                    reference, core/decode_batch.h) as its attn_decode_batch; and
+ *                                    a mixed step (two plain sessions through the hook, one with
+ *                                    TokenSelect's decode event and pre-RoPE keys one by one) gives
+ *                                    each session's ids alone; the A/B switch restores the hook
  *   bench_batch_refuses_bad_calls    batch 0, gen 0, a zero chunk, a prompt that with its steps
  *                                    exceeds the context, an id outside the vocabulary, NULL
  *                                    pointers: KS_ERR_ARG with a message, and the result zeroed */
+#include "decode_batch.h"
 #include "engine.h"
 #include "ktest.h"
 #include "kvsieve.h"
@@ -30,10 +37,21 @@ static void prompts(int32_t *ids, int np, int n, int vocab) {
         for (int i = 0; i < n; i++) ids[(size_t)p * n + i] = 3 + (i * 131 + p * 977 + i * i * 7) % (vocab - 3);
 }
 
-/* prompt ids[0..n) alone: `steps` greedy ids */
-static ks_status run_alone(ks_model *m, const int32_t *ids, int n, int steps, int32_t *out) {
+/* TokenSelect with a decode event on every step (pre-RoPE keys), or NULL */
+static ks_status tokenselect(ks_model *m, ks_policy **p) {
+    const char *set[][2] = {{"n_init", "2"}, {"n_local", "4"}, {"k", "6"}, {"sparse_prefill", "false"}};
+    ks_status st = ks_policy_load(m, "tokenselect", p);
+    for (int i = 0; !st && i < 4; i++) st = ks_policy_set(*p, set[i][0], set[i][1]);
+    return st;
+}
+
+/* prompt ids[0..n) alone (with TokenSelect when ts): `steps` greedy ids */
+static ks_status run_alone_p(ks_model *m, const int32_t *ids, int n, int steps, int ts, int32_t *out) {
     ks_session *s = NULL;
+    ks_policy *p = NULL;
     ks_status st = ks_session_create(m, &s);
+    if (!st && ts) st = tokenselect(m, &p);
+    if (!st && p) st = ks_session_set_policy(s, p);
     if (!st) st = ks_session_prefill(s, ids, n);
     ks_sampler smp;
     ks_sampler_init(&smp, 0, 1, 0);
@@ -42,7 +60,11 @@ static ks_status run_alone(ks_model *m, const int32_t *ids, int n, int steps, in
         st = ks_session_decode(s, out[t]);
     }
     ks_session_free(s);
+    ks_policy_free(p);
     return st;
+}
+static ks_status run_alone(ks_model *m, const int32_t *ids, int n, int steps, int32_t *out) {
+    return run_alone_p(m, ids, n, steps, 0, out);
 }
 
 KT_TEST(bench_batch_ids_match_separate) {
@@ -71,6 +93,78 @@ KT_TEST(bench_batch_ids_match_separate) {
         KT_CHECK(r.ids == NULL && r.step_s == NULL, "the result is zeroed by free");
     }
     ks_model_close(m);
+}
+
+/* the reference hook, counting the rows it is given */
+static long g_hook_rows;
+static ks_status counting_hook(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q, const float *const *k,
+                               const float *const *v, const int32_t *pos, int n_heads, float scale, int window,
+                               float *const *out) {
+    g_hook_rows += n;
+    return ks_attn_decode_batch_loop(b, n, L, q, k, v, pos, n_heads, scale, window, out);
+}
+
+KT_TEST(bench_batch_hook_path_matches_separate) {
+    ks_model *m;
+    KT_CHECK(ks_model_open(TINY, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    enum { B = 3, N = 23, T = 6 };
+    int32_t ids[B * N], ref[B][T];
+    prompts(ids, B, N, m->cfg.vocab);
+    for (int i = 0; i < B; i++) KT_CHECK(run_alone_p(m, ids + i * N, N, T, i == 1, ref[i]) == KS_OK, "%s", ks_last_error());
+    m->be->attn_decode_batch = counting_hook;
+    /* the bench: plain sessions (references 0 and 2 are plain; 1 is TokenSelect's, not used here) */
+    int32_t plain[2 * N];
+    memcpy(plain, ids, sizeof(int32_t) * N);
+    memcpy(plain + N, ids + 2 * N, sizeof(int32_t) * N);
+    for (int ab = 0; ab < 2; ab++) {
+        ks_bench_batch_opts o;
+        ks_bench_batch_opts_default(&o);
+        o.gen = T - 2;
+        o.keep_ids = 1;
+        o.per_session_attention = ab;
+        ks_bench_batch_result r;
+        g_hook_rows = 0;
+        KT_CHECK(ks_bench_batch_run(m, plain, N, 2, &o, &r) == KS_OK, "%s", ks_last_error());
+        long want = ab ? 0 : 2L * T * m->cfg.n_layers; /* 2 rows a layer a step; none with the switch */
+        KT_CHECK(g_hook_rows == want, "A/B %d: the hook took %ld rows, want %ld", ab, g_hook_rows, want);
+        for (int t = 0; t < T; t++)
+            KT_CHECK(r.ids[t] == ref[0][t] && r.ids[T + t] == ref[2][t], "A/B %d step %d: %d %d batched, %d %d alone", ab,
+                     t, r.ids[t], r.ids[T + t], ref[0][t], ref[2][t]);
+        ks_bench_batch_result_free(&r);
+        KT_CHECK(m->be->attn_decode_batch == counting_hook, "the hook is back after the row");
+    }
+    /* a mixed step: 0 and 2 through the hook, 1 (a decode event, pre-RoPE keys) one by one */
+    ks_session *ss[B] = {0};
+    ks_policy *p = NULL;
+    ks_status st = KS_OK;
+    for (int i = 0; i < B && !st; i++) st = ks_session_create(m, &ss[i]);
+    if (!st) st = tokenselect(m, &p);
+    if (!st) st = ks_session_set_policy(ss[1], p);
+    for (int i = 0; i < B && !st; i++) st = ks_session_prefill(ss[i], ids + i * N, N);
+    ks_sampler smp;
+    ks_sampler_init(&smp, 0, 1, 0);
+    char why[160] = "";
+    g_hook_rows = 0;
+    for (int t = 0; t < T && !st && !why[0]; t++) {
+        int32_t tok[B];
+        ks_status sts[B];
+        for (int i = 0; i < B; i++) {
+            tok[i] = ks_sample(&smp, ss[i]->logits, m->cfg.vocab);
+            if (tok[i] != ref[i][t] && !why[0])
+                snprintf(why, sizeof why, "session %d step %d: %d batched, %d alone", i, t, tok[i], ref[i][t]);
+        }
+        st = ks_sessions_decode(ss, tok, B, sts, NULL);
+        for (int i = 0; i < B && !st; i++) st = sts[i];
+    }
+    for (int i = 0; i < B; i++) ks_session_free(ss[i]);
+    ks_policy_free(p);
+    m->be->attn_decode_batch = NULL;
+    int layers = m->cfg.n_layers;
+    ks_model_close(m);
+    KT_CHECK(!st, "%s", ks_last_error());
+    KT_CHECK(!why[0], "%s", why);
+    KT_CHECK(g_hook_rows == 2L * T * layers, "mixed: the hook took %ld rows, want %ld (sessions 0 and 2 only)",
+             g_hook_rows, 2L * T * layers);
 }
 
 KT_TEST(bench_batch_figures_present) {

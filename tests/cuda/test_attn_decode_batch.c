@@ -1,0 +1,300 @@
+/* test_attn_decode_batch.c — the batched decode attention (kernels/attn_decode_batch.cu) against
+ * its CPU twin (core/decode_batch.h: the CPU backend's kv_append + attention per session), on
+ * random inputs (never zeros), outputs poisoned with NaN first. Per case, n sessions with their
+ * own KV layers of different lengths (empty included), some with uneven heads after a retain
+ * (non-contiguous positions), a window or none, GQA 1/2/4/8, head_dim 64/128, chunk sizes that
+ * give one split or many (the in-kernel combine); head_dim 96 takes the per-session fallback.
+ * Checks: every output finite and ||gpu - cpu|| / ||cpu|| per session under 1e-5 (float32
+ * arithmetic on the same bf16 values; the CPU is given bf16-rounded keys and values, so what
+ * remains is summation order and __expf); after the call each layer's row counts and host
+ * positions equal the CPU's, and the GPU cache's new row and position are the appended ones.
+ * Then (not with --quick) the time of one layer at the Llama-3.1-8B decode shape (8 KV heads,
+ * 32 query heads, 128 dims) for B sessions of 4096 keys: the kernel beside the per-session
+ * kv_append + attention it replaces; printed, never asserted.
+ * Usage: test_attn_decode_batch [--quick]. Prints "N passed, N failed"; exits 1 on failure. */
+#include "backend.h"
+#include "decode_batch.h"
+#include "ks_cuda.h"
+#include "attn_decode_batch.cuh"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int g_pass, g_fail, g_quick;
+static ks_backend *CPU, *GPU;
+
+static void result(int ok, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void result(int ok, const char *name, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s %-58s ", ok ? "  ok  " : "  FAIL", name);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    if (ok) g_pass++;
+    else g_fail++;
+}
+
+static uint64_t g_seed = 0x5eed1234abcdull;
+static float rndf(void) { /* uniform in [-1, 1), never exactly zero in practice */
+    g_seed = g_seed * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((g_seed >> 40) / 8388608.0 - 1.0);
+}
+static float bf16r(float x) { return ks_bf16_to_f32(ks_f32_to_bf16(x)); }
+static void fill_bf16(float *x, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = bf16r(scale * rndf());
+}
+static float *gpu_copy(const float *h, size_t n) {
+    float *d = GPU->alloc(GPU, sizeof(float) * (n ? n : 1));
+    if (d && h && GPU->upload(GPU, d, h, sizeof(float) * n)) { GPU->free(GPU, d); return NULL; }
+    return d;
+}
+
+typedef struct acase {
+    const char *name;
+    int n, Hkv, G, D, window, chunk, uneven;
+    int len[6];
+} acase;
+
+/* One case: build, run both, compare. */
+static void run_case(const acase *tc) {
+    int n = tc->n, Hkv = tc->Hkv, H = Hkv * tc->G, D = tc->D, KD = Hkv * D, QD = H * D;
+    ks_kv_layer Lc[6], Lg[6];
+    memset(Lc, 0, sizeof Lc);
+    memset(Lg, 0, sizeof Lg);
+    float *q = malloc(sizeof(float) * (size_t)n * QD), *kn = malloc(sizeof(float) * (size_t)n * KD),
+          *vn = malloc(sizeof(float) * (size_t)n * KD), *outc = malloc(sizeof(float) * (size_t)n * QD);
+    float *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL;
+    int32_t pos[6];
+    char why[200] = "";
+    ks_status st = KS_OK;
+    for (int i = 0; i < n && !st; i++) { /* each session's cache: len rows at positions 0.. */
+        int len = tc->len[i];
+        Lc[i].n_kv_heads = Lg[i].n_kv_heads = Hkv;
+        Lc[i].head_dim = Lg[i].head_dim = D;
+        st = CPU->kv_alloc(CPU, &Lc[i], len + 1);
+        if (!st) st = GPU->kv_alloc(GPU, &Lg[i], len + 1);
+        if (st || !len) { pos[i] = len; continue; }
+        float *k = malloc(sizeof(float) * (size_t)len * KD), *v = malloc(sizeof(float) * (size_t)len * KD);
+        int32_t *p = malloc(sizeof(int32_t) * len);
+        fill_bf16(k, (size_t)len * KD, 1.0f);
+        fill_bf16(v, (size_t)len * KD, 1.0f);
+        for (int t = 0; t < len; t++) p[t] = t;
+        float *gk = gpu_copy(k, (size_t)len * KD), *gv = gpu_copy(v, (size_t)len * KD);
+        st = CPU->kv_append(CPU, &Lc[i], k, v, p, len);
+        if (!st) st = gk && gv ? GPU->kv_append(GPU, &Lg[i], gk, gv, p, len) : KS_ERR_OOM;
+        if (!st && tc->uneven) { /* head h keeps rows t with t % (h + 1) == 0 (head 0: all) */
+            int32_t *idx[16], cnt[16];
+            for (int h = 0; h < Hkv; h++) {
+                idx[h] = malloc(sizeof(int32_t) * len);
+                cnt[h] = 0;
+                for (int t = 0; t < len; t++)
+                    if (t % (h + 1) == 0) idx[h][cnt[h]++] = t;
+            }
+            st = CPU->kv_retain(CPU, &Lc[i], (const int32_t *const *)idx, cnt, 0);
+            if (!st) st = GPU->kv_retain(GPU, &Lg[i], (const int32_t *const *)idx, cnt, 0);
+            for (int h = 0; h < Hkv; h++) free(idx[h]);
+        }
+        pos[i] = len + 3 * i; /* positions need not follow the rows */
+        GPU->free(GPU, gk);
+        GPU->free(GPU, gv);
+        free(k);
+        free(v);
+        free(p);
+    }
+    if (st) { result(0, tc->name, "setup: %s", ks_last_error()); goto out; }
+    for (size_t i = 0; i < (size_t)n * QD; i++) q[i] = rndf();
+    fill_bf16(kn, (size_t)n * KD, 1.0f);
+    fill_bf16(vn, (size_t)n * KD, 1.0f);
+    dq = gpu_copy(q, (size_t)n * QD);
+    dk = gpu_copy(kn, (size_t)n * KD);
+    dv = gpu_copy(vn, (size_t)n * KD);
+    float *poison = malloc(sizeof(float) * (size_t)n * QD);
+    for (size_t i = 0; i < (size_t)n * QD; i++) poison[i] = NAN;
+    dout = gpu_copy(poison, (size_t)n * QD);
+    free(poison);
+    if (!dq || !dk || !dv || !dout) { result(0, tc->name, "device buffers: %s", ks_last_error()); goto out; }
+    {
+        ks_kv_layer *lc[6], *lg[6];
+        const float *cq[6], *ck[6], *cv[6], *gq[6], *gk[6], *gv[6];
+        float *co[6], *go[6];
+        for (int i = 0; i < n; i++) {
+            lc[i] = &Lc[i];
+            lg[i] = &Lg[i];
+            cq[i] = q + (size_t)i * QD; ck[i] = kn + (size_t)i * KD; cv[i] = vn + (size_t)i * KD; co[i] = outc + (size_t)i * QD;
+            gq[i] = dq + (size_t)i * QD; gk[i] = dk + (size_t)i * KD; gv[i] = dv + (size_t)i * KD; go[i] = dout + (size_t)i * QD;
+        }
+        float scale = 1.0f / sqrtf((float)D);
+        st = ks_attn_decode_batch_loop(CPU, n, lc, cq, ck, cv, pos, H, scale, tc->window, co);
+        if (st) { result(0, tc->name, "cpu: %s", ks_last_error()); goto out; }
+        st = ks_cuda_attn_decode_batch_run(GPU, n, lg, gq, gk, gv, pos, H, scale, tc->window, go, tc->chunk);
+        if (!st) st = GPU->sync(GPU);
+        if (st) { result(0, tc->name, "gpu: %s", ks_last_error()); goto out; }
+    }
+    {
+        float *outg = malloc(sizeof(float) * (size_t)n * QD);
+        st = GPU->download(GPU, outg, dout, sizeof(float) * (size_t)n * QD);
+        double worst = 0;
+        for (int i = 0; i < n && !st && !why[0]; i++) {
+            double num = 0, den = 0;
+            for (int e = 0; e < QD; e++) {
+                float a = outg[(size_t)i * QD + e], b = outc[(size_t)i * QD + e];
+                if (!isfinite(a)) { snprintf(why, sizeof why, "session %d element %d not finite (%g)", i, e, a); break; }
+                num += ((double)a - b) * ((double)a - b);
+                den += (double)b * b;
+            }
+            double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+            worst = fmax(worst, rel);
+            if (!why[0] && rel > 1e-5) snprintf(why, sizeof why, "session %d: rel err %.3g > 1e-5", i, rel);
+            /* the bookkeeping and the cache's new row */
+            for (int h = 0; h < Hkv && !why[0]; h++) {
+                int r = Lg[i].n[h] - 1;
+                if (Lg[i].n[h] != Lc[i].n[h]) snprintf(why, sizeof why, "session %d head %d: %d rows, cpu %d", i, h, Lg[i].n[h], Lc[i].n[h]);
+                else if (Lg[i].pos[(size_t)h * Lg[i].capacity + r] != pos[i])
+                    snprintf(why, sizeof why, "session %d head %d: host position %d, want %d", i, h,
+                             Lg[i].pos[(size_t)h * Lg[i].capacity + r], pos[i]);
+                else {
+                    uint16_t row[2][128];
+                    int32_t dp = -1;
+                    size_t off = ((size_t)h * Lg[i].capacity + r) * D;
+                    st = GPU->download(GPU, row[0], (const uint16_t *)Lg[i].k + off, 2 * (size_t)D);
+                    if (!st) st = GPU->download(GPU, row[1], (const uint16_t *)Lg[i].v + off, 2 * (size_t)D);
+                    if (!st) st = GPU->download(GPU, &dp, (const int32_t *)Lg[i].pos_dev + (size_t)h * Lg[i].capacity + r, 4);
+                    for (int e = 0; e < D && !st && !why[0]; e++)
+                        if (ks_bf16_to_f32(row[0][e]) != kn[(size_t)i * KD + h * D + e] ||
+                            ks_bf16_to_f32(row[1][e]) != vn[(size_t)i * KD + h * D + e])
+                            snprintf(why, sizeof why, "session %d head %d: cache row %d dim %d differs", i, h, r, e);
+                    if (!st && !why[0] && dp != pos[i])
+                        snprintf(why, sizeof why, "session %d head %d: device position %d, want %d", i, h, dp, pos[i]);
+                }
+            }
+        }
+        free(outg);
+        if (st) result(0, tc->name, "download: %s", ks_last_error());
+        else result(!why[0], tc->name, "%s (worst rel err %.2g)", why[0] ? why : "", worst);
+    }
+out:
+    for (int i = 0; i < n; i++) {
+        CPU->kv_free(CPU, &Lc[i]);
+        GPU->kv_free(GPU, &Lg[i]);
+    }
+    GPU->free(GPU, dq);
+    GPU->free(GPU, dk);
+    GPU->free(GPU, dv);
+    GPU->free(GPU, dout);
+    free(q);
+    free(kn);
+    free(vn);
+    free(outc);
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+/* One layer at the Llama-3.1-8B decode shape: B sessions of `keys` rows, the kernel (reps calls,
+ * each appending a row) beside kv_append + attention per session. */
+static void time_shape(int B, int keys, int reps) {
+    int Hkv = 8, H = 32, D = 128, KD = Hkv * D, QD = H * D;
+    ks_kv_layer *L = calloc((size_t)B, sizeof *L);
+    float *h = malloc(sizeof(float) * (size_t)keys * KD);
+    fill_bf16(h, (size_t)keys * KD, 1.0f);
+    float *dkv = gpu_copy(h, (size_t)keys * KD);
+    free(h);
+    int32_t *p = malloc(sizeof(int32_t) * keys), *pos = malloc(sizeof(int32_t) * B);
+    for (int t = 0; t < keys; t++) p[t] = t;
+    float *qh = malloc(sizeof(float) * (size_t)B * QD);
+    for (size_t i = 0; i < (size_t)B * QD; i++) qh[i] = rndf();
+    float *dq = gpu_copy(qh, (size_t)B * QD), *dn = gpu_copy(qh, (size_t)B * KD), *dout = gpu_copy(NULL, (size_t)B * QD);
+    free(qh);
+    ks_kv_layer **lp = malloc(sizeof *lp * B);
+    const float **q = malloc(sizeof *q * B), **kn = malloc(sizeof *kn * B);
+    float **o = malloc(sizeof *o * B);
+    ks_status st = dkv && dq && dn && dout ? KS_OK : KS_ERR_OOM;
+    for (int i = 0; i < B && !st; i++) {
+        L[i].n_kv_heads = Hkv;
+        L[i].head_dim = D;
+        st = GPU->kv_alloc(GPU, &L[i], keys + 2 * reps + 8);
+        if (!st) st = GPU->kv_append(GPU, &L[i], dkv, dkv, p, keys);
+        lp[i] = &L[i];
+        q[i] = dq + (size_t)i * QD;
+        kn[i] = dn + (size_t)i * KD;
+        o[i] = dout + (size_t)i * QD;
+    }
+    double tk = 0, tl = 0;
+    float scale = 1.0f / sqrtf((float)D);
+    for (int phase = 0; phase < 2 && !st; phase++) {
+        for (int r = -1; r < reps && !st; r++) { /* r = -1: warm-up */
+            for (int i = 0; i < B; i++) pos[i] = L[i].n[0];
+            if (!st) st = GPU->sync(GPU);
+            double t0 = now_s();
+            if (phase == 0) st = ks_cuda_attn_decode_batch_run(GPU, B, lp, q, kn, kn, pos, H, scale, 0, o, 0);
+            else
+                for (int i = 0; i < B && !st; i++) {
+                    ks_attn_args a = {.n = 1, .n_heads = H, .qpos = &pos[i], .scale = scale};
+                    st = GPU->kv_append(GPU, &L[i], kn[i], kn[i], &pos[i], 1);
+                    if (!st) st = GPU->attention(GPU, o[i], q[i], &L[i], &a);
+                }
+            if (!st) st = GPU->sync(GPU);
+            if (r >= 0) *(phase ? &tl : &tk) += now_s() - t0;
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof name, "time: 8B layer, B = %d, %d keys", B, keys);
+    if (st) result(0, name, "%s", ks_last_error());
+    else {
+        double bytes = (double)B * Hkv * (keys + reps) * D * 2 * 2; /* K and V, bf16 */
+        printf("  time  %-58s batched %8.1f us (%6.0f GB/s) | per session %8.1f us (%6.0f GB/s)\n", name, 1e6 * tk / reps,
+               bytes / (tk / reps) / 1e9, 1e6 * tl / reps, bytes / (tl / reps) / 1e9);
+    }
+    for (int i = 0; i < B; i++) GPU->kv_free(GPU, &L[i]);
+    GPU->free(GPU, dkv);
+    GPU->free(GPU, dq);
+    GPU->free(GPU, dn);
+    GPU->free(GPU, dout);
+    free(L); free(p); free(pos); free(lp); free(q); free(kn); free(o);
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) g_quick = 1;
+        else { fprintf(stderr, "usage: %s [--quick]\n", argv[0]); return 2; }
+    }
+    ks_backend_opts go = ks_backend_opts_default();
+    go.graphs = 0;
+    if (ks_cpu_backend_create(NULL, &CPU) || ks_cuda_backend_create(&go, &GPU)) {
+        fprintf(stderr, "backends: %s\n", ks_last_error());
+        return 2;
+    }
+    static const acase cases[] = {
+        {"8B shape, auto chunk (one split each)", 5, 8, 4, 128, 0, 0, 0, {0, 1, 37, 300, 1200}},
+        {"8B shape, chunk 16 (many splits, combine)", 5, 8, 4, 128, 0, 16, 0, {0, 1, 37, 300, 1200}},
+        {"8B shape, uneven heads, chunk 64", 4, 8, 4, 128, 0, 64, 1, {40, 129, 513, 1000}},
+        {"g 1, d 64, window 64, chunk 32", 3, 2, 1, 64, 64, 32, 0, {5, 100, 513}},
+        {"g 2, d 64, uneven heads, window 20, chunk 16", 4, 4, 2, 64, 20, 16, 1, {50, 60, 70, 300}},
+        {"g 8, d 128, uneven heads, chunk 256", 2, 2, 8, 128, 0, 256, 1, {257, 1000}},
+        {"g 8, d 128, chunk 16", 3, 1, 8, 128, 0, 16, 0, {2, 31, 600}},
+        {"d 96: the per-session fallback", 3, 2, 4, 96, 0, 0, 0, {7, 90, 400}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+    /* a refused argument: a bad chunk is an error, nothing runs */
+    {
+        ks_status st = ks_cuda_attn_decode_batch(NULL, NULL, NULL, 1, 32, 8, 128, 10, 1.0f, 0, 8, NULL);
+        result(st == KS_ERR_ARG, "chunk 8 refused", "%s", ks_last_error());
+    }
+    if (!g_quick) {
+        time_shape(16, 4096, 10);
+        time_shape(64, 4096, 10);
+    }
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    ks_backend_free(GPU);
+    ks_backend_free(CPU);
+    return g_fail ? 1 : 0;
+}
