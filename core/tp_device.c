@@ -152,10 +152,12 @@ static ks_status td_sync(ks_backend *b) {
 
 static void *td_host_alloc(ks_backend *b, size_t bytes) {
     ks_backend *r0 = TPC(b)->rank[0];
+    USE(TPC(b), 0);
     return r0->host_alloc ? r0->host_alloc(r0, bytes) : ks_malloc(bytes);
 }
 static void td_host_free(ks_backend *b, void *p) {
     ks_backend *r0 = TPC(b)->rank[0];
+    USE(TPC(b), 0);
     if (r0->host_alloc) r0->host_free(r0, p);
     else free(p);
 }

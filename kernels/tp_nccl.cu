@@ -3,7 +3,9 @@
  * ranks in this process, driven from one host thread), the float32 all-reduce on the ranks'
  * own streams (ncclGroupStart/End around one call per rank), the column gather onto rank 0 as
  * peer copies ordered by events, and the MLP without its residual (the partial product of a
- * row-parallel rank) from the CUDA backend's own dense operations (ks_cuda_dense.h).
+ * row-parallel rank) from the CUDA backend's own dense operations (ks_cuda_dense.h). The gather
+ * copies each rank's block whole (cudaMemcpyPeerAsync) into a staging buffer on rank 0 and
+ * places it there, so it needs no strided copy across devices.
  *
  * No kernel of its own: the collectives are NCCL's, the copies the runtime's, the MLP the
  * backend's kernels (each tested against its CPU twin in tests/cuda/test_cuda.c); the composite
@@ -26,6 +28,7 @@ extern "C" {
 struct ks_tp_dev {
     int n;
     int dev[KS_TP_MAX];
+    cudaMemPool_t pool0;       /* rank 0's pool: the gather's staging buffers */
     ncclComm_t comm[KS_TP_MAX];
     cudaStream_t st[KS_TP_MAX];
     cudaEvent_t ev[KS_TP_MAX]; /* rank r's "work so far" (gather_cols) */
@@ -48,8 +51,8 @@ static void tp_fini(ks_tp_dev *d) {
     free(d);
 }
 
-/* Rank r's pool and plain allocations readable by every other rank's device (the gather's
- * peer copies read them), where the hardware allows; copies go through the host otherwise. */
+/* Rank r's pool and plain allocations readable by every other rank's device, where the hardware
+ * allows (peer copies then go over NVLink; otherwise the driver stages them). */
 static ks_status peer_access(ks_backend *const *ranks, int n) {
     for (int r = 0; r < n; r++)
         for (int s = 0; s < n; s++) {
@@ -58,14 +61,13 @@ static ks_status peer_access(ks_backend *const *ranks, int n) {
             KS_CU(cudaDeviceCanAccessPeer(&can, ds, dr), "cudaDeviceCanAccessPeer");
             if (!can) continue;
             KS_CU(cudaSetDevice(ds), "cudaSetDevice");
-            cudaError_t e = cudaDeviceEnablePeerAccess(dr, 0);
-            if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-            else if (e) return ks_cuda_status(e, "cudaDeviceEnablePeerAccess");
+            /* a speed-up only: copies work without it, so a refusal is not an error */
+            if (cudaDeviceEnablePeerAccess(dr, 0) != cudaSuccess) cudaGetLastError();
             cudaMemAccessDesc a = {};
             a.location.type = cudaMemLocationTypeDevice;
             a.location.id = ds;
             a.flags = cudaMemAccessFlagsProtReadWrite;
-            KS_CU(cudaMemPoolSetAccess(CTX(ranks[r])->pool, &a, 1), "cudaMemPoolSetAccess");
+            if (cudaMemPoolSetAccess(CTX(ranks[r])->pool, &a, 1) != cudaSuccess) cudaGetLastError();
         }
     return KS_OK;
 }
@@ -79,6 +81,7 @@ static ks_status tp_init(ks_backend *const *ranks, int n, ks_tp_dev **out) {
     for (int r = 0; r < n; r++) {
         if (strcmp(ranks[r]->name, "cuda")) { free(d); return ks_errorf(KS_ERR_ARG, "tp: rank %d is no CUDA backend", r); }
         d->dev[r] = CTX(ranks[r])->device;
+        if (r == 0) d->pool0 = CTX(ranks[0])->pool;
         d->st[r] = CTX(ranks[r])->stream;
         for (int s = 0; s < r; s++)
             if (d->dev[s] == d->dev[r]) {
@@ -118,9 +121,18 @@ static ks_status tp_gather_cols(ks_tp_dev *d, float *dst, size_t ld, float *cons
     for (int r = 0; r < d->n; r++) {
         if (r) KS_CU(cudaStreamWaitEvent(d->st[0], d->ev[r], 0), "cudaStreamWaitEvent");
         if (!w[r]) continue;
-        KS_CU(cudaMemcpy2DAsync(dst + col0[r], ld * sizeof(float), src[r], w[r] * sizeof(float), w[r] * sizeof(float),
-                                (size_t)rows, cudaMemcpyDefault, d->st[0]),
-              "gather onto rank 0");
+        size_t wb = w[r] * sizeof(float), bytes = wb * (size_t)rows;
+        const void *from = src[r];
+        void *stage = NULL;
+        if (r) { /* rank r's block whole to rank 0 (one peer copy), then into its columns there */
+            KS_CU(cudaMallocFromPoolAsync(&stage, bytes, d->pool0, d->st[0]), "gather: staging on rank 0");
+            KS_CU(cudaMemcpyPeerAsync(stage, d->dev[0], src[r], d->dev[r], bytes, d->st[0]), "gather: peer copy");
+            from = stage;
+        }
+        cudaError_t e = cudaMemcpy2DAsync(dst + col0[r], ld * sizeof(float), from, wb, wb, (size_t)rows,
+                                          cudaMemcpyDeviceToDevice, d->st[0]);
+        if (stage) cudaFreeAsync(stage, d->st[0]);
+        if (e) return ks_cuda_status(e, "gather onto rank 0");
     }
     if (d->n == 1) return KS_OK;
     KS_CU(cudaEventRecord(d->ev[0], d->st[0]), "cudaEventRecord");
