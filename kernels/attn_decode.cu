@@ -330,14 +330,16 @@ extern "C" ks_status ks_cuda_attn_decode(cudaStream_t s, const ks_cuda_attn_para
     float *ws_acc = (float *)ws;
     float *ws_ml = ws_acc ? ws_acc + (size_t)p->n * p->n_heads * n_splits * p->head_dim : nullptr;
     dim3 grid(n_splits, p->n_kv_heads * sh.hchunks, KS_MIN(p->n, 65535));
-    static int attr_done = 0;
-    if (!attr_done) {
+    static unsigned attr_done = 0; /* bit g: set on GPU g (the attribute is per device function) */
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (!(attr_done >> (dev & 31) & 1u)) {
         const void *fns[4] = {(const void *)attn_decode_kernel<true, bf16>, (const void *)attn_decode_kernel<false, bf16>,
                               (const void *)attn_decode_kernel<true, float>, (const void *)attn_decode_kernel<false, float>};
         for (int f = 0; f < 4; f++)
             KS_CU(cudaFuncSetAttribute(fns[f], cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024),
                   "attention (decode) shared memory");
-        attr_done = 1;
+        attr_done |= 1u << (dev & 31);
     }
     if (p->k_f32) {
         if (sh.vec) attn_decode_kernel<true, float><<<grid, AD_THREADS, sh.smem, s>>>(*p, sh, n_splits, ws_acc, ws_ml);

@@ -269,11 +269,13 @@ extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p,
 
 template <int D> static ks_status tc_launch(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, float *acc,
                                             float *ml, const tc_byval &bv) {
-    static int attr = 0;
-    if (!attr) {
+    static unsigned attr = 0; /* bit g: set on GPU g (the attribute is per device function) */
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (!(attr >> (dev & 31) & 1u)) {
         KS_CU(cudaFuncSetAttribute(attn_decode_tc_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_smem<D>()),
               "attention (decode, tensor cores) shared memory");
-        attr = 1;
+        attr |= 1u << (dev & 31);
     }
     dim3 grid(n_splits, p->n_kv_heads);
     KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D>, grid, dim3(TC_WARPS * 32), tc_smem<D>(), s, p->pdl, *p, n_splits,

@@ -336,12 +336,14 @@ extern "C" size_t ks_cuda_attn_prefill_workspace(const ks_cuda_attn_params *p) {
 }
 
 template <int D, int W, int MT, int BN> static ks_status fp_launch(cudaStream_t s, fp_args a) {
-    static int attr_done = 0; /* per process; the attribute is per device function */
+    static unsigned attr_done = 0; /* bit g: set on GPU g (the attribute is per device function) */
     size_t smem = fp_smem<D, W, MT, BN>();
-    if (!attr_done) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (!(attr_done >> (dev & 31) & 1u)) {
         KS_CU(cudaFuncSetAttribute(flash_prefill_kernel<D, W, MT, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention (flash) shared memory");
-        attr_done = 1;
+        attr_done |= 1u << (dev & 31);
     }
     const int bm = 16 * W * MT;
     a.n_qblocks = (a.p.n + bm - 1) / bm;

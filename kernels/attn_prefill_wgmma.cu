@@ -669,12 +669,14 @@ extern "C" size_t ks_cuda_attn_prefill_wgmma_workspace(const ks_cuda_attn_params
 
 #ifdef KS_KERNEL_DEV
 template <int D, int BN, int MINB, int PACK, int SB> static ks_status wg_launch(cudaStream_t s, wg_args a) {
-    static int attr_done = 0; /* per process; the attribute is per device function */
+    static unsigned attr_done = 0; /* bit g: set on GPU g (the attribute is per device function) */
     const int smem = wg_smem<D, BN>::TOTAL;
-    if (!attr_done) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (!(attr_done >> (dev & 31) & 1u)) {
         KS_CU(cudaFuncSetAttribute(wg_prefill_kernel<D, BN, MINB, PACK, SB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
               "attention (wgmma) shared memory");
-        attr_done = 1;
+        attr_done |= 1u << (dev & 31);
     }
     long long rows = PACK ? (long long)a.p.n * (a.p.n_heads / a.p.n_kv_heads) : a.p.n;
     if ((rows + WG_BM - 1) / WG_BM > 65535)
@@ -718,7 +720,7 @@ static int tmap_kv(CUtensorMap *m, const void *base, int D, int cap, int hkv, in
 }
 
 template <int D, int BN, int NST, int TMA, int PP = 0> static ks_status ws_launch(cudaStream_t s, wg_args a) {
-    static int attr_done = 0;
+    static unsigned attr_done = 0; /* bit g: set on GPU g (the attribute is per device function) */
     const int smem = ws_smem<D, BN, NST>::TOTAL;
     CUtensorMap mk, mv;
     memset(&mk, 0, sizeof mk);
@@ -726,10 +728,12 @@ template <int D, int BN, int NST, int TMA, int PP = 0> static ks_status ws_launc
     if (TMA && !(tmap_kv(&mk, a.p.k, D, a.p.capacity, a.p.n_kv_heads, BN) &&
                  tmap_kv(&mv, a.p.v, D, a.p.capacity, a.p.n_kv_heads, BN)))
         return ws_launch<D, BN, NST, 0, PP>(s, a); /* no tensor maps here: the cp.async producer */
-    if (!attr_done) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (!(attr_done >> (dev & 31) & 1u)) {
         KS_CU(cudaFuncSetAttribute(wg_ws_kernel<D, BN, NST, TMA, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
               "attention (wgmma, warp-specialised) shared memory");
-        attr_done = 1;
+        attr_done |= 1u << (dev & 31);
     }
     long long rows = (long long)a.p.n * (a.p.n_heads / a.p.n_kv_heads);
     if ((rows + 127) / 128 > 65535)
