@@ -7,15 +7,17 @@
 #   allreduce  nccl_allreduce on both GPUs (f32 and bf16, 8 KB .. 1 GB; algbw, busbw)
 #   b8 / b128  kvsieve bench, Llama-3.1-8B shape (random weights), --tp 1 then --tp 2, 32K / 128K
 #   b70        the 70B shape at 32K, --tp 2, full attention: all 80 layers if they fit, else L70
-#   b70p       the 70B shape cut to L70P layers, --tp 2: none, gemfilter, tokenselect (the policy
-#              views add a whole KV copy on rank 0, so the 80 layers cannot hold it)
+#   b70p       the 70B shape at L70P layers, --tp 2: none, gemfilter, tokenselect (the policy views
+#              add a whole KV copy on rank 0: 80 layers on 141 GB cards, 48 on 80 GB ones)
 # NVLink multicast stays off (the machines are shared): NCCL_NVLS_ENABLE=0 below.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 S=.data/nccl; B=$(mktemp -d)
 for f in $S/*.xz; do xz -dc $f > $B/$(basename $f .xz); done
 chmod +x $B/*
 export KS_STORIES=.data/stories260K
-L70=${L70:-64}; L70P=${L70P:-48}
+# the policy rows keep a whole KV copy on rank 0: all 80 layers where a card holds it (H200), else 48
+big=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+L70=${L70:-64}; L70P=${L70P:-$([ "${big:-0}" -gt 100000 ] && echo 80 || echo 48)}
 if ldd $B/kvsieve | grep -q "libnccl.*not found"; then
     # the toolkit has no NCCL: the one PyTorch brings
     export LD_LIBRARY_PATH=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))')/lib:$LD_LIBRARY_PATH
