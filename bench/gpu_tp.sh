@@ -1,13 +1,14 @@
 # Issue 17 on a 2-GPU machine (device kind nvidia-h100-x2), one device call: tensor parallelism
 # over NCCL. Carry .data/nccl (stripped, xz'd: kvsieve.xz, test_tp_cuda.xz, nccl_allreduce.xz,
 # from `make CUDA=1 BUILD=build-nccl-cuda ...`) and .data/stories260K.
-# Usage: bash bench/gpu_tp.sh [check] [tests] [allreduce] [b8] [b128] [b70] [b70p]   (all when none)
+# Usage: bash bench/gpu_tp.sh [check] [tests] [allreduce] [b8] [b128] [b70] [p8] [b70p]   (all when none)
 #   check      the cards, their links, NCCL in the toolkit
 #   tests      test_tp_cuda: one NCCL rank == plain CUDA; two ranks == one GPU (ids, kept sets)
 #   allreduce  nccl_allreduce on both GPUs (f32 and bf16, 8 KB .. 1 GB; algbw, busbw)
 #   b8 / b128  kvsieve bench, Llama-3.1-8B shape (random weights), --tp 1 then --tp 2, 32K / 128K
 #   b70        the 70B shape at 32K, --tp 2, full attention: all 80 layers if they fit, else L70
-#   b70p       the 70B shape at L70P layers, --tp 2: none, gemfilter, tokenselect (the policy views
+#   p8         the 8B shape at 32K, none, gemfilter, tokenselect, --tp 1 then --tp 2
+#   b70p       the 70B shape at L70P layers, --tp 2: none, gemfilter, tokenselect (P70; the policy views
 #              add a whole KV copy on rank 0: 80 layers on 141 GB cards, 48 on 80 GB ones)
 # NVLink multicast stays off (the machines are shared): NCCL_NVLS_ENABLE=0 below.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -44,14 +45,21 @@ step_b70() {
     fi
 }
 step_b70p() {
-    for p in none gemfilter tokenselect; do
+    for p in ${P70:-none gemfilter tokenselect}; do
         echo "== 70B shape, $L70P of 80 layers, 32K, tp 2, $p"
-        T=240 bench --random-weights $(cfg70 $L70P) --tp 2 --lengths 32768 --gen 8 --policy $p
+        x=; [ $p = tokenselect ] && x="--set tokenselect._memory_mb=8192 --set tokenselect._device_mb=16384"
+        T=240 bench --random-weights $(cfg70 $L70P) --tp 2 --lengths 32768 --gen 8 --policy $p $x
     done >> $OUT/bench70p.txt
 }
-for s in ${*:-check tests allreduce b8 b128 b70 b70p}; do echo "== step $s $(date +%T)"; step_$s; done
+step_p8() { # the 8B shape at 32K with the policies, one GPU against two
+    for tp in 1 2; do
+        echo "== 8B 32K tp $tp policies"
+        bench --random-weights $C8 --tp $tp --lengths 32768 --gen 16 --policy none,gemfilter,tokenselect
+    done >> $OUT/bench8p.txt
+}
+for s in ${*:-check tests allreduce b8 b128 b70 p8 b70p}; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $B
 echo "== end $(date +%T)"
 grep -h "passed\|FAIL" $OUT/tests.txt 2>/dev/null | tail -12
 grep -h "^ *\(1073741824\|268435456\|16777216\|1048576\|65536\|8192\) " $OUT/allreduce.txt 2>/dev/null
-grep -h "^==\|^none\|^gemfilter\|^tokenselect\|rank\|rc=\|rror" $OUT/bench*.txt 2>/dev/null | tail -40
+grep -h "^==\|^none\|^gemfilter\|^tokenselect\|rank\|rc=\|rror" $OUT/bench*.txt 2>/dev/null | tail -60

@@ -15,24 +15,51 @@
  *              row-parallel over the same units; an all-reduce (sum) of the partials.
  *   embed      vocab-parallel: rank r holds the rows [V*r/N, V*(r+1)/N) of the table and
  *              writes the rows of the ids in its range, zeros elsewhere; all-reduce (sum).
- *   head       rank r holds the same vocab rows of lm_head; an all-gather of the logits.
+ *   head       rank r holds the same vocab rows of lm_head; its logits gathered into place.
  * The KV cache is split by KV heads: rank r's KV layer holds only its heads' rows. The engine's
  * ks_kv_layer keeps the whole per-head row counts and positions (the engine and the policies
- * index them as on one backend) and, in this simulation, a whole host copy of the keys and
+ * index them as on one backend) and, where the policies need it, a whole copy of the keys and
  * values (the view the policy events read); the rank layers hang off ks_kv_layer.pos_dev.
  *
- * This build's ranks are CPU backends (simulated ranks in one process, run one after another),
- * and the all-reduce is a host sum in fixed rank order ((p0 + p1) + p2) + ..., so a run gives
+ * Two kinds of ranks share the weights, the split and this interface:
+ *
+ * CPU ranks (ks_tp_backend_create; tp_backend.c) are CPU backends (simulated ranks in one
+ * process, run one after another), each KV layer has its whole host view, and the all-reduce is a host sum in fixed rank order ((p0 + p1) + p2) + ..., so a run gives
  * the same bits on every machine and thread count. The composite's own buffers (activations,
  * the KV view, logits) are host memory (ks_backend.host_memory = 1, so lua/ and bench.c read
  * them in place; its name is "tp") and its policy primitives are the CPU table. Results
  * equal the unsplit CPU backend's up to float summation order: embed, the head's logits (each
  * a whole dot product on one rank) and attention are bit-identical for identical inputs; the
  * two reductions per layer differ from the unsplit dot products by summation order only.
- * docs/DESIGN.md ("Tensor parallel") says how NCCL ranks on GPUs plug into the same seam.
+ *
+ * Device ranks (ks_tp_backend_create_dev; tp_device.c) are CUDA backends, rank r on GPU
+ * device + r, driven from one host thread (every call queued on the ranks' own streams), with
+ * every collective through NCCL on device buffers (ks_tp_dev_ops, kernels/tp_nccl.cu); no host
+ * round trip in the dense path. Each pointer the engine holds stands for one buffer per rank of
+ * the same size (x replicated: the all-reduce hands every rank the same bits; q, k, v and the
+ * attention output hold each rank's heads packed, so a pointer into the middle of those - a
+ * batched decode step's later rows - is refused). attn_out and mlp: rank 0 adds its partial to
+ * the real x (with bo), the other ranks theirs to zeros (mlp: ks_tp_dev_ops.mlp_partial, the
+ * same kernels without the residual); one float32 all-reduce each. embed: each rank its ids'
+ * rows, zeros elsewhere; all-reduce. head: each rank its vocab slice, copied into place on rank
+ * 0 (the engine downloads logits from rank 0). The engine's download reads rank 0.
+ *   Policies, the simplest correct design: after ks_session_set_policy (ks_tp_want_views,
+ *   sticky) every activation buffer gets a whole copy on rank 0 and every new KV layer a whole
+ *   bf16 view on rank 0 (a CUDA KV layer of all heads). Gathered per layer: q, k, v (n rows of
+ *   (H + 2 Hkv) * head_dim floats) from every rank into the whole copies (peer copies through
+ *   a staging buffer on rank 0), the new KV rows appended to the view, x copied after each
+ *   all-reduce (n * dim floats, on rank 0). Cost: rank 0 holds a second copy of the whole KV
+ *   cache (tokens * layers * 2 * Hkv * head_dim * 2 bytes: 10.7 GB at 32K on the 70B shape) and
+ *   of the activations, and the copies run on rank 0's stream before the event. The composite
+ *   has no device primitive table, so the policy events read host copies of those views
+ *   (lua/events.c, as for a backend without primitives); actions apply on every rank (retain:
+ *   each rank its KV heads' lists; attend: the lists of its heads; propagate: every copy of x).
+ *   Without a policy nothing is gathered and the whole layer keeps only row counts and
+ *   positions (host). ks_tp_host_ops runs this same code on CPU ranks (host buffers, the views
+ *   float32 and read in place) for the CPU tests.
  *
  * Refused (KS_ERR_UNSUPPORTED, at ks_tp_shard_model): n_kv_heads not divisible by N (KV heads
- * are not replicated). N must be 2..KS_TP_MAX. */
+ * are not replicated). N must be 2..KS_TP_MAX on CPU ranks, 1..KS_TP_MAX on device ranks. */
 #ifndef KS_TP_BACKEND_H
 #define KS_TP_BACKEND_H
 

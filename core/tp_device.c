@@ -113,7 +113,7 @@ static ks_status td_upload(ks_backend *b, void *dst, const void *src, size_t n) 
     tp_ctx *t = TPC(b);
     size_t off = 0;
     tp_buf *q = buf_of(t, dst, &off);
-    if (!q) return not_ours("upload", dst);
+    if (!q) { USE(t, 0); return t->rank[0]->upload(t->rank[0], dst, src, n); } /* rank 0 memory of its own */
     ks_status st = KS_OK;
     for (int r = 0; r < t->N && !st; r++) { USE(t, r); st = t->rank[r]->upload(t->rank[r], q->p[r] + off, src, n); }
     if (!st && q->v != q->p[0]) { USE(t, 0); st = t->rank[0]->upload(t->rank[0], q->v + off, src, n); }
@@ -129,11 +129,13 @@ static ks_status td_download(ks_backend *b, void *dst, const void *src, size_t n
     return t->rank[0]->download(t->rank[0], dst, src, n);
 }
 
+/* Between engine buffers: every rank's and the whole copies. Where either side is rank 0 memory
+ * of its own (the KV view that a policy's tensors read), on rank 0 alone: the policies'
+ * tensors live in the whole copies on rank 0 (the primitives run there). */
 static ks_status td_copy(ks_backend *b, void *dst, const void *src, size_t n) {
     tp_ctx *t = TPC(b);
     if (!n) return KS_OK;
-    if (!buf_of(t, dst, NULL)) return not_ours("copy", dst);
-    if (!buf_of(t, src, NULL)) return not_ours("copy", src);
+    if (!buf_of(t, dst, NULL) || !buf_of(t, src, NULL)) { USE(t, 0); return t->rank[0]->copy(t->rank[0], dst, src, n); }
     ks_status st = KS_OK;
     for (int r = 0; r < t->N && !st; r++) { USE(t, r); st = t->rank[r]->copy(t->rank[r], rp(t, r, dst), rp(t, r, src), n); }
     if (!st && separate(t, dst)) { USE(t, 0); st = t->rank[0]->copy(t->rank[0], dst, src, n); }
@@ -392,17 +394,40 @@ static ks_status td_attention(ks_backend *b, float *out, const float *q, const k
     tp_ctx *t = TPC(b);
     const tp_kv *T = L->pos_dev;
     if (!T) return ks_errorf(KS_ERR_INTERNAL, "tp: attention over a layer that holds no KV rows");
-    if (a->idx && a->idx_dev && t->N > 1)
-        return ks_errorf(KS_ERR_UNSUPPORTED, "tp: attend lists in device memory (GPU ranks take host lists)");
     ks_status st = local_start(t, q, "attention's q");
     if (!st) st = local_start(t, out, "attention's output");
+    /* attend lists a policy built on the device (rank 0, the primitives' side): to the host, and
+     * each rank uploads its heads' (Hkv lists of at most a few thousand rows: small) */
+    int Hkv = L->n_kv_heads;
+    const int32_t *hidx[KS_TP_MAX * 64], **idx = (const int32_t **)a->idx;
+    int32_t *host = NULL;
+    if (!st && a->idx && a->idx_dev && t->N > 1) {
+        if (Hkv > KS_TP_MAX * 64) return ks_errorf(KS_ERR_UNSUPPORTED, "tp: %d KV heads with device attend lists", Hkv);
+        const int32_t *lo = a->idx[0], *hi = a->idx[0] + a->n_idx[0];
+        for (int h = 1; h < Hkv; h++) {
+            if (a->idx[h] < lo) lo = a->idx[h];
+            if (a->idx[h] + a->n_idx[h] > hi) hi = a->idx[h] + a->n_idx[h];
+        }
+        size_t words = (size_t)(hi - lo);
+        if (!(host = ks_malloc(sizeof(int32_t) * (words ? words : 1)))) return KS_ERR_OOM;
+        USE(t, 0);
+        st = t->rank[0]->download(t->rank[0], host, lo, sizeof(int32_t) * words);
+        for (int h = 0; h < Hkv; h++) hidx[h] = host + (a->idx[h] - lo);
+        idx = hidx;
+    }
     for (int r = 0; r < t->N && !st; r++) {
         ks_attn_args ar = *a;
         ar.n_heads = a->n_heads / t->N;
-        if (a->idx) { int h0 = r * T->r[r].n_kv_heads; ar.idx = a->idx + h0; ar.n_idx = a->n_idx + h0; }
+        if (a->idx) {
+            int h0 = r * T->r[r].n_kv_heads;
+            ar.idx = idx + h0;
+            ar.n_idx = a->n_idx + h0;
+            ar.idx_dev = a->idx_dev && t->N == 1;
+        }
         USE(t, r);
         st = t->rank[r]->attention(t->rank[r], rp(t, r, out), rp(t, r, q), &T->r[r], &ar);
     }
+    free(host);
     return st;
 }
 
@@ -488,6 +513,95 @@ static ks_status td_rope(ks_backend *b, float *x, int n, int n_heads, const int3
     return st;
 }
 
+/* ================================================================ policy primitives: rank 0's table
+ * The policy's tensors are the whole copies (rank 0) and what it computes from them (allocated
+ * through this backend: one buffer per rank, the primitives write the whole copy); every
+ * primitive runs on rank 0's backend. */
+
+#define R0(t) (USE((t), 0), (t)->rank[0])
+#define P0(b) (TPC(b)->rank[0]->prims)
+static ks_status p_scores(ks_backend *b, const float *q, const int32_t *qpos, int64_t nq, int64_t m, const void *k, int k_bf16,
+                          const int32_t *kpos, int64_t nkv, int64_t n, int64_t d, const ks_scores_opts *o, float *out) {
+    ks_backend *r = R0(TPC(b));
+    return P0(b)->scores(r, q, qpos, nq, m, k, k_bf16, kpos, nkv, n, d, o, out);
+}
+static ks_status p_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t kernel, ks_pool_mode mode,
+                          float *out) {
+    return P0(b)->pool1d(R0(TPC(b)), x, rows, n, kernel, mode, out);
+}
+static ks_status p_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, ks_topk_order order,
+                        int32_t *oi, float *ov) {
+    return P0(b)->topk(R0(TPC(b)), x, rows, n, k, order, oi, ov);
+}
+static ks_status p_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *o) {
+    return P0(b)->argsort(R0(TPC(b)), x, n, desc, o);
+}
+static ks_status p_sort_f32(ks_backend *b, const float *x, int64_t n, int desc, float *o) {
+    return P0(b)->sort_f32(R0(TPC(b)), x, n, desc, o);
+}
+static ks_status p_sort_i32(ks_backend *b, const int32_t *x, int64_t n, int32_t *o) { return P0(b)->sort_i32(R0(TPC(b)), x, n, o); }
+static ks_status p_rank(ks_backend *b, const float *x, int64_t n, int32_t *o) { return P0(b)->rank(R0(TPC(b)), x, n, o); }
+static ks_status p_unique(ks_backend *b, const int32_t *x, int64_t n, int32_t *o, int64_t *no) {
+    return P0(b)->unique(R0(TPC(b)), x, n, o, no);
+}
+static ks_status p_union(ks_backend *b, const int32_t *a, int64_t na, const int32_t *bb, int64_t nb, int32_t *o, int64_t *no) {
+    return P0(b)->union_(R0(TPC(b)), a, na, bb, nb, o, no);
+}
+static ks_status p_concat_i32(ks_backend *b, const int32_t *a, int64_t na, const int32_t *bb, int64_t nb, int32_t *o) {
+    return P0(b)->concat_i32(R0(TPC(b)), a, na, bb, nb, o);
+}
+static ks_status p_concat_f32(ks_backend *b, const float *a, int64_t na, const float *bb, int64_t nb, float *o) {
+    return P0(b)->concat_f32(R0(TPC(b)), a, na, bb, nb, o);
+}
+static ks_status p_arange(ks_backend *b, int64_t start, int64_t stop, int64_t step, int32_t *o) {
+    return P0(b)->arange(R0(TPC(b)), start, stop, step, o);
+}
+static ks_status p_gather(ks_backend *b, const float *x, int64_t n, int64_t d, const int32_t *idx, int64_t k, float *o,
+                          int64_t *err) {
+    return P0(b)->gather(R0(TPC(b)), x, n, d, idx, k, o, err);
+}
+static ks_status p_gather_i32(ks_backend *b, const int32_t *x, int64_t n, const int32_t *idx, int64_t k, int32_t *o,
+                              int64_t *err) {
+    return P0(b)->gather_i32(R0(TPC(b)), x, n, idx, k, o, err);
+}
+static ks_status p_softmax(ks_backend *b, const float *x, int64_t rows, int64_t n, float *o) {
+    return P0(b)->softmax(R0(TPC(b)), x, rows, n, o);
+}
+static ks_status p_sum(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, float *o) {
+    return P0(b)->sum(R0(TPC(b)), x, rows, cols, axis, o);
+}
+static ks_status p_mean(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, float *o) {
+    return P0(b)->mean(R0(TPC(b)), x, rows, cols, axis, o);
+}
+static ks_status p_var(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, int64_t ddof, float *o) {
+    return P0(b)->var(R0(TPC(b)), x, rows, cols, axis, ddof, o);
+}
+static ks_status p_cosine(ks_backend *b, const float *a, const float *bb, int64_t n, float *o) {
+    return P0(b)->cosine(R0(TPC(b)), a, bb, n, o);
+}
+static ks_status p_cosine_rows(ks_backend *b, const float *a, const float *bb, int64_t rows, int64_t d, float *o) {
+    return P0(b)->cosine_rows(R0(TPC(b)), a, bb, rows, d, o);
+}
+static ks_status p_page_reduce(ks_backend *b, const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t rs,
+                               int64_t hs, int64_t page, int64_t p0, int64_t p1, float *omin, float *omax, float *omean) {
+    return P0(b)->page_reduce(R0(TPC(b)), x, x_bf16, n, h, d, rs, hs, page, p0, p1, omin, omax, omean);
+}
+static ks_status p_bound_scores(ks_backend *b, const float *q, int64_t nq, const float *lo, const float *hi, int64_t n,
+                                int64_t nkv, int64_t d, ks_bound_reduce red, float *o) {
+    return P0(b)->bound_scores(R0(TPC(b)), q, nq, lo, hi, n, nkv, d, red, o);
+}
+static ks_status p_page_rows(ks_backend *b, const int32_t *pages, int64_t lists, int64_t k, int64_t page, int64_t n,
+                             int64_t bb, int64_t be, int64_t ab, int64_t ae, int32_t *o, int64_t *err) {
+    return P0(b)->page_rows(R0(TPC(b)), pages, lists, k, page, n, bb, be, ab, ae, o, err);
+}
+#undef R0
+#undef P0
+
+static const ks_backend_prims td_prims = {p_scores, p_pool1d, p_topk, p_argsort, p_sort_f32, p_sort_i32, p_rank,
+                                          p_unique, p_union, p_concat_i32, p_concat_f32, p_arange, p_gather,
+                                          p_gather_i32, p_softmax, p_sum, p_mean, p_var, p_cosine, p_cosine_rows,
+                                          p_page_reduce, p_bound_scores, p_page_rows};
+
 static ks_status td_ceilings(ks_backend *b, double *gemm_tflops, double *copy_gbs) {
     tp_ctx *t = TPC(b);
     USE(t, 0);
@@ -517,8 +631,10 @@ void ks_tp_dev_install(ks_backend *b) {
     b->kv_append = td_kv_append;
     b->kv_retain = td_kv_retain;
     b->ceilings = td_ceilings;
-    /* prims NULL: the policies read host copies of the views (lua/events.c); check_idx NULL:
-     * index lists are checked on the host; no decode graphs, no profiling marks */
+    /* rank 0's primitives on the whole copies, where rank 0 has a table (GPU ranks; CPU ranks
+     * read their host views in place and take the CPU primitives there); check_idx NULL: index
+     * lists are checked on the host; no decode graphs, no profiling marks */
+    if (TPC(b)->rank[0]->prims && !b->host_memory) b->prims = &td_prims;
 }
 
 /* ================================================================ the services on CPU ranks (tests)

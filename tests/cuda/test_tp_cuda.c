@@ -6,7 +6,10 @@
  *              the same kernels on the same inputs, so full attention must give bit-identical
  *              logits and ids; with a policy, ids and kept sets identical.
  *   two_ranks  `tp = 2` (GPUs 0 and 1; skipped, and counted, with fewer) against one GPU: the
- *              generated ids and every kept set (as sets) identical, logits within
+ *              generated ids identical, every kept set (as sets) identical or a near tie (same
+ *              size, >= 95% overlap, counted and printed: a score that moved by rounding can
+ *              swap two rows of equal rank, as tests/cuda/test_cuda_policies.c allows between
+ *              device and host primitives), logits within
  *              1e-2 * (1 + max|logit|). Why that bound: the split changes the float32 summation
  *              order of the o-projection and the down projection (two partial products summed
  *              by the all-reduce instead of one GEMM's sum, and cuBLAS picks its kernels for the
@@ -14,8 +17,8 @@
  *              bf16 first, so a residual that moved by one float32 ulp can cross a bf16 rounding
  *              boundary (2^-8 relative) in a few elements, and those flips carry through the
  *              layers. The measured difference is printed.
- * Both sides run the policy's primitives on host copies ("_device" = "host"): the composite
- * has no device primitive table, and the comparison is then of the forward alone.
+ * Every policy case runs twice on both sides: primitives on host copies ("_device" = "host")
+ * and on the device ("auto": the composite's table is rank 0's, on its whole copies).
  *
  * Models: models/kvsieve-tiny (8 layers, 8 heads / 2 KV heads) and stories260K (--stories DIR,
  * KS_STORIES, or .data/stories260K; skipped and counted when absent). Run from the repository
@@ -78,8 +81,8 @@ static int cmp_i32(const void *a, const void *b) {
 }
 
 /* One greedy request of policy `name` ("full": none) with params "k=v,..." on m. */
-static void run_policy(ks_model *m, const char *name, const char *params, const int32_t *prompt, int n, int max_new,
-                       run *r) {
+static void run_policy(ks_model *m, const char *name, const char *params, const char *mode, const int32_t *prompt, int n,
+                       int max_new, run *r) {
     memset(r, 0, sizeof *r);
     ks_policy *p = NULL;
     ks_session *s = NULL;
@@ -93,7 +96,7 @@ static void run_policy(ks_model *m, const char *name, const char *params, const 
             *eq = 0;
             r->st = ks_policy_set(p, tok, eq + 1);
         }
-        if (!r->st) r->st = ks_policy_set(p, "_device", "host");
+        if (!r->st) r->st = ks_policy_set(p, "_device", mode);
     }
     if (!r->st) r->st = ks_session_create(m, &s);
     if (!r->st) {
@@ -128,11 +131,27 @@ static void run_policy(ks_model *m, const char *name, const char *params, const 
     ks_policy_free(p);
 }
 
+/* |a & b| / max(|a|, |b|) of two ascending lists (1 when both are empty) */
+static double overlap(const int32_t *a, int na, const int32_t *b, int nb) {
+    if (na == 0 && nb == 0) return 1;
+    int i = 0, j = 0, c = 0;
+    while (i < na && j < nb) {
+        if (a[i] == b[j]) { c++; i++; j++; }
+        else if (a[i] < b[j]) i++;
+        else j++;
+    }
+    return (double)c / (na > nb ? na : nb);
+}
+
 /* "" when ids and kept sets agree, else what differs; *maxd, *maxl: largest logit difference
- * and largest |logit|. */
-static const char *diff(const run *a, const run *b, double *maxd, double *maxl) {
+ * and largest |logit|; *near: sets that differ (same size) with the smallest overlap >= 0.95 in
+ * *minov (a near tie decided by a last-bit difference of a score: near_ok lets them pass). */
+static int near_ok;
+static const char *diff(const run *a, const run *b, double *maxd, double *maxl, int *near, double *minov) {
     static char why[256];
     *maxd = *maxl = 0;
+    *near = 0;
+    *minov = 1;
     for (int i = 0; i < a->vocab && a->vocab == b->vocab; i++) {
         *maxl = fmax(*maxl, fabsf(a->logits[i]));
         double d = fabsf(a->logits[i] - b->logits[i]);
@@ -143,8 +162,11 @@ static const char *diff(const run *a, const run *b, double *maxd, double *maxl) 
         for (int h = 0; h < a->n_kv; h++)
             if (a->kept_n[l][h] != b->kept_n[l][h] ||
                 memcmp(a->kept[l][h], b->kept[l][h], sizeof(int32_t) * a->kept_n[l][h])) {
-                snprintf(why, sizeof why, "kept set at layer %d head %d (%d vs %d rows)", l, h, a->kept_n[l][h],
-                         b->kept_n[l][h]);
+                double o = overlap(a->kept[l][h], a->kept_n[l][h], b->kept[l][h], b->kept_n[l][h]);
+                *minov = fmin(*minov, o);
+                if (near_ok && a->kept_n[l][h] == b->kept_n[l][h] && o >= 0.95) { (*near)++; continue; }
+                snprintf(why, sizeof why, "kept set at layer %d head %d (%d vs %d rows, overlap %.3f)", l, h,
+                         a->kept_n[l][h], b->kept_n[l][h], o);
                 return why;
             }
     return "";
@@ -155,25 +177,31 @@ typedef struct pcase {
     int n; /* prompt tokens */
 } pcase;
 
-/* Every case on `tp` against `ref`; exact: full attention's logits must be the same bits. */
+/* Every case on `tp` against `ref`, the policy's primitives where `mode` says ("host": host
+ * copies, "auto": the device); exact: the same bits and sets are required (one rank). */
 static void run_cases(const char *label, ks_model *tp, ks_model *ref, const pcase *cs, int n_cs, const int32_t *prompt,
-                      int exact) {
+                      int exact, const char *mode) {
     for (int c = 0; c < n_cs; c++) {
         char title[256];
-        snprintf(title, sizeof title, "%s n=%d %s %s", label, cs[c].n, cs[c].name, cs[c].params);
+        if (!strcmp(cs[c].name, "full") && strcmp(mode, "host")) continue; /* no primitives: once is enough */
+        snprintf(title, sizeof title, "%s %s n=%d %s %s", label, mode, cs[c].n, cs[c].name, cs[c].params);
         if (g_only && !strstr(title, g_only)) continue;
         run a, b;
-        run_policy(tp, cs[c].name, cs[c].params, prompt, cs[c].n, 8, &a);
-        run_policy(ref, cs[c].name, cs[c].params, prompt, cs[c].n, 8, &b);
+        run_policy(tp, cs[c].name, cs[c].params, mode, prompt, cs[c].n, 8, &a);
+        run_policy(ref, cs[c].name, cs[c].params, mode, prompt, cs[c].n, 8, &b);
         if (a.st || b.st) {
             result(0, title, "tp: %s | reference: %s", a.st ? a.err : "ok", b.st ? b.err : "ok");
         } else {
-            double maxd, maxl;
-            const char *why = diff(&a, &b, &maxd, &maxl);
+            double maxd, maxl, minov;
+            int near;
+            near_ok = !exact;
+            const char *why = diff(&a, &b, &maxd, &maxl, &near, &minov);
             int bits = a.vocab == b.vocab && !memcmp(a.logits, b.logits, sizeof(float) * a.vocab);
             int ok = !*why && (exact && !strcmp(cs[c].name, "full") ? bits : maxd <= TOL2 * (1 + maxl));
-            result(ok, title, "%s%s; logits %s, max |d| %.3g (max |logit| %.3g)", *why ? "differ: " : "ids and kept sets equal",
-                   why, bits ? "bit-identical" : "differ", maxd, maxl);
+            char nr[96] = "";
+            if (near) snprintf(nr, sizeof nr, " (%d near-tie sets, min overlap %.3f)", near, minov);
+            result(ok, title, "%s%s%s; logits %s, max |d| %.3g (max |logit| %.3g)",
+                   *why ? "differ: " : "ids and kept sets equal", why, nr, bits ? "bit-identical" : "differ", maxd, maxl);
         }
         run_free(&a);
         run_free(&b);
@@ -222,7 +250,8 @@ static void model_cases(const char *label, const char *dir, const pcase *cs, int
     snprintf(l2, sizeof l2, "two_ranks %s", label);
     if (open_one_rank(dir, &one)) result(0, l1, "open: %s", ks_last_error());
     else {
-        run_cases(l1, one, plain, cs, n_cs, prompt, 1);
+        run_cases(l1, one, plain, cs, n_cs, prompt, 1, "host");
+        run_cases(l1, one, plain, cs, n_cs, prompt, 1, "auto");
         ks_model_close(one);
     }
     if (gpus < 2) {
@@ -231,7 +260,8 @@ static void model_cases(const char *label, const char *dir, const pcase *cs, int
     } else if (open_plain(dir, 2, &two)) {
         result(0, l2, "open: %s", ks_last_error());
     } else {
-        run_cases(l2, two, plain, cs, n_cs, prompt, 0);
+        run_cases(l2, two, plain, cs, n_cs, prompt, 0, "host");
+        run_cases(l2, two, plain, cs, n_cs, prompt, 0, "auto");
         for (int r = 0; r < ks_model_tp_ranks(two); r++) {
             ks_model_memory mm;
             if (!ks_model_rank_memory_stats(two, r, 0, &mm))
