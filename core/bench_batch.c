@@ -6,7 +6,8 @@
  *   sessions s[0..B) (+ s[B], the newcomer, with ttft_under_load), each created here
  *   prefill   s[i] <- prompt i (ids row i), one after another            prefill_s
  *   warmup    `warmup` batched steps, untimed (first-use allocations, workspaces)
- *   timed     `gen` batched steps: argmax of each s[i]'s logits -> ks_sessions_decode(s, tok, B)
+ *   timed     `gen` batched steps: argmax of each s[i]'s logits (host, sample_s) ->
+ *             ks_sessions_decode(s, tok, B)
  *             (decode_batch.c: dense ops once over the B rows, attention per session or in one
  *             batched call where the backend has one)                    step_s[], decode_tok_s
  *   alone     s[B] <- prompt B in pieces of prefill_chunk rows, nobody decoding; then reset
@@ -54,14 +55,16 @@ typedef struct brun {
 } brun;
 
 /* One batched step of s[0..batch): each session's argmax id (kept in row ids[i * stride + at]
- * when ids), then one ks_sessions_decode. A session's own failure is returned with its index
- * and message. */
-static ks_status bstep(brun *b, int32_t *ids, int stride, int at) {
+ * when ids; the seconds it took added to *sample_s when given), then one ks_sessions_decode. A
+ * session's own failure is returned with its index and message. */
+static ks_status bstep(brun *b, int32_t *ids, int stride, int at, double *sample_s) {
     int vocab = b->m->cfg.vocab;
+    double t0 = ks_now();
     for (int i = 0; i < b->batch; i++) {
         b->tok[i] = ks_sample(&b->smp, b->s[i]->logits, vocab);
         if (ids) ids[(size_t)i * stride + at] = b->tok[i];
     }
+    if (sample_s) *sample_s += ks_now() - t0;
     ks_status st = ks_sessions_decode(b->s, b->tok, b->batch, b->st, b->msg);
     if (st) return st;
     for (int i = 0; i < b->batch; i++)
@@ -91,11 +94,11 @@ static ks_status run_row(brun *b, const int32_t *ids, int n, const ks_bench_batc
     for (int i = 0; i < B && !st; i++) st = ks_session_prefill(b->s[i], ids + (size_t)i * n, n);
     out->prefill_s = ks_now() - t0;
     int32_t *kid = o->keep_ids ? out->ids : NULL;
-    for (int g = 0; g < o->warmup && !st; g++) st = bstep(b, kid, steps, g);
+    for (int g = 0; g < o->warmup && !st; g++) st = bstep(b, kid, steps, g, NULL);
     double total = 0;
     for (int g = 0; g < o->gen && !st; g++) {
         double t1 = ks_now();
-        st = bstep(b, kid, steps, o->warmup + g);
+        st = bstep(b, kid, steps, o->warmup + g, &out->sample_s);
         out->step_s[g] = ks_now() - t1;
         total += out->step_s[g];
     }
@@ -131,7 +134,7 @@ static ks_status run_row(brun *b, const int32_t *ids, int n, const ks_bench_batc
         rounds++;
         if (done == n) out->ttft_s = ks_now() - t0; /* its first token can be sampled now */
         double t1 = ks_now();
-        st = bstep(b, NULL, 0, 0);
+        st = bstep(b, NULL, 0, 0, NULL);
         steps_s += ks_now() - t1;
     }
     out->ttft_rounds = rounds;

@@ -521,6 +521,8 @@ typedef struct ks_bench_batch_result {
                                  * downloaded) */
     double step_median_s;       /* their median */
     double decode_tok_s;        /* B * gen / the timed steps' seconds: aggregate tokens/s */
+    double sample_s;            /* of those seconds, the host's argmax over the B sessions' logits
+                                 * (ks_sample; part of every step, as in ks_batch_step) */
     double kv_bytes;            /* KV bytes the B sessions held at the last timed step (all layers,
                                  * keys and values, in the backend's element type) */
     /* ttft_under_load (else 0): */

@@ -4,15 +4,20 @@
  *
  * Block of ADB_THREADS (4 warps), for (split j, KV head h, session i), keys [t0, t1):
  *   new row     split 0 stores bf16(kn), bf16(vn), qpos at row nk of head h
- *   scores      lane = (sub 0..3, li 0..7): key t0 + 16 s + 4 warp + sub, dims [li D/8, +D/8);
+ *   scores      lane = (sub 0..3, li 0..7): keys t0 + 64 s + 16 u + 4 warp + sub (u < 4: the
+ *               four rows' 16-byte loads issued before any arithmetic, the same rows of V
+ *               prefetched into L2 for the P V pass), dims [li D/8, +D/8);
  *               G dot products, reduced over the 8 lanes by 3 xor shuffles each -> sc[g][t]
  *   softmax     per head g (a warp each): m = max, p = exp(s - m), l = sum p (all masked: l = 0)
  *   P V         lane: D/8-lane rows, 8 dims each (one 16-byte load of bf16); slot = the row a
- *               lane group takes among the block's (4 warps x 32 / (D/8)) -> acc[g][8];
+ *               lane group takes among the block's (4 warps x 32 / (D/8)), 8 rows' loads in
+ *               flight per pass -> acc[g][8];
  *               then summed over the slots through shared memory
  *   finish      one split: out = acc / l. Else partials to the workspace; the last block of
  *               (i, h) (atomic count, after a fence) merges them: out = sum e^(m_j - M) acc_j /
  *               sum e^(m_j - M) l_j.
+ * Registers: at most 128 a thread for g <= 4 (4 blocks a multiprocessor; g = 4, d = 128 spills
+ * 20 bytes), unbounded for g = 8.
  * Shared memory: sc (G, chunk) + red (slots, G, D) + ml (2, G) floats: at most 8*256*4 +
  * 16*8*64*4 or 8*8*128*4 + 64 bytes = 40 KiB. */
 #include "cuda_backend_int.h"
@@ -40,7 +45,7 @@ static __device__ __forceinline__ void bf8_to_f(uint4 u, float *f) {
 
 /* workspace layout: acc (n, Hkv, S, G, D) floats, ml (n, Hkv, S, G, 2), count (n, Hkv) */
 template <int D, int G>
-__global__ void __launch_bounds__(ADB_THREADS) adb_kernel(const ks_cuda_adb_seq *__restrict__ seqs,
+__global__ void __launch_bounds__(ADB_THREADS, G >= 8 ? 1 : 4) adb_kernel(const ks_cuda_adb_seq *__restrict__ seqs,
                                                          const int32_t *__restrict__ nks, int Hkv, float scale,
                                                          int window, int chunk, int S, float *ws) {
     constexpr int KL = D / 8;         /* dims per lane in the score phase */
@@ -85,39 +90,39 @@ __global__ void __launch_bounds__(ADB_THREADS) adb_kernel(const ks_cuda_adb_seq 
             qr[g][c] = f.x; qr[g][c + 1] = f.y; qr[g][c + 2] = f.z; qr[g][c + 3] = f.w;
         }
     }
-    for (int tb = t0 + warp * 4; tb < t1; tb += 2 * 4 * ADB_WARPS) {
-        float kf[2][KL];
-        int tt[2];
+    constexpr int KU = 4, KV16 = KL / 8; /* keys a lane group per pass (raw loads first), 16-byte loads a key */
+    for (int tb = t0 + warp * 4; tb < t1; tb += KU * 4 * ADB_WARPS) {
+        uint4 raw[KU][KV16];
 #pragma unroll
-        for (int u = 0; u < 2; u++) { /* two keys a lane group, loads first */
+        for (int u = 0; u < KU; u++) {
             int t = tb + u * 4 * ADB_WARPS + sub;
-            tt[u] = t;
-            if (t < t1 && t < n0) {
-                const uint4 *src = reinterpret_cast<const uint4 *>(K + (size_t)t * D + li * KL);
+            const uint4 *src = reinterpret_cast<const uint4 *>(K + (size_t)t * D + li * KL);
 #pragma unroll
-                for (int c = 0; c < KL / 8; c++) bf8_to_f(__ldcs(src + c), &kf[u][c * 8]);
-            } else if (t < t1 && t == n0) {
-#pragma unroll
-                for (int c = 0; c < KL; c++) kf[u][c] = __bfloat162float(__float2bfloat16(kn[li * KL + c]));
-            } else {
-#pragma unroll
-                for (int c = 0; c < KL; c++) kf[u][c] = 0.f;
-            }
+            for (int c = 0; c < KV16; c++) raw[u][c] = t < t1 && t < n0 ? __ldcs(src + c) : make_uint4(0, 0, 0, 0);
+            if (t < t1 && t < n0) /* this lane's part of the same row of V into L2: P V below reads it from there */
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(V + (size_t)t * D + li * KL));
         }
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
+        for (int u = 0; u < KU; u++) {
+            int t = tb + u * 4 * ADB_WARPS + sub;
+            float kf[KL];
+            if (t == n0) /* the new row, as the cache will hold it */
+#pragma unroll
+                for (int c = 0; c < KL; c++) kf[c] = __bfloat162float(__float2bfloat16(kn[li * KL + c]));
+            else
+#pragma unroll
+                for (int c = 0; c < KV16; c++) bf8_to_f(raw[u][c], &kf[c * 8]);
             float d[G];
 #pragma unroll
             for (int g = 0; g < G; g++) {
                 float a = 0.f;
 #pragma unroll
-                for (int c = 0; c < KL; c++) a += qr[g][c] * kf[u][c];
+                for (int c = 0; c < KL; c++) a += qr[g][c] * kf[c];
                 a += __shfl_xor_sync(0xffffffffu, a, 4);
                 a += __shfl_xor_sync(0xffffffffu, a, 2);
                 a += __shfl_xor_sync(0xffffffffu, a, 1);
                 d[g] = a;
             }
-            int t = tt[u];
             if (li == 0 && t < t1) {
                 int kp = t < n0 ? P[t] : qpos;
                 int vis = kp <= qpos && (window <= 0 || qpos - kp < window);
@@ -149,18 +154,29 @@ __global__ void __launch_bounds__(ADB_THREADS) adb_kernel(const ks_cuda_adb_seq 
     for (int g = 0; g < G; g++)
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[g][e] = 0.f;
-#pragma unroll 4
-    for (int t = t0 + slot; t < t1; t += SLOTS) {
-        float vf[8];
-        if (t < n0) bf8_to_f(__ldcs(reinterpret_cast<const uint4 *>(V + (size_t)t * D + dl)), vf);
-        else
+    constexpr int VU = 8; /* value rows a lane group per pass (raw loads first) */
+    for (int tb = t0 + slot; tb < t1; tb += VU * SLOTS) {
+        uint4 raw[VU];
 #pragma unroll
-            for (int e = 0; e < 8; e++) vf[e] = __bfloat162float(__float2bfloat16(vn[dl + e]));
+        for (int u = 0; u < VU; u++) {
+            int t = tb + u * SLOTS;
+            raw[u] = t < t1 && t < n0 ? __ldcs(reinterpret_cast<const uint4 *>(V + (size_t)t * D + dl)) : make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
-        for (int g = 0; g < G; g++) {
-            float p = sc[g * chunk + (t - t0)];
+        for (int u = 0; u < VU; u++) {
+            int t = tb + u * SLOTS;
+            if (t >= t1) break;
+            float vf[8];
+            if (t < n0) bf8_to_f(raw[u], vf);
+            else
 #pragma unroll
-            for (int e = 0; e < 8; e++) acc[g][e] += p * vf[e];
+                for (int e = 0; e < 8; e++) vf[e] = __bfloat162float(__float2bfloat16(vn[dl + e]));
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                float p = sc[g * chunk + (t - t0)];
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[g][e] += p * vf[e];
+            }
         }
     }
 #pragma unroll

@@ -89,15 +89,16 @@ static void print_rates(const bench_row *br, const ks_model_info *c, double gemm
 }
 
 /* --batch: per length and batch size, the aggregate decode tokens/s of B sessions stepped
- * together (ks_bench_batch_run), the step time, its multiple of B = 1's rate when B = 1 ran,
+ * together (ks_bench_batch_run), the step time (median) and the host argmax's share of it (mean),
+ * its multiple of B = 1's rate when B = 1 ran,
  * the KV the step reads, and with --ttft-under-load a newcomer's TTFT while the B decode. */
 static int bench_batch_rows(ks_model *m, const ks_model_info *c, const char *model, const int *lens, int n_lens,
                             const int *bs, int n_bs, const ks_bench_batch_opts *bo, const char *json_path) {
     printf("kvsieve bench: %s (%s, %d layers, dim %d, %zu M params) on %s, batched decode, %d warm-up + %d timed "
            "steps%s\n", model, c->arch, c->n_layers, c->dim, c->n_params / 1000000, c->backend, bo->warmup, bo->gen,
            bo->per_session_attention ? ", attention per session (A/B)" : "");
-    printf("%-8s %6s %12s %11s %12s %7s %9s %9s", "tokens", "B", "prefill_s", "step_ms", "decode_t/s", "xB=1", "KV_GB",
-           "peak_GiB");
+    printf("%-8s %6s %12s %11s %10s %12s %7s %9s %9s", "tokens", "B", "prefill_s", "step_ms", "sample_ms", "decode_t/s",
+           "xB=1", "KV_GB", "peak_GiB");
     if (bo->ttft_under_load) printf(" %10s %10s %7s %12s", "TTFT_s", "alone_s", "rounds", "load_step_ms");
     printf("\n");
     FILE *jf = json_path ? fopen(json_path, "w") : NULL;
@@ -124,8 +125,8 @@ static int bench_batch_rows(ks_model *m, const ks_model_info *c, const char *mod
             char f_x[32], f_peak[32];
             fmt_or_dash(f_x, sizeof f_x, "%7.2f", res.decode_tok_s / base);
             fmt_or_dash(f_peak, sizeof f_peak, "%9.2f", res.has_memory ? GIB(res.memory.peak) : NAN);
-            printf("%-8d %6d %12.3f %11.3f %12.1f %7s %9.3f %9s", L, B, res.prefill_s, 1e3 * res.step_median_s,
-                   res.decode_tok_s, f_x, res.kv_bytes / 1e9, f_peak);
+            printf("%-8d %6d %12.3f %11.3f %10.3f %12.1f %7s %9.3f %9s", L, B, res.prefill_s, 1e3 * res.step_median_s,
+                   1e3 * res.sample_s / res.gen, res.decode_tok_s, f_x, res.kv_bytes / 1e9, f_peak);
             if (bo->ttft_under_load)
                 printf(" %10.3f %10.3f %7d %12.3f", res.ttft_s, res.ttft_alone_s, res.ttft_rounds, 1e3 * res.ttft_step_s);
             printf("\n");
@@ -137,6 +138,8 @@ static int bench_batch_rows(ks_model *m, const ks_model_info *c, const char *mod
                 json_num(jf, 1e3 * res.step_median_s);
                 fputs(", \"decode_tok_s\": ", jf);
                 json_num(jf, res.decode_tok_s);
+                fputs(", \"sample_ms\": ", jf);
+                json_num(jf, 1e3 * res.sample_s / res.gen);
                 fputs(", \"kv_gb\": ", jf);
                 json_num(jf, res.kv_bytes / 1e9);
                 if (bo->ttft_under_load) {

@@ -6,7 +6,8 @@
  *                                    (CPU: bit-identical logits, decode_batch.c); the A/B switch
  *                                    (attention per session) gives the same ids too
  *   bench_batch_figures_present      every figure of a row with --ttft-under-load is there: a
- *                                    positive time per step, the median among them, tokens/s =
+ *                                    positive time per step, the median among them, the sampling
+ *                                    time inside the steps' total, tokens/s =
  *                                    B * gen / their sum, the KV bytes of exactly the rows held
  *                                    (B sessions x layers x KV heads x (prompt + steps)), the
  *                                    newcomer's rounds = ceil(n / chunk) and positive TTFTs; no
@@ -196,6 +197,7 @@ KT_TEST(bench_batch_figures_present) {
     double want = rows * m->cfg.head_dim * 2 * 4; /* keys and values, float32 on the CPU */
     KT_CHECK(r.kv_bytes == want, "KV bytes %.0f, want %.0f", r.kv_bytes, want);
     KT_CHECK(r.prefill_s > 0, "prefill %g s", r.prefill_s);
+    KT_CHECK(r.sample_s > 0 && r.sample_s < sum, "sampling %g s of the steps' %g s", r.sample_s, sum);
     KT_CHECK(r.ttft_rounds == (N + 7) / 8, "%d rounds for %d tokens in pieces of 8", r.ttft_rounds, N);
     KT_CHECK(r.ttft_s > 0 && r.ttft_alone_s > 0 && r.ttft_step_s > 0, "TTFT %g, alone %g, step under load %g", r.ttft_s,
              r.ttft_alone_s, r.ttft_step_s);
