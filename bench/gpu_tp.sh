@@ -47,7 +47,7 @@ step_b70() {
 step_b70p() {
     for p in ${P70:-none gemfilter tokenselect}; do
         echo "== 70B shape, $L70P of 80 layers, 32K, tp 2, $p"
-        x=; [ $p = tokenselect ] && x="--set tokenselect._memory_mb=8192 --set tokenselect._device_mb=16384"
+        x=; [ $p = tokenselect ] && x="--set tokenselect._memory_mb=8192 --set tokenselect._device_mb=4096"
         T=240 bench --random-weights $(cfg70 $L70P) --tp 2 --lengths 32768 --gen 8 --policy $p $x
     done >> $OUT/bench70p.txt
 }
