@@ -43,6 +43,16 @@ static __device__ __forceinline__ uint32_t f32_key(float f) {
 /* NaN-propagating max, as the CPU's max_nan. */
 static __device__ __forceinline__ float max_nan(float a, float b) { return (a > b || isnan(a)) ? a : b; }
 
+/* prim_scores1.cu: ks_cuda_scores for m = 1 (one query row per head). fits: whether the shapes
+ * suit it (g = H / Hkv <= 16, d % 8 == 0, d <= 256, 16-byte aligned keys and strides);
+ * ks_cuda_scores1 expects ks_cuda_scores' argument checks done and rows * ncols > 0. */
+extern "C" int ks_cuda_scores1_fits(int64_t n_q_heads, int64_t n_kv_heads, int64_t m, const void *k, int k_bf16,
+                                    int64_t d, const ks_scores_opts *o);
+extern "C" ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float *q, const int32_t *qpos,
+                                     int64_t n_q_heads, const void *k, int k_bf16, const int32_t *kpos,
+                                     int64_t n_kv_heads, int64_t n, int64_t d, const ks_scores_opts *o, int64_t rows,
+                                     int64_t ncols, float *out);
+
 /* Scratch allocations released when the holder goes out of scope (after the launches). */
 struct scratch_set {
     const ks_cuda_scratch *sc;

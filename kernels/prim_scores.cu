@@ -1,5 +1,6 @@
 /* prim_scores.cu — attention scores without an (m x n) matrix (ks_cuda_prims.h, semantics of
- * ks_cpu_scores in core/prims.h).
+ * ks_cpu_scores in core/prims.h). One query row per head goes to prim_scores1.cu (one read of
+ * the keys) where its shapes fit; this kernel does every other case.
  *
  * A block owns one tile of keys of one KV head, holds it in shared memory (float32), and
  * loops over the query heads mapped to that KV head and over the query rows in chunks of 8.
@@ -164,11 +165,13 @@ __global__ void scores_heads_kernel(const float *__restrict__ acc, int64_t hq, i
 }
 
 template <bool BF16> static ks_status sc_launch(cudaStream_t s, const sc_args &a, int pass, size_t smem) {
-    static int attr = 0;
-    if (!attr) {
+    static unsigned attr = 0; /* bit g: set on GPU g (the attribute is per device function) */
+    int dev = 0;
+    KS_CU(cudaGetDevice(&dev), "scores kernel device");
+    if (!(attr >> (dev & 31) & 1u)) {
         KS_CU(cudaFuncSetAttribute(scores_kernel<BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024),
               "scores kernel attribute");
-        attr = 1;
+        attr |= 1u << (dev & 31);
     }
     int64_t tiles = (a.r1 - a.r0 + a.TK - 1) / a.TK; /* < 2^27: n <= INT32_MAX, TK >= 16 */
     scores_kernel<BF16><<<dim3((unsigned)tiles, (unsigned)a.hkv), SC_THREADS, smem, s>>>(a, pass);
@@ -199,6 +202,8 @@ extern "C" ks_status ks_cuda_scores(cudaStream_t s, const ks_cuda_scratch *sc, c
                          "scores: causal with implicit query positions needs m <= n (m = %lld, n = %lld); pass qpos",
                          (long long)m, (long long)n);
     if (rows * ncols == 0) return KS_OK;
+    if (ks_cuda_scores1_fits(n_q_heads, n_kv_heads, m, k, k_bf16, d, o))
+        return ks_cuda_scores1(s, sc, q, qpos, n_q_heads, k, k_bf16, kpos, n_kv_heads, n, d, o, rows, ncols, out);
 
     sc_args a;
     memset(&a, 0, sizeof a);

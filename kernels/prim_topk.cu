@@ -5,6 +5,8 @@
  * the digits chosen so far; after each pass one block scans the histogram from the top and
  * fixes the digit holding the k-th largest key (state kept on the device, so nothing waits).
  * That yields the k-th largest key `thr` and `need`, how many keys equal to thr are taken.
+ * The digit choice and the scan of the chunk counts run in the last block of the kernel before
+ * them (an arrival counter per row), so a call is 6 launches: init, 3 histograms, count, scatter.
  * A stable compaction then writes, in index order, every key > thr and the first `need` keys
  * == thr: exactly the CPU's set (ties to the lower index). KS_TOPK_BY_VALUE sorts the k
  * winners by descending key with a stable radix sort (CUB), so equal values stay in index
@@ -20,68 +22,96 @@
 struct tk_state {
     uint32_t prefix, mask;
     int32_t need;
-    int32_t pad;
+    unsigned arrived; /* blocks of the current launch done with this row (the last one finishes it) */
 };
 
-__global__ void tk_init(tk_state *st, int rows, int32_t need) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r < rows) st[r] = tk_state{0u, 0u, need, 0};
+/* state and histograms of every row, zeroed */
+__global__ void tk_init(tk_state *st, unsigned *__restrict__ ghist, int rows, int32_t need) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
+    if (i < rows) st[i] = tk_state{0u, 0u, need, 0u};
+    for (int64_t e = i; e < (int64_t)rows * TK_BINS; e += stride) ghist[e] = 0u;
 }
 
-__global__ void tk_hist(const float *__restrict__ x, int64_t n, const tk_state *__restrict__ st, int shift, int bits,
-                        unsigned *__restrict__ ghist) {
+/* Is this block the last of its row's gridDim.x to get here? (after a fence, so the last one
+ * sees every other block's global writes) */
+static __device__ __forceinline__ bool tk_last_block(tk_state *st, int row) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&st[row].arrived, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+/* One radix pass: the histogram of the row's keys that match the digits fixed so far; the last
+ * block of the row then scans it from the top bin down, fixes the digit where the count reaches
+ * `need`, and clears the histogram and the counter for the next pass. 256 threads. */
+__global__ void __launch_bounds__(256) tk_hist(const float *__restrict__ x, int64_t n, tk_state *st, int shift,
+                                               int bits, unsigned *ghist) {
+    typedef cub::BlockScan<unsigned, 256> scan_t;
     __shared__ unsigned h[TK_BINS];
-    const int row = blockIdx.y, nb = 1 << bits;
-    for (int i = threadIdx.x; i < nb; i += blockDim.x) h[i] = 0;
+    __shared__ typename scan_t::TempStorage tmp;
+    const int row = blockIdx.y, nb = 1 << bits, t = threadIdx.x;
+    for (int i = t; i < nb; i += blockDim.x) h[i] = 0;
     __syncthreads();
     const uint32_t prefix = st[row].prefix, mask = st[row].mask;
     const float *xr = x + (int64_t)row * n;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t u = f32_key(xr[i]);
-        if ((u & mask) == prefix) atomicAdd(&h[(u >> shift) & (nb - 1)], 1u);
+    /* the whole warp walks the row together (the bound is warp-uniform), so lanes with the same
+     * digit merge into one shared-memory atomic (clustered scores hit few bins) */
+    const int lane = t & 31;
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i0 = (int64_t)blockIdx.x * blockDim.x + (t - lane); i0 < n; i0 += step) {
+        const int64_t i = i0 + lane;
+        int bin = -1;
+        if (i < n) {
+            uint32_t u = f32_key(xr[i]);
+            if ((u & mask) == prefix) bin = (int)((u >> shift) & (nb - 1));
+        }
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&h[bin], (unsigned)__popc(peers));
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < nb; i += blockDim.x)
-        if (h[i]) atomicAdd(&ghist[(int64_t)row * TK_BINS + i], h[i]);
-}
-
-/* One block of 1024 per row: suffix counts from the top bin down; the bin where the count
- * reaches `need` is the next digit. Clears the histogram for the next pass. */
-__global__ void __launch_bounds__(1024) tk_select(unsigned *__restrict__ ghist, tk_state *__restrict__ st, int shift,
-                                                  int bits) {
-    typedef cub::BlockScan<unsigned, 1024> scan_t;
-    __shared__ typename scan_t::TempStorage tmp;
-    const int row = blockIdx.x, nb = 1 << bits, t = threadIdx.x;
     unsigned *hr = ghist + (int64_t)row * TK_BINS;
-    unsigned v[2], c[2];
+    for (int i = t; i < nb; i += blockDim.x)
+        if (h[i]) atomicAdd(&hr[i], h[i]);
+    if (!tk_last_block(st, row)) return;
+    /* thread t holds the reversed bins q = 8t .. 8t + 7 (q = 0 is the top bin) */
+    unsigned c[8], v[8];
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
-        int q = t * 2 + j; /* reversed bin: q = 0 is the top bin */
-        c[j] = q < nb ? hr[nb - 1 - q] : 0u;
-        v[j] = c[j];
+    for (int j = 0; j < 8; j++) {
+        int q = t * 8 + j;
+        c[j] = q < nb ? __ldcg(&hr[nb - 1 - q]) : 0u;
     }
-    scan_t(tmp).InclusiveSum(v, v);
+    scan_t(tmp).InclusiveSum(c, v);
     const int32_t need = st[row].need;
-    __syncthreads();
+    __syncthreads(); /* every thread has read need */
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
-        int q = t * 2 + j;
+    for (int j = 0; j < 8; j++) {
+        int q = t * 8 + j;
         unsigned prev = v[j] - c[j];
         if (q < nb && prev < (unsigned)need && v[j] >= (unsigned)need) {
             uint32_t b = (uint32_t)(nb - 1 - q);
-            st[row].prefix |= b << shift;
-            st[row].mask |= (uint32_t)(nb - 1) << shift;
+            st[row].prefix = prefix | b << shift;
+            st[row].mask = mask | (uint32_t)(nb - 1) << shift;
             st[row].need = need - (int32_t)prev;
         }
         if (q < nb) hr[nb - 1 - q] = 0u;
     }
+    if (t == 0) st[row].arrived = 0u;
 }
 
-/* counts of keys > thr and == thr per chunk */
-__global__ void tk_count(const float *__restrict__ x, int64_t n, const tk_state *__restrict__ st, int nch,
-                         int2 *__restrict__ cnt) {
+/* Counts of keys > thr and == thr per chunk; the last block of the row turns them into
+ * exclusive prefix sums (the chunks' output offsets) and clears the counter. */
+__global__ void __launch_bounds__(256) tk_count(const float *__restrict__ x, int64_t n, tk_state *st, int nch,
+                                                int2 *cnt) {
     typedef cub::BlockReduce<int, 256> red_t;
-    __shared__ typename red_t::TempStorage tmp;
+    typedef cub::BlockScan<int, 256> scan_t;
+    __shared__ union {
+        typename red_t::TempStorage red;
+        typename scan_t::TempStorage scan;
+    } tmp;
+    __shared__ int carry_g, carry_e;
     const int row = blockIdx.y, c = blockIdx.x;
     const uint32_t thr = st[row].prefix;
     const float *xr = x + (int64_t)row * n;
@@ -93,31 +123,26 @@ __global__ void tk_count(const float *__restrict__ x, int64_t n, const tk_state 
             packed += (u > thr ? 0x10000 : 0) + (u == thr ? 1 : 0);
         }
     }
-    int tot = red_t(tmp).Sum(packed);
-    if (threadIdx.x == 0) cnt[(int64_t)row * nch + c] = make_int2(tot >> 16, tot & 0xffff);
-}
-
-/* exclusive scan of the chunk counts of each row (one block per row) */
-__global__ void __launch_bounds__(1024) tk_scan(int2 *__restrict__ cnt, int nch) {
-    typedef cub::BlockScan<int, 1024> scan_t;
-    __shared__ typename scan_t::TempStorage tmp;
-    __shared__ int carry_g, carry_e;
-    int2 *cr = cnt + (int64_t)blockIdx.x * nch;
+    int tot = red_t(tmp.red).Sum(packed);
+    int2 *cr = cnt + (int64_t)row * nch;
+    if (threadIdx.x == 0) cr[c] = make_int2(tot >> 16, tot & 0xffff);
+    if (!tk_last_block(st, row)) return;
     if (threadIdx.x == 0) { carry_g = 0; carry_e = 0; }
     __syncthreads();
-    for (int base = 0; base < nch; base += 1024) {
+    for (int base = 0; base < nch; base += 256) {
         int i = base + threadIdx.x;
-        int2 v = i < nch ? cr[i] : make_int2(0, 0);
+        int2 v = i < nch ? __ldcg(&cr[i]) : make_int2(0, 0);
         int g, e, tg, te;
-        scan_t(tmp).ExclusiveSum(v.x, g, tg);
+        scan_t(tmp.scan).ExclusiveSum(v.x, g, tg);
         __syncthreads();
-        scan_t(tmp).ExclusiveSum(v.y, e, te);
+        scan_t(tmp.scan).ExclusiveSum(v.y, e, te);
         int cg = carry_g, ce = carry_e;
         if (i < nch) cr[i] = make_int2(g + cg, e + ce);
         __syncthreads();
         if (threadIdx.x == 0) { carry_g = cg + tg; carry_e = ce + te; }
         __syncthreads();
     }
+    if (threadIdx.x == 0) st[row].arrived = 0u;
 }
 
 /* stable compaction: thread t of chunk c holds elements c*CHUNK + t*IPT .. + IPT (blocked) */
@@ -202,23 +227,18 @@ extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, con
         P_SCRATCH(cub_tmp, ss, cub_bytes, "topk");
     }
 
-    tk_init<<<ks_cdiv((size_t)rows, 128), 128, 0, s>>>(state, (int)rows, k == n ? INT32_MAX : (int32_t)k);
+    tk_init<<<ks_grid1d((size_t)rows * TK_BINS, 256), 256, 0, s>>>(state, hist, (int)rows, k == n ? INT32_MAX : (int32_t)k);
     KS_CU_LAUNCH("topk init kernel");
     if (k < n) {
-        KS_CU(cudaMemsetAsync(hist, 0, sizeof(unsigned) * TK_BINS * rows, s), "topk histogram clear");
         unsigned bx = (unsigned)KS_MIN((int64_t)((n + 4095) / 4096), (int64_t)KS_MAX(1, 1024 / (int)KS_MIN(rows, 1024)));
         const int shifts[3] = {21, 10, 0}, bits[3] = {11, 11, 10};
         for (int p = 0; p < 3; p++) {
             tk_hist<<<dim3(bx, (unsigned)rows), 256, 0, s>>>(x, n, state, shifts[p], bits[p], hist);
             KS_CU_LAUNCH("topk histogram kernel");
-            tk_select<<<(unsigned)rows, 1024, 0, s>>>(hist, state, shifts[p], bits[p]);
-            KS_CU_LAUNCH("topk select kernel");
         }
     }
     tk_count<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, state, nch, cnt);
     KS_CU_LAUNCH("topk count kernel");
-    tk_scan<<<(unsigned)rows, 1024, 0, s>>>(cnt, nch);
-    KS_CU_LAUNCH("topk scan kernel");
     tk_scatter<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, k, state, nch, cnt, out_idx, keys);
     KS_CU_LAUNCH("topk scatter kernel");
     if (keys) {

@@ -34,7 +34,9 @@
 --   pool_kernel     0      max pooling of the vote before top-k (odd kernel; 0 or 1 = off)
 --   gqa             "div"  query head h scores against KV head h // g (the model's mapping);
 --                          "mod": h % n_kv_heads, the released kernel's mapping (reproduction)
---   cache_theta     0.0    selection cache threshold (0 = off; the paper uses 0.9)
+--   cache_theta     0.0    selection cache threshold (0 = off; the paper uses 0.9; <= -1: every step
+--                          after a layer's first selection hits, without computing the cosine, the
+--                          measurement mode of the hit path)
 --   sparse_prefill  true   false: the prefill attends to everything (only decode is sparse)
 --   trace           false  true: report every selection ("p<chunk>.l<layer>" and
 --                          "d<step>.l<layer>" -> "dense" or comma-separated rows; with the cache
@@ -175,11 +177,16 @@ return {
     end
     local fp = ks.rope(ev.q, p.n_local)         -- (1, H, d): one query row, at n_local
     local sel
-    if p.cache_theta > 0 then
+    if p.cache_theta ~= 0 then
       local flat = fp:reshape(-1)
       local cached = state.cache[l]
       local what
-      if cached then
+      if cached and p.cache_theta <= -1 then
+        -- every cosine is >= -1: a hit without computing it (no read of the device value)
+        sel = cached.sel
+        state.hits = state.hits + 1
+        what = "hit"
+      elseif cached then
         local cos = ks.cosine(flat, cached.fp)
         if cos >= p.cache_theta then
           sel = cached.sel

@@ -257,3 +257,35 @@ KT_TEST(device_actions_tokenselect_decode_without_download) {
     ks_policy_free(p);
     ks_model_close(m);
 }
+
+/* cache_theta = -1, the hit path's measurement mode: every decode step after a layer's first
+ * selection reuses it without computing (or reading) the cosine. 4 steps on a 4-layer model: 4
+ * misses (the first selections), 12 hits, every later step traced "hit". */
+KT_TEST(device_actions_tokenselect_cache_always_hits) {
+    ks_lua_quiet = 1;
+    ks_model *m;
+    KT_CHECK(ks_model_open("models/kvsieve-tiny", "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_policy *p;
+    KT_CHECK(ks_policy_load(m, "tokenselect", &p) == KS_OK, "%s", ks_last_error());
+    static run r, r9;
+    run_policy(m, p, "n_init=8,n_local=500,k=40,cache_theta=-1,trace=true", "host", 1100, 4, &r);
+    KT_CHECK(r.st == KS_OK, "%s", r.err);
+    const int L = m->cfg.n_layers;
+    const char *hits = ks_policy_report(p, "cache_hits"), *misses = ks_policy_report(p, "cache_misses");
+    KT_CHECK(hits && misses, "no cache reports");
+    KT_CHECK(atoi(misses) == L && atoi(hits) == 3 * L, "hits %s, misses %s (expected %d, %d)", hits, misses, 3 * L, L);
+    for (int s = 1; s < 4; s++)
+        for (int l = 0; l < L; l++) {
+            char key[32];
+            snprintf(key, sizeof key, "c%d.l%d", s, l);
+            const char *v = ks_policy_report(p, key);
+            KT_CHECK(v && !strcmp(v, "hit"), "%s = %s, expected hit", key, v ? v : "(none)");
+        }
+    /* a threshold no cosine reaches: the cosine is computed every step and never hits */
+    run_policy(m, p, "n_init=8,n_local=500,k=40,cache_theta=1.5,trace=false", "host", 1100, 4, &r9);
+    KT_CHECK(r9.st == KS_OK, "%s", r9.err);
+    hits = ks_policy_report(p, "cache_hits");
+    KT_CHECK(hits && atoi(hits) == 0, "cache_theta 1.5: %s hits", hits ? hits : "(none)");
+    ks_policy_free(p);
+    ks_model_close(m);
+}

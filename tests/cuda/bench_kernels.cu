@@ -296,9 +296,73 @@ static void bench_elementwise() {
     cudaFree(a); cudaFree(b); cudaFree(c); cudaFree(w); cudaFree(dpos); cudaFree(dinv);
 }
 
+/* TokenSelect's decode selection at one layer (Llama-3.1-8B shape: 32 query heads, 8 KV heads,
+ * d 128, bf16 keys in the cache layout (Hkv, capacity, d)): the head vote over the candidates
+ * [128, ctx - 512) (ks_cuda_scores, softmax, sum over heads) and the top-2048 of it
+ * (ks_cuda_topk), each alone and together. Bytes: the candidate keys once. */
+static void *sel_alloc(void *, size_t bytes) {
+    void *p = NULL;
+    return cudaMallocAsync(&p, bytes, S) ? NULL : p;
+}
+static void sel_free(void *, void *p) { cudaFreeAsync(p, S); }
+
+static void bench_select(int ctx) {
+    /* keep freed scratch in the pool, as the backend's pool does */
+    cudaMemPool_t pool;
+    CK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    uint64_t keep = UINT64_MAX;
+    CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    const int H = 32, Hkv = 8, d = 128, cap = ctx + 64, lo = 128, hi = ctx - 512, k = 2048;
+    void *K = drand_bf16((size_t)Hkv * cap * d, 70, 1.f);
+    float *q = drand_f32((size_t)H * d, 71, 1.f), *vote = (float *)dmalloc(sizeof(float) * (hi - lo));
+    int32_t *top = (int32_t *)dmalloc(sizeof(int32_t) * k);
+    ks_cuda_scratch sc = {sel_alloc, sel_free, NULL};
+    ks_scores_opts o = ks_scores_opts_default();
+    o.scale_mode = KS_SCALE_ONE;
+    o.softmax = 1;
+    o.heads = KS_HEADS_SUM;
+    o.k_head_stride = (int64_t)cap * d;
+    o.k_row_stride = d;
+    o.k_begin = lo;
+    o.k_end = hi;
+    o.out_begin = lo;
+    o.out_end = hi;
+    double kb = (double)Hkv * (hi - lo) * d * 2;
+    char name[96];
+    double ms = time_ms([&](int) { KS(ks_cuda_scores(S, &sc, q, NULL, H, 1, K, 1, NULL, Hkv, ctx, d, &o, vote)); });
+    snprintf(name, sizeof name, "select: scores (vote) ctx=%d", ctx);
+    report(name, ms, kb / (ms * 1e-3) / 1e9, "GB/s");
+    ms = time_ms([&](int) { KS(ks_cuda_topk(S, &sc, vote, 1, hi - lo, k, KS_TOPK_BY_INDEX, top, NULL)); });
+    snprintf(name, sizeof name, "select: topk %d of %d", k, hi - lo);
+    report(name, ms, (double)(hi - lo) * 4 * 5 / (ms * 1e-3) / 1e9, "GB/s");
+    ms = time_ms([&](int) {
+        KS(ks_cuda_scores(S, &sc, q, NULL, H, 1, K, 1, NULL, Hkv, ctx, d, &o, vote));
+        KS(ks_cuda_topk(S, &sc, vote, 1, hi - lo, k, KS_TOPK_BY_INDEX, top, NULL));
+    });
+    snprintf(name, sizeof name, "select: scores + topk ctx=%d", ctx);
+    report(name, ms, kb / (ms * 1e-3) / 1e9, "GB/s");
+    /* the same launches replayed from a graph: the device time without the host's launch gaps */
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
+    KS(ks_cuda_scores(S, &sc, q, NULL, H, 1, K, 1, NULL, Hkv, ctx, d, &o, vote));
+    KS(ks_cuda_topk(S, &sc, vote, 1, hi - lo, k, KS_TOPK_BY_INDEX, top, NULL));
+    CK(cudaStreamEndCapture(S, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    ms = time_ms([&](int) { CK(cudaGraphLaunch(ge, S)); });
+    snprintf(name, sizeof name, "select: scores + topk ctx=%d, graph replay", ctx);
+    report(name, ms, kb / (ms * 1e-3) / 1e9, "GB/s");
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaFree(K); cudaFree(q); cudaFree(vote); cudaFree(top);
+}
+
 int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
+    int only_select = 0;
+    for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
+        if (!strcmp(argv[i], "--select")) only_select = 1;
+    }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, %.0f MB L2, %.0f GB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6,
@@ -309,6 +373,12 @@ int main(int argc, char **argv) {
     cublasSetStream(h, S);
     printf("%-64s %13s %10s %-8s %6s\n", "kernel", "median", "rate", "", "of ceil");
     bench_ceilings(h);
+    if (only_select) {
+        bench_select(32768);
+        bench_select(131072);
+        cublasDestroy(h);
+        return 0;
+    }
     bench_matmul(h, 1, 4096, 14336);
     bench_matmul(h, 1, 14336, 4096);
     bench_matmul(h, 1, 4096, 128256);

@@ -69,6 +69,9 @@ static void *dalloc(size_t bytes) {
 static void *dup_dev(const void *h, size_t bytes) {
     void *d = dalloc(bytes);
     if (bytes) cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+    /* a copy from pageable memory may return before its DMA lands, and S does not wait for the
+     * legacy stream: finish it before work on S reads d */
+    cudaDeviceSynchronize();
     return d;
 }
 static void poison_dev(void *d, size_t bytes) { cudaMemsetAsync(d, 0xff, bytes ? bytes : 4, S); } /* NaN / -1 patterns */
@@ -193,6 +196,15 @@ static void test_scores(void) {
         {"tokenselect mod", 32, 8, 1, 5000, 128, 0, 1, 0, 0, ts},
         {"mean custom scale", 4, 4, 3, 100, 200, 0, 0, 0, 0, mean},
         {"m=0", 4, 2, 0, 50, 64, 0, 0, 0, 0, snap},
+        /* one query row per head: prim_scores1.cu where the shapes fit, the general kernel where not */
+        {"one-row tokenselect 128K", 32, 8, 1, 131072, 128, 0, 1, 0, 0, ts},
+        {"one-row causal kpos+qpos", 32, 8, 1, 3001, 128, 0, 1, 1, 1, snap},
+        {"one-row group-sum g=7", 28, 4, 1, 2500, 128, 1, 1, 0, 0, snap},
+        {"one-row per-head", 16, 1, 1, 999, 96, 0, 0, 0, 0, perq},
+        {"one-row mean d=200", 6, 3, 1, 700, 200, 0, 1, 0, 0, mean},
+        {"one-row d=12 (general kernel)", 4, 2, 1, 300, 12, 0, 1, 0, 0, ts},
+        {"one-row raw slice", 8, 2, 1, 1200, 64, 1, 1, 1, 0, gem},
+        {"one-row g=32 (general kernel)", 32, 1, 1, 400, 64, 0, 1, 0, 0, ts},
     };
     int nc = (int)(sizeof cases / sizeof cases[0]);
     /* domains and output slices */
@@ -208,6 +220,18 @@ static void test_scores(void) {
     cases[8].o.out_begin = 128;
     cases[8].o.out_end = 5000 - 512;
     cases[9].o.out_begin = 3;
+    cases[11].o.k_begin = 128;
+    cases[11].o.k_end = 131072 - 512;
+    cases[11].o.out_begin = 128;
+    cases[11].o.out_end = 131072 - 512;
+    cases[12].o.k_begin = 5;
+    cases[12].o.out_begin = 40;
+    cases[12].o.out_end = 2900;
+    cases[13].o.gqa = KS_GQA_MOD;
+    cases[17].o.k_begin = 100;
+    cases[17].o.k_end = 1100;
+    cases[17].o.out_begin = 50;
+    cases[17].o.out_end = 1000;
     for (int i = 0; i < nc; i++) {
         if (g_quick && cases[i].n > 2000) cases[i].n = 700, cases[i].o.k_end = cases[i].o.k_end > 0 ? 600 : cases[i].o.k_end,
                                           cases[i].o.out_end = cases[i].o.out_end > 0 ? 600 : cases[i].o.out_end;
