@@ -5,31 +5,33 @@
  *
  * Two kernels (and a 4-byte-per-KV-head memset), w = ce - cb keys of the key domain:
  *   1. sc1_logits  grid (ceil(w / 256), Hkv), 8 warps a block. Each warp copies its 32 key rows
- *                  of one KV head into shared memory (cp.async, every copy in flight at once),
- *                  then lane i computes row i's logits for all g query heads of that KV head, so
- *                  every key leaves DRAM once. Writes L (H, w) float32 (an invisible key, outside
- *                  [kb, ke) or past the causal limit, is -inf). With a softmax each block writes
- *                  its partial per head (pmax = the max of its visible logits, psum = the double
- *                  sum of expf(l - pmax)), and the last block of each KV head to finish (an
- *                  atomic counter, zeroed by a memset before the launch) combines the partials in
- *                  index order into M_h and 1 / Z_h (Z_h = sum psum * exp(pmax - M_h)).
+ *                  of one KV head into shared memory (cp.async, every copy in flight at once)
+ *                  and multiplies them with the g <= 8 query heads of that KV head on the tensor
+ *                  cores (mma m16n8k16, bf16 keys exactly; each query split into three bf16 parts
+ *                  hi + mid + lo that carry its 24 bits, accumulated in float32), so every key
+ *                  leaves DRAM once and the arithmetic is nearly free. Writes L (H, w) float32
+ *                  (an invisible key, outside [kb, ke) or past the causal limit, is -inf). With a
+ *                  softmax each block writes its partial per head (pmax = the max of its visible
+ *                  logits, psum = the double sum of expf(l - pmax)), and the last block of each
+ *                  KV head to finish (an atomic counter, zeroed by a memset before the launch)
+ *                  combines the partials in a fixed order into M_h and 1 / Z_h
+ *                  (Z_h = sum psum * exp(pmax - M_h)).
  *   2. sc1_vote    one thread per output column: per head v_h = (float)(expf(L - M_h) / Z_h)
  *                  (softmax) or L (raw), then the head reduction in double in ascending head
  *                  order, as on the CPU.
  * Bytes: the keys once, L (4 * H bytes a key: 1/16 of the bf16 keys at g = 4, d = 128) written
- * once and read once. A logit is scale * (s0 + s1) with s0 summing the even and s1 the odd
- * dimensions by fused multiply-adds in ascending order: the same bits as prim_scores.cu's
- * general kernel. Against the CPU (which sums expf(l - M) directly) the logits differ by FMA
- * rounding, expf by its ulps and Z by the rescaling's rounding (~1e-7 relative);
- * tests/cuda/test_cuda_prims.c compares at 2e-5 relative. Deterministic: the tile-to-warp map
- * and every combination order are fixed. */
+ * once and read once. Shapes: bf16 keys, d % 16 == 0, d <= 256, g <= 8 (others go to
+ * prim_scores.cu's general kernel). Against the CPU the logits differ by float32 accumulation
+ * order and the query's 2^-24 split error, expf by its ulps and Z by the rescaling's rounding
+ * (~1e-7 relative); tests/cuda/test_cuda_prims.c compares at 2e-5 relative. Deterministic: the
+ * tile-to-warp map and every combination order are fixed. */
 #include "mma.cuh"
 #include "prim_common.cuh"
 
 #define SC1_WARPS 8
 #define SC1_THREADS (SC1_WARPS * 32)
 #define SC1_VOTE_THREADS 256
-#define SC1_GMAX 16 /* query heads per KV head handled here */
+#define SC1_GMAX 8 /* query heads per KV head handled here: one mma n-tile */
 
 struct sc1_args {
     const float *q;       /* (H, d) at q + h * qhs */
@@ -69,96 +71,95 @@ static __device__ __forceinline__ void sc1_merge(float &m, double &s, float m2, 
     m = mn;
 }
 
-static __device__ __forceinline__ double sc1_warp_sum(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-static __device__ __forceinline__ float sc1_warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
+/* The query block as mma B fragments (k16 x n8, "col"): for chunk kc of 16 dimensions, split
+ * part sp (q = hi + mid + lo, each bf16; together they carry float32's 24 bits) and lane l,
+ * the words {q[n][c], q[n][c + 1]} and {q[n][c + 8], q[n][c + 9]} with n = l / 4 (the query
+ * head within the KV head's group; 0 past g) and c = kc * 16 + (l % 4) * 2. */
+static __device__ __forceinline__ uint32_t sc1_split(float x0, float x1, int sp) {
+    float r0 = x0, r1 = x1;
+    for (int i = 0; i < sp; i++) {
+        r0 -= __bfloat162float(__float2bfloat16_rn(r0));
+        r1 -= __bfloat162float(__float2bfloat16_rn(r1));
+    }
+    return pack_bf16(r0, r1);
 }
 
-/* DC: the head dimension when known at compile time (64, 128: the loops unroll), else 0 */
-template <bool BF16, int GM, int DC>
 __global__ void __launch_bounds__(SC1_THREADS) sc1_logits(const sc1_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ float wm[SC1_WARPS][GM];
-    __shared__ double ws[SC1_WARPS][GM];
+    __shared__ float wm[SC1_WARPS][8];
+    __shared__ double ws[SC1_WARPS][8];
+    __shared__ float bm[8];
     __shared__ int last;
-    const int d = DC ? DC : (int)a.d, g = GM == 1 ? 1 : (int)a.g, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int esz = BF16 ? 2 : 4, rb = d * esz, rs = rb + 16, cpr = rb / 16; /* row bytes, padded stride, chunks */
-    float *Qs = (float *)smem;                                   /* (g, d); g * d * 4: a 32-byte multiple */
-    unsigned char *buf = smem + sizeof(float) * g * d + (size_t)warp * 32 * rs; /* this warp's 32 rows */
+    const int d = (int)a.d, g = (int)a.g, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nkc = d / 16;
+    const int rs = 2 * d + 16;                                   /* padded row stride (bytes) */
+    uint2 *Bf = (uint2 *)smem;                                   /* (3, nkc, 32) fragments */
+    unsigned char *buf = smem + sizeof(uint2) * 3 * nkc * 32 + (size_t)warp * 32 * rs; /* this warp's 32 rows */
     const int64_t kv = blockIdx.y;
     const int64_t r0 = ((int64_t)blockIdx.x * SC1_WARPS + warp) * 32; /* first row (offset in [0, w)) */
     const int nr = (int)KS_MAX((int64_t)0, KS_MIN((int64_t)32, a.w - r0));
 
-    /* every copy of the warp's rows in flight at once, then the queries */
-    const unsigned char *kbase = (const unsigned char *)a.k + (size_t)(kv * a.khs) * esz;
+    /* every copy of the warp's rows in flight at once (rows past nr stay garbage: their
+     * results are never used), then the query fragments */
+    const unsigned char *kbase = (const unsigned char *)a.k + (size_t)(kv * a.khs) * 2;
+    const int cpr = d / 8;
     for (int e = lane; e < nr * cpr; e += 32) {
         int r = e / cpr, c = e - r * cpr;
-        cp_async16(buf + r * rs + c * 16, kbase + (size_t)(a.cb + r0 + r) * a.krs * esz + c * 16, 16);
+        cp_async16(buf + r * rs + c * 16, kbase + (size_t)(a.cb + r0 + r) * a.krs * 2 + c * 16, 16);
     }
     cp_async_commit();
-    for (int e = threadIdx.x; e < g * d; e += SC1_THREADS) {
-        int t = e / d, c = e - t * d;
-        Qs[t * d + c] = a.q[sc1_head(a, kv, t) * a.qhs + c];
+    for (int e = threadIdx.x; e < 3 * nkc * 32; e += SC1_THREADS) {
+        const int sp = e / (nkc * 32), kc = (e / 32) % nkc, l = e % 32, n = l / 4, c = kc * 16 + (l % 4) * 2;
+        uint2 v = make_uint2(0u, 0u);
+        if (n < g) {
+            const float *qr = a.q + sc1_head(a, kv, n) * a.qhs;
+            v.x = sc1_split(qr[c], qr[c + 1], sp);
+            v.y = sc1_split(qr[c + 8], qr[c + 9], sp);
+        }
+        Bf[e] = v;
     }
     cp_async_wait<0>();
     __syncthreads();
 
-    float l[GM];
+    /* lane l: rows mt * 16 + l / 4 (+ 8) of its two 16-row tiles, heads (l % 4) * 2 (+ 1) */
+    float l[2][4];
+    const int lim_heads = g;
 #pragma unroll
-    for (int t = 0; t < GM; t++) l[t] = -INFINITY;
-    if (lane < nr) {
-        const int64_t j = a.cb + r0 + lane;
-        const int64_t pj = a.kpos ? (int64_t)a.kpos[j] : j;
-        const bool vis = j >= a.kb && j < a.ke && pj <= sc1_lim(a);
-        float s0[GM], s1[GM];
+    for (int mt = 0; mt < 2; mt++) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const unsigned char *arow = buf + (mt * 16 + (lane & 15)) * rs + (lane >> 4) * 16;
+        for (int kc = 0; kc < nkc; kc++) {
+            uint32_t af[4];
+            ldsm_x4(af, arow + kc * 32);
 #pragma unroll
-        for (int t = 0; t < GM; t++) s0[t] = s1[t] = 0.f;
-        const unsigned char *row = buf + lane * rs;
-#pragma unroll
-        for (int c = 0; c < d; c += 8) {
-            float kx[8];
-            if (BF16) {
-                uint4 u = *(const uint4 *)(row + c * 2);
-                const bf16 *h = (const bf16 *)&u;
-#pragma unroll
-                for (int e = 0; e < 8; e++) kx[e] = __bfloat162float(h[e]);
-            } else {
-                float4 u0 = *(const float4 *)(row + c * 4), u1 = *(const float4 *)(row + c * 4 + 16);
-                kx[0] = u0.x; kx[1] = u0.y; kx[2] = u0.z; kx[3] = u0.w;
-                kx[4] = u1.x; kx[5] = u1.y; kx[6] = u1.z; kx[7] = u1.w;
-            }
-#pragma unroll
-            for (int t = 0; t < GM; t++) {
-                if (t < g) {
-                    float4 q0 = *(const float4 *)(Qs + t * d + c), q1 = *(const float4 *)(Qs + t * d + c + 4);
-                    s0[t] = fmaf(q0.x, kx[0], s0[t]); s1[t] = fmaf(q0.y, kx[1], s1[t]);
-                    s0[t] = fmaf(q0.z, kx[2], s0[t]); s1[t] = fmaf(q0.w, kx[3], s1[t]);
-                    s0[t] = fmaf(q1.x, kx[4], s0[t]); s1[t] = fmaf(q1.y, kx[5], s1[t]);
-                    s0[t] = fmaf(q1.z, kx[6], s0[t]); s1[t] = fmaf(q1.w, kx[7], s1[t]);
-                }
+            for (int sp = 2; sp >= 0; sp--) { /* the small parts first */
+                const uint2 b = Bf[(sp * nkc + kc) * 32 + lane];
+                mma16816(acc, af, b.x, b.y);
             }
         }
 #pragma unroll
-        for (int t = 0; t < GM; t++) {
-            if (vis) l[t] = a.scale * (s0[t] + s1[t]);
-            if (t < g) a.L[sc1_head(a, kv, t) * a.w + r0 + lane] = l[t];
+        for (int e = 0; e < 4; e++) {
+            const int row = mt * 16 + (lane >> 2) + (e >> 1) * 8, hh = (lane & 3) * 2 + (e & 1);
+            const int64_t j = a.cb + r0 + row;
+            bool vis = row < nr && hh < lim_heads;
+            if (vis) {
+                const int64_t pj = a.kpos ? (int64_t)a.kpos[j] : j;
+                vis = j >= a.kb && j < a.ke && pj <= sc1_lim(a);
+            }
+            l[mt][e] = vis ? a.scale * acc[e] : -INFINITY;
+            if (row < nr && hh < g) a.L[sc1_head(a, kv, hh) * a.w + r0 + row] = l[mt][e];
         }
     }
     if (!a.softmax) return;
 
     /* this block's softmax partial per head: m_b = the max of its visible logits, s_b = the
-     * double sum of expf(l - m_b) (one expf a logit; no double exp on this path) */
-    __shared__ float bm[GM];
+     * double sum of expf(l - m_b) (one expf a logit; no double exp on this path). Lanes with
+     * the same l % 4 hold the same two heads: reduce over l / 4 (xor 4, 8, 16). */
 #pragma unroll
-    for (int t = 0; t < GM; t++) {
-        const float mt = sc1_warp_max(l[t]);
-        if (lane == 0) wm[warp][t] = mt;
+    for (int c = 0; c < 2; c++) {
+        float m = max_nan(max_nan(l[0][c], l[0][c + 2]), max_nan(l[1][c], l[1][c + 2]));
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane < 4) wm[warp][lane * 2 + c] = m;
     }
     __syncthreads();
     if ((int)threadIdx.x < g) {
@@ -168,9 +169,18 @@ __global__ void __launch_bounds__(SC1_THREADS) sc1_logits(const sc1_args a) {
     }
     __syncthreads();
 #pragma unroll
-    for (int t = 0; t < GM; t++) {
-        const double st = sc1_warp_sum(l[t] == -INFINITY ? 0.0 : (double)expf(l[t] - bm[t < g ? t : 0]));
-        if (lane == 0) ws[warp][t] = st;
+    for (int c = 0; c < 2; c++) {
+        const int hh = (lane & 3) * 2 + c;
+        const float mb = hh < g ? bm[hh] : 0.f;
+        double z = 0;
+#pragma unroll
+        for (int e = c; e < 4; e += 2)
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                if (l[mt][e] != -INFINITY) z += (double)expf(l[mt][e] - mb);
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+        if (lane < 4) ws[warp][lane * 2 + c] = z;
     }
     __syncthreads();
     if ((int)threadIdx.x < g) {
@@ -251,41 +261,17 @@ __global__ void __launch_bounds__(SC1_VOTE_THREADS) sc1_vote(const sc1_args a, i
     }
 }
 
-static size_t sc1_smem(int64_t g, int64_t d, int bf16) {
-    return sizeof(float) * (size_t)g * d + (size_t)SC1_WARPS * 32 * (size_t)(d * (bf16 ? 2 : 4) + 16);
+static size_t sc1_smem(int64_t d) {
+    return sizeof(uint2) * 3 * (size_t)(d / 16) * 32 + (size_t)SC1_WARPS * 32 * (size_t)(2 * d + 16);
 }
 
 extern "C" int ks_cuda_scores1_fits(int64_t n_q_heads, int64_t n_kv_heads, int64_t m, const void *k, int k_bf16,
                                     int64_t d, const ks_scores_opts *o) {
-    if (m != 1 || n_kv_heads < 1 || n_q_heads % n_kv_heads || n_q_heads / n_kv_heads > SC1_GMAX) return 0;
-    if (d % 8 || d > 256 || ((uintptr_t)k & 15)) return 0;
+    if (m != 1 || !k_bf16 || n_kv_heads < 1 || n_q_heads % n_kv_heads || n_q_heads / n_kv_heads > SC1_GMAX) return 0;
+    if (d % 16 || d > 256 || ((uintptr_t)k & 15)) return 0;
     int64_t khs = o->k_head_stride, krs = o->k_row_stride;
     if ((khs && khs % 8) || (krs && krs % 8)) return 0;
-    return sc1_smem(n_q_heads / n_kv_heads, d, k_bf16) <= 200 * 1024;
-}
-
-typedef void (*sc1_kernel)(const sc1_args);
-
-template <bool BF16, int GM, int DC> static sc1_kernel sc1_get(int dev, ks_status *st) {
-    static unsigned attr = 0; /* bit g: set on GPU g (the attribute is per device function) */
-    if (!(attr >> (dev & 31) & 1u)) {
-        cudaError_t e =
-            cudaFuncSetAttribute(sc1_logits<BF16, GM, DC>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
-        if (e) { *st = ks_cuda_status(e, "scores (one row) kernel attribute"); return NULL; }
-        attr |= 1u << (dev & 31);
-    }
-    return sc1_logits<BF16, GM, DC>;
-}
-
-template <bool BF16, int DC> static sc1_kernel sc1_pick_g(int64_t g, int dev, ks_status *st) {
-    return g <= 1 ? sc1_get<BF16, 1, DC>(dev, st) : g <= 2 ? sc1_get<BF16, 2, DC>(dev, st)
-         : g <= 4 ? sc1_get<BF16, 4, DC>(dev, st) : g <= 8 ? sc1_get<BF16, 8, DC>(dev, st)
-                  : sc1_get<BF16, 16, DC>(dev, st);
-}
-
-template <bool BF16> static sc1_kernel sc1_pick(int64_t g, int64_t d, int dev, ks_status *st) {
-    return d == 128 ? sc1_pick_g<BF16, 128>(g, dev, st) : d == 64 ? sc1_pick_g<BF16, 64>(g, dev, st)
-                    : sc1_pick_g<BF16, 0>(g, dev, st);
+    return sc1_smem(d) <= 200 * 1024;
 }
 
 /* The caller (ks_cuda_scores) has checked the arguments and ks_cuda_scores1_fits. */
@@ -324,12 +310,15 @@ extern "C" ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, 
 
     scratch_set ss(sc);
     if (a.w > 0) {
-        ks_status st = KS_OK;
         int dev = 0;
         KS_CU(cudaGetDevice(&dev), "scores (one row) device");
-        sc1_kernel kern = k_bf16 ? sc1_pick<true>(a.g, d, dev, &st) : sc1_pick<false>(a.g, d, dev, &st);
-        if (!kern) return st;
-        size_t smem = sc1_smem(a.g, d, k_bf16);
+        static unsigned attr = 0; /* bit g: set on GPU g (the attribute is per device function) */
+        if (!(attr >> (dev & 31) & 1u)) {
+            KS_CU(cudaFuncSetAttribute(sc1_logits, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024),
+                  "scores (one row) kernel attribute");
+            attr |= 1u << (dev & 31);
+        }
+        size_t smem = sc1_smem(d);
         a.nx = (a.w + 32 * SC1_WARPS - 1) / (32 * SC1_WARPS); /* blocks per KV head: 32 rows a warp */
         P_SCRATCH(a.L, ss, sizeof(float) * n_q_heads * a.w, "scores");
         if (a.softmax) {
@@ -340,7 +329,7 @@ extern "C" ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, 
             P_SCRATCH(a.done, ss, sizeof(unsigned) * n_kv_heads, "scores");
             KS_CU(cudaMemsetAsync(a.done, 0, sizeof(unsigned) * n_kv_heads, s), "scores (one row) counters");
         }
-        kern<<<dim3((unsigned)a.nx, (unsigned)a.hkv), SC1_THREADS, smem, s>>>(a);
+        sc1_logits<<<dim3((unsigned)a.nx, (unsigned)a.hkv), SC1_THREADS, smem, s>>>(a);
         KS_CU_LAUNCH("scores (one row) logits kernel");
     }
     (void)rows;

@@ -61,15 +61,24 @@ __global__ void __launch_bounds__(256) tk_hist(const float *__restrict__ x, int6
      * digit merge into one shared-memory atomic (clustered scores hit few bins) */
     const int lane = t & 31;
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i0 = (int64_t)blockIdx.x * blockDim.x + (t - lane); i0 < n; i0 += step) {
-        const int64_t i = i0 + lane;
-        int bin = -1;
-        if (i < n) {
-            uint32_t u = f32_key(xr[i]);
-            if ((u & mask) == prefix) bin = (int)((u >> shift) & (nb - 1));
+    for (int64_t i0 = (int64_t)blockIdx.x * blockDim.x + (t - lane); i0 < n; i0 += 8 * step) {
+        float v[8]; /* eight loads in flight before the first is used */
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int64_t i = i0 + u * step + lane;
+            v[u] = i < n ? xr[i] : 0.f;
         }
-        const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&h[bin], (unsigned)__popc(peers));
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int64_t i = i0 + u * step + lane;
+            int bin = -1;
+            if (i < n) {
+                uint32_t k = f32_key(v[u]);
+                if ((k & mask) == prefix) bin = (int)((k >> shift) & (nb - 1));
+            }
+            const unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&h[bin], (unsigned)__popc(peers));
+        }
     }
     __syncthreads();
     unsigned *hr = ghist + (int64_t)row * TK_BINS;

@@ -205,6 +205,10 @@ static void test_scores(void) {
         {"one-row d=12 (general kernel)", 4, 2, 1, 300, 12, 0, 1, 0, 0, ts},
         {"one-row raw slice", 8, 2, 1, 1200, 64, 1, 1, 1, 0, gem},
         {"one-row g=32 (general kernel)", 32, 1, 1, 400, 64, 0, 1, 0, 0, ts},
+        {"one-row g=1", 8, 8, 1, 2100, 128, 0, 1, 0, 0, ts},
+        {"one-row g=8 d=64", 16, 2, 1, 1777, 64, 1, 1, 0, 0, ts},
+        {"one-row g=2 d=96 kpos", 4, 2, 1, 900, 96, 0, 1, 1, 0, snap},
+        {"one-row float32 keys (general kernel)", 32, 8, 1, 1500, 128, 0, 0, 0, 0, ts},
     };
     int nc = (int)(sizeof cases / sizeof cases[0]);
     /* domains and output slices */
