@@ -242,7 +242,11 @@ ks_status ks_detokenize(ks_model *m, const int32_t *ids, int n, char **text) {
 }
 
 ks_status ks_session_set_policy(ks_session *s, ks_policy *p) {
-    if (p) ks_tp_want_views(s->m->be); /* GPU ranks: keep the whole q, k, v and KV copies the events read */
+    if (p) { /* GPU ranks: keep the whole q, k, v and KV copies the events read (tp_backend.h) */
+        ks_tp_want_views(s->m->be);
+        ks_status st = ks_tp_views_ready(s->m->be, s->kv, s->m->cfg.n_layers);
+        if (st) return st;
+    }
     s->policy = p;
     return KS_OK;
 }

@@ -113,6 +113,12 @@ ks_status ks_tp_backend_create_dev(int n_ranks, const ks_backend_opts *opts, con
  * (their views always exist) and on other backends. */
 void ks_tp_want_views(ks_backend *b);
 
+/* Device ranks with the views on: KS_OK when every layer of kv (n_layers) either holds nothing
+ * yet or has its view; else KS_ERR_UNSUPPORTED with a one-line message (the session's KV was
+ * built before a policy was set on the model: it has no whole copy for the policy to read; reset
+ * the session). KS_OK on CPU ranks, one rank and other backends. */
+ks_status ks_tp_views_ready(ks_backend *b, const ks_kv_layer *kv, int n_layers);
+
 /* A composite of n_ranks CPU rank backends, each created with opts (NULL = the defaults; each
  * rank gets its own pool of opts->n_threads threads; the ranks run one after another). Weights
  * created on it are views of their tensors until ks_tp_shard_model cuts them into the ranks'

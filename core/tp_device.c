@@ -319,6 +319,18 @@ static ks_status td_kv_retain(ks_backend *b, ks_kv_layer *L, const int32_t *cons
     return st;
 }
 
+ks_status ks_tp_views_ready(ks_backend *b, const ks_kv_layer *kv, int n_layers) {
+    if (!ks_tp_ranks(b) || !TPC(b)->dev || TPC(b)->N == 1 || !TPC(b)->views) return KS_OK;
+    for (int l = 0; l < n_layers; l++) {
+        const tp_kv *T = kv[l].pos_dev;
+        if (T && !T->has_view)
+            return ks_errorf(KS_ERR_UNSUPPORTED, "tp: this session's KV cache was built before a policy was set on the "
+                             "model, so rank 0 keeps no whole copy of it for the policy to read (layer %d): reset the "
+                             "session, or set the policy before its first prompt", l);
+    }
+    return KS_OK;
+}
+
 /* ================================================================ the forward ops */
 
 /* The rank-r activations behind a (NULL stays NULL). */

@@ -15,7 +15,12 @@
  * bundled model at N = 2 and 7.2e-7 on the random model at N = 4 (over 100x inside the bound);
  * 2.7e-4 on the float32 checkpoint of kt_write_tiny_model at N = 4 (8x inside: its weights are
  * not scaled by fan-in, so its sums have large terms and their reordering moves more bits);
- * 7.6e-6 on the random model with biases at N = 2. The greedy ids must be identical. */
+ * 7.6e-6 on the random model with biases at N = 2. The greedy ids must be identical.
+ *
+ * The device ranks' code path (core/tp_device.c, what GPU ranks run) is tested here on CPU ranks
+ * with the host services (ks_tp_host_ops): the same bound against the unsplit model for every
+ * policy at N = 2 (measured 5.3e-6), the same bits at N = 1, and its refusals.
+ * tests/cuda/test_tp_cuda.c runs it on GPUs with NCCL. */
 #include "ktest.h"
 #include "testutil.h"
 #include "engine.h"
@@ -240,7 +245,8 @@ KT_SLOW_TEST(tp_device_path_on_cpu_ranks_every_policy_equals_unsplit) {
 /* One rank on the device path runs the rank backend's own ops on the same inputs: full
  * attention's logits are the same bits as the plain backend's, and every policy's ids and sets
  * are the same. A batched decode step (per-row views into the step's buffers) is refused on
- * two ranks with a message, not computed wrong. */
+ * two ranks with a message, not computed wrong; so is a policy set on a session whose KV cache
+ * was built before the model kept the policy views, until the session is reset. */
 KT_TEST(tp_device_path_one_rank_same_bits_batch_refused) {
     ks_lua_quiet = 1;
     ks_model *plain = NULL, *one = NULL, *two = NULL;
@@ -275,7 +281,17 @@ KT_TEST(tp_device_path_one_rank_same_bits_batch_refused) {
              "batched decode on 2 device ranks, row 1: status %d: %s", (int)sst[1], msg[1] ? msg[1] : "");
     free(msg[0]);
     free(msg[1]);
+    /* a policy set on a session whose KV was built without the views: refused until a reset */
+    ks_policy *pol = NULL;
+    KT_CHECK(ks_policy_load(two, "snapkv", &pol) == KS_OK, "%s", ks_last_error());
+    ks_status st = ks_session_set_policy(s[0], pol);
+    KT_CHECK(st == KS_ERR_UNSUPPORTED && strstr(ks_last_error(), "reset the session"), "policy after an unviewed KV: %d %s",
+             (int)st, ks_last_error());
+    ks_session_reset(s[0]);
+    KT_CHECK(ks_session_set_policy(s[0], pol) == KS_OK, "after a reset: %s", ks_last_error());
+    KT_CHECK(ks_session_prefill(s[0], prompt, 200) == KS_OK, "with the policy: %s", ks_last_error());
     for (int i = 0; i < 2; i++) ks_session_free(s[i]);
+    ks_policy_free(pol);
     ks_model_close(plain);
     ks_model_close(one);
     ks_model_close(two);
