@@ -653,7 +653,7 @@ void ks_tp_dev_install(ks_backend *b) {
  * ks_tp_host_ops: the device ranks' code path over CPU rank backends, their buffers host memory.
  * The all-reduce sums in rank order ((b0 + b1) + b2) + ... and hands every rank the same bits. */
 
-struct ks_tp_dev {
+struct ks_tp_dev { /* this file's own (kernels/tp_nccl.cu defines its own): the two are never mixed */
     int n;
 };
 
