@@ -44,7 +44,7 @@ static __device__ __forceinline__ uint32_t f32_key(float f) {
 static __device__ __forceinline__ float max_nan(float a, float b) { return (a > b || isnan(a)) ? a : b; }
 
 /* prim_scores1.cu: ks_cuda_scores for m = 1 (one query row per head). fits: whether the shapes
- * suit it (g = H / Hkv <= 16, d % 8 == 0, d <= 256, 16-byte aligned keys and strides);
+ * suit it (bf16 keys, g = H / Hkv <= 8, d % 16 == 0, d <= 256, 16-byte aligned keys and strides);
  * ks_cuda_scores1 expects ks_cuda_scores' argument checks done and rows * ncols > 0. */
 extern "C" int ks_cuda_scores1_fits(int64_t n_q_heads, int64_t n_kv_heads, int64_t m, const void *k, int k_bf16,
                                     int64_t d, const ks_scores_opts *o);
