@@ -98,6 +98,8 @@ test-cuda: cuda-tests                                           # run the CUDA p
 	$(BUILD)/test_cuda --mma-prefill
 	$(BUILD)/test_cuda_prims
 	$(BUILD)/test_cuda_policies
+	$(BUILD)/test_attn_decode_batch
+	$(BUILD)/test_tp_cuda
 	$(BUILD)/test_wgmma
 
 test-cuda-sanitize: cuda-tests                                  # the same under compute-sanitizer (memcheck)
