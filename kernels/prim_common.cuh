@@ -43,15 +43,49 @@ static __device__ __forceinline__ uint32_t f32_key(float f) {
 /* NaN-propagating max, as the CPU's max_nan. */
 static __device__ __forceinline__ float max_nan(float a, float b) { return (a > b || isnan(a)) ? a : b; }
 
+/* What both scores kernels (prim_scores.cu, prim_scores1.cu) take from ks_scores_opts for m query
+ * rows of n keys of d dims: the strides (elements), the scale, the key domain [kb, ke), the output
+ * columns [ob, oe), the keys whose logits are computed [cb, ce) (the whole domain with a softmax,
+ * whose normaliser needs every key; else only the reported ones) and the computed keys that are
+ * reported [lo, hi). */
+struct sc_plan {
+    int64_t qhs, qrs, khs, krs, kb, ke, ob, oe, cb, ce, lo, hi;
+    float scale;
+    int causal, softmax, gqa_mod, heads;
+};
+static inline sc_plan sc_plan_of(const ks_scores_opts *o, int64_t m, int64_t n, int64_t d) {
+    sc_plan p;
+    p.qhs = o->q_head_stride ? o->q_head_stride : m * d;
+    p.qrs = o->q_row_stride ? o->q_row_stride : d;
+    p.khs = o->k_head_stride ? o->k_head_stride : n * d;
+    p.krs = o->k_row_stride ? o->k_row_stride : d;
+    p.kb = o->k_begin;
+    p.ke = o->k_end == KS_END ? n : o->k_end;
+    p.ob = o->out_begin;
+    p.oe = o->out_end == KS_END ? n : o->out_end;
+    p.scale = o->scale_mode == KS_SCALE_RSQRT_D ? (float)(1.0 / sqrt((double)d))
+            : o->scale_mode == KS_SCALE_ONE     ? 1.0f
+                                                : o->scale;
+    p.causal = o->causal != 0;
+    p.softmax = o->softmax != 0;
+    p.gqa_mod = o->gqa == KS_GQA_MOD;
+    p.heads = (int)o->heads;
+    p.cb = p.softmax ? p.kb : KS_MAX(p.kb, p.ob);
+    p.ce = p.softmax ? p.ke : KS_MIN(p.ke, p.oe);
+    if (p.ce < p.cb) p.ce = p.cb;
+    p.lo = KS_MAX(p.cb, p.ob);
+    p.hi = KS_MIN(p.ce, p.oe);
+    return p;
+}
+
 /* prim_scores1.cu: ks_cuda_scores for m = 1 (one query row per head). fits: whether the shapes
  * suit it (bf16 keys, g = H / Hkv <= 8, d % 16 == 0, d <= 256, 16-byte aligned keys and strides);
  * ks_cuda_scores1 expects ks_cuda_scores' argument checks done and rows * ncols > 0. */
 extern "C" int ks_cuda_scores1_fits(int64_t n_q_heads, int64_t n_kv_heads, int64_t m, const void *k, int k_bf16,
-                                    int64_t d, const ks_scores_opts *o);
-extern "C" ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float *q, const int32_t *qpos,
-                                     int64_t n_q_heads, const void *k, int k_bf16, const int32_t *kpos,
-                                     int64_t n_kv_heads, int64_t n, int64_t d, const ks_scores_opts *o, int64_t rows,
-                                     int64_t ncols, float *out);
+                                    int64_t d, const sc_plan &p);
+ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float *q, const int32_t *qpos,
+                          int64_t n_q_heads, const void *k, const int32_t *kpos, int64_t n_kv_heads, int64_t n,
+                          int64_t d, const sc_plan &p, int64_t ncols, float *out);
 
 /* Scratch allocations released when the holder goes out of scope (after the launches). */
 struct scratch_set {

@@ -202,8 +202,9 @@ extern "C" ks_status ks_cuda_scores(cudaStream_t s, const ks_cuda_scratch *sc, c
                          "scores: causal with implicit query positions needs m <= n (m = %lld, n = %lld); pass qpos",
                          (long long)m, (long long)n);
     if (rows * ncols == 0) return KS_OK;
-    if (ks_cuda_scores1_fits(n_q_heads, n_kv_heads, m, k, k_bf16, d, o))
-        return ks_cuda_scores1(s, sc, q, qpos, n_q_heads, k, k_bf16, kpos, n_kv_heads, n, d, o, rows, ncols, out);
+    const sc_plan pl = sc_plan_of(o, m, n, d);
+    if (ks_cuda_scores1_fits(n_q_heads, n_kv_heads, m, k, k_bf16, d, pl))
+        return ks_cuda_scores1(s, sc, q, qpos, n_q_heads, k, kpos, n_kv_heads, n, d, pl, ncols, out);
 
     sc_args a;
     memset(&a, 0, sizeof a);
@@ -217,24 +218,20 @@ extern "C" ks_status ks_cuda_scores(cudaStream_t s, const ks_cuda_scratch *sc, c
     a.m = m;
     a.n = n;
     a.d = d;
-    a.qhs = o->q_head_stride ? o->q_head_stride : m * d;
-    a.qrs = o->q_row_stride ? o->q_row_stride : d;
-    a.khs = o->k_head_stride ? o->k_head_stride : n * d;
-    a.krs = o->k_row_stride ? o->k_row_stride : d;
-    a.kb = o->k_begin;
-    a.ke = o->k_end == KS_END ? n : o->k_end;
-    a.ob = o->out_begin;
-    a.oe = o->out_end == KS_END ? n : o->out_end;
-    a.scale = o->scale_mode == KS_SCALE_RSQRT_D ? (float)(1.0 / sqrt((double)d))
-            : o->scale_mode == KS_SCALE_ONE     ? 1.0f
-                                                : o->scale;
-    a.causal = o->causal != 0;
-    a.softmax = o->softmax != 0;
-    a.gqa_mod = o->gqa == KS_GQA_MOD;
+    a.qhs = pl.qhs;
+    a.qrs = pl.qrs;
+    a.khs = pl.khs;
+    a.krs = pl.krs;
+    a.kb = pl.kb;
+    a.ke = pl.ke;
+    a.ob = pl.ob;
+    a.oe = pl.oe;
+    a.scale = pl.scale;
+    a.causal = pl.causal;
+    a.softmax = pl.softmax;
+    a.gqa_mod = pl.gqa_mod;
     a.TK = d <= 128 ? 64 : d <= 256 ? 32 : 16;
-    int64_t cb = a.softmax ? a.kb : KS_MAX(a.kb, a.ob), ce = a.softmax ? a.ke : KS_MIN(a.ke, a.oe);
-    if (ce < cb) ce = cb;
-    int64_t lo = KS_MAX(cb, a.ob), hi = KS_MIN(ce, a.oe); /* computed keys that are reported */
+    const int64_t cb = pl.cb, ce = pl.ce, lo = pl.lo, hi = pl.hi;
     size_t smem = sizeof(float) * ((size_t)a.TK * (d + 1) + SC_QT * d + SC_QT * a.TK) + sizeof(double) * SC_THREADS +
                   sizeof(long long) * (a.TK + SC_QT);
 

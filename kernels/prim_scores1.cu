@@ -266,19 +266,16 @@ static size_t sc1_smem(int64_t d) {
 }
 
 extern "C" int ks_cuda_scores1_fits(int64_t n_q_heads, int64_t n_kv_heads, int64_t m, const void *k, int k_bf16,
-                                    int64_t d, const ks_scores_opts *o) {
+                                    int64_t d, const sc_plan &p) {
     if (m != 1 || !k_bf16 || n_kv_heads < 1 || n_q_heads % n_kv_heads || n_q_heads / n_kv_heads > SC1_GMAX) return 0;
-    if (d % 16 || d > 256 || ((uintptr_t)k & 15)) return 0;
-    int64_t khs = o->k_head_stride, krs = o->k_row_stride;
-    if ((khs && khs % 8) || (krs && krs % 8)) return 0;
+    if (d % 16 || d > 256 || ((uintptr_t)k & 15) || p.khs % 8 || p.krs % 8) return 0;
     return sc1_smem(d) <= 200 * 1024;
 }
 
 /* The caller (ks_cuda_scores) has checked the arguments and ks_cuda_scores1_fits. */
-extern "C" ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float *q, const int32_t *qpos,
-                                     int64_t n_q_heads, const void *k, int k_bf16, const int32_t *kpos,
-                                     int64_t n_kv_heads, int64_t n, int64_t d, const ks_scores_opts *o, int64_t rows,
-                                     int64_t ncols, float *out) {
+ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float *q, const int32_t *qpos,
+                          int64_t n_q_heads, const void *k, const int32_t *kpos, int64_t n_kv_heads, int64_t n,
+                          int64_t d, const sc_plan &p, int64_t ncols, float *out) {
     sc1_args a;
     memset(&a, 0, sizeof a);
     a.q = q;
@@ -290,23 +287,18 @@ extern "C" ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, 
     a.g = n_q_heads / n_kv_heads;
     a.d = d;
     a.n = n;
-    a.qhs = o->q_head_stride ? o->q_head_stride : d;
-    a.khs = o->k_head_stride ? o->k_head_stride : n * d;
-    a.krs = o->k_row_stride ? o->k_row_stride : d;
-    a.kb = o->k_begin;
-    a.ke = o->k_end == KS_END ? n : o->k_end;
-    int64_t ob = o->out_begin, oe = o->out_end == KS_END ? n : o->out_end;
-    a.scale = o->scale_mode == KS_SCALE_RSQRT_D ? (float)(1.0 / sqrt((double)d))
-            : o->scale_mode == KS_SCALE_ONE     ? 1.0f
-                                                : o->scale;
-    a.causal = o->causal != 0;
-    a.softmax = o->softmax != 0;
-    a.gqa_mod = o->gqa == KS_GQA_MOD;
-    int64_t cb = a.softmax ? a.kb : KS_MAX(a.kb, ob), ce = a.softmax ? a.ke : KS_MIN(a.ke, oe);
-    if (ce < cb) ce = cb;
-    int64_t lo = KS_MAX(cb, ob), hi = KS_MIN(ce, oe);
-    a.cb = cb;
-    a.w = hi > lo ? ce - cb : 0; /* nothing reported: no logits needed */
+    a.qhs = p.qhs;
+    a.khs = p.khs;
+    a.krs = p.krs;
+    a.kb = p.kb;
+    a.ke = p.ke;
+    a.scale = p.scale;
+    a.causal = p.causal;
+    a.softmax = p.softmax;
+    a.gqa_mod = p.gqa_mod;
+    const int64_t ob = p.ob, lo = p.lo, hi = p.hi;
+    a.cb = p.cb;
+    a.w = hi > lo ? p.ce - p.cb : 0; /* nothing reported: no logits needed */
 
     scratch_set ss(sc);
     if (a.w > 0) {
@@ -332,9 +324,8 @@ extern "C" ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, 
         sc1_logits<<<dim3((unsigned)a.nx, (unsigned)a.hkv), SC1_THREADS, smem, s>>>(a);
         KS_CU_LAUNCH("scores (one row) logits kernel");
     }
-    (void)rows;
     sc1_vote<<<ks_cdiv((size_t)ncols, SC1_VOTE_THREADS), SC1_VOTE_THREADS, (sizeof(double) + sizeof(float)) * n_q_heads,
-               s>>>(a, ob, ncols, lo, hi, (int)o->heads, out);
+               s>>>(a, ob, ncols, lo, hi, p.heads, out);
     KS_CU_LAUNCH("scores (one row) vote kernel");
     return KS_OK;
 }
