@@ -313,6 +313,14 @@ struct ks_backend {
     ks_status (*attn_decode_batch)(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
                                    const float *const *k, const float *const *v, const int32_t *pos, int n_heads,
                                    float scale, int window, float *const *out);
+
+    /* ---- greedy ids of a batched decode step (optional; NULL = the engine takes the argmax of
+     * the logits on the host: in place where host_memory, else after one download of all rows).
+     * out[r] (host, rows entries) = the lowest index of the largest of x[r][0 .. cols) (x: backend
+     * memory, (rows, cols) float32); NaN is never the largest, except that a row whose element 0
+     * is NaN gives 0 (ks_sample's greedy rule, core/sample.c). Returns once out is written (one
+     * wait for the device). Reference: ks_argmax_rows_ref (core/decode_batch.h). */
+    ks_status (*argmax_rows)(ks_backend *b, const float *x, int rows, int cols, int32_t *out);
 };
 #define KS_PROF_TAGS 64
 

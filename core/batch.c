@@ -5,7 +5,10 @@
  * the same as generate.c's, so the ids are those of ks_generate_ids:
  *     sample from s->logits -> token event -> EOS / stop strings / max_new -> decode(id)
  * The decode calls of a step are gathered in batch_decode(): one ks_sessions_decode (decode_batch.c)
- * for all of them, the weights read once per step. */
+ * for all of them, the weights read once per step. A greedy sequence with greedy_on_device takes
+ * its next id from that call (ks_sessions_decode_greedy: the argmax where the logits are) and
+ * skips the sampler's pass over the logits, which the step then leaves on the device. */
+#include "decode_batch.h"
 #include "forward.h"
 #include "gen_begin.h"
 
@@ -35,6 +38,9 @@ struct ks_seq {
     int32_t token;           /* last sampled id, -1 before the first */
     size_t emitted;          /* bytes of decoded output already given as pieces */
     char *piece;             /* the last step's piece (malloc'd), NULL = "" */
+    int on_device;           /* ks_seq_set_greedy_on_device */
+    int32_t next;            /* has_next: the id the last batched step computed for it */
+    int has_next;
 };
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -174,7 +180,8 @@ static int step_sample(ks_seq *q) {
         ks_repeat_penalty(q->plog, q->seen, c->vocab, q->repeat_penalty);
         lg = q->plog;
     }
-    int32_t id = ks_sample(&q->smp, lg, c->vocab);
+    int32_t id = q->has_next ? q->next : ks_sample(&q->smp, lg, c->vocab);
+    q->has_next = 0;
     if (q->seen && id >= 0 && id < c->vocab) q->seen[id] = 1;
     if (q->n_gen == q->cap) {
         int32_t *g2 = ks_realloc(q->gen, sizeof(int32_t) * (size_t)q->cap * 2);
@@ -223,32 +230,54 @@ static int step_sample(ks_seq *q) {
     return 1;
 }
 
+/* Whether q's next id may come from the step's argmax: greedy, no repeat penalty, asked for. */
+static int device_greedy(const ks_seq *q) { return q->on_device && q->smp.temperature <= 0 && !q->seen; }
+
+void ks_seq_set_greedy_on_device(ks_seq *q, int on) {
+    if (q) q->on_device = on != 0;
+}
+
 /* The decode steps of one batch step: row i is q[i]->token at its session's next position, all
  * in one weight-once forward (ks_sessions_decode: the dense ops over the n rows at once,
- * attention per session). A failure ends only that sequence, with its own status and message. */
+ * attention per session; ks_sessions_decode_greedy when some sequence takes its next id from
+ * the step). A failure ends only that sequence, with its own status and message. */
 static void batch_decode(ks_seq *const *q, int n) {
     if (n < 1) return;
     ks_session *ss_[64], **ss = n <= 64 ? ss_ : ks_malloc(sizeof(ks_session *) * (size_t)n);
     int32_t id_[64], *ids = n <= 64 ? id_ : ks_malloc(sizeof(int32_t) * (size_t)n);
     ks_status st_[64], *sts = n <= 64 ? st_ : ks_malloc(sizeof(ks_status) * (size_t)n);
     char *m_[64], **msg = n <= 64 ? m_ : ks_calloc((size_t)n, sizeof(char *));
-    ks_status st = (!ss || !ids || !sts || !msg) ? KS_ERR_OOM : KS_OK;
+    int32_t nx_[64], *nx = n <= 64 ? nx_ : ks_malloc(sizeof(int32_t) * (size_t)n);
+    unsigned char g_[64], *g = n <= 64 ? g_ : ks_malloc((size_t)n);
+    ks_status st = (!ss || !ids || !sts || !msg || !nx || !g) ? KS_ERR_OOM : KS_OK;
+    int ng = 0;
     if (!st) {
-        for (int i = 0; i < n; i++) { ss[i] = q[i]->s; ids[i] = q[i]->token; msg[i] = NULL; }
-        st = ks_sessions_decode(ss, ids, n, sts, msg);
+        for (int i = 0; i < n; i++) {
+            ss[i] = q[i]->s;
+            ids[i] = q[i]->token;
+            msg[i] = NULL;
+            ng += g[i] = (unsigned char)device_greedy(q[i]);
+        }
+        st = ng ? ks_sessions_decode_greedy(ss, ids, n, g, nx, sts, msg) : ks_sessions_decode(ss, ids, n, sts, msg);
     }
     for (int i = 0; i < n; i++) {
         if (st) { fail(q[i], st); continue; } /* nothing ran (out of memory): no messages */
         if (sts[i]) {
             fail(q[i], sts[i]);
             if (msg[i]) { free(q[i]->err); q[i]->err = msg[i]; msg[i] = NULL; } /* its own message */
-        } else q[i]->s->n_decoded++;
+        } else {
+            q[i]->s->n_decoded++;
+            q[i]->has_next = ng && g[i] && nx[i] >= 0;
+            q[i]->next = q[i]->has_next ? nx[i] : -1;
+        }
         free(msg[i]);
     }
     if (ss != ss_) free(ss);
     if (ids != id_) free(ids);
     if (sts != st_) free(sts);
     if (msg != m_) free(msg);
+    if (nx != nx_) free(nx);
+    if (g != g_) free(g);
 }
 
 ks_status ks_batch_step(ks_seq *const *qs, int n) {

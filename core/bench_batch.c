@@ -6,10 +6,12 @@
  *   sessions s[0..B) (+ s[B], the newcomer, with ttft_under_load), each created here
  *   prefill   s[i] <- prompt i (ids row i), one after another            prefill_s
  *   warmup    `warmup` batched steps, untimed (first-use allocations, workspaces)
- *   timed     `gen` batched steps: argmax of each s[i]'s logits (host, sample_s) ->
- *             ks_sessions_decode(s, tok, B)
+ *   timed     `gen` batched steps: ks_sessions_decode_greedy(s, tok, B) -> next ids
  *             (decode_batch.c: dense ops once over the B rows, attention per session or in one
- *             batched call where the backend has one)                    step_s[], decode_tok_s
+ *             batched call where the backend has one, the B argmaxes where the logits are, B ids
+ *             back)                                                      step_s[], decode_tok_s
+ *             host_argmax (A/B): argmax of each s[i]'s logits on the host (sample_s) ->
+ *             ks_sessions_decode(s, tok, B), which downloads every session's logits
  *   alone     s[B] <- prompt B in pieces of prefill_chunk rows, nobody decoding; then reset
  *   loaded    the same pieces, one per round, each round followed by one batched step of the
  *             B others (serve's order: repl/serve_sched.c steps 4 and 5)  ttft_s, ttft_step_s
@@ -17,6 +19,7 @@
  * sequences at random). The ids are what B separate greedy runs give: on the CPU bit for bit,
  * on CUDA to bf16 rounding (decode_batch.c); tests/test_bench_batch.c checks the CPU case. */
 #include "common.h"
+#include "decode_batch.h"
 #include "engine.h"
 
 #include <math.h>
@@ -52,20 +55,27 @@ typedef struct brun {
     char **msg;          /* (batch) */
     int batch;
     ks_sampler smp;      /* greedy */
+    int host;            /* host_argmax: the A/B path */
+    int32_t *next;       /* (batch) the ids the last step gave (device path); have_next: valid */
+    int have_next;
 } brun;
 
 /* One batched step of s[0..batch): each session's argmax id (kept in row ids[i * stride + at]
- * when ids; the seconds it took added to *sample_s when given), then one ks_sessions_decode. A
+ * when ids), then one batched decode. The ids come from the last step's device argmax
+ * (ks_sessions_decode_greedy) or, on the first step after the prefills and with host_argmax,
+ * from each session's logits on the host (those seconds added to *sample_s when given). A
  * session's own failure is returned with its index and message. */
 static ks_status bstep(brun *b, int32_t *ids, int stride, int at, double *sample_s) {
     int vocab = b->m->cfg.vocab;
     double t0 = ks_now();
     for (int i = 0; i < b->batch; i++) {
-        b->tok[i] = ks_sample(&b->smp, b->s[i]->logits, vocab);
+        b->tok[i] = b->have_next ? b->next[i] : ks_sample(&b->smp, b->s[i]->logits, vocab);
         if (ids) ids[(size_t)i * stride + at] = b->tok[i];
     }
-    if (sample_s) *sample_s += ks_now() - t0;
-    ks_status st = ks_sessions_decode(b->s, b->tok, b->batch, b->st, b->msg);
+    if (sample_s && !b->have_next) *sample_s += ks_now() - t0;
+    ks_status st = b->host ? ks_sessions_decode(b->s, b->tok, b->batch, b->st, b->msg)
+                           : ks_sessions_decode_greedy(b->s, b->tok, b->batch, NULL, b->next, b->st, b->msg);
+    b->have_next = !st && !b->host;
     if (st) return st;
     for (int i = 0; i < b->batch; i++)
         if (b->st[i]) {
@@ -167,10 +177,11 @@ ks_status ks_bench_batch_run(ks_model *m, const int32_t *ids, int n, int batch, 
     out->tokens = n;
     out->gen = o->gen;
     int steps = o->warmup + o->gen;
-    brun b = {.m = m, .batch = batch};
+    brun b = {.m = m, .batch = batch, .host = o->host_argmax};
     ks_sampler_init(&b.smp, 0, 1, 0);
     b.s = ks_calloc((size_t)np, sizeof *b.s);
-    b.tok = ks_calloc((size_t)batch, sizeof *b.tok);
+    b.tok = ks_calloc((size_t)batch * 2, sizeof *b.tok);
+    b.next = b.tok ? b.tok + batch : NULL;
     b.st = ks_calloc((size_t)batch, sizeof *b.st);
     b.msg = ks_calloc((size_t)batch, sizeof *b.msg);
     out->step_s = ks_calloc((size_t)o->gen, sizeof *out->step_s);

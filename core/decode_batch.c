@@ -18,6 +18,9 @@
  *     mlp
  *   head          the logits of all rows (n, vocab)                       one call
  *   download      row r's logits into sess[r]->logits                     per session
+ *     (ks_sessions_decode_greedy, decode_batch.h: the greedy rows' argmax where the logits are,
+ *      ks_backend.argmax_rows over the (n, vocab) logits in one call, n ids downloaded with one
+ *      wait; CUDA: kernels/argmax_rows.cu. Those rows' logits are not downloaded)
  * A group is a run of rows whose attn_in arguments agree: the same rotation (a policy that
  * wants pre-RoPE keys leaves its rows unrotated) and the same longrope factor choice (its
  * inv_freq table follows the largest position of the call). Rows are ordered by group, so a
@@ -42,6 +45,8 @@
 #include "decode_batch.h"
 #include "forward.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,6 +59,7 @@ typedef struct brow {
     int key;        /* group key: pre * 2 + longrope's long-factor choice */
     float *q;       /* (QD) this row's queries in the step's buffers */
     int dead;       /* failed: no more per-session work */
+    int greedy;     /* its next id wanted (next[i]) instead of its logits */
 } brow;
 
 /* Record session row's failure st (message: the last error, copied now). */
@@ -113,6 +119,33 @@ ks_status ks_attn_decode_batch_loop(ks_backend *b, int n, ks_kv_layer *const *L,
     return KS_OK;
 }
 
+void ks_argmax_rows_ref(const float *x, int rows, int cols, int32_t *out) {
+    for (int r = 0; r < rows; r++) {
+        const float *l = x + (size_t)r * cols;
+        float bv = -INFINITY;
+        int32_t bi = INT32_MAX; /* no candidate yet: any non-NaN value wins (-inf too, by index) */
+        for (int i = 0; i < cols; i++)
+            if (l[i] > bv || (l[i] == bv && i < bi)) { bv = l[i]; bi = i; }
+        out[r] = cols < 1 || l[0] != l[0] || bi == INT32_MAX ? 0 : bi;
+    }
+}
+
+/* out (rows) = the argmax of each row of the backend's logits x (rows, cols): the backend's own
+ * argmax_rows, else the reference in place (host memory) or after one download of all rows. */
+static ks_status argmax_rows(ks_backend *be, const float *x, int rows, int cols, int32_t *out) {
+    if (be->argmax_rows) return be->argmax_rows(be, x, rows, cols, out);
+    if (be->host_memory) {
+        ks_argmax_rows_ref(x, rows, cols, out);
+        return KS_OK;
+    }
+    float *h = ks_malloc(sizeof(float) * (size_t)rows * cols);
+    if (!h) return ks_errorf(KS_ERR_OOM, "decode: out of memory for %d rows of logits", rows);
+    ks_status st = be->download(be, h, x, sizeof(float) * (size_t)rows * cols);
+    if (!st) ks_argmax_rows_ref(h, rows, cols, out);
+    free(h);
+    return st;
+}
+
 /* A row whose append and attention the backend's batched decode attention may do: no decode
  * event (so no attend lists, no retain) and rotated keys. */
 static int batchable(const brow *r) {
@@ -150,7 +183,7 @@ static void batch_args_free(batch_args *a) {
 
 /* The dense part of the step and the per-session work between, for rows R[0..n) (n >= 2, all
  * alive, ordered by group key). Shared failures are returned; per-session ones are recorded. */
-static ks_status step_rows(brow *R, int n, ks_status *sts, char **msg) {
+static ks_status step_rows(brow *R, int n, int32_t *next, ks_status *sts, char **msg) {
     ks_session *s0 = R[0].s;
     ks_backend *be = s0->be;
     const ks_config *c = &s0->m->cfg;
@@ -159,7 +192,7 @@ static ks_status step_rows(brow *R, int n, ks_status *sts, char **msg) {
     ks_fwd_buf B;
     ks_status st = ks_fwd_alloc(be, c, n, 0, &B); /* (n) rows; pre-RoPE mode is set per group view */
     if (st) return st;
-    int32_t *ids = ks_malloc(sizeof(int32_t) * 2 * (size_t)n), *pos = ids ? ids + n : NULL;
+    int32_t *ids = ks_malloc(sizeof(int32_t) * 3 * (size_t)n), *pos = ids ? ids + n : NULL, *am = ids ? ids + 2 * n : NULL;
     float *lg = be->alloc(be, sizeof(float) * (size_t)n * c->vocab); /* (n, vocab) */
     batch_args bt = {.on = be->attn_decode_batch != NULL};
     if (!ids || !lg || (bt.on && batch_args_alloc(&bt, n))) {
@@ -219,13 +252,20 @@ static ks_status step_rows(brow *R, int n, ks_status *sts, char **msg) {
     /* the head over all n rows at once (the lm_head read once; a dead row's logits are computed
      * and never read, as its row was carried through the layers) */
     if ((st = ks_head_compute(s0, &B, 0, n, lg))) goto out;
+    int ng = 0; /* greedy rows: all n rows' ids in one call (a dead row's id is never read) */
+    for (int r = 0; r < n; r++) ng += !R[r].dead && R[r].greedy;
+    if (ng && (st = argmax_rows(be, lg, n, c->vocab, am))) goto out;
     for (int r = 0; r < n; r++) {
         ks_session *s = R[r].s;
         if (R[r].dead) continue;
-        ks_status sr = be->download(be, s->logits, lg + (size_t)r * c->vocab, sizeof(float) * c->vocab);
+        ks_status sr = KS_OK;
+        if (R[r].greedy) next[R[r].i] = am[r];
+        else sr = be->download(be, s->logits, lg + (size_t)r * c->vocab, sizeof(float) * c->vocab);
         if (!sr) sr = ks_devcheck_sync(s); /* its device list checks, now that the step ran */
-        if (sr) row_fail(&R[r], sr, sts, msg);
-        else s->n_past++;
+        if (sr) {
+            row_fail(&R[r], sr, sts, msg);
+            if (next) next[R[r].i] = -1;
+        } else s->n_past++;
     }
 out:
     if (lg) be->free(be, lg);
@@ -240,16 +280,27 @@ static int cmp_key(const void *a, const void *b) {
     return x->key != y->key ? (x->key > y->key) - (x->key < y->key) : (x->i > y->i) - (x->i < y->i);
 }
 
-ks_status ks_sessions_decode(ks_session *const *s, const int32_t *ids, int n, ks_status *st, char **msg) {
-    if (!s || !ids || !st || n < 0)
-        return ks_errorf(KS_ERR_ARG, "ks_sessions_decode: %s", n < 0 ? "n must be >= 0" : "NULL sessions, ids or statuses");
-    for (int i = 0; i < n; i++) {
-        if (!s[i]) return ks_errorf(KS_ERR_ARG, "ks_sessions_decode: session %d is NULL", i);
-        if (s[i]->m != s[0]->m || s[i]->be != s[0]->be)
-            return ks_errorf(KS_ERR_ARG, "ks_sessions_decode: session %d is on another model than session 0", i);
-        for (int j = 0; j < i; j++)
-            if (s[j] == s[i]) return ks_errorf(KS_ERR_ARG, "ks_sessions_decode: sessions %d and %d are the same", j, i);
+/* A session stepped alone (ks_session_decode filled its logits): its next id, as the batched rows'. */
+static void alone_next(const brow *r, int32_t *next) {
+    if (next) {
+        if (r->dead || !r->greedy) next[r->i] = -1;
+        else ks_argmax_rows_ref(r->s->logits, 1, r->s->m->cfg.vocab, &next[r->i]);
     }
+}
+
+static ks_status decode_n(const char *fn, ks_session *const *s, const int32_t *ids, int n, const unsigned char *greedy,
+                          int32_t *next, ks_status *st, char **msg) {
+    if (!s || !ids || !st || n < 0)
+        return ks_errorf(KS_ERR_ARG, "%s: %s", fn, n < 0 ? "n must be >= 0" : "NULL sessions, ids or statuses");
+    for (int i = 0; i < n; i++) {
+        if (!s[i]) return ks_errorf(KS_ERR_ARG, "%s: session %d is NULL", fn, i);
+        if (s[i]->m != s[0]->m || s[i]->be != s[0]->be)
+            return ks_errorf(KS_ERR_ARG, "%s: session %d is on another model than session 0", fn, i);
+        for (int j = 0; j < i; j++)
+            if (s[j] == s[i]) return ks_errorf(KS_ERR_ARG, "%s: sessions %d and %d are the same", fn, j, i);
+    }
+    if (next)
+        for (int i = 0; i < n; i++) next[i] = -1;
     if (msg)
         for (int i = 0; i < n; i++) msg[i] = NULL;
     brow stack[16], *R = n <= 16 ? stack : ks_calloc((size_t)n, sizeof(brow));
@@ -259,7 +310,7 @@ ks_status ks_sessions_decode(ks_session *const *s, const int32_t *ids, int n, ks
         ks_session *si = s[i];
         const ks_config *c = &si->m->cfg;
         st[i] = KS_OK;
-        brow r = {.s = si, .i = i, .id = ids[i], .pos = si->n_past};
+        brow r = {.s = si, .i = i, .id = ids[i], .pos = si->n_past, .greedy = next && (!greedy || greedy[i])};
         if (ids[i] < 0 || ids[i] >= c->vocab)
             row_fail(&r, ks_errorf(KS_ERR_ARG, "decode: token id %d out of range [0, %d)", ids[i], c->vocab), st, msg);
         else if (si->n_past + 1 > c->max_pos)
@@ -277,10 +328,12 @@ ks_status ks_sessions_decode(ks_session *const *s, const int32_t *ids, int n, ks
         if (nr > 1 && !R[k].s->prof.on) { R[nb++] = R[k]; continue; }
         ks_status sk = ks_session_decode(R[k].s, R[k].id);
         if (sk) row_fail(&R[k], sk, st, msg);
+        alone_next(&R[k], next);
     }
     if (nb == 1) {
         ks_status sk = ks_session_decode(R[0].s, R[0].id);
         if (sk) row_fail(&R[0], sk, st, msg);
+        alone_next(&R[0], next);
         nb = 0;
     }
     if (nb > 0) {
@@ -294,10 +347,13 @@ ks_status ks_sessions_decode(ks_session *const *s, const int32_t *ids, int n, ks
             if (sp) { row_fail(&R[k], sp, st, msg); continue; }
             R[live++] = R[k];
         }
-        ks_status sh = live ? step_rows(R, live, st, msg) : KS_OK;
+        ks_status sh = live ? step_rows(R, live, next, st, msg) : KS_OK;
         double dt = ks_now() - t0;
         for (int k = 0; k < live; k++) {
-            if (sh && !R[k].dead) row_fail(&R[k], sh, st, msg);
+            if (sh && !R[k].dead) {
+                row_fail(&R[k], sh, st, msg);
+                if (next) next[R[k].i] = -1;
+            }
             R[k].s->t_decode += dt;
             /* as ks_session_decode: no scratch stays where no graph may read it */
             if (!R[k].s->be->graph_begin) ks_decode_free(R[k].s);
@@ -305,4 +361,14 @@ ks_status ks_sessions_decode(ks_session *const *s, const int32_t *ids, int n, ks
     }
     if (R != stack) free(R);
     return KS_OK;
+}
+
+ks_status ks_sessions_decode(ks_session *const *s, const int32_t *ids, int n, ks_status *st, char **msg) {
+    return decode_n("ks_sessions_decode", s, ids, n, NULL, NULL, st, msg);
+}
+
+ks_status ks_sessions_decode_greedy(ks_session *const *s, const int32_t *ids, int n, const unsigned char *greedy,
+                                    int32_t *next, ks_status *st, char **msg) {
+    if (!next) return ks_errorf(KS_ERR_ARG, "ks_sessions_decode_greedy: NULL next ids");
+    return decode_n("ks_sessions_decode_greedy", s, ids, n, greedy, next, st, msg);
 }

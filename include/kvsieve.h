@@ -511,6 +511,9 @@ typedef struct ks_bench_batch_opts {
     int per_session_attention;  /* A/B: 1 = attention session by session even where the backend has a
                                  * batched decode attention (default 0) */
     int keep_ids;               /* 1: keep every sequence's generated ids in the result (default 0) */
+    int host_argmax;            /* A/B: 1 = every session's logits downloaded each step and their argmax
+                                 * taken on the host (what sampling sequences do); 0 = the argmax where
+                                 * the logits are, B ids downloaded (default 0; same ids) */
 } ks_bench_batch_opts;
 KS_API void ks_bench_batch_opts_default(ks_bench_batch_opts *o);
 
@@ -522,7 +525,8 @@ typedef struct ks_bench_batch_result {
     double step_median_s;       /* their median */
     double decode_tok_s;        /* B * gen / the timed steps' seconds: aggregate tokens/s */
     double sample_s;            /* of those seconds, the host's argmax over the B sessions' logits
-                                 * (ks_sample; part of every step, as in ks_batch_step) */
+                                 * (ks_sample) outside the batched decode: host_argmax only (0 else:
+                                 * the argmax is then inside the step, on the backend) */
     double kv_bytes;            /* KV bytes the B sessions held at the last timed step (all layers,
                                  * keys and values, in the backend's element type) */
     /* ttft_under_load (else 0): */
@@ -710,11 +714,15 @@ KS_API int ks_model_max_context(const ks_model *m);
  * ks_seq_prefill ignores max_rows (chunking is then the policy's own prefill_chunk).
  *
  * ks_batch_step samples every sequence, then runs their decode steps as one weight-once batched
- * forward (core/decode_batch.c): the dense ops of a layer run once over all B rows, each sequence
- * appends, runs its policy and attends over its own rows. On the CPU the ids and logits are those
+ * forward (core/decode_batch.c): the dense ops of a layer (q/k/v, o-projection, MLP) and the
+ * final norm and lm_head run once over all B rows; the sequences without a decode-time policy
+ * append their rows and attend over their own rows in one backend call per layer (CUDA: one
+ * launch), the others one by one with their policies. On the CPU the ids and logits are those
  * of B separate runs, bit for bit; on CUDA the B-row products take the GEMM path, so they equal
- * one-row runs to bf16 rounding. The final norm and lm_head still run per row. Sequences may be
- * on different sessions of one model only. Not thread-safe: one thread steps a batch and owns its sessions. */
+ * one-row runs to bf16 rounding. Each sequence's logits (a vocabulary of floats) come back to
+ * the host every step for its sampler, unless ks_seq_set_greedy_on_device is on (below).
+ * Sequences may be on different sessions of one model only. Not thread-safe: one thread steps a
+ * batch and owns its sessions. */
 typedef struct ks_seq ks_seq;
 typedef enum ks_seq_state {
     KS_SEQ_PREFILL = 0,     /* prompt tokens left to prefill */
@@ -737,6 +745,12 @@ KS_API ks_status ks_seq_prefill(ks_seq *q, int max_rows);
  * the others go on, and the call returns KS_OK. KS_ERR_ARG: NULL qs, n < 0, a NULL entry, or
  * sequences of different models. */
 KS_API ks_status ks_batch_step(ks_seq *const *qs, int n);
+/* on != 0: while q samples greedily (temperature 0, no repeat penalty), each batched step takes
+ * its next id as the argmax computed where the logits are (the backend's, in one call for the
+ * step: B ids come back instead of B rows of logits) and its session's logits are then NOT
+ * updated (ks_session_logits holds an earlier step's). The ids are the same. For a host that
+ * reads no logits (no logprobs); default off. Other sampling settings ignore it. */
+KS_API void ks_seq_set_greedy_on_device(ks_seq *q, int on);
 /* End the sequence now (DONE, "cancelled") and free its session's KV rows; nothing else runs for
  * it. No-op when it is already DONE. */
 KS_API void ks_seq_cancel(ks_seq *q);

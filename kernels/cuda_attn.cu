@@ -8,6 +8,7 @@
 #include "cuda_backend_int.h"
 #include "attn_prep.cuh"
 #include "attn_decode_batch.cuh"
+#include "argmax_rows.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -201,6 +202,7 @@ void cuda_attn_install(ks_backend *b) {
     b->attention = cu_attention;
     b->check_idx = cu_check_idx;
     b->attn_decode_batch = ks_cuda_attn_decode_batch_hook; /* kernels/attn_decode_batch.cu */
+    b->argmax_rows = ks_cuda_argmax_rows_hook;             /* kernels/argmax_rows.cu (argmax_rows.cuh) */
 }
 
 extern "C" void ks_cuda_backend_set_attn_path(ks_backend *b, ks_cuda_attn_path path) { CTX(b)->attn_path = path; }

@@ -89,22 +89,25 @@ static void print_rates(const bench_row *br, const ks_model_info *c, double gemm
 }
 
 /* --batch: per length and batch size, the aggregate decode tokens/s of B sessions stepped
- * together (ks_bench_batch_run), the step time (median) and the host argmax's share of it (mean),
+ * together (ks_bench_batch_run), the step time (median) and the host argmax's share of it (mean;
+ * 0 unless --host-argmax: the step's own argmax where the logits are is inside step_ms),
  * its multiple of B = 1's rate when B = 1 ran,
  * the KV the step reads, and with --ttft-under-load a newcomer's TTFT while the B decode. */
 static int bench_batch_rows(ks_model *m, const ks_model_info *c, const char *model, const int *lens, int n_lens,
                             const int *bs, int n_bs, const ks_bench_batch_opts *bo, const char *json_path) {
     printf("kvsieve bench: %s (%s, %d layers, dim %d, %zu M params) on %s, batched decode, %d warm-up + %d timed "
-           "steps%s\n", model, c->arch, c->n_layers, c->dim, c->n_params / 1000000, c->backend, bo->warmup, bo->gen,
-           bo->per_session_attention ? ", attention per session (A/B)" : "");
+           "steps%s%s\n", model, c->arch, c->n_layers, c->dim, c->n_params / 1000000, c->backend, bo->warmup, bo->gen,
+           bo->per_session_attention ? ", attention per session (A/B)" : "",
+           bo->host_argmax ? ", argmax on the host (A/B)" : "");
     printf("%-8s %6s %12s %11s %10s %12s %7s %9s %9s", "tokens", "B", "prefill_s", "step_ms", "sample_ms", "decode_t/s",
            "xB=1", "KV_GB", "peak_GiB");
     if (bo->ttft_under_load) printf(" %10s %10s %7s %12s", "TTFT_s", "alone_s", "rounds", "load_step_ms");
     printf("\n");
     FILE *jf = json_path ? fopen(json_path, "w") : NULL;
     if (json_path && !jf) { fprintf(stderr, "kvsieve: bench: --json %s: cannot write: %s\n", json_path, strerror(errno)); return 1; }
-    if (jf) fprintf(jf, "{\"backend\": \"%s\", \"gen\": %d, \"warmup\": %d, \"per_session_attention\": %d, \"rows\": [",
-                    c->backend, bo->gen, bo->warmup, bo->per_session_attention);
+    if (jf) fprintf(jf, "{\"backend\": \"%s\", \"gen\": %d, \"warmup\": %d, \"per_session_attention\": %d, "
+                    "\"host_argmax\": %d, \"rows\": [", c->backend, bo->gen, bo->warmup, bo->per_session_attention,
+                    bo->host_argmax);
     int rc = 0, nj = 0;
     for (int li = 0; li < n_lens && !rc; li++) {
         double base = NAN; /* B = 1's tokens/s at this length */
@@ -173,7 +176,7 @@ int ks_cli_bench(int argc, char **argv) {
     const char *sets[64];
     const char *json_path = NULL;
     const char *batches = NULL;
-    int n_sets = 0, gen = 16, reps = 3, profile = 0, tp = 0, ttft_load = 0, chunk = 256, per_session = 0;
+    int n_sets = 0, gen = 16, reps = 3, profile = 0, tp = 0, ttft_load = 0, chunk = 256, per_session = 0, host_am = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (ks_cli_is_help(argv[i])) return ks_cli_help("bench"), 0;
@@ -193,6 +196,7 @@ int ks_cli_bench(int argc, char **argv) {
         else if (!strcmp(argv[i], "--ttft-under-load")) ttft_load = 1;
         else if (!strcmp(argv[i], "--prefill-chunk") && v) { if (ks_arg_int("--prefill-chunk", v, 1, INT_MAX, &chunk)) return 2; i++; }
         else if (!strcmp(argv[i], "--attn-per-session")) per_session = 1;
+        else if (!strcmp(argv[i], "--host-argmax")) host_am = 1;
         else { fprintf(stderr, "kvsieve: bench: unknown or incomplete option %s\n", argv[i]); return 2; }
     }
     if (!model && !random_cfg) { fprintf(stderr, "kvsieve: bench needs -m DIR or --random-weights CONFIG\n"); return 2; }
@@ -204,8 +208,8 @@ int ks_cli_bench(int argc, char **argv) {
     if (json_path && ks_cli_check_writable("bench: --json", json_path)) return 2;
     int bs[16], n_bs = 0;
     if (batches && ks_arg_int_list("--batch", batches, 1, 4096, 0, bs, 16, &n_bs)) return 2;
-    if (!batches && (ttft_load || per_session)) {
-        fprintf(stderr, "kvsieve: bench: --ttft-under-load and --attn-per-session need --batch\n");
+    if (!batches && (ttft_load || per_session || host_am)) {
+        fprintf(stderr, "kvsieve: bench: --ttft-under-load, --attn-per-session and --host-argmax need --batch\n");
         return 2;
     }
     ks_model *m;
@@ -229,6 +233,7 @@ int ks_cli_bench(int argc, char **argv) {
         bo.ttft_under_load = ttft_load;
         bo.prefill_chunk = chunk;
         bo.per_session_attention = per_session;
+        bo.host_argmax = host_am;
         int rc = bench_batch_rows(m, &c, model, lens, n_lens, bs, n_bs, &bo, json_path);
         ks_model_close(m);
         return rc;

@@ -16,12 +16,18 @@
  *   batch_decode_policy_failure_isolated  a policy that throws at one step: that session gets
  *                                      KS_ERR_POLICY with its message and is left as a failed
  *                                      ks_session_decode leaves it; a bad id likewise; the
- *                                      others' logits stay bit-identical to separate runs */
+ *                                      others' logits stay bit-identical to separate runs
+ *   argmax_rows_ref_matches_sample     the greedy ids' CPU twin = ks_sample's greedy id (crafted
+ *   batch_decode_greedy_matches_logits rows, the model's logits); ks_sessions_decode_greedy's next
+ *   seq_greedy_on_device_same_ids      ids = the argmax of ks_sessions_decode's logits; ks_seq with
+ *                                      greedy on the device: the same ids (each test says more) */
+#include "decode_batch.h"
 #include "engine.h"
 #include "ktest.h"
 #include "kvsieve.h"
 #include "testutil.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -387,4 +393,196 @@ KT_TEST(batch_decode_rope_groups_match_separate) {
     ks_model_close(m);
     kt_rmdir(dir);
     KT_CHECK(!why[0], "%s", why);
+}
+
+/* ---------------------------------------------------------------- greedy ids where the logits are */
+
+/* ks_sample's greedy id of row l (the host argmax every sampler pass starts with) */
+static int32_t greedy_id(const float *l, int n) {
+    ks_sampler g;
+    ks_sampler_init(&g, 0, 1, 0);
+    return ks_sample(&g, l, n);
+}
+
+/* argmax_rows_ref_matches_sample: ks_argmax_rows_ref (the CPU twin of kernels/argmax_rows.cu)
+ * gives ks_sample's greedy id on rows made to break it (ties, NaN at 0 and inside, all -inf,
+ * +0 beside -0, the maximum last, a tail shorter than 8) and on the bundled model's logits after
+ * prefills and decode steps of several prompts. */
+KT_TEST(argmax_rows_ref_matches_sample) {
+    enum { C = 13 };
+    const float nan = NAN, inf = INFINITY;
+    const float rows[][C] = {
+        {1, 2, 3, 3, 2, 1, 0, 3, 1, 1, 1, 1, 1},             /* tie: lowest id */
+        {nan, 5, 6, 7, 8, 9, 1, 1, 1, 1, 1, 1, 1},          /* NaN at 0: 0 */
+        {1, nan, 6, nan, 8, 9, 1, nan, 1, 1, 1, 1, 9},      /* NaN inside: never the largest */
+        {-inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf},
+        {-1, -0.0f, 0, -2, 0, -0.0f, -3, -4, -5, -6, -7, -8, -9}, /* -0 == +0: the first */
+        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1e-30f},       /* the maximum last, in the tail */
+        {-inf, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan}, /* only element 0 */
+        {3, 1, 2, inf, 4, inf, nan, 1, 1, 1, 1, 1, 1},
+    };
+    int nr = (int)(sizeof rows / sizeof rows[0]);
+    int32_t got[16];
+    ks_argmax_rows_ref(&rows[0][0], nr, C, got);
+    for (int r = 0; r < nr; r++) KT_CHECK(got[r] == greedy_id(rows[r], C), "row %d: twin %d, ks_sample %d", r, got[r], greedy_id(rows[r], C));
+    for (int w = 1; w <= C; w++) /* every width, so both the 8-lane body and the tail of ks_sample's scan are hit */
+        for (int r = 0; r < nr; r++) {
+            int32_t one;
+            ks_argmax_rows_ref(rows[r], 1, w, &one);
+            KT_CHECK(one == greedy_id(rows[r], w), "row %d width %d: twin %d, ks_sample %d", r, w, one, greedy_id(rows[r], w));
+        }
+    ks_model *m;
+    KT_CHECK(ks_model_open(TINY, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    int V = m->cfg.vocab, checked = 0;
+    for (int p = 0; p < 4; p++) {
+        ks_session *s = NULL;
+        int32_t pr[40];
+        prompt_ids_v(pr, 7 + 9 * p, p, V);
+        ks_status st = ks_session_create(m, &s);
+        if (!st) st = ks_session_prefill(s, pr, 7 + 9 * p);
+        for (int t = 0; !st && t < 6; t++) {
+            int32_t tw;
+            ks_argmax_rows_ref(s->logits, 1, V, &tw);
+            int32_t want = greedy_id(s->logits, V);
+            KT_CHECK(tw == want, "prompt %d step %d: twin %d, ks_sample %d", p, t, tw, want);
+            checked++;
+            st = ks_session_decode(s, want);
+        }
+        ks_session_free(s);
+        KT_CHECK(!st, "%s", ks_last_error());
+    }
+    ks_model_close(m);
+    KT_CHECK(checked == 24, "%d rows of logits checked", checked);
+}
+
+static long g_argmax_rows;
+static ks_status counting_argmax(ks_backend *b, const float *x, int rows, int cols, int32_t *out) {
+    g_argmax_rows += rows;
+    ks_argmax_rows_ref(x, rows, cols, out);
+    return KS_OK;
+}
+
+/* batch_decode_greedy_matches_logits: ks_sessions_decode_greedy over B = 4 sessions (one of them
+ * with TokenSelect, one of them not greedy) gives each greedy session's next id equal to the
+ * argmax of the logits ks_sessions_decode gives the same sessions (run beside them step by step),
+ * leaves a greedy session's logits as they were and fills the non-greedy one's bit for bit; on
+ * the CPU fallback (no argmax_rows: the twin in place) and with the twin installed as the
+ * backend's argmax_rows (called once a step, for the step's rows); one session alone (n = 1)
+ * and a bad id (next -1, its own status) too; NULL next is refused. */
+KT_TEST(batch_decode_greedy_matches_logits) {
+    ks_model *m;
+    KT_CHECK(ks_model_open(TINY, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    enum { B = 4, T = 5 };
+    int V = m->cfg.vocab;
+    for (int hook = 0; hook < 2; hook++) {
+        m->be->argmax_rows = hook ? counting_argmax : NULL;
+        g_argmax_rows = 0;
+        ks_session *a[B] = {0}, *r[B] = {0}; /* a: greedy path, r: the reference (logits) */
+        ks_policy *pa = NULL, *pr = NULL;
+        static const dcase ts = {0, "tokenselect", {"n_init=2", "n_local=4", "k=6", "sparse_prefill=false"}, 0, 0};
+        ks_status st = load_policy(m, &ts, &pa);
+        if (!st) st = load_policy(m, &ts, &pr);
+        for (int i = 0; i < B && !st; i++) st = ks_session_create(m, &a[i]);
+        for (int i = 0; i < B && !st; i++) st = ks_session_create(m, &r[i]);
+        if (!st) st = ks_session_set_policy(a[2], pa);
+        if (!st) st = ks_session_set_policy(r[2], pr);
+        int32_t pids[B][40];
+        for (int i = 0; i < B && !st; i++) {
+            prompt_ids_v(pids[i], 11 + 7 * i, i + 5, V);
+            st = ks_session_prefill(a[i], pids[i], 11 + 7 * i);
+            if (!st) st = ks_session_prefill(r[i], pids[i], 11 + 7 * i);
+        }
+        KT_CHECK(!st, "%s", ks_last_error());
+        const unsigned char greedy[B] = {1, 1, 1, 0};
+        int32_t tok[B];
+        for (int i = 0; i < B; i++) tok[i] = greedy_id(a[i]->logits, V);
+        char why[200] = "";
+        float *keep = malloc(sizeof(float) * V);
+        KT_CHECK(keep != NULL, "out of memory");
+        for (int t = 0; t < T && !st && !why[0]; t++) {
+            int32_t next[B], rt[B];
+            ks_status sa[B], sr[B];
+            memcpy(keep, a[0]->logits, sizeof(float) * V);
+            memcpy(rt, tok, sizeof rt);
+            st = ks_sessions_decode_greedy(a, tok, B, greedy, next, sa, NULL);
+            if (!st) st = ks_sessions_decode(r, rt, B, sr, NULL);
+            for (int i = 0; i < B && !st; i++) st = sa[i] ? sa[i] : sr[i];
+            for (int i = 0; i < B && !st && !why[0]; i++) {
+                int32_t want = greedy_id(r[i]->logits, V);
+                if (greedy[i] && next[i] != want)
+                    snprintf(why, sizeof why, "hook %d step %d session %d: next %d, argmax of the logits %d", hook, t, i,
+                             next[i], want);
+                else if (!greedy[i] && (next[i] != -1 || memcmp(a[i]->logits, r[i]->logits, sizeof(float) * V)))
+                    snprintf(why, sizeof why, "hook %d step %d: the non-greedy session's logits differ (next %d)", hook, t,
+                             next[i]);
+                tok[i] = want;
+            }
+            if (!st && !why[0] && memcmp(keep, a[0]->logits, sizeof(float) * V))
+                snprintf(why, sizeof why, "hook %d step %d: a greedy session's logits were written", hook, t);
+        }
+        KT_CHECK(!st, "%s", ks_last_error());
+        KT_CHECK(!why[0], "%s", why);
+        KT_CHECK(g_argmax_rows == (hook ? (long)B * T : 0), "hook %d: argmax_rows took %ld rows, want %d", hook,
+                 g_argmax_rows, hook ? B * T : 0);
+        /* one session alone, and a bad id beside a good one */
+        int32_t one, two[2];
+        ks_status s1, s2[2];
+        KT_CHECK(ks_sessions_decode_greedy(a, tok, 1, NULL, &one, &s1, NULL) == KS_OK && s1 == KS_OK, "n = 1: %s",
+                 ks_last_error());
+        KT_CHECK(one == greedy_id(a[0]->logits, V), "n = 1: next %d, argmax %d", one, greedy_id(a[0]->logits, V));
+        int32_t bad[2] = {tok[1], V};
+        KT_CHECK(ks_sessions_decode_greedy(a + 1, bad, 2, NULL, two, s2, NULL) == KS_OK, "%s", ks_last_error());
+        KT_CHECK(s2[0] == KS_OK && two[0] >= 0 && s2[1] == KS_ERR_ARG && two[1] == -1, "bad id: %d %d, next %d %d", s2[0],
+                 s2[1], two[0], two[1]);
+        KT_CHECK(ks_sessions_decode_greedy(a, tok, 2, NULL, NULL, s2, NULL) == KS_ERR_ARG, "NULL next accepted");
+        free(keep);
+        for (int i = 0; i < B; i++) { ks_session_free(a[i]); ks_session_free(r[i]); }
+        ks_policy_free(pa);
+        ks_policy_free(pr);
+    }
+    m->be->argmax_rows = NULL;
+    ks_model_close(m);
+}
+
+/* seq_greedy_on_device_same_ids: ks_batch_step over three greedy sequences (one with a repeat
+ * penalty, which keeps the host sampler) with ks_seq_set_greedy_on_device gives the ids it gives
+ * without, token for token, until each ends. */
+KT_TEST(seq_greedy_on_device_same_ids) {
+    ks_model *m;
+    KT_CHECK(ks_model_open(TINY, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    enum { B = 3 };
+    int V = m->cfg.vocab;
+    int32_t out[2][B][40];
+    int nout[2][B];
+    for (int dev = 0; dev < 2; dev++) {
+        ks_session *s[B] = {0};
+        ks_seq *q[B] = {0};
+        ks_status st = KS_OK;
+        for (int i = 0; i < B && !st; i++) {
+            int32_t pr[30];
+            prompt_ids_v(pr, 9 + 5 * i, i + 11, V);
+            ks_generate_opts o;
+            ks_generate_opts_default(&o);
+            o.max_new_tokens = 12 + 4 * i;
+            if (i == 2) o.repeat_penalty = 1.3f;
+            st = ks_session_create(m, &s[i]);
+            if (!st) st = ks_seq_create(s[i], pr, 9 + 5 * i, &o, &q[i]);
+            if (!st) st = ks_seq_prefill(q[i], 0);
+            if (q[i]) ks_seq_set_greedy_on_device(q[i], dev);
+        }
+        for (int k = 0; k < 40 && !st; k++) st = ks_batch_step(q, B);
+        for (int i = 0; i < B && !st; i++) {
+            KT_CHECK(ks_seq_get_state(q[i]) == KS_SEQ_DONE, "dev %d: sequence %d not done (%s)", dev, i, ks_seq_error(q[i]));
+            const int32_t *g = ks_seq_ids(q[i], &nout[dev][i]);
+            memcpy(out[dev][i], g, sizeof(int32_t) * nout[dev][i]);
+        }
+        for (int i = 0; i < B; i++) { ks_seq_free(q[i]); ks_session_free(s[i]); }
+        KT_CHECK(!st, "%s", ks_last_error());
+    }
+    for (int i = 0; i < B; i++) {
+        KT_CHECK(nout[0][i] == nout[1][i] && nout[0][i] > 0, "sequence %d: %d ids, %d on device", i, nout[0][i], nout[1][i]);
+        for (int t = 0; t < nout[0][i]; t++)
+            KT_CHECK(out[0][i][t] == out[1][i][t], "sequence %d token %d: %d, %d on device", i, t, out[0][i][t], out[1][i][t]);
+    }
+    ks_model_close(m);
 }
