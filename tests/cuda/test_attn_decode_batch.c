@@ -1,4 +1,5 @@
-/* test_attn_decode_batch.c — the batched decode attention (kernels/attn_decode_batch.cu) against
+/* test_attn_decode_batch.c — the GPU kernels of a batched decode step against their CPU twins.
+ * 1. The batched decode attention (kernels/attn_decode_batch.cu, both kernels: tiles and stream) against
  * its CPU twin (core/decode_batch.h: the CPU backend's kv_append + attention per session), on
  * random inputs (never zeros), outputs poisoned with NaN first. Per case, n sessions with their
  * own KV layers of different lengths (empty included), some with uneven heads after a retain
@@ -11,7 +12,13 @@
  * Then (not with --quick) the time of one layer at the Llama-3.1-8B decode shape (8 KV heads,
  * 32 query heads, 128 dims) for B sessions of 4096 keys: the kernel beside the per-session
  * kv_append + attention it replaces; printed, never asserted.
+ * 2. The greedy ids (kernels/argmax_rows.cu) against ks_argmax_rows_ref (core/decode_batch.h):
+ * rows of random logits with planted ties, NaNs (at 0 and inside), infinities, -0 beside +0, at
+ * widths with and without the 16-byte path (128256, 1000, 13, 1, an odd offset); the ids must be
+ * equal, through the backend's argmax_rows (the download) as well. Then (not with --quick) its
+ * time for 64 rows of 128256 beside downloading the rows.
  * Usage: test_attn_decode_batch [--quick]. Prints "N passed, N failed"; exits 1 on failure. */
+#include "argmax_rows.cuh"
 #include "backend.h"
 #include "decode_batch.h"
 #include "ks_cuda.h"
@@ -61,8 +68,8 @@ typedef struct acase {
     int len[6];
 } acase;
 
-/* One case: build, run both, compare. */
-static void run_case(const acase *tc) {
+/* One case: build, run both, compare (kernel: which GPU kernel). */
+static void run_case(const acase *tc, ks_cuda_adb_kernel kernel) {
     int n = tc->n, Hkv = tc->Hkv, H = Hkv * tc->G, D = tc->D, KD = Hkv * D, QD = H * D;
     ks_kv_layer Lc[6], Lg[6];
     memset(Lc, 0, sizeof Lc);
@@ -132,10 +139,13 @@ static void run_case(const acase *tc) {
         float scale = 1.0f / sqrtf((float)D);
         st = ks_attn_decode_batch_loop(CPU, n, lc, cq, ck, cv, pos, H, scale, tc->window, co);
         if (st) { result(0, tc->name, "cpu: %s", ks_last_error()); goto out; }
-        st = ks_cuda_attn_decode_batch_run(GPU, n, lg, gq, gk, gv, pos, H, scale, tc->window, go, tc->chunk);
+        int chunk = kernel == KS_ADB_TILE && tc->chunk > 128 ? 128 : tc->chunk;
+        st = ks_cuda_attn_decode_batch_run_k(GPU, n, lg, gq, gk, gv, pos, H, scale, tc->window, go, chunk, kernel);
         if (!st) st = GPU->sync(GPU);
         if (st) { result(0, tc->name, "gpu: %s", ks_last_error()); goto out; }
     }
+    char name[120];
+    snprintf(name, sizeof name, "%s: %s", kernel == KS_ADB_STREAM ? "stream" : "tiles", tc->name);
     {
         float *outg = malloc(sizeof(float) * (size_t)n * QD);
         st = GPU->download(GPU, outg, dout, sizeof(float) * (size_t)n * QD);
@@ -175,8 +185,8 @@ static void run_case(const acase *tc) {
             }
         }
         free(outg);
-        if (st) result(0, tc->name, "download: %s", ks_last_error());
-        else result(!why[0], tc->name, "%s (worst rel err %.2g)", why[0] ? why : "", worst);
+        if (st) result(0, name, "download: %s", ks_last_error());
+        else result(!why[0], name, "%s (worst rel err %.2g)", why[0] ? why : "", worst);
     }
 out:
     for (int i = 0; i < n; i++) {
@@ -221,21 +231,24 @@ static void time_shape(int B, int keys, int reps) {
     for (int i = 0; i < B && !st; i++) {
         L[i].n_kv_heads = Hkv;
         L[i].head_dim = D;
-        st = GPU->kv_alloc(GPU, &L[i], keys + 2 * reps + 8);
+        st = GPU->kv_alloc(GPU, &L[i], keys + 4 * reps + 8);
         if (!st) st = GPU->kv_append(GPU, &L[i], dkv, dkv, p, keys);
         lp[i] = &L[i];
         q[i] = dq + (size_t)i * QD;
         kn[i] = dn + (size_t)i * KD;
         o[i] = dout + (size_t)i * QD;
     }
-    double tk = 0, tl = 0;
+    double tk = 0, tl = 0, ts = 0, t6 = 0;
     float scale = 1.0f / sqrtf((float)D);
-    for (int phase = 0; phase < 2 && !st; phase++) {
+    for (int phase = 0; phase < 4 && !st; phase++) { /* tiles, per session, stream, tiles of 64 keys */
         for (int r = -1; r < reps && !st; r++) { /* r = -1: warm-up */
             for (int i = 0; i < B; i++) pos[i] = L[i].n[0];
             if (!st) st = GPU->sync(GPU);
             double t0 = now_s();
-            if (phase == 0) st = ks_cuda_attn_decode_batch_run(GPU, B, lp, q, kn, kn, pos, H, scale, 0, o, 0);
+            if (phase == 0) st = ks_cuda_attn_decode_batch_run_k(GPU, B, lp, q, kn, kn, pos, H, scale, 0, o, 0, KS_ADB_TILE);
+            else if (phase >= 2)
+                st = ks_cuda_attn_decode_batch_run_k(GPU, B, lp, q, kn, kn, pos, H, scale, 0, o, phase == 3 ? 64 : 0,
+                                                     phase == 3 ? KS_ADB_TILE : KS_ADB_STREAM);
             else
                 for (int i = 0; i < B && !st; i++) {
                     ks_attn_args a = {.n = 1, .n_heads = H, .qpos = &pos[i], .scale = scale};
@@ -243,16 +256,17 @@ static void time_shape(int B, int keys, int reps) {
                     if (!st) st = GPU->attention(GPU, o[i], q[i], &L[i], &a);
                 }
             if (!st) st = GPU->sync(GPU);
-            if (r >= 0) *(phase ? &tl : &tk) += now_s() - t0;
+            if (r >= 0) *(phase == 0 ? &tk : phase == 1 ? &tl : phase == 2 ? &ts : &t6) += now_s() - t0;
         }
     }
     char name[96];
     snprintf(name, sizeof name, "time: 8B layer, B = %d, %d keys", B, keys);
     if (st) result(0, name, "%s", ks_last_error());
     else {
-        double bytes = (double)B * Hkv * (keys + reps) * D * 2 * 2; /* K and V, bf16 */
-        printf("  time  %-58s batched %8.1f us (%6.0f GB/s) | per session %8.1f us (%6.0f GB/s)\n", name, 1e6 * tk / reps,
-               bytes / (tk / reps) / 1e9, 1e6 * tl / reps, bytes / (tl / reps) / 1e9);
+        double bytes = (double)B * Hkv * (keys + 2 * reps) * D * 2 * 2; /* K and V, bf16 (4 phases append) */
+        printf("  time  %-34s tiles %6.1f us (%4.0f GB/s) | stream %6.1f us (%4.0f GB/s) | per session %6.1f us (%4.0f GB/s)"
+               " | tiles of 64 %6.1f us\n", name, 1e6 * tk / reps, bytes / (tk / reps) / 1e9, 1e6 * ts / reps,
+               bytes / (ts / reps) / 1e9, 1e6 * tl / reps, bytes / (tl / reps) / 1e9, 1e6 * t6 / reps);
     }
     for (int i = 0; i < B; i++) GPU->kv_free(GPU, &L[i]);
     GPU->free(GPU, dkv);
@@ -260,6 +274,96 @@ static void time_shape(int B, int keys, int reps) {
     GPU->free(GPU, dn);
     GPU->free(GPU, dout);
     free(L); free(p); free(pos); free(lp); free(q); free(kn); free(o);
+}
+
+/* ---------------------------------------------------------------- greedy ids */
+
+/* rows (rows, cols) of logits from seed: random, with planted ties of the maximum, NaNs, +-inf,
+ * -0 beside +0 (by row, so each row has its own trap) */
+static void argmax_rows_fill(float *x, int rows, int cols) {
+    for (int r = 0; r < rows; r++) {
+        float *l = x + (size_t)r * cols;
+        for (int i = 0; i < cols; i++) l[i] = 8.0f * rndf();
+        int a = (int)((unsigned)(r * 7919 + 13) % (unsigned)cols), b = (int)((unsigned)(r * 104729 + 7) % (unsigned)cols);
+        switch (r % 8) {
+        case 0: l[a] = 9.5f; l[b] = 9.5f; break;                          /* a tie: the lower wins */
+        case 1: l[0] = NAN; l[a] = 10.f; break;                           /* NaN at 0: id 0 */
+        case 2: for (int i = 1; i < cols; i += 3) l[i] = NAN; l[a] = 9.f; break; /* NaNs inside */
+        case 3: for (int i = 0; i < cols; i++) l[i] = -INFINITY; break;   /* all -inf: 0 */
+        case 4: l[a] = INFINITY; l[b] = INFINITY; break;                   /* +inf twice */
+        case 5: for (int i = 0; i < cols; i++) l[i] = i % 2 ? -0.0f : -1.f; if (cols > 2) l[cols - 1] = 0.0f; break;
+        case 6: l[cols - 1] = 20.f; break;                                 /* the last element */
+        default: break;                                                    /* plain */
+        }
+    }
+}
+
+/* one width: rows at offset `off` floats into the device buffer (off 1: not 16-byte aligned) */
+static void argmax_case(int rows, int cols, int off) {
+    char name[96];
+    snprintf(name, sizeof name, "argmax rows: %d x %d, offset %d", rows, cols, off);
+    size_t n = (size_t)rows * cols;
+    float *x = malloc(sizeof(float) * (n + off));
+    int32_t *want = malloc(sizeof(int32_t) * rows), *got = malloc(sizeof(int32_t) * rows),
+            *hook = malloc(sizeof(int32_t) * rows);
+    for (int i = 0; i < off; i++) x[i] = 0;
+    argmax_rows_fill(x + off, rows, cols);
+    ks_argmax_rows_ref(x + off, rows, cols, want);
+    float *dx = gpu_copy(x, n + off);
+    int32_t *dout = (int32_t *)GPU->alloc(GPU, sizeof(int32_t) * rows);
+    ks_status st = dx && dout ? KS_OK : KS_ERR_OOM;
+    for (int r = 0; r < rows; r++) got[r] = hook[r] = -7;
+    if (!st) st = ks_cuda_argmax_rows(ks_cuda_backend_stream(GPU), dx + off, rows, cols, dout);
+    if (!st) st = GPU->download(GPU, got, dout, sizeof(int32_t) * rows);
+    if (!st) st = GPU->argmax_rows ? GPU->argmax_rows(GPU, dx + off, rows, cols, hook) : KS_ERR_UNSUPPORTED;
+    char why[160] = "";
+    for (int r = 0; r < rows && !st && !why[0]; r++)
+        if (got[r] != want[r] || hook[r] != want[r])
+            snprintf(why, sizeof why, "row %d (kind %d): kernel %d, hook %d, twin %d", r, r % 8, got[r], hook[r], want[r]);
+    if (st) result(0, name, "%s", ks_last_error());
+    else result(!why[0], name, "%s", why);
+    GPU->free(GPU, dx);
+    GPU->free(GPU, dout);
+    free(x); free(want); free(got); free(hook);
+}
+
+static void argmax_cases(void) {
+    argmax_case(64, 128256, 0);
+    argmax_case(17, 128256, 1);
+    argmax_case(9, 1000, 0);
+    argmax_case(8, 13, 0);
+    argmax_case(8, 1, 0);
+    ks_status st = ks_cuda_argmax_rows(NULL, NULL, 0, 5, NULL);
+    result(st == KS_ERR_ARG, "argmax rows: 0 rows refused", "%s", ks_last_error());
+}
+
+/* the step's greedy ids of `rows` rows of `cols` logits: the hook (launch + ids download) beside
+ * downloading every row (what the host argmax needs first) */
+static void argmax_time(int rows, int cols, int reps) {
+    size_t n = (size_t)rows * cols;
+    float *x = malloc(sizeof(float) * n), *h = NULL;
+    argmax_rows_fill(x, rows, cols);
+    float *dx = gpu_copy(x, n);
+    int32_t *ids = malloc(sizeof(int32_t) * rows);
+    ks_status st = dx ? KS_OK : KS_ERR_OOM;
+    h = GPU->host_alloc ? GPU->host_alloc(GPU, sizeof(float) * cols) : malloc(sizeof(float) * cols);
+    double ta = 0, td = 0;
+    for (int r = -1; r < reps && !st; r++) {
+        double t0 = now_s();
+        st = GPU->argmax_rows(GPU, dx, rows, cols, ids);
+        double t1 = now_s();
+        for (int i = 0; i < rows && !st; i++) st = GPU->download(GPU, h, dx + (size_t)i * cols, sizeof(float) * cols);
+        if (r >= 0) { ta += t1 - t0; td += now_s() - t1; }
+    }
+    char name[96];
+    snprintf(name, sizeof name, "time: argmax of %d rows x %d", rows, cols);
+    if (st) result(0, name, "%s", ks_last_error());
+    else printf("  time  %-40s on the GPU %7.1f us (ids back) | %d row downloads %8.1f us\n", name, 1e6 * ta / reps, rows,
+                1e6 * td / reps);
+    if (GPU->host_free) GPU->host_free(GPU, h);
+    else free(h);
+    GPU->free(GPU, dx);
+    free(x); free(ids);
 }
 
 int main(int argc, char **argv) {
@@ -283,15 +387,20 @@ int main(int argc, char **argv) {
         {"g 8, d 128, chunk 16", 3, 1, 8, 128, 0, 16, 0, {2, 31, 600}},
         {"d 96: the per-session fallback", 3, 2, 4, 96, 0, 0, 0, {7, 90, 400}},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
-    /* a refused argument: a bad chunk is an error, nothing runs */
+    for (int kk = 0; kk < 2; kk++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], kk ? KS_ADB_STREAM : KS_ADB_TILE);
+    /* refused arguments: a bad chunk is an error, nothing runs */
     {
-        ks_status st = ks_cuda_attn_decode_batch(NULL, NULL, NULL, 1, 32, 8, 128, 10, 1.0f, 0, 8, NULL);
+        ks_status st = ks_cuda_attn_decode_batch(NULL, NULL, NULL, 1, 32, 8, 128, 10, 1.0f, 0, 8, 0, NULL);
         result(st == KS_ERR_ARG, "chunk 8 refused", "%s", ks_last_error());
+        st = ks_cuda_attn_decode_batch(NULL, NULL, NULL, 1, 32, 8, 128, 10, 1.0f, 0, 256, 1, NULL);
+        result(st == KS_ERR_ARG, "tiles: chunk 256 refused", "%s", ks_last_error());
     }
+    argmax_cases();
     if (!g_quick) {
         time_shape(16, 4096, 10);
         time_shape(64, 4096, 10);
+        argmax_time(64, 128256, 20);
     }
     printf("%d passed, %d failed\n", g_pass, g_fail);
     ks_backend_free(GPU);
