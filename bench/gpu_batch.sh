@@ -10,15 +10,20 @@
 #   old     the same B = 64 row with the build before this work (.data/b2/old/kvsieve.xz: host
 #           argmax over downloaded logits, the stream kernel) on the same card
 #   host    the new build's B = 64 row with --host-argmax (the argmax A/B; tiles either way)
+#   stream  the B = 64 row of the new build with the stream kernel as the default
+#           (.data/b2/stream/kvsieve.xz: the same commit with ks_cuda_attn_decode_batch_run_k's
+#           automatic choice mapped to KS_ADB_STREAM, an uncommitted one-line A/B build; the
+#           device argmax either way)
 #   ab      B = 16, 64 with --attn-per-session (the per-session attention path)
 #   short   B = 1, 4, 16, 64 at 128 tokens (the step without KV)
-# Carry .data/b2 (stripped, xz'd: kvsieve.xz, test_attn_decode_batch.xz[, old/kvsieve.xz]).
-# Usage: bash bench/gpu_batch.sh [step ...]   (test memcheck bench old host when none)
+# Carry .data/b2 (stripped, xz'd: kvsieve.xz, test_attn_decode_batch.xz[, old/kvsieve.xz,
+# stream/kvsieve.xz]).
+# Usage: bash bench/gpu_batch.sh [step ...]   (test bench old host stream memcheck when none)
 T0=$(date +%s); DEADLINE=${DEADLINE:-84}
-S=.data/b2; R=$(mktemp -d); mkdir -p $R/old
+S=.data/b2; R=$(mktemp -d); mkdir -p $R/old $R/stream
 for f in $S/*.xz; do xz -dc $f > $R/$(basename $f .xz); done
-for f in $S/old/*.xz; do [ -f $f ] && xz -dc $f > $R/old/$(basename $f .xz); done
-chmod +x $R/* $R/old/* 2>/dev/null
+for d in old stream; do for f in $S/$d/*.xz; do [ -f $f ] && xz -dc $f > $R/$d/$(basename $f .xz); done; done
+chmod +x $R/* $R/old/* $R/stream/* 2>/dev/null
 export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > $OUT/card.txt
 C="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --lengths 4096 --gen 32"
@@ -34,9 +39,10 @@ step_memcheck() {
 }
 step_bench() { run 40 $R/kvsieve $C --batch 1,4,16,64 --ttft-under-load --json $OUT/bench_batch.json > $OUT/bench.txt; }
 step_old() { run 15 $R/old/kvsieve $C --batch 64 > $OUT/bench_old.txt; }
+step_stream() { run 15 $R/stream/kvsieve $C --batch 64 > $OUT/bench_stream.txt; }
 step_host() { run 15 $R/kvsieve $C --batch 64 --host-argmax > $OUT/bench_host.txt; }
 step_ab() { run 30 $R/kvsieve $C --batch 16,64 --attn-per-session > $OUT/bench_ab.txt; }
 step_short() { run 20 $R/kvsieve ${C/4096/128} --batch 1,4,16,64 > $OUT/bench_short.txt; }
-for s in ${*:-test memcheck bench old host}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s; done
+for s in ${*:-test bench old host stream memcheck}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s; done
 rm -rf $R
 cat $OUT/card.txt; tail -n 30 $OUT/test.txt $OUT/memcheck.txt $OUT/bench*.txt 2>/dev/null
