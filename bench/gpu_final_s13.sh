@@ -2,7 +2,8 @@
 # final build (.data/s13f/new), compute-sanitizer on the primitives' quick tier, and `kvsieve
 # bench` at 32K of session 12's final build (.data/s13f/base) beside the final one for full,
 # gemfilter and fastkv (no regression), plus TokenSelect and Quest on the final build.
-# Carry .data/s13f and .data/stories260K. Usage: bash bench/gpu_final_s13.sh [tests] [memcheck] [bench]
+# Carry .data/s13f and .data/stories260K. Usage: bash bench/gpu_final_s13.sh [tests] [memcheck] [bench] [serve]
+# (serve: bench/serve_smoke.py, 8 concurrent requests with mixed policies on the CUDA build)
 S=.data/s13f; R=$(mktemp -d); mkdir -p $R/base $R/new
 for f in $S/base/*.xz; do xz -dc $f > $R/base/$(basename $f .xz); done
 for f in $S/new/*.xz; do xz -dc $f > $R/new/$(basename $f .xz); done
@@ -25,6 +26,10 @@ step_bench() {
       echo "== new decode-time"; timeout 120 $N/kvsieve $B --policy tokenselect,quest --set quest.budget=4096 2>&1 | grep -E "^(tokenselect|quest) "
     ) > $OUT/bench.txt
 }
-for s in ${*:-tests memcheck bench}; do echo "== step $s $(date +%T)"; step_$s; done
+step_serve() {
+    timeout 120 python3 bench/serve_smoke.py $N/kvsieve --backend cuda --n 8 > $OUT/serve.txt 2>&1
+    echo "rc=$?" >> $OUT/serve.txt
+}
+for s in ${*:-tests memcheck bench serve}; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R
 tail -n 20 $OUT/*.txt
