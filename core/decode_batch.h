@@ -11,8 +11,9 @@
  * index of the largest of x[r][0 .. cols), NaN never the largest, 0 when x[r][0] is NaN (the
  * greedy rule of ks_sample, core/sample.c, whose ids it equals on every row). It is written as
  * the kernel reduces (kernels/argmax_rows.cu): (value, index) pairs merged by "larger value, or
- * equal value and lower index", an order-free rule, so any split of a row gives these ids. The
- * engine uses it where the backend has no argmax_rows; tests compare the kernel with it.
+ * equal value and lower index", an order-free rule, so any split of a row gives these ids. Tests
+ * compare the kernel with it; where the backend has no argmax_rows, the engine takes ks_sample's
+ * greedy on the host (its vectorised scan; the same ids, tests/test_batch_decode.c).
  *
  * ks_sessions_decode_greedy — ks_sessions_decode (same arguments, contract and results) that also
  * gives each session's next greedy id: with greedy NULL or greedy[i] != 0, next[i] = the argmax
