@@ -2,7 +2,7 @@
 # final build (.data/s13f/new), compute-sanitizer on the primitives' quick tier, and `kvsieve
 # bench` at 32K of session 12's final build (.data/s13f/base) beside the final one for full,
 # gemfilter and fastkv (no regression), plus TokenSelect and Quest on the final build.
-# Carry .data/s13f and .data/stories260K. Usage: bash bench/gpu_final_s13.sh [tests] [memcheck] [bench] [serve]
+# Carry .data/s13f and .data/stories260K. Usage: bash bench/gpu_final_s13.sh [tests] [memcheck] [bench] [serve] [stall]
 # (serve: bench/serve_smoke.py, 8 concurrent requests with mixed policies on the CUDA build)
 S=.data/s13f; R=$(mktemp -d); mkdir -p $R/base $R/new
 for f in $S/base/*.xz; do xz -dc $f > $R/base/$(basename $f .xz); done
@@ -30,6 +30,11 @@ step_serve() {
     timeout 120 python3 bench/serve_smoke.py $N/kvsieve --backend cuda --n 8 > $OUT/serve.txt 2>&1
     echo "rc=$?" >> $OUT/serve.txt
 }
-for s in ${*:-tests memcheck bench serve}; do echo "== step $s $(date +%T)"; step_$s; done
+step_stall() { # why the one-row logits kernel runs at ~1.6 TB/s: its warps' stall reasons (for the next session)
+    timeout 90 ncu --clock-control none -k regex:sc1_logits --launch-count 1 \
+        --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,lts__t_sectors_srcunit_tex_op_read.sum \
+        $N/bench_kernels --select 2>&1 | grep -E "stalled|dram__|warps_active|bank|lts__" | awk '$NF+0 > 0.05' > $OUT/stall.txt
+}
+for s in ${*:-tests memcheck bench serve stall}; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R
 tail -n 20 $OUT/*.txt
