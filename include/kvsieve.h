@@ -195,7 +195,10 @@ KS_API ks_status ks_detokenize_ex(ks_model *m, const int32_t *ids, int n, unsign
 KS_API ks_status ks_session_create(ks_model *m, ks_session **out);
 KS_API void ks_session_free(ks_session *s);
 
-/* Attach a policy (NULL = full attention). The session does not own it. */
+/* Attach a policy (NULL = full attention). The session does not own it. On a model split over
+ * GPU ranks (ks_model_tuning.tp > 1, CUDA) the policy's events read whole copies kept on rank 0,
+ * which exist only for KV built after the first policy was set: a session that already holds KV
+ * from before gets KS_ERR_UNSUPPORTED (ks_session_reset it first). */
 KS_API ks_status ks_session_set_policy(ks_session *s, ks_policy *p);
 /* On a policy failure: 0 = stop the request with the error (default); 1 = fall back to
  * full attention for the rest of the request and report it in the result. */
