@@ -5,7 +5,8 @@
  *              the plain CUDA backend, both without decode graphs (the composite records none):
  *              the same kernels on the same inputs, so full attention must give bit-identical
  *              logits and ids; with a policy, ids and kept sets identical.
- *   two_ranks  `tp = 2` (GPUs 0 and 1; skipped, and counted, with fewer) against one GPU: the
+ *   two_ranks, four_ranks  `tp = 2` (GPUs 0, 1) and `tp = 4` (GPUs 0-3; each skipped, and counted,
+ *              with fewer GPUs or KV heads that do not split) against one GPU: the
  *              generated ids identical, every kept set (as sets) identical or a near tie (same
  *              size, >= 95% overlap, counted and printed: a score that moved by rounding can
  *              swap two rows of equal rank, as tests/cuda/test_cuda_policies.c allows between
@@ -245,29 +246,40 @@ static void model_cases(const char *label, const char *dir, const pcase *cs, int
     if (open_plain(dir, 0, &plain)) { result(0, label, "plain cuda: %s", ks_last_error()); return; }
     int32_t *prompt = malloc(sizeof(int32_t) * 2048);
     make_prompt(prompt, 2048, plain->cfg.vocab, plain->cfg.bos, 88172645463325252ull);
-    char l1[128], l2[128];
+    char l1[128];
     snprintf(l1, sizeof l1, "one_rank %s", label);
-    snprintf(l2, sizeof l2, "two_ranks %s", label);
     if (open_one_rank(dir, &one)) result(0, l1, "open: %s", ks_last_error());
     else {
         run_cases(l1, one, plain, cs, n_cs, prompt, 1, "host");
         run_cases(l1, one, plain, cs, n_cs, prompt, 1, "auto");
         ks_model_close(one);
     }
-    if (gpus < 2) {
-        printf("  skip %s: %d GPU(s)\n", l2, gpus);
-        g_skip++;
-    } else if (open_plain(dir, 2, &two)) {
-        result(0, l2, "open: %s", ks_last_error());
-    } else {
-        run_cases(l2, two, plain, cs, n_cs, prompt, 0, "host");
-        run_cases(l2, two, plain, cs, n_cs, prompt, 0, "auto");
+    for (int tp = 2; tp <= 4; tp += 2) { /* 2 and 4 ranks: GPUs 0 .. tp - 1 */
+        char lt[128];
+        snprintf(lt, sizeof lt, "%s_ranks %s", tp == 2 ? "two" : "four", label);
+        if (gpus < tp) {
+            printf("  skip %s: %d GPU(s)\n", lt, gpus);
+            g_skip++;
+            continue;
+        }
+        if (plain->cfg.n_kv_heads % tp) {
+            printf("  skip %s: %d KV heads do not split over %d ranks\n", lt, plain->cfg.n_kv_heads, tp);
+            g_skip++;
+            continue;
+        }
+        if (open_plain(dir, tp, &two)) {
+            result(0, lt, "open: %s", ks_last_error());
+            continue;
+        }
+        run_cases(lt, two, plain, cs, n_cs, prompt, 0, "host");
+        run_cases(lt, two, plain, cs, n_cs, prompt, 0, "auto");
         for (int r = 0; r < ks_model_tp_ranks(two); r++) {
             ks_model_memory mm;
             if (!ks_model_rank_memory_stats(two, r, 0, &mm))
                 printf("    rank %d: %.2f MB now, peak %.2f MB\n", r, mm.cur / 1e6, mm.peak / 1e6);
         }
         ks_model_close(two);
+        two = NULL;
     }
     free(prompt);
     ks_model_close(plain);
