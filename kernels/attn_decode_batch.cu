@@ -468,7 +468,7 @@ extern "C" ks_status ks_cuda_attn_decode_batch_run_k(ks_backend *b, int n, ks_kv
                                                      const float *const *k, const float *const *v, const int32_t *pos,
                                                      int n_heads, float scale, int window, float *const *out, int chunk,
                                                      ks_cuda_adb_kernel kernel) {
-    int tile = kernel != KS_ADB_STREAM;
+    int tile = kernel == KS_ADB_TILE; /* AUTO: the stream kernel (faster on the H200, the header) */
     cuda_ctx *c = CTX(b);
     if (n <= 0) return KS_OK;
     if (!L || !q || !k || !v || !pos || !out) return ks_errorf(KS_ERR_ARG, "batched decode attention: NULL argument");

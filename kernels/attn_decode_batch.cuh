@@ -5,11 +5,14 @@
  * device array of descriptors (pointers, capacity, query position) and each head's row count
  * tells the kernel where each one is.
  *
- * Two kernels, one launch per call either way (ks_cuda_adb_kernel): the tile kernel (the default)
- * copies its block's keys and values into shared memory with cp.async at its start, K and V at
- * once, so both streams are in flight together and V lands while the scores run (chunk <= 128);
- * the stream kernel (the first one, kept for A/B and as the check of the other) loads K rows
- * into registers a few at a time and prefetches V into L2 (chunk <= 256).
+ * Two kernels, one launch per call either way (ks_cuda_adb_kernel): the stream kernel (the
+ * default) loads K rows into registers a few at a time and prefetches V into L2 (chunk <= 256);
+ * the tile kernel copies its block's keys and values into shared memory with cp.async at its
+ * start, K and V at once (chunk <= 128). Measured on an H200 (bench/NOTES.md, batched decode with
+ * greedy ids on the device): one 8B layer, B = 64 x 4096 keys, stream 461 us, tiles 514 us
+ * (tiles of 64 keys 619 us); B = 16: 158 / 172 us. The tiles lose, so the stream kernel stays the
+ * default and the tile kernel is the A/B and the base of the next try (more keys a block through
+ * a ring of tiles, fewer splits).
  * Work: block (split j, KV head h, session i) takes keys [j*chunk, (j+1)*chunk) of head h of
  * session i (rows 0..nk-1 of the cache, then the new row, read from the float32 input rounded
  * to bf16 as the cache stores it) for the g = n_heads / n_kv_heads query heads that share h, so
@@ -64,14 +67,14 @@ ks_status ks_cuda_attn_decode_batch(cudaStream_t s, const ks_cuda_adb_seq *seq, 
                                     int tile, void *ws);
 
 typedef enum ks_cuda_adb_kernel {
-    KS_ADB_AUTO = 0,        /* the tile kernel */
-    KS_ADB_STREAM = 1,      /* the stream kernel (A/B) */
-    KS_ADB_TILE = 2
+    KS_ADB_AUTO = 0,        /* the stream kernel (measured faster, above) */
+    KS_ADB_STREAM = 1,      /* the stream kernel */
+    KS_ADB_TILE = 2         /* the tile kernel (A/B) */
 } ks_cuda_adb_kernel;
 
-/* The backend's ks_backend.attn_decode_batch (core/backend.h) with chunk keys per block (0 =
- * chosen from the sizes: enough blocks to fill the GPU, at most 128 keys each), the tile kernel. Shapes the
- * kernel does not take, and layers of differing head counts, run as kv_append + attention per
+/* The backend's ks_backend.attn_decode_batch (core/backend.h): the stream kernel with chunk keys
+ * per block (0 = chosen from the sizes: enough blocks to fill the GPU, at most 256 keys each).
+ * Shapes the kernel does not take, and layers of differing head counts, run as kv_append + attention per
  * session instead (same results). Host bookkeeping as kv_append: each layer grows when full,
  * its per-head row counts and host positions advance. Fails while a graph records. With the
  * backend's basic decode path (opts.decode_kernels = 0) or unaligned queries: per session too. */
