@@ -1,19 +1,16 @@
 # Issue 16's GPU figures in one device call (kind nvidia-h100-x2, GPU 0), with a deadline: each
 # step runs only while the call's wall time is under its limit (DEADLINE seconds, default 84),
 # so the outputs come back before the call's own limit. Steps (in this order):
-#   test    test_attn_decode_batch: both batched-attention kernels (tiles, stream) and the greedy
-#           ids kernel against their CPU twins, then their times at the 8B shape (one layer, B =
-#           16 and 64 x 4096 keys: tiles | stream | per session; argmax of 64 x 128256 beside 64
-#           row downloads)
+#   test    test_attn_decode_batch: the batched-attention kernel and the greedy ids kernel
+#           against their CPU twins, then their times at the 8B shape (one layer, B = 16 and 64 x
+#           4096 keys: the kernel | per session; argmax of 64 x 128256 beside 64 row downloads)
 #   memcheck compute-sanitizer memcheck of the test's quick tier
-#   bench   kvsieve bench --batch 1,4,16,64 --ttft-under-load at 4K (the device argmax, the
-#           stream kernel: the default since dc4bc35)
+#   bench   kvsieve bench --batch 1,4,16,64 --ttft-under-load at 4K (the device argmax)
 #   old     the same B = 64 row with the build before this work (.data/b2/old/kvsieve.xz: host
 #           argmax over downloaded logits, the stream kernel) on the same card
 #   host    the new build's B = 64 row with --host-argmax (the argmax A/B)
-#   stream  the B = 64 row of an A/B build (.data/b2/stream/kvsieve.xz: the same commit with
-#           ks_cuda_attn_decode_batch_run_k's automatic choice mapped to the other kernel, an
-#           uncommitted one-line change; the device argmax either way)
+#   stream  the B = 64 row of an A/B build (.data/b2/stream/kvsieve.xz; an attention kernel
+#           variant built from an uncommitted change, when one is being compared)
 #   ab      B = 16, 64 with --attn-per-session (the per-session attention path)
 #   short   B = 1, 4, 16, 64 at 128 tokens (the step without KV)
 # Carry .data/b2 (stripped, xz'd: kvsieve.xz, test_attn_decode_batch.xz[, old/kvsieve.xz,

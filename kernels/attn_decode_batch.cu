@@ -1,9 +1,9 @@
-/* attn_decode_batch.cu — see attn_decode_batch.cuh. The two kernels (stream: below; tiles:
- * adb_tile_kernel, its own comment), their launcher, and the backend entry
- * (ks_cuda_attn_decode_batch_run_k: descriptors uploaded once per call, the layers' host
+/* attn_decode_batch.cu — see attn_decode_batch.cuh. The kernel (below), its launcher, and the
+ * backend entry
+ * (ks_cuda_attn_decode_batch_run: descriptors uploaded once per call, the layers' host
  * bookkeeping; the per-session fallback is core/decode_batch.h's loop).
  *
- * The stream kernel. Block of ADB_THREADS (4 warps), for (split j, KV head h, session i), keys [t0, t1):
+ * The kernel. Block of ADB_THREADS (4 warps), for (split j, KV head h, session i), keys [t0, t1):
  *   new row     split 0 stores bf16(kn), bf16(vn), qpos at row nk of head h
  *   scores      lane = (sub 0..3, li 0..7): keys t0 + 64 s + 16 u + 4 warp + sub (u < 4: the
  *               four rows' 16-byte loads issued before any arithmetic, the same rows of V
@@ -18,8 +18,9 @@
  *               (i, h) (atomic count, after a fence) merges them: out = sum e^(m_j - M) acc_j /
  *               sum e^(m_j - M) l_j.
  * Registers: at most 128 a thread for g <= 4 (4 blocks a multiprocessor; g = 4, d = 128 spills
- * 32 bytes), unbounded for g = 8. (Tiles: 105 registers at g = 4, d = 128, 168 at g = 8, no
- * spills; shared memory 66 KiB at chunk 128, 3 blocks a multiprocessor.)
+ * 32 bytes), unbounded for g = 8. A variant that copied each block's K and V rows into shared
+ * memory first (both streams in flight) measured 12% slower on the H200 (514 against 461 us a
+ * layer at B = 64, 4096 keys; bench/NOTES.md) and was removed.
  * Shared memory: sc (G, chunk) + red (slots, G, D) + ml (2, G) floats: at most 8*256*4 +
  * 16*8*64*4 or 8*8*128*4 + 64 bytes = 40 KiB. */
 #include "cuda_backend_int.h"
@@ -243,158 +244,6 @@ __global__ void __launch_bounds__(ADB_THREADS, G >= 8 ? 1 : 4) adb_kernel(const 
     adb_finish<D, G>(red, ml, sd.out + (size_t)h * G * D, (size_t)i * Hkv + h, (size_t)gridDim.z * Hkv, j, splits, S, ws);
 }
 
-/* The tile kernel: the block's keys and values (chunk <= ADB_TILE_MAX rows) copied into shared
- * memory with cp.async at its start, K and V in two groups, so both streams are in flight at
- * once and V lands while the scores run. Then the same steps from shared memory:
- *   copies      rows [t0, min(t1, n0)) of K, then of V: 16-byte pieces, (rows * D/8) / 128 a
- *               thread; the new row (t == n0) written as bf16 into its tile slot by the threads;
- *               the rows' positions into kp (plain loads, while the copies fly)
- *   scores      wait for K; lane (sub, li): keys t0 + 16 p + 4 warp + sub, dims of pieces
- *               c * 8 + li (c < D/64: a quarter-warp reads 128 contiguous bytes, no bank
- *               conflict); G dot products reduced over the 8 lanes
- *   softmax     as adb_kernel
- *   P V         wait for V; lane: 8 dims (dl) of rows slot, slot + SLOTS, ... from the V tile
- *   finish      adb_finish; red (SLOTS, G, D) reuses the K tile's memory (no score reads it then)
- * Shared memory: max(chunk * D * 2, SLOTS * G * D * 4) + chunk * D * 2 + (G * chunk + 2 G) * 4
- * bytes + kp: 66 KiB for the 8B shape (d 128, g 4) at chunk 128, 3 blocks a multiprocessor. */
-#define ADB_TILE_MAX 128
-template <int D, int G>
-__global__ void __launch_bounds__(ADB_THREADS) adb_tile_kernel(const ks_cuda_adb_seq *__restrict__ seqs,
-                                                               const int32_t *__restrict__ nks, int Hkv, float scale,
-                                                               int window, int chunk, int S, float *ws) {
-    constexpr int PR = D / 8;                 /* 16-byte pieces a row */
-    constexpr int KC = D / 64;                /* pieces a lane per key in the scores */
-    constexpr int VL = D / 8, RPW = 32 / VL, SLOTS = ADB_WARPS * RPW;
-    extern __shared__ __align__(16) unsigned char tsm[];
-    const size_t kt_bytes = (size_t)chunk * D * 2, red_bytes = (size_t)SLOTS * G * D * 4;
-    bf16 *Kt = reinterpret_cast<bf16 *>(tsm);                                      /* (chunk, D) */
-    float *red = reinterpret_cast<float *>(tsm);                                   /* (SLOTS, G, D), after the scores */
-    bf16 *Vt = reinterpret_cast<bf16 *>(tsm + (kt_bytes > red_bytes ? kt_bytes : red_bytes)); /* (chunk, D) */
-    float *sc = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(Vt) + kt_bytes); /* (G, chunk) */
-    float *ml = sc + G * chunk;                                                    /* (G, 2) */
-    __shared__ int kp[ADB_TILE_MAX];
-    const int j = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
-    const ks_cuda_adb_seq sd = seqs[i];
-    const int n0 = nks[sd.nk_off + h], total = n0 + 1;
-    const int splits = (total + chunk - 1) / chunk;
-    if (j >= splits) return;
-    const int t0 = j * chunk, t1 = min(t0 + chunk, total), len = t1 - t0, lc = min(t1, n0) - t0; /* lc: cached rows */
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const bf16 *K = (const bf16 *)sd.k + ((size_t)h * sd.capacity + t0) * D;
-    const bf16 *V = (const bf16 *)sd.v + ((size_t)h * sd.capacity + t0) * D;
-    const int32_t *P = sd.kpos + (size_t)h * sd.capacity + t0;
-    const float *kn = sd.kn + (size_t)h * D, *vn = sd.vn + (size_t)h * D;
-    const int qpos = sd.qpos;
-    /* ---- both tiles' copies first */
-    for (int e = tid; e < lc * PR; e += ADB_THREADS) cp_async16(Kt + (size_t)e * 8, K + (size_t)e * 8, 16);
-    cp_async_commit();
-    for (int e = tid; e < lc * PR; e += ADB_THREADS) cp_async16(Vt + (size_t)e * 8, V + (size_t)e * 8, 16);
-    cp_async_commit();
-    for (int t = tid; t < len; t += ADB_THREADS) kp[t] = t < lc ? P[t] : qpos;
-    if (lc < len) /* the new row is this block's last: into its tile slot as the cache will hold it */
-        for (int e = tid; e < D; e += ADB_THREADS) {
-            Kt[(size_t)lc * D + e] = __float2bfloat16(kn[e]);
-            Vt[(size_t)lc * D + e] = __float2bfloat16(vn[e]);
-        }
-    if (j == 0) { /* the new row into the cache (nobody reads it from there in this launch) */
-        bf16 *Kw = (bf16 *)sd.k + ((size_t)h * sd.capacity + n0) * D;
-        bf16 *Vw = (bf16 *)sd.v + ((size_t)h * sd.capacity + n0) * D;
-        for (int e = tid; e < D; e += ADB_THREADS) {
-            Kw[e] = __float2bfloat16(kn[e]);
-            Vw[e] = __float2bfloat16(vn[e]);
-        }
-        if (tid == 0) sd.kpos[(size_t)h * sd.capacity + n0] = qpos;
-    }
-    /* ---- scores (queries in registers meanwhile) */
-    const int sub = lane >> 3, li = lane & 7;
-    float qr[G][KC * 8];
-#pragma unroll
-    for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int c = 0; c < KC; c++) {
-            const float *qg = sd.q + (size_t)(h * G + g) * D + (c * 8 + li) * 8;
-            float4 a = *reinterpret_cast<const float4 *>(qg), b = *reinterpret_cast<const float4 *>(qg + 4);
-            qr[g][c * 8 + 0] = a.x; qr[g][c * 8 + 1] = a.y; qr[g][c * 8 + 2] = a.z; qr[g][c * 8 + 3] = a.w;
-            qr[g][c * 8 + 4] = b.x; qr[g][c * 8 + 5] = b.y; qr[g][c * 8 + 6] = b.z; qr[g][c * 8 + 7] = b.w;
-        }
-    cp_async_wait<1>();
-    __syncthreads();
-#pragma unroll 2
-    for (int tb = warp * 4; tb < len; tb += 4 * ADB_WARPS) {
-        const int t = tb + sub;
-        const int tr = t < len ? t : len - 1; /* lanes past the end read a valid row, store nothing */
-        float kf[KC * 8];
-#pragma unroll
-        for (int c = 0; c < KC; c++)
-            bf8_to_f(*reinterpret_cast<const uint4 *>(Kt + (size_t)tr * D + (c * 8 + li) * 8), &kf[c * 8]);
-        float d[G];
-#pragma unroll
-        for (int g = 0; g < G; g++) {
-            float a = 0.f;
-#pragma unroll
-            for (int c = 0; c < KC * 8; c++) a += qr[g][c] * kf[c];
-            a += __shfl_xor_sync(0xffffffffu, a, 4);
-            a += __shfl_xor_sync(0xffffffffu, a, 2);
-            a += __shfl_xor_sync(0xffffffffu, a, 1);
-            d[g] = a;
-        }
-        if (li == 0 && t < len) {
-            int k = kp[t];
-            int vis = k <= qpos && (window <= 0 || qpos - k < window);
-#pragma unroll
-            for (int g = 0; g < G; g++) sc[g * chunk + t] = vis ? d[g] * scale : -INFINITY;
-        }
-    }
-    __syncthreads();
-    /* ---- softmax of the chunk, per head */
-    for (int g = warp; g < G; g += ADB_WARPS) {
-        float m = -INFINITY;
-        for (int t = lane; t < len; t += 32) m = fmaxf(m, sc[g * chunk + t]);
-        m = warp_max(m);
-        float l = 0.f;
-        for (int t = lane; t < len; t += 32) {
-            float p = m == -INFINITY ? 0.f : __expf(sc[g * chunk + t] - m);
-            sc[g * chunk + t] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) { ml[2 * g] = m; ml[2 * g + 1] = l; }
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-    /* ---- P V from the V tile */
-    const int slot = warp * RPW + lane / VL, dl = (lane % VL) * 8;
-    float acc[G][8];
-#pragma unroll
-    for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc[g][e] = 0.f;
-#pragma unroll 4
-    for (int t = slot; t < len; t += SLOTS) {
-        float vf[8];
-        bf8_to_f(*reinterpret_cast<const uint4 *>(Vt + (size_t)t * D + dl), vf);
-#pragma unroll
-        for (int g = 0; g < G; g++) {
-            float p = sc[g * chunk + t];
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc[g][e] += p * vf[e];
-        }
-    }
-#pragma unroll
-    for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int e = 0; e < 8; e += 4)
-            *reinterpret_cast<float4 *>(&red[((size_t)slot * G + g) * D + dl + e]) =
-                make_float4(acc[g][e], acc[g][e + 1], acc[g][e + 2], acc[g][e + 3]);
-    __syncthreads();
-    adb_finish<D, G>(red, ml, sd.out + (size_t)h * G * D, (size_t)i * Hkv + h, (size_t)gridDim.z * Hkv, j, splits, S, ws);
-}
-
-static size_t adb_tile_smem(int D, int G, int chunk) {
-    size_t kt = (size_t)chunk * D * 2, red = (size_t)ADB_WARPS * (32 / (D / 8)) * G * D * 4;
-    return (kt > red ? kt : red) + kt + sizeof(float) * ((size_t)G * chunk + 2 * G);
-}
-
 static int adb_slots(int d) { return ADB_WARPS * (32 / (d / 8)); }
 
 extern "C" int ks_cuda_attn_decode_batch_supported(int n_heads, int n_kv_heads, int head_dim) {
@@ -413,23 +262,8 @@ extern "C" size_t ks_cuda_attn_decode_batch_workspace(int n, int n_heads, int n_
 
 template <int D, int G>
 static ks_status adb_launch(cudaStream_t s, const ks_cuda_adb_seq *seq, const int32_t *nk, int n, int Hkv, float scale,
-                            int window, int chunk, int S, int tile, void *ws) {
+                            int window, int chunk, int S, void *ws) {
     dim3 grid(S, Hkv, n);
-    if (tile) { /* the shared-memory attribute once per GPU (a bit per device), for the largest chunk */
-        static unsigned long long set_on;
-        int dev = 0;
-        KS_CU(cudaGetDevice(&dev), "batched decode attention (tiles): device");
-        if (dev >= 64 || !(set_on >> dev & 1)) {
-            KS_CU(cudaFuncSetAttribute(adb_tile_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)adb_tile_smem(D, G, ADB_TILE_MAX)),
-                  "batched decode attention (tiles): shared memory");
-            if (dev < 64) __atomic_fetch_or(&set_on, 1ull << dev, __ATOMIC_RELAXED);
-        }
-        size_t smem = adb_tile_smem(D, G, chunk);
-        adb_tile_kernel<D, G><<<grid, ADB_THREADS, smem, s>>>(seq, nk, Hkv, scale, window, chunk, S, (float *)ws);
-        KS_CU_LAUNCH("batched decode attention kernel (tiles)");
-        return KS_OK;
-    }
     size_t smem = sizeof(float) * ((size_t)G * chunk + (size_t)adb_slots(D) * G * D + 2 * G);
     adb_kernel<D, G><<<grid, ADB_THREADS, smem, s>>>(seq, nk, Hkv, scale, window, chunk, S, (float *)ws);
     KS_CU_LAUNCH("batched decode attention kernel");
@@ -438,14 +272,13 @@ static ks_status adb_launch(cudaStream_t s, const ks_cuda_adb_seq *seq, const in
 
 extern "C" ks_status ks_cuda_attn_decode_batch(cudaStream_t s, const ks_cuda_adb_seq *seq, const int32_t *nk, int n,
                                                int n_heads, int n_kv_heads, int head_dim, int max_rows, float scale,
-                                               int window, int chunk, int tile, void *ws) {
+                                               int window, int chunk, void *ws) {
     if (!ks_cuda_attn_decode_batch_supported(n_heads, n_kv_heads, head_dim))
         return ks_errorf(KS_ERR_UNSUPPORTED, "batched decode attention: %d heads over %d KV heads of %d dims", n_heads,
                          n_kv_heads, head_dim);
-    if (chunk < 16 || chunk > (tile ? ADB_TILE_MAX : 256) || chunk % 16 || n < 1 || n > 65535 || n_kv_heads > 65535 ||
-        max_rows < 1)
-        return ks_errorf(KS_ERR_ARG, "batched decode attention%s: chunk %d, %d sessions, %d KV heads, %d rows",
-                         tile ? " (tiles)" : "", chunk, n, n_kv_heads, max_rows);
+    if (chunk < 16 || chunk > 256 || chunk % 16 || n < 1 || n > 65535 || n_kv_heads > 65535 || max_rows < 1)
+        return ks_errorf(KS_ERR_ARG, "batched decode attention: chunk %d, %d sessions, %d KV heads, %d rows", chunk, n,
+                         n_kv_heads, max_rows);
     int S = (max_rows + chunk - 1) / chunk;
     if (S > 1 && !ws) return ks_errorf(KS_ERR_ARG, "batched decode attention: %d splits need a workspace", S);
     if (S > 1) { /* the per-(session, head) counts start at zero */
@@ -455,7 +288,7 @@ extern "C" ks_status ks_cuda_attn_decode_batch(cudaStream_t s, const ks_cuda_adb
     }
     int g = n_heads / n_kv_heads;
 #define ADB_CASE(DD, GG) \
-    if (head_dim == DD && g == GG) return adb_launch<DD, GG>(s, seq, nk, n, n_kv_heads, scale, window, chunk, S, tile, ws);
+    if (head_dim == DD && g == GG) return adb_launch<DD, GG>(s, seq, nk, n, n_kv_heads, scale, window, chunk, S, ws);
     ADB_CASE(64, 1) ADB_CASE(64, 2) ADB_CASE(64, 4) ADB_CASE(64, 8)
     ADB_CASE(128, 1) ADB_CASE(128, 2) ADB_CASE(128, 4) ADB_CASE(128, 8)
 #undef ADB_CASE
@@ -464,11 +297,9 @@ extern "C" ks_status ks_cuda_attn_decode_batch(cudaStream_t s, const ks_cuda_adb
 
 /* ================================================================ the backend entry */
 
-extern "C" ks_status ks_cuda_attn_decode_batch_run_k(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
-                                                     const float *const *k, const float *const *v, const int32_t *pos,
-                                                     int n_heads, float scale, int window, float *const *out, int chunk,
-                                                     ks_cuda_adb_kernel kernel) {
-    int tile = kernel == KS_ADB_TILE; /* AUTO: the stream kernel (faster on the H200, the header) */
+extern "C" ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
+                                                   const float *const *k, const float *const *v, const int32_t *pos,
+                                                   int n_heads, float scale, int window, float *const *out, int chunk) {
     cuda_ctx *c = CTX(b);
     if (n <= 0) return KS_OK;
     if (!L || !q || !k || !v || !pos || !out) return ks_errorf(KS_ERR_ARG, "batched decode attention: NULL argument");
@@ -507,11 +338,10 @@ extern "C" ks_status ks_cuda_attn_decode_batch_run_k(ks_backend *b, int n, ks_kv
             keys += L[i]->n[h] + 1;
         }
     }
-    if (chunk <= 0) { /* blocks enough for 4 (tiles: 3) per multiprocessor, 64..256 (tiles: 128) keys each */
-        int cmax = tile ? ADB_TILE_MAX : 256;
-        long long want = keys / ((tile ? 3LL : 4LL) * KS_MAX(c->n_sm, 1));
+    if (chunk <= 0) { /* blocks enough for 4 per multiprocessor, 64..256 keys each */
+        long long want = keys / (4LL * KS_MAX(c->n_sm, 1));
         chunk = 64;
-        while (chunk < cmax && chunk < want) chunk *= 2;
+        while (chunk < 256 && chunk < want) chunk *= 2;
     }
     void *db = NULL, *ws = NULL;
     size_t wsb = ks_cuda_attn_decode_batch_workspace(n, n_heads, Hkv, d, max_rows, chunk);
@@ -520,7 +350,7 @@ extern "C" ks_status ks_cuda_attn_decode_batch_run_k(ks_backend *b, int n, ks_kv
     if (!st && wsb) st = dev_alloc(c, wsb, "batched decode attention workspace", &ws);
     if (!st)
         st = ks_cuda_attn_decode_batch(c->stream, (const ks_cuda_adb_seq *)db, (const int32_t *)((unsigned char *)db + dbytes),
-                                       n, n_heads, Hkv, d, max_rows, scale, window, chunk, tile, ws);
+                                       n, n_heads, Hkv, d, max_rows, scale, window, chunk, ws);
     dev_free(c, ws);
     dev_free(c, db);
     if (st) return st;
@@ -532,11 +362,5 @@ extern "C" ks_status ks_cuda_attn_decode_batch_run_k(ks_backend *b, int n, ks_kv
 extern "C" ks_status ks_cuda_attn_decode_batch_hook(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
                                                     const float *const *k, const float *const *v, const int32_t *pos,
                                                     int n_heads, float scale, int window, float *const *out) {
-    return ks_cuda_attn_decode_batch_run_k(b, n, L, q, k, v, pos, n_heads, scale, window, out, 0, KS_ADB_AUTO);
-}
-
-extern "C" ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
-                                                   const float *const *k, const float *const *v, const int32_t *pos,
-                                                   int n_heads, float scale, int window, float *const *out, int chunk) {
-    return ks_cuda_attn_decode_batch_run_k(b, n, L, q, k, v, pos, n_heads, scale, window, out, chunk, KS_ADB_AUTO);
+    return ks_cuda_attn_decode_batch_run(b, n, L, q, k, v, pos, n_heads, scale, window, out, 0);
 }

@@ -5,14 +5,11 @@
  * device array of descriptors (pointers, capacity, query position) and each head's row count
  * tells the kernel where each one is.
  *
- * Two kernels, one launch per call either way (ks_cuda_adb_kernel): the stream kernel (the
- * default) loads K rows into registers a few at a time and prefetches V into L2 (chunk <= 256);
- * the tile kernel copies its block's keys and values into shared memory with cp.async at its
- * start, K and V at once (chunk <= 128). Measured on an H200 (bench/NOTES.md, batched decode with
- * greedy ids on the device): one 8B layer, B = 64 x 4096 keys, stream 461 us, tiles 514 us
- * (tiles of 64 keys 619 us); B = 16: 158 / 172 us. The tiles lose, so the stream kernel stays the
- * default and the tile kernel is the A/B and the base of the next try (more keys a block through
- * a ring of tiles, fewer splits).
+ * The kernel loads K rows into registers a few at a time and prefetches V into L2 (chunk <= 256).
+ * Measured on an H200 (bench/NOTES.md, batched decode with greedy ids on the device): one 8B
+ * layer, B = 64 x 4096 keys, 461 us; B = 16, 158 us. A variant that copied each block's K and V
+ * into shared memory first (chunk <= 128) took 514 / 172 us and was removed; the next try is more
+ * keys a block through a ring of tiles (fewer splits).
  * Work: block (split j, KV head h, session i) takes keys [j*chunk, (j+1)*chunk) of head h of
  * session i (rows 0..nk-1 of the cache, then the new row, read from the float32 input rounded
  * to bf16 as the cache stores it) for the g = n_heads / n_kv_heads query heads that share h, so
@@ -60,19 +57,12 @@ int ks_cuda_attn_decode_batch_supported(int n_heads, int n_kv_heads, int head_di
 size_t ks_cuda_attn_decode_batch_workspace(int n, int n_heads, int n_kv_heads, int head_dim, int max_rows, int chunk);
 
 /* Launch for sessions seq[0..n) (device array) with row counts nk (device); chunk a multiple of
- * 16 in [16, 128] (tile != 0: the tile kernel) or [16, 256] (the stream kernel); ws of the size
- * above (NULL when 0). */
+ * 16 in [16, 256]; ws of the size above (NULL when 0). */
 ks_status ks_cuda_attn_decode_batch(cudaStream_t s, const ks_cuda_adb_seq *seq, const int32_t *nk, int n, int n_heads,
                                     int n_kv_heads, int head_dim, int max_rows, float scale, int window, int chunk,
-                                    int tile, void *ws);
+                                    void *ws);
 
-typedef enum ks_cuda_adb_kernel {
-    KS_ADB_AUTO = 0,        /* the stream kernel (measured faster, above) */
-    KS_ADB_STREAM = 1,      /* the stream kernel */
-    KS_ADB_TILE = 2         /* the tile kernel (A/B) */
-} ks_cuda_adb_kernel;
-
-/* The backend's ks_backend.attn_decode_batch (core/backend.h): the stream kernel with chunk keys
+/* The backend's ks_backend.attn_decode_batch (core/backend.h): the kernel with chunk keys
  * per block (0 = chosen from the sizes: enough blocks to fill the GPU, at most 256 keys each).
  * Shapes the kernel does not take, and layers of differing head counts, run as kv_append + attention per
  * session instead (same results). Host bookkeeping as kv_append: each layer grows when full,
@@ -84,11 +74,6 @@ ks_status ks_cuda_attn_decode_batch_hook(ks_backend *b, int n, ks_kv_layer *cons
 ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
                                         const float *const *k, const float *const *v, const int32_t *pos, int n_heads,
                                         float scale, int window, float *const *out, int chunk);
-/* The same with the kernel chosen (chunk 0: chosen from the sizes for that kernel). */
-ks_status ks_cuda_attn_decode_batch_run_k(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
-                                          const float *const *k, const float *const *v, const int32_t *pos,
-                                          int n_heads, float scale, int window, float *const *out, int chunk,
-                                          ks_cuda_adb_kernel kernel);
 
 #ifdef __cplusplus
 }

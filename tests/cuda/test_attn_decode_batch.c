@@ -1,5 +1,5 @@
 /* test_attn_decode_batch.c — the GPU kernels of a batched decode step against their CPU twins.
- * 1. The batched decode attention (kernels/attn_decode_batch.cu, both kernels: tiles and stream) against
+ * 1. The batched decode attention (kernels/attn_decode_batch.cu) against
  * its CPU twin (core/decode_batch.h: the CPU backend's kv_append + attention per session), on
  * random inputs (never zeros), outputs poisoned with NaN first. Per case, n sessions with their
  * own KV layers of different lengths (empty included), some with uneven heads after a retain
@@ -68,8 +68,8 @@ typedef struct acase {
     int len[6];
 } acase;
 
-/* One case: build, run both, compare (kernel: which GPU kernel). */
-static void run_case(const acase *tc, ks_cuda_adb_kernel kernel) {
+/* One case: build, run both, compare. */
+static void run_case(const acase *tc) {
     int n = tc->n, Hkv = tc->Hkv, H = Hkv * tc->G, D = tc->D, KD = Hkv * D, QD = H * D;
     ks_kv_layer Lc[6], Lg[6];
     memset(Lc, 0, sizeof Lc);
@@ -139,13 +139,12 @@ static void run_case(const acase *tc, ks_cuda_adb_kernel kernel) {
         float scale = 1.0f / sqrtf((float)D);
         st = ks_attn_decode_batch_loop(CPU, n, lc, cq, ck, cv, pos, H, scale, tc->window, co);
         if (st) { result(0, tc->name, "cpu: %s", ks_last_error()); goto out; }
-        int chunk = kernel == KS_ADB_TILE && tc->chunk > 128 ? 128 : tc->chunk;
-        st = ks_cuda_attn_decode_batch_run_k(GPU, n, lg, gq, gk, gv, pos, H, scale, tc->window, go, chunk, kernel);
+        st = ks_cuda_attn_decode_batch_run(GPU, n, lg, gq, gk, gv, pos, H, scale, tc->window, go, tc->chunk);
         if (!st) st = GPU->sync(GPU);
         if (st) { result(0, tc->name, "gpu: %s", ks_last_error()); goto out; }
     }
     char name[120];
-    snprintf(name, sizeof name, "%s: %s", kernel == KS_ADB_STREAM ? "stream" : "tiles", tc->name);
+    snprintf(name, sizeof name, "%s", tc->name);
     {
         float *outg = malloc(sizeof(float) * (size_t)n * QD);
         st = GPU->download(GPU, outg, dout, sizeof(float) * (size_t)n * QD);
@@ -238,17 +237,14 @@ static void time_shape(int B, int keys, int reps) {
         kn[i] = dn + (size_t)i * KD;
         o[i] = dout + (size_t)i * QD;
     }
-    double tk = 0, tl = 0, ts = 0, t6 = 0;
+    double tl = 0, ts = 0;
     float scale = 1.0f / sqrtf((float)D);
-    for (int phase = 0; phase < 4 && !st; phase++) { /* tiles, per session, stream, tiles of 64 keys */
+    for (int phase = 1; phase < 3 && !st; phase++) { /* per session, the kernel */
         for (int r = -1; r < reps && !st; r++) { /* r = -1: warm-up */
             for (int i = 0; i < B; i++) pos[i] = L[i].n[0];
             if (!st) st = GPU->sync(GPU);
             double t0 = now_s();
-            if (phase == 0) st = ks_cuda_attn_decode_batch_run_k(GPU, B, lp, q, kn, kn, pos, H, scale, 0, o, 0, KS_ADB_TILE);
-            else if (phase >= 2)
-                st = ks_cuda_attn_decode_batch_run_k(GPU, B, lp, q, kn, kn, pos, H, scale, 0, o, phase == 3 ? 64 : 0,
-                                                     phase == 3 ? KS_ADB_TILE : KS_ADB_STREAM);
+            if (phase == 2) st = ks_cuda_attn_decode_batch_run(GPU, B, lp, q, kn, kn, pos, H, scale, 0, o, 0);
             else
                 for (int i = 0; i < B && !st; i++) {
                     ks_attn_args a = {.n = 1, .n_heads = H, .qpos = &pos[i], .scale = scale};
@@ -256,17 +252,16 @@ static void time_shape(int B, int keys, int reps) {
                     if (!st) st = GPU->attention(GPU, o[i], q[i], &L[i], &a);
                 }
             if (!st) st = GPU->sync(GPU);
-            if (r >= 0) *(phase == 0 ? &tk : phase == 1 ? &tl : phase == 2 ? &ts : &t6) += now_s() - t0;
+            if (r >= 0) *(phase == 1 ? &tl : &ts) += now_s() - t0;
         }
     }
     char name[96];
     snprintf(name, sizeof name, "time: 8B layer, B = %d, %d keys", B, keys);
     if (st) result(0, name, "%s", ks_last_error());
     else {
-        double bytes = (double)B * Hkv * (keys + 2 * reps) * D * 2 * 2; /* K and V, bf16 (4 phases append) */
-        printf("  time  %-34s tiles %6.1f us (%4.0f GB/s) | stream %6.1f us (%4.0f GB/s) | per session %6.1f us (%4.0f GB/s)"
-               " | tiles of 64 %6.1f us\n", name, 1e6 * tk / reps, bytes / (tk / reps) / 1e9, 1e6 * ts / reps,
-               bytes / (ts / reps) / 1e9, 1e6 * tl / reps, bytes / (tl / reps) / 1e9, 1e6 * t6 / reps);
+        double bytes = (double)B * Hkv * (keys + reps) * D * 2 * 2; /* K and V, bf16 (2 phases append) */
+        printf("  time  %-34s kernel %6.1f us (%4.0f GB/s) | per session %6.1f us (%4.0f GB/s)\n", name, 1e6 * ts / reps,
+               bytes / (ts / reps) / 1e9, 1e6 * tl / reps, bytes / (tl / reps) / 1e9);
     }
     for (int i = 0; i < B; i++) GPU->kv_free(GPU, &L[i]);
     GPU->free(GPU, dkv);
@@ -387,14 +382,13 @@ int main(int argc, char **argv) {
         {"g 8, d 128, chunk 16", 3, 1, 8, 128, 0, 16, 0, {2, 31, 600}},
         {"d 96: the per-session fallback", 3, 2, 4, 96, 0, 0, 0, {7, 90, 400}},
     };
-    for (int kk = 0; kk < 2; kk++)
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], kk ? KS_ADB_STREAM : KS_ADB_TILE);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
     /* refused arguments: a bad chunk is an error, nothing runs */
     {
-        ks_status st = ks_cuda_attn_decode_batch(NULL, NULL, NULL, 1, 32, 8, 128, 10, 1.0f, 0, 8, 0, NULL);
+        ks_status st = ks_cuda_attn_decode_batch(NULL, NULL, NULL, 1, 32, 8, 128, 10, 1.0f, 0, 8, NULL);
         result(st == KS_ERR_ARG, "chunk 8 refused", "%s", ks_last_error());
-        st = ks_cuda_attn_decode_batch(NULL, NULL, NULL, 1, 32, 8, 128, 10, 1.0f, 0, 256, 1, NULL);
-        result(st == KS_ERR_ARG, "tiles: chunk 256 refused", "%s", ks_last_error());
+        st = ks_cuda_attn_decode_batch(NULL, NULL, NULL, 1, 32, 8, 128, 10, 1.0f, 0, 512, NULL);
+        result(st == KS_ERR_ARG, "chunk 512 refused", "%s", ks_last_error());
     }
     argmax_cases();
     if (!g_quick) {
