@@ -131,6 +131,8 @@ static const cli_help HELP[] = {
      "  --prefill-chunk N      its piece size (default 256, serve's)\n"
      "  --attn-per-session     with --batch: attention session by session even where the backend\n"
      "                         has a batched decode attention (A/B)\n"
+     "  --host-argmax          with --batch: greedy ids from downloaded logits on the host instead of\n"
+     "                         on the backend (A/B)\n"
      "  --backend cpu|cuda     (default cpu)\n"
      "  -v, --verbose          Lua tracebacks and the library's secondary messages\n"
      "example:\n"
