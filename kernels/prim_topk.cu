@@ -10,7 +10,15 @@
  * A stable compaction then writes, in index order, every key > thr and the first `need` keys
  * == thr: exactly the CPU's set (ties to the lower index). KS_TOPK_BY_VALUE sorts the k
  * winners by descending key with a stable radix sort (CUB), so equal values stay in index
- * order. Cost: 4 passes over the row plus O(k log) for the value order. */
+ * order. Cost: 4 passes over the row plus O(k log) for the value order.
+ *
+ * Rows of at most TK1_MAX_N keys (Quest's page bounds: one row of a few thousand pages per KV
+ * head) take one launch instead: a block of 1024 threads a row runs the same three passes and
+ * the same compaction with its state and histogram in shared memory (the row is re-read from
+ * L2 each pass). The two paths choose the same digits and write the same lists. Measured on the
+ * H200 (bench/NOTES.md): the multi-launch path took 44.8 / 45.3 us for one row of 32K / 128K keys
+ * (launch and drain of 6 kernels, whatever n is), one block 48.4 / 147.9 us (one SM's passes),
+ * and Quest's 8 rows of 2K-8K pages gain ~0.7 ms a step; so only short rows take one block. */
 #include "prim_common.cuh"
 
 #include <cub/cub.cuh>
@@ -193,6 +201,115 @@ __global__ void tk_scatter(const float *__restrict__ x, int64_t n, int64_t k, co
     }
 }
 
+/* ---------------------------------------------------------------- one block a row */
+
+#define TK1_THREADS 1024
+#define TK1_IPT 8                             /* compaction: elements a thread per tile */
+#define TK1_TILE (TK1_THREADS * TK1_IPT)      /* 8192: tile counts fit 16 bits */
+#define TK1_MAX_N 16384 /* one block beats 6 launches below ~32K keys (see the header) */
+
+/* Row blockIdx.x: k-th largest key by three histogram passes (digits 11/11/10 as above), then
+ * the stable compaction in tiles of TK1_TILE, each tile's offsets from one block scan. */
+__global__ void __launch_bounds__(TK1_THREADS) tk_one(const float *__restrict__ x, int n, int k,
+                                                       int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key) {
+    typedef cub::BlockScan<unsigned, TK1_THREADS> scan_t;
+    __shared__ unsigned h[TK_BINS];
+    __shared__ typename scan_t::TempStorage tmp;
+    __shared__ uint32_t s_prefix, s_mask;
+    __shared__ int s_need;
+    __shared__ unsigned s_gt, s_eq; /* compaction: outputs written before this tile */
+    const int t = threadIdx.x, lane = t & 31;
+    const float *xr = x + (int64_t)blockIdx.x * n;
+    if (t == 0) { s_prefix = 0u; s_mask = 0u; s_need = k == n ? INT32_MAX : k; s_gt = 0u; s_eq = 0u; }
+    __syncthreads();
+    if (k < n) {
+        const int shifts[3] = {21, 10, 0}, bits[3] = {11, 11, 10};
+#pragma unroll 1
+        for (int p = 0; p < 3; p++) {
+            const int shift = shifts[p], nb = 1 << bits[p];
+            for (int i = t; i < nb; i += TK1_THREADS) h[i] = 0u;
+            __syncthreads();
+            const uint32_t prefix = s_prefix, mask = s_mask;
+            /* warp-uniform loop bound: the whole warp reaches __match_any_sync */
+            for (int i0 = t - lane; i0 < n; i0 += 8 * TK1_THREADS) {
+                float v[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int i = i0 + u * TK1_THREADS + lane;
+                    v[u] = i < n ? __ldcg(xr + i) : 0.f;
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int i = i0 + u * TK1_THREADS + lane;
+                    int bin = -1;
+                    if (i < n) {
+                        uint32_t key = f32_key(v[u]);
+                        if ((key & mask) == prefix) bin = (int)((key >> shift) & (nb - 1));
+                    }
+                    const unsigned peers = __match_any_sync(0xffffffffu, bin);
+                    if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&h[bin], (unsigned)__popc(peers));
+                }
+            }
+            __syncthreads();
+            /* thread t holds the reversed bins q = 2t, 2t + 1 (q = 0 is the top bin) */
+            unsigned c[2], cum[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int q = t * 2 + j;
+                c[j] = q < nb ? h[nb - 1 - q] : 0u;
+            }
+            scan_t(tmp).InclusiveSum(c, cum);
+            const int need = s_need;
+            __syncthreads(); /* every thread has read s_need and the bins */
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int q = t * 2 + j;
+                const unsigned prev = cum[j] - c[j];
+                if (q < nb && prev < (unsigned)need && cum[j] >= (unsigned)need) {
+                    s_prefix = prefix | (uint32_t)(nb - 1 - q) << shift;
+                    s_mask = mask | (uint32_t)(nb - 1) << shift;
+                    s_need = need - (int)prev;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    const uint32_t thr = s_prefix;
+    const unsigned need = (unsigned)s_need;
+    int32_t *oi = out_idx + (int64_t)blockIdx.x * k;
+    uint32_t *ok = out_key ? out_key + (int64_t)blockIdx.x * k : nullptr;
+    for (int base = 0; base < n; base += TK1_TILE) {
+        const int i0 = base + t * TK1_IPT;
+        uint32_t u[TK1_IPT];
+        unsigned packed = 0; /* > thr in the high 16 bits, == thr in the low */
+#pragma unroll
+        for (int j = 0; j < TK1_IPT; j++) {
+            const int i = i0 + j;
+            u[j] = i < n ? f32_key(__ldcg(xr + i)) : 0u;
+            if (i < n) packed += (u[j] > thr ? 0x10000u : 0u) + (u[j] == thr ? 1u : 0u);
+        }
+        unsigned before, tile;
+        scan_t(tmp).ExclusiveSum(packed, before, tile);
+        unsigned gt = s_gt + (before >> 16), eq = s_eq + (before & 0xffffu);
+        __syncthreads(); /* every thread has read the carries */
+        if (t == 0) { s_gt += tile >> 16; s_eq += tile & 0xffffu; }
+#pragma unroll
+        for (int j = 0; j < TK1_IPT; j++) {
+            const int i = i0 + j;
+            if (i >= n) break;
+            const bool g = u[j] > thr, e = u[j] == thr;
+            if (g || (e && eq < need)) {
+                const unsigned pos = gt + (eq < need ? eq : need);
+                oi[pos] = i;
+                if (ok) ok[pos] = ~u[j];
+            }
+            gt += g;
+            eq += e;
+        }
+        __syncthreads(); /* the carries are updated before the next tile reads them; tmp reused */
+    }
+}
+
 __global__ void tk_values(const float *__restrict__ x, int64_t n, int64_t k, int64_t rows,
                           const int32_t *__restrict__ idx, float *__restrict__ val) {
     int64_t total = rows * k, stride = (int64_t)gridDim.x * blockDim.x;
@@ -217,13 +334,6 @@ extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, con
     if (rows > 65535) return ks_errorf(KS_ERR_ARG, "topk: %lld rows is too many for one call (65535)", (long long)rows);
 
     scratch_set ss(sc);
-    tk_state *state;
-    unsigned *hist;
-    int2 *cnt;
-    const int nch = (int)((n + TK_CHUNK - 1) / TK_CHUNK);
-    P_SCRATCH(state, ss, sizeof(tk_state) * rows, "topk");
-    P_SCRATCH(hist, ss, sizeof(unsigned) * TK_BINS * rows, "topk");
-    P_SCRATCH(cnt, ss, sizeof(int2) * nch * rows, "topk");
     uint32_t *keys = NULL, *keys2 = NULL;
     int32_t *idx2 = NULL;
     void *cub_tmp = NULL;
@@ -235,21 +345,33 @@ extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, con
         cub::DeviceRadixSort::SortPairs(NULL, cub_bytes, keys, keys2, out_idx, idx2, (int)k, 0, 32, s);
         P_SCRATCH(cub_tmp, ss, cub_bytes, "topk");
     }
-
-    tk_init<<<ks_grid1d((size_t)rows * TK_BINS, 256), 256, 0, s>>>(state, hist, (int)rows, k == n ? INT32_MAX : (int32_t)k);
-    KS_CU_LAUNCH("topk init kernel");
-    if (k < n) {
-        unsigned bx = (unsigned)KS_MIN((int64_t)((n + 4095) / 4096), (int64_t)KS_MAX(1, 1024 / (int)KS_MIN(rows, 1024)));
-        const int shifts[3] = {21, 10, 0}, bits[3] = {11, 11, 10};
-        for (int p = 0; p < 3; p++) {
-            tk_hist<<<dim3(bx, (unsigned)rows), 256, 0, s>>>(x, n, state, shifts[p], bits[p], hist);
-            KS_CU_LAUNCH("topk histogram kernel");
+    if (n <= TK1_MAX_N) { /* one launch: a block a row */
+        tk_one<<<(unsigned)rows, TK1_THREADS, 0, s>>>(x, (int)n, (int)k, out_idx, keys);
+        KS_CU_LAUNCH("topk kernel");
+    } else {
+        tk_state *state;
+        unsigned *hist;
+        int2 *cnt;
+        const int nch = (int)((n + TK_CHUNK - 1) / TK_CHUNK);
+        P_SCRATCH(state, ss, sizeof(tk_state) * rows, "topk");
+        P_SCRATCH(hist, ss, sizeof(unsigned) * TK_BINS * rows, "topk");
+        P_SCRATCH(cnt, ss, sizeof(int2) * nch * rows, "topk");
+        tk_init<<<ks_grid1d((size_t)rows * TK_BINS, 256), 256, 0, s>>>(state, hist, (int)rows,
+                                                                       k == n ? INT32_MAX : (int32_t)k);
+        KS_CU_LAUNCH("topk init kernel");
+        if (k < n) {
+            unsigned bx = (unsigned)KS_MIN((int64_t)((n + 4095) / 4096), (int64_t)KS_MAX(1, 1024 / (int)KS_MIN(rows, 1024)));
+            const int shifts[3] = {21, 10, 0}, bits[3] = {11, 11, 10};
+            for (int p = 0; p < 3; p++) {
+                tk_hist<<<dim3(bx, (unsigned)rows), 256, 0, s>>>(x, n, state, shifts[p], bits[p], hist);
+                KS_CU_LAUNCH("topk histogram kernel");
+            }
         }
+        tk_count<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, state, nch, cnt);
+        KS_CU_LAUNCH("topk count kernel");
+        tk_scatter<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, k, state, nch, cnt, out_idx, keys);
+        KS_CU_LAUNCH("topk scatter kernel");
     }
-    tk_count<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, state, nch, cnt);
-    KS_CU_LAUNCH("topk count kernel");
-    tk_scatter<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, k, state, nch, cnt, out_idx, keys);
-    KS_CU_LAUNCH("topk scatter kernel");
     if (keys) {
         for (int64_t r = 0; r < rows; r++) {
             KS_CU(cub::DeviceRadixSort::SortPairs(cub_tmp, cub_bytes, keys + r * k, keys2, out_idx + r * k, idx2, (int)k,

@@ -320,8 +320,10 @@ static void run_topk(int64_t rows, int64_t n, int64_t k, int kind, ks_topk_order
 
 static void test_topk(void) {
     if (!want("topk")) return;
-    int64_t ns[] = {1, 5, 1000, 65536, 65537, 1 << 20, (1 << 20) + 7};
-    for (int a = 0; a < 7; a++) {
+    /* 16384 is the largest row of the one-launch path (a block a row), 16385 the smallest of the
+     * multi-launch one */
+    int64_t ns[] = {1, 5, 1000, 16384, 16385, 65536, 65537, 1 << 20, (1 << 20) + 7};
+    for (int a = 0; a < 9; a++) {
         int64_t n = ns[a];
         if (g_quick && n > 70000) continue;
         int64_t kk[] = {0, 1, 7, n / 3, n - 1, n, 2048};
