@@ -1,8 +1,14 @@
 /* prim_page.cu — page_reduce, bound_scores, page_rows on the GPU (ks_cuda_page.h; CPU twin and
  * meaning: core/prims_page.h). One thread per output element, each computing it exactly as the
  * CPU reference does (same order, double sums, exact products), so the results are bit-identical.
- * Memory traffic: page_reduce reads its rows once (coalesced along d); bound_scores reads the
- * boxes once per query head of the group (from L1 / L2 after the first). */
+ * Memory traffic: page_reduce reads its rows once (coalesced along d): where the rows allow
+ * 16-byte loads (d, the strides and the address multiples of 8 bf16 / 4 floats) each thread
+ * takes 8 (4) adjacent columns of one page, every row's load in flight at once; else one
+ * column a thread. bound_scores stages 32 boxes of one KV head in shared memory (coalesced),
+ * then warp t computes query head t of the group for the 32 boxes (the query row read as a
+ * broadcast), each thread summing its box in the CPU's order; d > 184 or g > 32 take one thread
+ * per output reading the boxes from L1 / L2. Measured on the H200 (Quest at 128K: 8190 pages x 8
+ * KV heads x 128; bench_kernels --quest): bench/NOTES.md. */
 #include "prim_common.cuh"
 #include "ks_cuda_page.h"
 
@@ -34,6 +40,60 @@ __global__ void page_reduce_kernel(const void *__restrict__ x, int64_t n, int64_
     }
 }
 
+/* The same for V = 16 / sizeof(element) adjacent columns a thread (one 16-byte load a row):
+ * thread e holds columns c0 .. c0 + V - 1 of page p, KV head j, each reduced exactly as above
+ * (same row order, same comparisons, double sums), so the outputs are the same bits. */
+template <bool BF16>
+__global__ void __launch_bounds__(256) page_reduce_vec(const void *__restrict__ x, int64_t n, int64_t h, int64_t d,
+                                                       int64_t rs, int64_t hs, int64_t page, int64_t p0, int64_t total,
+                                                       float *__restrict__ omin, float *__restrict__ omax,
+                                                       float *__restrict__ omean) {
+    constexpr int V = BF16 ? 8 : 4;
+    const int64_t dv = d / V, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
+        const int64_t cv = e % dv, j = (e / dv) % h, p = p0 + e / (dv * h);
+        const int64_t r0 = p * page, r1 = min(n, r0 + page), base = j * hs + cv * V;
+        float mn[V], mx[V];
+        double sum[V];
+#pragma unroll 8
+        for (int64_t r = r0; r < r1; r++) {
+            const uint4 raw = __ldg((const uint4 *)((const char *)x + (size_t)(r * rs + base) * (BF16 ? 2 : 4)));
+            float v[V];
+            if (BF16) {
+                const bf16 *b = (const bf16 *)&raw;
+#pragma unroll
+                for (int i = 0; i < V; i++) v[i] = __bfloat162float(b[i]);
+            } else {
+                const float *f = (const float *)&raw;
+#pragma unroll
+                for (int i = 0; i < V; i++) v[i] = f[i];
+            }
+#pragma unroll
+            for (int i = 0; i < V; i++) {
+                if (r == r0) {
+                    mn[i] = mx[i] = v[i];
+                    sum[i] = v[i];
+                } else {
+                    if (v[i] < mn[i] || isnan(v[i])) mn[i] = isnan(mn[i]) ? mn[i] : v[i];
+                    if (v[i] > mx[i] || isnan(v[i])) mx[i] = isnan(mx[i]) ? mx[i] : v[i];
+                    sum[i] += v[i];
+                }
+            }
+        }
+        const int64_t o = e * V;
+#pragma unroll
+        for (int i = 0; i < V; i += 4) {
+            if (omin) *(float4 *)(omin + o + i) = make_float4(mn[i], mn[i + 1], mn[i + 2], mn[i + 3]);
+            if (omax) *(float4 *)(omax + o + i) = make_float4(mx[i], mx[i + 1], mx[i + 2], mx[i + 3]);
+        }
+        if (omean) {
+            const double cnt = (double)(r1 - r0);
+#pragma unroll
+            for (int i = 0; i < V; i++) omean[o + i] = (float)(sum[i] / cnt);
+        }
+    }
+}
+
 extern "C" ks_status ks_cuda_page_reduce(cudaStream_t s, const void *x, int x_bf16, int64_t n, int64_t h, int64_t d,
                                          int64_t row_stride, int64_t head_stride, int64_t page, int64_t p0, int64_t p1,
                                          float *out_min, float *out_max, float *out_mean) {
@@ -42,6 +102,20 @@ extern "C" ks_status ks_cuda_page_reduce(cudaStream_t s, const void *x, int x_bf
     if (st) return st;
     int64_t total = (p1 - p0) * h * d;
     if (total == 0) return KS_OK;
+    const int v = x_bf16 ? 8 : 4; /* elements a 16-byte load */
+    if (d % v == 0 && row_stride % v == 0 && head_stride % v == 0 && (uintptr_t)x % 16 == 0 &&
+        (!out_min || (uintptr_t)out_min % 16 == 0) && (!out_max || (uintptr_t)out_max % 16 == 0) &&
+        (!out_mean || (uintptr_t)out_mean % 16 == 0)) {
+        unsigned g = ks_grid1d((size_t)(total / v), 256);
+        if (x_bf16)
+            page_reduce_vec<true><<<g, 256, 0, s>>>(x, n, h, d, row_stride, head_stride, page, p0, total / v, out_min,
+                                                    out_max, out_mean);
+        else
+            page_reduce_vec<false><<<g, 256, 0, s>>>(x, n, h, d, row_stride, head_stride, page, p0, total / v, out_min,
+                                                     out_max, out_mean);
+        KS_CU_LAUNCH("page_reduce kernel");
+        return KS_OK;
+    }
     unsigned grid = ks_grid1d((size_t)total, 256);
     if (x_bf16)
         page_reduce_kernel<true><<<grid, 256, 0, s>>>(x, n, h, d, row_stride, head_stride, page, p0, total, out_min,
@@ -91,6 +165,56 @@ __global__ void bound_scores_kernel(const float *__restrict__ q, const float *__
     }
 }
 
+/* Tiled: block (x, kv) takes boxes j0 = 32 x .. j0 + 31 of KV head kv (grid.y = rows of the
+ * output for the group reductions, or KV heads for NONE), staged in shared memory (rows padded
+ * to d + 1 floats: no bank conflicts); warp t is query head kv * g + t, lane b box j0 + b, so the
+ * query element is one broadcast. Each (head, box) sum is bound_one's, in its order. */
+#define BS_TILE 32
+__global__ void bound_scores_tiled(const float *__restrict__ q, const float *__restrict__ lo, const float *__restrict__ hi,
+                                   int64_t n, int64_t hkv, int g, int d, int reduce, float *__restrict__ out) {
+    extern __shared__ double bs_smem[];
+    double *res = bs_smem;                             /* (g, 32) per-head sums (group reductions) */
+    float *sl = (float *)(res + (size_t)g * BS_TILE);  /* (32, d + 1) boxes' lo */
+    float *sh = sl + BS_TILE * (d + 1);                /* (32, d + 1) boxes' hi */
+    const int64_t kv = blockIdx.y, j0 = (int64_t)blockIdx.x * BS_TILE;
+    const int nb = (int)min((int64_t)BS_TILE, n - j0);
+    for (int e = threadIdx.x; e < nb * d; e += blockDim.x) {
+        const int b = e / d, i = e - b * d;
+        const int64_t src = ((j0 + b) * hkv + kv) * d + i;
+        sl[b * (d + 1) + i] = __ldg(lo + src);
+        sh[b * (d + 1) + i] = __ldg(hi + src);
+    }
+    __syncthreads();
+    const int t = threadIdx.x >> 5, b = threadIdx.x & 31;
+    const float *qh = q + (kv * g + t) * (int64_t)d;
+    double acc = 0;
+    if (b < nb) {
+        const float *l = sl + b * (d + 1), *u = sh + b * (d + 1);
+        for (int i = 0; i < d; i++) {
+            const double qi = (double)__ldg(qh + i);
+            const double a = qi * (double)l[i], c = qi * (double)u[i]; /* exact: 24 + 24 bits */
+            acc += (a > c || isnan(a)) ? a : c;
+        }
+        if (reduce == KS_BOUND_NONE) out[(kv * g + t) * n + j0 + b] = (float)acc;
+    }
+    if (reduce == KS_BOUND_NONE) return;
+    res[t * BS_TILE + b] = acc;
+    __syncthreads();
+    if (t != 0 || b >= nb) return;
+    if (reduce == KS_BOUND_GROUP_MAX) {
+        float m = 0;
+        for (int s2 = 0; s2 < g; s2++) {
+            float v = (float)res[s2 * BS_TILE + b];
+            if (s2 == 0 || v > m || isnan(v)) m = (s2 > 0 && isnan(m)) ? m : v;
+        }
+        out[kv * n + j0 + b] = m;
+    } else {
+        double sum = 0;
+        for (int s2 = 0; s2 < g; s2++) sum += res[s2 * BS_TILE + b];
+        out[kv * n + j0 + b] = (float)sum;
+    }
+}
+
 extern "C" ks_status ks_cuda_bound_scores(cudaStream_t s, const float *q, int64_t n_q_heads, const float *lo,
                                           const float *hi, int64_t n, int64_t n_kv_heads, int64_t d,
                                           ks_bound_reduce reduce, float *out) {
@@ -99,6 +223,14 @@ extern "C" ks_status ks_cuda_bound_scores(cudaStream_t s, const float *q, int64_
     if (n == 0) return KS_OK;
     if (!q || !lo || !hi || !out) return ks_errorf(KS_ERR_ARG, "bound_scores: NULL data");
     int64_t rows = reduce == KS_BOUND_NONE ? n_q_heads : n_kv_heads;
+    const int64_t g = n_q_heads / n_kv_heads;
+    const size_t smem = sizeof(double) * g * BS_TILE + sizeof(float) * 2 * BS_TILE * (d + 1);
+    if (g <= 32 && smem <= 48 * 1024 && n_kv_heads <= 65535) {
+        dim3 grid((unsigned)((n + BS_TILE - 1) / BS_TILE), (unsigned)n_kv_heads);
+        bound_scores_tiled<<<grid, (unsigned)(32 * g), smem, s>>>(q, lo, hi, n, n_kv_heads, (int)g, (int)d, (int)reduce, out);
+        KS_CU_LAUNCH("bound_scores kernel");
+        return KS_OK;
+    }
     bound_scores_kernel<<<ks_grid1d((size_t)(rows * n), 128), 128, 0, s>>>(q, lo, hi, n, n_kv_heads, n_q_heads / n_kv_heads,
                                                                           d, (int)reduce, rows, out);
     KS_CU_LAUNCH("bound_scores kernel");

@@ -18,6 +18,7 @@
 
 #include "common.cuh"
 #include "ks_cuda.h"
+#include "ks_cuda_page.h"
 
 static int g_quick;
 static cudaStream_t S;
@@ -357,11 +358,57 @@ static void bench_select(int ctx) {
     cudaFree(K); cudaFree(q); cudaFree(vote); cudaFree(top);
 }
 
+/* Quest's decode selection at one layer (policies/quest.lua; Llama-3.1-8B shape, page 16, budget
+ * 4096): min / max summaries of the complete pages of the cached keys (ks_cuda_page_reduce over
+ * the cache layout (Hkv, capacity, d), bf16), their upper bounds for the 32 query heads combined
+ * by the group max (ks_cuda_bound_scores), the top 255 pages per KV head (ks_cuda_topk) and their
+ * rows plus the current page's (ks_cuda_page_rows); each alone, then together. */
+static void bench_quest(int ctx) {
+    cudaMemPool_t pool;
+    CK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    uint64_t keep = UINT64_MAX;
+    CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    const int H = 32, Hkv = 8, d = 128, cap = ctx + 64, P = 16, N = ctx, last = (N - 1) / P, K = 4096 / P - 1;
+    const int w = K * P + (N - last * P);
+    void *Kc = drand_bf16((size_t)Hkv * cap * d, 80, 1.f);
+    float *q = drand_f32((size_t)H * d, 81, 1.f);
+    float *lo = (float *)dmalloc(sizeof(float) * (size_t)last * Hkv * d), *hi = (float *)dmalloc(sizeof(float) * (size_t)last * Hkv * d);
+    float *bound = (float *)dmalloc(sizeof(float) * (size_t)Hkv * last);
+    int32_t *top = (int32_t *)dmalloc(sizeof(int32_t) * Hkv * K), *rows = (int32_t *)dmalloc(sizeof(int32_t) * (size_t)Hkv * w);
+    ks_cuda_scratch sc = {sel_alloc, sel_free, NULL};
+    double kb = (double)last * P * Hkv * d * 2, sb = (double)last * Hkv * d * 4 * 2;
+    char name[96];
+    auto reduce = [&] { KS(ks_cuda_page_reduce(S, Kc, 1, N, Hkv, d, d, (int64_t)cap * d, P, 0, last, lo, hi, NULL)); };
+    auto bounds = [&] { KS(ks_cuda_bound_scores(S, q, H, lo, hi, last, Hkv, d, KS_BOUND_GROUP_MAX, bound)); };
+    auto topk = [&] { KS(ks_cuda_topk(S, &sc, bound, Hkv, last, K, KS_TOPK_BY_INDEX, top, NULL)); };
+    auto prows = [&] { KS(ks_cuda_page_rows(S, top, Hkv, K, P, N, 0, 0, (int64_t)last * P, N, rows, NULL)); };
+    double ms = time_ms([&](int) { reduce(); });
+    snprintf(name, sizeof name, "quest: page_reduce minmax ctx=%d (%d pages)", ctx, last);
+    report(name, ms, (kb + sb) / (ms * 1e-3) / 1e9, "GB/s");
+    ms = time_ms([&](int) { bounds(); });
+    snprintf(name, sizeof name, "quest: bound_scores group_max ctx=%d", ctx);
+    report(name, ms, sb / (ms * 1e-3) / 1e9, "GB/s");
+    ms = time_ms([&](int) { topk(); });
+    snprintf(name, sizeof name, "quest: topk %d of %d pages x %d heads", K, last, Hkv);
+    report(name, ms, (double)Hkv * last * 4 / (ms * 1e-3) / 1e9, "GB/s");
+    ms = time_ms([&](int) { prows(); });
+    snprintf(name, sizeof name, "quest: page_rows %d rows x %d heads", w, Hkv);
+    report(name, ms, (double)Hkv * w * 4 / (ms * 1e-3) / 1e9, "GB/s");
+    ms = time_ms([&](int) { reduce(); bounds(); topk(); prows(); });
+    snprintf(name, sizeof name, "quest: all four ctx=%d", ctx);
+    report(name, ms, (kb + 2 * sb) / (ms * 1e-3) / 1e9, "GB/s");
+    ms = time_ms([&](int) { bounds(); topk(); prows(); });
+    snprintf(name, sizeof name, "quest: bounds + topk + page_rows (summaries kept) ctx=%d", ctx);
+    report(name, ms, sb / (ms * 1e-3) / 1e9, "GB/s");
+    cudaFree(Kc); cudaFree(q); cudaFree(lo); cudaFree(hi); cudaFree(bound); cudaFree(top); cudaFree(rows);
+}
+
 int main(int argc, char **argv) {
-    int only_select = 0;
+    int only_select = 0, only_quest = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
         if (!strcmp(argv[i], "--select")) only_select = 1;
+        if (!strcmp(argv[i], "--quest")) only_quest = 1;
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -373,9 +420,15 @@ int main(int argc, char **argv) {
     cublasSetStream(h, S);
     printf("%-64s %13s %10s %-8s %6s\n", "kernel", "median", "rate", "", "of ceil");
     bench_ceilings(h);
-    if (only_select) {
-        bench_select(32768);
-        bench_select(131072);
+    if (only_select || only_quest) {
+        if (only_select) {
+            bench_select(32768);
+            bench_select(131072);
+        }
+        if (only_quest) {
+            bench_quest(32768);
+            bench_quest(131072);
+        }
         cublasDestroy(h);
         return 0;
     }
