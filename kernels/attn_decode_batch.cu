@@ -1,28 +1,30 @@
-/* attn_decode_batch.cu — see attn_decode_batch.cuh. The kernel (below), its launcher, and the
- * backend entry
- * (ks_cuda_attn_decode_batch_run: descriptors uploaded once per call, the layers' host
- * bookkeeping; the per-session fallback is core/decode_batch.h's loop).
+/* attn_decode_batch.cu — see attn_decode_batch.cuh. The kernel, then the backend entry
+ * (ks_cuda_attn_decode_batch_run: the host-made split, one upload, the layers' bookkeeping; the
+ * per-session fallback is core/decode_batch.h's loop).
  *
- * The kernel. Block of ADB_THREADS (4 warps), for (split j, KV head h, session i), keys [t0, t1):
- *   new row     split 0 stores bf16(kn), bf16(vn), qpos at row nk of head h
- *   scores      lane = (sub 0..3, li 0..7): keys t0 + 64 s + 16 u + 4 warp + sub (u < 4: the
- *               four rows' 16-byte loads issued before any arithmetic, the same rows of V
- *               prefetched into L2 for the P V pass), dims [li D/8, +D/8);
- *               G dot products, reduced over the 8 lanes by 3 xor shuffles each -> sc[g][t]
- *   softmax     per head g (a warp each): m = max, p = exp(s - m), l = sum p (all masked: l = 0)
- *   P V         lane: D/8-lane rows, 8 dims each (one 16-byte load of bf16); slot = the row a
- *               lane group takes among the block's (4 warps x 32 / (D/8)), 8 rows' loads in
- *               flight per pass -> acc[g][8];
- *               then summed over the slots through shared memory
- *   finish      one split: out = acc / l. Else partials to the workspace; the last block of
- *               (i, h) (atomic count, after a fence) merges them: out = sum e^(m_j - M) acc_j /
- *               sum e^(m_j - M) l_j.
- * Registers: at most 128 a thread for g <= 4 (4 blocks a multiprocessor; g = 4, d = 128 spills
- * 32 bytes), unbounded for g = 8. A variant that copied each block's K and V rows into shared
- * memory first (both streams in flight) measured 12% slower on the H200 (514 against 461 us a
- * layer at B = 64, 4096 keys; bench/NOTES.md) and was removed.
- * Shared memory: sc (G, chunk) + red (slots, G, D) + ml (2, G) floats: at most 8*256*4 +
- * 16*8*64*4 or 8*8*128*4 + 64 bytes = 40 KiB. */
+ * The kernel. Blocks of ADB_WARPS independent warps (they share nothing but the launch); warp w
+ * of W: tiles [w T / W, (w+1) T / W) of the sequence of all segments' 16-key tiles (segment s =
+ * session s / Hkv, KV head s % Hkv; tstart (nseg + 1) its first tiles; wseg[w] the segment of the
+ * warp's first tile, found on the host). For each piece (its tiles of one segment):
+ *   Q       the segment's g query heads as rows 0..g-1 of an m16 A tile: each lane packs its
+ *           two bf16 pairs of row gq per 16 dims straight from q (rows 8..15 are zero registers)
+ *   stream  ADB_STAGES-deep ring of (K tile, V tile, 16 positions) in the warp's shared memory,
+ *           filled with cp.async (16 bytes a copy, 16-byte chunks XOR-swizzled by row: ldmatrix
+ *           reads them without bank conflicts); rows past the segment are zero-filled; the new
+ *           row (index nk) is converted from kn / vn and stored by plain stores, here and into
+ *           the cache (with its position)
+ *   S       = Q K^T: D/16 ldmatrix.x4 + 2 D/16 mma.m16n8k16 a tile; masked (piece end,
+ *           position <= qpos, window), scaled into log2 units
+ *   softmax online per row: m, l (l summed in float32 before P is rounded), O rescaled
+ *   O      += P V: P (bf16) reuses the S accumulator layout as the A fragment; V through
+ *           ldmatrix.trans, D/16 ldmatrix.x4 + D/8 mma a tile
+ *   finish  a segment of one piece: out = O / l. Else the piece's (O, m, l) to its workspace
+ *           slot w + s (unique: along the runs both w and s only grow and one of them steps);
+ *           the last of the segment's pieces (atomic count, fences) merges its slots in order:
+ *           out = sum_j 2^(m_j - M) O_j / sum_j 2^(m_j - M) l_j.
+ * Only row gq < g of the C fragments (c0, c1) carries data; c2, c3 (rows 8..15) stay zero.
+ * Shared memory: ADB_WARPS x ADB_STAGES x (2 x 16 x D x 2 + 64) bytes = 66 KiB at d 128
+ * (3 blocks, 12 warps a multiprocessor on Hopper), 33 KiB at d 64. */
 #include "cuda_backend_int.h"
 #include "attn_decode_batch.cuh"
 #include "mma.cuh"
@@ -34,293 +36,302 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
-#define ADB_THREADS 128
 #define ADB_WARPS 4
+#define ADB_KT 16      /* keys a tile */
+#ifndef ADB_STAGES
+#define ADB_STAGES 2   /* tiles in a warp's ring */
+#endif
+#define ADB_MIN_TILES 4 /* the automatic warp count leaves at least this many tiles a warp */
 
-static __device__ __forceinline__ void bf8_to_f(uint4 u, float *f) {
-    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        float2 t = __bfloat1622float2(h[e]);
-        f[2 * e] = t.x;
-        f[2 * e + 1] = t.y;
-    }
+/* bytes of one warp's ring: stages x (K tile, V tile, positions) */
+template <int D> static __host__ __device__ constexpr size_t adb_wregion() {
+    return (size_t)ADB_STAGES * (2 * ADB_KT * D * 2 + ADB_KT * 4);
 }
 
-/* The end of a block (both kernels): red (SLOTS, G, D) holds the slots' partial P V sums of the
- * block's keys, ml (G, 2) each head's max and sum. One split: out = sum / l. Else the partials go
- * to the workspace and the last block of (session, head) sh (an atomic count, after a fence)
- * merges them: out = sum_j e^(m_j - M) acc_j / sum_j e^(m_j - M) l_j. */
-template <int D, int G>
-static __device__ __forceinline__ void adb_finish(const float *red, const float *ml, float *out, size_t sh, size_t nsh,
-                                                  int j, int splits, int S, float *ws) {
-    constexpr int SLOTS = ADB_WARPS * (32 / (D / 8));
-    __shared__ int last;
-    const int tid = threadIdx.x;
-    if (splits == 1) {
-        for (int o = tid; o < G * D; o += ADB_THREADS) {
-            float a = 0.f;
-#pragma unroll
-            for (int s2 = 0; s2 < SLOTS; s2++) a += red[(size_t)s2 * G * D + o];
-            float l = ml[2 * (o / D) + 1];
-            out[o] = l > 0.f ? a / l : 0.f;
-        }
-        return;
-    }
-    float *wacc = ws, *wml = ws + nsh * S * G * D;
-    unsigned *cnt = reinterpret_cast<unsigned *>(wml + nsh * S * G * 2);
-    for (int o = tid; o < G * D; o += ADB_THREADS) {
-        float a = 0.f;
-#pragma unroll
-        for (int s2 = 0; s2 < SLOTS; s2++) a += red[(size_t)s2 * G * D + o];
-        wacc[(sh * S + j) * G * D + o] = a;
-    }
-    if (tid < 2 * G) wml[(sh * S + j) * G * 2 + tid] = ml[tid];
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(&cnt[sh], 1u) == (unsigned)splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int o = tid; o < G * D; o += ADB_THREADS) {
-        int g = o / D;
-        float M = -INFINITY;
-        for (int s2 = 0; s2 < splits; s2++) M = fmaxf(M, __ldcg(&wml[(sh * S + s2) * G * 2 + 2 * g]));
-        float num = 0.f, den = 0.f;
-        if (M != -INFINITY)
-            for (int s2 = 0; s2 < splits; s2++) {
-                float m = __ldcg(&wml[(sh * S + s2) * G * 2 + 2 * g]);
-                if (m == -INFINITY) continue;
-                float w = __expf(m - M);
-                num += w * __ldcg(&wacc[(sh * S + s2) * G * D + o]);
-                den += w * __ldcg(&wml[(sh * S + s2) * G * 2 + 2 * g + 1]);
-            }
-        out[o] = den > 0.f ? num / den : 0.f;
-    }
+struct adb_args {
+    const ks_cuda_adb_seq *seq; /* (n) */
+    const int32_t *nk;          /* (nseg) rows before the append */
+    const int32_t *tstart;      /* (nseg + 1) first tile of each segment, then T */
+    const int32_t *wseg;        /* (W) segment of each warp's first tile */
+    unsigned *cnt;              /* (nseg) pieces finished, zero at the start */
+    float *ws;                  /* (W + nseg, G, D + 2): slot = (O (G, D), then (m, l) (G)) */
+    int Hkv, G, W, T;
+    float sl2;                  /* scale * log2(e) */
+    int window;
+};
+
+/* the warp whose run holds tile t */
+static __host__ __device__ __forceinline__ int adb_warp_of(long long t, int W, int T) {
+    return (int)(((t + 1) * W - 1) / T);
 }
 
-/* workspace layout: acc (n, Hkv, S, G, D) floats, ml (n, Hkv, S, G, 2), count (n, Hkv) */
-template <int D, int G>
-__global__ void __launch_bounds__(ADB_THREADS, G >= 8 ? 1 : 4) adb_kernel(const ks_cuda_adb_seq *__restrict__ seqs,
-                                                         const int32_t *__restrict__ nks, int Hkv, float scale,
-                                                         int window, int chunk, int S, float *ws) {
-    constexpr int KL = D / 8;         /* dims per lane in the score phase */
-    constexpr int VL = D / 8;         /* lanes per value row (8 dims each) */
-    constexpr int RPW = 32 / VL;      /* value rows per warp */
-    constexpr int SLOTS = ADB_WARPS * RPW;
-    extern __shared__ float smem[];
-    float *sc = smem;                        /* (G, chunk) */
-    float *red = sc + G * chunk;             /* (SLOTS, G, D) */
-    float *ml = red + SLOTS * G * D;         /* (G, 2) */
-    const int j = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
-    const ks_cuda_adb_seq sd = seqs[i];
-    const int n0 = nks[sd.nk_off + h], total = n0 + 1;
-    const int splits = (total + chunk - 1) / chunk;
-    if (j >= splits) return;
-    const int t0 = j * chunk, t1 = min(t0 + chunk, total), len = t1 - t0;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const bf16 *K = (const bf16 *)sd.k + (size_t)h * sd.capacity * D;
-    const bf16 *V = (const bf16 *)sd.v + (size_t)h * sd.capacity * D;
-    const int32_t *P = sd.kpos + (size_t)h * sd.capacity;
-    const float *kn = sd.kn + (size_t)h * D, *vn = sd.vn + (size_t)h * D;
-    const int qpos = sd.qpos;
-    if (j == 0) { /* the new row into the cache (nobody reads it from there in this launch) */
-        bf16 *Kw = (bf16 *)sd.k + ((size_t)h * sd.capacity + n0) * D;
-        bf16 *Vw = (bf16 *)sd.v + ((size_t)h * sd.capacity + n0) * D;
-        for (int e = tid; e < D; e += ADB_THREADS) {
-            Kw[e] = __float2bfloat16(kn[e]);
-            Vw[e] = __float2bfloat16(vn[e]);
-        }
-        if (tid == 0) sd.kpos[(size_t)h * sd.capacity + n0] = qpos;
-    }
-    /* ---- scores */
-    const int sub = lane >> 3, li = lane & 7;
-    float qr[G][KL];
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-        const float *qg = sd.q + (size_t)(h * G + g) * D + li * KL;
-#pragma unroll
-        for (int c = 0; c < KL; c += 4) {
-            float4 f = *reinterpret_cast<const float4 *>(qg + c);
-            qr[g][c] = f.x; qr[g][c + 1] = f.y; qr[g][c + 2] = f.z; qr[g][c + 3] = f.w;
-        }
-    }
-    constexpr int KU = 4, KV16 = KL / 8; /* keys a lane group per pass (raw loads first), 16-byte loads a key */
-    for (int tb = t0 + warp * 4; tb < t1; tb += KU * 4 * ADB_WARPS) {
-        uint4 raw[KU][KV16];
-#pragma unroll
-        for (int u = 0; u < KU; u++) {
-            int t = tb + u * 4 * ADB_WARPS + sub;
-            const uint4 *src = reinterpret_cast<const uint4 *>(K + (size_t)t * D + li * KL);
-#pragma unroll
-            for (int c = 0; c < KV16; c++) raw[u][c] = t < t1 && t < n0 ? __ldcs(src + c) : make_uint4(0, 0, 0, 0);
-            if (t < t1 && t < n0) /* this lane's part of the same row of V into L2: P V below reads it from there */
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(V + (size_t)t * D + li * KL));
-        }
-#pragma unroll
-        for (int u = 0; u < KU; u++) {
-            int t = tb + u * 4 * ADB_WARPS + sub;
-            float kf[KL];
-            if (t == n0) /* the new row, as the cache will hold it */
-#pragma unroll
-                for (int c = 0; c < KL; c++) kf[c] = __bfloat162float(__float2bfloat16(kn[li * KL + c]));
-            else
-#pragma unroll
-                for (int c = 0; c < KV16; c++) bf8_to_f(raw[u][c], &kf[c * 8]);
-            float d[G];
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                float a = 0.f;
-#pragma unroll
-                for (int c = 0; c < KL; c++) a += qr[g][c] * kf[c];
-                a += __shfl_xor_sync(0xffffffffu, a, 4);
-                a += __shfl_xor_sync(0xffffffffu, a, 2);
-                a += __shfl_xor_sync(0xffffffffu, a, 1);
-                d[g] = a;
-            }
-            if (li == 0 && t < t1) {
-                int kp = t < n0 ? P[t] : qpos;
-                int vis = kp <= qpos && (window <= 0 || qpos - kp < window);
-#pragma unroll
-                for (int g = 0; g < G; g++) sc[g * chunk + (t - t0)] = vis ? d[g] * scale : -INFINITY;
-            }
-        }
-    }
-    __syncthreads();
-    /* ---- softmax of the chunk, per head */
-    for (int g = warp; g < G; g += ADB_WARPS) {
-        float m = -INFINITY;
-        for (int t = lane; t < len; t += 32) m = fmaxf(m, sc[g * chunk + t]);
-        m = warp_max(m);
-        float l = 0.f;
-        for (int t = lane; t < len; t += 32) {
-            float p = m == -INFINITY ? 0.f : __expf(sc[g * chunk + t] - m);
-            sc[g * chunk + t] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) { ml[2 * g] = m; ml[2 * g + 1] = l; }
-    }
-    __syncthreads();
-    /* ---- P V */
-    const int slot = warp * RPW + lane / VL, dl = (lane % VL) * 8;
-    float acc[G][8];
-#pragma unroll
-    for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc[g][e] = 0.f;
-    constexpr int VU = 8; /* value rows a lane group per pass (raw loads first) */
-    for (int tb = t0 + slot; tb < t1; tb += VU * SLOTS) {
-        uint4 raw[VU];
-#pragma unroll
-        for (int u = 0; u < VU; u++) {
-            int t = tb + u * SLOTS;
-            raw[u] = t < t1 && t < n0 ? __ldcs(reinterpret_cast<const uint4 *>(V + (size_t)t * D + dl)) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < VU; u++) {
-            int t = tb + u * SLOTS;
-            if (t >= t1) break;
-            float vf[8];
-            if (t < n0) bf8_to_f(raw[u], vf);
-            else
-#pragma unroll
-                for (int e = 0; e < 8; e++) vf[e] = __bfloat162float(__float2bfloat16(vn[dl + e]));
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                float p = sc[g * chunk + (t - t0)];
-#pragma unroll
-                for (int e = 0; e < 8; e++) acc[g][e] += p * vf[e];
-            }
-        }
-    }
-#pragma unroll
-    for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int e = 0; e < 8; e += 4)
-            *reinterpret_cast<float4 *>(&red[((size_t)slot * G + g) * D + dl + e]) =
-                make_float4(acc[g][e], acc[g][e + 1], acc[g][e + 2], acc[g][e + 3]);
-    __syncthreads();
-    adb_finish<D, G>(red, ml, sd.out + (size_t)h * G * D, (size_t)i * Hkv + h, (size_t)gridDim.z * Hkv, j, splits, S, ws);
-}
+template <int D>
+__global__ void __launch_bounds__(ADB_WARPS * 32, D == 128 ? 2 : 3) adb_kernel(const __grid_constant__ adb_args a) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    constexpr int NCH = D / 8, KS = D / 16, DT = D / 8, PS_D = D + 2;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gw = blockIdx.x * ADB_WARPS + warp;
+    if (gw >= a.W) return;
+    const int gq = lane >> 2, tig = lane & 3, G = a.G;
+    const bool rowok = gq < G;
+    bf16 *wK = (bf16 *)(smem + (size_t)warp * adb_wregion<D>()); /* stages x (KT, D) */
+    bf16 *wV = wK + ADB_STAGES * ADB_KT * D;                     /* stages x (KT, D) */
+    int *wP = (int *)(wV + ADB_STAGES * ADB_KT * D);            /* stages x KT */
+    int tb = (int)((long long)gw * a.T / a.W);
+    const int tend = (int)((long long)(gw + 1) * a.T / a.W);
+    for (int s = a.wseg[gw]; tb < tend; s++) {
+        const int ts = a.tstart[s], tse = a.tstart[s + 1], pe = min(tend, tse);
+        const int i = s / a.Hkv, h = s - i * a.Hkv;
+        const ks_cuda_adb_seq *sd = a.seq + i;
+        const int n0 = a.nk[s], cap = sd->capacity, qpos = sd->qpos;
+        const size_t hrow = (size_t)h * cap;
+        const bf16 *Kh = (const bf16 *)sd->k + hrow * D, *Vh = (const bf16 *)sd->v + hrow * D;
+        const int32_t *Ph = sd->kpos + hrow;
+        const float *kn = sd->kn + (size_t)h * D, *vn = sd->vn + (size_t)h * D;
+        const int k0 = (tb - ts) * ADB_KT, k1 = min((pe - ts) * ADB_KT, n0 + 1); /* this piece's keys */
+        const int nt = (k1 - k0 + ADB_KT - 1) / ADB_KT;
 
-static int adb_slots(int d) { return ADB_WARPS * (32 / (d / 8)); }
+        /* Q: row gq of the tile = query head h * G + gq, bf16 pairs (dims 16 ks + 2 tig, + 8) */
+        uint32_t qf[KS][2];
+        {
+            const float *qg = sd->q + (size_t)(h * G + (rowok ? gq : 0)) * D + 2 * tig;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                float2 x = rowok ? *reinterpret_cast<const float2 *>(qg + ks * 16) : make_float2(0.f, 0.f);
+                float2 y = rowok ? *reinterpret_cast<const float2 *>(qg + ks * 16 + 8) : make_float2(0.f, 0.f);
+                qf[ks][0] = pack_bf16(x.x, x.y);
+                qf[ks][1] = pack_bf16(y.x, y.y);
+            }
+        }
+
+        /* tile of keys [t0, t0 + 16) into ring stage st */
+        auto load = [&](int t0, int st) {
+            bf16 *dk = wK + st * ADB_KT * D, *dv = wV + st * ADB_KT * D;
+#pragma unroll
+            for (int e = lane; e < ADB_KT * NCH; e += 32) {
+                const int r = e / NCH, ch = e - r * NCH, t = t0 + r;
+                if (t == n0) { /* the new row: bf16 of the input, into the tile and the cache */
+                    const float *kr = kn + ch * 8, *vr = vn + ch * 8;
+                    uint4 kk = make_uint4(pack_bf16(kr[0], kr[1]), pack_bf16(kr[2], kr[3]), pack_bf16(kr[4], kr[5]),
+                                          pack_bf16(kr[6], kr[7]));
+                    uint4 vv = make_uint4(pack_bf16(vr[0], vr[1]), pack_bf16(vr[2], vr[3]), pack_bf16(vr[4], vr[5]),
+                                          pack_bf16(vr[6], vr[7]));
+                    *reinterpret_cast<uint4 *>(dk + swz<D>(r, ch)) = kk;
+                    *reinterpret_cast<uint4 *>(dv + swz<D>(r, ch)) = vv;
+                    *reinterpret_cast<uint4 *>((bf16 *)sd->k + (hrow + n0) * D + ch * 8) = kk;
+                    *reinterpret_cast<uint4 *>((bf16 *)sd->v + (hrow + n0) * D + ch * 8) = vv;
+                } else {
+                    const bool ok = t < n0;
+                    const size_t off = (size_t)(ok ? t : 0) * D + ch * 8;
+                    cp_async16(dk + swz<D>(r, ch), Kh + off, ok ? 16 : 0);
+                    cp_async16(dv + swz<D>(r, ch), Vh + off, ok ? 16 : 0);
+                }
+            }
+            if (lane < ADB_KT) {
+                const int t = t0 + lane;
+                if (t < n0) cp_async4(wP + st * ADB_KT + lane, Ph + t, 4);
+                else wP[st * ADB_KT + lane] = qpos; /* the new row (rows past it are masked) */
+                if (t == n0) sd->kpos[hrow + n0] = qpos;
+            }
+        };
+
+        float o[DT][4];
+#pragma unroll
+        for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+        float m_r = -INFINITY, l_r = 0.f;
+#pragma unroll
+        for (int p = 0; p < ADB_STAGES - 1; p++) {
+            if (p < nt) load(k0 + p * ADB_KT, p);
+            cp_async_commit();
+        }
+        for (int it = 0; it < nt; it++) {
+            if (it + ADB_STAGES - 1 < nt) load(k0 + (it + ADB_STAGES - 1) * ADB_KT, (it + ADB_STAGES - 1) % ADB_STAGES);
+            cp_async_commit();
+            cp_async_wait<ADB_STAGES - 1>();
+            __syncwarp();
+            const int st = it % ADB_STAGES, t0 = k0 + it * ADB_KT;
+            const bf16 *cK = wK + st * ADB_KT * D, *cV = wV + st * ADB_KT * D;
+            const int *kp = wP + st * ADB_KT;
+
+            float sc[2][4];
+#pragma unroll
+            for (int j = 0; j < 2; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                uint32_t b[4], qa[4] = {qf[ks][0], 0u, qf[ks][1], 0u};
+                ldsm_x4(b, cK + swz<D>((lane & 7) + (lane >> 4) * 8, ks * 2 + ((lane >> 3) & 1)));
+                mma16816(sc[0], qa, b[0], b[1]);
+                mma16816(sc[1], qa, b[2], b[3]);
+            }
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int col = j * 8 + tig * 2 + e, key = kp[col];
+                    const bool vis = rowok && t0 + col < k1 && key <= qpos &&
+                                     (a.window <= 0 || (long long)qpos - key < a.window);
+                    sc[j][e] = vis ? sc[j][e] * a.sl2 : -INFINITY;
+                    mx = fmaxf(mx, sc[j][e]);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(m_r, mx), base = mn == -INFINITY ? 0.f : mn, c = fast_exp2(m_r - base);
+            m_r = mn;
+            float ps = 0.f;
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    sc[j][e] = fast_exp2(sc[j][e] - base);
+                    ps += sc[j][e];
+                }
+            l_r = l_r * c + ps;
+#pragma unroll
+            for (int d = 0; d < DT; d++) {
+                o[d][0] *= c;
+                o[d][1] *= c;
+            }
+            const uint32_t pa[4] = {pack_bf16(sc[0][0], sc[0][1]), 0u, pack_bf16(sc[1][0], sc[1][1]), 0u};
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; dp++) {
+                uint32_t b[4];
+                ldsm_x4_t(b, cV + swz<D>((lane & 7) + ((lane >> 3) & 1) * 8, dp * 2 + (lane >> 4)));
+                mma16816(o[2 * dp], pa, b[0], b[1]);
+                mma16816(o[2 * dp + 1], pa, b[2], b[3]);
+            }
+            __syncwarp(); /* a later load overwrites this stage */
+        }
+        cp_async_wait<0>();
+        __syncwarp();
+
+        /* ---- finish the piece */
+        l_r += __shfl_xor_sync(0xffffffffu, l_r, 1);
+        l_r += __shfl_xor_sync(0xffffffffu, l_r, 2);
+        const int wf = adb_warp_of(ts, a.W, a.T), wl = adb_warp_of(tse - 1, a.W, a.T);
+        float *out = sd->out + (size_t)h * G * D;
+        if (wf == wl) { /* the whole segment was this piece */
+            if (rowok) {
+                const float inv = l_r > 0.f ? 1.f / l_r : 0.f;
+#pragma unroll
+                for (int d = 0; d < DT; d++)
+                    *reinterpret_cast<float2 *>(out + gq * D + d * 8 + 2 * tig) = make_float2(o[d][0] * inv, o[d][1] * inv);
+            }
+        } else {
+            float *slot = a.ws + (size_t)(gw + s) * G * PS_D;
+            if (rowok) {
+#pragma unroll
+                for (int d = 0; d < DT; d++)
+                    *reinterpret_cast<float2 *>(slot + gq * D + d * 8 + 2 * tig) = make_float2(o[d][0], o[d][1]);
+                if (tig == 0) *reinterpret_cast<float2 *>(slot + G * D + 2 * gq) = make_float2(m_r, l_r);
+            }
+            __threadfence();
+            __syncwarp();
+            unsigned done = 0;
+            if (lane == 0) done = atomicAdd(&a.cnt[s], 1u);
+            done = __shfl_sync(0xffffffffu, done, 0);
+            if (done == (unsigned)(wl - wf)) { /* the last piece: merge the slots wf + s .. wl + s */
+                __threadfence();
+                const float *ws0 = a.ws + (size_t)s * G * PS_D;
+                for (int e = lane; e < G * D; e += 32) {
+                    const int r = e / D;
+                    float M = -INFINITY;
+                    for (int w = wf; w <= wl; w++) M = fmaxf(M, __ldcg(ws0 + (size_t)w * G * PS_D + G * D + 2 * r));
+                    float num = 0.f, den = 0.f;
+                    if (M != -INFINITY)
+                        for (int w = wf; w <= wl; w++) {
+                            const float *sl = ws0 + (size_t)w * G * PS_D;
+                            const float m = __ldcg(sl + G * D + 2 * r);
+                            if (m == -INFINITY) continue;
+                            const float f = fast_exp2(m - M);
+                            num += f * __ldcg(sl + e);
+                            den += f * __ldcg(sl + G * D + 2 * r + 1);
+                        }
+                    out[e] = den > 0.f ? num / den : 0.f;
+                }
+            }
+        }
+        tb = pe;
+    }
+}
 
 extern "C" int ks_cuda_attn_decode_batch_supported(int n_heads, int n_kv_heads, int head_dim) {
     if (n_kv_heads < 1 || n_heads % n_kv_heads) return 0;
     int g = n_heads / n_kv_heads;
-    return (head_dim == 64 || head_dim == 128) && (g == 1 || g == 2 || g == 4 || g == 8);
+    return (head_dim == 64 || head_dim == 128) && g >= 1 && g <= 8;
 }
 
-extern "C" size_t ks_cuda_attn_decode_batch_workspace(int n, int n_heads, int n_kv_heads, int head_dim, int max_rows,
-                                                     int chunk) {
-    int S = (max_rows + chunk - 1) / chunk, g = n_heads / n_kv_heads;
-    if (S <= 1) return 0;
-    size_t nsh = (size_t)n * n_kv_heads;
-    return sizeof(float) * nsh * S * g * (head_dim + 2) + sizeof(unsigned) * nsh;
+/* blocks a multiprocessor holds (the shared-memory attribute set first), per device; 0 on error */
+template <int D> static int adb_occupancy(void) {
+    static int occ[64]; /* per device: the kernel's attributes and occupancy do not change */
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+    if (!occ[dev]) {
+        int nb = 0;
+        if (cudaFuncSetAttribute(adb_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)(ADB_WARPS * adb_wregion<D>())) != cudaSuccess ||
+            cudaFuncSetAttribute(adb_kernel<D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, adb_kernel<D>, ADB_WARPS * 32,
+                                                          ADB_WARPS * adb_wregion<D>()) != cudaSuccess)
+            return 0;
+        occ[dev] = nb;
+    }
+    return occ[dev];
 }
 
-template <int D, int G>
-static ks_status adb_launch(cudaStream_t s, const ks_cuda_adb_seq *seq, const int32_t *nk, int n, int Hkv, float scale,
-                            int window, int chunk, int S, void *ws) {
-    dim3 grid(S, Hkv, n);
-    size_t smem = sizeof(float) * ((size_t)G * chunk + (size_t)adb_slots(D) * G * D + 2 * G);
-    adb_kernel<D, G><<<grid, ADB_THREADS, smem, s>>>(seq, nk, Hkv, scale, window, chunk, S, (float *)ws);
+template <int D> static ks_status adb_launch(cudaStream_t s, const adb_args &a) {
+    if (!adb_occupancy<D>()) {
+        cudaGetLastError();
+        return ks_errorf(KS_ERR_DEVICE, "batched decode attention: the kernel's shared memory (%zu bytes) is not available",
+                         ADB_WARPS * adb_wregion<D>());
+    }
+    adb_kernel<D><<<(a.W + ADB_WARPS - 1) / ADB_WARPS, ADB_WARPS * 32, ADB_WARPS * adb_wregion<D>(), s>>>(a);
     KS_CU_LAUNCH("batched decode attention kernel");
     return KS_OK;
-}
-
-extern "C" ks_status ks_cuda_attn_decode_batch(cudaStream_t s, const ks_cuda_adb_seq *seq, const int32_t *nk, int n,
-                                               int n_heads, int n_kv_heads, int head_dim, int max_rows, float scale,
-                                               int window, int chunk, void *ws) {
-    if (!ks_cuda_attn_decode_batch_supported(n_heads, n_kv_heads, head_dim))
-        return ks_errorf(KS_ERR_UNSUPPORTED, "batched decode attention: %d heads over %d KV heads of %d dims", n_heads,
-                         n_kv_heads, head_dim);
-    if (chunk < 16 || chunk > 256 || chunk % 16 || n < 1 || n > 65535 || n_kv_heads > 65535 || max_rows < 1)
-        return ks_errorf(KS_ERR_ARG, "batched decode attention: chunk %d, %d sessions, %d KV heads, %d rows", chunk, n,
-                         n_kv_heads, max_rows);
-    int S = (max_rows + chunk - 1) / chunk;
-    if (S > 1 && !ws) return ks_errorf(KS_ERR_ARG, "batched decode attention: %d splits need a workspace", S);
-    if (S > 1) { /* the per-(session, head) counts start at zero */
-        size_t nsh = (size_t)n * n_kv_heads, g = n_heads / n_kv_heads;
-        KS_CU(cudaMemsetAsync((float *)ws + nsh * S * g * (head_dim + 2), 0, sizeof(unsigned) * nsh, s),
-              "batched decode attention counts");
-    }
-    int g = n_heads / n_kv_heads;
-#define ADB_CASE(DD, GG) \
-    if (head_dim == DD && g == GG) return adb_launch<DD, GG>(s, seq, nk, n, n_kv_heads, scale, window, chunk, S, ws);
-    ADB_CASE(64, 1) ADB_CASE(64, 2) ADB_CASE(64, 4) ADB_CASE(64, 8)
-    ADB_CASE(128, 1) ADB_CASE(128, 2) ADB_CASE(128, 4) ADB_CASE(128, 8)
-#undef ADB_CASE
-    return ks_errorf(KS_ERR_INTERNAL, "batched decode attention: no instance for head_dim %d, group %d", head_dim, g);
 }
 
 /* ================================================================ the backend entry */
 
 extern "C" ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
                                                    const float *const *k, const float *const *v, const int32_t *pos,
-                                                   int n_heads, float scale, int window, float *const *out, int chunk) {
+                                                   int n_heads, float scale, int window, float *const *out, int warps) {
     cuda_ctx *c = CTX(b);
+    if (warps < 0) return ks_errorf(KS_ERR_ARG, "batched decode attention: %d warps", warps);
     if (n <= 0) return KS_OK;
     if (!L || !q || !k || !v || !pos || !out) return ks_errorf(KS_ERR_ARG, "batched decode attention: NULL argument");
     if (c->rec) return rec_fail(c, "batched decode attention");
     int Hkv = L[0]->n_kv_heads, d = L[0]->head_dim, same = 1;
-    for (int i = 0; i < n; i++) /* the kernel reads q with 16-byte loads */
+    for (int i = 0; i < n; i++) /* the kernel reads q 8 bytes at a time */
         same &= L[i]->n_kv_heads == Hkv && L[i]->head_dim == d && (uintptr_t)q[i] % 16 == 0;
-    if (!same || !c->o.decode_kernels || !ks_cuda_attn_decode_batch_supported(n_heads, Hkv, d) || n > 65535)
+    if (!same || !c->o.decode_kernels || !ks_cuda_attn_decode_batch_supported(n_heads, Hkv, d))
         return ks_attn_decode_batch_loop(b, n, L, q, k, v, pos, n_heads, scale, window, out); /* per session */
     ks_status st = KS_OK;
     for (int i = 0; i < n && !st; i++) st = kv_reserve(b, L[i], 1);
     if (st) return st;
-    /* host: descriptors (n), then row counts (n, Hkv) */
-    size_t dbytes = sizeof(ks_cuda_adb_seq) * (size_t)n, bytes = dbytes + sizeof(int32_t) * (size_t)n * Hkv;
+    const int G = n_heads / Hkv, nseg = n * Hkv;
+    long long T = 0;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < Hkv; h++) T += (L[i]->n[h] + 1 + ADB_KT - 1) / ADB_KT;
+    if (T > INT32_MAX / 2) return ks_errorf(KS_ERR_ARG, "batched decode attention: %lld key tiles", T);
+    long long W = warps;
+    if (!W) {
+        int occ = d == 128 ? adb_occupancy<128>() : adb_occupancy<64>();
+        W = (long long)KS_MAX(c->n_sm, 1) * KS_MAX(occ, 1) * ADB_WARPS;
+        W = KS_MIN(W, KS_MAX(T / ADB_MIN_TILES, 1));
+    }
+    W = KS_MIN(W, T);
+    /* host: descriptors (n), row counts (nseg), first tiles (nseg + 1), warps' first segments (W),
+     * counts (nseg, zeros) */
+    size_t dbytes = sizeof(ks_cuda_adb_seq) * (size_t)n, ints = (size_t)3 * nseg + 1 + (size_t)W;
+    size_t bytes = dbytes + sizeof(int32_t) * ints;
     unsigned char *hb = (unsigned char *)ks_malloc(bytes);
-    if (!hb) return KS_ERR_OOM;
+    if (!hb) return ks_errorf(KS_ERR_OOM, "batched decode attention: %zu bytes of descriptors", bytes);
     ks_cuda_adb_seq *sd = (ks_cuda_adb_seq *)hb;
-    int32_t *nk = (int32_t *)(hb + dbytes);
-    int max_rows = 1;
-    long long keys = 0;
-    for (int i = 0; i < n; i++) {
+    int32_t *nk = (int32_t *)(hb + dbytes), *tstart = nk + nseg, *wseg = tstart + nseg + 1;
+    unsigned *cnt = (unsigned *)(wseg + W);
+    int multi = 0;
+    for (int i = 0, t = 0; i < n; i++) {
         memset(&sd[i], 0, sizeof sd[i]);
         sd[i].k = L[i]->k;
         sd[i].v = L[i]->v;
@@ -331,26 +342,43 @@ extern "C" ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_l
         sd[i].out = out[i];
         sd[i].capacity = L[i]->capacity;
         sd[i].qpos = pos[i];
-        sd[i].nk_off = i * Hkv;
         for (int h = 0; h < Hkv; h++) {
-            nk[(size_t)i * Hkv + h] = L[i]->n[h];
-            max_rows = KS_MAX(max_rows, L[i]->n[h] + 1);
-            keys += L[i]->n[h] + 1;
+            int sg = i * Hkv + h, nt = (L[i]->n[h] + 1 + ADB_KT - 1) / ADB_KT;
+            nk[sg] = L[i]->n[h];
+            tstart[sg] = t;
+            cnt[sg] = 0;
+            multi |= adb_warp_of(t, (int)W, (int)T) != adb_warp_of(t + nt - 1, (int)W, (int)T);
+            t += nt;
         }
     }
-    if (chunk <= 0) { /* blocks enough for 4 per multiprocessor, 64..256 keys each */
-        long long want = keys / (4LL * KS_MAX(c->n_sm, 1));
-        chunk = 64;
-        while (chunk < 256 && chunk < want) chunk *= 2;
+    tstart[nseg] = (int32_t)T;
+    for (long long w = 0, sg = 0; w < W; w++) {
+        long long a0 = w * T / W;
+        while (tstart[sg + 1] <= a0) sg++;
+        wseg[w] = (int32_t)sg;
     }
+    adb_args a;
+    memset(&a, 0, sizeof a);
+    a.Hkv = Hkv;
+    a.G = G;
+    a.W = (int)W;
+    a.T = (int)T;
+    a.sl2 = scale * 1.4426950408889634f;
+    a.window = window;
     void *db = NULL, *ws = NULL;
-    size_t wsb = ks_cuda_attn_decode_batch_workspace(n, n_heads, Hkv, d, max_rows, chunk);
     st = upload_tmp(c, hb, bytes, "batched decode attention descriptors", &db);
     free(hb);
-    if (!st && wsb) st = dev_alloc(c, wsb, "batched decode attention workspace", &ws);
-    if (!st)
-        st = ks_cuda_attn_decode_batch(c->stream, (const ks_cuda_adb_seq *)db, (const int32_t *)((unsigned char *)db + dbytes),
-                                       n, n_heads, Hkv, d, max_rows, scale, window, chunk, ws);
+    if (!st && multi) st = dev_alloc(c, sizeof(float) * (size_t)(W + nseg) * G * (d + 2), "batched decode attention workspace", &ws);
+    if (!st) {
+        unsigned char *p = (unsigned char *)db;
+        a.seq = (const ks_cuda_adb_seq *)p;
+        a.nk = (const int32_t *)(p + dbytes);
+        a.tstart = a.nk + nseg;
+        a.wseg = a.tstart + nseg + 1;
+        a.cnt = (unsigned *)(a.wseg + W);
+        a.ws = (float *)ws;
+        st = d == 128 ? adb_launch<128>(c->stream, a) : adb_launch<64>(c->stream, a);
+    }
     dev_free(c, ws);
     dev_free(c, db);
     if (st) return st;

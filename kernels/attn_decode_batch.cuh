@@ -1,31 +1,33 @@
 /* attn_decode_batch.cuh — one decode row of each of n sessions in ONE launch (the batched
  * decode step, core/decode_batch.c, through ks_backend.attn_decode_batch): each session's new
  * key / value row is written into its own KV layer and its queries attend over that layer's
- * rows, new row included. The sessions' layers are separate allocations of separate sizes: a
- * device array of descriptors (pointers, capacity, query position) and each head's row count
- * tells the kernel where each one is.
+ * rows, new row included. The sessions' layers are separate allocations of separate sizes; a
+ * device array of descriptors (pointers, capacity, query position) and a host-made work split
+ * tell the kernel where each one is.
  *
- * The kernel loads K rows into registers a few at a time and prefetches V into L2 (chunk <= 256).
- * Measured on an H200 (bench/NOTES.md, batched decode with greedy ids on the device): one 8B
- * layer, B = 64 x 4096 keys, 461 us; B = 16, 158 us. A variant that copied each block's K and V
- * into shared memory first (chunk <= 128) took 514 / 172 us and was removed; the next try is more
- * keys a block through a ring of tiles (fewer splits).
- * Work: block (split j, KV head h, session i) takes keys [j*chunk, (j+1)*chunk) of head h of
- * session i (rows 0..nk-1 of the cache, then the new row, read from the float32 input rounded
- * to bf16 as the cache stores it) for the g = n_heads / n_kv_heads query heads that share h, so
- * each key and value row is read once per group. Scores in float32 (8 lanes a key, a warp 4
- * keys at once), the chunk's softmax in shared memory, then P V with 16-byte value loads. With
- * several splits the partials (unnormalised output, max, sum) go to a workspace and the last
- * block of (i, h) to finish (an atomic count) combines them: one launch, no second kernel.
- * Split 0's block also stores the new row (and its position) into the cache; no block reads
- * that row from the cache, so the store races with nothing.
+ * Design (tensor cores, as kernels/attn_decode_tc.cu). A segment is one (session i, KV head h):
+ * its rows 0..nk-1 from the cache and the new row nk, cut into 16-key tiles. All segments' tiles
+ * in order (session-major, head-minor) form one sequence of T tiles, and the launch's W warps
+ * take equal contiguous runs of it: warp w has tiles [w T / W, (w+1) T / W) (a stream-K split,
+ * so ragged sessions balance to a tile). A warp's run crosses segment boundaries; each piece of
+ * it (its tiles of one segment) streams K and V tiles through the warp's own shared-memory ring
+ * with cp.async (no block-wide barrier anywhere), the segment's g = n_heads / n_kv_heads query
+ * heads as rows of one m16 tile of bf16 A fragments (rows g..15 zero), S = Q K^T and O += P V on
+ * mma.sync m16n8k16 with an online softmax in float32 (log2 domain). A segment done by one piece
+ * is written as the result; otherwise each piece leaves (max, sum, unnormalised O) in the
+ * workspace, and the segment's last piece to finish (an atomic count per segment, after a fence)
+ * merges them in piece order, so results do not depend on which warp finishes last. The new row
+ * is read from the float32 input rounded to bf16 (as the cache stores it) by the warp whose tile
+ * holds it, which also stores it and its position into the cache; nobody reads that row from the
+ * cache in this launch.
  *
- * Semantics: those of kv_append(1 row) then attention(n = 1) per session (core/backend.h):
- * a key is visible iff its position <= the query's and (window == 0 || q - k < window); a query
- * that sees no key gets zeros. Float32 arithmetic on bf16 keys and values (q is not rounded), so
- * the result follows the CPU reference to float rounding. The CPU twin is that reference: the
- * CPU backend's kv_append + attention per session (ks_attn_decode_batch_loop,
- * core/decode_batch.h); tests/cuda/test_attn_decode_batch.c compares the two. */
+ * Semantics: those of kv_append(1 row) then attention(n = 1) per session (core/backend.h): a key
+ * is visible iff its position <= the query's and (window == 0 || q - k < window); a query that
+ * sees no key gets zeros. Q and P are rounded to bf16 for the tensor cores (as the single-session
+ * tensor-core decode kernel), accumulation is float32: the result follows the float32 reference
+ * to ~3e-3 relative (P's rounding; tests/cuda/test_attn_decode_batch.c gives bf16 queries, so Q's
+ * rounding is exact there). The CPU twin is the CPU backend's kv_append + attention per session
+ * (ks_attn_decode_batch_loop, core/decode_batch.h). Deterministic for a given warp count. */
 #ifndef KS_CUDA_ATTN_DECODE_BATCH_CUH
 #define KS_CUDA_ATTN_DECODE_BATCH_CUH
 #include <cuda_runtime_api.h>
@@ -40,40 +42,32 @@ extern "C" {
 typedef struct ks_cuda_adb_seq {
     void *k, *v;            /* (n_kv_heads, capacity, head_dim) bf16: its KV layer */
     int32_t *kpos;          /* (n_kv_heads, capacity) positions of the rows */
-    const float *q;         /* (n_heads, head_dim) its queries */
+    const float *q;         /* (n_heads, head_dim) its queries (8-byte aligned) */
     const float *kn, *vn;   /* (n_kv_heads, head_dim) its new key and value row */
     float *out;             /* (n_heads * head_dim) */
-    int capacity;           /* rows per head allocated (> every nk) */
+    int capacity;           /* rows per head allocated (> every head's row count) */
     int qpos;               /* the new row's (and the query's) position */
-    int nk_off;             /* its heads' row counts before the append: nk[nk_off .. + n_kv_heads) */
-    int pad_;
 } ks_cuda_adb_seq;
 
-/* 1 when the kernel takes the shape: head_dim 64 or 128, n_heads / n_kv_heads in {1, 2, 4, 8}. */
+/* 1 when the kernel takes the shape: head_dim 64 or 128, n_heads / n_kv_heads in 1..8. */
 int ks_cuda_attn_decode_batch_supported(int n_heads, int n_kv_heads, int head_dim);
 
-/* Bytes of workspace for n sessions whose largest head holds max_rows rows after the append,
- * with chunk keys per block (0 when every head fits one chunk). */
-size_t ks_cuda_attn_decode_batch_workspace(int n, int n_heads, int n_kv_heads, int head_dim, int max_rows, int chunk);
-
-/* Launch for sessions seq[0..n) (device array) with row counts nk (device); chunk a multiple of
- * 16 in [16, 256]; ws of the size above (NULL when 0). */
-ks_status ks_cuda_attn_decode_batch(cudaStream_t s, const ks_cuda_adb_seq *seq, const int32_t *nk, int n, int n_heads,
-                                    int n_kv_heads, int head_dim, int max_rows, float scale, int window, int chunk,
-                                    void *ws);
-
-/* The backend's ks_backend.attn_decode_batch (core/backend.h): the kernel with chunk keys
- * per block (0 = chosen from the sizes: enough blocks to fill the GPU, at most 256 keys each).
- * Shapes the kernel does not take, and layers of differing head counts, run as kv_append + attention per
- * session instead (same results). Host bookkeeping as kv_append: each layer grows when full,
- * its per-head row counts and host positions advance. Fails while a graph records. With the
- * backend's basic decode path (opts.decode_kernels = 0) or unaligned queries: per session too. */
+/* The backend's ks_backend.attn_decode_batch (core/backend.h) = ks_cuda_attn_decode_batch_run
+ * with warps 0. Shapes the kernel does not take, layers of differing head counts, the backend's
+ * basic decode path (opts.decode_kernels = 0) and misaligned queries run as kv_append +
+ * attention per session instead (ks_attn_decode_batch_loop: same results to float rounding).
+ * Host bookkeeping as kv_append: each layer grows when full, its per-head row counts and host
+ * positions advance. One upload (descriptors, row counts, the split, zeroed counts), one
+ * workspace from the stream pool, one launch. Fails while a graph records. */
 ks_status ks_cuda_attn_decode_batch_hook(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
                                          const float *const *k, const float *const *v, const int32_t *pos, int n_heads,
-                                         float scale, int window, float *const *out); /* chunk 0 */
+                                         float scale, int window, float *const *out);
+/* The same with the launch's warp count W: 0 = every multiprocessor full at the kernel's
+ * occupancy (at least 4 tiles a warp), else min(warps, T) (tests and tuning: 1 = one warp walks
+ * every segment; T = one tile a piece). warps < 0 is KS_ERR_ARG. */
 ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
                                         const float *const *k, const float *const *v, const int32_t *pos, int n_heads,
-                                        float scale, int window, float *const *out, int chunk);
+                                        float scale, int window, float *const *out, int warps);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,50 @@
+# Issue 16, the batched decode attention on the tensor cores (helper "battn", session 14): its
+# GPU figures in one device call (GPU 0), every step under a deadline (DEADLINE seconds from the
+# start, default 230) so the outputs come back inside the call. Outputs under $OUT/ba/.
+#   test      test_attn_decode_batch (full tier): the kernel against its CPU twin on every case,
+#             then one 8B layer's time at B = 1, 4, 16, 64 x 4096 keys and 16 x 32768 (the
+#             per-session path beside it at 4096), and B = 64, 16 at 4, 8, 16 warps an SM
+#   base      the same times (--time-only) with the kernel before this work: the same test
+#             source built against main before the change (.data/ba/base/)
+#   var       each A/B build .data/ba/var-*/ (an uncommitted variant of the new kernel): its
+#             quick tier (correctness) and its times
+#   bench     kvsieve bench --batch 1,4,16,64 --ttft-under-load at 4K with the new build, then
+#             the base build (base_bench), same card
+#   memcheck  compute-sanitizer memcheck of the test's quick tier
+# .data/ba/{new,base,var-*}/ hold stripped xz'd kvsieve and test_attn_decode_batch (carried).
+# Usage (repository root, GPU machine): bash bench/gpu_ba.sh [step ...]
+T0=$(date +%s); DEADLINE=${DEADLINE:-230}
+O=${OUT:-/tmp}/ba; mkdir -p $O
+S=.data/ba; R=$(mktemp -d)
+for d in $S/*/; do
+    n=$(basename $d); mkdir -p $R/$n
+    for f in $d*.xz; do [ -f $f ] && xz -dc $f > $R/$n/$(basename $f .xz) && chmod +x $R/$n/$(basename $f .xz); done
+done
+export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader > $O/card.txt 2>&1
+C="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --lengths 4096 --gen 32"
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+run() { # run LIMIT CMD...: at most LIMIT seconds and never past the deadline
+    local l=$1 r; shift; r=$(left); [ $r -lt $l ] && l=$r
+    if [ $l -lt 5 ]; then echo "skipped: $(left) s left"; return; fi
+    timeout $l "$@" 2>&1; echo "rc=$? ($(( $(date +%s) - T0 )) s into the call)"
+}
+step_test() { run 60 $R/new/test_attn_decode_batch > $O/test.txt; }
+step_base() { run 30 $R/base/test_attn_decode_batch --time-only > $O/test_base.txt; }
+step_var() {
+    for d in $R/var-*/; do [ -d $d ] || continue; n=$(basename $d)
+        { run 15 $d/test_attn_decode_batch --quick; run 25 $d/test_attn_decode_batch --time-only; } > $O/$n.txt
+    done
+}
+step_bench() {
+    run 45 $R/new/kvsieve $C --batch 1,4,16,64 --ttft-under-load --json $O/bench.json > $O/bench.txt
+    run 45 $R/base/kvsieve $C --batch 1,4,16,64 --ttft-under-load --json $O/base_bench.json > $O/base_bench.txt
+}
+step_memcheck() {
+    run 40 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_attn_decode_batch --quick > $O/memcheck_full.txt
+    tail -6 $O/memcheck_full.txt > $O/memcheck.txt
+}
+for s in ${*:-test base bench memcheck var}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s || true; done
+rm -rf $R
+cat $O/card.txt; tail -n 25 $O/test.txt $O/test_base.txt $O/var-*.txt $O/bench.txt $O/base_bench.txt $O/memcheck.txt 2>/dev/null
+true
