@@ -11,6 +11,8 @@
 #   bench     kvsieve bench --batch 1,4,16,64 --ttft-under-load at 4K with the new build, then
 #             the base build (base_bench), same card
 #   memcheck  compute-sanitizer memcheck of the test's quick tier
+#   ncu       the new kernel's DRAM throughput and warp stall reasons at B = 64 x 4096 (one
+#             launch of the --time-only run, ncu without clock control)
 # .data/ba/{new,base,var-*}/ hold stripped xz'd kvsieve and test_attn_decode_batch (carried).
 # Usage (repository root, GPU machine): bash bench/gpu_ba.sh [step ...]
 T0=$(date +%s); DEADLINE=${DEADLINE:-230}
@@ -20,7 +22,7 @@ for d in $S/*/; do
     n=$(basename $d); mkdir -p $R/$n
     for f in $d*.xz; do [ -f $f ] && xz -dc $f > $R/$n/$(basename $f .xz) && chmod +x $R/$n/$(basename $f .xz); done
 done
-export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH
+export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH PATH=$PATH:/usr/local/cuda/bin
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader > $O/card.txt 2>&1
 C="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --lengths 4096 --gen 32"
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
@@ -44,7 +46,13 @@ step_memcheck() {
     run 40 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_attn_decode_batch --quick > $O/memcheck_full.txt
     tail -6 $O/memcheck_full.txt > $O/memcheck.txt
 }
-for s in ${*:-test base bench memcheck var}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s || true; done
+step_ncu() { # launches 1-63 of --time-only are B = 1, 4, 16 (21 each): the 6th of B = 64
+    command -v ncu > /dev/null || { echo "no ncu" > $O/ncu.txt; return; }
+    run 90 ncu --clock-control none -k regex:adb_kernel --launch-skip 68 --launch-count 1 \
+        --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem \
+        $R/new/test_attn_decode_batch --time-only 2>&1 | grep -E "stalled|dram__|warps_active|bank|gpu__time|launch__|rc=|==ERR|adb_kernel" > $O/ncu.txt
+}
+for s in ${*:-test base bench memcheck var ncu}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s || true; done
 rm -rf $R
 cat $O/card.txt; tail -n 25 $O/test.txt $O/test_base.txt $O/var-*.txt $O/bench.txt $O/base_bench.txt $O/memcheck.txt 2>/dev/null
 true
