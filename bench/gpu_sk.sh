@@ -1,0 +1,47 @@
+# The skinny GEMM's GPU figures (issue 16: the batched decode step's dense layers) in one device
+# call, GPU 0, under a deadline (DEADLINE seconds, default 230): each step runs only while the
+# call's wall time is under its limit, and none fails the call. Outputs under $OUT/sk/.
+#   test     test_gemm_rows: kernel and backend ops against the CPU backend's matmul; test_cuda
+#            --quick (every backend op and end-to-end prefill / decode against the CPU: prefill
+#            of up to 64 rows now takes the skinny GEMM) with .data/stories260K when carried
+#   ops      test_gemm_rows --quick --bench: the 8B shapes at n = 1, 4, 16, 64 (before: convert +
+#            cuBLAS; cuBLAS alone; the skinny kernel, both weight paths, K split swept)
+#   short    kvsieve bench at 128 tokens, B = 1, 4, 16, 64: this build, then the build before it
+#   long     the same at 4096 tokens with --ttft-under-load, both builds
+#   memcheck compute-sanitizer memcheck of test_gemm_rows --quick
+# Carry .data/sk (stripped, xz'd: test_gemm_rows.xz, test_cuda.xz, kvsieve.xz, kvsieve-base.xz:
+# the build of main before this work) and .data/stories260K. Usage: bash bench/gpu_sk.sh [step ...]
+T0=$(date +%s); DEADLINE=${DEADLINE:-230}
+S=.data/sk; O="$OUT/sk"; mkdir -p "$O"; R=$(mktemp -d)
+for f in $S/*.xz; do xz -dc $f > $R/$(basename $f .xz); done
+chmod +x $R/* 2>/dev/null
+export CUDA_VISIBLE_DEVICES=0 NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader > "$O/card.txt"
+C="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --gen 32 --batch 1,4,16,64"
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+run() { # run LIMIT CMD...: at most LIMIT seconds and never past the deadline
+    local l=$1 r; shift; r=$(left); [ $r -lt $l ] && l=$r
+    if [ $l -lt 5 ]; then echo "skipped: $(left) s left"; return; fi
+    timeout $l "$@" 2>&1; echo "rc=$? ($(( $(date +%s) - T0 )) s into the call)"
+}
+step_test() {
+    run 40 $R/test_gemm_rows > "$O/test.txt"
+    KS_STORIES=.data/stories260K run 60 $R/test_cuda --quick | grep -v "^  ok" | tail -20 > "$O/test_cuda.txt"
+}
+step_ops() { run 70 $R/test_gemm_rows --quick --bench > "$O/ops.txt"; }
+step_short() {
+    run 30 $R/kvsieve $C --lengths 128 > "$O/short_new.txt"
+    run 30 $R/kvsieve-base $C --lengths 128 > "$O/short_base.txt"
+}
+step_long() {
+    run 45 $R/kvsieve $C --lengths 4096 --ttft-under-load > "$O/long_new.txt"
+    run 45 $R/kvsieve-base $C --lengths 4096 --ttft-under-load > "$O/long_base.txt"
+}
+step_memcheck() {
+    CS=compute-sanitizer; command -v $CS >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
+    run 40 $CS --tool memcheck --error-exitcode 1 $R/test_gemm_rows --quick | tail -5 > "$O/memcheck.txt"
+}
+for s in ${*:-test ops short long memcheck}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s; done
+rm -rf $R
+cat "$O/card.txt"; tail -n 8 "$O"/*.txt 2>/dev/null | cut -c1-200
+true

@@ -1,0 +1,335 @@
+/* gemm_rows.cu — see gemm_rows.cuh.
+ *
+ * Layout. A block is 8 warps and owns a tile of 256 output rows (the concatenated segments; for
+ * SWIGLU 128 gate rows and the same 128 up rows) over one K range (its split). A warp owns 32
+ * rows as two m16 tiles: for SWIGLU its first tile is 16 gate rows and its second the same 16 up
+ * rows, so one thread holds both values of an output and applies SwiGLU from registers.
+ *
+ * Fragments without shared memory. mma m16n8k16 takes A (16 x 16) as four 32-bit registers
+ * per lane (g = lane / 4, t = lane % 4): rows g and g + 8, k columns {2t, 2t+1} and {2t+8, 2t+9};
+ * B (16 x 8) as two: k {2t, 2t+1} and {2t+8, 2t+9} of column g. The dot products do not care
+ * which physical k each logical k is, as long as A and B agree, so over 32 columns of K a lane
+ * reads the 8 contiguous columns [8t, 8t+8) of its two weight rows (two 16-byte loads) and of its
+ * x row g (one 16-byte load, or two for float32): physical columns 8t+0..3 feed the first mma
+ * (logical 2t, 2t+1, 2t+8, 2t+9), 8t+4..7 the second. The weights go straight from memory to
+ * registers (ld.global.cs, streamed once), a stage of U steps of 32 columns in flight while the
+ * previous stage is multiplied; x (tiny, read by every warp) comes through L1.
+ *
+ * Split K. With s > 1 the s blocks of a cluster share a tile: each writes its partial sums to
+ * its shared memory, and after a cluster barrier block r adds, for every s-th output, the s
+ * partials in rank order through distributed shared memory and applies the epilogue. */
+#include "common.cuh"
+#include "gemm_rows.cuh"
+#include "mma.cuh"
+
+#include <cooperative_groups.h>
+#include <string.h>
+
+namespace cg = cooperative_groups;
+
+#define GR_WARPS 8
+#define GR_TILE (GR_WARPS * 32) /* output rows of a block (two m16 tiles a warp) */
+#define GR_MAX_SPLIT 8          /* portable cluster size */
+
+struct gr_p {
+    const void *x;
+    int n, in, nseg, mode;
+    const bf16 *W[3];
+    const float *bias[3];
+    float *y[3];
+    int rows[3], off[4]; /* off: prefix sums of rows (plain modes) */
+    int steps, steps_per; /* 32-column steps of K, and per split */
+};
+
+/* Tile row rt (0..GR_TILE-1) of tile `tile`: the weight segment and its row, or -1 (past the end) */
+static __device__ __forceinline__ int gr_row(const gr_p &p, int tile, int rt, int *seg) {
+    if (p.mode == KS_GEMM_ROWS_SWIGLU) {
+        int r = tile * (GR_TILE / 2) + (rt >> 5) * 16 + (rt & 15);
+        *seg = (rt >> 4) & 1;
+        return r < p.rows[0] ? r : -1;
+    }
+    int R = tile * GR_TILE + rt;
+#pragma unroll
+    for (int i = 0; i < 3; i++)
+        if (i < p.nseg && R < p.off[i + 1]) { *seg = i; return R - p.off[i]; }
+    *seg = 0;
+    return -1;
+}
+
+static __device__ __forceinline__ float gr_silu_mul(float g, float u) { return __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), u); }
+
+/* The epilogue of one output: (segment, row r, x row c) += / = v + bias */
+static __device__ __forceinline__ void gr_store(const gr_p &p, int seg, int r, int c, float v) {
+    float *y = p.y[seg] + (size_t)c * p.rows[seg] + r;
+    if (p.bias[seg]) v += p.bias[seg][r];
+    *y = p.mode == KS_GEMM_ROWS_ACC ? *y + v : v;
+}
+
+/* 8 consecutive values of x row `row` from column col, as bf16 pairs (zeros when !ok) */
+template <bool XB> static __device__ __forceinline__ uint4 gr_xfrag(const gr_p &p, int row, int col, bool ok) {
+    if (!ok) return make_uint4(0, 0, 0, 0);
+    if (XB) return __ldg(reinterpret_cast<const uint4 *>(static_cast<const bf16 *>(p.x) + (size_t)row * p.in + col));
+    const float4 *q = reinterpret_cast<const float4 *>(static_cast<const float *>(p.x) + (size_t)row * p.in + col);
+    float4 a = __ldg(q), b = __ldg(q + 1);
+    return make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+}
+
+static __device__ __forceinline__ uint4 gr_wload(const bf16 *w, int col, bool ok) {
+    if (!ok || !w) return make_uint4(0, 0, 0, 0);
+    return __ldcs(reinterpret_cast<const uint4 *>(w + col));
+}
+
+#define GR_STAGES 3 /* smem ring: stages per lane (two in flight while one is multiplied) */
+#define GR_RU 2     /* smem ring: 32-column steps a stage */
+#define GR_RING_BYTES ((size_t)GR_WARPS * GR_STAGES * GR_RU * 4 * 32 * 16)
+
+/* NT tiles of 8 x rows (n <= 8 NT), U steps of 32 columns a stage, x bf16 (XB) or float32.
+ * RING: the weights go through a per-lane ring in shared memory with cp.async (each lane copies
+ * the 16-byte pieces it will itself read: no barrier), GR_STAGES stages of GR_RU steps; else
+ * straight into registers, two stages of U steps. */
+template <int NT, int U, bool XB, bool RING>
+__global__ void __launch_bounds__(GR_WARPS * 32, RING ? 2 : 1) gemm_rows_k(const gr_p p) {
+    extern __shared__ __align__(16) unsigned char gr_smem[];
+    float *gr_part = reinterpret_cast<float *>(gr_smem); /* (GR_TILE, NT * 8 + 1) partial sums, split > 1 only */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
+    const bf16 *wr[2][2]; /* [m16 tile][row g, g + 8] */
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int seg, r = gr_row(p, tile, warp * 32 + m * 16 + h * 8 + g, &seg);
+            wr[m][h] = r >= 0 ? p.W[seg] + (size_t)r * p.in : nullptr;
+        }
+    const int s0 = split * p.steps_per, s1 = min(p.steps, s0 + p.steps_per);
+    float acc[2][NT][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
+
+    /* one 32-column step: w[m][h] the lane's 8 columns of rows g (h 0) and g + 8 (h 1) of m tile m */
+    auto step = [&](const uint4 (&w)[2][2], int col) {
+        bool cok = col < p.in;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            uint4 xv = gr_xfrag<XB>(p, j * 8 + g, col, cok && j * 8 + g < p.n);
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                uint32_t a0[4] = {w[m][0].x, w[m][1].x, w[m][0].y, w[m][1].y};
+                uint32_t a1[4] = {w[m][0].z, w[m][1].z, w[m][0].w, w[m][1].w};
+                mma16816(acc[m][j], a0, xv.x, xv.y);
+                mma16816(acc[m][j], a1, xv.z, xv.w);
+            }
+        }
+    };
+    if (RING) {
+        uint4 *ring = reinterpret_cast<uint4 *>(gr_smem) + (size_t)warp * GR_STAGES * GR_RU * 4 * 32;
+        auto issue = [&](int st) { /* stage st (steps s0 + st * GR_RU ..) into its slot; always one commit */
+            uint4 *slot = ring + (st % GR_STAGES) * GR_RU * 4 * 32;
+#pragma unroll
+            for (int u = 0; u < GR_RU; u++) {
+                int sx = s0 + st * GR_RU + u, col = sx * 32 + 8 * t;
+                bool ok = sx < s1 && col < p.in;
+#pragma unroll
+                for (int m = 0; m < 2; m++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        bool v = ok && wr[m][h];
+                        cp_async16(slot + (u * 4 + m * 2 + h) * 32 + lane, v ? (const void *)(wr[m][h] + col) : p.W[0], v ? 16 : 0);
+                    }
+            }
+            cp_async_commit();
+        };
+        const int nst = (s1 - s0 + GR_RU - 1) / GR_RU;
+#pragma unroll
+        for (int i = 0; i < GR_STAGES - 1; i++) issue(i);
+        for (int st = 0; st < nst; st++) {
+            cp_async_wait<GR_STAGES - 2>(); /* this lane's copies of stage st have landed */
+            issue(st + GR_STAGES - 1);       /* into the slot stage st - 1 used */
+            const uint4 *slot = ring + (st % GR_STAGES) * GR_RU * 4 * 32;
+#pragma unroll
+            for (int u = 0; u < GR_RU; u++) {
+                int sx = s0 + st * GR_RU + u;
+                if (sx >= s1) break;
+                uint4 w[2][2];
+#pragma unroll
+                for (int m = 0; m < 2; m++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) w[m][h] = slot[(u * 4 + m * 2 + h) * 32 + lane];
+                step(w, sx * 32 + 8 * t);
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads(); /* the partials below reuse the rings of other warps */
+    } else {
+        uint4 wa[2][2][U], wb[2][2][U];
+        auto load = [&](uint4 (&w)[2][2][U], int s) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int col = (s + u) * 32 + 8 * t;
+                bool ok = s + u < s1 && col < p.in;
+#pragma unroll
+                for (int m = 0; m < 2; m++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) w[m][h][u] = gr_wload(wr[m][h], col, ok);
+            }
+        };
+        auto compute = [&](const uint4 (&w)[2][2][U], int s) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (s + u >= s1) break;
+                uint4 wu[2][2] = {{w[0][0][u], w[0][1][u]}, {w[1][0][u], w[1][1][u]}};
+                step(wu, (s + u) * 32 + 8 * t);
+            }
+        };
+        load(wa, s0);
+        for (int s = s0; s < s1; s += 2 * U) { /* two stages a trip: one in flight while the other is multiplied */
+            load(wb, s + U);
+            compute(wa, s);
+            load(wa, s + 2 * U);
+            compute(wb, s + U);
+        }
+    }
+
+    const int swiglu = p.mode == KS_GEMM_ROWS_SWIGLU;
+    if (nsplit == 1) {
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int c = j * 8 + 2 * t + (e & 1), hi = e >> 1;
+                if (c >= p.n) continue;
+                if (swiglu) {
+                    int r = tile * (GR_TILE / 2) + warp * 16 + hi * 8 + g;
+                    if (r < p.rows[0]) p.y[0][(size_t)c * p.rows[0] + r] = gr_silu_mul(acc[0][j][e], acc[1][j][e]);
+                    continue;
+                }
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    int seg, r = gr_row(p, tile, warp * 32 + m * 16 + hi * 8 + g, &seg);
+                    if (r >= 0) gr_store(p, seg, r, c, acc[m][j][e]);
+                }
+            }
+        return;
+    }
+    const int ps = NT * 8 + 1; /* partial row stride (floats) */
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                gr_part[(warp * 32 + m * 16 + (e >> 1) * 8 + g) * ps + j * 8 + 2 * t + (e & 1)] = acc[m][j][e];
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    const int rank = (int)cl.block_rank(), n = p.n;
+    const int outs = swiglu ? GR_TILE / 2 : GR_TILE; /* outputs of the tile: rows x n */
+    for (int e = rank * blockDim.x + threadIdx.x; e < outs * n; e += nsplit * blockDim.x) {
+        int hr = e / n, c = e % n;
+        int rt = swiglu ? (hr >> 4) * 32 + (hr & 15) : hr;
+        float v = 0.f, u = 0.f;
+        for (int q = 0; q < nsplit; q++) { /* rank order: the same sum on every run */
+            const float *pq = cl.map_shared_rank(gr_part, q);
+            v += pq[rt * ps + c];
+            if (swiglu) u += pq[(rt + 16) * ps + c];
+        }
+        if (swiglu) {
+            int r = tile * (GR_TILE / 2) + hr;
+            if (r < p.rows[0]) p.y[0][(size_t)c * p.rows[0] + r] = gr_silu_mul(v, u);
+        } else {
+            int seg, r = gr_row(p, tile, rt, &seg);
+            if (r >= 0) gr_store(p, seg, r, c, v);
+        }
+    }
+    cl.sync(); /* no block leaves while another still reads its partials */
+}
+
+extern "C" int ks_cuda_gemm_rows_supported(const ks_gemm_rows_args *a, const char **why) {
+    const char *w = NULL;
+    if (a->n < 1 || a->n > KS_CUDA_GEMM_ROWS_MAX) w = "rows of x outside 1..64";
+    else if (a->in < 8 || a->in % 8) w = "in not a positive multiple of 8";
+    else if ((uintptr_t)a->x % 16) w = "x not 16-byte aligned";
+    else if (a->mode < 0 || a->mode > 2) w = "unknown mode";
+    else if (a->n_seg < 1 || a->n_seg > 3 || (a->mode == KS_GEMM_ROWS_SWIGLU && a->n_seg != 2)) w = "bad segment count";
+    else if (a->splits < 0 || a->splits > GR_MAX_SPLIT) w = "splits outside 0..8";
+    else if (a->impl < 0 || a->impl > 2) w = "impl outside 0..2";
+    else if (a->mode == KS_GEMM_ROWS_SWIGLU && (a->rows[0] != a->rows[1] || a->bias[0] || a->bias[1]))
+        w = "SwiGLU needs two segments of equal rows and no bias";
+    for (int i = 0; !w && i < a->n_seg; i++)
+        if (!a->W[i] || (uintptr_t)a->W[i] % 16 || a->rows[i] < 1 || !a->y[i]) w = "a segment without aligned weights, rows or output";
+    if (why) *why = w;
+    return !w;
+}
+
+template <int NT, bool XB, bool RING> static cudaError_t gr_launch(const gr_p &p, dim3 grid, cudaStream_t s) {
+    constexpr int U = NT > 2 ? 2 : 4;
+    auto k = gemm_rows_k<NT, U, XB, RING>;
+    size_t smem = grid.y > 1 ? (size_t)GR_TILE * (NT * 8 + 1) * sizeof(float) : 0;
+    if (RING) smem = KS_MAX(smem, GR_RING_BYTES);
+    if (smem > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e) return e;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(GR_WARPS * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = grid.y;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = grid.y > 1 ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, p);
+}
+
+template <bool XB, bool RING> static cudaError_t gr_dispatch(const gr_p &p, dim3 grid, cudaStream_t s) {
+    int nt = (p.n + 7) / 8;
+    if (nt <= 1) return gr_launch<1, XB, RING>(p, grid, s);
+    if (nt <= 2) return gr_launch<2, XB, RING>(p, grid, s);
+    if (nt <= 4) return gr_launch<4, XB, RING>(p, grid, s);
+    return gr_launch<8, XB, RING>(p, grid, s);
+}
+
+extern "C" ks_status ks_cuda_gemm_rows(cudaStream_t s, const ks_gemm_rows_args *a, int n_sm) {
+    const char *why;
+    if (!ks_cuda_gemm_rows_supported(a, &why)) return ks_errorf(KS_ERR_UNSUPPORTED, "gemm_rows: %s", why);
+    gr_p p;
+    memset(&p, 0, sizeof p);
+    p.x = a->x;
+    p.n = a->n;
+    p.in = a->in;
+    p.nseg = a->n_seg;
+    p.mode = a->mode;
+    for (int i = 0; i < a->n_seg; i++) {
+        p.W[i] = static_cast<const bf16 *>(a->W[i]);
+        p.bias[i] = a->bias[i];
+        p.y[i] = a->y[i];
+        p.rows[i] = a->rows[i];
+        p.off[i + 1] = p.off[i] + a->rows[i];
+    }
+    long long trows = a->mode == KS_GEMM_ROWS_SWIGLU ? 2LL * a->rows[0] : p.off[a->n_seg];
+    int tiles = (int)((trows + GR_TILE - 1) / GR_TILE);
+    if (a->mode == KS_GEMM_ROWS_SWIGLU) tiles = (a->rows[0] + GR_TILE / 2 - 1) / (GR_TILE / 2);
+    p.steps = (a->in + 31) / 32;
+    /* split K until the grid covers about the blocks resident at once (ring: two a multiprocessor,
+     * ~100-128 registers a thread and 96 KiB of ring; registers: one, ~160-240 registers), at most
+     * 8 (one cluster), each split a whole number of stages where the K range allows */
+    int ring = a->impl != 1, U = ring ? GR_RU : (a->n + 7) / 8 > 2 ? 2 : 4; /* as gr_launch's template choice */
+    int slots = KS_MAX(n_sm, 1) * (ring ? 2 : 1);
+    int sp = a->splits ? a->splits : KS_MAX(1, KS_MIN(GR_MAX_SPLIT, slots / tiles));
+    sp = KS_MIN(sp, p.steps);
+    int per = (p.steps + sp - 1) / sp;
+    if (!a->splits) per = KS_MIN(p.steps, (per + 2 * U - 1) / (2 * U) * (2 * U));
+    p.steps_per = per;
+    sp = (p.steps + per - 1) / per;
+    dim3 grid(tiles, sp);
+    cudaError_t e = a->x_bf16 ? (ring ? gr_dispatch<true, true>(p, grid, s) : gr_dispatch<true, false>(p, grid, s))
+                              : (ring ? gr_dispatch<false, true>(p, grid, s) : gr_dispatch<false, false>(p, grid, s));
+    KS_CU(e, "gemm_rows kernel launch");
+    KS_CU_LAUNCH("gemm_rows kernel");
+    return KS_OK;
+}

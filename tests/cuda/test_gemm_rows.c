@@ -1,0 +1,567 @@
+/* test_gemm_rows.c — the skinny GEMM (kernels/gemm_rows.cu) against its CPU twin, and its time.
+ * 1. ks_cuda_gemm_rows against the CPU backend's matmul (ks_cpu_matmul) given the same bf16
+ * weights and x rounded to bf16 (the kernel rounds float32 x as it reads it): rows n from 1 to 64
+ * (8-row tiles full and ragged), in multiples of 8 with and without a ragged 32-column step,
+ * outputs narrow and wide, the K split chosen and forced (1, 3, 8: the cluster's sum through
+ * distributed shared memory), modes STORE / ACC (onto a random y) with and without bias, three
+ * segments, SWIGLU (the twin: ks_cpu_swiglu of the two matmuls), x float32 and bf16. Outputs are
+ * poisoned with NaN first (ACC: random). Tolerance per output: |gpu - cpu| <= 1e-5 * sum_k
+ * |x_k w_k| (+ |bias| + |y|) — products are exact in float32 on both sides, only the order of
+ * float32 accumulation differs (the tensor cores' and the CPU's), far inside 1e-5 of the
+ * absolute sum at these sizes; a wrong index or a lost partial is O(1) of it. SwiGLU: the same
+ * bound carried through silu (|d silu| <= 1.1) onto the product, relative 1e-4 of |g| |u|.
+ * Split runs are repeated: the bits must be equal (a fixed summation order).
+ * 2. Refusals: n 0 and 65, in not a multiple of 8, x misaligned, SwiGLU with a bias -> one-line
+ * KS_ERR_UNSUPPORTED, nothing launched.
+ * 3. The backend's n-row ops that now take it (ks_cuda_dense.h: matmul, matmul_add, the fused
+ * q|k|v, swiglu_proj, the MLP) against the CPU composition at n = 5 and 64.
+ * 4. (--bench, GPU machine) the Llama-3.1-8B decode shapes at n = 1, 4, 16, 64: per op the path
+ * the engine took before (float32 x converted to bf16, cuBLAS GEMMs, bias / SwiGLU kernels, as
+ * cuda_dense.cu's cuBLAS branch), cuBLAS's GEMM alone on bf16 x, and the skinny kernel (the K
+ * split swept), in GB/s of weights beside a device copy; weights rotated beyond L2. Printed,
+ * never asserted.
+ * Usage: test_gemm_rows [--quick] [--bench]. Prints "N passed, N failed"; exits 1 on failure. */
+#include "backend.h"
+#include "cpu_dense.h"
+#include "gemm_rows.cuh"
+#include "ks_cuda.h"
+#include "ks_cuda_dense.h"
+#include "safetensors.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_pass, g_fail;
+static ks_backend *CPU, *GPU;
+
+static void result(int ok, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void result(int ok, const char *name, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s %-62s ", ok ? "  ok  " : "  FAIL", name);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    if (ok) g_pass++;
+    else g_fail++;
+}
+
+static uint64_t g_seed = 0x9e3779b97f4a7c15ull;
+static float rndf(void) { /* uniform in [-1, 1) */
+    g_seed = g_seed * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((g_seed >> 40) / 8388608.0 - 1.0);
+}
+static float bf16r(float x) { return ks_bf16_to_f32(ks_f32_to_bf16(x)); }
+
+static void *dput(const void *h, size_t bytes) {
+    void *d = GPU->alloc(GPU, bytes ? bytes : 16);
+    if (d && h && GPU->upload(GPU, d, h, bytes)) { GPU->free(GPU, d); return NULL; }
+    return d;
+}
+
+/* a (rows, cols) bf16 weight on both backends, and its values as float */
+typedef struct wpair { ks_weight *c, *g; float *f; uint16_t *h; void *d; int rows, cols; } wpair;
+static int wmake(wpair *w, int rows, int cols, float scale) {
+    memset(w, 0, sizeof *w);
+    w->rows = rows;
+    w->cols = cols;
+    size_t n = (size_t)rows * cols;
+    w->h = malloc(n * 2);
+    w->f = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        w->h[i] = ks_f32_to_bf16(scale * rndf());
+        w->f[i] = ks_bf16_to_f32(w->h[i]);
+    }
+    ks_st_tensor t;
+    memset(&t, 0, sizeof t);
+    t.name = "w";
+    t.dtype = KS_DT_BF16;
+    t.ndim = cols == 1 ? 1 : 2;
+    t.shape[0] = rows;
+    t.shape[1] = cols;
+    t.data = w->h;
+    t.nbytes = n * 2;
+    if (cols == 1) { /* a vector (bias): float32 on both */
+        t.dtype = KS_DT_F32;
+        t.data = w->f;
+        t.nbytes = n * 4;
+    }
+    w->d = dput(t.data, t.nbytes); /* the same values as a plain device array, for the kernel */
+    return !w->d || CPU->weight_create(CPU, &t, 0, rows, &w->c) || GPU->weight_create(GPU, &t, 0, rows, &w->g) ? -1 : 0;
+}
+static void wfree(wpair *w) {
+    if (w->c) CPU->weight_free(CPU, w->c);
+    if (w->g) GPU->weight_free(GPU, w->g);
+    if (w->d) GPU->free(GPU, w->d);
+    free(w->f);
+    free(w->h);
+}
+
+/* sum_k |x_k w_k| per output (n, out): the scale of each dot's rounding */
+static double *abs_dots(const float *x, const float *W, int n, int in, int out) {
+    double *s = malloc(sizeof(double) * (size_t)n * out);
+    for (int r = 0; r < n; r++)
+        for (int o = 0; o < out; o++) {
+            double a = 0;
+            for (int k = 0; k < in; k++) a += fabs((double)x[(size_t)r * in + k] * W[(size_t)o * in + k]);
+            s[(size_t)r * out + o] = a;
+        }
+    return s;
+}
+
+/* max over outputs of |g - c| / (tol scale); ok when <= 1 and all finite */
+static double worst(const float *g, const float *c, const double *scale, const float *extra, size_t n, double rel) {
+    double w = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(g[i])) return INFINITY;
+        double lim = rel * (scale[i] + (extra ? fabs(extra[i]) : 0)) + 1e-30;
+        double e = fabs((double)g[i] - c[i]) / lim;
+        if (e > w) w = e;
+    }
+    return w;
+}
+
+typedef struct kcase { int n, in, out, mode, nseg, bias, xbf, splits, impl; } kcase;
+
+static void run_kcase(const kcase *k) {
+    int n = k->n, in = k->in, nseg = k->nseg, outs[3] = {k->out, k->out / 2 + 8, k->out / 2 + 8};
+    if (k->mode == KS_GEMM_ROWS_SWIGLU) outs[1] = k->out;
+    char name[160];
+    snprintf(name, sizeof name, "%s n=%d in=%d out=%d %s seg=%d%s x=%s split=%d", k->impl == 1 ? "regs" : "ring", n, in, k->out,
+             k->mode == 0 ? "store" : k->mode == 1 ? "acc" : "swiglu", nseg, k->bias ? " bias" : "", k->xbf ? "bf16" : "f32",
+             k->splits);
+    wpair W[3], B[3];
+    memset(W, 0, sizeof W);
+    memset(B, 0, sizeof B);
+    float *x = malloc(sizeof(float) * (size_t)n * in), *xr = malloc(sizeof(float) * (size_t)n * in);
+    uint16_t *xh = malloc(2 * (size_t)n * in);
+    for (size_t i = 0; i < (size_t)n * in; i++) {
+        x[i] = rndf() * 2.0f;
+        xh[i] = ks_f32_to_bf16(x[i]);
+        xr[i] = ks_bf16_to_f32(xh[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < nseg; i++) {
+        bad |= wmake(&W[i], outs[i], in, 0.5f);
+        if (k->bias) bad |= wmake(&B[i], outs[i], 1, 1.0f);
+    }
+    void *dx = bad ? NULL : dput(k->xbf ? (const void *)xh : (const void *)x, (size_t)n * in * (k->xbf ? 2 : 4));
+    float *y0[3] = {0}, *dy[3] = {0}, *gy[3] = {0}, *cy[3] = {0};
+    ks_gemm_rows_args a;
+    memset(&a, 0, sizeof a);
+    a.x = dx;
+    a.x_bf16 = k->xbf;
+    a.n = n;
+    a.in = in;
+    a.n_seg = nseg;
+    a.mode = k->mode;
+    a.splits = k->splits;
+    a.impl = k->impl;
+    int nout = k->mode == KS_GEMM_ROWS_SWIGLU ? 1 : nseg;
+    for (int i = 0; i < nout && !bad; i++) {
+        size_t m = (size_t)n * outs[i];
+        y0[i] = malloc(sizeof(float) * m);
+        gy[i] = malloc(sizeof(float) * m);
+        cy[i] = malloc(sizeof(float) * m);
+        for (size_t j = 0; j < m; j++) y0[i][j] = k->mode == KS_GEMM_ROWS_ACC ? rndf() : NAN;
+        dy[i] = dput(y0[i], sizeof(float) * m);
+        if (!dy[i]) bad = 1;
+    }
+    for (int i = 0; i < nseg && !bad; i++) {
+        a.W[i] = W[i].d;
+        a.bias[i] = k->bias ? (const float *)B[i].d : NULL;
+        a.y[i] = dy[k->mode == KS_GEMM_ROWS_SWIGLU ? 0 : i];
+        a.rows[i] = outs[i];
+    }
+    ks_status st = bad || !dx ? KS_ERR_OOM : ks_cuda_gemm_rows(ks_cuda_backend_stream(GPU), &a, ks_cuda_backend_sm_count(GPU));
+    for (int i = 0; i < nout && !st; i++) st = GPU->download(GPU, gy[i], dy[i], sizeof(float) * (size_t)n * outs[i]);
+    if (st) { result(0, name, "%s", ks_last_error()); goto out; }
+    double w = 0;
+    if (k->mode == KS_GEMM_ROWS_SWIGLU) {
+        size_t m = (size_t)n * outs[0];
+        float *u = malloc(sizeof(float) * m);
+        st = ks_cpu_matmul(CPU, cy[0], xr, W[0].c, NULL, n, in, outs[0]);
+        if (!st) st = ks_cpu_matmul(CPU, u, xr, W[1].c, NULL, n, in, outs[0]);
+        double *sg = abs_dots(xr, W[0].f, n, in, outs[0]), *su = abs_dots(xr, W[1].f, n, in, outs[0]);
+        for (size_t j = 0; j < m && !st; j++) { /* error of g and u carried through silu(g) * u */
+            float g = cy[0][j];
+            double silu = g / (1.0 + exp(-(double)g));
+            sg[j] = 1.1 * sg[j] * fabs(u[j]) + fabs(silu) * su[j] + 1e-2 * fabs(silu * u[j]);
+        }
+        if (!st) st = ks_cpu_swiglu(CPU, cy[0], cy[0], u, m);
+        w = st ? INFINITY : worst(gy[0], cy[0], sg, NULL, m, 1e-4);
+        free(u);
+        free(sg);
+        free(su);
+    } else {
+        for (int i = 0; i < nseg && !st; i++) {
+            size_t m = (size_t)n * outs[i];
+            st = ks_cpu_matmul(CPU, cy[i], xr, W[i].c, k->bias ? B[i].c : NULL, n, in, outs[i]);
+            double *s = abs_dots(xr, W[i].f, n, in, outs[i]);
+            float *extra = malloc(sizeof(float) * m);
+            for (size_t j = 0; j < m; j++) {
+                extra[j] = (k->bias ? B[i].f[j % outs[i]] : 0) + (k->mode == KS_GEMM_ROWS_ACC ? y0[i][j] : 0);
+                if (k->mode == KS_GEMM_ROWS_ACC) cy[i][j] = y0[i][j] + cy[i][j];
+            }
+            double wi = st ? INFINITY : worst(gy[i], cy[i], s, extra, m, 1e-5);
+            if (wi > w) w = wi;
+            free(s);
+            free(extra);
+        }
+    }
+    /* the same call again (outputs reset): the same bits */
+    int same = 1;
+    for (int i = 0; i < nout && !st; i++) st = GPU->upload(GPU, dy[i], y0[i], sizeof(float) * (size_t)n * outs[i]);
+    if (!st) st = ks_cuda_gemm_rows(ks_cuda_backend_stream(GPU), &a, ks_cuda_backend_sm_count(GPU));
+    for (int i = 0; i < nout && !st; i++) {
+        size_t m = (size_t)n * outs[i];
+        float *g2 = malloc(sizeof(float) * m);
+        st = GPU->download(GPU, g2, dy[i], sizeof(float) * m);
+        if (!st && memcmp(g2, gy[i], sizeof(float) * m)) same = 0;
+        free(g2);
+    }
+    result(!st && w <= 1.0 && same, name, "err/bound %.3g%s", w, same ? "" : ", runs differ");
+out:
+    for (int i = 0; i < 3; i++) {
+        if (dy[i]) GPU->free(GPU, dy[i]);
+        free(y0[i]);
+        free(gy[i]);
+        free(cy[i]);
+        wfree(&W[i]);
+        wfree(&B[i]);
+    }
+    if (dx) GPU->free(GPU, dx);
+    free(x);
+    free(xr);
+    free(xh);
+}
+
+static void refusals(void) {
+    float *d = GPU->alloc(GPU, 4096);
+    ks_gemm_rows_args a;
+    memset(&a, 0, sizeof a);
+    a.x = d;
+    a.n = 4;
+    a.in = 64;
+    a.n_seg = 1;
+    a.W[0] = d;
+    a.y[0] = d;
+    a.rows[0] = 8;
+    cudaStream_t s = ks_cuda_backend_stream(GPU);
+    struct { const char *name; int n, in, off, swb; } c[] = {
+        {"n 0 refused", 0, 64, 0, 0}, {"n 65 refused", 65, 64, 0, 0}, {"in 12 refused", 4, 12, 0, 0},
+        {"x misaligned refused", 4, 64, 4, 0}, {"SwiGLU with a bias refused", 4, 64, 0, 1}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        ks_gemm_rows_args b = a;
+        b.n = c[i].n;
+        b.in = c[i].in;
+        b.x = (const char *)d + c[i].off;
+        if (c[i].swb) {
+            b.mode = KS_GEMM_ROWS_SWIGLU;
+            b.n_seg = 2;
+            b.W[1] = d;
+            b.y[1] = d;
+            b.rows[1] = 8;
+            b.bias[0] = d;
+        }
+        ks_status st = ks_cuda_gemm_rows(s, &b, 132);
+        result(st == KS_ERR_UNSUPPORTED && !strchr(ks_last_error(), '\n'), c[i].name, "%s", ks_last_error());
+    }
+    GPU->free(GPU, d);
+}
+
+/* the backend ops at n rows against the CPU composition */
+static void backend_ops(int n) {
+    int D = 256, QD = 256, KD = 64, F = 384;
+    char name[120];
+    wpair Wq, Wk, Wv, Wo, Wg, Wu, Wd, bq, bk, bv;
+    int bad = wmake(&Wq, QD, D, 0.3f) | wmake(&Wk, KD, D, 0.3f) | wmake(&Wv, KD, D, 0.3f) | wmake(&Wo, D, QD, 0.3f) |
+              wmake(&Wg, F, D, 0.3f) | wmake(&Wu, F, D, 0.3f) | wmake(&Wd, D, F, 0.3f) | wmake(&bq, QD, 1, 1.f) |
+              wmake(&bk, KD, 1, 1.f) | wmake(&bv, KD, 1, 1.f);
+    size_t mx = (size_t)n * F;
+    float *x = malloc(sizeof(float) * n * D), *xr = malloc(sizeof(float) * n * D), *c1 = malloc(sizeof(float) * mx),
+          *c2 = malloc(sizeof(float) * mx), *c3 = malloc(sizeof(float) * mx), *g1 = malloc(sizeof(float) * mx);
+    for (int i = 0; i < n * D; i++) xr[i] = bf16r(x[i] = rndf());
+    float *dx = dput(x, sizeof(float) * n * D), *d1 = dput(NULL, sizeof(float) * mx), *d2 = dput(NULL, sizeof(float) * mx),
+          *d3 = dput(NULL, sizeof(float) * mx), *dt = dput(NULL, sizeof(float) * mx);
+    ks_status st = bad || !dx || !d1 || !d2 || !d3 || !dt ? KS_ERR_OOM : KS_OK;
+    /* q|k|v with biases, no norm, no rope, no cache */
+    if (!st) st = ks_cuda_dense_qkv(GPU, NULL, d1, d2, d3, dx, NULL, 0, NULL, Wq.g, Wk.g, Wv.g, bq.g, bk.g, bv.g, n, D, 4, 1, 64, NULL, NULL, 0);
+    double w = 0;
+    const wpair *ws[3] = {&Wq, &Wk, &Wv}, *bs[3] = {&bq, &bk, &bv};
+    float *ds[3] = {d1, d2, d3};
+    int os[3] = {QD, KD, KD};
+    for (int i = 0; i < 3 && !st; i++) {
+        if ((st = GPU->download(GPU, g1, ds[i], sizeof(float) * n * os[i])) ||
+            (st = ks_cpu_matmul(CPU, c1, xr, ws[i]->c, bs[i]->c, n, D, os[i])))
+            break;
+        double *s = abs_dots(xr, ws[i]->f, n, D, os[i]);
+        for (int j = 0; j < n * os[i]; j++) c2[j] = bs[i]->f[j % os[i]];
+        double wi = worst(g1, c1, s, c2, (size_t)n * os[i], 1e-5);
+        if (wi > w) w = wi;
+        free(s);
+    }
+    snprintf(name, sizeof name, "backend q|k|v + biases, n=%d", n);
+    result(!st && w <= 1, name, "err/bound %.3g %s", w, st ? ks_last_error() : "");
+    /* matmul_add: y = y0 + x Wo^T */
+    w = INFINITY;
+    for (int i = 0; i < n * D; i++) c1[i] = rndf();
+    if (!st) st = GPU->upload(GPU, d1, c1, sizeof(float) * n * D);
+    if (!st) st = ks_cuda_dense_matmul_add(GPU, d1, dx, Wo.g, NULL, n, QD, D);
+    if (!st) st = GPU->download(GPU, g1, d1, sizeof(float) * n * D);
+    if (!st) st = ks_cpu_matmul(CPU, c2, xr, Wo.c, NULL, n, QD, D);
+    if (!st) {
+        double *s = abs_dots(xr, Wo.f, n, QD, D);
+        for (int i = 0; i < n * D; i++) c2[i] += c1[i];
+        w = worst(g1, c2, s, c1, (size_t)n * D, 1e-5);
+        free(s);
+    }
+    snprintf(name, sizeof name, "backend matmul_add, n=%d", n);
+    result(!st && w <= 1, name, "err/bound %.3g %s", w, st ? ks_last_error() : "");
+    /* MLP: x += Wd (silu(Wg x) * (Wu x)); the twin rounds the intermediate to bf16 as the down GEMM reads it */
+    w = INFINITY;
+    for (int i = 0; i < n * D; i++) c3[i] = rndf();
+    if (!st) st = GPU->upload(GPU, d3, c3, sizeof(float) * n * D);
+    if (!st) st = ks_cuda_dense_mlp_bf16(GPU, d3, dx, Wg.g, Wu.g, Wd.g, n, D, F);
+    if (!st) st = GPU->download(GPU, g1, d3, sizeof(float) * n * D);
+    if (!st) st = ks_cpu_matmul(CPU, c1, xr, Wg.c, NULL, n, D, F);
+    if (!st) st = ks_cpu_matmul(CPU, c2, xr, Wu.c, NULL, n, D, F);
+    if (!st) st = ks_cpu_swiglu(CPU, c1, c1, c2, (size_t)n * F);
+    if (!st) {
+        for (size_t i = 0; i < (size_t)n * F; i++) c1[i] = bf16r(c1[i]);
+        st = ks_cpu_matmul(CPU, c2, c1, Wd.c, NULL, n, F, D);
+    }
+    if (!st) { /* a ulp of bf16 in an intermediate may flip: bound 2^-8 of sum |h_k w_k| */
+        double *s = abs_dots(c1, Wd.f, n, F, D);
+        for (int i = 0; i < n * D; i++) c2[i] += c3[i];
+        w = worst(g1, c2, s, c3, (size_t)n * D, 4e-3);
+        free(s);
+    }
+    snprintf(name, sizeof name, "backend MLP (gate|up SwiGLU, down + residual), n=%d", n);
+    result(!st && w <= 1, name, "err/bound %.3g %s", w, st ? ks_last_error() : "");
+    wfree(&Wq), wfree(&Wk), wfree(&Wv), wfree(&Wo), wfree(&Wg), wfree(&Wu), wfree(&Wd), wfree(&bq), wfree(&bk), wfree(&bv);
+    GPU->free(GPU, dx), GPU->free(GPU, d1), GPU->free(GPU, d2), GPU->free(GPU, d3), GPU->free(GPU, dt);
+    free(x), free(xr), free(c1), free(c2), free(c3), free(g1);
+}
+
+/* ------------------------------------------------------------------ timing (--bench) */
+
+static cudaStream_t S;
+static double g_copy;
+
+typedef void (*op_fn)(void *ctx, int rep);
+static double time_ms(op_fn f, void *ctx, int reps) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    for (int i = 0; i < 3; i++) f(ctx, i);
+    float best[64];
+    for (int i = 0; i < reps; i++) {
+        cudaEventRecord(a, S);
+        f(ctx, i);
+        cudaEventRecord(b, S);
+        cudaEventSynchronize(b);
+        cudaEventElapsedTime(&best[i], a, b);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    for (int i = 1; i < reps; i++) /* median */
+        for (int j = i; j > 0 && best[j] < best[j - 1]; j--) { float t = best[j]; best[j] = best[j - 1]; best[j - 1] = t; }
+    return best[reps / 2];
+}
+
+typedef struct bop {
+    const char *name;
+    int nseg, in, rows[3], mode; /* mode: 0 plain, 1 acc (o, down), 2 swiglu (gate|up) */
+    int n, nw, splits, impl;
+    void *W[8][3];
+    float *x, *y[3], *tmp;
+    void *xb, *gb, *ub;
+    cublasHandle_t h;
+} bop;
+
+static void run_cublas(void *p, int rep) { /* the engine's path before: convert, GEMM(s), then bias-free epilogues */
+    bop *o = p;
+    int w = rep % o->nw;
+    float one = 1, zero = 0, beta = o->mode == 1 ? 1.f : 0.f;
+    ks_cuda_convert(S, o->xb, KS_CUDA_BF16, o->x, KS_CUDA_F32, (size_t)o->n * o->in);
+    if (o->mode == 2) { /* prefill-style bf16 MLP: gate, up bf16 out, swiglu bf16 */
+        cublasGemmEx(o->h, CUBLAS_OP_T, CUBLAS_OP_N, o->rows[0], o->n, o->in, &one, o->W[w][0], CUDA_R_16BF, o->in, o->xb,
+                     CUDA_R_16BF, o->in, &zero, o->gb, CUDA_R_16BF, o->rows[0], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        cublasGemmEx(o->h, CUBLAS_OP_T, CUBLAS_OP_N, o->rows[0], o->n, o->in, &one, o->W[w][1], CUDA_R_16BF, o->in, o->xb,
+                     CUDA_R_16BF, o->in, &zero, o->ub, CUDA_R_16BF, o->rows[0], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        ks_cuda_swiglu_bf16(S, o->gb, o->gb, o->ub, (size_t)o->n * o->rows[0]);
+        return;
+    }
+    for (int i = 0; i < o->nseg; i++)
+        cublasGemmEx(o->h, CUBLAS_OP_T, CUBLAS_OP_N, o->rows[i], o->n, o->in, &one, o->W[w][i], CUDA_R_16BF, o->in, o->xb,
+                     CUDA_R_16BF, o->in, &beta, o->y[i], CUDA_R_32F, o->rows[i], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+static void run_gemm_only(void *p, int rep) { /* cuBLAS's GEMMs alone on bf16 x */
+    bop *o = p;
+    int w = rep % o->nw, segs = o->mode == 2 ? 2 : o->nseg;
+    float one = 1, zero = 0;
+    for (int i = 0; i < segs; i++)
+        cublasGemmEx(o->h, CUBLAS_OP_T, CUBLAS_OP_N, o->rows[i], o->n, o->in, &one, o->W[w][i], CUDA_R_16BF, o->in, o->xb,
+                     CUDA_R_16BF, o->in, &zero, o->y[0], CUDA_R_32F, o->rows[i], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+static void run_skinny(void *p, int rep) {
+    bop *o = p;
+    int w = rep % o->nw;
+    ks_gemm_rows_args a;
+    memset(&a, 0, sizeof a);
+    a.x = o->x;
+    a.n = o->n;
+    a.in = o->in;
+    a.n_seg = o->mode == 2 ? 2 : o->nseg;
+    a.mode = o->mode == 2 ? KS_GEMM_ROWS_SWIGLU : o->mode == 1 ? KS_GEMM_ROWS_ACC : KS_GEMM_ROWS_STORE;
+    a.splits = o->splits;
+    a.impl = o->impl;
+    for (int i = 0; i < a.n_seg; i++) {
+        a.W[i] = o->W[w][i];
+        a.y[i] = o->mode == 2 ? o->y[0] : o->y[i];
+        a.rows[i] = o->rows[i];
+    }
+    ks_status st = ks_cuda_gemm_rows(S, &a, ks_cuda_backend_sm_count(GPU));
+    if (st) fprintf(stderr, "skinny: %s\n", ks_last_error());
+}
+
+static void bench_op(cublasHandle_t h, const char *name, int nseg, int in, const int *rows, int mode, int n) {
+    bop o;
+    memset(&o, 0, sizeof o);
+    o.name = name;
+    o.nseg = nseg;
+    o.in = in;
+    o.mode = mode;
+    o.n = n;
+    o.h = h;
+    size_t wb = 0;
+    for (int i = 0; i < nseg; i++) { o.rows[i] = rows[i]; wb += (size_t)rows[i] * in * 2; }
+    o.nw = (int)(((size_t)400 << 20) / wb + 1); /* rotate: > 400 MB of weights, beyond any L2 */
+    if (o.nw > 8) o.nw = 8;
+    for (int c = 0; c < o.nw; c++)
+        for (int i = 0; i < nseg; i++) {
+            cudaMalloc(&o.W[c][i], (size_t)rows[i] * in * 2);
+            ks_cuda_random(S, o.W[c][i], KS_CUDA_BF16, rows[i], in, 100 + c * 3 + i, 0.1f, 0.f);
+        }
+    cudaMalloc((void **)&o.x, sizeof(float) * n * in);
+    ks_cuda_random(S, o.x, KS_CUDA_F32, n, in, 7, 1.f, 0.f);
+    cudaMalloc(&o.xb, 2 * (size_t)n * in);
+    for (int i = 0; i < nseg; i++) {
+        cudaMalloc((void **)&o.y[i], sizeof(float) * n * rows[i]);
+        cudaMemsetAsync(o.y[i], 0, sizeof(float) * n * rows[i], S);
+    }
+    if (mode == 2) { cudaMalloc(&o.gb, 2 * (size_t)n * rows[0]); cudaMalloc(&o.ub, 2 * (size_t)n * rows[0]); }
+    double gb = wb / 1e9;
+    char line[160];
+    if (n >= 2) { /* the n = 1 rows of the engine take the gemv (bench_kernels), not these */
+        double t = time_ms(run_cublas, &o, 21);
+        snprintf(line, sizeof line, "%s n=%d: before (convert + cuBLAS%s)", name, n, mode == 2 ? " + swiglu" : "");
+        printf("%-60s %9.1f us %7.0f GB/s %4.0f%%\n", line, t * 1e3, gb / (t * 1e-3), 100 * gb / (t * 1e-3) / g_copy);
+    }
+    ks_cuda_convert(S, o.xb, KS_CUDA_BF16, o.x, KS_CUDA_F32, (size_t)n * in);
+    double t = time_ms(run_gemm_only, &o, 21);
+    snprintf(line, sizeof line, "%s n=%d: cuBLAS GEMM alone (bf16 x)", name, n);
+    printf("%-60s %9.1f us %7.0f GB/s %4.0f%%\n", line, t * 1e3, gb / (t * 1e-3), 100 * gb / (t * 1e-3) / g_copy);
+    int sp[] = {0, 1, 2, 4, 8};
+    for (int impl = 1; impl <= 2; impl++)
+        for (int k = 0; k < 5; k++) {
+            o.splits = sp[k];
+            o.impl = impl;
+            t = time_ms(run_skinny, &o, 21);
+            snprintf(line, sizeof line, "%s n=%d: skinny %s split %s", name, n, impl == 1 ? "regs" : "ring", sp[k] ? "" : "auto");
+            if (sp[k]) snprintf(line + strlen(line), sizeof line - strlen(line), "%d", sp[k]);
+            printf("%-60s %9.1f us %7.0f GB/s %4.0f%%\n", line, t * 1e3, gb / (t * 1e-3), 100 * gb / (t * 1e-3) / g_copy);
+        }
+    fflush(stdout);
+    for (int c = 0; c < o.nw; c++)
+        for (int i = 0; i < nseg; i++) cudaFree(o.W[c][i]);
+    for (int i = 0; i < nseg; i++) cudaFree(o.y[i]);
+    cudaFree(o.x), cudaFree(o.xb), cudaFree(o.gb), cudaFree(o.ub);
+}
+
+static void bench(void) {
+    S = ks_cuda_backend_stream(GPU);
+    size_t bytes = (size_t)1 << 30;
+    void *a, *b;
+    cudaMalloc(&a, bytes);
+    cudaMalloc(&b, bytes);
+    cudaMemsetAsync(a, 1, bytes, S);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    float best = 1e9;
+    for (int i = 0; i < 10; i++) {
+        cudaEventRecord(e0, S);
+        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, S);
+        cudaEventRecord(e1, S);
+        cudaEventSynchronize(e1);
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (i >= 2 && ms < best) best = ms;
+    }
+    g_copy = 2.0 * bytes / (best * 1e-3) / 1e9;
+    cudaFree(a);
+    cudaFree(b);
+    struct cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    printf("\ndevice: %s, %d SMs; copy (read + write) %.0f GB/s (best of 8, 1 GiB); %% = of that\n", prop.name,
+           prop.multiProcessorCount, g_copy);
+    cublasHandle_t h;
+    if (cublasCreate(&h)) { printf("cublasCreate failed\n"); return; }
+    cublasSetStream(h, S);
+    int qkv[3] = {4096, 1024, 1024}, o[1] = {4096}, gu[3] = {14336, 14336}, dn[1] = {4096}, lm[1] = {128256};
+    int ns[] = {1, 4, 16, 64};
+    for (int i = 0; i < 4; i++) {
+        bench_op(h, "q|k|v 4096->4096+1024+1024", 3, 4096, qkv, 0, ns[i]);
+        bench_op(h, "o 4096->4096 (+= x)", 1, 4096, o, 1, ns[i]);
+        bench_op(h, "gate|up 4096->2x14336 + SwiGLU", 2, 4096, gu, 2, ns[i]);
+        bench_op(h, "down 14336->4096 (+= x)", 1, 14336, dn, 1, ns[i]);
+        bench_op(h, "lm_head 4096->128256", 1, 4096, lm, 0, ns[i]);
+    }
+    cublasDestroy(h);
+}
+
+int main(int argc, char **argv) {
+    int quick = 0, do_bench = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--bench")) do_bench = 1;
+        else { fprintf(stderr, "usage: %s [--quick] [--bench]\n", argv[0]); return 2; }
+    }
+    ks_backend_opts go = ks_backend_opts_default();
+    go.graphs = 0;
+    if (ks_cpu_backend_create(NULL, &CPU) || ks_cuda_backend_create(&go, &GPU)) {
+        fprintf(stderr, "backends: %s\n", ks_last_error());
+        return 2;
+    }
+    static const kcase cs[] = {
+        {2, 64, 16, 0, 1, 0, 0, 0, 0},      {16, 256, 300, 0, 1, 1, 0, 0, 0},  {64, 4096, 256, 0, 1, 0, 0, 0, 0},
+        {64, 4096, 256, 0, 1, 0, 0, 8, 0},  {17, 200, 1000, 0, 1, 1, 0, 3, 0}, {33, 520, 37, 1, 1, 1, 0, 0, 0},
+        {9, 4096, 1000, 1, 1, 0, 1, 0, 0},  {5, 1024, 512, 0, 3, 1, 0, 0, 0},  {64, 1024, 600, 0, 3, 0, 1, 2, 0},
+        {8, 512, 300, 2, 2, 0, 0, 0, 0},    {64, 2048, 520, 2, 2, 0, 0, 4, 0}, {24, 4096, 129, 2, 2, 0, 1, 8, 0},
+        {1, 128, 100, 0, 1, 1, 0, 0, 0},    {3, 14336, 64, 1, 1, 0, 0, 0, 0},  {40, 8, 33, 0, 1, 0, 0, 1, 0},
+    };
+    int nc = (int)(sizeof cs / sizeof cs[0]);
+    for (int impl = 1; impl <= 2; impl++)
+        for (int i = 0; i < nc; i++)
+            if (!quick || cs[i].in <= 4096) {
+                kcase k = cs[i];
+                k.impl = impl;
+                run_kcase(&k);
+            }
+    refusals();
+    backend_ops(5);
+    backend_ops(64);
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    if (do_bench) bench();
+    GPU->destroy(GPU);
+    CPU->destroy(CPU);
+    return g_fail ? 1 : 0;
+}
