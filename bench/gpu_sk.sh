@@ -1,14 +1,15 @@
 # The skinny GEMM's GPU figures (issue 16: the batched decode step's dense layers) in one device
 # call, GPU 0, under a deadline (DEADLINE seconds, default 230): each step runs only while the
 # call's wall time is under its limit, and none fails the call. Outputs under $OUT/sk/.
-#   test     test_gemm_rows: kernel and backend ops against the CPU backend's matmul; test_cuda
-#            --quick (every backend op and end-to-end prefill / decode against the CPU: prefill
-#            of up to 64 rows now takes the skinny GEMM) with .data/stories260K when carried
+#   test     test_gemm_rows: kernel and backend ops against the CPU backend's matmul
+#   parity   test_cuda --quick (every backend op and end-to-end prefill / decode against the CPU:
+#            prefill of up to 64 rows now takes the skinny GEMM), with .data/stories260K
 #   ops      test_gemm_rows --quick --bench: the 8B shapes at n = 1, 4, 16, 64 (before: convert +
 #            cuBLAS; cuBLAS alone; the skinny kernel, both weight paths, K split swept)
 #   short    kvsieve bench at 128 tokens, B = 1, 4, 16, 64: this build, then the build before it
 #   long     the same at 4096 tokens with --ttft-under-load, both builds
 #   memcheck compute-sanitizer memcheck of test_gemm_rows --quick
+#   prof     nsys (when installed): the GPU kernels of B = 16 at 128 tokens, both builds
 # Carry .data/sk (stripped, xz'd: test_gemm_rows.xz, test_cuda.xz, kvsieve.xz, kvsieve-base.xz:
 # the build of main before this work) and .data/stories260K. Usage: bash bench/gpu_sk.sh [step ...]
 T0=$(date +%s); DEADLINE=${DEADLINE:-230}
@@ -24,10 +25,8 @@ run() { # run LIMIT CMD...: at most LIMIT seconds and never past the deadline
     if [ $l -lt 5 ]; then echo "skipped: $(left) s left"; return; fi
     timeout $l "$@" 2>&1; echo "rc=$? ($(( $(date +%s) - T0 )) s into the call)"
 }
-step_test() {
-    run 40 $R/test_gemm_rows > "$O/test.txt"
-    KS_STORIES=.data/stories260K run 60 $R/test_cuda --quick | grep -v "^  ok" | tail -20 > "$O/test_cuda.txt"
-}
+step_test() { run 40 $R/test_gemm_rows > "$O/test.txt"; }
+step_parity() { KS_STORIES=.data/stories260K; export KS_STORIES; run 60 $R/test_cuda --quick | grep -v "^  ok" | tail -20 > "$O/test_cuda.txt"; }
 step_ops() { run 70 $R/test_gemm_rows --quick --bench > "$O/ops.txt"; }
 step_short() {
     run 30 $R/kvsieve $C --lengths 128 > "$O/short_new.txt"
@@ -41,7 +40,15 @@ step_memcheck() {
     CS=compute-sanitizer; command -v $CS >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
     run 40 $CS --tool memcheck --error-exitcode 1 $R/test_gemm_rows --quick | tail -5 > "$O/memcheck.txt"
 }
-for s in ${*:-test ops short long memcheck}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s; done
+step_prof() {
+    local N=nsys; command -v $N >/dev/null || N=/usr/local/cuda/bin/nsys
+    [ -x "$(command -v $N)" ] || { echo "no nsys" > "$O/prof.txt"; return; }
+    for v in kvsieve kvsieve-base; do
+        run 40 $N profile -o $R/p_$v --force-overwrite true $R/$v ${C/1,4,16,64/16} --lengths 128 > /dev/null
+        run 30 $N stats --report cuda_gpu_kern_sum --format csv $R/p_$v.nsys-rep > "$O/prof_$v.csv"
+    done
+}
+for s in ${*:-test ops short long parity memcheck prof}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s; done
 rm -rf $R
 cat "$O/card.txt"; tail -n 8 "$O"/*.txt 2>/dev/null | cut -c1-200
 true
