@@ -296,7 +296,9 @@ KS_API const char *ks_policy_name(const ks_policy *p);
 KS_API const char *ks_policy_report(const ks_policy *p, const char *key);
 KS_API int ks_policy_n_reports(const ks_policy *p);
 KS_API const char *ks_policy_report_key(const ks_policy *p, int i);
-/* Free a policy of any kind (Lua or C; NULL is a no-op). Detach it from sessions first. */
+/* Free a policy of any kind (Lua or C; NULL is a no-op). Detach it from sessions first, and free
+ * it before closing its model (device tensors a Lua policy keeps between events live in the
+ * model's backend memory). */
 KS_API void ks_policy_free(ks_policy *p);
 
 /* ---------------------------------------------------------------- C policies

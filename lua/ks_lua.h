@@ -128,11 +128,14 @@ typedef enum ks_tdtype { KS_T_ANY = -1 /* arguments: keep / infer */, KS_T_F32 =
  * copy per tensor, kept (tensors are read-only, so it never goes stale) and counted in the
  * policy's Lua memory. Owned device memory is counted separately (ks_lctx.dev_used against
  * dev_limit: the reserved parameter _device_mb) and freed by the garbage collector.
- * Lifetime: device tensors live while their event runs. When a handler returns, the state is
- * collected and every device tensor still reachable (a policy keeping a selection for the next
- * layer) moves to host memory, so nothing on a device outlives its event; views of engine
- * buffers are stale instead, as on the host. A handler that fails leaves its device tensors
- * "lost" (freed; using one is an error). */
+ * Lifetime: when a handler returns, the state is collected (garbage device tensors are freed)
+ * and every device tensor still reachable (a policy keeping a selection, a fingerprint or page
+ * summaries for later steps) stays on the device, `kept`, for any later event to use in place
+ * (tensors are read-only: nothing can go stale; counted against _device_mb until collected);
+ * views of engine buffers (ev.q, ev:kv_keys(), their slices) are stale instead, as on the host.
+ * Kept tensors are the model's backend memory: free a policy before closing its model. A
+ * handler that fails leaves the device tensors it made "lost" (freed; using one is an error);
+ * kept ones of earlier events stay valid. */
 typedef struct ks_tensor {
     ks_tdtype dtype;                   /* logical type (a bf16 device view reads as f32) */
     int ndim;                          /* 0..4 (0 = scalar) */
@@ -156,6 +159,7 @@ typedef struct ks_tensor {
     size_t host_bytes;
     ks_lctx *dctx;                     /* the list it is on (device tensors) */
     struct ks_tensor *dnext, *dprev;
+    int kept;                          /* outlived the event that made it (ks_lt_dev_settle) */
 } ks_tensor;
 
 /* A new owned contiguous tensor on the stack (data uninitialised unless zero). Raises on
@@ -198,12 +202,12 @@ const void *ks_lt_host(lua_State *L, ks_tensor *t);
 const void *ks_lt_on(lua_State *L, int arg, ks_tensor *t, struct ks_backend *be, int *pushed);
 /* Read n bytes of backend memory into dst (counted in dev_downloads). Raises on failure. */
 void ks_lt_download(lua_State *L, struct ks_backend *be, void *dst, const void *src, size_t n);
-/* End of an event: collect garbage, then move every device tensor still alive to host memory
- * (views of engine buffers are left stale). Runs under the event's protected call (raises on
- * memory errors). */
+/* End of an event: collect garbage; every device tensor still alive stays on its device, kept
+ * for later events (views of engine buffers are left stale). Runs under the event's protected
+ * call. */
 void ks_lt_dev_settle(lua_State *L);
-/* After a failed event: free what is still on a device and mark those tensors lost. Never
- * raises. */
+/* After any event (a no-op after a settle): free the device tensors the event made that are not
+ * kept and mark them lost (or host tensors where a host copy exists). Never raises. */
 void ks_lt_dev_drop(lua_State *L);
 
 /* The emulated device: the CPU backend's primitives behind a device backend, with host memory

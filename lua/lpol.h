@@ -20,7 +20,7 @@
 #define DEFAULT_MEMORY_MB 64
 #define DEFAULT_INSTRUCTIONS 100000000LL
 #define DEFAULT_SECONDS 30.0
-#define DEFAULT_DEVICE_MB 1024
+#define DEFAULT_DEVICE_MB 4096
 
 /* Where an event's views live (the reserved parameter _device, default auto; the kvsieve CLI
  * sets it from the environment variable KVSIEVE_LUA_DEVICE, repl/env_opts.c): */

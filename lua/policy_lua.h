@@ -55,13 +55,14 @@
  * and ev:kv_keys() / kv_values() are views of the device buffers (no copy) and the primitives
  * called on them run on the device, returning device tensors; element access (t:item(),
  * t:tolist(), tostring) and actions download what they read. Results a handler keeps past its
- * event (a selection reused at the next layer) move to host memory when the handler returns.
+ * event (a selection reused at the next step, page summaries) stay on the device, where later
+ * events use them without a copy (free the policy before closing its model).
  * Reserved parameter _device = "auto" (default; the kvsieve CLI sets it from the environment
  * variable KVSIEVE_LUA_DEVICE, repl/env_opts.c; the library reads no environment):
  * device views where the backend has device primitives; "host": host copies and CPU
  * primitives everywhere (the behaviour before device tensors); "emulate": on the CPU backend,
  * the emulated device of lua/emu_device.c (tests of the device path without a GPU). _device_mb
- * (default 1024, 0 = unlimited) bounds the bytes of device tensors alive at once (not counted
+ * (default 4096, 0 = unlimited) bounds the bytes of device tensors alive at once (not counted
  * in _memory_mb; host copies of device data are).
  * Handlers return nothing and act through the event object (ev:retain(...), ...). Every
  * failure (error, budget, memory, invalid return value, stale view, forbidden call) makes

@@ -12,8 +12,8 @@
  * ks_lua_core_error), which name the running event. The methods and operators are
  * lua/tensor_methods.c. Device tensors (ks_lua.h) keep their elements in backend memory; what
  * keeps them there is lua/tensor_dev.c: element access goes through one cached host copy per
- * tensor (ks_lt_host / ks_lt_rd), views of them are device views, and the end of each event
- * moves the survivors to the host (ks_lt_dev_settle). */
+ * tensor (ks_lt_host / ks_lt_rd), views of them are device views, and at the end of each event
+ * the survivors stay on the device for later events (ks_lt_dev_settle). */
 #include "tensor_impl.h"
 
 #include <math.h>

@@ -2,8 +2,9 @@
  * owned device tensors (the backend's memory, counted against _device_mb, freed by the
  * garbage collector), downloads and the one cached host copy per tensor (ks_lt_host, counted
  * in the policy's Lua memory), staging a tensor's data on a backend (ks_lt_on: uploads,
- * downloads, device gathers of strided views), and the end of an event: survivors move to
- * host memory (ks_lt_dev_settle), or are lost after a failure (ks_lt_dev_drop). The host side
+ * downloads, device gathers of strided views), and the end of an event: survivors stay on the
+ * device for later events (ks_lt_dev_settle), or are lost after a failure (ks_lt_dev_drop,
+ * which spares those kept by earlier events). The host side
  * of tensors (construction, element access, methods) is lua/tensor.c. */
 #include "tensor_impl.h"
 
@@ -247,31 +248,20 @@ const void *ks_lt_on(lua_State *L, int arg, ks_tensor *t, ks_backend *be, int *p
 void ks_lt_dev_settle(lua_State *L) {
     ks_lctx *c = ks_lua_ctx(L);
     if (!c || !c->dev_head) return;
-    lua_gc(L, LUA_GCCOLLECT);
-    /* host copies first (views of an owned tensor read its memory), then release */
-    for (ks_tensor *t = c->dev_head; t; t = t->dnext)
-        if (!t->scope) ks_lt_host(L, t);
-    while (c->dev_head) {
-        ks_tensor *t = c->dev_head;
-        dev_unlink(t);
-        if (t->scope) continue; /* a view of an engine buffer: stale from now on */
-        dev_release(t, c);
-        t->be = NULL;
-        t->bf16 = 0;
-        t->data = t->host;
-        int64_t s = 1;
-        for (int i = t->ndim - 1; i >= 0; i--) {
-            t->stride[i] = s;
-            s *= t->shape[i] > 0 ? t->shape[i] : 1;
-        }
+    lua_gc(L, LUA_GCCOLLECT); /* the event's garbage device tensors are freed now */
+    for (ks_tensor *t = c->dev_head, *next; t; t = next) {
+        next = t->dnext;
+        if (t->scope) dev_unlink(t); /* a view of an engine buffer: stale from now on */
+        else t->kept = 1;            /* owned, or a view of an owned one: stays where it is */
     }
 }
 
 void ks_lt_dev_drop(lua_State *L) {
     ks_lctx *c = ks_lua_ctx(L);
     if (!c) return;
-    while (c->dev_head) {
-        ks_tensor *t = c->dev_head;
+    for (ks_tensor *t = c->dev_head, *next; t; t = next) {
+        next = t->dnext;
+        if (t->kept) continue; /* made by an earlier event that succeeded: still valid */
         dev_unlink(t);
         if (t->scope) continue;
         dev_release(t, c);

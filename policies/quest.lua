@@ -40,8 +40,9 @@
 --   - Summaries: "keep" stores each layer's summaries between steps and computes only pages
 --     completed since (a page's summary never changes once it is full); "recompute" summarises
 --     all candidate pages at every step (one read of the keys). min / max are exact, so both
---     give the same bits. "auto" keeps them for host tensors and recomputes on a device, because
---     device tensors do not outlive their event yet (lua/tensor_dev.c moves them to the host).
+--     give the same bits. "auto" (the default) keeps them, on the host or on the device (device
+--     tensors a handler keeps stay there for later events: 2 x pages x Hkv x d floats a layer,
+--     2 GB for the 8B shape's 30 sparse layers at 128K, within _device_mb's 4096 MB default).
 --
 -- Parameters:
 --   budget        4096    tokens attended per step and layer (the current page included)
@@ -64,7 +65,7 @@ _reset()
 
 -- Summaries (lo, hi) of the complete pages [0, npages) of this layer's keys K (N, Hkv, d).
 local function _summaries(ev, p, K, npages)
-  local keep = p.summaries == "keep" or (p.summaries == "auto" and K.device == "cpu")
+  local keep = p.summaries ~= "recompute"
   if not keep then return ks.page_reduce(K, p.page, "minmax", { pages = { 0, npages } }) end
   local c = state.sum[ev.layer]
   if not c or c.n > npages then

@@ -768,7 +768,12 @@ KT_TEST(lua_device_emulated_policies_match_host) {
         int has_handlers = strcmp(cases[c].name, "full") && strcmp(cases[c].name, "streamingllm"); /* those make no tensor */
         KT_CHECK(!has_handlers || emu.ds.allocs > 0, "%s: no device tensor was made", cases[c].name);
         KT_CHECK(host.ds.allocs == 0, "%s: the host mode made device tensors", cases[c].name);
-        KT_CHECK(emu.ds.used == 0, "%s: %zu device bytes outlived the events", cases[c].name, emu.ds.used);
+        /* garbage device tensors are freed at each event's end; what outlives the request is what
+         * the policy's state still holds: nothing, but for ASL's per-layer scores and
+         * TokenSelect's selection cache */
+        int keeps = !strcmp(cases[c].name, "asl") || strstr(cases[c].params, "cache_theta");
+        KT_CHECK(keeps ? emu.ds.used > 0 : emu.ds.used == 0, "%s: %zu device bytes outlived the events", cases[c].name,
+                 emu.ds.used);
         if (getenv("KS_TEST_VERBOSE")) fprintf(stderr, "\n      reports: %.300s; restart %d; rows after the last layer %d", emu.reports, emu.n_restart, emu.prop[emu.n_layers - 1]);
         fprintf(stderr, "\n    %-12s %-62s host %.2f s, emulated %.2f s: %ld device tensors, %ld downloads, peak %.1f KB",
                 cases[c].name, cases[c].params, t1 - t0, t2 - t1, emu.ds.allocs, emu.ds.downloads, emu.ds.peak / 1024.0);
@@ -781,8 +786,9 @@ KT_TEST(lua_device_emulated_policies_match_host) {
 
 /* Every primitive and tensor method on device tensors (views of ev.q / ev.k / the KV cache,
  * uploads, strided slices, mixed host/device inputs) against the same call on host copies:
- * identical results, device outputs on the device; results kept past an event move to the
- * host; stale views, bad indices and an out-of-range gather give their named errors. */
+ * identical results, device outputs on the device; results kept past an event stay on the
+ * device with their values; stale views, bad indices and an out-of-range gather give their
+ * named errors. */
 static const char *dev_prims_lua =
     "local ks = require 'kvsieve'\n"
     "local m = ks.load('models/kvsieve-tiny')\n"
@@ -812,8 +818,8 @@ static const char *dev_prims_lua =
     "local r = s:generate(ids, {n = 3, set = {_device = 'emulate'}, policy = {\n"
     "  prefill_qkv = function(ev)\n"
     "    if ev.layer == 1 then\n"
-    "      -- what layer 0 kept: moved to the host with its values; its view of ev.q is stale\n"
-    "      assert(not tostring(kept):find(' on emu', 1, true), tostring(kept)); eq(kept, later.kept, 'kept')\n"
+    "      -- what layer 0 kept: still on the device with its values; its view of ev.q is stale\n"
+    "      on_dev(kept, 'kept at layer 1'); eq(kept, later.kept, 'kept')\n"
     "      assert(kept.device == 'cpu')\n"
     "      local ok, e = pcall(function() return saved:tolist() end)\n"
     "      assert(not ok and e:find('tensor view used after its event ended', 1, true), e)\n"
@@ -898,6 +904,63 @@ KT_TEST(lua_device_emulated_prims_match_host) {
     KT_CHECK(!*e, "%s", e);
 }
 
+/* A device tensor a handler keeps (an attend list reused at the next decode step) stays on the
+ * device: the next step attends it in place, with no download and no copy; the generated ids
+ * equal the host path's; after the request the device holds exactly the kept list (8 int32),
+ * and a second request on the same policy (begin drops the old list) holds the same bytes, not
+ * twice as many: the old one was collected. */
+KT_TEST(lua_device_kept_tensors_stay_on_device) {
+    ks_lua_quiet = 1;
+    ks_model *m;
+    KT_CHECK(ks_model_open("models/kvsieve-tiny", "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_session *s;
+    KT_CHECK(ks_session_create(m, &s) == KS_OK, "%s", ks_last_error());
+    int32_t prompt[200];
+    uint64_t x = 88172645463325252ull;
+    prompt[0] = m->cfg.bos;
+    for (int i = 1; i < 200; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        prompt[i] = 3 + (int32_t)(x % (uint64_t)(m->cfg.vocab - 3));
+    }
+    static const char *src =
+        "local ks = require 'kvsieve'\n"
+        "local sel\n"
+        "return { params = { },\n"
+        "  begin = function() sel = nil end,\n"
+        "  decode_qkv = function(ev)\n"
+        "    if ev.layer ~= 0 then return end\n"
+        "    -- the previous step's 8 best rows, and this step's own row\n"
+        "    local n = ev.kv_rows[1]\n"
+        "    if sel then ev:attend(ks.concat(sel, ks.arange(n - 1, n))) end\n"
+        "    local sc = ks.scores(ev.q, ev:kv_keys(), {scale = 'none', reduce = 'sum'})\n"
+        "    sel = ks.topk(sc, 8) -- on the device: ascending rows of [0, n)\n"
+        "  end }\n";
+    gen_out o[3];
+    ks_lpol_devstats ds[3];
+    for (int r = 0; r < 3; r++) { /* host path, then twice on the emulated device */
+        ks_policy *p;
+        KT_CHECK(ks_policy_load_string(m, "keep.lua", src, &p) == KS_OK, "%s", ks_last_error());
+        KT_CHECK(ks_policy_set(p, "_device", r ? "emulate" : "host") == KS_OK, "%s", ks_last_error());
+        generate(s, p, prompt, 200, 6, &o[r]);
+        ks_lpol_dev_stats(p, &ds[r]);
+        KT_CHECK(o[r].st == KS_OK, "run %d: %s", r, o[r].err);
+        if (r == 2) { /* the same policy again: its first request's list is garbage now */
+            generate(s, p, prompt, 200, 6, &o[r]);
+            KT_CHECK(o[r].st == KS_OK, "second request: %s", o[r].err);
+            ks_lpol_dev_stats(p, &ds[r]);
+        }
+        ks_policy_free(p);
+    }
+    KT_CHECK(o[0].n == 6 && same_ids(&o[0], &o[1]) && same_ids(&o[0], &o[2]), "the kept list changed the ids");
+    KT_CHECK(ds[1].allocs > 0 && ds[1].downloads == 0, "emulated device: %ld tensors, %ld downloads", ds[1].allocs,
+             ds[1].downloads);
+    KT_CHECK(ds[1].used == 8 * sizeof(int32_t), "after the request %zu device bytes (the kept list is 32)", ds[1].used);
+    KT_CHECK(ds[2].used == 8 * sizeof(int32_t), "after a second request %zu device bytes (32: the old list collected)",
+             ds[2].used);
+    ks_session_free(s);
+    ks_model_close(m);
+}
+
 /* Failures on the device path: an injected device allocation failure, the _device_mb limit,
  * a device tensor kept by a handler that then failed ("lost"); each a named error, nothing
  * leaks (ASan), and the policy works again afterwards. */
@@ -961,7 +1024,9 @@ KT_TEST(lua_device_emulated_errors) {
     KT_CHECK(top && !strcmp(top, top1), "top %s vs %s", top ? top : "-", top1);
     ks_lpol_devstats ds;
     ks_lpol_dev_stats(p, &ds);
-    KT_CHECK(ds.used == 0 && ds.allocs > 0 && !strcmp(ds.mode, "emulate"), "used %zu allocs %ld mode %s", ds.used, ds.allocs, ds.mode);
+    /* the global G keeps its 5 indices on the device, and nothing else is left there */
+    KT_CHECK(ds.used == 5 * sizeof(int32_t) && ds.allocs > 0 && !strcmp(ds.mode, "emulate"), "used %zu allocs %ld mode %s",
+             ds.used, ds.allocs, ds.mode);
     ks_policy_free(p);
     ks_session_free(s);
     ks_model_close(m);
