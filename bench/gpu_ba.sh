@@ -52,7 +52,7 @@ step_ncu() { # launches 1-63 of --time-only are B = 1, 4, 16 (21 each): the 6th 
         --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem \
         $R/new/test_attn_decode_batch --time-only 2>&1 | grep -E "stalled|dram__|warps_active|bank|gpu__time|launch__|rc=|==ERR|adb_kernel" > $O/ncu.txt
 }
-for s in ${*:-test base bench memcheck var ncu}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s || true; done
+for s in ${*:-test base var memcheck bench ncu}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s || true; done
 rm -rf $R
 cat $O/card.txt; tail -n 25 $O/test.txt $O/test_base.txt $O/var-*.txt $O/bench.txt $O/base_bench.txt $O/memcheck.txt 2>/dev/null
 true
