@@ -28,8 +28,15 @@
 namespace cg = cooperative_groups;
 
 #define GR_WARPS 8
-#define GR_TILE (GR_WARPS * 32) /* output rows of a block (two m16 tiles a warp) */
-#define GR_MAX_SPLIT 8          /* portable cluster size */
+#define GR_MAX_SPLIT 8 /* portable cluster size */
+#define GR_STAGES 3    /* smem ring: stages per lane (two in flight while one is multiplied) */
+#define GR_RU 2        /* smem ring: 32-column steps a stage */
+
+/* Output rows of a block: 8 warps of MT m16 tiles */
+template <int MT> struct gr_shape {
+    static constexpr int WR = 16 * MT, TR = GR_WARPS * WR;
+    static constexpr size_t RING = (size_t)GR_WARPS * GR_STAGES * GR_RU * 2 * MT * 32 * 16; /* bytes */
+};
 
 struct gr_p {
     const void *x;
@@ -41,14 +48,17 @@ struct gr_p {
     int steps, steps_per; /* 32-column steps of K, and per split */
 };
 
-/* Tile row rt (0..GR_TILE-1) of tile `tile`: the weight segment and its row, or -1 (past the end) */
-static __device__ __forceinline__ int gr_row(const gr_p &p, int tile, int rt, int *seg) {
+/* Tile row rt of tile `tile`: the weight segment and its row, or -1 (past the end). SWIGLU: a
+ * warp's first MT/2 m16 tiles are gate rows, its last MT/2 the same up rows. */
+template <int MT> static __device__ __forceinline__ int gr_row(const gr_p &p, int tile, int rt, int *seg) {
+    using S = gr_shape<MT>;
     if (p.mode == KS_GEMM_ROWS_SWIGLU) {
-        int r = tile * (GR_TILE / 2) + (rt >> 5) * 16 + (rt & 15);
-        *seg = (rt >> 4) & 1;
+        int w = rt / S::WR, m = (rt / 16) % MT;
+        int r = tile * (S::TR / 2) + w * (S::WR / 2) + (m % (MT / 2)) * 16 + rt % 16;
+        *seg = m >= MT / 2;
         return r < p.rows[0] ? r : -1;
     }
-    int R = tile * GR_TILE + rt;
+    int R = tile * S::TR + rt;
 #pragma unroll
     for (int i = 0; i < 3; i++)
         if (i < p.nseg && R < p.off[i + 1]) { *seg = i; return R - p.off[i]; }
@@ -79,43 +89,40 @@ static __device__ __forceinline__ uint4 gr_wload(const bf16 *w, int col, bool ok
     return __ldcs(reinterpret_cast<const uint4 *>(w + col));
 }
 
-#define GR_STAGES 3 /* smem ring: stages per lane (two in flight while one is multiplied) */
-#define GR_RU 2     /* smem ring: 32-column steps a stage */
-#define GR_RING_BYTES ((size_t)GR_WARPS * GR_STAGES * GR_RU * 4 * 32 * 16)
-
-/* NT tiles of 8 x rows (n <= 8 NT), U steps of 32 columns a stage, x bf16 (XB) or float32.
+/* NT tiles of 8 x rows (n <= 8 NT), MT m16 tiles of weight rows a warp, x bf16 (XB) or float32.
  * RING: the weights go through a per-lane ring in shared memory with cp.async (each lane copies
  * the 16-byte pieces it will itself read: no barrier), GR_STAGES stages of GR_RU steps; else
  * straight into registers, two stages of U steps. */
-template <int NT, int U, bool XB, bool RING>
-__global__ void __launch_bounds__(GR_WARPS * 32, RING ? 2 : 1) gemm_rows_k(const gr_p p) {
+template <int NT, int MT, int U, bool XB, bool RING>
+__global__ void __launch_bounds__(GR_WARPS * 32, RING && MT == 2 ? 2 : 1) gemm_rows_k(const gr_p p) {
+    using S = gr_shape<MT>;
     extern __shared__ __align__(16) unsigned char gr_smem[];
-    float *gr_part = reinterpret_cast<float *>(gr_smem); /* (GR_TILE, NT * 8 + 1) partial sums, split > 1 only */
+    float *gr_part = reinterpret_cast<float *>(gr_smem); /* (TR, NT * 8 + 1) partial sums, split > 1 only */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int tile = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
-    const bf16 *wr[2][2]; /* [m16 tile][row g, g + 8] */
+    const bf16 *wr[MT][2]; /* [m16 tile][row g, g + 8] */
 #pragma unroll
-    for (int m = 0; m < 2; m++)
+    for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            int seg, r = gr_row(p, tile, warp * 32 + m * 16 + h * 8 + g, &seg);
+            int seg, r = gr_row<MT>(p, tile, warp * S::WR + m * 16 + h * 8 + g, &seg);
             wr[m][h] = r >= 0 ? p.W[seg] + (size_t)r * p.in : nullptr;
         }
     const int s0 = split * p.steps_per, s1 = min(p.steps, s0 + p.steps_per);
-    float acc[2][NT][4];
+    float acc[MT][NT][4];
 #pragma unroll
-    for (int m = 0; m < 2; m++)
+    for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
 
     /* one 32-column step: w[m][h] the lane's 8 columns of rows g (h 0) and g + 8 (h 1) of m tile m */
-    auto step = [&](const uint4 (&w)[2][2], int col) {
+    auto step = [&](const uint4 (&w)[MT][2], int col) {
         bool cok = col < p.in;
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint4 xv = gr_xfrag<XB>(p, j * 8 + g, col, cok && j * 8 + g < p.n);
 #pragma unroll
-            for (int m = 0; m < 2; m++) {
+            for (int m = 0; m < MT; m++) {
                 uint32_t a0[4] = {w[m][0].x, w[m][1].x, w[m][0].y, w[m][1].y};
                 uint32_t a1[4] = {w[m][0].z, w[m][1].z, w[m][0].w, w[m][1].w};
                 mma16816(acc[m][j], a0, xv.x, xv.y);
@@ -124,19 +131,21 @@ __global__ void __launch_bounds__(GR_WARPS * 32, RING ? 2 : 1) gemm_rows_k(const
         }
     };
     if (RING) {
-        uint4 *ring = reinterpret_cast<uint4 *>(gr_smem) + (size_t)warp * GR_STAGES * GR_RU * 4 * 32;
+        constexpr int SLOT = GR_RU * 2 * MT * 32; /* uint4 of one stage of one warp */
+        uint4 *ring = reinterpret_cast<uint4 *>(gr_smem) + (size_t)warp * GR_STAGES * SLOT;
         auto issue = [&](int st) { /* stage st (steps s0 + st * GR_RU ..) into its slot; always one commit */
-            uint4 *slot = ring + (st % GR_STAGES) * GR_RU * 4 * 32;
+            uint4 *slot = ring + (st % GR_STAGES) * SLOT;
 #pragma unroll
             for (int u = 0; u < GR_RU; u++) {
                 int sx = s0 + st * GR_RU + u, col = sx * 32 + 8 * t;
                 bool ok = sx < s1 && col < p.in;
 #pragma unroll
-                for (int m = 0; m < 2; m++)
+                for (int m = 0; m < MT; m++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         bool v = ok && wr[m][h];
-                        cp_async16(slot + (u * 4 + m * 2 + h) * 32 + lane, v ? (const void *)(wr[m][h] + col) : p.W[0], v ? 16 : 0);
+                        cp_async16(slot + ((u * MT + m) * 2 + h) * 32 + lane, v ? (const void *)(wr[m][h] + col) : p.W[0],
+                                   v ? 16 : 0);
                     }
             }
             cp_async_commit();
@@ -147,39 +156,41 @@ __global__ void __launch_bounds__(GR_WARPS * 32, RING ? 2 : 1) gemm_rows_k(const
         for (int st = 0; st < nst; st++) {
             cp_async_wait<GR_STAGES - 2>(); /* this lane's copies of stage st have landed */
             issue(st + GR_STAGES - 1);       /* into the slot stage st - 1 used */
-            const uint4 *slot = ring + (st % GR_STAGES) * GR_RU * 4 * 32;
+            const uint4 *slot = ring + (st % GR_STAGES) * SLOT;
 #pragma unroll
             for (int u = 0; u < GR_RU; u++) {
                 int sx = s0 + st * GR_RU + u;
                 if (sx >= s1) break;
-                uint4 w[2][2];
+                uint4 w[MT][2];
 #pragma unroll
-                for (int m = 0; m < 2; m++)
+                for (int m = 0; m < MT; m++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) w[m][h] = slot[(u * 4 + m * 2 + h) * 32 + lane];
+                    for (int h = 0; h < 2; h++) w[m][h] = slot[((u * MT + m) * 2 + h) * 32 + lane];
                 step(w, sx * 32 + 8 * t);
             }
         }
         cp_async_wait<0>();
         __syncthreads(); /* the partials below reuse the rings of other warps */
     } else {
-        uint4 wa[2][2][U], wb[2][2][U];
-        auto load = [&](uint4 (&w)[2][2][U], int s) {
+        uint4 wa[MT][2][U], wb[MT][2][U];
+        auto load = [&](uint4 (&w)[MT][2][U], int s) {
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int col = (s + u) * 32 + 8 * t;
                 bool ok = s + u < s1 && col < p.in;
 #pragma unroll
-                for (int m = 0; m < 2; m++)
+                for (int m = 0; m < MT; m++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) w[m][h][u] = gr_wload(wr[m][h], col, ok);
             }
         };
-        auto compute = [&](const uint4 (&w)[2][2][U], int s) {
+        auto compute = [&](const uint4 (&w)[MT][2][U], int s) {
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 if (s + u >= s1) break;
-                uint4 wu[2][2] = {{w[0][0][u], w[0][1][u]}, {w[1][0][u], w[1][1][u]}};
+                uint4 wu[MT][2];
+#pragma unroll
+                for (int m = 0; m < MT; m++) wu[m][0] = w[m][0][u], wu[m][1] = w[m][1][u];
                 step(wu, (s + u) * 32 + 8 * t);
             }
         };
@@ -193,6 +204,7 @@ __global__ void __launch_bounds__(GR_WARPS * 32, RING ? 2 : 1) gemm_rows_k(const
     }
 
     const int swiglu = p.mode == KS_GEMM_ROWS_SWIGLU;
+    constexpr int HM = MT / 2; /* SWIGLU: tile m pairs with tile m + HM */
     if (nsplit == 1) {
 #pragma unroll
         for (int j = 0; j < NT; j++)
@@ -200,47 +212,42 @@ __global__ void __launch_bounds__(GR_WARPS * 32, RING ? 2 : 1) gemm_rows_k(const
             for (int e = 0; e < 4; e++) {
                 int c = j * 8 + 2 * t + (e & 1), hi = e >> 1;
                 if (c >= p.n) continue;
-                if (swiglu) {
-                    int r = tile * (GR_TILE / 2) + warp * 16 + hi * 8 + g;
-                    if (r < p.rows[0]) p.y[0][(size_t)c * p.rows[0] + r] = gr_silu_mul(acc[0][j][e], acc[1][j][e]);
-                    continue;
-                }
 #pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    int seg, r = gr_row(p, tile, warp * 32 + m * 16 + hi * 8 + g, &seg);
-                    if (r >= 0) gr_store(p, seg, r, c, acc[m][j][e]);
+                for (int m = 0; m < MT; m++) {
+                    int seg, r = gr_row<MT>(p, tile, warp * S::WR + m * 16 + hi * 8 + g, &seg);
+                    if (r < 0) continue;
+                    if (!swiglu) gr_store(p, seg, r, c, acc[m][j][e]);
+                    else if (m < HM) p.y[0][(size_t)c * p.rows[0] + r] = gr_silu_mul(acc[m][j][e], acc[m + HM][j][e]);
                 }
             }
         return;
     }
     const int ps = NT * 8 + 1; /* partial row stride (floats) */
 #pragma unroll
-    for (int m = 0; m < 2; m++)
+    for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                gr_part[(warp * 32 + m * 16 + (e >> 1) * 8 + g) * ps + j * 8 + 2 * t + (e & 1)] = acc[m][j][e];
+                gr_part[(warp * S::WR + m * 16 + (e >> 1) * 8 + g) * ps + j * 8 + 2 * t + (e & 1)] = acc[m][j][e];
     cg::cluster_group cl = cg::this_cluster();
     cl.sync();
     const int rank = (int)cl.block_rank(), n = p.n;
-    const int outs = swiglu ? GR_TILE / 2 : GR_TILE; /* outputs of the tile: rows x n */
+    const int outs = swiglu ? S::TR / 2 : S::TR; /* output rows of the tile (x n) */
     for (int e = rank * blockDim.x + threadIdx.x; e < outs * n; e += nsplit * blockDim.x) {
         int hr = e / n, c = e % n;
-        int rt = swiglu ? (hr >> 4) * 32 + (hr & 15) : hr;
+        /* SWIGLU: half-row hr is gate tile row (warp, m < HM, i), its up row HM m16 tiles later */
+        int rt = swiglu ? (hr / (S::WR / 2)) * S::WR + hr % (S::WR / 2) : hr;
         float v = 0.f, u = 0.f;
         for (int q = 0; q < nsplit; q++) { /* rank order: the same sum on every run */
             const float *pq = cl.map_shared_rank(gr_part, q);
             v += pq[rt * ps + c];
-            if (swiglu) u += pq[(rt + 16) * ps + c];
+            if (swiglu) u += pq[(rt + HM * 16) * ps + c];
         }
-        if (swiglu) {
-            int r = tile * (GR_TILE / 2) + hr;
-            if (r < p.rows[0]) p.y[0][(size_t)c * p.rows[0] + r] = gr_silu_mul(v, u);
-        } else {
-            int seg, r = gr_row(p, tile, rt, &seg);
-            if (r >= 0) gr_store(p, seg, r, c, v);
-        }
+        int seg, r = gr_row<MT>(p, tile, rt, &seg);
+        if (r < 0) continue;
+        if (swiglu) p.y[0][(size_t)c * p.rows[0] + r] = gr_silu_mul(v, u);
+        else gr_store(p, seg, r, c, v);
     }
     cl.sync(); /* no block leaves while another still reads its partials */
 }
@@ -253,7 +260,7 @@ extern "C" int ks_cuda_gemm_rows_supported(const ks_gemm_rows_args *a, const cha
     else if (a->mode < 0 || a->mode > 2) w = "unknown mode";
     else if (a->n_seg < 1 || a->n_seg > 3 || (a->mode == KS_GEMM_ROWS_SWIGLU && a->n_seg != 2)) w = "bad segment count";
     else if (a->splits < 0 || a->splits > GR_MAX_SPLIT) w = "splits outside 0..8";
-    else if (a->impl < 0 || a->impl > 2) w = "impl outside 0..2";
+    else if (a->impl < 0 || a->impl > 3) w = "impl outside 0..3";
     else if (a->mode == KS_GEMM_ROWS_SWIGLU && (a->rows[0] != a->rows[1] || a->bias[0] || a->bias[1]))
         w = "SwiGLU needs two segments of equal rows and no bias";
     for (int i = 0; !w && i < a->n_seg; i++)
@@ -262,11 +269,11 @@ extern "C" int ks_cuda_gemm_rows_supported(const ks_gemm_rows_args *a, const cha
     return !w;
 }
 
-template <int NT, bool XB, bool RING> static cudaError_t gr_launch(const gr_p &p, dim3 grid, cudaStream_t s) {
+template <int NT, int MT, bool XB, bool RING> static cudaError_t gr_launch(const gr_p &p, dim3 grid, cudaStream_t s) {
     constexpr int U = NT > 2 ? 2 : 4;
-    auto k = gemm_rows_k<NT, U, XB, RING>;
-    size_t smem = grid.y > 1 ? (size_t)GR_TILE * (NT * 8 + 1) * sizeof(float) : 0;
-    if (RING) smem = KS_MAX(smem, GR_RING_BYTES);
+    auto k = gemm_rows_k<NT, MT, U, XB, RING>;
+    size_t smem = grid.y > 1 ? (size_t)gr_shape<MT>::TR * (NT * 8 + 1) * sizeof(float) : 0;
+    if (RING) smem = KS_MAX(smem, gr_shape<MT>::RING);
     if (smem > 48 * 1024) {
         cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e) return e;
@@ -286,12 +293,12 @@ template <int NT, bool XB, bool RING> static cudaError_t gr_launch(const gr_p &p
     return cudaLaunchKernelEx(&cfg, k, p);
 }
 
-template <bool XB, bool RING> static cudaError_t gr_dispatch(const gr_p &p, dim3 grid, cudaStream_t s) {
+template <int MT, bool XB, bool RING> static cudaError_t gr_dispatch(const gr_p &p, dim3 grid, cudaStream_t s) {
     int nt = (p.n + 7) / 8;
-    if (nt <= 1) return gr_launch<1, XB, RING>(p, grid, s);
-    if (nt <= 2) return gr_launch<2, XB, RING>(p, grid, s);
-    if (nt <= 4) return gr_launch<4, XB, RING>(p, grid, s);
-    return gr_launch<8, XB, RING>(p, grid, s);
+    if (nt <= 1) return gr_launch<1, MT, XB, RING>(p, grid, s);
+    if (nt <= 2) return gr_launch<2, MT, XB, RING>(p, grid, s);
+    if (nt <= 4) return gr_launch<4, MT, XB, RING>(p, grid, s);
+    return gr_launch<8, MT, XB, RING>(p, grid, s);
 }
 
 extern "C" ks_status ks_cuda_gemm_rows(cudaStream_t s, const ks_gemm_rows_args *a, int n_sm) {
@@ -311,15 +318,15 @@ extern "C" ks_status ks_cuda_gemm_rows(cudaStream_t s, const ks_gemm_rows_args *
         p.rows[i] = a->rows[i];
         p.off[i + 1] = p.off[i] + a->rows[i];
     }
-    long long trows = a->mode == KS_GEMM_ROWS_SWIGLU ? 2LL * a->rows[0] : p.off[a->n_seg];
-    int tiles = (int)((trows + GR_TILE - 1) / GR_TILE);
-    if (a->mode == KS_GEMM_ROWS_SWIGLU) tiles = (a->rows[0] + GR_TILE / 2 - 1) / (GR_TILE / 2);
+    /* impl 1: registers, 32 rows a warp; 2: ring, 32 rows; 3: ring, 64 rows */
+    int impl = a->impl ? a->impl : 2, MT = impl == 3 ? 4 : 2, TR = GR_WARPS * 16 * MT;
+    int tiles = a->mode == KS_GEMM_ROWS_SWIGLU ? (a->rows[0] + TR / 2 - 1) / (TR / 2) : (p.off[a->n_seg] + TR - 1) / TR;
     p.steps = (a->in + 31) / 32;
-    /* split K until the grid covers about the blocks resident at once (ring: two a multiprocessor,
-     * ~100-128 registers a thread and 96 KiB of ring; registers: one, ~160-240 registers), at most
-     * 8 (one cluster), each split a whole number of stages where the K range allows */
-    int ring = a->impl != 1, U = ring ? GR_RU : (a->n + 7) / 8 > 2 ? 2 : 4; /* as gr_launch's template choice */
-    int slots = KS_MAX(n_sm, 1) * (ring ? 2 : 1);
+    /* split K until the grid covers about the blocks resident at once (impl 2: two a
+     * multiprocessor, ~100-128 registers a thread and 96 KiB of ring; 1 and 3: one), at most 8
+     * (one cluster), each split a whole number of stages where the K range allows */
+    int U = impl != 1 ? GR_RU : (a->n + 7) / 8 > 2 ? 2 : 4; /* as gr_launch's template choice */
+    int slots = KS_MAX(n_sm, 1) * (impl == 2 ? 2 : 1);
     int sp = a->splits ? a->splits : KS_MAX(1, KS_MIN(GR_MAX_SPLIT, slots / tiles));
     sp = KS_MIN(sp, p.steps);
     int per = (p.steps + sp - 1) / sp;
@@ -327,8 +334,10 @@ extern "C" ks_status ks_cuda_gemm_rows(cudaStream_t s, const ks_gemm_rows_args *
     p.steps_per = per;
     sp = (p.steps + per - 1) / per;
     dim3 grid(tiles, sp);
-    cudaError_t e = a->x_bf16 ? (ring ? gr_dispatch<true, true>(p, grid, s) : gr_dispatch<true, false>(p, grid, s))
-                              : (ring ? gr_dispatch<false, true>(p, grid, s) : gr_dispatch<false, false>(p, grid, s));
+    cudaError_t e;
+    if (impl == 1) e = a->x_bf16 ? gr_dispatch<2, true, false>(p, grid, s) : gr_dispatch<2, false, false>(p, grid, s);
+    else if (impl == 2) e = a->x_bf16 ? gr_dispatch<2, true, true>(p, grid, s) : gr_dispatch<2, false, true>(p, grid, s);
+    else e = a->x_bf16 ? gr_dispatch<4, true, true>(p, grid, s) : gr_dispatch<4, false, true>(p, grid, s);
     KS_CU(e, "gemm_rows kernel launch");
     KS_CU_LAUNCH("gemm_rows kernel");
     return KS_OK;

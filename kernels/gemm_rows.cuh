@@ -41,7 +41,8 @@ typedef struct ks_gemm_rows_args {
     int rows[3];
     int mode;             /* ks_gemm_rows_mode */
     int splits;           /* blocks over K per output tile, 1..8; 0 = chosen from the shape and n_sm */
-    int impl;             /* A/B of this session's benchmark: 0 = default (2), 1 = weights into registers, 2 = through a shared-memory ring */
+    int impl;             /* A/B of this session's benchmark: 0 = default (2), 1 = weights into registers, 2 = through a
+                             shared-memory ring, 3 = the ring with 64 rows a warp */
 } ks_gemm_rows_args;
 
 /* 1 when ks_cuda_gemm_rows takes the call (shape, alignment, mode), else 0 with *why set. */
