@@ -1,20 +1,22 @@
 # The skinny GEMM's GPU figures (issue 16: the batched decode step's dense layers) in one device
-# call, GPU 0, under a deadline (DEADLINE seconds, default 230): each step runs only while the
-# call's wall time is under its limit, and none fails the call. Outputs under $OUT/sk/.
+# call, GPU 0, under a deadline (DEADLINE seconds, default 115; the final call 175): each step runs
+# only while the call's wall time is under its limit, and none fails the call. Outputs: $OUT/sk/.
 #   test     test_gemm_rows: kernel and backend ops against the CPU backend's matmul
-#   parity   test_cuda --quick (every backend op and end-to-end prefill / decode against the CPU:
-#            prefill of up to 64 rows now takes the skinny GEMM), with .data/stories260K
 #   ops      test_gemm_rows --quick --bench: the 8B shapes at n = 1, 4, 16, 64 (before: convert +
-#            cuBLAS; cuBLAS alone; the skinny kernel, both weight paths, K split swept)
-#   short    kvsieve bench at 128 tokens, B = 1, 4, 16, 64: this build, then the build before it
+#            cuBLAS; cuBLAS alone; the skinny kernel, its weight paths, K split swept)
+#   short    kvsieve bench at 128 tokens, B = 1, 4, 16, 64: this build, then main before it
 #   long     the same at 4096 tokens with --ttft-under-load, both builds
+#   parity   test_cuda --quick (every backend op and end-to-end prefill / decode against the CPU:
+#            prefill of up to 64 rows takes the skinny GEMM), with .data/stories260K
 #   memcheck compute-sanitizer memcheck of test_gemm_rows --quick
 #   prof     nsys (when installed): the GPU kernels of B = 16 at 128 tokens, both builds
-# Carry .data/sk (stripped, xz'd: test_gemm_rows.xz, test_cuda.xz, kvsieve.xz, kvsieve-base.xz:
-# the build of main before this work) and .data/stories260K. Usage: bash bench/gpu_sk.sh [step ...]
-T0=$(date +%s); DEADLINE=${DEADLINE:-230}
+# Carry .data/sk (stripped, xz'd: test_gemm_rows.xz, kvsieve.xz[, test_cuda.xz]) and .data/base
+# (kvsieve.xz: main before this session's work). Usage: bash bench/gpu_sk.sh [step ...]
+# (mid call: test ops short; final: DEADLINE=175 bash bench/gpu_sk.sh test long short ops memcheck)
+T0=$(date +%s); DEADLINE=${DEADLINE:-115}
 S=.data/sk; O="$OUT/sk"; mkdir -p "$O"; R=$(mktemp -d)
 for f in $S/*.xz; do xz -dc $f > $R/$(basename $f .xz); done
+xz -dc .data/base/kvsieve.xz > $R/kvsieve-base
 chmod +x $R/* 2>/dev/null
 export CUDA_VISIBLE_DEVICES=0 NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader > "$O/card.txt"
@@ -25,12 +27,12 @@ run() { # run LIMIT CMD...: at most LIMIT seconds and never past the deadline
     if [ $l -lt 5 ]; then echo "skipped: $(left) s left"; return; fi
     timeout $l "$@" 2>&1; echo "rc=$? ($(( $(date +%s) - T0 )) s into the call)"
 }
-step_test() { run 40 $R/test_gemm_rows > "$O/test.txt"; }
+step_test() { run 25 $R/test_gemm_rows > "$O/test.txt"; }
 step_parity() { KS_STORIES=.data/stories260K; export KS_STORIES; run 60 $R/test_cuda --quick | grep -v "^  ok" | tail -20 > "$O/test_cuda.txt"; }
-step_ops() { run 70 $R/test_gemm_rows --quick --bench > "$O/ops.txt"; }
+step_ops() { run 40 $R/test_gemm_rows --quick --bench > "$O/ops.txt"; }
 step_short() {
-    run 30 $R/kvsieve $C --lengths 128 > "$O/short_new.txt"
-    run 30 $R/kvsieve-base $C --lengths 128 > "$O/short_base.txt"
+    run 25 $R/kvsieve $C --lengths 128 > "$O/short_new.txt"
+    run 25 $R/kvsieve-base $C --lengths 128 > "$O/short_base.txt"
 }
 step_long() {
     run 45 $R/kvsieve $C --lengths 4096 --ttft-under-load > "$O/long_new.txt"
@@ -48,7 +50,7 @@ step_prof() {
         run 30 $N stats --report cuda_gpu_kern_sum --format csv $R/p_$v.nsys-rep > "$O/prof_$v.csv"
     done
 }
-for s in ${*:-test ops short long parity memcheck prof}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s; done
+for s in ${*:-test ops short}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s; done
 rm -rf $R
 cat "$O/card.txt"; tail -n 8 "$O"/*.txt 2>/dev/null | cut -c1-200
 true
