@@ -38,6 +38,10 @@ ks_status ks_event_fire(ks_session *s, ks_event *ev) {
     const ks_policy *p = s->policy;
     ks_event_fn fn = p ? p->on[ev->kind] : NULL;
     if (!fn) return KS_OK;
+    if (ev->kv && ev->layer >= 0) { /* a handler sees a layer's rows in logical order (a KV ring) */
+        ks_status sr = ks_ring_restore(s, ev->layer);
+        if (sr) return sr;
+    }
     ev->sess = s;
     ev->generation = ++s->generation;
     ks_status st = fn(p->ud, ev);
@@ -478,6 +482,8 @@ void ks_actions_free(ks_actions *a, int n_kv_heads) {
 
 ks_status ks_actions_apply_retain(ks_session *s, int l, const ks_actions *a) {
     ks_kv_layer *L = &s->kv[l];
+    ks_status sr = ks_ring_restore(s, l); /* the lists index the rows in logical order */
+    if (sr) return sr;
     int32_t **ix = a->retain_idx;
     int *cnt = a->n_retain;
     if (a->retain_dbuf) { /* a device list: downloaded and checked against the layer as it is now */

@@ -231,8 +231,9 @@ struct ks_backend {
     void (*kv_free)(ks_backend *b, ks_kv_layer *L);
     /* append rows: k, v (n, n_kv_heads, head_dim) float32 with positions pos (n) to every head */
     ks_status (*kv_append)(ks_backend *b, ks_kv_layer *L, const float *k, const float *v, const int32_t *pos, int n);
-    /* keep only rows idx[h][0..cnt[h]) of each head (ascending, unique), compacting in place;
-     * with shrink, reallocate to the new size so the memory is really returned */
+    /* keep only rows idx[h][0..cnt[h]) of each head (unique; in the order given: ascending keeps
+     * the rows' order, any other order moves them so, e.g. a KV ring put back in order), compacting
+     * in place; with shrink, reallocate to the new size so the memory is really returned */
     ks_status (*kv_retain)(ks_backend *b, ks_kv_layer *L, const int32_t *const *idx, const int *cnt, int shrink);
     /* attention of q (n, n_heads, head_dim) over the layer's rows -> out (n, n_heads*head_dim) */
     ks_status (*attention)(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a);
@@ -291,10 +292,14 @@ struct ks_backend {
      * device slot when the graph runs:
      * graph_run(g, id, pos) sets that slot (id, pos, delta = pos - the position given to
      * graph_begin) and launches the whole step with one call. Row counts run as recorded + delta
-     * and the new row goes to row (recorded count + delta). The caller guarantees that at every
+     * and the new row goes to row (recorded count + delta). A KV ring's step (core/policy.h)
+     * records attn_in on a view of the layer whose counts name the row it overwrites, inside
+     * the layer: that row + delta is written, and the attention over the layer, whose newest
+     * row is then not its last, keeps the recorded counts. The caller guarantees that at every
      * run each layer the step touched holds exactly that many rows per head with room for one
-     * more, in the same storage, and that the buffers passed while recording are still
-     * allocated; it downloads the results itself.
+     * more (a ring layer: the recorded rows, the row written inside them), in the same storage,
+     * and that the buffers passed while recording are still allocated; it downloads the results
+     * itself.
      * graph_end: KS_ERR_UNSUPPORTED (message set) when a call between could not be recorded
      * (that call returned KS_ERR_UNSUPPORTED too); nothing ran and *out is NULL; the caller
      * undoes the host effects. graph_run: KS_ERR_UNSUPPORTED when the graph went stale inside the

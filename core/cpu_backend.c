@@ -348,7 +348,26 @@ static ks_status cpu_kv_retain(ks_backend *b, ks_kv_layer *L, const int32_t *con
     for (int h = 0; h < L->n_kv_heads; h++) {
         float *kb = (float *)L->k + (size_t)h * L->capacity * d, *vb = (float *)L->v + (size_t)h * L->capacity * d;
         int32_t *pb = L->pos + (size_t)h * L->capacity;
-        for (int i = 0; i < cnt[h]; i++) { /* idx ascending, so idx[i] >= i: moving down is safe */
+        int asc = 1;
+        for (int i = 1; i < cnt[h] && asc; i++) asc = idx[h][i] > idx[h][i - 1];
+        if (!asc) { /* another order (a KV ring put back in order): through a copy of the head's rows */
+            size_t rows = (size_t)L->n[h];
+            float *t = ks_malloc(sizeof(float) * (2 * rows * d + 1));
+            int32_t *tp = ks_malloc(sizeof(int32_t) * (rows + 1));
+            if (!t || !tp) { free(t); free(tp); return KS_ERR_OOM; }
+            memcpy(t, kb, sizeof(float) * rows * d);
+            memcpy(t + rows * d, vb, sizeof(float) * rows * d);
+            memcpy(tp, pb, sizeof(int32_t) * rows);
+            for (int i = 0; i < cnt[h]; i++) {
+                int j = idx[h][i];
+                memcpy(kb + (size_t)i * d, t + (size_t)j * d, sizeof(float) * d);
+                memcpy(vb + (size_t)i * d, t + (rows + j) * d, sizeof(float) * d);
+                pb[i] = tp[j];
+            }
+            free(t);
+            free(tp);
+        }
+        for (int i = 0; asc && i < cnt[h]; i++) { /* idx ascending, so idx[i] >= i: moving down is safe */
             int j = idx[h][i];
             if (j != i) {
                 memcpy(kb + (size_t)i * d, kb + (size_t)j * d, sizeof(float) * d);

@@ -2,6 +2,7 @@
  * logits into s->logits; on a backend with graphs, the step recorded once and replayed while
  * the cache still matches what the recording assumed. */
 #include "forward.h"
+#include "tp_backend.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,18 @@ typedef struct ks_decode_state {
     int *cap;                /* (n_layers) */
     int *n0;                 /* (n_layers, n_kv_heads) rows before the recorded step's append */
     int ready;               /* plain steps since the graph was dropped (record after one) */
+    /* the KV ring (policy.h ks_policy.ring_*): the sinks and budget the rows were rotated under
+     * (ring_b 0: no layer rotated since the last restore), each layer's rotation as last known
+     * (a hint, checked against the positions; -1 unknown), the ring slot each layer's recorded
+     * append wrote (-1: appended at the end), the positions that slot held before the
+     * recording (undone when it fails), and the attend list of a host-memory ring step */
+    int ring_s, ring_b;
+    int *ring_r, *ring_p0;   /* (n_layers) */
+    int32_t *ring_save;      /* (n_layers, n_kv_heads) */
+    int32_t *ring_list;      /* (ring_b) */
+    int ring_list_n;
+    const int32_t **ring_idx; /* (n_kv_heads) all ring_list */
+    int *ring_cnt;           /* (n_kv_heads) */
     int fails;               /* recordings that failed; no more graphs for the session after 2 */
     ks_devcheck *chk;        /* deferred checks of attend device lists (actions.c), or NULL */
 } ks_decode_state;
@@ -45,6 +58,10 @@ void ks_decode_free(ks_session *s) {
     ks_devcheck_free(s->be, d->chk);
     free(d->k);
     free(d->n0);
+    free(d->ring_r);
+    free(d->ring_save);
+    free(d->ring_list);
+    free(d->ring_idx);
     free(d);
     s->dec = NULL;
 }
@@ -58,7 +75,16 @@ static ks_decode_state *dec_state(ks_session *s) {
     if (!d) return NULL;
     d->k = ks_calloc((size_t)4 * c->n_layers, sizeof(void *));
     d->n0 = ks_calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(int));
-    if (!d->k || !d->n0) { free(d->k); free(d->n0); free(d); return NULL; }
+    d->ring_r = ks_malloc(sizeof(int) * 2 * (size_t)c->n_layers);
+    d->ring_save = ks_calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(int32_t));
+    d->ring_idx = ks_calloc((size_t)c->n_kv_heads, sizeof(int32_t *) + sizeof(int));
+    if (!d->k || !d->n0 || !d->ring_r || !d->ring_save || !d->ring_idx) {
+        free(d->k); free(d->n0); free(d->ring_r); free(d->ring_save); free(d->ring_idx); free(d);
+        return NULL;
+    }
+    d->ring_p0 = d->ring_r + c->n_layers;
+    for (int l = 0; l < 2 * c->n_layers; l++) d->ring_r[l] = -1;
+    d->ring_cnt = (int *)(d->ring_idx + c->n_kv_heads);
     d->v = d->k + c->n_layers;
     d->pd = d->v + c->n_layers;
     d->cap = (int *)(d->pd + c->n_layers);
@@ -92,22 +118,193 @@ static ks_status dec_get(ks_session *s, int pre, ks_decode_state **out) {
     return KS_OK;
 }
 
+/* ================================================================ the KV ring */
+
+int ks_ring_on(const ks_session *s) {
+    return s->policy && s->policy->ring_budget > 0 && !ks_tp_ranks(s->be);
+}
+
+/* The rotation of ring layer L (sinks S, budget B; head 0 holds B rows): the one index j of
+ * [0, M = B - S) where its rows [S, B) descend in position cyclically (pos[S + j] <
+ * pos[S + (j - 1) mod M]: there the oldest row sits). hint (-1: none) is tried first: the rows
+ * of a ring are a rotation of an ascending run, which has exactly one such index. -1: the rows
+ * are not a rotated ascending run (not ring-shaped; the caller says so). */
+static int ring_rot(const ks_kv_layer *L, int S, int B, int hint) {
+    const int32_t *p = L->pos + S;
+    int M = B - S;
+    if (M == 1) return 0;
+    if (hint >= 0 && hint < M && p[hint] < p[(hint + M - 1) % M]) return hint;
+    int j = -1, k = 0;
+    for (int i = 0; i < M; i++)
+        if (p[i] < p[(i + M - 1) % M]) { j = i; k++; }
+    return k == 1 ? j : -1;
+}
+
+/* The ring's sinks and budget for layer work now: those the rows were rotated under when some
+ * are, else the policy's (0 budget: none). */
+static void ring_params(const ks_session *s, int *S, int *B) {
+    const ks_decode_state *d = s->dec;
+    if (d && d->ring_b) { *S = d->ring_s; *B = d->ring_b; return; }
+    *S = ks_ring_on(s) ? s->policy->ring_sinks : 0;
+    *B = ks_ring_on(s) ? s->policy->ring_budget : 0;
+}
+
+/* The logical-order index list of a ring layer at rotation r: its rows [0, S), then [S + r, B),
+ * then [S, S + r), then any rows past B (a batched step's append) in place; into out (n). */
+static void ring_order(int S, int B, int r, int n, int32_t *out) {
+    int k = 0;
+    for (int i = 0; i < S; i++) out[k++] = i;
+    for (int i = S + r; i < B; i++) out[k++] = i;
+    for (int i = S; i < S + r; i++) out[k++] = i;
+    for (int i = B; i < n; i++) out[k++] = i;
+}
+
+ks_status ks_ring_restore(ks_session *s, int l) {
+    int S, B;
+    ring_params(s, &S, &B);
+    ks_kv_layer *L = &s->kv[l];
+    if (!B || !L->n || L->n[0] < B) return KS_OK;
+    ks_decode_state *d = s->dec;
+    int H = L->n_kv_heads;
+    for (int h = 1; h < H; h++)
+        if (L->n[h] != L->n[0]) return KS_OK; /* never a ring: its heads differ */
+    int r = ring_rot(L, S, B, d ? d->ring_r[l] : -1);
+    if (r <= 0) { /* in order (or never ring-shaped: left as it is) */
+        if (d) d->ring_r[l] = r;
+        return KS_OK;
+    }
+    int n = L->n[0];
+    int32_t *list = ks_malloc(sizeof(int32_t) * (size_t)n);
+    const int32_t **idx = ks_malloc(sizeof(int32_t *) * H);
+    int *cnt = ks_malloc(sizeof(int) * H);
+    ks_status st = KS_OK;
+    if (!list || !idx || !cnt) st = ks_errorf(KS_ERR_OOM, "kv ring: out of memory restoring layer %d", l);
+    else {
+        ring_order(S, B, r, n, list);
+        for (int h = 0; h < H; h++) { idx[h] = list; cnt[h] = n; }
+        ks_decode_drop_graph(s); /* the rows move under it */
+        st = s->be->kv_retain(s->be, L, idx, cnt, 0);
+        if (!st && d) d->ring_r[l] = 0;
+    }
+    free(list);
+    free(idx);
+    free(cnt);
+    return st;
+}
+
+ks_status ks_ring_restore_all(ks_session *s) {
+    ks_decode_state *d = s->dec;
+    if (!d || !d->ring_b) return KS_OK; /* nothing was rotated since the last restore */
+    for (int l = 0; l < s->m->cfg.n_layers; l++) {
+        ks_status st = ks_ring_restore(s, l);
+        if (st) return st;
+    }
+    d->ring_b = 0;
+    return KS_OK;
+}
+
+/* Layer l before a ring decode step (sinks S, budget B): its heads must hold one row count;
+ * more than B rows (a prefill that kept more) are cut to the sinks and the most recent B - S
+ * first, as the step would evict them. *full: the layer holds B rows (the step overwrites
+ * one), its rotation in *rot. */
+static ks_status ring_prepare(ks_session *s, ks_decode_state *d, int l, int S, int B, int *full, int *rot) {
+    ks_kv_layer *L = &s->kv[l];
+    *full = 0;
+    if (!L->n) return KS_OK;
+    int H = L->n_kv_heads, n = L->n[0];
+    for (int h = 1; h < H; h++)
+        if (L->n[h] != n)
+            return ks_errorf(KS_ERR_POLICY, "policy %s: kv_ring: layer %d's KV heads hold different row counts (%d and %d)",
+                             s->policy->name, l, n, L->n[h]);
+    if (n < B) return KS_OK;
+    if (n > B) { /* logical order first (rows past B: appended by a step without the ring), then keep the ring's rows */
+        ks_status sr = ks_ring_restore(s, l);
+        if (sr) return sr;
+        int32_t *list = ks_malloc(sizeof(int32_t) * (size_t)B);
+        if (!list) return KS_ERR_OOM;
+        for (int i = 0; i < S; i++) list[i] = i;
+        for (int i = S; i < B; i++) list[i] = n - (B - i);
+        for (int h = 0; h < H; h++) { d->ring_idx[h] = list; d->ring_cnt[h] = B; }
+        ks_decode_drop_graph(s);
+        ks_status st = s->be->kv_retain(s->be, L, d->ring_idx, d->ring_cnt, 0);
+        free(list);
+        if (st) return st;
+        d->ring_r[l] = 0;
+    }
+    int r = ring_rot(L, S, B, d->ring_r[l]);
+    if (r < 0)
+        return ks_errorf(KS_ERR_POLICY, "policy %s: kv_ring: layer %d's rows are not in position order", s->policy->name, l);
+    *full = 1;
+    *rot = r;
+    return KS_OK;
+}
+
+/* A ring step's q|k|v into layer l: the new row overwrites physical row S + r (the oldest after
+ * the sinks) through a view of the layer whose row counts say S + r, so the backend's append
+ * writes there; the counts stay B and the rotation advances. */
+static ks_status ring_qkv(ks_session *s, ks_decode_state *d, int l, ks_fwd_buf *b, int32_t pos, int S, int B, int r) {
+    ks_kv_layer *L = &s->kv[l];
+    int H = L->n_kv_heads;
+    int stack[16], *nv = H <= 16 ? stack : ks_malloc(sizeof(int) * H);
+    if (!nv) return KS_ERR_OOM;
+    for (int h = 0; h < H; h++) nv[h] = S + r;
+    ks_kv_layer V = *L;
+    V.n = nv;
+    ks_status st = ks_layer_qkv_at(s, l, b, &pos, &V);
+    if (nv != stack) free(nv);
+    if (!st && (V.k != L->k || V.v != L->v || V.pos != L->pos || V.capacity != L->capacity))
+        st = ks_errorf(KS_ERR_INTERNAL, "kv ring: the backend moved layer %d's storage for an append inside it", l);
+    if (st) return st;
+    d->ring_r[l] = (r + 1) % (B - S);
+    d->ring_s = S;
+    d->ring_b = B;
+    return KS_OK;
+}
+
+/* The attention arguments of a ring step on a host-memory backend: the layer's rows in logical
+ * order as an attend list, so the sums run in the order of the compacting path (bit for bit);
+ * a device backend attends the rows as they lie (the sum does not depend on their order but
+ * for rounding). */
+static ks_status ring_attend(ks_session *s, ks_decode_state *d, int l, int S, int B, ks_actions *act) {
+    const ks_kv_layer *L = &s->kv[l];
+    if (!s->be->host_memory) return KS_OK;
+    if (d->ring_list_n < B) {
+        int32_t *p = realloc(d->ring_list, sizeof(int32_t) * (size_t)B);
+        if (!p) return KS_ERR_OOM;
+        d->ring_list = p;
+        d->ring_list_n = B;
+    }
+    ring_order(S, B, d->ring_r[l], B, d->ring_list);
+    for (int h = 0; h < L->n_kv_heads; h++) { d->ring_idx[h] = d->ring_list; d->ring_cnt[h] = B; }
+    act->attend = 1;
+    act->attend_idx = (int32_t **)d->ring_idx;
+    act->n_attend = d->ring_cnt;
+    return KS_OK;
+}
+
 /* ================================================================ one step */
 
 /* The device work of one decode step: embed `id` at `pos`, every layer (the policy's decode
  * event included), the final norm and lm_head into lg (vocab, backend). */
-static ks_status decode_body(ks_session *s, ks_fwd_buf *b, int32_t id, int32_t pos, float *lg) {
+static ks_status decode_body(ks_session *s, ks_decode_state *d, ks_fwd_buf *b, int32_t id, int32_t pos, float *lg) {
     const ks_config *c = &s->m->cfg;
     ks_backend *be = s->be;
     const ks_policy *pol = s->policy;
+    int ring = ks_ring_on(s), S = ring ? pol->ring_sinks : 0, B = ring ? pol->ring_budget : 0;
     ks_status st;
     if ((st = be->embed(be, b->a.x, s->m->embed, &id, 1, c->dim))) return st;
     PROF(s, KS_PH_EMBED);
     for (int l = 0; l < c->n_layers; l++) {
-        /* norm, projections, RoPE (unless pre-RoPE) and the new cache row */
-        if ((st = ks_layer_qkv(s, l, b, 1, &pos, pos, &s->kv[l]))) return st;
+        /* norm, projections, RoPE (unless pre-RoPE) and the new cache row: at the end, or in a
+         * full ring layer over its oldest row after the sinks */
+        int full = 0, r = 0;
+        if (ring && (st = ring_prepare(s, d, l, S, B, &full, &r))) return st;
+        if (full) st = ring_qkv(s, d, l, b, pos, S, B, r);
+        else st = ks_layer_qkv(s, l, b, 1, &pos, pos, &s->kv[l]);
+        if (st) return st;
         ks_actions act = {0}; /* the decode event's: attend in this attention, retain after it */
-        if (pol && pol->on[KS_EV_DECODE_QKV]) {
+        if (full && (st = ring_attend(s, d, l, S, B, &act))) return st;
+        if (pol && pol->on[KS_EV_DECODE_QKV] && !ring) {
             ks_event ev;
             ks_event_init(s, &ev, KS_EV_DECODE_QKV, l, 0, 1);
             ev.q = b->a.q; ev.k = b->a.k; ev.v = b->a.v; ev.k_pre = b->kpre;
@@ -123,7 +320,7 @@ static ks_status decode_body(ks_session *s, ks_fwd_buf *b, int32_t id, int32_t p
             st = ks_actions_apply_retain(s, l, &act);
             PROF(s, KS_PH_KV_EDIT);
         }
-        ks_actions_free(&act, c->n_kv_heads);
+        if (!full) ks_actions_free(&act, c->n_kv_heads); /* a ring step's lists are the state's */
         if (st) return st;
         if ((st = ks_layer_tail(s, l, b, 1))) return st;
     }
@@ -141,21 +338,53 @@ static int dec_graph_valid(ks_session *s, ks_decode_state *d, int32_t pos) {
     const ks_config *c = &s->m->cfg;
     if (!d->g || pos < d->pos0 || dec_long_rope(c, pos) != d->long_rope) return 0;
     int delta = pos - d->pos0;
+    int ring = ks_ring_on(s), S = ring ? s->policy->ring_sinks : 0, B = ring ? s->policy->ring_budget : 0;
+    if (ring != (d->ring_b > 0) || (ring && (S != d->ring_s || B != d->ring_b))) return 0;
     for (int l = 0; l < c->n_layers; l++) {
         const ks_kv_layer *L = &s->kv[l];
         if (L->k != d->k[l] || L->v != d->v[l] || L->pos_dev != d->pd[l] || L->capacity != d->cap[l] || !L->n) return 0;
+        const int *n0 = d->n0 + (size_t)l * c->n_kv_heads;
+        if (d->ring_p0[l] >= 0) { /* a ring layer: B rows, this step's slot the recorded one + delta */
+            if (d->ring_p0[l] + delta >= B) return 0; /* it wraps: record anew */
+            for (int h = 0; h < c->n_kv_heads; h++)
+                if (L->n[h] != B) return 0;
+            int r = ring_rot(L, S, B, d->ring_r[l]);
+            if (r < 0 || S + r != d->ring_p0[l] + delta) return 0;
+            d->ring_r[l] = r;
+            continue;
+        }
         for (int h = 0; h < c->n_kv_heads; h++)
-            if (L->n[h] != d->n0[l * c->n_kv_heads + h] + delta || L->n[h] + 1 > L->capacity) return 0;
+            if (L->n[h] != n0[h] + delta || L->n[h] + 1 > L->capacity || (ring && L->n[h] >= B)) return 0;
     }
     return 1;
 }
 
 /* Book the row a graph run wrote at `pos` in every layer (what attn_in with L does on the host). */
-static void dec_book_rows(ks_session *s, int32_t pos) {
+static void dec_book_rows(ks_session *s, ks_decode_state *d, int32_t pos) {
     const ks_config *c = &s->m->cfg;
     for (int l = 0; l < c->n_layers; l++) {
         ks_kv_layer *L = &s->kv[l];
+        if (d->ring_p0[l] >= 0) { /* ring: the slot dec_graph_valid found; the rotation advances */
+            int slot = d->ring_s + d->ring_r[l];
+            for (int h = 0; h < L->n_kv_heads; h++) L->pos[(size_t)h * L->capacity + slot] = pos;
+            d->ring_r[l] = (d->ring_r[l] + 1) % (d->ring_b - d->ring_s);
+            continue;
+        }
         for (int h = 0; h < L->n_kv_heads; h++) L->pos[(size_t)h * L->capacity + L->n[h]++] = pos;
+    }
+}
+
+/* Undo the host effects of a recording that did not run (attn_in booked rows: the counts of
+ * appends at the end, the positions of ring slots, and the rotations). */
+static void dec_unbook(ks_session *s, ks_decode_state *d) {
+    const ks_config *c = &s->m->cfg;
+    for (int l = 0; l < c->n_layers; l++) {
+        ks_kv_layer *L = &s->kv[l];
+        memcpy(L->n, d->n0 + (size_t)l * c->n_kv_heads, sizeof(int) * c->n_kv_heads);
+        if (d->ring_p0[l] >= 0)
+            for (int h = 0; h < c->n_kv_heads; h++)
+                L->pos[(size_t)h * L->capacity + d->ring_p0[l]] = d->ring_save[(size_t)l * c->n_kv_heads + h];
+        d->ring_r[l] = -1;
     }
 }
 
@@ -170,31 +399,44 @@ static ks_status decode_graph(ks_session *s, ks_decode_state *d, int32_t id, int
         st = be->graph_run(be, d->g, id, pos);
         if (st == KS_ERR_UNSUPPORTED) { ks_decode_drop_graph(s); return st; }
         if (st) return st;
-        dec_book_rows(s, pos);
+        dec_book_rows(s, d, pos);
         s->graph_steps++;
         return KS_OK;
     }
     ks_decode_drop_graph(s);
     if (d->fails >= 2 || d->ready < 1) return KS_ERR_UNSUPPORTED;
+    int ring = ks_ring_on(s), S = ring ? s->policy->ring_sinks : 0, B = ring ? s->policy->ring_budget : 0;
     for (int l = 0; l < c->n_layers; l++) { /* room for the row in the storage the graph will read */
         const ks_kv_layer *L = &s->kv[l];
         if (!L->k || !L->n) return KS_ERR_UNSUPPORTED;
-        for (int h = 0; h < c->n_kv_heads; h++)
-            if (L->n[h] + 1 > L->capacity) return KS_ERR_UNSUPPORTED;
+        d->ring_p0[l] = -1;
+        if (ring && L->n[0] >= B) { /* a ring step: the slot it writes (a layer to cut first: plain) */
+            int r = -1;
+            for (int h = 0; h < c->n_kv_heads; h++)
+                if (L->n[h] != B) return KS_ERR_UNSUPPORTED;
+            if ((r = ring_rot(L, S, B, d->ring_r[l])) < 0) return KS_ERR_UNSUPPORTED;
+            d->ring_r[l] = r;
+            d->ring_p0[l] = S + r;
+            for (int h = 0; h < c->n_kv_heads; h++)
+                d->ring_save[(size_t)l * c->n_kv_heads + h] = L->pos[(size_t)h * L->capacity + S + r];
+        } else
+            for (int h = 0; h < c->n_kv_heads; h++)
+                if (L->n[h] + 1 > L->capacity || (ring && L->n[h] != L->n[0])) return KS_ERR_UNSUPPORTED;
         d->k[l] = L->k; d->v[l] = L->v; d->pd[l] = L->pos_dev; d->cap[l] = L->capacity;
         memcpy(d->n0 + (size_t)l * c->n_kv_heads, L->n, sizeof(int) * c->n_kv_heads);
     }
+    d->ring_s = S;
+    d->ring_b = B; /* the recording rotates ring layers under these (0: none) */
     if ((st = be->graph_begin(be, id, pos))) {
         d->fails++;
         return KS_ERR_UNSUPPORTED;
     }
-    ks_status sb = decode_body(s, &d->b, id, pos, d->lg);
+    ks_status sb = decode_body(s, d, &d->b, id, pos, d->lg);
     ks_graph *g = NULL;
     st = be->graph_end(be, &g);
     if (!st && sb) { be->graph_free(be, g); g = NULL; st = KS_ERR_UNSUPPORTED; }
     if (st) { /* undo the host effects (the rows booked); the plain path runs the step */
-        for (int l = 0; l < c->n_layers; l++)
-            memcpy(s->kv[l].n, d->n0 + (size_t)l * c->n_kv_heads, sizeof(int) * c->n_kv_heads);
+        dec_unbook(s, d);
         d->fails++;
         if (be->opts.verbose) ks_logf(KS_LOG_DEBUG, "decode graph not recorded: %s", ks_last_error());
         return KS_ERR_UNSUPPORTED;
@@ -204,8 +446,7 @@ static ks_status decode_graph(ks_session *s, ks_decode_state *d, int32_t id, int
     d->long_rope = dec_long_rope(c, pos);
     /* the recording booked the rows already: run it for this token without booking again */
     if ((st = be->graph_run(be, g, id, pos))) { /* nothing ran: unbook the rows */
-        for (int l = 0; l < c->n_layers; l++)
-            memcpy(s->kv[l].n, d->n0 + (size_t)l * c->n_kv_heads, sizeof(int) * c->n_kv_heads);
+        dec_unbook(s, d);
         ks_decode_drop_graph(s);
         return st;
     }
@@ -229,17 +470,19 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
     ks_prof_begin(s, 1);
     if (s->prof.on) s->prof.forwards[1]++;
     ks_status st = dec_get(s, pre, &d);
+    if (!st && d->ring_b && (!ks_ring_on(s) || pol->ring_sinks != d->ring_s || pol->ring_budget != d->ring_b))
+        st = ks_ring_restore_all(s); /* rows rotated under another ring (or none now): in order first */
     ks_devcheck_reset(s);
     PROF(s, KS_PH_ALLOC);
     if (!st) st = ks_session_push_tokens(s, &id, 1);
     if (st) goto out;
     /* a graph when the step is the same every token: no decode-time policy handler, keys rotated
      * as stored, no profiling marks */
-    int graphs = be->graph_begin && !pre && !(pol && pol->on[KS_EV_DECODE_QKV]) && !s->prof.on;
+    int graphs = be->graph_begin && !pre && !(pol && pol->on[KS_EV_DECODE_QKV] && !ks_ring_on(s)) && !s->prof.on;
     st = graphs ? decode_graph(s, d, id, pos) : KS_ERR_UNSUPPORTED;
     if (st == KS_ERR_UNSUPPORTED) {
         ks_clear_error();
-        st = decode_body(s, &d->b, id, pos, d->lg);
+        st = decode_body(s, d, &d->b, id, pos, d->lg);
         if (!st) d->ready++;
     }
     if (!st) st = be->download(be, s->logits, d->lg, sizeof(float) * c->vocab);
@@ -249,7 +492,7 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
 out:
     /* the buffers stay for the next step only where a graph may read them; elsewhere a step
      * leaves no scratch behind (allocating one row's buffers costs nothing there) */
-    if (!be->graph_begin) ks_decode_free(s);
+    if (!be->graph_begin && !(s->dec && s->dec->ring_b)) ks_decode_free(s); /* rotated rows: keep their ring */
     PROF(s, KS_PH_ALLOC);
     ks_prof_end(s);
     s->t_decode += ks_now() - t0;

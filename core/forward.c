@@ -38,7 +38,15 @@ ks_status ks_fwd_alloc(ks_backend *be, const ks_config *c, int n, int pre_rope, 
 /* ================================================================ one layer */
 
 ks_status ks_layer_qkv(ks_session *s, int l, ks_fwd_buf *b, int n, const int32_t *pos, int max_pos, ks_kv_layer *L) {
-    ks_status st = s->be->attn_in(s->be, &s->m->layers[l], &s->m->cfg, &b->a, n, pos, max_pos, !b->kpre, L);
+    ks_status st = ks_ring_restore(s, l);
+    if (st) return st;
+    st = s->be->attn_in(s->be, &s->m->layers[l], &s->m->cfg, &b->a, n, pos, max_pos, !b->kpre, L);
+    PROF(s, KS_PH_QKV);
+    return st;
+}
+
+ks_status ks_layer_qkv_at(ks_session *s, int l, ks_fwd_buf *b, const int32_t *pos, ks_kv_layer *L) {
+    ks_status st = s->be->attn_in(s->be, &s->m->layers[l], &s->m->cfg, &b->a, 1, pos, pos[0], !b->kpre, L);
     PROF(s, KS_PH_QKV);
     return st;
 }

@@ -37,8 +37,12 @@ void ks_fwd_free(ks_backend *be, ks_fwd_buf *b);
  * The backend's forward ops (backend.h) with the profile's marks; one call each, no choices. */
 
 /* be->attn_in of layer l for n rows at pos (n): norm, q/k/v, RoPE unless pre-RoPE mode (b->kpre),
- * and with L non-NULL the rows appended to L. */
+ * and with L non-NULL the rows appended to L. Layer l's rows are put back in logical order first
+ * when a KV ring rotated them (ks_ring_restore): prefill and plain decode see them as always. */
 ks_status ks_layer_qkv(ks_session *s, int l, ks_fwd_buf *b, int n, const int32_t *pos, int max_pos, ks_kv_layer *L);
+/* The same for one decode row whose cache row goes to L as given: a ring step's view of layer l
+ * (decode.c), whose row counts name the row to overwrite; the rows stay rotated. */
+ks_status ks_layer_qkv_at(ks_session *s, int l, ks_fwd_buf *b, const int32_t *pos, ks_kv_layer *L);
 /* Attention arguments for n query rows at qpos (n), the largest being max_pos; act's attend
  * lists (NULL or no attend: every row of the layer). The arguments point into c, qpos and act. */
 ks_attn_args ks_layer_attn_args(const ks_session *s, const ks_fwd_buf *b, int n, const int32_t *qpos, int max_pos,
@@ -112,6 +116,20 @@ void ks_decode_free(ks_session *s);
 /* Where the session's deferred checks live (in the decode state, created here if needed; NULL:
  * out of memory). */
 ks_devcheck **ks_decode_devcheck(ks_session *s);
+
+/* ---------------------------------------------------------------- KV ring (decode.c)
+ * The request's ring (policy.h ks_policy.ring_sinks / ring_budget): single-session decode steps
+ * overwrite a full layer's oldest row after the sinks in place, so its rows sit rotated. Every
+ * other user of a layer's rows calls ks_ring_restore first (ks_layer_qkv, ks_event_fire,
+ * ks_actions_apply_retain do; a generation ends with ks_ring_restore_all). */
+
+/* The ring runs for this session's decode steps: its policy declared one and the backend is no
+ * tensor-parallel composite (whose rank layers keep their own row counts). */
+int ks_ring_on(const ks_session *s);
+/* Layer l's rows in logical order again (one kv_retain permutation; nothing when not rotated). */
+ks_status ks_ring_restore(ks_session *s, int l);
+/* Every layer's, and the ring forgotten until the next ring step. */
+ks_status ks_ring_restore_all(ks_session *s);
 
 /* ---------------------------------------------------------------- profiler (profile.c) */
 

@@ -136,6 +136,7 @@ ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks
         if ((st = ks_session_decode(s, id))) break;
         s->n_decoded++;
     }
+    if (!st) st = ks_ring_restore_all(s); /* a KV ring's rows in logical order for the kept reports */
     free(plog);
     free(seen);
     if (out_ids) *out_ids = gen;

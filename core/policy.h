@@ -128,6 +128,20 @@ typedef struct ks_policy {
      * attention rotates queries and keys at their (possibly renumbered) positions */
     int want_pre_rope_keys;
     int prefill_chunk;             /* > 0: prefill in chunks of this many tokens (restart refused) */
+    /* A KV ring for this request (set by begin, e.g. ks.kv_ring; ring_budget 0 = none): every
+     * layer keeps its first ring_sinks rows and its most recent ring_budget - ring_sinks rows.
+     * Once a layer holds ring_budget rows, a single-session decode step (ks_session_decode)
+     * writes its new row over the layer's oldest row after the sinks, in place, attends the
+     * ring_budget rows, and calls no DECODE_QKV handler; on CUDA such steps replay as the
+     * recorded graph. The rows then sit rotated: logical row i >= sinks lives at physical row
+     * sinks + (i - sinks + r) mod (budget - sinks), r found from the positions (ascending in
+     * logical order). Every other path (prefill, events, retain, the end of a generation)
+     * first puts the rows back in logical order (one kv_retain permutation), so it sees what
+     * it would without the ring. Paths without a ring (several sessions stepped together,
+     * tensor-parallel backends) call the DECODE_QKV handler instead: a policy that declares
+     * a ring keeps a handler that evicts the same rows (StreamingLLM's) or has none.
+     * 0 <= ring_sinks < ring_budget. */
+    int ring_sinks, ring_budget;
     /* called at the start of each request (fresh session state), before any event; NULL = none */
     ks_status (*begin)(void *ud, ks_session *s);
     void (*free)(void *ud);        /* called by ks_policy_free */

@@ -59,7 +59,10 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
             size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
             if (c->rec) { /* key counts and position from the step slot, the graphs' own workspace */
                 if (wsb > GRAPH_WS) return rec_fail(c, "attention with a split workspace this large");
-                return ks_cuda_attn_decode_tc1(c->stream, &p, L->n, a->qpos[0], c->d_step + 1, splits, c->gws);
+                /* a step that wrote its row inside the layer (a KV ring: the newest row is not the
+                 * last) keeps the recorded counts: the slot's {pos, 0} instead of {pos, delta} */
+                int ring = L->n[0] > 0 && L->pos[L->n[0] - 1] != a->qpos[0];
+                return ks_cuda_attn_decode_tc1(c->stream, &p, L->n, a->qpos[0], c->d_step + (ring ? 3 : 1), splits, c->gws);
             }
             ks_status st = wsb ? dev_alloc(c, wsb, "attention workspace", &ws) : KS_OK;
             if (!st) st = ks_cuda_attn_decode_tc1(c->stream, &p, L->n, a->qpos[0], NULL, splits, ws);

@@ -67,13 +67,15 @@ typedef struct cuda_ctx {
     unsigned rc_gen;       /* bumped when a table is replaced (graphs that read the old one are stale) */
     /* decode-step graphs (graph_begin .. graph_end): while `rec`, calls record instead of run */
     int rec, rec_failed;
-    int32_t *h_step;       /* pinned {id, pos, delta, 0}: written by graph_run, copied by the graph's first node */
+    int32_t *h_step;       /* pinned {id, pos, delta, pos, 0} (KS_CUDA_STEP_WORDS; cuda_graph.cu): written by
+                              graph_run, copied by the graph's first node */
     int32_t *d_step;       /* device copy the recorded kernels read */
     void *gws;             /* attention split workspace of recorded steps (GRAPH_WS bytes) */
     float *row_mlp;        /* (2, row_mlp_n) one row's MLP gate and up (cuda_layer.cu; kept: a recorded step reads it) */
     size_t row_mlp_n;
 } cuda_ctx;
 
+#define KS_CUDA_STEP_WORDS 8        /* int32 words of the decode graphs' step slot */
 #define GRAPH_WS ((size_t)8 << 20) /* split-KV workspace of a recorded decode step */
 
 static inline cuda_ctx *CTX(ks_backend *b) { return (cuda_ctx *)b->ctx; }

@@ -284,9 +284,9 @@ extern "C" ks_status ks_cuda_backend_create(const ks_backend_opts *opts, ks_back
     if ((st = blas_status(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS), "cublasSetWorkspace"))) goto fail;
     /* decode graphs' step slot (pinned + device) and split workspace: fixed from the start, so
      * that recording a step changes no memory figure */
-    if ((e = cudaMallocHost((void **)&c->h_step, 4 * sizeof(int32_t)))) { st = ks_cuda_status(e, "decode graph step slot"); goto fail; }
-    memset(c->h_step, 0, 4 * sizeof(int32_t));
-    if ((st = raw_alloc(c, 4 * sizeof(int32_t), "decode graph step slot", (void **)&c->d_step))) goto fail;
+    if ((e = cudaMallocHost((void **)&c->h_step, KS_CUDA_STEP_WORDS * sizeof(int32_t)))) { st = ks_cuda_status(e, "decode graph step slot"); goto fail; }
+    memset(c->h_step, 0, KS_CUDA_STEP_WORDS * sizeof(int32_t));
+    if ((st = raw_alloc(c, KS_CUDA_STEP_WORDS * sizeof(int32_t), "decode graph step slot", (void **)&c->d_step))) goto fail;
     if ((st = raw_alloc(c, GRAPH_WS, "decode graph attention workspace", &c->gws))) goto fail;
     cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
 

@@ -13,20 +13,29 @@ struct ks_graph {
 };
 
 /* Recording: the stream is captured (relaxed mode: nothing else on the host is restricted);
- * the graph's first node copies the pinned step slot {id, pos, delta} to the device, where the
- * recorded embed, q|k|v and attention kernels read it. */
+ * the graph's first node copies the pinned step slot to the device, where the recorded embed,
+ * q|k|v and attention kernels read it: {id, pos, delta, pos, 0}. Embed reads word 0; the q|k|v
+ * kernel {pos, delta} (its row: the recorded one + delta); attention {pos, delta} (counts grow
+ * with the step), or {pos, 0} over a layer whose recorded step wrote its row inside it (a KV
+ * ring, cuda_attn.cu: the counts stay). */
+static void step_slot(int32_t *h, int32_t id, int32_t pos, int32_t delta) {
+    h[0] = id;
+    h[1] = pos;
+    h[2] = delta;
+    h[3] = pos;
+    h[4] = 0;
+}
+
 static ks_status cu_graph_begin(ks_backend *b, int32_t id, int32_t pos) {
     cuda_ctx *c = CTX(b);
     if (c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_begin while recording");
     if (!c->h_step || !c->d_step || !c->gws) return ks_errorf(KS_ERR_INTERNAL, "cuda: no decode graph buffers");
     KS_CU(cudaStreamSynchronize(c->stream), "decode graph (an earlier kernel failed)"); /* h_step is free */
-    c->h_step[0] = id;
-    c->h_step[1] = pos;
-    c->h_step[2] = 0;
+    step_slot(c->h_step, id, pos, 0);
     KS_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "decode graph: begin capture");
     c->rec = 1;
     c->rec_failed = 0;
-    cudaError_t e = cudaMemcpyAsync(c->d_step, c->h_step, 4 * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream);
+    cudaError_t e = cudaMemcpyAsync(c->d_step, c->h_step, KS_CUDA_STEP_WORDS * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream);
     if (e) {
         cudaGraph_t g = NULL;
         cudaStreamEndCapture(c->stream, &g);
@@ -75,9 +84,7 @@ static ks_status cu_graph_run(ks_backend *b, ks_graph *g, int32_t id, int32_t po
     /* the previous run's slot copy must be done before the slot is rewritten: every step ends
      * with a download that waits for the stream, so this only waits when a caller did not */
     KS_CU(cudaStreamSynchronize(c->stream), "decode graph (an earlier kernel failed)");
-    c->h_step[0] = id;
-    c->h_step[1] = pos;
-    c->h_step[2] = pos - g->pos0;
+    step_slot(c->h_step, id, pos, pos - g->pos0);
     KS_CU(cudaGraphLaunch(g->exec, c->stream), "decode graph launch");
     return KS_OK;
 }

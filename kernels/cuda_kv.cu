@@ -133,12 +133,22 @@ static ks_status cu_kv_retain(ks_backend *b, ks_kv_layer *L, const int32_t *cons
     size_t total = 0;
     for (int h = 0; h < H; h++) {
         if (cnt[h] < 0 || cnt[h] > L->n[h]) return ks_errorf(KS_ERR_ARG, "kv_retain: %d rows asked of head %d (%d rows)", cnt[h], h, L->n[h]);
+        unsigned char *seen = NULL; /* rows taken, once a list is not ascending (a permutation) */
         for (int i = 0; i < cnt[h]; i++) {
-            if (idx[h][i] < 0 || idx[h][i] >= L->n[h] || (i && idx[h][i] <= idx[h][i - 1]))
-                return ks_errorf(KS_ERR_ARG, "kv_retain: head %d: index %d at position %d is out of range [0, %d) or not ascending",
-                                 h, idx[h][i], i, L->n[h]);
-            if (idx[h][i] != i) moves = 1;
+            int j = idx[h][i], dup = 0;
+            if (!seen && i && j <= idx[h][i - 1] && j >= 0 && j < L->n[h]) {
+                if (!(seen = (unsigned char *)ks_calloc((size_t)L->n[h], 1))) return KS_ERR_OOM;
+                for (int t = 0; t < i; t++) seen[idx[h][t]] = 1;
+            }
+            if (seen && j >= 0 && j < L->n[h]) dup = seen[j]++;
+            if (j < 0 || j >= L->n[h] || dup) {
+                free(seen);
+                return ks_errorf(KS_ERR_ARG, "kv_retain: head %d: index %d at position %d is out of range [0, %d) or repeated",
+                                 h, j, i, L->n[h]);
+            }
+            if (j != i) moves = 1;
         }
+        free(seen);
         total += cnt[h];
         maxc = KS_MAX(maxc, cnt[h]);
     }
@@ -207,7 +217,17 @@ static ks_status cu_kv_retain(ks_backend *b, ks_kv_layer *L, const int32_t *cons
     }
     for (int h = 0; h < H; h++) {
         int32_t *pb = L->pos + (size_t)h * L->capacity;
-        for (int i = 0; i < cnt[h]; i++) pb[i] = pb[idx[h][i]];
+        int asc = 1;
+        for (int i = 1; i < cnt[h] && asc; i++) asc = idx[h][i] > idx[h][i - 1];
+        if (asc) /* idx[i] >= i: in place */
+            for (int i = 0; i < cnt[h]; i++) pb[i] = pb[idx[h][i]];
+        else { /* a permutation: from a copy */
+            int32_t *t = (int32_t *)ks_malloc(sizeof(int32_t) * ((size_t)L->n[h] + 1));
+            if (!t) return KS_ERR_OOM;
+            memcpy(t, pb, sizeof(int32_t) * (size_t)L->n[h]);
+            for (int i = 0; i < cnt[h]; i++) pb[i] = t[idx[h][i]];
+            free(t);
+        }
         L->n[h] = cnt[h];
     }
     return KS_OK;

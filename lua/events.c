@@ -5,7 +5,7 @@
  *     engine buffers, on the device or the host, policy_lua.h), ev:kv_pos / kv_keys /
  *     kv_values, and the actions (ev:restart, propagate, retain, attend, stop, discard_kv),
  *     which check their index lists and hand them to the engine's ks_action_* calls;
- *     ev:report and ks.report (stored by report.c), ks.unhook.
+ *     ev:report and ks.report (stored by report.c), ks.unhook, ks.kv_ring.
  *   - The trampolines: a ks_lpol's on[] slots point at ks_lpol_trampoline for exactly the
  *     handlers its table defines (the others stay NULL and cost nothing); begin
  *     (ks_lpol_begin) clears the report, re-arms the handlers and calls the Lua begin. Each
@@ -419,6 +419,48 @@ static int l_unhook(lua_State *L) {
                                       "decode_qkv, token)", nm);
 }
 
+/* ks.kv_ring{sinks = S, budget = B} from begin: this request's KV layers are rings of B rows
+ * whose first S stay (core/policy.h, ks_policy.ring_*). Integers, 0 <= S < B. Lasts one request
+ * (ks_lpol_begin clears it). */
+static int ring_field(lua_State *L, const char *k, lua_Integer *out) {
+    lua_getfield(L, 1, k);
+    int ok = lua_isinteger(L, -1);
+    if (ok) *out = lua_tointeger(L, -1);
+    else if (!lua_isnil(L, -1) && lua_type(L, -1) == LUA_TNUMBER) {
+        lua_Number v = lua_tonumber(L, -1);
+        lua_pop(L, 1);
+        return ks_lua_errorf(L, "kv_ring", "%s must be an integer, got %g", k, v);
+    } else {
+        const char *tn = luaL_typename(L, -1);
+        lua_pop(L, 1);
+        return ks_lua_errorf(L, "kv_ring", "%s must be an integer, got %s", k, tn);
+    }
+    lua_pop(L, 1);
+    return 0;
+}
+
+static int l_kv_ring(lua_State *L) {
+    ks_lctx *c = ks_lua_ctx(L);
+    if (!c || !c->pol || c->in_event) return ks_lua_errorf(L, "kv_ring", "only inside a policy's begin");
+    if (!lua_istable(L, 1)) return ks_lua_errorf(L, "kv_ring", "expects a table {sinks = S, budget = B}, got %s", luaL_typename(L, 1));
+    lua_Integer sk = 0, bu = 0;
+    ring_field(L, "sinks", &sk);
+    ring_field(L, "budget", &bu);
+    if (sk < 0) return ks_lua_errorf(L, "kv_ring", "sinks = %lld must be >= 0", (long long)sk);
+    if (bu <= sk) return ks_lua_errorf(L, "kv_ring", "budget = %lld must exceed sinks = %lld", (long long)bu, (long long)sk);
+    if (bu > INT32_MAX / 2) return ks_lua_errorf(L, "kv_ring", "budget = %lld is too large", (long long)bu);
+    lua_pushnil(L);
+    while (lua_next(L, 1)) { /* no other keys: a misspelt one would be silently ignored */
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+        if (!k || (strcmp(k, "sinks") && strcmp(k, "budget")))
+            return ks_lua_errorf(L, "kv_ring", "unknown key %s (keys: sinks, budget)", k ? k : luaL_typename(L, -2));
+        lua_pop(L, 1);
+    }
+    c->pol->pol.ring_sinks = (int)sk;
+    c->pol->pol.ring_budget = (int)bu;
+    return 0;
+}
+
 /* ================================================================ trampolines */
 
 typedef struct call_args {
@@ -513,6 +555,7 @@ ks_status ks_lpol_begin(void *ud, ks_session *s) {
     ks_lpol_report_clear(p);
     for (int i = 0; i < KS_EV_COUNT; i++) /* every handler on again (ks.unhook lasts one request) */
         p->pol.on[i] = p->ref_fn[i] != LUA_NOREF ? ks_lpol_trampoline : NULL;
+    p->pol.ring_sinks = p->pol.ring_budget = 0; /* ks.kv_ring lasts one request too */
     if (p->ref_begin == LUA_NOREF) return KS_OK;
     if (p->busy) return ks_errorf(KS_ERR_POLICY, "policy %s: begin: the policy is already running (re-entered)", p->name);
     lua_State *L = p->run_L;
@@ -540,6 +583,8 @@ void ks_policy_module_open(lua_State *L, int sandboxed) {
     lua_setfield(L, -2, "report");
     lua_pushcfunction(L, l_unhook);
     lua_setfield(L, -2, "unhook");
+    lua_pushcfunction(L, l_kv_ring);
+    lua_setfield(L, -2, "kv_ring");
     event_mt(L);
     ks_lctx *c = ks_lua_ctx(L);
     if (c && !c->event_mt_ref) {

@@ -12,12 +12,18 @@
 --   * rolling = false: decode rows are appended and always attended (the cache grows by one
 --     row per generated token after the prefill). begin unhooks decode_qkv then, so decode
 --     steps make no policy call (and replay as one graph on the CUDA backend).
---   * rolling = true: also before each decode step's attention: once the layer holds more
---     than `budget` rows (the new one included), the step attends only the sinks and the
---     most recent `budget - sinks` rows and the others are freed (ev:attend + ev:retain in
---     decode_qkv), so the cache never exceeds `budget` rows (evicted rows never return).
+--   * rolling = true: also at each decode step: once the layer holds more than `budget` rows
+--     (the new one included), the step attends only the sinks and the most recent
+--     `budget - sinks` rows and the others are freed, so the cache never exceeds `budget` rows
+--     (evicted rows never return). begin declares this as the engine's KV ring
+--     (ks.kv_ring{sinks, budget}): a full layer's new row overwrites its oldest row after the
+--     sinks in place, with no compaction and no policy call, so single-session decode steps
+--     replay as one graph on the CUDA backend. decode_qkv (ev:attend + ev:retain of the same
+--     rows) stays as the reference: the engine calls it where it has no ring (several
+--     sessions stepped together, tensor-parallel backends), and the tests run it to check
+--     that the ring keeps, attends and generates the same.
 -- All KV heads keep the same rows. Reports "compressed" (whether the prefill evicted rows).
--- Work per event: O(budget) index building in native code.
+-- Work per event: O(budget) index building in native code; none per ring decode step.
 --
 -- Parameters (defaults):
 --   budget  = 2048   KV rows kept per layer (> sinks)
@@ -63,7 +69,7 @@ return {
   begin = function(p)
     check_params(p)
     -- without rolling, decode steps have nothing to do: no handler, so they stay graph-replayable
-    if not p.rolling then ks.unhook("decode_qkv") end
+    if not p.rolling then ks.unhook("decode_qkv") else ks.kv_ring{ sinks = p.sinks, budget = p.budget } end
   end,
 
   prefill_qkv = function(ev, p)

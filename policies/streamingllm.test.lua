@@ -4,7 +4,9 @@
 --   1. budget >= the prompt (and, rolling, >= prompt + generated) gives full's tokens;
 --   2. every fixture case b{B} / b{B}_rolling: the rows kept after the prefill in every layer
 --      and KV head, the rows resident at each decode step (rolling), generated ids (while the
---      reference's step margin is > 1e-3);
+--      reference's step margin is > 1e-3); rolling: the engine's KV ring (the sandboxed run)
+--      gives the ids and final rows of the compacting decode_qkv handler run inline without
+--      the ring, exactly;
 --   3. bad parameters fail with a message naming the parameter.
 package.path = "tests/lua/?.lua;" .. package.path
 local polfix = require "polfix"
@@ -63,11 +65,12 @@ for case, s in polfix.fixture_cases(cases) do
   else
     -- the rows resident (and attended) at each decode step: the final state from the result,
     -- the earlier ones observed at the next step (layer 0, before its eviction, minus the
-    -- row that step appended) through the same handlers run inline
+    -- row that step appended) through the same handlers run inline, without the KV ring (its
+    -- begin declares none), so decode_qkv compacts at every step: the reference path
     local seen = {}
     local wrapped = {
       params = set,
-      begin = P.begin,
+      begin = function(p) P._check_params(p) end,
       prefill_qkv = P.prefill_qkv,
       decode_qkv = function(ev, p)
         if ev.layer == 0 then seen[#seen + 1] = ev:kv_pos(0):tolist() end
@@ -75,7 +78,10 @@ for case, s in polfix.fixture_cases(cases) do
       end,
     }
     local r2 = s:generate(case.prompt_ids, { n = case.n_new, policy = wrapped })
-    eq_list(r2.ids, r.ids, case.case .. ": inline run == sandboxed run")
+    eq_list(r2.ids, r.ids, case.case .. ": compacting run inline == ring run sandboxed")
+    for l = 0, L - 1 do
+      for h = 0, case.model.n_kv_heads - 1 do eq_list(r2.kept(l, h), r.kept(l, h), fmt("%s layer %d head %d: ring == compacting", case.case, l, h)) end
+    end
     if #seen ~= steps then fail("%s: %d decode steps seen, expected %d", case.case, #seen, steps) end
     eq_list(seen[1], concat(case.kept.positions, { n }), case.case .. ": rows after the prefill")
     for st = 0, steps - 1 do

@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 
 #include "engine.h"
+#include "forward.h"
 #include "ks_lua.h"
 #include "kvsieve.h"
 #include "policy_lua.h"
@@ -231,6 +232,109 @@ static void make_prompt(int32_t *p, int n, int vocab, int bos, uint64_t seed) {
     }
 }
 
+/* ================================================================ the KV ring: graph vs plain launches
+ * Rolling StreamingLLM declares a KV ring (core/policy.h): its decode steps overwrite each full
+ * layer's oldest row after the sinks and replay as the recorded graph. The same requests on a
+ * model with graphs off run the same kernels launched one by one: the ids, logits (bit for bit:
+ * the same kernels on the same rows) and kept rows must be identical; the graph must have run
+ * (re-recorded at each wrap of the ring). Beside them, informational: the compacting path (the
+ * policy's decode_qkv handler without the ring: attention over the rows in another order, so
+ * sums may round apart) and how many of its ids agree. */
+static const char *RING_SRC =
+    "local ks = require 'kvsieve'\n"
+    "local function keep(rows, p) return ks.concat(ks.arange(0, p.sinks), ks.arange(rows - (p.budget - p.sinks), rows)) end\n"
+    "return { name = 'compacting', params = { budget = 48, sinks = 4 },\n"
+    "  prefill_qkv = function(ev, p) local rows = ev.kv_rows[1] + ev.n\n"
+    "    if rows > p.budget then ev:retain(keep(rows, p)) end end,\n"
+    "  decode_qkv = function(ev, p) local rows = ev.kv_rows[1]\n"
+    "    if rows > p.budget then local k = keep(rows, p); ev:attend(k); ev:retain(k) end end }\n";
+
+typedef struct ring_run {
+    int32_t ids[256];
+    int n, graph_steps;
+    float *lg;       /* (n, vocab) */
+    int32_t *kept;   /* (n_layers, n_kv_heads, budget) after the end */
+} ring_run;
+
+/* prompt (n) then `steps` greedy steps; policy "ring" (streamingllm rolling) or "compact" (RING_SRC) */
+static int ring_run_one(ks_model *m, const char *kind, int budget, int sinks, const int32_t *prompt, int n, int steps,
+                        ring_run *r) {
+    ks_session *s = NULL;
+    ks_policy *p = NULL;
+    char b[16], sk[16];
+    snprintf(b, sizeof b, "%d", budget);
+    snprintf(sk, sizeof sk, "%d", sinks);
+    int vocab = m->cfg.vocab, nl = m->cfg.n_layers, nh = m->cfg.n_kv_heads;
+    memset(r, 0, sizeof *r);
+    r->lg = calloc((size_t)steps * vocab, sizeof(float));
+    r->kept = calloc((size_t)nl * nh * budget, sizeof(int32_t));
+    ks_status st = !strcmp(kind, "ring") ? ks_policy_load(m, "streamingllm", &p) : ks_policy_load_string(m, "compacting", RING_SRC, &p);
+    if (!st) st = ks_policy_set(p, "budget", b);
+    if (!st) st = ks_policy_set(p, "sinks", sk);
+    if (!st && !strcmp(kind, "ring")) st = ks_policy_set(p, "rolling", "true");
+    if (!st) st = ks_session_create(m, &s);
+    if (!st) st = ks_session_set_policy(s, p);
+    if (!st) st = ks_session_prefill(s, prompt, n);
+    ks_sampler g;
+    ks_sampler_init(&g, 0, 1, 0);
+    for (int t = 0; !st && t < steps && t < 256; t++) {
+        r->ids[t] = ks_sample(&g, s->logits, vocab);
+        st = ks_session_decode(s, r->ids[t]);
+        if (!st) memcpy(r->lg + (size_t)t * vocab, s->logits, sizeof(float) * vocab);
+        r->n = t + 1;
+    }
+    if (!st) st = ks_ring_restore_all(s); /* a generation's end: the rows in order */
+    for (int l = 0; !st && l < nl; l++)
+        for (int h = 0; h < nh; h++) {
+            const int32_t *pos;
+            int k = ks_result_kept(s, l, h, &pos);
+            memcpy(r->kept + ((size_t)l * nh + h) * budget, pos, sizeof(int32_t) * (k < budget ? k : budget));
+        }
+    if (s) r->graph_steps = s->graph_steps;
+    if (st) printf("         %s: %s\n", kind, ks_last_error());
+    ks_session_free(s);
+    ks_policy_free(p);
+    return st ? -1 : 0;
+}
+
+static void ring_graph_case(const char *dir, int budget, int sinks, int n, int steps) {
+    char name[128];
+    snprintf(name, sizeof name, "%s ring budget=%d sinks=%d prompt %d, %d steps", dir, budget, sinks, n, steps);
+    if (g_only && !strstr(name, g_only)) return;
+    ks_model *mg = NULL, *mp = NULL;
+    ks_model_tuning t;
+    ks_model_tuning_default(&t);
+    t.graphs = KS_OFF;
+    if (ks_model_open(dir, "cuda", &mg) || ks_model_open_tuned(dir, NULL, &t, &mp)) {
+        result(0, name, "open: %s", ks_last_error());
+        ks_model_close(mg);
+        return;
+    }
+    int32_t *prompt = malloc(sizeof(int32_t) * n);
+    make_prompt(prompt, n, mg->cfg.vocab, mg->cfg.bos, 0x2545F4914F6CDD1Dull);
+    ring_run g, pl, cp;
+    int e = ring_run_one(mg, "ring", budget, sinks, prompt, n, steps, &g);
+    e |= ring_run_one(mp, "ring", budget, sinks, prompt, n, steps, &pl);
+    e |= ring_run_one(mg, "compact", budget, sinks, prompt, n, steps, &cp);
+    int vocab = mg->cfg.vocab;
+    size_t kn = (size_t)mg->cfg.n_layers * mg->cfg.n_kv_heads * budget;
+    int same_ids = !e && g.n == steps && pl.n == steps && !memcmp(g.ids, pl.ids, sizeof(int32_t) * steps);
+    int same_lg = same_ids && !memcmp(g.lg, pl.lg, sizeof(float) * (size_t)steps * vocab);
+    int same_kept = !e && !memcmp(g.kept, pl.kept, sizeof(int32_t) * kn);
+    int agree = 0;
+    while (!e && agree < steps && g.ids[agree] == cp.ids[agree]) agree++;
+    int wraps = (steps - (budget - (n < budget ? n : budget))) / (budget - sinks); /* ring re-recordings */
+    int graphs_ok = g.graph_steps >= steps - 2 * (wraps + 2) && pl.graph_steps == 0;
+    result(same_ids && same_lg && same_kept && graphs_ok, name,
+           "graph == plain: ids %s, logits %s, kept %s; graph steps %d of %d (plain %d); compacting path: first %d ids agree",
+           same_ids ? "equal" : "DIFFER", same_lg ? "bit-equal" : "DIFFER", same_kept ? "equal" : "DIFFER", g.graph_steps,
+           steps, pl.graph_steps, agree);
+    free(g.lg); free(g.kept); free(pl.lg); free(pl.kept); free(cp.lg); free(cp.kept);
+    free(prompt);
+    ks_model_close(mg);
+    ks_model_close(mp);
+}
+
 static int open_pair(const char *dir, ks_model **gpu, ks_model **cpu) {
     *gpu = *cpu = NULL;
     if (ks_model_open(dir, "cuda", gpu)) { result(0, dir, "cuda: %s", ks_last_error()); return -1; }
@@ -318,6 +422,10 @@ int main(int argc, char **argv) {
         ks_model_close(gpu);
         ks_model_close(cpu);
     }
+    /* the KV ring replayed as the decode graph against plain launches */
+    ring_graph_case("models/kvsieve-tiny", 48, 4, 300, 120); /* cut at the prefill; wraps twice */
+    ring_graph_case("models/kvsieve-tiny", 64, 4, 20, 150);  /* grows, re-records at the budget, then rings */
+    ring_graph_case("models/kvsieve-tiny", 9, 8, 30, 20);    /* one slot: re-recorded at every step */
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }
