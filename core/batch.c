@@ -127,6 +127,8 @@ static void publish(ks_seq *q) {
 static void finish(ks_seq *q, const char *why) {
     q->state = KS_SEQ_DONE;
     q->finish = why;
+    ks_status sr = ks_ring_restore_all(q->s); /* a KV ring's rows in logical order, as generate.c leaves them */
+    if (sr && !q->st) { q->st = sr; free(q->err); q->err = ks_strdup(ks_last_error()); q->finish = "error"; }
     publish(q);
 }
 

@@ -15,8 +15,9 @@
  *                                      with another session (the decode_qkv handler, on rows put
  *                                      back in order), then alone again: its logits equal the
  *                                      compacting run's bit for bit
- *   ring_generate_kept_in_order        ks_generate_ids with rolling StreamingLLM: ids and kept
- *                                      lists equal the compacting policy's
+ *   ring_generate_kept_in_order        ks_generate_ids, and a ks_seq stepped alone (the server's
+ *                                      path), with rolling StreamingLLM: ids and kept lists (in
+ *                                      order) equal the compacting policy's
  *   ring_errors                        ks.kv_ring's bad arguments and places: one-line
  *                                      KS_ERR_POLICY messages naming the problem */
 #include "decode_batch.h"
@@ -200,51 +201,68 @@ KT_TEST(ring_batched_then_alone) {
     ring_case(kt_, "ring", 4, 24, 40, 45, 0, 0, 1);
 }
 
+/* A request of 40 new tokens on a 48-token prompt (sinks 3, budget 20), through ks_generate_ids
+ * (seq = 0) or a ks_seq stepped alone with ks_batch_step (seq = 1: the server's path): the ids
+ * and every layer and head's kept list (cap 32 each) into ids / kept. */
+static ks_status request(ks_model *m, const char *kind, int seq, int32_t *ids, int *n, int32_t *kept, int *nk) {
+    const ks_config *c = &m->cfg;
+    int32_t pr[48];
+    prompt_ids(pr, 48, 5);
+    ks_session *s = NULL;
+    ks_policy *p = NULL;
+    ks_seq *q = NULL;
+    ks_generate_opts o;
+    ks_generate_opts_default(&o);
+    o.max_new_tokens = 40;
+    ks_status st = ks_session_create(m, &s);
+    if (!st) st = policy_for(m, kind, 3, 20, &p);
+    if (!st) st = ks_session_set_policy(s, p);
+    if (!st && !seq) st = ks_generate_ids(s, pr, 48, &o, NULL, NULL);
+    if (!st && seq) st = ks_seq_create(s, pr, 48, &o, &q);
+    if (!st && seq) st = ks_seq_prefill(q, 0);
+    while (!st && seq && ks_seq_get_state(q) != KS_SEQ_DONE) st = ks_batch_step(&q, 1);
+    if (!st && seq) st = ks_seq_status(q);
+    *n = 0;
+    *nk = 0;
+    if (!st) {
+        const int32_t *g = ks_result_ids(s, n);
+        memcpy(ids, g, sizeof(int32_t) * (*n < 64 ? *n : 64));
+        for (int l = 0; l < c->n_layers; l++)
+            for (int h = 0; h < c->n_kv_heads; h++) {
+                const int32_t *pos;
+                int r = ks_result_kept(s, l, h, &pos);
+                *nk += r;
+                for (int i = 0; i < r && i < 32; i++) kept[((size_t)l * c->n_kv_heads + h) * 32 + i] = pos[i];
+            }
+    }
+    ks_seq_free(q);
+    ks_session_free(s);
+    ks_policy_free(p);
+    return st;
+}
+
 KT_TEST(ring_generate_kept_in_order) {
     ks_model *m = NULL;
     KT_CHECK(ks_model_open(TINY, "cpu", &m) == KS_OK, "%s", ks_last_error());
     if (!m) return;
-    int32_t pr[48];
-    prompt_ids(pr, 48, 5);
-    int32_t *ids[2] = {0};
-    int n[2] = {0};
-    int32_t *kept[2];
-    int nk[2] = {0};
     const ks_config *c = &m->cfg;
-    size_t cap = 32;
-    for (int k = 0; k < 2; k++) {
-        ks_session *s = NULL;
-        ks_policy *p = NULL;
-        kept[k] = calloc((size_t)c->n_layers * c->n_kv_heads * cap, sizeof(int32_t));
-        ks_status st = ks_session_create(m, &s);
-        if (!st) st = policy_for(m, k ? "compact" : "streamingllm", 3, 20, &p);
-        if (!st) st = ks_session_set_policy(s, p);
-        ks_generate_opts o;
-        ks_generate_opts_default(&o);
-        o.max_new_tokens = 40;
-        if (!st) st = ks_generate_ids(s, pr, 48, &o, NULL, NULL);
-        KT_CHECK(st == KS_OK, "%s: %s", k ? "compact" : "ring", ks_last_error());
-        if (!st) {
-            const int32_t *g = ks_result_ids(s, &n[k]);
-            ids[k] = malloc(sizeof(int32_t) * (n[k] ? n[k] : 1));
-            memcpy(ids[k], g, sizeof(int32_t) * n[k]);
-            for (int l = 0; l < c->n_layers; l++)
-                for (int h = 0; h < c->n_kv_heads; h++) {
-                    const int32_t *pos;
-                    int r = ks_result_kept(s, l, h, &pos);
-                    nk[k] += r;
-                    for (int i = 0; i < r && i < (int)cap; i++) kept[k][((size_t)l * c->n_kv_heads + h) * cap + i] = pos[i];
-                }
-        }
-        ks_session_free(s);
-        ks_policy_free(p);
+    size_t kn = (size_t)c->n_layers * c->n_kv_heads * 32;
+    int32_t ids[3][64];
+    int n[3], nk[3];
+    int32_t *kept[3];
+    static const char *what[3] = {"compacting, generate", "ring, generate", "ring, ks_seq"};
+    for (int k = 0; k < 3; k++) {
+        kept[k] = calloc(kn, sizeof(int32_t));
+        ks_status st = request(m, k ? "streamingllm" : "compact", k == 2, ids[k], &n[k], kept[k], &nk[k]);
+        KT_CHECK(st == KS_OK, "%s: %s", what[k], ks_last_error());
     }
-    KT_CHECK(n[0] > 0 && n[0] == n[1] && ids[0] && ids[1] && !memcmp(ids[0], ids[1], sizeof(int32_t) * n[0]),
-             "generated ids differ (%d and %d tokens)", n[0], n[1]);
-    KT_CHECK(nk[0] == c->n_layers * c->n_kv_heads * 20 && nk[0] == nk[1] &&
-                 !memcmp(kept[0], kept[1], sizeof(int32_t) * c->n_layers * c->n_kv_heads * cap),
-             "kept lists differ after the generation (%d and %d rows)", nk[0], nk[1]);
-    for (int k = 0; k < 2; k++) { free(ids[k]); free(kept[k]); }
+    for (int k = 1; k < 3; k++) {
+        KT_CHECK(n[0] > 0 && n[k] == n[0] && !memcmp(ids[k], ids[0], sizeof(int32_t) * (n[0] < 64 ? n[0] : 64)),
+                 "%s: generated ids differ from the compacting run's (%d and %d tokens)", what[k], n[k], n[0]);
+        KT_CHECK(nk[0] == c->n_layers * c->n_kv_heads * 20 && nk[k] == nk[0] && !memcmp(kept[k], kept[0], sizeof(int32_t) * kn),
+                 "%s: kept lists differ from the compacting run's after the request (%d and %d rows)", what[k], nk[k], nk[0]);
+    }
+    for (int k = 0; k < 3; k++) free(kept[k]);
     ks_model_close(m);
 }
 
