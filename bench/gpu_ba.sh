@@ -9,19 +9,21 @@
 #   var       each A/B build .data/ba/var-*/ (an uncommitted variant of the new kernel): its
 #             quick tier (correctness) and its times
 #   bench     kvsieve bench --batch 1,4,16,64 --ttft-under-load at 4K with the new build, then
-#             the base build (base_bench), same card
+#             main's build before this session (.data/base/kvsieve.xz: base_bench), same card
 #   memcheck  compute-sanitizer memcheck of the test's quick tier
 #   ncu       the new kernel's DRAM throughput and warp stall reasons at B = 64 x 4096 (one
 #             launch of the --time-only run, ncu without clock control)
-# .data/ba/{new,base,var-*}/ hold stripped xz'd kvsieve and test_attn_decode_batch (carried).
+# .data/ba/{new,base,var-*}/ hold stripped xz'd kvsieve and test_attn_decode_batch (carried; a
+# step whose binary is not there says so and goes on).
 # Usage (repository root, GPU machine): bash bench/gpu_ba.sh [step ...]
-T0=$(date +%s); DEADLINE=${DEADLINE:-230}
+T0=$(date +%s); DEADLINE=${DEADLINE:-170}
 O=${OUT:-/tmp}/ba; mkdir -p $O
 S=.data/ba; R=$(mktemp -d)
 for d in $S/*/; do
     n=$(basename $d); mkdir -p $R/$n
     for f in $d*.xz; do [ -f $f ] && xz -dc $f > $R/$n/$(basename $f .xz) && chmod +x $R/$n/$(basename $f .xz); done
 done
+mkdir -p $R/base; [ -f .data/base/kvsieve.xz ] && xz -dc .data/base/kvsieve.xz > $R/base/kvsieve && chmod +x $R/base/kvsieve
 export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH PATH=$PATH:/usr/local/cuda/bin
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader > $O/card.txt 2>&1
 C="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --lengths 4096 --gen 32"
@@ -39,8 +41,8 @@ step_var() {
     done
 }
 step_bench() {
-    run 45 $R/new/kvsieve $C --batch 1,4,16,64 --ttft-under-load --json $O/bench.json > $O/bench.txt
-    run 45 $R/base/kvsieve $C --batch 1,4,16,64 --ttft-under-load --json $O/base_bench.json > $O/base_bench.txt
+    run 40 $R/new/kvsieve $C --batch 1,4,16,64 --ttft-under-load --json $O/bench.json > $O/bench.txt
+    run 40 $R/base/kvsieve $C --batch 1,4,16,64 --ttft-under-load --json $O/base_bench.json > $O/base_bench.txt
 }
 step_memcheck() {
     run 40 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_attn_decode_batch --quick > $O/memcheck_full.txt
