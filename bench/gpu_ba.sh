@@ -16,7 +16,7 @@
 # .data/ba/{new,base,var-*}/ hold stripped xz'd kvsieve and test_attn_decode_batch (carried; a
 # step whose binary is not there says so and goes on).
 # Usage (repository root, GPU machine): bash bench/gpu_ba.sh [step ...]
-T0=$(date +%s); DEADLINE=${DEADLINE:-170}
+T0=$(date +%s); DEADLINE=${DEADLINE:-110}
 O=${OUT:-/tmp}/ba; mkdir -p $O
 S=.data/ba; R=$(mktemp -d)
 for d in $S/*/; do
