@@ -234,12 +234,20 @@ static void make_prompt(int32_t *p, int n, int vocab, int bos, uint64_t seed) {
 
 /* ================================================================ the KV ring: graph vs plain launches
  * Rolling StreamingLLM declares a KV ring (core/policy.h): its decode steps overwrite each full
- * layer's oldest row after the sinks and replay as the recorded graph. The same requests on a
- * model with graphs off run the same kernels launched one by one: the ids, logits (bit for bit:
- * the same kernels on the same rows) and kept rows must be identical; the graph must have run
- * (re-recorded at each wrap of the ring). Beside them, informational: the compacting path (the
- * policy's decode_qkv handler without the ring: attention over the rows in another order, so
- * sums may round apart) and how many of its ids agree. */
+ * layer's oldest row after the sinks and replay as the recorded graph. Against the same request
+ * on a model with graphs off (the same kernels launched one by one), teacher-forced (every run
+ * decodes the plain ring run's greedy ids, so one rounding apart does not change what follows):
+ *   - the kept rows after the end must be identical and the graph must have run (recorded anew
+ *     at each wrap of the ring and when a layer fills);
+ *   - the logits must agree as closely as graph and plain launches agree without the ring: the
+ *     control is static StreamingLLM (no ring, the cache grows: the graph path as before), graph
+ *     against plain; the ring's largest difference may be at most twice the control's, or 1% of
+ *     the largest logit when the control's is smaller (a recorded step's split-KV partition is
+ *     the recording's: rounding, not rows). A ring that wrote or attended the wrong rows moves
+ *     logits by whole units.
+ * Printed beside: plain against plain (run to run), how many argmaxes agree, and the compacting
+ * path's free-running ids (the policy's decode_qkv handler without the ring: attention over
+ * the rows in another order) against the ring's. */
 static const char *RING_SRC =
     "local ks = require 'kvsieve'\n"
     "local function keep(rows, p) return ks.concat(ks.arange(0, p.sinks), ks.arange(rows - (p.budget - p.sinks), rows)) end\n"
@@ -249,16 +257,20 @@ static const char *RING_SRC =
     "  decode_qkv = function(ev, p) local rows = ev.kv_rows[1]\n"
     "    if rows > p.budget then local k = keep(rows, p); ev:attend(k); ev:retain(k) end end }\n";
 
+#define RING_STEPS 256
 typedef struct ring_run {
-    int32_t ids[256];
+    int32_t ids[RING_STEPS];
     int n, graph_steps;
     float *lg;       /* (n, vocab) */
     int32_t *kept;   /* (n_layers, n_kv_heads, budget) after the end */
 } ring_run;
 
-/* prompt (n) then `steps` greedy steps; policy "ring" (streamingllm rolling) or "compact" (RING_SRC) */
+static void ring_run_free(ring_run *r) { free(r->lg); free(r->kept); }
+
+/* prompt (n) then `steps` steps decoding force[t] (NULL: greedy); kind "ring" (streamingllm
+ * rolling), "static" (streamingllm, no rolling) or "compact" (RING_SRC) */
 static int ring_run_one(ks_model *m, const char *kind, int budget, int sinks, const int32_t *prompt, int n, int steps,
-                        ring_run *r) {
+                        const int32_t *force, ring_run *r) {
     ks_session *s = NULL;
     ks_policy *p = NULL;
     char b[16], sk[16];
@@ -268,17 +280,18 @@ static int ring_run_one(ks_model *m, const char *kind, int budget, int sinks, co
     memset(r, 0, sizeof *r);
     r->lg = calloc((size_t)steps * vocab, sizeof(float));
     r->kept = calloc((size_t)nl * nh * budget, sizeof(int32_t));
-    ks_status st = !strcmp(kind, "ring") ? ks_policy_load(m, "streamingllm", &p) : ks_policy_load_string(m, "compacting", RING_SRC, &p);
+    int compact = !strcmp(kind, "compact");
+    ks_status st = compact ? ks_policy_load_string(m, "compacting", RING_SRC, &p) : ks_policy_load(m, "streamingllm", &p);
     if (!st) st = ks_policy_set(p, "budget", b);
     if (!st) st = ks_policy_set(p, "sinks", sk);
-    if (!st && !strcmp(kind, "ring")) st = ks_policy_set(p, "rolling", "true");
+    if (!st && !compact) st = ks_policy_set(p, "rolling", strcmp(kind, "ring") ? "false" : "true");
     if (!st) st = ks_session_create(m, &s);
     if (!st) st = ks_session_set_policy(s, p);
     if (!st) st = ks_session_prefill(s, prompt, n);
     ks_sampler g;
     ks_sampler_init(&g, 0, 1, 0);
-    for (int t = 0; !st && t < steps && t < 256; t++) {
-        r->ids[t] = ks_sample(&g, s->logits, vocab);
+    for (int t = 0; !st && t < steps && t < RING_STEPS; t++) {
+        r->ids[t] = force ? force[t] : ks_sample(&g, s->logits, vocab);
         st = ks_session_decode(s, r->ids[t]);
         if (!st) memcpy(r->lg + (size_t)t * vocab, s->logits, sizeof(float) * vocab);
         r->n = t + 1;
@@ -297,10 +310,29 @@ static int ring_run_one(ks_model *m, const char *kind, int budget, int sinks, co
     return st ? -1 : 0;
 }
 
+/* The largest |a - b| over both runs' logits, and how many steps' argmaxes agree. */
+static float ring_diff(const ring_run *a, const ring_run *b, int steps, int vocab, int *same_argmax) {
+    float d = 0;
+    *same_argmax = 0;
+    for (int t = 0; t < steps; t++) {
+        const float *x = a->lg + (size_t)t * vocab, *y = b->lg + (size_t)t * vocab;
+        int ax = 0, ay = 0;
+        for (int i = 0; i < vocab; i++) {
+            float e = fabsf(x[i] - y[i]);
+            if (e > d || e != e) d = e != e ? INFINITY : e;
+            if (x[i] > x[ax]) ax = i;
+            if (y[i] > y[ay]) ay = i;
+        }
+        *same_argmax += ax == ay;
+    }
+    return d;
+}
+
 static void ring_graph_case(const char *dir, int budget, int sinks, int n, int steps) {
     char name[128];
     snprintf(name, sizeof name, "%s ring budget=%d sinks=%d prompt %d, %d steps", dir, budget, sinks, n, steps);
     if (g_only && !strstr(name, g_only)) return;
+    if (steps > RING_STEPS) steps = RING_STEPS;
     ks_model *mg = NULL, *mp = NULL;
     ks_model_tuning t;
     ks_model_tuning_default(&t);
@@ -312,24 +344,38 @@ static void ring_graph_case(const char *dir, int budget, int sinks, int n, int s
     }
     int32_t *prompt = malloc(sizeof(int32_t) * n);
     make_prompt(prompt, n, mg->cfg.vocab, mg->cfg.bos, 0x2545F4914F6CDD1Dull);
-    ring_run g, pl, cp;
-    int e = ring_run_one(mg, "ring", budget, sinks, prompt, n, steps, &g);
-    e |= ring_run_one(mp, "ring", budget, sinks, prompt, n, steps, &pl);
-    e |= ring_run_one(mg, "compact", budget, sinks, prompt, n, steps, &cp);
+    ring_run pl, g, p2, sg, sp, cp;
+    memset(&g, 0, sizeof g); memset(&p2, 0, sizeof p2); memset(&sg, 0, sizeof sg); memset(&sp, 0, sizeof sp); memset(&cp, 0, sizeof cp);
+    int e = ring_run_one(mp, "ring", budget, sinks, prompt, n, steps, NULL, &pl);
+    if (!e) {
+        e |= ring_run_one(mg, "ring", budget, sinks, prompt, n, steps, pl.ids, &g);
+        e |= ring_run_one(mp, "ring", budget, sinks, prompt, n, steps, pl.ids, &p2);
+        e |= ring_run_one(mg, "static", budget, sinks, prompt, n, steps, pl.ids, &sg);
+        e |= ring_run_one(mp, "static", budget, sinks, prompt, n, steps, pl.ids, &sp);
+        e |= ring_run_one(mg, "compact", budget, sinks, prompt, n, steps, NULL, &cp);
+    }
     int vocab = mg->cfg.vocab;
     size_t kn = (size_t)mg->cfg.n_layers * mg->cfg.n_kv_heads * budget;
-    int same_ids = !e && g.n == steps && pl.n == steps && !memcmp(g.ids, pl.ids, sizeof(int32_t) * steps);
-    int same_lg = same_ids && !memcmp(g.lg, pl.lg, sizeof(float) * (size_t)steps * vocab);
-    int same_kept = !e && !memcmp(g.kept, pl.kept, sizeof(int32_t) * kn);
-    int agree = 0;
-    while (!e && agree < steps && g.ids[agree] == cp.ids[agree]) agree++;
-    int wraps = (steps - (budget - (n < budget ? n : budget))) / (budget - sinks); /* ring re-recordings */
-    int graphs_ok = g.graph_steps >= steps - 2 * (wraps + 2) && pl.graph_steps == 0;
-    result(same_ids && same_lg && same_kept && graphs_ok, name,
-           "graph == plain: ids %s, logits %s, kept %s; graph steps %d of %d (plain %d); compacting path: first %d ids agree",
-           same_ids ? "equal" : "DIFFER", same_lg ? "bit-equal" : "DIFFER", same_kept ? "equal" : "DIFFER", g.graph_steps,
-           steps, pl.graph_steps, agree);
-    free(g.lg); free(g.kept); free(pl.lg); free(pl.kept); free(cp.lg); free(cp.kept);
+    if (e || pl.n != steps) result(0, name, "a run failed");
+    else {
+        float scale = 0;
+        for (size_t i = 0; i < (size_t)steps * vocab; i++) scale = fmaxf(scale, fabsf(pl.lg[i]));
+        int am_g, am_p2, am_s, agree = 0;
+        float d_g = ring_diff(&g, &pl, steps, vocab, &am_g), d_p2 = ring_diff(&p2, &pl, steps, vocab, &am_p2);
+        float d_s = ring_diff(&sg, &sp, steps, vocab, &am_s);
+        while (agree < steps && cp.ids[agree] == pl.ids[agree]) agree++;
+        float tol = fmaxf(2 * d_s, 0.01f * scale);
+        int same_kept = !memcmp(g.kept, pl.kept, sizeof(int32_t) * kn);
+        int wraps = (steps - (budget - (n < budget ? n : budget))) / (budget - sinks); /* ring re-recordings */
+        int graphs_ok = (g.graph_steps >= steps - 2 * (wraps + 2) || budget - sinks == 1) && g.graph_steps > 0 &&
+                        pl.graph_steps == 0;
+        result(d_g <= tol && same_kept && graphs_ok, name,
+               "graph vs plain: max |dlogit| %.3g (argmax %d/%d), control static %.3g (%d/%d), plain vs plain %.3g; "
+               "tol %.3g, max |logit| %.3g; kept %s; graph steps %d of %d (plain %d); compacting path: first %d ids agree",
+               d_g, am_g, steps, d_s, am_s, steps, d_p2, tol, scale, same_kept ? "equal" : "DIFFER", g.graph_steps, steps,
+               pl.graph_steps, agree);
+    }
+    ring_run_free(&pl); ring_run_free(&g); ring_run_free(&p2); ring_run_free(&sg); ring_run_free(&sp); ring_run_free(&cp);
     free(prompt);
     ks_model_close(mg);
     ks_model_close(mp);
