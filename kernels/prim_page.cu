@@ -4,11 +4,11 @@
  * Memory traffic: page_reduce reads its rows once (coalesced along d): where the rows allow
  * 16-byte loads (d, the strides and the address multiples of 8 bf16 / 4 floats) each thread
  * takes 8 (4) adjacent columns of one page, every row's load in flight at once; else one
- * column a thread. bound_scores stages 32 boxes of one KV head in shared memory (coalesced),
- * then warp t computes query head t of the group for the 32 boxes (the query row read as a
- * broadcast), each thread summing its box in the CPU's order; d > 184 or g > 32 take one thread
- * per output reading the boxes from L1 / L2. Measured on the H200 (Quest at 128K: 8190 pages x 8
- * KV heads x 128; bench_kernels --quest): bench/NOTES.md. */
+ * column a thread. bound_scores stages 32 boxes of one KV head in shared memory (16-byte loads),
+ * then warp t computes query head t of the group for the 32 boxes (the query element a
+ * broadcast), each thread summing its box in the CPU's order; shapes it does not take (g > 8,
+ * d % 4 != 0, d > ~150) run one thread per output reading the boxes from L1 / L2. Measured on
+ * the H200 (Quest at 128K: 8191 pages x 8 KV heads x 128; bench_kernels --quest): bench/NOTES.md. */
 #include "prim_common.cuh"
 #include "ks_cuda_page.h"
 
@@ -165,35 +165,48 @@ __global__ void bound_scores_kernel(const float *__restrict__ q, const float *__
     }
 }
 
-/* Tiled: block (x, kv) takes boxes j0 = 32 x .. j0 + 31 of KV head kv (grid.y = rows of the
- * output for the group reductions, or KV heads for NONE), staged in shared memory (rows padded
- * to d + 1 floats: no bank conflicts); warp t is query head kv * g + t, lane b box j0 + b, so the
- * query element is one broadcast. Each (head, box) sum is bound_one's, in its order. */
+/* Tiled: block (x, kv) takes boxes j0 = 32 x .. j0 + 31 of KV head kv, staged in shared memory
+ * with 16-byte loads (rows padded to d + 4 floats: a thread reads its box's row 4 floats at a
+ * time without bank conflicts across the warp's 32 boxes), with the g query rows of the group
+ * as doubles; warp t is query head kv * g + t, lane b box j0 + b, so each query element is one
+ * broadcast. Each (head, box) sum is bound_one's, term by term in its order (d % 4 == 0). */
 #define BS_TILE 32
-__global__ void bound_scores_tiled(const float *__restrict__ q, const float *__restrict__ lo, const float *__restrict__ hi,
-                                   int64_t n, int64_t hkv, int g, int d, int reduce, float *__restrict__ out) {
+__global__ void __launch_bounds__(256) bound_scores_tiled(const float *__restrict__ q, const float *__restrict__ lo,
+                                                          const float *__restrict__ hi, int64_t n, int64_t hkv, int g,
+                                                          int d, int reduce, float *__restrict__ out) {
     extern __shared__ double bs_smem[];
+    const int ds = d + 4;                              /* padded row stride (floats) */
     double *res = bs_smem;                             /* (g, 32) per-head sums (group reductions) */
-    float *sl = (float *)(res + (size_t)g * BS_TILE);  /* (32, d + 1) boxes' lo */
-    float *sh = sl + BS_TILE * (d + 1);                /* (32, d + 1) boxes' hi */
+    double *qs = res + (size_t)g * BS_TILE;            /* (g, d) the group's query rows */
+    float *sl = (float *)(qs + (size_t)g * d);         /* (32, ds) boxes' lo */
+    float *sh = sl + BS_TILE * ds;                     /* (32, ds) boxes' hi */
     const int64_t kv = blockIdx.y, j0 = (int64_t)blockIdx.x * BS_TILE;
-    const int nb = (int)min((int64_t)BS_TILE, n - j0);
-    for (int e = threadIdx.x; e < nb * d; e += blockDim.x) {
-        const int b = e / d, i = e - b * d;
-        const int64_t src = ((j0 + b) * hkv + kv) * d + i;
-        sl[b * (d + 1) + i] = __ldg(lo + src);
-        sh[b * (d + 1) + i] = __ldg(hi + src);
+    const int nb = (int)min((int64_t)BS_TILE, n - j0), d4 = d / 4, t = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* warp w copies boxes w, w + g, ... (one 16-byte load a lane per row quarter) */
+    for (int b = t; b < nb; b += g) {
+        const float4 *gl = (const float4 *)(lo + ((j0 + b) * hkv + kv) * d);
+        const float4 *gh = (const float4 *)(hi + ((j0 + b) * hkv + kv) * d);
+        for (int c = lane; c < d4; c += 32) {
+            *(float4 *)(sl + b * ds + 4 * c) = __ldg(gl + c);
+            *(float4 *)(sh + b * ds + 4 * c) = __ldg(gh + c);
+        }
     }
+    for (int e = threadIdx.x; e < g * d; e += blockDim.x) qs[e] = (double)__ldg(q + kv * g * (int64_t)d + e);
     __syncthreads();
-    const int t = threadIdx.x >> 5, b = threadIdx.x & 31;
-    const float *qh = q + (kv * g + t) * (int64_t)d;
+    const int b = lane;
     double acc = 0;
     if (b < nb) {
-        const float *l = sl + b * (d + 1), *u = sh + b * (d + 1);
-        for (int i = 0; i < d; i++) {
-            const double qi = (double)__ldg(qh + i);
-            const double a = qi * (double)l[i], c = qi * (double)u[i]; /* exact: 24 + 24 bits */
-            acc += (a > c || isnan(a)) ? a : c;
+        const float *l = sl + b * ds, *u = sh + b * ds;
+        const double *qh = qs + t * d;
+        for (int i = 0; i < d; i += 4) {
+            const float4 l4 = *(const float4 *)(l + i), u4 = *(const float4 *)(u + i);
+            const float lv[4] = {l4.x, l4.y, l4.z, l4.w}, uv[4] = {u4.x, u4.y, u4.z, u4.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const double qi = qh[i + k];
+                const double a = qi * (double)lv[k], c = qi * (double)uv[k]; /* exact: 24 + 24 bits */
+                acc += (a > c || isnan(a)) ? a : c;
+            }
         }
         if (reduce == KS_BOUND_NONE) out[(kv * g + t) * n + j0 + b] = (float)acc;
     }
@@ -224,8 +237,9 @@ extern "C" ks_status ks_cuda_bound_scores(cudaStream_t s, const float *q, int64_
     if (!q || !lo || !hi || !out) return ks_errorf(KS_ERR_ARG, "bound_scores: NULL data");
     int64_t rows = reduce == KS_BOUND_NONE ? n_q_heads : n_kv_heads;
     const int64_t g = n_q_heads / n_kv_heads;
-    const size_t smem = sizeof(double) * g * BS_TILE + sizeof(float) * 2 * BS_TILE * (d + 1);
-    if (g <= 32 && smem <= 48 * 1024 && n_kv_heads <= 65535) {
+    const size_t smem = sizeof(double) * g * (BS_TILE + d) + sizeof(float) * 2 * BS_TILE * (d + 4);
+    if (g <= 8 && d % 4 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)lo % 16 == 0 && (uintptr_t)hi % 16 == 0 &&
+        smem <= 48 * 1024 && n_kv_heads <= 65535) {
         dim3 grid((unsigned)((n + BS_TILE - 1) / BS_TILE), (unsigned)n_kv_heads);
         bound_scores_tiled<<<grid, (unsigned)(32 * g), smem, s>>>(q, lo, hi, n, n_kv_heads, (int)g, (int)d, (int)reduce, out);
         KS_CU_LAUNCH("bound_scores kernel");
