@@ -310,12 +310,15 @@ static int ring_run_one(ks_model *m, const char *kind, int budget, int sinks, co
     return st ? -1 : 0;
 }
 
-/* The largest |a - b| over both runs' logits, and how many steps' argmaxes agree. */
-static float ring_diff(const ring_run *a, const ring_run *b, int steps, int vocab, int *same_argmax) {
+/* The largest |a - b| over both runs' logits, how many steps' argmaxes agree, and the first step
+ * whose logits are not bit-equal (steps: none). */
+static float ring_diff(const ring_run *a, const ring_run *b, int steps, int vocab, int *same_argmax, int *first) {
     float d = 0;
     *same_argmax = 0;
+    *first = steps;
     for (int t = 0; t < steps; t++) {
         const float *x = a->lg + (size_t)t * vocab, *y = b->lg + (size_t)t * vocab;
+        if (*first == steps && memcmp(x, y, sizeof(float) * vocab)) *first = t;
         int ax = 0, ay = 0;
         for (int i = 0; i < vocab; i++) {
             float e = fabsf(x[i] - y[i]);
@@ -360,9 +363,9 @@ static void ring_graph_case(const char *dir, int budget, int sinks, int n, int s
     else {
         float scale = 0;
         for (size_t i = 0; i < (size_t)steps * vocab; i++) scale = fmaxf(scale, fabsf(pl.lg[i]));
-        int am_g, am_p2, am_s, agree = 0;
-        float d_g = ring_diff(&g, &pl, steps, vocab, &am_g), d_p2 = ring_diff(&p2, &pl, steps, vocab, &am_p2);
-        float d_s = ring_diff(&sg, &sp, steps, vocab, &am_s);
+        int am_g, am_p2, am_s, f_g, f_p2, f_s, agree = 0;
+        float d_g = ring_diff(&g, &pl, steps, vocab, &am_g, &f_g), d_p2 = ring_diff(&p2, &pl, steps, vocab, &am_p2, &f_p2);
+        float d_s = ring_diff(&sg, &sp, steps, vocab, &am_s, &f_s);
         while (agree < steps && cp.ids[agree] == pl.ids[agree]) agree++;
         float tol = fmaxf(2 * d_s, 0.01f * scale);
         int same_kept = !memcmp(g.kept, pl.kept, sizeof(int32_t) * kn);
@@ -370,10 +373,11 @@ static void ring_graph_case(const char *dir, int budget, int sinks, int n, int s
         int graphs_ok = (g.graph_steps >= steps - 2 * (wraps + 2) || budget - sinks == 1) && g.graph_steps > 0 &&
                         pl.graph_steps == 0;
         result(d_g <= tol && same_kept && graphs_ok, name,
-               "graph vs plain: max |dlogit| %.3g (argmax %d/%d), control static %.3g (%d/%d), plain vs plain %.3g; "
-               "tol %.3g, max |logit| %.3g; kept %s; graph steps %d of %d (plain %d); compacting path: first %d ids agree",
-               d_g, am_g, steps, d_s, am_s, steps, d_p2, tol, scale, same_kept ? "equal" : "DIFFER", g.graph_steps, steps,
-               pl.graph_steps, agree);
+               "graph vs plain: max |dlogit| %.3g (argmax %d/%d, bit-equal until step %d), control static %.3g (%d/%d, "
+               "until %d), plain vs plain %.3g (until %d); tol %.3g, max |logit| %.3g; kept %s; graph steps %d of %d "
+               "(plain %d); compacting path: first %d ids agree",
+               d_g, am_g, steps, f_g, d_s, am_s, steps, f_s, d_p2, f_p2, tol, scale, same_kept ? "equal" : "DIFFER",
+               g.graph_steps, steps, pl.graph_steps, agree);
     }
     ring_run_free(&pl); ring_run_free(&g); ring_run_free(&p2); ring_run_free(&sg); ring_run_free(&sp); ring_run_free(&cp);
     free(prompt);
