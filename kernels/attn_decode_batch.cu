@@ -65,6 +65,66 @@ static __host__ __device__ __forceinline__ int adb_warp_of(long long t, int W, i
     return (int)(((t + 1) * W - 1) / T);
 }
 
+/* The merge of a segment's np partial slots (ws0: the first; slot j at ws0 + j G (D + 2)) into
+ * out (G, D), by one warp: each row's max M and denominator sum_j 2^(m_j - M) l_j from the lanes'
+ * slots (one load a lane a row while np <= 32), then lane covers dims [lane D/32, +D/32) of every
+ * row, summing the slots in order (all rows' loads of a slot issued together). Deterministic. */
+template <int D>
+static __device__ __forceinline__ void adb_merge(const float *ws0, int np, int G, float *out, int lane) {
+    constexpr int PS = D + 2, DL = D / 32;
+    const size_t SS = (size_t)G * PS;
+    float M[8], den[8];
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        float mx = -INFINITY;
+        if (r < G)
+            for (int j = lane; j < np; j += 32) mx = fmaxf(mx, __ldcg(ws0 + j * SS + G * D + 2 * r));
+        M[r] = warp_max(mx);
+    }
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        float dn = 0.f;
+        if (r < G && M[r] != -INFINITY)
+            for (int j = lane; j < np; j += 32) {
+                const float2 ml = __ldcg(reinterpret_cast<const float2 *>(ws0 + j * SS + G * D + 2 * r));
+                if (ml.x != -INFINITY) dn += fast_exp2(ml.x - M[r]) * ml.y;
+            }
+        den[r] = warp_sum(dn);
+    }
+    float acc[8][DL];
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+#pragma unroll
+        for (int e = 0; e < DL; e++) acc[r][e] = 0.f;
+#pragma unroll 2
+    for (int j = 0; j < np; j++) {
+        const float *sl = ws0 + j * SS;
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            if (r >= G) break;
+            const float m = __ldcg(sl + G * D + 2 * r);
+            float v[DL];
+            if constexpr (DL == 4) {
+                const float4 x = __ldcg(reinterpret_cast<const float4 *>(sl + r * D + lane * DL));
+                v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+            } else {
+                const float2 x = __ldcg(reinterpret_cast<const float2 *>(sl + r * D + lane * DL));
+                v[0] = x.x; v[1] = x.y;
+            }
+            const float f = m == -INFINITY ? 0.f : fast_exp2(m - M[r]);
+#pragma unroll
+            for (int e = 0; e < DL; e++) acc[r][e] += f * v[e];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        if (r >= G) break;
+        const float inv = den[r] > 0.f ? 1.f / den[r] : 0.f;
+#pragma unroll
+        for (int e = 0; e < DL; e++) out[r * D + lane * DL + e] = acc[r][e] * inv;
+    }
+}
+
 template <int D>
 __global__ void __launch_bounds__(ADB_WARPS * 32, D == 128 ? 2 : 3) adb_kernel(const __grid_constant__ adb_args a) {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -232,23 +292,7 @@ __global__ void __launch_bounds__(ADB_WARPS * 32, D == 128 ? 2 : 3) adb_kernel(c
             done = __shfl_sync(0xffffffffu, done, 0);
             if (done == (unsigned)(wl - wf)) { /* the last piece: merge the slots wf + s .. wl + s */
                 __threadfence();
-                const float *ws0 = a.ws + (size_t)s * G * PS_D;
-                for (int e = lane; e < G * D; e += 32) {
-                    const int r = e / D;
-                    float M = -INFINITY;
-                    for (int w = wf; w <= wl; w++) M = fmaxf(M, __ldcg(ws0 + (size_t)w * G * PS_D + G * D + 2 * r));
-                    float num = 0.f, den = 0.f;
-                    if (M != -INFINITY)
-                        for (int w = wf; w <= wl; w++) {
-                            const float *sl = ws0 + (size_t)w * G * PS_D;
-                            const float m = __ldcg(sl + G * D + 2 * r);
-                            if (m == -INFINITY) continue;
-                            const float f = fast_exp2(m - M);
-                            num += f * __ldcg(sl + e);
-                            den += f * __ldcg(sl + G * D + 2 * r + 1);
-                        }
-                    out[e] = den > 0.f ? num / den : 0.f;
-                }
+                adb_merge<D>(a.ws + (size_t)(wf + s) * G * PS_D, wl - wf + 1, G, out, lane);
             }
         }
         tb = pe;
