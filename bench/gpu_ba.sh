@@ -16,7 +16,7 @@
 # .data/ba/{new,base,var-*}/ hold stripped xz'd kvsieve and test_attn_decode_batch (carried; a
 # step whose binary is not there says so and goes on).
 # Usage (repository root, GPU machine): bash bench/gpu_ba.sh [step ...]
-T0=$(date +%s); DEADLINE=${DEADLINE:-110}
+T0=$(date +%s); DEADLINE=${DEADLINE:-170}
 O=${OUT:-/tmp}/ba; mkdir -p $O
 S=.data/ba; R=$(mktemp -d)
 for d in $S/*/; do
@@ -54,7 +54,7 @@ step_ncu() { # launches 1-63 of --time-only are B = 1, 4, 16 (21 each): the 6th 
         --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem \
         $R/new/test_attn_decode_batch --time-only 2>&1 | grep -E "stalled|dram__|warps_active|bank|gpu__time|launch__|rc=|==ERR|adb_kernel" > $O/ncu.txt
 }
-for s in ${*:-test base var memcheck bench ncu}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s || true; done
+for s in ${*:-test base bench memcheck var ncu}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s || true; done
 rm -rf $R
 cat $O/card.txt; tail -n 25 $O/test.txt $O/test_base.txt $O/var-*.txt $O/bench.txt $O/base_bench.txt $O/memcheck.txt 2>/dev/null
 true
