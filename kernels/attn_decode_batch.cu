@@ -41,7 +41,7 @@ extern "C" {
 #ifndef ADB_STAGES
 #define ADB_STAGES 2   /* tiles in a warp's ring */
 #endif
-#define ADB_MIN_TILES 4 /* the automatic warp count leaves at least this many tiles a warp */
+#define ADB_MIN_TILES 8 /* the automatic warp count leaves at least this many tiles a warp */
 
 /* bytes of one warp's ring: stages x (K tile, V tile, positions) */
 template <int D> static __host__ __device__ constexpr size_t adb_wregion() {
@@ -96,7 +96,7 @@ static __device__ __forceinline__ void adb_merge(const float *ws0, int np, int G
     for (int r = 0; r < 8; r++)
 #pragma unroll
         for (int e = 0; e < DL; e++) acc[r][e] = 0.f;
-#pragma unroll 2
+#pragma unroll 4
     for (int j = 0; j < np; j++) {
         const float *sl = ws0 + j * SS;
 #pragma unroll
