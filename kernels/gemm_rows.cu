@@ -46,6 +46,7 @@ struct gr_p {
     float *y[3];
     int rows[3], off[4]; /* off: prefix sums of rows (plain modes) */
     int steps, steps_per; /* 32-column steps of K, and per split */
+    int xsteps, xsb;      /* x in shared memory (impl 4): steps staged at a time, row stride in bytes */
 };
 
 /* Tile row rt of tile `tile`: the weight segment and its row, or -1 (past the end). SWIGLU: a
@@ -87,6 +88,61 @@ template <bool XB> static __device__ __forceinline__ uint4 gr_xfrag(const gr_p &
 static __device__ __forceinline__ uint4 gr_wload(const bf16 *w, int col, bool ok) {
     if (!ok || !w) return make_uint4(0, 0, 0, 0);
     return __ldcs(reinterpret_cast<const uint4 *>(w + col));
+}
+
+/* After the K loop: the tile's outputs from acc (one split), or the cluster's sum of every block's
+ * partials (gr_part: TR x (NT * 8 + 1) floats of shared memory, free for it now) */
+template <int NT, int MT>
+static __device__ __forceinline__ void gr_finish(const gr_p &p, float (&acc)[MT][NT][4], float *gr_part, int tile, int nsplit) {
+    using S = gr_shape<MT>;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int swiglu = p.mode == KS_GEMM_ROWS_SWIGLU;
+    constexpr int HM = MT / 2; /* SWIGLU: tile m pairs with tile m + HM */
+    if (nsplit == 1) {
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int c = j * 8 + 2 * t + (e & 1), hi = e >> 1;
+                if (c >= p.n) continue;
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    int seg, r = gr_row<MT>(p, tile, warp * S::WR + m * 16 + hi * 8 + g, &seg);
+                    if (r < 0) continue;
+                    if (!swiglu) gr_store(p, seg, r, c, acc[m][j][e]);
+                    else if (m < HM) p.y[0][(size_t)c * p.rows[0] + r] = gr_silu_mul(acc[m][j][e], acc[m + HM][j][e]);
+                }
+            }
+        return;
+    }
+    const int ps = NT * 8 + 1; /* partial row stride (floats) */
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                gr_part[(warp * S::WR + m * 16 + (e >> 1) * 8 + g) * ps + j * 8 + 2 * t + (e & 1)] = acc[m][j][e];
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    const int rank = (int)cl.block_rank(), n = p.n;
+    const int outs = swiglu ? S::TR / 2 : S::TR; /* output rows of the tile (x n) */
+    for (int e = rank * blockDim.x + threadIdx.x; e < outs * n; e += nsplit * blockDim.x) {
+        int hr = e / n, c = e % n;
+        /* SWIGLU: half-row hr is gate tile row (warp, m < HM, i), its up row HM m16 tiles later */
+        int rt = swiglu ? (hr / (S::WR / 2)) * S::WR + hr % (S::WR / 2) : hr;
+        float v = 0.f, u = 0.f;
+        for (int q = 0; q < nsplit; q++) { /* rank order: the same sum on every run */
+            const float *pq = cl.map_shared_rank(gr_part, q);
+            v += pq[rt * ps + c];
+            if (swiglu) u += pq[(rt + HM * 16) * ps + c];
+        }
+        int seg, r = gr_row<MT>(p, tile, rt, &seg);
+        if (r < 0) continue;
+        if (swiglu) p.y[0][(size_t)c * p.rows[0] + r] = gr_silu_mul(v, u);
+        else gr_store(p, seg, r, c, v);
+    }
+    cl.sync(); /* no block leaves while another still reads its partials */
 }
 
 /* NT tiles of 8 x rows (n <= 8 NT), MT m16 tiles of weight rows a warp, x bf16 (XB) or float32.
@@ -203,53 +259,86 @@ __global__ void __launch_bounds__(GR_WARPS * 32, RING && MT == 2 ? 2 : 1) gemm_r
         }
     }
 
-    const int swiglu = p.mode == KS_GEMM_ROWS_SWIGLU;
-    constexpr int HM = MT / 2; /* SWIGLU: tile m pairs with tile m + HM */
-    if (nsplit == 1) {
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int c = j * 8 + 2 * t + (e & 1), hi = e >> 1;
-                if (c >= p.n) continue;
-#pragma unroll
-                for (int m = 0; m < MT; m++) {
-                    int seg, r = gr_row<MT>(p, tile, warp * S::WR + m * 16 + hi * 8 + g, &seg);
-                    if (r < 0) continue;
-                    if (!swiglu) gr_store(p, seg, r, c, acc[m][j][e]);
-                    else if (m < HM) p.y[0][(size_t)c * p.rows[0] + r] = gr_silu_mul(acc[m][j][e], acc[m + HM][j][e]);
-                }
-            }
-        return;
-    }
-    const int ps = NT * 8 + 1; /* partial row stride (floats) */
+    gr_finish<NT, MT>(p, acc, gr_part, tile, nsplit);
+}
+
+/* impl 4: x in shared memory. The block stages x (rows rounded to bf16, zeros past n and past
+ * in) for p.xsteps steps of its K range at a time (one barrier pair a sub-range); the weights go
+ * straight into registers, two stages of U steps, the next stage's loads issued before the
+ * barrier so they stay in flight across it. B fragments are then one 16-byte shared load
+ * (rows p.xsb bytes apart, = 64 mod 128: the two rows of a quarter-warp hit different banks). */
+template <int NT, int U> __global__ void __launch_bounds__(GR_WARPS * 32, 1) gemm_rows_xs_k(const gr_p p) {
+    constexpr int MT = 2;
+    using S = gr_shape<MT>;
+    extern __shared__ __align__(16) unsigned char gr_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
+    const bf16 *wr[MT][2];
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                gr_part[(warp * S::WR + m * 16 + (e >> 1) * 8 + g) * ps + j * 8 + 2 * t + (e & 1)] = acc[m][j][e];
-    cg::cluster_group cl = cg::this_cluster();
-    cl.sync();
-    const int rank = (int)cl.block_rank(), n = p.n;
-    const int outs = swiglu ? S::TR / 2 : S::TR; /* output rows of the tile (x n) */
-    for (int e = rank * blockDim.x + threadIdx.x; e < outs * n; e += nsplit * blockDim.x) {
-        int hr = e / n, c = e % n;
-        /* SWIGLU: half-row hr is gate tile row (warp, m < HM, i), its up row HM m16 tiles later */
-        int rt = swiglu ? (hr / (S::WR / 2)) * S::WR + hr % (S::WR / 2) : hr;
-        float v = 0.f, u = 0.f;
-        for (int q = 0; q < nsplit; q++) { /* rank order: the same sum on every run */
-            const float *pq = cl.map_shared_rank(gr_part, q);
-            v += pq[rt * ps + c];
-            if (swiglu) u += pq[(rt + HM * 16) * ps + c];
+        for (int h = 0; h < 2; h++) {
+            int seg, r = gr_row<MT>(p, tile, warp * S::WR + m * 16 + h * 8 + g, &seg);
+            wr[m][h] = r >= 0 ? p.W[seg] + (size_t)r * p.in : nullptr;
         }
-        int seg, r = gr_row<MT>(p, tile, rt, &seg);
-        if (r < 0) continue;
-        if (swiglu) p.y[0][(size_t)c * p.rows[0] + r] = gr_silu_mul(v, u);
-        else gr_store(p, seg, r, c, v);
+    const int s0 = split * p.steps_per, s1 = min(p.steps, s0 + p.steps_per);
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
+    uint4 wa[MT][2][U], wb[MT][2][U];
+    auto load = [&](uint4 (&w)[MT][2][U], int s) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int col = (s + u) * 32 + 8 * t;
+            bool ok = s + u < s1 && col < p.in;
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) w[m][h][u] = gr_wload(wr[m][h], col, ok);
+        }
+    };
+    auto stage_x = [&](int sb) { /* steps [sb, sb + xsteps) of x into shared memory */
+        __syncthreads(); /* every warp is done with the previous sub-range */
+        const int c8n = p.xsteps * 4, c0 = sb * 32, cend = min(p.in, s1 * 32);
+        for (int i = threadIdx.x; i < NT * 8 * c8n; i += blockDim.x) {
+            int r = i / c8n, c = c0 + (i % c8n) * 8;
+            uint4 v = gr_xfrag<false>(p, r, c, r < p.n && c < cend);
+            *reinterpret_cast<uint4 *>(gr_smem + (size_t)r * p.xsb + (i % c8n) * 16) = v;
+        }
+        __syncthreads();
+    };
+    auto compute = [&](const uint4 (&w)[MT][2][U], int s) {
+        const int sub = s0 + (s - s0) / p.xsteps * p.xsteps; /* first step of the staged sub-range */
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (s + u >= s1) break;
+            const unsigned char *xr = gr_smem + (size_t)g * p.xsb + ((s + u - sub) * 32 + 8 * t) * 2;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                uint4 xv = *reinterpret_cast<const uint4 *>(xr + (size_t)j * 8 * p.xsb);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    uint32_t a0[4] = {w[m][0][u].x, w[m][1][u].x, w[m][0][u].y, w[m][1][u].y};
+                    uint32_t a1[4] = {w[m][0][u].z, w[m][1][u].z, w[m][0][u].w, w[m][1][u].w};
+                    mma16816(acc[m][j], a0, xv.x, xv.y);
+                    mma16816(acc[m][j], a1, xv.z, xv.w);
+                }
+            }
+        }
+    };
+    load(wa, s0);
+    for (int s = s0; s < s1; s += 2 * U) { /* xsteps is a multiple of U: sub-ranges start on a stage */
+        if ((s - s0) % p.xsteps == 0) stage_x(s);
+        load(wb, s + U);
+        compute(wa, s);
+        if (s + U < s1 && (s + U - s0) % p.xsteps == 0) stage_x(s + U);
+        load(wa, s + 2 * U);
+        compute(wb, s + U);
     }
-    cl.sync(); /* no block leaves while another still reads its partials */
+    __syncthreads(); /* the partials reuse the x tile */
+    gr_finish<NT, MT>(p, acc, reinterpret_cast<float *>(gr_smem), tile, nsplit);
 }
 
 extern "C" int ks_cuda_gemm_rows_supported(const ks_gemm_rows_args *a, const char **why) {
@@ -260,7 +349,7 @@ extern "C" int ks_cuda_gemm_rows_supported(const ks_gemm_rows_args *a, const cha
     else if (a->mode < 0 || a->mode > 2) w = "unknown mode";
     else if (a->n_seg < 1 || a->n_seg > 3 || (a->mode == KS_GEMM_ROWS_SWIGLU && a->n_seg != 2)) w = "bad segment count";
     else if (a->splits < 0 || a->splits > GR_MAX_SPLIT) w = "splits outside 0..8";
-    else if (a->impl < 0 || a->impl > 3) w = "impl outside 0..3";
+    else if (a->impl < 0 || a->impl > 4) w = "impl outside 0..4";
     else if (a->mode == KS_GEMM_ROWS_SWIGLU && (a->rows[0] != a->rows[1] || a->bias[0] || a->bias[1]))
         w = "SwiGLU needs two segments of equal rows and no bias";
     for (int i = 0; !w && i < a->n_seg; i++)
@@ -278,6 +367,34 @@ template <int NT, int MT, bool XB, bool RING> static cudaError_t gr_launch(const
         cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e) return e;
     }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(GR_WARPS * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = grid.y;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = grid.y > 1 ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, p);
+}
+
+#define GR_XS_BYTES (160 * 1024) /* impl 4: shared memory for x (and, after the loop, the partials) */
+
+template <int NT> static cudaError_t gr_launch_xs(gr_p &p, dim3 grid, cudaStream_t s) {
+    constexpr int U = 4;
+    auto k = gemm_rows_xs_k<NT, U>;
+    /* stage the split's whole K range when it fits, else the most steps (a multiple of U) that do */
+    int fit = (GR_XS_BYTES - 64) / (NT * 8 * 64) / U * U;
+    p.xsteps = KS_MAX(U, KS_MIN(fit, (p.steps_per + U - 1) / U * U));
+    p.xsb = (p.xsteps * 64 + 127) / 128 * 128 + 64;
+    size_t smem = (size_t)NT * 8 * p.xsb;
+    if (grid.y > 1) smem = KS_MAX(smem, (size_t)gr_shape<2>::TR * (NT * 8 + 1) * sizeof(float));
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e) return e;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(GR_WARPS * 32);
@@ -320,12 +437,13 @@ extern "C" ks_status ks_cuda_gemm_rows(cudaStream_t s, const ks_gemm_rows_args *
     }
     /* impl 1: registers, 32 rows a warp; 2: ring, 32 rows; 3: ring, 64 rows */
     int impl = a->impl ? a->impl : 2, MT = impl == 3 ? 4 : 2, TR = GR_WARPS * 16 * MT;
+    if (impl == 4 && a->x_bf16) return ks_errorf(KS_ERR_UNSUPPORTED, "gemm_rows: impl 4 takes float32 x");
     int tiles = a->mode == KS_GEMM_ROWS_SWIGLU ? (a->rows[0] + TR / 2 - 1) / (TR / 2) : (p.off[a->n_seg] + TR - 1) / TR;
     p.steps = (a->in + 31) / 32;
     /* split K until the grid covers about the blocks resident at once (impl 2: two a
      * multiprocessor, ~100-128 registers a thread and 96 KiB of ring; 1 and 3: one), at most 8
      * (one cluster), each split a whole number of stages where the K range allows */
-    int U = impl != 1 ? GR_RU : (a->n + 7) / 8 > 2 ? 2 : 4; /* as gr_launch's template choice */
+    int U = impl == 4 ? 4 : impl != 1 ? GR_RU : (a->n + 7) / 8 > 2 ? 2 : 4; /* as gr_launch's template choice */
     int slots = KS_MAX(n_sm, 1) * (impl == 2 ? 2 : 1);
     int sp = a->splits ? a->splits : KS_MAX(1, KS_MIN(GR_MAX_SPLIT, slots / tiles));
     sp = KS_MIN(sp, p.steps);
@@ -337,7 +455,12 @@ extern "C" ks_status ks_cuda_gemm_rows(cudaStream_t s, const ks_gemm_rows_args *
     cudaError_t e;
     if (impl == 1) e = a->x_bf16 ? gr_dispatch<2, true, false>(p, grid, s) : gr_dispatch<2, false, false>(p, grid, s);
     else if (impl == 2) e = a->x_bf16 ? gr_dispatch<2, true, true>(p, grid, s) : gr_dispatch<2, false, true>(p, grid, s);
-    else e = a->x_bf16 ? gr_dispatch<4, true, true>(p, grid, s) : gr_dispatch<4, false, true>(p, grid, s);
+    else if (impl == 3) e = a->x_bf16 ? gr_dispatch<4, true, true>(p, grid, s) : gr_dispatch<4, false, true>(p, grid, s);
+    else {
+        int nt = (p.n + 7) / 8;
+        e = nt <= 1 ? gr_launch_xs<1>(p, grid, s) : nt <= 2 ? gr_launch_xs<2>(p, grid, s) : nt <= 4 ? gr_launch_xs<4>(p, grid, s)
+                                                                                          : gr_launch_xs<8>(p, grid, s);
+    }
     KS_CU(e, "gemm_rows kernel launch");
     KS_CU_LAUNCH("gemm_rows kernel");
     return KS_OK;
