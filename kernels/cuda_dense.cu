@@ -5,14 +5,21 @@
  * of backend.h are composed of these in cuda_layer.cu.
  *
  * Weights are bf16 (vectors float32), activations float32. GEMMs: cuBLAS bf16 x bf16 -> float32
- * with float32 compute, the float32 activations converted to bf16 in a scratch buffer first. */
+ * with float32 compute, the float32 activations converted to bf16 in a scratch buffer first;
+ * except the q|k|v projection of 2..16 rows (a batched decode step of up to 16 sessions), which
+ * takes the skinny GEMM (gemm_rows.cuh: one launch for the three projections and their biases,
+ * x rounded to bf16 as it is read). Measured on an H200 (bench/NOTES.md, "the batched step's
+ * dense layers"): 27.0 against 53.2 us at 4 rows, 29.9 against 41.8 us at 16; at 64 rows, and
+ * for the o, gate|up, down and lm_head shapes at any row count, cuBLAS was as fast or faster. */
 #include "cuda_backend_int.h"
+#include "gemm_rows.cuh"
 #include "gemv.cuh"
 
 #include <stdlib.h>
 #include <string.h>
 
 #define MM_CONV_BYTES ((size_t)64 << 20) /* bf16 copy of a matmul's input: converted in row chunks of this size */
+#define QKV_SKINNY_ROWS 16 /* q|k|v of up to this many rows: the skinny GEMM (measured: header) */
 
 /* ================================================================ weights */
 
@@ -278,9 +285,25 @@ static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const flo
         }
         double t0;
         if ((st = stats_begin(b, &t0))) return st;
-        st = gemm_rows_bf16(c, x, n, in, 3, Ws, Ys, outs, 0.0f);
-        for (int i = 0; i < 3 && !st; i++)
-            if (Bs[i]) st = ks_cuda_add_bias(c->stream, Ys[i], (const float *)Bs[i]->data, n, outs[i]);
+        if (n <= QKV_SKINNY_ROWS && in % 8 == 0 && (uintptr_t)x % 16 == 0) { /* one launch, biases fused */
+            ks_gemm_rows_args a;
+            memset(&a, 0, sizeof a);
+            a.x = x;
+            a.n = n;
+            a.in = in;
+            a.n_seg = 3;
+            for (int i = 0; i < 3; i++) {
+                a.W[i] = Ws[i]->data;
+                a.bias[i] = Bs[i] ? (const float *)Bs[i]->data : NULL;
+                a.y[i] = Ys[i];
+                a.rows[i] = outs[i];
+            }
+            st = ks_cuda_gemm_rows(c->stream, &a, c->n_sm);
+        } else {
+            st = gemm_rows_bf16(c, x, n, in, 3, Ws, Ys, outs, 0.0f);
+            for (int i = 0; i < 3 && !st; i++)
+                if (Bs[i]) st = ks_cuda_add_bias(c->stream, Ys[i], (const float *)Bs[i]->data, n, outs[i]);
+        }
         if (st || (st = stats_end(b, t0, 2.0 * n * in * (QD + 2.0 * KD)))) return st;
     } else if ((st = ks_cuda_dense_matmul(b, q, x, Wq, bq, n, in, QD)) || (st = ks_cuda_dense_matmul(b, k, x, Wk, bk, n, in, KD)) ||
                (st = ks_cuda_dense_matmul(b, v, x, Wv, bv, n, in, KD)))
