@@ -12,7 +12,7 @@
 #   prof     nsys (when installed): the GPU kernels of B = 16 at 128 tokens, both builds
 # Carry .data/sk (stripped, xz'd: test_gemm_rows.xz, kvsieve.xz[, test_cuda.xz]) and .data/base
 # (kvsieve.xz: main before this session's work). Usage: bash bench/gpu_sk.sh [step ...]
-# (mid call: test ops short; final: DEADLINE=175 bash bench/gpu_sk.sh test long short ops memcheck)
+# (default: test ops short long, about 45 s on the mid call's H200; final: add memcheck)
 T0=$(date +%s); DEADLINE=${DEADLINE:-115}
 S=.data/sk; O="$OUT/sk"; mkdir -p "$O"; R=$(mktemp -d)
 for f in $S/*.xz; do xz -dc $f > $R/$(basename $f .xz); done
@@ -28,7 +28,10 @@ run() { # run LIMIT CMD...: at most LIMIT seconds and never past the deadline
     timeout $l "$@" 2>&1; echo "rc=$? ($(( $(date +%s) - T0 )) s into the call)"
 }
 step_test() { run 25 $R/test_gemm_rows > "$O/test.txt"; }
-step_parity() { KS_STORIES=.data/stories260K; export KS_STORIES; run 60 $R/test_cuda --quick | grep -v "^  ok" | tail -20 > "$O/test_cuda.txt"; }
+step_parity() {
+    [ -x $R/test_cuda ] || { echo "no test_cuda carried" > "$O/test_cuda.txt"; return; }
+    KS_STORIES=.data/stories260K; export KS_STORIES; run 60 $R/test_cuda --quick | grep -v "^  ok" | tail -20 > "$O/test_cuda.txt"
+}
 step_ops() { run 40 $R/test_gemm_rows --quick --bench > "$O/ops.txt"; }
 step_short() {
     run 25 $R/kvsieve $C --lengths 128 > "$O/short_new.txt"
@@ -50,7 +53,7 @@ step_prof() {
         run 30 $N stats --report cuda_gpu_kern_sum --format csv $R/p_$v.nsys-rep > "$O/prof_$v.csv"
     done
 }
-for s in ${*:-test ops short}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s; done
+for s in ${*:-test ops short long}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s; done
 rm -rf $R
 cat "$O/card.txt"; tail -n 8 "$O"/*.txt 2>/dev/null | cut -c1-200
 true
