@@ -492,7 +492,7 @@ static int l_dispatch(lua_State *L) {
                              "through ev:retain(...), ev:propagate(...), ...)",
                           e->name, luaL_typename(L, top + 1));
     }
-    ks_lt_dev_settle(L); /* nothing stays on a device after its event */
+    ks_lt_dev_settle(L); /* garbage freed; what the policy still references stays on the device */
     return 0;
 }
 
@@ -523,7 +523,7 @@ ks_status ks_lpol_trampoline(void *ud, ks_event *ev) {
     p->busy = 1;
     ks_status st = ks_lpol_protected(p, L, l_dispatch, &a, name, ev->layer);
     p->busy = 0;
-    ks_lt_dev_drop(L); /* after a failure: what is still on the device is freed */
+    ks_lt_dev_drop(L); /* after a failure: what this event made is freed (kept ones stay) */
     for (int i = 0; i < c->n_stage; i++) free(c->stage[i]); /* the event's device-view copies */
     c->n_stage = 0;
     c->dev = saved.dev;
