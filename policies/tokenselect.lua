@@ -175,11 +175,12 @@ return {
       if p.trace then ev:report(step .. ".l" .. l, "dense") end
       return
     end
-    local fp = ks.rope(ev.q, p.n_local)         -- (1, H, d): one query row, at n_local
     local sel
     if p.cache_theta ~= 0 then
-      local flat = fp:reshape(-1)
       local cached = state.cache[l]
+      -- the fingerprint (1, H, d): one query row, at n_local; a hit at cache_theta <= -1 needs none
+      local fp = (not cached or p.cache_theta > -1) and ks.rope(ev.q, p.n_local) or nil
+      local flat = fp and fp:reshape(-1)
       local what
       if cached and p.cache_theta <= -1 then
         -- every cosine is >= -1: a hit without computing it (no read of the device value)
@@ -207,6 +208,7 @@ return {
       ev:report("cache_misses", state.misses)
       if p.trace then ev:report("c" .. s .. ".l" .. l, what) end
     else
+      local fp = ks.rope(ev.q, p.n_local)       -- (1, H, d): one query row, at n_local
       sel = _select(ev, p, fp:reshape(ev.n_heads, ev.head_dim), ev:kv_keys(), p.n_init, N - p.n_local, step)
     end
     if p.trace then ev:report(step .. ".l" .. l, _list_str(sel)) end
