@@ -6,11 +6,18 @@
  * own two shared-memory buffers with cp.async (rows gathered through the index list if any,
  * zero-filled past the end), and keeps its own online-softmax state (log2 domain). At the end
  * the four warps' (max, sum, O) are merged in shared memory and the block writes either the
- * final rows or an unnormalised partial for attn_combine (attn_decode.cu). */
+ * final rows or an unnormalised partial for attn_combine (attn_decode.cu).
+ *
+ * ROPE (pre-RoPE q and keys): the prologue rotates each query row in float32 before rounding it
+ * to bf16, and each warp rotates its key tile in registers after ldmatrix: lane (gq, tig) holds
+ * keys gq and gq + 8 at columns ks * 16 + tig * 2 + {0, 1, 8, 9} of chunk ks, and chunk
+ * ks + KS / 2 holds the rotate-half partners of the same columns, so every pair is in one
+ * thread: 32 sincosf a lane per 16-key tile at d = 128, each (key, frequency) once. */
 #include "common.cuh"
 #include "attn_decode_tc.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
+#include "attn_prep.cuh"
 
 #include <limits.h>
 #include <math.h>
@@ -29,18 +36,27 @@ template <int D> static constexpr size_t tc_smem() {
     return (size_t)16 * D * 2 + TC_WARPS * tc_wregion<D>() + TC_WARPS * 16 * 2 * 4;
 }
 
-/* one query row's key counts and position by value (ks_cuda_attn_decode_tc1): on == 0 reads
- * p.nk / p.qpos from device memory instead */
+/* one query row's key counts, list offsets and position by value (ks_cuda_attn_decode_tc1,
+ * _tc_list): on == 0 reads p.nk / p.idx_off / p.qpos from device memory instead */
 struct tc_byval {
     int on, qpos;
     int nk[KS_CUDA_ATTN_BYVAL_HEADS];
+    int off[KS_CUDA_ATTN_BYVAL_HEADS]; /* on: start of each head's list in p.idx */
     const int32_t *dyn; /* on: NULL, or device {qpos, delta}: qpos from here, delta added to nk */
 };
 
-template <int D>
+/* the rope table by value: only the ROPE kernels carry it */
+template <bool ROPE> struct tc_rope { ks_cuda_attn_rope r; };
+template <> struct tc_rope<false> { int unused; };
+
+static __device__ __forceinline__ float bf_lo(uint32_t x) { return __uint_as_float(x << 16); }
+static __device__ __forceinline__ float bf_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
+
+template <int D, bool ROPE>
 __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, float *__restrict__ ws_acc,
-                      float *__restrict__ ws_ml, const __grid_constant__ tc_byval bv) {
+                      float *__restrict__ ws_ml, const __grid_constant__ tc_byval bv,
+                      const __grid_constant__ tc_rope<ROPE> rp) {
     /* PDL (pdl.cuh): q, the cache and the lists come from earlier kernels, out / ws are written */
     ks_pdl_trigger();
     ks_pdl_wait();
@@ -63,31 +79,67 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     int per = (nkh + n_splits - 1) / n_splits;
     per = (per + quantum - 1) / quantum * quantum;
     const int tb = split * per, te = min(nkh, tb + per);
-    const int32_t *ix = p.idx ? p.idx + p.idx_off[kv] : nullptr;
+    const int32_t *ix = p.idx ? p.idx + (bv.on ? bv.off[kv] : p.idx_off[kv]) : nullptr;
     const bf16 *Kh = (const bf16 *)p.k + (size_t)kv * p.capacity * D;
     const bf16 *Vh = (const bf16 *)p.v + (size_t)kv * p.capacity * D;
     const int32_t *Ph = (p.kpos && !p.renumber) ? p.kpos + (size_t)kv * p.capacity : nullptr;
 
     /* ---- Q rows (bf16, swizzled; rows >= M are zeros) and this thread's two row positions */
-    for (int e = tid; e < 16 * NCH; e += TC_WARPS * 32) {
-        int r = e / NCH, ch = e - r * NCH;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < M) {
-            int i = r / g, hh = r - i * g;
-            const float4 *src = reinterpret_cast<const float4 *>(p.q + ((size_t)i * H + kv * g + hh) * D + ch * 8);
-            float4 a = src[0], b = src[1];
-            v.x = pack_bf16(a.x, a.y);
-            v.y = pack_bf16(a.z, a.w);
-            v.z = pack_bf16(b.x, b.y);
-            v.w = pack_bf16(b.z, b.w);
+    auto row_pos = [&](int i) { return p.q_renumber ? nkh - p.n + i : bv.on ? qpos1 : p.qpos[i]; };
+    if constexpr (!ROPE) {
+        for (int e = tid; e < 16 * NCH; e += TC_WARPS * 32) {
+            int r = e / NCH, ch = e - r * NCH;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (r < M) {
+                int i = r / g, hh = r - i * g;
+                const float4 *src = reinterpret_cast<const float4 *>(p.q + ((size_t)i * H + kv * g + hh) * D + ch * 8);
+                float4 a = src[0], b = src[1];
+                v.x = pack_bf16(a.x, a.y);
+                v.y = pack_bf16(a.z, a.w);
+                v.z = pack_bf16(b.x, b.y);
+                v.w = pack_bf16(b.z, b.w);
+            }
+            *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch)) = v;
         }
-        *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch)) = v;
+    } else {
+        /* chunk ch of the first half and its partner ch + NCH / 2: rotated in float32, then bf16 */
+        for (int e = tid; e < 16 * (NCH / 2); e += TC_WARPS * 32) {
+            int r = e / (NCH / 2), ch = e - r * (NCH / 2);
+            float y0[8], y1[8];
+#pragma unroll
+            for (int c = 0; c < 8; c++) y0[c] = y1[c] = 0.f;
+            if (r < M) {
+                int i = r / g, hh = r - i * g, pos = row_pos(i);
+                const float *src = p.q + ((size_t)i * H + kv * g + hh) * D + ch * 8;
+#pragma unroll
+                for (int c = 0; c < 8; c++)
+                    ks_rope_rot(src[c], src[c + D / 2], pos, rp.r.inv_freq[ch * 8 + c], rp.r.attn_factor, &y0[c], &y1[c]);
+            }
+            uint4 v0, v1;
+            v0.x = pack_bf16(y0[0], y0[1]); v0.y = pack_bf16(y0[2], y0[3]);
+            v0.z = pack_bf16(y0[4], y0[5]); v0.w = pack_bf16(y0[6], y0[7]);
+            v1.x = pack_bf16(y1[0], y1[1]); v1.y = pack_bf16(y1[2], y1[3]);
+            v1.z = pack_bf16(y1[4], y1[5]); v1.w = pack_bf16(y1[6], y1[7]);
+            *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch)) = v0;
+            *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch + NCH / 2)) = v1;
+        }
     }
     int qp[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        int r = gq + 8 * hf, i = r / g;
-        qp[hf] = r >= M ? INT_MIN : p.q_renumber ? nkh - p.n + i : bv.on ? qpos1 : p.qpos[i];
+        int r = gq + 8 * hf;
+        qp[hf] = r >= M ? INT_MIN : row_pos(r / g);
+    }
+    /* ROPE: this lane's frequencies, columns ks * 16 + tig * 2 + {0, 1, 8, 9} of the first half */
+    float fr[ROPE ? KS / 2 : 1][4];
+    if constexpr (ROPE) {
+#pragma unroll
+        for (int ks = 0; ks < KS / 2; ks++) {
+            fr[ks][0] = rp.r.inv_freq[ks * 16 + tig * 2];
+            fr[ks][1] = rp.r.inv_freq[ks * 16 + tig * 2 + 1];
+            fr[ks][2] = rp.r.inv_freq[ks * 16 + 8 + tig * 2];
+            fr[ks][3] = rp.r.inv_freq[ks * 16 + 8 + tig * 2 + 1];
+        }
     }
     __syncthreads();
     uint32_t qf[KS][4];
@@ -140,13 +192,41 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         float s[2][4];
 #pragma unroll
         for (int j = 0; j < 2; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        if constexpr (!ROPE) {
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t b[4];
-            int r = (lane & 7) + (lane >> 4) * 8, ch = ks * 2 + ((lane >> 3) & 1);
-            ldsm_x4(b, cK + swz<D>(r, ch));
-            mma16816(s[0], qf[ks], b[0], b[1]);
-            mma16816(s[1], qf[ks], b[2], b[3]);
+            for (int ks = 0; ks < KS; ks++) {
+                uint32_t b[4];
+                int r = (lane & 7) + (lane >> 4) * 8, ch = ks * 2 + ((lane >> 3) & 1);
+                ldsm_x4(b, cK + swz<D>(r, ch));
+                mma16816(s[0], qf[ks], b[0], b[1]);
+                mma16816(s[1], qf[ks], b[2], b[3]);
+            }
+        } else {
+            /* b[ks][0..1]: key gq, b[ks][2..3]: key gq + 8 (see the file comment) */
+            uint32_t b[KS][4];
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                int r = (lane & 7) + (lane >> 4) * 8, ch = ks * 2 + ((lane >> 3) & 1);
+                ldsm_x4(b[ks], cK + swz<D>(r, ch));
+            }
+            const int32_t kpos[2] = {kp[gq], kp[gq + 8]};
+#pragma unroll
+            for (int ks = 0; ks < KS / 2; ks++)
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    uint32_t x = b[ks][m], y = b[ks + KS / 2][m];
+                    int32_t pos = kpos[m >> 1];
+                    float a0, a1, c0, c1;
+                    ks_rope_rot(bf_lo(x), bf_lo(y), pos, fr[ks][(m & 1) * 2], rp.r.attn_factor, &a0, &c0);
+                    ks_rope_rot(bf_hi(x), bf_hi(y), pos, fr[ks][(m & 1) * 2 + 1], rp.r.attn_factor, &a1, &c1);
+                    b[ks][m] = pack_bf16(a0, a1);
+                    b[ks + KS / 2][m] = pack_bf16(c0, c1);
+                }
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                mma16816(s[0], qf[ks], b[ks][0], b[ks][1]);
+                mma16816(s[1], qf[ks], b[ks][2], b[ks][3]);
+            }
         }
 #pragma unroll
         for (int j = 0; j < 2; j++)
@@ -267,31 +347,45 @@ extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p,
     return rh * p->head_dim * sizeof(float) + rh * 2 * sizeof(float);
 }
 
-template <int D> static ks_status tc_launch(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, float *acc,
-                                            float *ml, const tc_byval &bv) {
+template <int D, bool ROPE>
+static ks_status tc_launch(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, float *acc, float *ml,
+                           const tc_byval &bv, const tc_rope<ROPE> &rp) {
     static unsigned attr = 0; /* bit g: set on GPU g (the attribute is per device function) */
     int dev = 0;
     cudaGetDevice(&dev);
     if (!(attr >> (dev & 31) & 1u)) {
-        KS_CU(cudaFuncSetAttribute(attn_decode_tc_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_smem<D>()),
+        KS_CU(cudaFuncSetAttribute(attn_decode_tc_kernel<D, ROPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)tc_smem<D>()),
               "attention (decode, tensor cores) shared memory");
         attr |= 1u << (dev & 31);
     }
     dim3 grid(n_splits, p->n_kv_heads);
-    KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D>, grid, dim3(TC_WARPS * 32), tc_smem<D>(), s, p->pdl, *p, n_splits,
-                        p->scale * 1.4426950408889634f, acc, ml, bv),
+    KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D, ROPE>, grid, dim3(TC_WARPS * 32), tc_smem<D>(), s, p->pdl, *p,
+                        n_splits, p->scale * 1.4426950408889634f, acc, ml, bv, rp),
           "attention (decode, tensor cores) kernel");
     return KS_OK;
 }
 
-static ks_status tc_run(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws, const tc_byval &bv) {
+/* rope: NULL, or the table the kernel rotates pre-RoPE q and keys with */
+static ks_status tc_run(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws, const tc_byval &bv,
+                        const ks_cuda_attn_rope *rope) {
     if ((uintptr_t)p->q % 16 || (uintptr_t)p->k % 16 || (uintptr_t)p->v % 16)
         return ks_errorf(KS_ERR_ARG, "attention (decode, tensor cores): misaligned buffers");
     if (n_splits < 1) n_splits = 1;
     if (n_splits > 1 && !ws) return ks_errorf(KS_ERR_INTERNAL, "attention: split-KV without a workspace");
     float *acc = (float *)ws;
     float *ml = acc ? acc + (size_t)p->n * p->n_heads * n_splits * p->head_dim : nullptr;
-    ks_status st = p->head_dim == 128 ? tc_launch<128>(s, p, n_splits, acc, ml, bv) : tc_launch<64>(s, p, n_splits, acc, ml, bv);
+    ks_status st;
+    if (rope) {
+        tc_rope<true> rp;
+        rp.r = *rope;
+        st = p->head_dim == 128 ? tc_launch<128, true>(s, p, n_splits, acc, ml, bv, rp)
+                                : tc_launch<64, true>(s, p, n_splits, acc, ml, bv, rp);
+    } else {
+        tc_rope<false> rp = {0};
+        st = p->head_dim == 128 ? tc_launch<128, false>(s, p, n_splits, acc, ml, bv, rp)
+                                : tc_launch<64, false>(s, p, n_splits, acc, ml, bv, rp);
+    }
     if (st || n_splits == 1) return st;
     return ks_cuda_attn_combine(s, p->out, acc, ml, p->n * p->n_heads, n_splits, p->head_dim, p->pdl);
 }
@@ -302,12 +396,13 @@ extern "C" ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_p
     if (p->n <= 0) return KS_OK;
     tc_byval bv;
     memset(&bv, 0, sizeof bv);
-    return tc_run(s, p, n_splits, ws, bv);
+    return tc_run(s, p, n_splits, ws, bv, NULL);
 }
 
-extern "C" ks_status ks_cuda_attn_decode_tc1(cudaStream_t s, const ks_cuda_attn_params *p, const int *nk_host, int qpos,
-                                             const int32_t *dyn, int n_splits, void *ws) {
-    if (!ks_cuda_attn_decode_tc_supported(p) || p->n != 1 || p->idx || p->renumber || p->q_renumber ||
+/* the one-row entries: counts (and list offsets) by value */
+static ks_status tc1_run(cudaStream_t s, const ks_cuda_attn_params *p, const int *nk_host, const int *off_host,
+                         int qpos, const int32_t *dyn, const ks_cuda_attn_rope *rope, int n_splits, void *ws) {
+    if (!ks_cuda_attn_decode_tc_supported(p) || p->n != 1 || !p->idx != !off_host || p->renumber != p->q_renumber ||
         p->n_kv_heads > KS_CUDA_ATTN_BYVAL_HEADS)
         return ks_errorf(KS_ERR_UNSUPPORTED, "attention: the one-row tensor-core decode does not take this call "
                                              "(n %d, %d KV heads, index list %s)", p->n, p->n_kv_heads, p->idx ? "yes" : "no");
@@ -320,6 +415,22 @@ extern "C" ks_status ks_cuda_attn_decode_tc1(cudaStream_t s, const ks_cuda_attn_
         if (nk_host[h] < 0 || nk_host[h] > p->capacity)
             return ks_errorf(KS_ERR_ARG, "attention: %d keys for KV head %d (capacity %d)", nk_host[h], h, p->capacity);
         bv.nk[h] = nk_host[h];
+        bv.off[h] = off_host ? off_host[h] : 0;
     }
-    return tc_run(s, p, n_splits, ws, bv);
+    return tc_run(s, p, n_splits, ws, bv, rope);
+}
+
+extern "C" ks_status ks_cuda_attn_decode_tc1(cudaStream_t s, const ks_cuda_attn_params *p, const int *nk_host, int qpos,
+                                             const int32_t *dyn, int n_splits, void *ws) {
+    if (p->idx || p->renumber || p->q_renumber)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "attention: the one-row tensor-core decode over the cache takes no index list");
+    return tc1_run(s, p, nk_host, NULL, qpos, dyn, NULL, n_splits, ws);
+}
+
+extern "C" ks_status ks_cuda_attn_decode_tc_list(cudaStream_t s, const ks_cuda_attn_params *p, const int *nk_host,
+                                                 const int *idx_off_host, int qpos, const ks_cuda_attn_rope *rope,
+                                                 int n_splits, void *ws) {
+    if (rope && p->head_dim / 2 > KS_CUDA_ATTN_ROPE_HALF)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "attention: rope over head_dim %d in the kernel", p->head_dim);
+    return tc1_run(s, p, nk_host, idx_off_host, qpos, NULL, rope, n_splits, ws);
 }

@@ -4,7 +4,9 @@
  * a block, each warp streaming its own 16-key tiles through shared memory with cp.async (no
  * block-wide barrier in the loop). Q and P are rounded to bf16 (like the flash prefill kernel),
  * accumulation is float32. Same parameters and semantics as ks_cuda_attn_params
- * (attn_decode.cuh): index lists, renumbering, positions, window. C-callable. */
+ * (attn_decode.cuh): index lists, renumbering, positions, window. Pre-RoPE queries and keys
+ * (TokenSelect) are rotated inside the kernel at their attended positions (ks_cuda_attn_decode_tc_list),
+ * so a decode row reads the listed K and V rows where they are, with no gathered copy. C-callable. */
 #ifndef KS_CUDA_ATTN_DECODE_TC_CUH
 #define KS_CUDA_ATTN_DECODE_TC_CUH
 #include <cuda_runtime_api.h>
@@ -34,6 +36,28 @@ ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_params *p, i
 #define KS_CUDA_ATTN_BYVAL_HEADS 64
 ks_status ks_cuda_attn_decode_tc1(cudaStream_t s, const ks_cuda_attn_params *p, const int *nk_host, int qpos,
                                   const int32_t *dyn, int n_splits, void *ws);
+
+/* Pre-RoPE attention inputs, rotated in the kernel: a host value the launch passes by value
+ * (nothing uploaded). inv_freq (head_dim / 2) as ks_rope_inv_freq gives it. */
+#define KS_CUDA_ATTN_ROPE_HALF 64
+typedef struct ks_cuda_attn_rope {
+    float inv_freq[KS_CUDA_ATTN_ROPE_HALF];
+    float attn_factor;
+} ks_cuda_attn_rope;
+
+/* One query row (p->n == 1, n_kv_heads <= KS_CUDA_ATTN_BYVAL_HEADS) over the cache rows or over
+ * DEVICE index lists, every count by value as for ks_cuda_attn_decode_tc1: nk_host (n_kv_heads,
+ * HOST) keys per KV head (list lengths with p->idx), idx_off_host (n_kv_heads, HOST) the start of
+ * each head's list in p->idx (NULL without lists), qpos the query position; p->nk, p->idx_off,
+ * p->qpos are not read. p->renumber and p->q_renumber as in ks_cuda_attn_params (set both or
+ * neither). rope non-NULL: q and the cache rows are pre-RoPE; the kernel rotates the query at its
+ * position and each attended key at its position (list slot t with renumbering, else its stored
+ * position) with ks_rope_rot (attn_prep.cuh) and rounds the rotated key to bf16, so the result
+ * is bit-identical to ks_cuda_attn_gather (bf16) + ks_cuda_attn_rope_q + ks_cuda_attn_decode_tc
+ * over the copy. The entries of the lists must be rows < capacity (the caller checked them). */
+ks_status ks_cuda_attn_decode_tc_list(cudaStream_t s, const ks_cuda_attn_params *p, const int *nk_host,
+                                      const int *idx_off_host, int qpos, const ks_cuda_attn_rope *rope, int n_splits,
+                                      void *ws);
 
 #ifdef __cplusplus
 }

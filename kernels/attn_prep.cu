@@ -2,14 +2,6 @@
 #include "common.cuh"
 #include "attn_prep.cuh"
 
-static __device__ __forceinline__ void rot(float x0, float x1, int32_t pos, float inv, float af, float *y0, float *y1) {
-    float a = __fmul_rn((float)pos, inv), sn, cs;
-    sincosf(a, &sn, &cs);
-    float c = __fmul_rn(cs, af), s = __fmul_rn(sn, af);
-    *y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    *y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
-}
-
 /* grid (row blocks, kv heads); thread: (t, k) with k < half (rotation) or k < d (copy only) */
 __global__ void attn_gather_kernel(const ks_cuda_attn_params p, const float *__restrict__ inv, float af,
                                    void *__restrict__ k_out, int k_f32, bf16 *__restrict__ v_out,
@@ -30,7 +22,7 @@ __global__ void attn_gather_kernel(const ks_cuda_attn_params p, const float *__r
         size_t o = ((size_t)kv * maxk + t) * d;
         if (inv) {
             float y0, y1;
-            rot(__bfloat162float(kr[k]), __bfloat162float(kr[k + half]), pos, inv[k], af, &y0, &y1);
+            ks_rope_rot(__bfloat162float(kr[k]), __bfloat162float(kr[k + half]), pos, inv[k], af, &y0, &y1);
             if (k_f32) { ((float *)k_out)[o + k] = y0; ((float *)k_out)[o + k + half] = y1; }
             else { ((bf16 *)k_out)[o + k] = __float2bfloat16_rn(y0); ((bf16 *)k_out)[o + k + half] = __float2bfloat16_rn(y1); }
             v_out[o + k] = V[(size_t)j * d + k];
@@ -61,7 +53,7 @@ __global__ void attn_rope_q_kernel(float *__restrict__ out, const float *__restr
         int32_t pos = q_renumber ? nk[h / g] - n + i : qpos[i];
         const float *src = q + ih * d;
         float *dst = out + ih * d;
-        rot(src[k], src[k + half], pos, inv[k], af, dst + k, dst + k + half);
+        ks_rope_rot(src[k], src[k + half], pos, inv[k], af, dst + k, dst + k + half);
         if (d & 1 && k == 0) dst[d - 1] = src[d - 1];
     }
 }

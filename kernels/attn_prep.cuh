@@ -1,12 +1,29 @@
 /* attn_prep.cuh — attention inputs that are not in cache order: rows gathered through per-KV-
  * head index lists into a compact copy, and/or pre-RoPE queries and keys rotated at their
- * effective positions (ks_attn_args.rope: TokenSelect keeps keys before RoPE). C-callable. */
+ * effective positions (ks_attn_args.rope: TokenSelect keeps keys before RoPE), for the kernels
+ * that read neither (the prefill kernels, the float32 split-KV kernel; the tensor-core decode
+ * kernel rotates in place with ks_rope_rot below). C-callable. */
 #ifndef KS_CUDA_ATTN_PREP_CUH
 #define KS_CUDA_ATTN_PREP_CUH
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include "kvsieve.h"
 #include "attn_decode.cuh"
+#ifdef __CUDACC__
+/* One rotate-half pair (x0 at column k, x1 at column k + head_dim/2) rotated at position pos:
+ * float32 angle pos * inv, cos/sin times attn_factor af, no contraction (each product rounded),
+ * as core/cpu_backend.c. Every kernel that rotates attention inputs calls this one, so a key
+ * rotated by the gather and one rotated inside the tensor-core decode kernel are the same bits. */
+static __device__ __forceinline__ void ks_rope_rot(float x0, float x1, int32_t pos, float inv, float af, float *y0,
+                                                   float *y1) {
+    float a = __fmul_rn((float)pos, inv), sn, cs;
+    sincosf(a, &sn, &cs);
+    float c = __fmul_rn(cs, af), s = __fmul_rn(sn, af);
+    *y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    *y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+}
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif

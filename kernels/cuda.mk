@@ -87,9 +87,18 @@ $(BUILD)/test_wgmma: $(BUILD)/tests/cuda/test_wgmma.o $(CUDA_DEV_LINK) $(BUILD)/
 $(BUILD)/test_attn_decode_batch: $(BUILD)/tests/cuda/test_attn_decode_batch.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# one decode row over device index lists with pre-RoPE keys rotated in the tensor-core kernel vs
+# the CPU and the gather path it replaced, and its time (GPU machine): $(BUILD)/test_attn_list [--quick] [--bench]
+$(BUILD)/test_attn_list: $(BUILD)/tests/cuda/test_attn_list.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# the skinny GEMM (kernels/gemm_rows.cu) vs the CPU backend's matmul; --bench: the 8B decode shapes (GPU machine)
+$(BUILD)/test_gemm_rows: $(BUILD)/tests/cuda/test_gemm_rows.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 cuda: $(BUILD)/kvsieve $(BUILD)/host cuda-tests                # the CUDA engine and its tests (build-cuda/)
 
-cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_policies $(BUILD)/test_tp_cuda $(BUILD)/nccl_allreduce $(BUILD)/test_attn_decode_batch $(BUILD)/test_wgmma $(BUILD)/bench_kernels $(BUILD)/bench_decode  # build the CUDA test programs
+cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_policies $(BUILD)/test_tp_cuda $(BUILD)/nccl_allreduce $(BUILD)/test_attn_decode_batch $(BUILD)/test_attn_list $(BUILD)/test_wgmma $(BUILD)/bench_kernels $(BUILD)/bench_decode  # build the CUDA test programs
 
 test-cuda: cuda-tests                                           # run the CUDA parity tests (GPU machine)
 	$(BUILD)/test_cuda
@@ -99,6 +108,7 @@ test-cuda: cuda-tests                                           # run the CUDA p
 	$(BUILD)/test_cuda_prims
 	$(BUILD)/test_cuda_policies
 	$(BUILD)/test_attn_decode_batch
+	$(BUILD)/test_attn_list
 	$(BUILD)/test_tp_cuda
 	$(BUILD)/test_wgmma
 

@@ -1,9 +1,11 @@
 /* cuda_attn.cu — the CUDA backend's attention (cuda_backend_int.h): which kernel serves a call
  * (the path planner below: the tensor-core decode kernel over the cache itself for one decode
- * row, else a prefill kernel for prefill-sized calls, chosen by ks_cuda_attn_prefill_plan, else
- * the tensor-core decode kernel where it takes the shape, else the float32 split-KV kernel),
- * the host lists it needs on the device (device lists, ks_attn_args.idx_dev, are read in place),
- * the gathered (and rotated) copy of the attended rows, and the launch; check_idx (index lists
+ * row, or over device lists and/or pre-RoPE rows that it reads in place and rotates itself,
+ * with everything by value; else a prefill kernel for prefill-sized calls, chosen by
+ * ks_cuda_attn_prefill_plan, else the tensor-core decode kernel where it takes the shape, else
+ * the float32 split-KV kernel), the host lists it needs on the device (device lists,
+ * ks_attn_args.idx_dev, are read in place), the gathered (and rotated) copy of the attended rows
+ * for the kernels that read neither, and the launch; check_idx (index lists
  * checked on the device, kernels/check_idx.cu). ks_cuda_backend_set_attn_path (tests) pins one path. */
 #include "cuda_backend_int.h"
 #include "attn_prep.cuh"
@@ -66,6 +68,47 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
             }
             ks_status st = wsb ? dev_alloc(c, wsb, "attention workspace", &ws) : KS_OK;
             if (!st) st = ks_cuda_attn_decode_tc1(c->stream, &p, L->n, a->qpos[0], NULL, splits, ws);
+            dev_free(c, ws);
+            return st;
+        }
+    }
+    if (n == 1 && (a->idx || a->rope) && (!a->idx || a->idx_dev) && L->n && c->o.decode_kernels &&
+        (c->attn_path == KS_CUDA_ATTN_AUTO || c->attn_path == KS_CUDA_ATTN_TC) && Hkv <= KS_CUDA_ATTN_BYVAL_HEADS &&
+        half <= KS_CUDA_ATTN_ROPE_HALF) {
+        /* one decode row over device lists and/or pre-RoPE rows (TokenSelect): the tensor-core
+         * kernel reads the listed rows in place and rotates them itself; counts, list offsets,
+         * position and rope table by value (no upload), no allocation but the split workspace */
+        ks_cuda_attn_params p;
+        attn_params(c, &p, out, q, L, a);
+        int nk[KS_CUDA_ATTN_BYVAL_HEADS], off[KS_CUDA_ATTN_BYVAL_HEADS];
+        const int32_t *dbase = NULL; /* the allocation holding the lists: the lowest of them */
+        for (int h = 0; a->idx && h < Hkv; h++)
+            if (!dbase || a->idx[h] < dbase) dbase = a->idx[h];
+        for (int h = 0; h < Hkv; h++) {
+            nk[h] = a->idx ? a->n_idx[h] : L->n[h];
+            if (nk[h] < 0 || nk[h] > L->n[h])
+                return ks_errorf(KS_ERR_ARG, "attention: %d indices for KV head %d of %d rows", nk[h], h, L->n[h]);
+            off[h] = dbase ? (int)(a->idx[h] - dbase) : 0;
+            p.max_nk = KS_MAX(p.max_nk, nk[h]);
+        }
+        p.idx = dbase;
+        p.renumber = p.q_renumber = a->idx && a->renumber;
+        if (ks_cuda_attn_decode_tc_supported(&p)) {
+            if (c->rec) return rec_fail(c, "attention over an index list or pre-RoPE keys");
+            if (p.max_nk == 0) /* nothing to attend to: zeros, as the CPU reference gives */
+                return ks_cuda_status(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)H * d, c->stream), "attention");
+            ks_cuda_attn_rope rope;
+            if (a->rope) {
+                ks_rope_inv_freq(a->rope, a->rope_max_pos, rope.inv_freq);
+                rope.attn_factor = (float)a->rope->attn_factor;
+            }
+            int splits;
+            void *ws = NULL;
+            size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
+            ks_status st = wsb ? dev_alloc(c, wsb, "attention workspace", &ws) : KS_OK;
+            if (!st)
+                st = ks_cuda_attn_decode_tc_list(c->stream, &p, nk, dbase ? off : NULL, a->qpos[0], a->rope ? &rope : NULL,
+                                                 splits, ws);
             dev_free(c, ws);
             return st;
         }
