@@ -3,7 +3,7 @@
 # (bench_kernels --select / --quest, the build before the change as bk_old beside the new one),
 # and TokenSelect / Quest TPOT beside main's binary from before (.data/base) in the same call.
 # Carry .data/co (tests, kern) and .data/co2 + .data/base (b32, b128), .data/stories260K (tests).
-# Usage: bash bench/gpu_co.sh [tests] [kern] [ncu] [pol] [b32] [b128]
+# Usage: bash bench/gpu_co.sh [tests] [kern] [ncu] [ncutopk] [ncuscores] [pol] [b32] [b128]
 R=$(mktemp -d); mkdir -p $R/base $R/new "$OUT/co"
 [ -f .data/base/kvsieve.xz ] && xz -dc .data/base/kvsieve.xz > $R/base/kvsieve
 for f in .data/co/*.xz .data/co2/*.xz; do [ -f $f ] && xz -dc $f > $R/new/$(basename $f .xz); done
@@ -24,6 +24,16 @@ step_ncu() { # bound_scores at 128K (the 13th launch of --quest: 3 warm-up + 15 
             --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__occupancy_limit_shared_mem,launch__occupancy_limit_registers,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum \
             $N/$v --quest 2>&1 | grep -E "bound_scores|gpu__|dram__|sm__|launch__|stalled|inst_exec|bank|ERR"
     done > $O/ncu.txt
+}
+step_ncutopk() { # every kernel of one topk 2048 of 32128 and of 130432 (after 18 calls each)
+    timeout 120 ncu --clock-control none -k regex:"tk_|sc1_" --launch-skip 60 --launch-count 40 \
+        --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size \
+        $N/bench_kernels --select 2>&1 | grep -E "^  [a-z_]+.*\(|gpu__time|grid_size|ERR" > $O/ncu_topk.txt
+}
+step_ncuscores() { # the one-row logits kernel at 32K: why ~1.1-1.6 TB/s (sections, one launch)
+    timeout 120 ncu --clock-control none -k regex:sc1_logits --launch-skip 5 --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+        --section LaunchStats --section SchedulerStats $N/bk_base2 --select > $O/ncu_scores.txt 2>&1
 }
 step_pol() { timeout 150 $N/test_cuda_policies --stories .data/stories260K > $O/policies.txt 2>&1; }
 step_kern() {
