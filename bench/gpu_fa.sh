@@ -1,53 +1,62 @@
 # Issue 14 (helper "fusedattn"): decode attention over a device index list, pre-RoPE keys rotated
 # inside the tensor-core kernel. One device call (GPU 0), with a deadline: each step runs only
-# while the call's wall time is under its limit (DEADLINE seconds, default 230). Steps, in order:
+# while the call's wall time is under its limit (DEADLINE seconds, default 170). Steps, in order:
 #   test     test_attn_list --bench: the new path against the CPU backend and bit for bit against
 #            the gather path it replaced, then one layer's time at the 8B shape (list 2688 of
-#            32768 and of 131072 rows: old composition, old kernels, new backend call, new kernel)
-#   parity   test_cuda --only attention (every attention path vs the CPU; device lists equal to
-#            host lists bit for bit) and test_cuda_policies --only tokenselect (TokenSelect's kept
-#            sets and ids, device primitives vs host primitives)
-#   b32      kvsieve bench at 32768 --gen 32: none + TokenSelect's hit path
-#            (--set tokenselect.cache_theta=-1), then TokenSelect's default; new build, then the
-#            build before this work (.data/fa/base) on the same card
-#   b128     the same at 131040 --gen 16
+#            32768 and of 131072 rows: old composition, old kernels, new backend call, new kernel,
+#            the new kernel at 8..49 splits)
+#   b32      kvsieve bench at 32768 --gen 32: TokenSelect's hit path (--set
+#            tokenselect.cache_theta=-1; the new build with none beside it), then TokenSelect's
+#            default; new build, main before this work (.data/fa/pre), session 13's main
+#            (.data/base, when carried) on the same card
+#   prof     the hit path at 32K with --profile (per-phase times, synchronised), new and pre
+#   b128     the same as b32 at 131040 --gen 16 (new and pre)
 #   memcheck compute-sanitizer memcheck of test_attn_list --quick
-# Carry .data/fa (stripped, xz'd: kvsieve.xz, test_attn_list.xz, test_cuda.xz,
-# test_cuda_policies.xz, base/kvsieve.xz). Outputs under $OUT/fa/.
+# Carry .data/fa (stripped, xz'd: kvsieve.xz, test_attn_list.xz, pre/kvsieve.xz) and .data/base.
+# Outputs under $OUT/fa/: card.txt, test.txt, b32.txt, prof.txt, b128.txt, memcheck.txt.
 # Usage: bash bench/gpu_fa.sh [step ...]   (all of the above when none)
-T0=$(date +%s); DEADLINE=${DEADLINE:-230}
-S=.data/fa; R=$(mktemp -d); mkdir -p $R/base; O=${OUT:-/tmp}/fa; mkdir -p $O
+T0=$(date +%s); DEADLINE=${DEADLINE:-170}
+S=.data/fa; R=$(mktemp -d); mkdir -p $R/pre $R/base; O=${OUT:-/tmp}/fa; mkdir -p $O
 for f in $S/*.xz; do [ -f $f ] && xz -dc $f > $R/$(basename $f .xz); done
-for f in $S/base/*.xz; do [ -f $f ] && xz -dc $f > $R/base/$(basename $f .xz); done
-chmod +x $R/* $R/base/* 2>/dev/null
+[ -f $S/pre/kvsieve.xz ] && xz -dc $S/pre/kvsieve.xz > $R/pre/kvsieve
+[ -f .data/base/kvsieve.xz ] && xz -dc .data/base/kvsieve.xz > $R/base/kvsieve
+chmod +x $R/* $R/pre/* $R/base/* 2>/dev/null
 export CUDA_VISIBLE_DEVICES=0 NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > $O/card.txt 2>&1
 C="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --repeat 1"
+HIT="--set tokenselect.cache_theta=-1"
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 run() { # run LIMIT CMD...: at most LIMIT seconds and never past the deadline
     local l=$1 r; shift; r=$(left); [ $r -lt $l ] && l=$r
     if [ $l -lt 5 ]; then echo "skipped: $(left) s left"; return; fi
-    timeout $l "$@" 2>&1; echo "rc=$? ($(( $(date +%s) - T0 )) s into the call)"
+    timeout $l "$@" 2>&1 | grep -v "^memory \|^peak host\|^backend memory"
+    echo "rc=${PIPESTATUS[0]} ($(( $(date +%s) - T0 )) s into the call)"
 }
-step_test() { run 60 $R/test_attn_list --bench > $O/test.txt; }
-step_parity() {
-    run 40 $R/test_cuda --only attention > $O/test_cuda.txt
-    run 30 $R/test_cuda_policies --only tokenselect --long 0 > $O/test_cuda_policies.txt
-}
-bench_len() { # bench_len LEN GEN TAG
-    for b in new base; do
-        local x=$R/kvsieve; [ $b = base ] && x=$R/base/kvsieve
-        run 60 $x $C --lengths $1 --gen $2 --policy none,tokenselect --set tokenselect.cache_theta=-1 > $O/$3_hit_$b.txt
-        run 40 $x $C --lengths $1 --gen $2 --policy tokenselect > $O/$3_default_$b.txt
+step_test() { run 40 $R/test_attn_list --bench > $O/test.txt; }
+bench_len() { # bench_len LEN GEN FILE BUILDS...
+    local len=$1 gen=$2 out=$3; shift 3
+    for b in "$@"; do
+        local x=$R/kvsieve; [ $b != new ] && x=$R/$b/kvsieve
+        [ -x $x ] || continue
+        local pol=tokenselect; [ $b = new ] && pol=none,tokenselect
+        echo "== $b: hit path" >> $out; run 40 $x $C --lengths $len --gen $gen --policy $pol $HIT >> $out
+        echo "== $b: default" >> $out; run 30 $x $C --lengths $len --gen $gen --policy tokenselect >> $out
     done
 }
-step_b32() { bench_len 32768 32 b32; }
-step_b128() { bench_len 131040 16 b128; }
-step_memcheck() {
-    run 60 compute-sanitizer --tool memcheck --error-exitcode 1 $R/test_attn_list --quick > $O/memcheck_full.txt
-    tail -5 $O/memcheck_full.txt > $O/memcheck.txt; rm -f $O/memcheck_full.txt
+step_b32() { bench_len 32768 32 $O/b32.txt new pre base; }
+step_prof() {
+    for b in new pre; do
+        local x=$R/kvsieve; [ $b != new ] && x=$R/$b/kvsieve
+        echo "== $b: hit path --profile" >> $O/prof.txt
+        run 30 $x $C --lengths 32768 --gen 32 --policy tokenselect $HIT --profile >> $O/prof.txt
+    done
 }
-for s in ${*:-test parity b32 b128 memcheck}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s; done
+step_b128() { bench_len 131040 16 $O/b128.txt new pre; }
+step_memcheck() {
+    run 40 compute-sanitizer --tool memcheck --error-exitcode 1 $R/test_attn_list --quick > $R/mc.txt
+    tail -5 $R/mc.txt > $O/memcheck.txt
+}
+for s in ${*:-test b32 prof b128 memcheck}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s; done
 rm -rf $R
-cat $O/card.txt; tail -n 40 $O/*.txt 2>/dev/null | cut -c1-200
+cat $O/card.txt; tail -n 60 $O/*.txt 2>/dev/null | cut -c1-200
 true
