@@ -11,10 +11,11 @@
 #   bench     kvsieve bench --batch 1,4,16,64 --ttft-under-load at 4K with the new build, then
 #             main's build before this session (.data/base/kvsieve.xz: base_bench), same card
 #   memcheck  compute-sanitizer memcheck of the test's quick tier
-#   ncu       the new kernel's DRAM throughput and warp stall reasons at B = 64 x 4096 (one
-#             launch of the --time-only run, ncu without clock control)
+#   ncu       the new kernel's own time (ncu, no clock control) at B = 1 and 4 x 4096: launches
+#             16-25 of the --time-only run
 # .data/ba/{new,base,var-*}/ hold stripped xz'd kvsieve and test_attn_decode_batch (carried; a
 # step whose binary is not there says so and goes on).
+# At most 7 files come back: card, test, test_base, var, bench, memcheck, ncu (.txt).
 # Usage (repository root, GPU machine): bash bench/gpu_ba.sh [step ...]
 T0=$(date +%s); DEADLINE=${DEADLINE:-170}
 O=${OUT:-/tmp}/ba; mkdir -p $O
@@ -36,25 +37,24 @@ run() { # run LIMIT CMD...: at most LIMIT seconds and never past the deadline
 step_test() { run 60 $R/new/test_attn_decode_batch > $O/test.txt; }
 step_base() { run 30 $R/base/test_attn_decode_batch --time-only > $O/test_base.txt; }
 step_var() {
-    for d in $R/var-*/; do [ -d $d ] || continue; n=$(basename $d)
-        { run 15 $d/test_attn_decode_batch --quick; run 25 $d/test_attn_decode_batch --time-only; } > $O/$n.txt
+    for d in $R/var-*/; do [ -d $d ] || continue
+        { echo "== $(basename $d)"; run 15 $d/test_attn_decode_batch --quick; run 25 $d/test_attn_decode_batch --time-only; } >> $O/var.txt
     done
 }
 step_bench() {
-    run 40 $R/new/kvsieve $C --batch 1,4,16,64 --ttft-under-load --json $O/bench.json > $O/bench.txt
-    run 40 $R/base/kvsieve $C --batch 1,4,16,64 --ttft-under-load --json $O/base_bench.json > $O/base_bench.txt
+    { echo "== new"; run 40 $R/new/kvsieve $C --batch 1,4,16,64 --ttft-under-load
+      echo "== base"; run 40 $R/base/kvsieve $C --batch 1,4,16,64 --ttft-under-load; } > $O/bench.txt
 }
 step_memcheck() {
-    run 40 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_attn_decode_batch --quick > $O/memcheck_full.txt
-    tail -6 $O/memcheck_full.txt > $O/memcheck.txt
+    run 40 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_attn_decode_batch --quick > $O/memcheck.txt
 }
-step_ncu() { # launches 1-63 of --time-only are B = 1, 4, 16 (21 each): the 6th of B = 64
+step_ncu() { # --time-only's launches 0-20 are B = 1, 21-41 B = 4: their kernel time alone
     command -v ncu > /dev/null || { echo "no ncu" > $O/ncu.txt; return; }
-    run 90 ncu --clock-control none -k regex:adb_kernel --launch-skip 68 --launch-count 1 \
-        --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem \
-        $R/new/test_attn_decode_batch --time-only 2>&1 | grep -E "stalled|dram__|warps_active|bank|gpu__time|launch__|rc=|==ERR|adb_kernel" > $O/ncu.txt
+    run 60 ncu --clock-control none -k regex:adb_ --launch-skip 16 --launch-count 10 \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum.per_second,launch__grid_size \
+        $R/new/test_attn_decode_batch --time-only 2>&1 | grep -E "gpu__time|dram__|launch__grid|rc=|==ERR" > $O/ncu.txt
 }
 for s in ${*:-test base bench memcheck var ncu}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s || true; done
 rm -rf $R
-cat $O/card.txt; tail -n 25 $O/test.txt $O/test_base.txt $O/var-*.txt $O/bench.txt $O/base_bench.txt $O/memcheck.txt 2>/dev/null
+cat $O/card.txt; tail -n 25 $O/test.txt $O/test_base.txt $O/var.txt $O/bench.txt $O/memcheck.txt $O/ncu.txt 2>/dev/null
 true

@@ -54,72 +54,97 @@ struct adb_args {
     const int32_t *tstart;      /* (nseg + 1) first tile of each segment, then T */
     const int32_t *wseg;        /* (W) segment of each warp's first tile */
     unsigned *cnt;              /* (nseg) pieces finished, zero at the start */
-    float *ws;                  /* (W + nseg, G, D + 2): slot = (O (G, D), then (m, l) (G)) */
+    float *ws;                  /* (W + nseg) slots of adb_slot_floats: O (G, D), then (m, l) (G) */
     int Hkv, G, W, T;
     float sl2;                  /* scale * log2(e) */
     int window;
 };
+
+/* floats of one workspace slot: O (G, D), then (m, l) (G), rounded up to 16 bytes (the merge
+ * reads O with 16-byte loads; g = 3 would leave odd slots misaligned) */
+static __host__ __device__ __forceinline__ size_t adb_slot_floats(int G, int D) {
+    return ((size_t)G * (D + 2) + 3) & ~(size_t)3;
+}
 
 /* the warp whose run holds tile t */
 static __host__ __device__ __forceinline__ int adb_warp_of(long long t, int W, int T) {
     return (int)(((t + 1) * W - 1) / T);
 }
 
-/* The merge of a segment's np partial slots (ws0: the first; slot j at ws0 + j G (D + 2)) into
- * out (G, D), by one warp: each row's max M and denominator sum_j 2^(m_j - M) l_j from the lanes'
- * slots (one load a lane a row while np <= 32), then lane covers dims [lane D/32, +D/32) of every
- * row, summing the slots in order (all rows' loads of a slot issued together). Deterministic. */
+#define ADB_MERGE_CHUNK 128 /* slots whose factors the merge holds in shared memory at once */
+
+/* The merge of a segment's np partial slots (ws0: the first; slot j at ws0 + j adb_slot_floats)
+ * into out (G, D), by one warp, with fs (ADB_MERGE_CHUNK x 8 floats of shared memory the warp
+ * owns): each row's max M over the slots (lanes take slots, all rows' loads at once), then per
+ * chunk of slots each slot's factor f = 2^(m - M) into fs and the denominator sum f l, then lane
+ * sums dims [lane D/32, +D/32) of every row over the chunk's slots in order, two slots' loads in
+ * flight (no load waits on another: the factors come from fs). Deterministic. */
 template <int D>
-static __device__ __forceinline__ void adb_merge(const float *ws0, int np, int G, float *out, int lane) {
-    constexpr int PS = D + 2, DL = D / 32;
-    const size_t SS = (size_t)G * PS;
-    float M[8], den[8];
+static __device__ __forceinline__ void adb_merge(const float *ws0, int np, int G, float *out, int lane, float *fs) {
+    constexpr int DL = D / 32;
+    const size_t SS = adb_slot_floats(G, D);
+    float M[8], den[8], acc[8][DL];
 #pragma unroll
     for (int r = 0; r < 8; r++) {
-        float mx = -INFINITY;
-        if (r < G)
-            for (int j = lane; j < np; j += 32) mx = fmaxf(mx, __ldcg(ws0 + j * SS + G * D + 2 * r));
-        M[r] = warp_max(mx);
-    }
-#pragma unroll
-    for (int r = 0; r < 8; r++) {
-        float dn = 0.f;
-        if (r < G && M[r] != -INFINITY)
-            for (int j = lane; j < np; j += 32) {
-                const float2 ml = __ldcg(reinterpret_cast<const float2 *>(ws0 + j * SS + G * D + 2 * r));
-                if (ml.x != -INFINITY) dn += fast_exp2(ml.x - M[r]) * ml.y;
-            }
-        den[r] = warp_sum(dn);
-    }
-    float acc[8][DL];
-#pragma unroll
-    for (int r = 0; r < 8; r++)
+        M[r] = -INFINITY;
+        den[r] = 0.f;
 #pragma unroll
         for (int e = 0; e < DL; e++) acc[r][e] = 0.f;
-#pragma unroll 4
-    for (int j = 0; j < np; j++) {
-        const float *sl = ws0 + j * SS;
+    }
+    for (int j = lane; j < np; j += 32) {
+        float mv[8];
 #pragma unroll
-        for (int r = 0; r < 8; r++) {
-            if (r >= G) break;
-            const float m = __ldcg(sl + G * D + 2 * r);
-            float v[DL];
-            if constexpr (DL == 4) {
-                const float4 x = __ldcg(reinterpret_cast<const float4 *>(sl + r * D + lane * DL));
-                v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
-            } else {
-                const float2 x = __ldcg(reinterpret_cast<const float2 *>(sl + r * D + lane * DL));
-                v[0] = x.x; v[1] = x.y;
-            }
-            const float f = m == -INFINITY ? 0.f : fast_exp2(m - M[r]);
+        for (int r = 0; r < 8; r++) mv[r] = r < G ? __ldcg(ws0 + j * SS + G * D + 2 * r) : -INFINITY;
 #pragma unroll
-            for (int e = 0; e < DL; e++) acc[r][e] += f * v[e];
-        }
+        for (int r = 0; r < 8; r++) M[r] = fmaxf(M[r], mv[r]);
     }
 #pragma unroll
+    for (int r = 0; r < 8; r++) M[r] = warp_max(M[r]);
+    for (int c0 = 0; c0 < np; c0 += ADB_MERGE_CHUNK) {
+        const int cn = min(np - c0, ADB_MERGE_CHUNK);
+        __syncwarp(); /* the chunk before has read fs */
+        for (int j = lane; j < cn; j += 32) {
+            float2 ml[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                ml[r] = r < G ? __ldcg(reinterpret_cast<const float2 *>(ws0 + (c0 + j) * SS + G * D + 2 * r))
+                              : make_float2(-INFINITY, 0.f);
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                const float f = ml[r].x == -INFINITY ? 0.f : fast_exp2(ml[r].x - M[r]);
+                fs[j * 8 + r] = f;
+                den[r] += f * ml[r].y;
+            }
+        }
+        __syncwarp();
+#pragma unroll 2
+        for (int j = 0; j < cn; j++) {
+            const float *sl = ws0 + (c0 + j) * SS + lane * DL;
+            float v[8][DL];
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                if constexpr (DL == 4) {
+                    const float4 x = r < G ? __ldcg(reinterpret_cast<const float4 *>(sl + r * D)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    v[r][0] = x.x; v[r][1] = x.y; v[r][2] = x.z; v[r][3] = x.w;
+                } else {
+                    const float2 x = r < G ? __ldcg(reinterpret_cast<const float2 *>(sl + r * D)) : make_float2(0.f, 0.f);
+                    v[r][0] = x.x; v[r][1] = x.y;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                const float f = fs[j * 8 + r];
+#pragma unroll
+                for (int e = 0; e < DL; e++) acc[r][e] += f * v[r][e];
+            }
+        }
+    }
+    __syncwarp(); /* fs is the caller's again */
+#pragma unroll
     for (int r = 0; r < 8; r++) {
-        if (r >= G) break;
-        const float inv = den[r] > 0.f ? 1.f / den[r] : 0.f;
+        const float dn = warp_sum(den[r]);
+        if (r >= G) continue;
+        const float inv = dn > 0.f ? 1.f / dn : 0.f;
 #pragma unroll
         for (int e = 0; e < DL; e++) out[r * D + lane * DL + e] = acc[r][e] * inv;
     }
@@ -128,7 +153,7 @@ static __device__ __forceinline__ void adb_merge(const float *ws0, int np, int G
 template <int D>
 __global__ void __launch_bounds__(ADB_WARPS * 32, D == 128 ? 2 : 3) adb_kernel(const __grid_constant__ adb_args a) {
     extern __shared__ __align__(128) unsigned char smem[];
-    constexpr int NCH = D / 8, KS = D / 16, DT = D / 8, PS_D = D + 2;
+    constexpr int NCH = D / 8, KS = D / 16, DT = D / 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gw = blockIdx.x * ADB_WARPS + warp;
     if (gw >= a.W) return;
@@ -278,7 +303,7 @@ __global__ void __launch_bounds__(ADB_WARPS * 32, D == 128 ? 2 : 3) adb_kernel(c
                     *reinterpret_cast<float2 *>(out + gq * D + d * 8 + 2 * tig) = make_float2(o[d][0] * inv, o[d][1] * inv);
             }
         } else {
-            float *slot = a.ws + (size_t)(gw + s) * G * PS_D;
+            float *slot = a.ws + (size_t)(gw + s) * adb_slot_floats(G, D);
             if (rowok) {
 #pragma unroll
                 for (int d = 0; d < DT; d++)
@@ -292,7 +317,7 @@ __global__ void __launch_bounds__(ADB_WARPS * 32, D == 128 ? 2 : 3) adb_kernel(c
             done = __shfl_sync(0xffffffffu, done, 0);
             if (done == (unsigned)(wl - wf)) { /* the last piece: merge the slots wf + s .. wl + s */
                 __threadfence();
-                adb_merge<D>(a.ws + (size_t)(wf + s) * G * PS_D, wl - wf + 1, G, out, lane);
+                adb_merge<D>(a.ws + (size_t)(wf + s) * adb_slot_floats(G, D), wl - wf + 1, G, out, lane, (float *)wK);
             }
         }
         tb = pe;
@@ -412,7 +437,7 @@ extern "C" ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_l
     void *db = NULL, *ws = NULL;
     st = upload_tmp(c, hb, bytes, "batched decode attention descriptors", &db);
     free(hb);
-    if (!st && multi) st = dev_alloc(c, sizeof(float) * (size_t)(W + nseg) * G * (d + 2), "batched decode attention workspace", &ws);
+    if (!st && multi) st = dev_alloc(c, sizeof(float) * (size_t)(W + nseg) * adb_slot_floats(G, d), "batched decode attention workspace", &ws);
     if (!st) {
         unsigned char *p = (unsigned char *)db;
         a.seq = (const ks_cuda_adb_seq *)p;

@@ -281,7 +281,7 @@ static void time_shape(int B, int keys, int reps, int warps, int per_session) {
     cudaStream_t cs = ks_cuda_backend_stream(GPU);
     cudaEvent_t e0 = NULL, e1 = NULL;
     if (!st && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)) st = KS_ERR_DEVICE;
-    double tl = 0, ts = 0;
+    double tl = 0, ts = 0, sub = 0;
     float gl = 0, gs = 0;
     float scale = 1.0f / sqrtf((float)D);
     for (int phase = per_session ? 1 : 2; phase < 3 && !st; phase++) { /* per session, the kernel */
@@ -301,6 +301,7 @@ static void time_shape(int B, int keys, int reps, int warps, int per_session) {
                     }
             }
             cudaEventRecord(e1, cs);
+            if (!warm && phase == 2) sub = now_s() - t0; /* the host's part: the calls queued, not waited for */
             if (!st) st = GPU->sync(GPU);
             float ms = 0;
             if (!st && cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) st = KS_ERR_DEVICE;
@@ -317,6 +318,7 @@ static void time_shape(int B, int keys, int reps, int warps, int per_session) {
         double bytes = (double)B * Hkv * (keys + 1 + (per_session ? 2 : 1) * reps / 2.0) * D * 2 * 2; /* K and V, bf16 */
         printf("  time  %-44s kernel %7.1f us (%4.0f GB/s), events %7.1f us (%4.0f GB/s)", name, 1e6 * ts / reps,
                bytes / (ts / reps) / 1e9, 1e6 * gs / reps, bytes / (gs / reps) / 1e9);
+        printf(", host %6.1f us", 1e6 * sub / reps);
         if (per_session) printf(" | per session %7.1f us (%4.0f GB/s)", 1e6 * tl / reps, bytes / (tl / reps) / 1e9);
         printf("\n");
         fflush(stdout);
@@ -333,7 +335,8 @@ static void time_shape(int B, int keys, int reps, int warps, int per_session) {
 
 /* The kernel's times: B = 1, 4, 16, 64 x 4096 keys and 16 x 32768 at its own warp count (with
  * the per-session path beside, except at 32768 keys); then unless time_only, 64 and 16 x 4096
- * at 4, 8 and 16 warps a multiprocessor. */
+ * at 4, 8 and 16 warps a multiprocessor, and 1 and 4 x 4096 at 1, 4, 16 and 64 warps a
+ * segment (where the small batches' time goes: streaming by few warps or merging many pieces). */
 static void times(int time_only) {
     static const int shapes[][2] = {{1, 4096}, {4, 4096}, {16, 4096}, {64, 4096}, {16, 32768}};
     for (int i = 0; i < 5; i++) time_shape(shapes[i][0], shapes[i][1], 20, 0, shapes[i][1] == 4096);
@@ -343,6 +346,8 @@ static void times(int time_only) {
         return;
     for (int b = 64; b >= 16; b /= 4)
         for (int w = 4; w <= 16; w *= 2) time_shape(b, 4096, 20, w * nsm, 0);
+    for (int b = 1; b <= 4; b *= 4)
+        for (int w = 1; w <= 64; w *= 4) time_shape(b, 4096, 20, w * 8 * b, 0);
 }
 
 /* ---------------------------------------------------------------- greedy ids */
