@@ -18,7 +18,11 @@
  * L2 each pass). The two paths choose the same digits and write the same lists. Measured on the
  * H200 (bench/NOTES.md): the multi-launch path took 44.8 / 45.3 us for one row of 32K / 128K keys
  * (launch and drain of 6 kernels, whatever n is), one block 48.4 / 147.9 us (one SM's passes),
- * and Quest's 8 rows of 2K-8K pages gain ~0.7 ms a step; so only short rows take one block. */
+ * and Quest's 8 rows of 2K-8K pages gain ~0.7 ms a step; so only short rows take one block.
+ *
+ * Longer rows, up to TKC_MAX_BLOCKS blocks in all, take one cooperative launch (tk_coop: the
+ * same passes and compaction, the blocks of a row meeting at a counter barrier instead of
+ * ending a kernel), after one memset; more rows than that take the six kernels. */
 #include "prim_common.cuh"
 
 #include <cub/cub.cuh>
@@ -201,6 +205,167 @@ __global__ void tk_scatter(const float *__restrict__ x, int64_t n, int64_t k, co
     }
 }
 
+/* ---------------------------------------------------------------- one cooperative launch */
+
+#define TKC_THREADS 256
+#define TKC_MAX_BLOCKS 128 /* rows x blocks a row: every block co-resident (one an SM is enough) */
+
+/* Every block of row blockIdx.y arrives, then waits until all gridDim.x have (phase-th time). */
+static __device__ __forceinline__ void tkc_barrier(unsigned *bar, unsigned target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(bar, 1u);
+        while (*(volatile unsigned *)bar < target) __nanosleep(64);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+/* The same selection as the kernels above in one launch: gridDim.x blocks a row, all resident
+ * (a cooperative launch), meeting at a counter barrier instead of ending the kernel. Each pass
+ * adds the blocks' histograms into its own zeroed global histogram; after the barrier every
+ * block reads it and fixes the same digit itself (no last block, no state in memory). Then each
+ * block counts > thr / == thr over its contiguous range, meets the others, takes its offsets as
+ * the sums of the ranges before it, and compacts its range in chunks of TK_CHUNK (a block scan
+ * each). hist (rows, 3, TK_BINS) and bar (rows) are zero on entry; cnt (rows, gridDim.x). */
+__global__ void __launch_bounds__(TKC_THREADS) tk_coop(const float *__restrict__ x, int64_t n, int64_t k,
+                                                       unsigned *hist, unsigned *bar, int2 *cnt,
+                                                       int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key) {
+    typedef cub::BlockScan<unsigned, TKC_THREADS> scan_t;
+    typedef cub::BlockReduce<int, TKC_THREADS> red_t;
+    __shared__ unsigned h[TK_BINS];
+    __shared__ union {
+        typename scan_t::TempStorage scan;
+        typename red_t::TempStorage red;
+    } tmp;
+    __shared__ uint32_t s_prefix, s_mask;
+    __shared__ unsigned s_need, s_gt, s_eq;
+    const int row = blockIdx.y, bx = gridDim.x, b = blockIdx.x, t = threadIdx.x, lane = t & 31;
+    const float *xr = x + (int64_t)row * n;
+    unsigned *hr = hist + (size_t)row * 3 * TK_BINS, *br = bar + row;
+    unsigned phase = 0;
+    if (t == 0) { s_prefix = 0u; s_mask = 0u; s_need = k == n ? 0xffffffffu : (unsigned)k; }
+    __syncthreads();
+    if (k < n) {
+        const int shifts[3] = {21, 10, 0}, bits[3] = {11, 11, 10};
+#pragma unroll 1
+        for (int p = 0; p < 3; p++) {
+            const int shift = shifts[p], nb = 1 << bits[p];
+            for (int i = t; i < nb; i += TKC_THREADS) h[i] = 0u;
+            __syncthreads();
+            const uint32_t prefix = s_prefix, mask = s_mask;
+            const int64_t step = (int64_t)bx * TKC_THREADS;
+            /* warp-uniform loop bound: the whole warp reaches __match_any_sync */
+            for (int64_t i0 = (int64_t)b * TKC_THREADS + (t - lane); i0 < n; i0 += 8 * step) {
+                float v[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int64_t i = i0 + u * step + lane;
+                    v[u] = i < n ? __ldcg(xr + i) : 0.f;
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int64_t i = i0 + u * step + lane;
+                    int bin = -1;
+                    if (i < n) {
+                        const uint32_t key = f32_key(v[u]);
+                        if ((key & mask) == prefix) bin = (int)((key >> shift) & (nb - 1));
+                    }
+                    const unsigned peers = __match_any_sync(0xffffffffu, bin);
+                    if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&h[bin], (unsigned)__popc(peers));
+                }
+            }
+            __syncthreads();
+            unsigned *hp = hr + (size_t)p * TK_BINS;
+            for (int i = t; i < nb; i += TKC_THREADS)
+                if (h[i]) atomicAdd(&hp[i], h[i]);
+            tkc_barrier(br, ++phase * (unsigned)bx);
+            /* every block: thread t holds the reversed bins q = 8t .. 8t + 7 (q = 0 the top bin) */
+            unsigned c[8], cum[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int q = t * 8 + j;
+                c[j] = q < nb ? __ldcg(&hp[nb - 1 - q]) : 0u;
+            }
+            scan_t(tmp.scan).InclusiveSum(c, cum);
+            const unsigned need = s_need;
+            __syncthreads(); /* every thread has read s_need */
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int q = t * 8 + j;
+                const unsigned prev = cum[j] - c[j];
+                if (q < nb && prev < need && cum[j] >= need) {
+                    s_prefix = prefix | (uint32_t)(nb - 1 - q) << shift;
+                    s_mask = mask | (uint32_t)(nb - 1) << shift;
+                    s_need = need - prev;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    const uint32_t thr = s_prefix;
+    const unsigned need = s_need;
+    /* this block's range [b0, b1), whole chunks of TK_CHUNK */
+    const int64_t per = ((n + bx - 1) / bx + TK_CHUNK - 1) / TK_CHUNK * TK_CHUNK;
+    const int64_t b0 = KS_MIN(n, (int64_t)b * per), b1 = KS_MIN(n, b0 + per);
+    int g = 0, e = 0;
+    for (int64_t i = b0 + t; i < b1; i += TKC_THREADS) {
+        const uint32_t u = f32_key(__ldcg(xr + i));
+        g += u > thr;
+        e += u == thr;
+    }
+    const int tg = red_t(tmp.red).Sum(g);
+    __syncthreads();
+    const int te = red_t(tmp.red).Sum(e);
+    int2 *cr = cnt + (size_t)row * bx;
+    if (t == 0) cr[b] = make_int2(tg, te);
+    tkc_barrier(br, ++phase * (unsigned)bx);
+    if (t == 0) {
+        unsigned sg = 0, se = 0;
+        for (int u = 0; u < b; u++) {
+            const int2 v = __ldcg(&cr[u]);
+            sg += (unsigned)v.x;
+            se += (unsigned)v.y;
+        }
+        s_gt = sg;
+        s_eq = se;
+    }
+    __syncthreads();
+    int32_t *oi = out_idx + (int64_t)row * k;
+    uint32_t *ok = out_key ? out_key + (int64_t)row * k : nullptr;
+    for (int64_t c0 = b0; c0 < b1; c0 += TK_CHUNK) {
+        const int64_t i0 = c0 + (int64_t)t * TK_IPT;
+        uint32_t u[TK_IPT];
+        unsigned packed = 0; /* > thr in the high 16 bits, == thr in the low (a chunk is 2048) */
+#pragma unroll
+        for (int j = 0; j < TK_IPT; j++) {
+            const int64_t i = i0 + j;
+            u[j] = i < b1 ? f32_key(__ldcg(xr + i)) : 0u;
+            if (i < b1) packed += (u[j] > thr ? 0x10000u : 0u) + (u[j] == thr ? 1u : 0u);
+        }
+        unsigned before, total;
+        scan_t(tmp.scan).ExclusiveSum(packed, before, total);
+        unsigned gt = s_gt + (before >> 16), eq = s_eq + (before & 0xffffu);
+        __syncthreads(); /* every thread has read the carries */
+        if (t == 0) { s_gt += total >> 16; s_eq += total & 0xffffu; }
+#pragma unroll
+        for (int j = 0; j < TK_IPT; j++) {
+            const int64_t i = i0 + j;
+            if (i >= b1) break;
+            const bool gg = u[j] > thr, ee = u[j] == thr;
+            if (gg || (ee && eq < need)) {
+                const unsigned pos = gt + (eq < need ? eq : need);
+                oi[pos] = (int32_t)i;
+                if (ok) ok[pos] = ~u[j];
+            }
+            gt += gg;
+            eq += ee;
+        }
+        __syncthreads(); /* the carries are updated before the next chunk reads them */
+    }
+}
+
 /* ---------------------------------------------------------------- one block a row */
 
 #define TK1_THREADS 1024
@@ -317,6 +482,14 @@ __global__ void tk_values(const float *__restrict__ x, int64_t n, int64_t k, int
         val[e] = x[(e / k) * n + idx[e]];
 }
 
+/* Blocks a row for the cooperative kernel: ~one a 2048 keys, at most 64, and rows x blocks at
+ * most TKC_MAX_BLOCKS (0: too many rows for one co-resident launch). */
+static int tkc_blocks(int64_t rows, int64_t n) {
+    if (rows > TKC_MAX_BLOCKS) return 0;
+    int64_t b = KS_MIN((n + 2047) / 2048, (int64_t)64);
+    return (int)KS_MAX((int64_t)1, KS_MIN(b, (int64_t)TKC_MAX_BLOCKS / rows));
+}
+
 extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, const float *x, int64_t rows, int64_t n,
                                   int64_t k, ks_topk_order order, int32_t *out_idx, float *out_val) {
     P_NONNEG("topk", "rows", rows);
@@ -348,6 +521,25 @@ extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, con
     if (n <= TK1_MAX_N) { /* one launch: a block a row */
         tk_one<<<(unsigned)rows, TK1_THREADS, 0, s>>>(x, (int)n, (int)k, out_idx, keys);
         KS_CU_LAUNCH("topk kernel");
+    } else if (tkc_blocks(rows, n) > 0) { /* one cooperative launch (and one memset) */
+        const int bx = tkc_blocks(rows, n);
+        unsigned *hist;
+        int2 *cnt;
+        const size_t zb = sizeof(unsigned) * ((size_t)rows * 3 * TK_BINS + rows);
+        P_SCRATCH(hist, ss, zb, "topk");
+        P_SCRATCH(cnt, ss, sizeof(int2) * (size_t)rows * bx, "topk");
+        KS_CU(cudaMemsetAsync(hist, 0, zb, s), "topk (clear)");
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)bx, (unsigned)rows);
+        cfg.blockDim = dim3(TKC_THREADS);
+        cfg.stream = s;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeCooperative;
+        at[0].val.cooperative = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        KS_CU(cudaLaunchKernelEx(&cfg, tk_coop, x, n, k, hist, hist + (size_t)rows * 3 * TK_BINS, cnt, out_idx, keys),
+              "topk kernel");
     } else {
         tk_state *state;
         unsigned *hist;

@@ -337,6 +337,9 @@ static void test_topk(void) {
         }
     }
     run_topk(8, 131072, 13107, D_TIES, KS_TOPK_BY_INDEX, 0); /* per KV head, FastKV-like */
+    /* more rows than one cooperative launch holds (128 blocks): the six-kernel path */
+    run_topk(129, 16385, 100, D_TIES, KS_TOPK_BY_INDEX, 0);
+    run_topk(129, 16385, 2048, D_RANDOM, KS_TOPK_BY_VALUE, 1);
     ks_status st = ks_cuda_topk(S, &SC, NULL, 1, 5, 7, KS_TOPK_BY_VALUE, NULL, NULL);
     result(st == KS_ERR_ARG && !strcmp(ks_last_error(), "topk: k = 7 > n = 5"), "topk rejects k > n", "%s",
            ks_last_error());
