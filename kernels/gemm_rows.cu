@@ -341,6 +341,121 @@ template <int NT, int U> __global__ void __launch_bounds__(GR_WARPS * 32, 1) gem
     gr_finish<NT, MT>(p, acc, reinterpret_cast<float *>(gr_smem), tile, nsplit);
 }
 
+/* impl 5: x in shared memory (as impl 4, sub-ranges of at most GR_XR_X bytes) and the weights
+ * through a deep per-lane cp.async ring (GR_XR_STAGES stages of GR_RU steps: more bytes in flight
+ * than registers can hold). One block a multiprocessor. */
+#define GR_XR_STAGES 5
+#define GR_XR_X (48 * 1024)
+#define GR_XR_SLOT (GR_RU * 4 * 32) /* uint4 of one stage of one warp */
+#define GR_XR_RING ((size_t)GR_WARPS * GR_XR_STAGES * GR_XR_SLOT * 16)
+template <int NT> __global__ void __launch_bounds__(GR_WARPS * 32, 1) gemm_rows_xr_k(const __grid_constant__ gr_p p) {
+    constexpr int MT = 2;
+    using S = gr_shape<MT>;
+    extern __shared__ __align__(16) unsigned char gr_smem[];
+    unsigned char *xs = gr_smem + GR_XR_RING; /* x after the ring */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
+    const bf16 *wr[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int seg, r = gr_row<MT>(p, tile, warp * S::WR + m * 16 + h * 8 + g, &seg);
+            wr[m][h] = r >= 0 ? p.W[seg] + (size_t)r * p.in : nullptr;
+        }
+    const int s0 = split * p.steps_per, s1 = min(p.steps, s0 + p.steps_per);
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
+    uint4 *ring = reinterpret_cast<uint4 *>(gr_smem) + (size_t)warp * GR_XR_STAGES * GR_XR_SLOT;
+    auto issue = [&](int st) {
+        uint4 *slot = ring + (st % GR_XR_STAGES) * GR_XR_SLOT;
+#pragma unroll
+        for (int u = 0; u < GR_RU; u++) {
+            int sx = s0 + st * GR_RU + u, col = sx * 32 + 8 * t;
+            bool ok = sx < s1 && col < p.in;
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    bool v = ok && wr[m][h];
+                    cp_async16(slot + ((u * MT + m) * 2 + h) * 32 + lane, v ? (const void *)(wr[m][h] + col) : p.W[0], v ? 16 : 0);
+                }
+        }
+        cp_async_commit();
+    };
+    auto stage_x = [&](int sb) {
+        __syncthreads();
+        const int c8n = p.xsteps * 4, c0 = sb * 32, cend = min(p.in, s1 * 32);
+        for (int i = threadIdx.x; i < NT * 8 * c8n; i += blockDim.x) {
+            int r = i / c8n, c = c0 + (i % c8n) * 8;
+            *reinterpret_cast<uint4 *>(xs + (size_t)r * p.xsb + (i % c8n) * 16) = gr_xfrag<false>(p, r, c, r < p.n && c < cend);
+        }
+        __syncthreads();
+    };
+    const int nst = (s1 - s0 + GR_RU - 1) / GR_RU;
+#pragma unroll
+    for (int i = 0; i < GR_XR_STAGES - 1; i++) issue(i);
+    for (int st = 0; st < nst; st++) {
+        const int sb = s0 + st * GR_RU;
+        if ((sb - s0) % p.xsteps == 0) stage_x(sb); /* xsteps is a multiple of GR_RU */
+        cp_async_wait<GR_XR_STAGES - 2>();
+        issue(st + GR_XR_STAGES - 1);
+        const uint4 *slot = ring + (st % GR_XR_STAGES) * GR_XR_SLOT;
+        const int sub = s0 + (sb - s0) / p.xsteps * p.xsteps;
+#pragma unroll
+        for (int u = 0; u < GR_RU; u++) {
+            int sx = sb + u;
+            if (sx >= s1) break;
+            uint4 w[MT][2];
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) w[m][h] = slot[((u * MT + m) * 2 + h) * 32 + lane];
+            const unsigned char *xr = xs + (size_t)g * p.xsb + ((sx - sub) * 32 + 8 * t) * 2;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                uint4 xv = *reinterpret_cast<const uint4 *>(xr + (size_t)j * 8 * p.xsb);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    uint32_t a0[4] = {w[m][0].x, w[m][1].x, w[m][0].y, w[m][1].y};
+                    uint32_t a1[4] = {w[m][0].z, w[m][1].z, w[m][0].w, w[m][1].w};
+                    mma16816(acc[m][j], a0, xv.x, xv.y);
+                    mma16816(acc[m][j], a1, xv.z, xv.w);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* the partials reuse the rings */
+    gr_finish<NT, MT>(p, acc, reinterpret_cast<float *>(gr_smem), tile, nsplit);
+}
+
+template <int NT> static cudaError_t gr_launch_xr(gr_p &p, dim3 grid, cudaStream_t s) {
+    auto k = gemm_rows_xr_k<NT>;
+    int fit = (GR_XR_X - 64) / (NT * 8 * 64) / GR_RU * GR_RU;
+    p.xsteps = KS_MAX(GR_RU, KS_MIN(fit, (p.steps_per + GR_RU - 1) / GR_RU * GR_RU));
+    p.xsb = (p.xsteps * 64 + 127) / 128 * 128 + 64;
+    size_t smem = GR_XR_RING + (size_t)NT * 8 * p.xsb;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e) return e;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(GR_WARPS * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = grid.y;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = grid.y > 1 ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, p);
+}
+
 extern "C" int ks_cuda_gemm_rows_supported(const ks_gemm_rows_args *a, const char **why) {
     const char *w = NULL;
     if (a->n < 1 || a->n > KS_CUDA_GEMM_ROWS_MAX) w = "rows of x outside 1..64";
@@ -349,7 +464,7 @@ extern "C" int ks_cuda_gemm_rows_supported(const ks_gemm_rows_args *a, const cha
     else if (a->mode < 0 || a->mode > 2) w = "unknown mode";
     else if (a->n_seg < 1 || a->n_seg > 3 || (a->mode == KS_GEMM_ROWS_SWIGLU && a->n_seg != 2)) w = "bad segment count";
     else if (a->splits < 0 || a->splits > GR_MAX_SPLIT) w = "splits outside 0..8";
-    else if (a->impl < 0 || a->impl > 4) w = "impl outside 0..4";
+    else if (a->impl < 0 || a->impl > 5) w = "impl outside 0..5";
     else if (a->mode == KS_GEMM_ROWS_SWIGLU && (a->rows[0] != a->rows[1] || a->bias[0] || a->bias[1]))
         w = "SwiGLU needs two segments of equal rows and no bias";
     for (int i = 0; !w && i < a->n_seg; i++)
@@ -437,13 +552,14 @@ extern "C" ks_status ks_cuda_gemm_rows(cudaStream_t s, const ks_gemm_rows_args *
     }
     /* impl 1: registers, 32 rows a warp; 2: ring, 32 rows; 3: ring, 64 rows */
     int impl = a->impl ? a->impl : 2, MT = impl == 3 ? 4 : 2, TR = GR_WARPS * 16 * MT;
-    if (impl == 4 && a->x_bf16) return ks_errorf(KS_ERR_UNSUPPORTED, "gemm_rows: impl 4 takes float32 x");
+    if (impl >= 4 && a->x_bf16) return ks_errorf(KS_ERR_UNSUPPORTED, "gemm_rows: impl %d takes float32 x", impl);
     int tiles = a->mode == KS_GEMM_ROWS_SWIGLU ? (a->rows[0] + TR / 2 - 1) / (TR / 2) : (p.off[a->n_seg] + TR - 1) / TR;
     p.steps = (a->in + 31) / 32;
     /* split K until the grid covers about the blocks resident at once (impl 2: two a
      * multiprocessor, ~100-128 registers a thread and 96 KiB of ring; 1 and 3: one), at most 8
      * (one cluster), each split a whole number of stages where the K range allows */
     int U = impl == 4 ? 4 : impl != 1 ? GR_RU : (a->n + 7) / 8 > 2 ? 2 : 4; /* as gr_launch's template choice */
+    if (impl == 5) U = GR_RU;
     int slots = KS_MAX(n_sm, 1) * (impl == 2 ? 2 : 1);
     int sp = a->splits ? a->splits : KS_MAX(1, KS_MIN(GR_MAX_SPLIT, slots / tiles));
     sp = KS_MIN(sp, p.steps);
@@ -456,7 +572,11 @@ extern "C" ks_status ks_cuda_gemm_rows(cudaStream_t s, const ks_gemm_rows_args *
     if (impl == 1) e = a->x_bf16 ? gr_dispatch<2, true, false>(p, grid, s) : gr_dispatch<2, false, false>(p, grid, s);
     else if (impl == 2) e = a->x_bf16 ? gr_dispatch<2, true, true>(p, grid, s) : gr_dispatch<2, false, true>(p, grid, s);
     else if (impl == 3) e = a->x_bf16 ? gr_dispatch<4, true, true>(p, grid, s) : gr_dispatch<4, false, true>(p, grid, s);
-    else {
+    else if (impl == 5) {
+        int nt = (p.n + 7) / 8;
+        e = nt <= 1 ? gr_launch_xr<1>(p, grid, s) : nt <= 2 ? gr_launch_xr<2>(p, grid, s) : nt <= 4 ? gr_launch_xr<4>(p, grid, s)
+                                                                                          : gr_launch_xr<8>(p, grid, s);
+    } else {
         int nt = (p.n + 7) / 8;
         e = nt <= 1 ? gr_launch_xs<1>(p, grid, s) : nt <= 2 ? gr_launch_xs<2>(p, grid, s) : nt <= 4 ? gr_launch_xs<4>(p, grid, s)
                                                                                           : gr_launch_xs<8>(p, grid, s);

@@ -133,7 +133,7 @@ static void run_kcase(const kcase *k) {
     int n = k->n, in = k->in, nseg = k->nseg, outs[3] = {k->out, k->out / 2 + 8, k->out / 2 + 8};
     if (k->mode == KS_GEMM_ROWS_SWIGLU) outs[1] = k->out;
     char name[160];
-    snprintf(name, sizeof name, "%s n=%d in=%d out=%d %s seg=%d%s x=%s split=%d", k->impl == 1 ? "regs32" : k->impl == 2 ? "ring32" : k->impl == 3 ? "ring64" : "xs32", n, in, k->out,
+    snprintf(name, sizeof name, "%s n=%d in=%d out=%d %s seg=%d%s x=%s split=%d", k->impl == 1 ? "regs32" : k->impl == 2 ? "ring32" : k->impl == 3 ? "ring64" : k->impl == 4 ? "xs32" : "xr32", n, in, k->out,
              k->mode == 0 ? "store" : k->mode == 1 ? "acc" : "swiglu", nseg, k->bias ? " bias" : "", k->xbf ? "bf16" : "f32",
              k->splits);
     wpair W[3], B[3];
@@ -434,13 +434,14 @@ static void bench_op(cublasHandle_t h, const char *name, int nseg, int in, const
     snprintf(line, sizeof line, "%s n=%d: cuBLAS GEMM alone (bf16 x)", name, n);
     printf("%-60s %9.1f us %7.0f GB/s %4.0f%%\n", line, t * 1e3, gb / (t * 1e-3), 100 * gb / (t * 1e-3) / g_copy);
     int sp[] = {0, 1, 2, 4, 8};
-    for (int impl = 1; impl <= 4; impl++)
+    for (int impl = 2; impl <= 5; impl++)
         for (int k = 0; k < 5; k++) {
-            if ((impl == 1 || impl == 3) && k) continue; /* the paths the mid call put behind: the chosen split only */
+            if ((impl == 2 || impl == 3) && k) continue; /* the paths the earlier calls put behind: the chosen split only */
+            if (impl == 3) continue;
             o.splits = sp[k];
             o.impl = impl;
             t = time_ms(run_skinny, &o, 21);
-            snprintf(line, sizeof line, "%s n=%d: skinny %s split %s", name, n, impl == 1 ? "regs32" : impl == 2 ? "ring32" : impl == 3 ? "ring64" : "xs32", sp[k] ? "" : "auto");
+            snprintf(line, sizeof line, "%s n=%d: skinny %s split %s", name, n, impl == 1 ? "regs32" : impl == 2 ? "ring32" : impl == 3 ? "ring64" : impl == 4 ? "xs32" : "xr32", sp[k] ? "" : "auto");
             if (sp[k]) snprintf(line + strlen(line), sizeof line - strlen(line), "%d", sp[k]);
             printf("%-60s %9.1f us %7.0f GB/s %4.0f%%\n", line, t * 1e3, gb / (t * 1e-3), 100 * gb / (t * 1e-3) / g_copy);
         }
@@ -514,12 +515,12 @@ int main(int argc, char **argv) {
         {1, 128, 100, 0, 1, 1, 0, 0, 0},    {3, 14336, 64, 1, 1, 0, 0, 0, 0},  {40, 8, 33, 0, 1, 0, 0, 1, 0},
     };
     int nc = (int)(sizeof cs / sizeof cs[0]);
-    for (int impl = 1; impl <= 4; impl++)
+    for (int impl = 1; impl <= 5; impl++)
         for (int i = 0; i < nc; i++)
             if (!quick || cs[i].in <= 4096) {
                 kcase k = cs[i];
                 k.impl = impl;
-                if (impl == 4) k.xbf = 0; /* x in shared memory: float32 x only */
+                if (impl >= 4) k.xbf = 0; /* x in shared memory: float32 x only */
                 run_kcase(&k);
             }
     refusals();
