@@ -22,9 +22,17 @@
  *           slot w + s (unique: along the runs both w and s only grow and one of them steps);
  *           the last of the segment's pieces (atomic count, fences) merges its slots in order:
  *           out = sum_j 2^(m_j - M) O_j / sum_j 2^(m_j - M) l_j.
+ *           (adb_merge: the slots' factors into the warp's idle ring, then every row's O with
+ *           two slots' loads in flight; a merging warp then goes on with its next piece).
  * Only row gq < g of the C fragments (c0, c1) carries data; c2, c3 (rows 8..15) stay zero.
- * Shared memory: ADB_WARPS x ADB_STAGES x (2 x 16 x D x 2 + 64) bytes = 66 KiB at d 128
- * (3 blocks, 12 warps a multiprocessor on Hopper), 33 KiB at d 64. */
+ * Shared memory: ADB_WARPS x ADB_STAGES x (2 x 16 x D x 2 + 64) bytes = 66 KiB at d 128 (187
+ * registers: 2 blocks, 8 warps a multiprocessor on Hopper), 33 KiB at d 64. Warps: 8 a
+ * multiprocessor and at least 16 tiles a warp (the small batches' best in the W sweeps).
+ * Measured on an H200 (bench/NOTES.md, "batched decode attention on the tensor cores"), one 8B
+ * layer: B = 64 x 4096 keys 274 us (3.9 TB/s; the kernel before 431), 16 x 32768 504 us (4.3
+ * TB/s). A/B builds not taken: the merge in a second kernel (the same merge; 1-10% slower), rows
+ * copied with cp.async.bulk into padded rows (with the first merge: 3% faster at B = 64, 3%
+ * slower at 16 x 32K), a 3-stage ring (slower at every size). */
 #include "cuda_backend_int.h"
 #include "attn_decode_batch.cuh"
 #include "mma.cuh"
@@ -38,10 +46,8 @@ extern "C" {
 
 #define ADB_WARPS 4
 #define ADB_KT 16      /* keys a tile */
-#ifndef ADB_STAGES
-#define ADB_STAGES 2   /* tiles in a warp's ring */
-#endif
-#define ADB_MIN_TILES 8 /* the automatic warp count leaves at least this many tiles a warp */
+#define ADB_STAGES 2   /* tiles in a warp's ring (3 measured slower at every size) */
+#define ADB_MIN_TILES 16 /* the automatic warp count leaves at least this many tiles a warp */
 
 /* bytes of one warp's ring: stages x (K tile, V tile, positions) */
 template <int D> static __host__ __device__ constexpr size_t adb_wregion() {
