@@ -11,8 +11,8 @@
 #   bench     kvsieve bench --batch 1,4,16,64 --ttft-under-load at 4K with the new build, then
 #             main's build before this session (.data/base/kvsieve.xz: base_bench), same card
 #   memcheck  compute-sanitizer memcheck of the test's quick tier
-#   ncu       the new kernel's own time (ncu, no clock control) at B = 1 and 4 x 4096: launches
-#             16-25 of the --time-only run
+#   ncu       the new kernel's own time (ncu, no clock control) at B = 1, 4, 16, 64 x 4096:
+#             launches 16-65 of the --time-only run
 # .data/ba/{new,base,var-*}/ hold stripped xz'd kvsieve and test_attn_decode_batch (carried; a
 # step whose binary is not there says so and goes on).
 # At most 7 files come back: card, test, test_base, var, bench, memcheck, ncu (.txt).
@@ -48,9 +48,9 @@ step_bench() {
 step_memcheck() {
     run 40 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_attn_decode_batch --quick > $O/memcheck.txt
 }
-step_ncu() { # --time-only's launches 0-20 are B = 1, 21-41 B = 4: their kernel time alone
+step_ncu() { # --time-only's launches 0-20 are B = 1, 21-41 B = 4, 42-62 B = 16, 63-83 B = 64: the kernel alone
     command -v ncu > /dev/null || { echo "no ncu" > $O/ncu.txt; return; }
-    run 60 ncu --clock-control none -k regex:adb_ --launch-skip 16 --launch-count 10 \
+    run 60 ncu --clock-control none -k regex:adb_ --launch-skip 16 --launch-count 50 \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum.per_second,launch__grid_size \
         $R/new/test_attn_decode_batch --time-only 2>&1 | grep -E "gpu__time|dram__|launch__grid|rc=|==ERR" > $O/ncu.txt
 }
