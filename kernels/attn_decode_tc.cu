@@ -9,10 +9,14 @@
  * final rows or an unnormalised partial for attn_combine (attn_decode.cu).
  *
  * ROPE (pre-RoPE q and keys): the prologue rotates each query row in float32 before rounding it
- * to bf16, and each warp rotates its key tile in registers after ldmatrix: lane (gq, tig) holds
- * keys gq and gq + 8 at columns ks * 16 + tig * 2 + {0, 1, 8, 9} of chunk ks, and chunk
- * ks + KS / 2 holds the rotate-half partners of the same columns, so every pair is in one
- * thread: 32 sincosf a lane per 16-key tile at d = 128, each (key, frequency) once. */
+ * to bf16, and each warp rotates its staged key tile in shared memory in place, once its copies
+ * have landed: a lane takes 16-byte chunk ch of the first half of a row and its rotate-half
+ * partner ch + NCH / 2 (ch = lane % (NCH / 2) for every row it takes, so its 8 frequencies stay
+ * in registers), 32 sincosf a lane per 16-key tile at d = 128, each (key, frequency) once. The
+ * tile then holds exactly the rows ks_cuda_attn_gather would have written, and the loop below
+ * is the same as without ROPE. The ROPE kernels ask for 3 blocks an SM (__launch_bounds__): a
+ * list of a few thousand rows is latency-bound, and more resident warps hide the sincosf and
+ * the index-then-row loads (ks_cuda_attn_decode_tc_list_splits). */
 #include "common.cuh"
 #include "attn_decode_tc.cuh"
 #include "mma.cuh"
@@ -52,8 +56,20 @@ template <> struct tc_rope<false> { int unused; };
 static __device__ __forceinline__ float bf_lo(uint32_t x) { return __uint_as_float(x << 16); }
 static __device__ __forceinline__ float bf_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
 
+/* x: 4 x 2 bf16 columns c..c+7 of the first half, y: their partners; f: the 8 frequencies */
+static __device__ __forceinline__ void rot8(uint32_t *x, uint32_t *y, int32_t pos, const float *f, float af) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float a0, a1, c0, c1;
+        ks_rope_rot(bf_lo(x[i]), bf_lo(y[i]), pos, f[2 * i], af, &a0, &c0);
+        ks_rope_rot(bf_hi(x[i]), bf_hi(y[i]), pos, f[2 * i + 1], af, &a1, &c1);
+        x[i] = pack_bf16(a0, a1);
+        y[i] = pack_bf16(c0, c1);
+    }
+}
+
 template <int D, bool ROPE>
-__global__ void __launch_bounds__(TC_WARPS * 32)
+__global__ void __launch_bounds__(TC_WARPS * 32, ROPE ? 3 : 0)
 attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, float *__restrict__ ws_acc,
                       float *__restrict__ ws_ml, const __grid_constant__ tc_byval bv,
                       const __grid_constant__ tc_rope<ROPE> rp) {
@@ -130,16 +146,13 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         int r = gq + 8 * hf;
         qp[hf] = r >= M ? INT_MIN : row_pos(r / g);
     }
-    /* ROPE: this lane's frequencies, columns ks * 16 + tig * 2 + {0, 1, 8, 9} of the first half */
-    float fr[ROPE ? KS / 2 : 1][4];
+    /* ROPE: this lane's chunk of the first half of a key row and its 8 frequencies */
+    constexpr int HCH = NCH / 2;
+    const int rch = lane % HCH;
+    float fr[ROPE ? 8 : 1];
     if constexpr (ROPE) {
 #pragma unroll
-        for (int ks = 0; ks < KS / 2; ks++) {
-            fr[ks][0] = rp.r.inv_freq[ks * 16 + tig * 2];
-            fr[ks][1] = rp.r.inv_freq[ks * 16 + tig * 2 + 1];
-            fr[ks][2] = rp.r.inv_freq[ks * 16 + 8 + tig * 2];
-            fr[ks][3] = rp.r.inv_freq[ks * 16 + 8 + tig * 2 + 1];
-        }
+        for (int c = 0; c < 8; c++) fr[c] = rp.r.inv_freq[rch * 8 + c];
     }
     __syncthreads();
     uint32_t qf[KS][4];
@@ -188,45 +201,31 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         __syncwarp();
         const bf16 *cK = wK + st * TC_KT * D, *cV = wV + st * TC_KT * D;
         const int *kp = wP + st * TC_KT;
+        if constexpr (ROPE) { /* rotate the staged keys in place (rows past the end are zeros) */
+            bf16 *tk = wK + st * TC_KT * D;
+#pragma unroll
+            for (int e = lane; e < TC_KT * HCH; e += 32) {
+                const int r = e / HCH;
+                uint4 *lo = reinterpret_cast<uint4 *>(tk + swz<D>(r, rch));
+                uint4 *hi = reinterpret_cast<uint4 *>(tk + swz<D>(r, rch + HCH));
+                uint4 a = *lo, b = *hi;
+                rot8(&a.x, &b.x, kp[r], fr, rp.r.attn_factor);
+                *lo = a;
+                *hi = b;
+            }
+            __syncwarp();
+        }
 
         float s[2][4];
 #pragma unroll
         for (int j = 0; j < 2; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        if constexpr (!ROPE) {
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                uint32_t b[4];
-                int r = (lane & 7) + (lane >> 4) * 8, ch = ks * 2 + ((lane >> 3) & 1);
-                ldsm_x4(b, cK + swz<D>(r, ch));
-                mma16816(s[0], qf[ks], b[0], b[1]);
-                mma16816(s[1], qf[ks], b[2], b[3]);
-            }
-        } else {
-            /* b[ks][0..1]: key gq, b[ks][2..3]: key gq + 8 (see the file comment) */
-            uint32_t b[KS][4];
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                int r = (lane & 7) + (lane >> 4) * 8, ch = ks * 2 + ((lane >> 3) & 1);
-                ldsm_x4(b[ks], cK + swz<D>(r, ch));
-            }
-            const int32_t kpos[2] = {kp[gq], kp[gq + 8]};
-#pragma unroll
-            for (int ks = 0; ks < KS / 2; ks++)
-#pragma unroll
-                for (int m = 0; m < 4; m++) {
-                    uint32_t x = b[ks][m], y = b[ks + KS / 2][m];
-                    int32_t pos = kpos[m >> 1];
-                    float a0, a1, c0, c1;
-                    ks_rope_rot(bf_lo(x), bf_lo(y), pos, fr[ks][(m & 1) * 2], rp.r.attn_factor, &a0, &c0);
-                    ks_rope_rot(bf_hi(x), bf_hi(y), pos, fr[ks][(m & 1) * 2 + 1], rp.r.attn_factor, &a1, &c1);
-                    b[ks][m] = pack_bf16(a0, a1);
-                    b[ks + KS / 2][m] = pack_bf16(c0, c1);
-                }
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                mma16816(s[0], qf[ks], b[ks][0], b[ks][1]);
-                mma16816(s[1], qf[ks], b[ks][2], b[ks][3]);
-            }
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t b[4];
+            int r = (lane & 7) + (lane >> 4) * 8, ch = ks * 2 + ((lane >> 3) & 1);
+            ldsm_x4(b, cK + swz<D>(r, ch));
+            mma16816(s[0], qf[ks], b[0], b[1]);
+            mma16816(s[1], qf[ks], b[2], b[3]);
         }
 #pragma unroll
         for (int j = 0; j < 2; j++)
@@ -345,6 +344,14 @@ extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p,
     if (splits == 1) return 0;
     size_t rh = (size_t)p->n * p->n_heads * splits;
     return rh * p->head_dim * sizeof(float) + rh * 2 * sizeof(float);
+}
+
+extern "C" int ks_cuda_attn_decode_tc_list_splits(const ks_cuda_attn_params *p, int n_sm, int rope) {
+    if (p->n_kv_heads < 1) return 0;
+    int blocks = KS_MAX(1, 3 * (n_sm > 0 ? n_sm : 132) / p->n_kv_heads); /* one wave at 3 blocks an SM */
+    int tiles = (p->max_nk + TC_WARPS * TC_KT - 1) / (TC_WARPS * TC_KT);
+    if (!rope && tiles > 2 * blocks) return 0;
+    return KS_MAX(1, KS_MIN(blocks, tiles));
 }
 
 template <int D, bool ROPE>

@@ -23,6 +23,14 @@ int ks_cuda_attn_decode_tc_supported(const ks_cuda_attn_params *p);
 /* *n_splits and workspace bytes (0 when n_splits == 1) on a GPU of n_sm multiprocessors. */
 size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p, int n_sm, int *n_splits);
 
+/* The splits to ask for (ks_cuda_attn_params.splits) for one decode row over an index list or
+ * pre-RoPE rows (rope: the kernel rotates them): such a list (TokenSelect's: a few thousand rows)
+ * is latency-bound at the one block an SM that streams a whole cache best, so one 16-key tile a
+ * warp over up to 3 blocks an SM. Without rope, a list longer than 2 tiles a warp at 3 blocks an
+ * SM gets 0 (the automatic choice); with rope 3 blocks an SM stay (the rotation is arithmetic
+ * that wants the warps). */
+int ks_cuda_attn_decode_tc_list_splits(const ks_cuda_attn_params *p, int n_sm, int rope);
+
 ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws);
 
 /* The same for one query row over the cache rows themselves (p->n == 1, no index list, no

@@ -93,6 +93,7 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
         }
         p.idx = dbase;
         p.renumber = p.q_renumber = a->idx && a->renumber;
+        if (!p.splits) p.splits = ks_cuda_attn_decode_tc_list_splits(&p, c->n_sm, a->rope != NULL);
         if (ks_cuda_attn_decode_tc_supported(&p)) {
             if (c->rec) return rec_fail(c, "attention over an index list or pre-RoPE keys");
             if (p.max_nk == 0) /* nothing to attend to: zeros, as the CPU reference gives */
@@ -216,6 +217,8 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
             if (!st) c->prefill_calls[pk]++;
         } else if (want_tc && ks_cuda_attn_decode_tc_supported(&p)) {
             int splits;
+            if (!p.splits && n == 1 && (a->idx || a->rope)) /* one row over a list: as above */
+                p.splits = ks_cuda_attn_decode_tc_list_splits(&p, c->n_sm, a->rope != NULL);
             size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
             if (wsb) st = dev_alloc(c, wsb, "attention workspace", &ws);
             if (!st) st = ks_cuda_attn_decode_tc(c->stream, &p, splits, ws);

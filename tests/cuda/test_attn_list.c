@@ -12,7 +12,8 @@
  *   old    bit-identical to the path it replaces, run here from its kernels on the same inputs:
  *          ks_cuda_attn_gather (bf16, rotated) + ks_cuda_attn_rope_q + ks_cuda_attn_decode_tc over
  *          the copy (the same float32 rotation, ks_rope_rot, and the same bf16 rounding of the
- *          rotated key; the same splits, so the same summation order);
+ *          rotated key; the splits the backend now takes for a list, ks_cuda_attn_decode_tc_list_splits,
+ *          so the same summation order);
  *   host   with lists: the backend's host-list path (which still gathers) equals it bit for bit.
  * Shapes: g = 1..8, head_dim 64 and 128, lists of 0..4096 rows out of 8K..128K, renumbered or at
  * the stored positions (with gaps), shared lists and per-head lists of different lengths, a
@@ -22,8 +23,9 @@
  * Then (--bench, not with --quick) the time of one layer at the Llama-3.1-8B shape (32 query heads,
  * 8 KV heads, d 128), a shared renumbered list of 2688 rows of 32768 and of 131072, pre-RoPE: the
  * old composition (host buffer upload, five pool buffers, gather, query rope, kernel, combine),
- * its kernels alone, the new backend call and the new kernel alone (with and without the
- * rotation); CUDA events around 200 back-to-back calls, median of 5; printed, never asserted.
+ * its kernels alone (at the old automatic splits), the new backend call and the new kernel alone
+ * (with and without the rotation), then the new kernel at 8..49 splits; CUDA events around 200
+ * back-to-back calls, median of 5; printed, never asserted.
  * Usage: test_attn_list [--quick] [--bench]. Prints "N passed, N failed"; exits 1 on failure. */
 #include "attn_decode_tc.cuh"
 #include "attn_prep.cuh"
@@ -156,10 +158,13 @@ typedef struct old_bufs {
     int32_t *pin; /* pinned host staging (the backend stages uploads through pinned memory too) */
     void *hb_dev, *kc, *vc, *pc, *qr, *ws;
 } old_bufs;
-/* alloc: the buffers from the backend's pool for this call (as cu_attention did), else b's */
+/* alloc: the buffers from the backend's pool for this call (as cu_attention did), else b's.
+ * list_splits: the kernel's splits as the backend now chooses them for a list
+ * (ks_cuda_attn_decode_tc_list_splits: the bit-identity checks), else the automatic choice the
+ * old path made (the timing of the old composition). */
 static ks_status old_path(cudaStream_t s, float *out, const float *q, const ks_kv_layer *L, int H, int nsm,
                           const int32_t *dbase, const int *nk, const int *off, int qpos, int renumber, int window,
-                          const ks_rope *rope, int rope_max_pos, int alloc, old_bufs *b) {
+                          const ks_rope *rope, int rope_max_pos, int alloc, int list_splits, old_bufs *b) {
     int Hkv = L->n_kv_heads, d = L->head_dim, half = d / 2, max_nk = 0;
     int32_t *hb = b->pin; /* (1 + 2 Hkv + half) */
     hb[0] = qpos;
@@ -186,6 +191,7 @@ static ks_status old_path(cudaStream_t s, float *out, const float *q, const ks_k
     p.window = window;
     p.max_nk = max_nk;
     p.renumber = p.q_renumber = renumber;
+    if (list_splits) p.splits = ks_cuda_attn_decode_tc_list_splits(&p, nsm, 1);
     int splits;
     size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, nsm, &splits);
     if (alloc) {
@@ -325,7 +331,7 @@ static void run_case(const lcase *c) {
         gpu_nan(dout, qn);
         cudaStream_t s = ks_cuda_backend_stream(GPU);
         st = old_path(s, dout, dq, &G, H, ks_cuda_backend_sm_count(GPU), dcat, nk, offs, qpos, c->renumber, c->window,
-                      &rope, a.rope_max_pos, 1, &b);
+                      &rope, a.rope_max_pos, 1, 1, &b);
         if (!st) st = GPU->sync(GPU);
         cudaFreeHost(b.pin);
         snprintf(sub, sizeof sub, "%s: old gather path", name);
@@ -438,8 +444,9 @@ typedef struct bench_ctx {
     int splits;
 } bench_ctx;
 
-/* us per call: median over 5 runs of `iters` back-to-back calls between two events */
-static float time_it(const char *label, bench_ctx *b, int mode, int iters) {
+/* us per call: median over 5 runs of `iters` back-to-back calls between two events; want_splits:
+ * the new kernel's splits for modes 3 and 4 (0: the backend's choice for this list) */
+static float time_it(const char *label, bench_ctx *b, int mode, int want_splits, int iters, int *splits_used) {
     cudaStream_t s = ks_cuda_backend_stream(GPU);
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
@@ -467,6 +474,10 @@ static float time_it(const char *label, bench_ctx *b, int mode, int iters) {
     p.max_nk = b->k;
     p.idx = b->dl;
     p.renumber = p.q_renumber = 1;
+    p.splits = want_splits ? want_splits : ks_cuda_attn_decode_tc_list_splits(&p, b->nsm, mode != 4);
+    int splits;
+    ks_cuda_attn_decode_tc_workspace(&p, b->nsm, &splits);
+    if (splits_used) *splits_used = splits;
     ks_cuda_attn_rope rr;
     ks_rope_inv_freq(b->rope, qpos, rr.inv_freq);
     rr.attn_factor = 1.0f;
@@ -477,11 +488,11 @@ static float time_it(const char *label, bench_ctx *b, int mode, int iters) {
         cudaEventRecord(e0, s);
         for (int i = 0; i < iters && !st; i++) {
             switch (mode) {
-            case 0: st = old_path(s, b->out, b->q, b->L, b->H, b->nsm, b->dl, nk, off, qpos, 1, 0, b->rope, qpos, 1, &fresh); break;
-            case 1: st = old_path(s, b->out, b->q, b->L, b->H, b->nsm, b->dl, nk, off, qpos, 1, 0, b->rope, qpos, 0, &b->ob); break;
+            case 0: st = old_path(s, b->out, b->q, b->L, b->H, b->nsm, b->dl, nk, off, qpos, 1, 0, b->rope, qpos, 1, 0, &fresh); break;
+            case 1: st = old_path(s, b->out, b->q, b->L, b->H, b->nsm, b->dl, nk, off, qpos, 1, 0, b->rope, qpos, 0, 0, &b->ob); break;
             case 2: st = GPU->attention(GPU, b->out, b->q, b->L, &a); break;
-            case 3: st = ks_cuda_attn_decode_tc_list(s, &p, nk, off, qpos, &rr, b->splits, b->ws); break;
-            case 4: st = ks_cuda_attn_decode_tc_list(s, &p, nk, off, qpos, NULL, b->splits, b->ws); break;
+            case 3: st = ks_cuda_attn_decode_tc_list(s, &p, nk, off, qpos, &rr, splits, b->ws); break;
+            case 4: st = ks_cuda_attn_decode_tc_list(s, &p, nk, off, qpos, NULL, splits, b->ws); break;
             }
         }
         cudaEventRecord(e1, s);
@@ -541,6 +552,7 @@ static void bench(int N) {
     p.n_kv_heads = Hkv;
     p.head_dim = d;
     p.max_nk = k;
+    p.splits = 64; /* the workspace of the most splits timed below */
     size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, b.nsm, &b.splits), rows = (size_t)Hkv * k;
     b.ws = wsb ? gpu_up(NULL, wsb) : NULL;
     b.ob.hb_dev = gpu_up(NULL, 4096);
@@ -555,15 +567,24 @@ static void bench(int N) {
                                  "new: backend attention (device list)", "new kernel alone (rotating)",
                                  "new kernel alone, no rotation (rows as if rotated)"};
     float us[5];
+    int used[5] = {0};
     for (int m = 0; m < 5; m++) {
         char label[160];
         snprintf(label, sizeof label, "bench N=%d k=%d: %s", N, k, what[m]);
-        us[m] = time_it(label, &b, m, iters);
+        us[m] = time_it(label, &b, m, 0, iters, &used[m]);
         if (us[m] >= 0)
-            printf("  time %-78s %8.2f us  (%.1f MB of K+V: %.2f TB/s)\n", label, us[m], mb, mb / us[m]);
+            printf("  time %-70s %8.2f us  (%.1f MB of K+V: %.2f TB/s)\n", label, us[m], mb, mb / us[m]);
     }
-    printf("  time bench N=%d: splits %d on %d SMs; new backend call %.2fx of the old composition\n", N, b.splits, b.nsm,
-           us[0] > 0 ? us[2] / us[0] : 0.0);
+    printf("  time bench N=%d: new kernel %d splits on %d SMs (the old path: 16 at one block an SM); new backend call "
+           "%.2fx of the old composition\n", N, used[3], b.nsm, us[0] > 0 ? us[2] / us[0] : 0.0);
+    /* the new kernel at other split counts (one block an SM: 16 at 8 KV heads on 132 SMs) */
+    static const int sweep[] = {8, 16, 24, 33, 42, 49};
+    for (int i = 0; i < 6; i++) {
+        int u3 = 0, u4 = 0;
+        float r = time_it("sweep", &b, 3, sweep[i], iters, &u3), n0 = time_it("sweep", &b, 4, sweep[i], iters, &u4);
+        printf("  time bench N=%d k=%d: splits %2d (ran %2d): rotating %8.2f us, no rotation %8.2f us\n", N, k, sweep[i],
+               u3, r, n0);
+    }
     fflush(stdout);
     GPU->sync(GPU);
     GPU->free(GPU, (void *)b.dl);
