@@ -2,24 +2,20 @@
  * 1. ks_cuda_gemm_rows against the CPU backend's matmul (ks_cpu_matmul) given the same bf16
  * weights and x rounded to bf16 (the kernel rounds float32 x as it reads it): rows n from 1 to 64
  * (8-row tiles full and ragged), in multiples of 8 with and without a ragged 32-column step,
- * outputs narrow and wide, the K split chosen and forced (1, 3, 8: the cluster's sum through
- * distributed shared memory), modes STORE / ACC (onto a random y) with and without bias, three
- * segments, SWIGLU (the twin: ks_cpu_swiglu of the two matmuls), x float32 and bf16. Outputs are
- * poisoned with NaN first (ACC: random). Tolerance per output: |gpu - cpu| <= 1e-5 * sum_k
- * |x_k w_k| (+ |bias| + |y|) — products are exact in float32 on both sides, only the order of
- * float32 accumulation differs (the tensor cores' and the CPU's), far inside 1e-5 of the
- * absolute sum at these sizes; a wrong index or a lost partial is O(1) of it. SwiGLU: the same
- * bound carried through silu (|d silu| <= 1.1) onto the product, relative 1e-4 of |g| |u|.
- * Split runs are repeated: the bits must be equal (a fixed summation order).
- * 2. Refusals: n 0 and 65, in not a multiple of 8, x misaligned, SwiGLU with a bias -> one-line
+ * outputs narrow and wide, one and three segments, with and without biases, the K split chosen
+ * and forced (1, 2, 3, 8: the cluster's sum through distributed shared memory). Outputs are
+ * poisoned with NaN first. Tolerance per output: |gpu - cpu| <= 1e-5 * (sum_k |x_k w_k| + |bias|)
+ * — products are exact in float32 on both sides, only the order of float32 accumulation differs
+ * (the tensor cores' and the CPU's), far inside 1e-5 of the absolute sum at these sizes; a wrong
+ * index or a lost partial is O(1) of it. Every call is repeated: the bits must be equal.
+ * 2. Refusals: n 0 and 65, in not a multiple of 8, x misaligned, four segments -> one-line
  * KS_ERR_UNSUPPORTED, nothing launched.
  * 3. The backend's fused q|k|v projection (ks_cuda_dense_qkv, the op that takes it for 2..16
  * rows) with biases against the CPU's matmuls at n = 5, 16 and 64 (the last: cuBLAS).
  * 4. (--bench, GPU machine) the Llama-3.1-8B decode shapes at n = 1, 4, 16, 64: per op the path
- * the engine took before (float32 x converted to bf16, cuBLAS GEMMs, bias / SwiGLU kernels, as
- * cuda_dense.cu's cuBLAS branch), cuBLAS's GEMM alone on bf16 x, and the skinny kernel (the K
- * split swept), in GB/s of weights beside a device copy; weights rotated beyond L2. Printed,
- * never asserted.
+ * the engine takes without it (float32 x converted to bf16, cuBLAS GEMMs), cuBLAS's GEMMs alone on
+ * bf16 x, and the skinny kernel (the K split swept), in GB/s of weights beside a device copy;
+ * weights rotated beyond L2. Printed, never asserted.
  * Usage: test_gemm_rows [--quick] [--bench]. Prints "N passed, N failed"; exits 1 on failure. */
 #include "backend.h"
 #include "cpu_dense.h"
@@ -127,99 +123,64 @@ static double worst(const float *g, const float *c, const double *scale, const f
     return w;
 }
 
-typedef struct kcase { int n, in, out, mode, nseg, bias, xbf, splits, impl; } kcase;
+typedef struct kcase { int n, in, out, nseg, bias, splits; } kcase;
 
 static void run_kcase(const kcase *k) {
     int n = k->n, in = k->in, nseg = k->nseg, outs[3] = {k->out, k->out / 2 + 8, k->out / 2 + 8};
-    if (k->mode == KS_GEMM_ROWS_SWIGLU) outs[1] = k->out;
     char name[160];
-    snprintf(name, sizeof name, "%s n=%d in=%d out=%d %s seg=%d%s x=%s split=%d", k->impl == 1 ? "regs32" : k->impl == 2 ? "ring32" : k->impl == 3 ? "ring64" : k->impl == 4 ? "xs32" : "xr32", n, in, k->out,
-             k->mode == 0 ? "store" : k->mode == 1 ? "acc" : "swiglu", nseg, k->bias ? " bias" : "", k->xbf ? "bf16" : "f32",
-             k->splits);
+    snprintf(name, sizeof name, "n=%d in=%d out=%d seg=%d%s split=%d", n, in, k->out, nseg, k->bias ? " bias" : "", k->splits);
     wpair W[3], B[3];
     memset(W, 0, sizeof W);
     memset(B, 0, sizeof B);
     float *x = malloc(sizeof(float) * (size_t)n * in), *xr = malloc(sizeof(float) * (size_t)n * in);
-    uint16_t *xh = malloc(2 * (size_t)n * in);
-    for (size_t i = 0; i < (size_t)n * in; i++) {
-        x[i] = rndf() * 2.0f;
-        xh[i] = ks_f32_to_bf16(x[i]);
-        xr[i] = ks_bf16_to_f32(xh[i]);
-    }
+    for (size_t i = 0; i < (size_t)n * in; i++) xr[i] = bf16r(x[i] = rndf() * 2.0f);
     int bad = 0;
     for (int i = 0; i < nseg; i++) {
         bad |= wmake(&W[i], outs[i], in, 0.5f);
         if (k->bias) bad |= wmake(&B[i], outs[i], 1, 1.0f);
     }
-    void *dx = bad ? NULL : dput(k->xbf ? (const void *)xh : (const void *)x, (size_t)n * in * (k->xbf ? 2 : 4));
-    float *y0[3] = {0}, *dy[3] = {0}, *gy[3] = {0}, *cy[3] = {0};
+    float *dx = bad ? NULL : dput(x, sizeof(float) * (size_t)n * in);
+    float *dy[3] = {0}, *gy[3] = {0}, *cy[3] = {0};
     ks_gemm_rows_args a;
     memset(&a, 0, sizeof a);
     a.x = dx;
-    a.x_bf16 = k->xbf;
     a.n = n;
     a.in = in;
     a.n_seg = nseg;
-    a.mode = k->mode;
     a.splits = k->splits;
-    a.impl = k->impl;
-    int nout = k->mode == KS_GEMM_ROWS_SWIGLU ? 1 : nseg;
-    for (int i = 0; i < nout && !bad; i++) {
+    for (int i = 0; i < nseg && !bad; i++) {
         size_t m = (size_t)n * outs[i];
-        y0[i] = malloc(sizeof(float) * m);
         gy[i] = malloc(sizeof(float) * m);
         cy[i] = malloc(sizeof(float) * m);
-        for (size_t j = 0; j < m; j++) y0[i][j] = k->mode == KS_GEMM_ROWS_ACC ? rndf() : NAN;
-        dy[i] = dput(y0[i], sizeof(float) * m);
+        for (size_t j = 0; j < m; j++) cy[i][j] = NAN;
+        dy[i] = dput(cy[i], sizeof(float) * m); /* poisoned */
         if (!dy[i]) bad = 1;
-    }
-    for (int i = 0; i < nseg && !bad; i++) {
         a.W[i] = W[i].d;
         a.bias[i] = k->bias ? (const float *)B[i].d : NULL;
-        a.y[i] = dy[k->mode == KS_GEMM_ROWS_SWIGLU ? 0 : i];
+        a.y[i] = dy[i];
         a.rows[i] = outs[i];
     }
-    ks_status st = bad || !dx ? KS_ERR_OOM : ks_cuda_gemm_rows(ks_cuda_backend_stream(GPU), &a, ks_cuda_backend_sm_count(GPU));
-    for (int i = 0; i < nout && !st; i++) st = GPU->download(GPU, gy[i], dy[i], sizeof(float) * (size_t)n * outs[i]);
+    cudaStream_t s = ks_cuda_backend_stream(GPU);
+    int nsm = ks_cuda_backend_sm_count(GPU);
+    ks_status st = bad || !dx ? KS_ERR_OOM : ks_cuda_gemm_rows(s, &a, nsm);
+    for (int i = 0; i < nseg && !st; i++) st = GPU->download(GPU, gy[i], dy[i], sizeof(float) * (size_t)n * outs[i]);
     if (st) { result(0, name, "%s", ks_last_error()); goto out; }
     double w = 0;
-    if (k->mode == KS_GEMM_ROWS_SWIGLU) {
-        size_t m = (size_t)n * outs[0];
-        float *u = malloc(sizeof(float) * m);
-        st = ks_cpu_matmul(CPU, cy[0], xr, W[0].c, NULL, n, in, outs[0]);
-        if (!st) st = ks_cpu_matmul(CPU, u, xr, W[1].c, NULL, n, in, outs[0]);
-        double *sg = abs_dots(xr, W[0].f, n, in, outs[0]), *su = abs_dots(xr, W[1].f, n, in, outs[0]);
-        for (size_t j = 0; j < m && !st; j++) { /* error of g and u carried through silu(g) * u */
-            float g = cy[0][j];
-            double silu = g / (1.0 + exp(-(double)g));
-            sg[j] = 1.1 * sg[j] * fabs(u[j]) + fabs(silu) * su[j] + 1e-2 * fabs(silu * u[j]);
-        }
-        if (!st) st = ks_cpu_swiglu(CPU, cy[0], cy[0], u, m);
-        w = st ? INFINITY : worst(gy[0], cy[0], sg, NULL, m, 1e-4);
-        free(u);
-        free(sg);
-        free(su);
-    } else {
-        for (int i = 0; i < nseg && !st; i++) {
-            size_t m = (size_t)n * outs[i];
-            st = ks_cpu_matmul(CPU, cy[i], xr, W[i].c, k->bias ? B[i].c : NULL, n, in, outs[i]);
-            double *s = abs_dots(xr, W[i].f, n, in, outs[i]);
-            float *extra = malloc(sizeof(float) * m);
-            for (size_t j = 0; j < m; j++) {
-                extra[j] = (k->bias ? B[i].f[j % outs[i]] : 0) + (k->mode == KS_GEMM_ROWS_ACC ? y0[i][j] : 0);
-                if (k->mode == KS_GEMM_ROWS_ACC) cy[i][j] = y0[i][j] + cy[i][j];
-            }
-            double wi = st ? INFINITY : worst(gy[i], cy[i], s, extra, m, 1e-5);
-            if (wi > w) w = wi;
-            free(s);
-            free(extra);
-        }
+    for (int i = 0; i < nseg && !st; i++) {
+        size_t m = (size_t)n * outs[i];
+        st = ks_cpu_matmul(CPU, cy[i], xr, W[i].c, k->bias ? B[i].c : NULL, n, in, outs[i]);
+        double *sc = abs_dots(xr, W[i].f, n, in, outs[i]);
+        float *extra = malloc(sizeof(float) * m);
+        for (size_t j = 0; j < m; j++) extra[j] = k->bias ? B[i].f[j % outs[i]] : 0;
+        double wi = st ? INFINITY : worst(gy[i], cy[i], sc, extra, m, 1e-5);
+        if (wi > w) w = wi;
+        free(sc);
+        free(extra);
     }
-    /* the same call again (outputs reset): the same bits */
+    /* the same call again: the same bits */
     int same = 1;
-    for (int i = 0; i < nout && !st; i++) st = GPU->upload(GPU, dy[i], y0[i], sizeof(float) * (size_t)n * outs[i]);
-    if (!st) st = ks_cuda_gemm_rows(ks_cuda_backend_stream(GPU), &a, ks_cuda_backend_sm_count(GPU));
-    for (int i = 0; i < nout && !st; i++) {
+    if (!st) st = ks_cuda_gemm_rows(s, &a, nsm);
+    for (int i = 0; i < nseg && !st; i++) {
         size_t m = (size_t)n * outs[i];
         float *g2 = malloc(sizeof(float) * m);
         st = GPU->download(GPU, g2, dy[i], sizeof(float) * m);
@@ -230,7 +191,6 @@ static void run_kcase(const kcase *k) {
 out:
     for (int i = 0; i < 3; i++) {
         if (dy[i]) GPU->free(GPU, dy[i]);
-        free(y0[i]);
         free(gy[i]);
         free(cy[i]);
         wfree(&W[i]);
@@ -239,7 +199,6 @@ out:
     if (dx) GPU->free(GPU, dx);
     free(x);
     free(xr);
-    free(xh);
 }
 
 static void refusals(void) {
@@ -254,22 +213,15 @@ static void refusals(void) {
     a.y[0] = d;
     a.rows[0] = 8;
     cudaStream_t s = ks_cuda_backend_stream(GPU);
-    struct { const char *name; int n, in, off, swb; } c[] = {
-        {"n 0 refused", 0, 64, 0, 0}, {"n 65 refused", 65, 64, 0, 0}, {"in 12 refused", 4, 12, 0, 0},
-        {"x misaligned refused", 4, 64, 4, 0}, {"SwiGLU with a bias refused", 4, 64, 0, 1}};
+    struct { const char *name; int n, in, off, nseg; } c[] = {
+        {"n 0 refused", 0, 64, 0, 1}, {"n 65 refused", 65, 64, 0, 1}, {"in 12 refused", 4, 12, 0, 1},
+        {"x misaligned refused", 4, 64, 1, 1}, {"four segments refused", 4, 64, 0, 4}};
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         ks_gemm_rows_args b = a;
         b.n = c[i].n;
         b.in = c[i].in;
-        b.x = (const char *)d + c[i].off;
-        if (c[i].swb) {
-            b.mode = KS_GEMM_ROWS_SWIGLU;
-            b.n_seg = 2;
-            b.W[1] = d;
-            b.y[1] = d;
-            b.rows[1] = 8;
-            b.bias[0] = d;
-        }
+        b.x = d + c[i].off;
+        b.n_seg = c[i].nseg;
         ks_status st = ks_cuda_gemm_rows(s, &b, 132);
         result(st == KS_ERR_UNSUPPORTED && !strchr(ks_last_error(), '\n'), c[i].name, "%s", ks_last_error());
     }
@@ -341,74 +293,62 @@ static double time_ms(op_fn f, void *ctx, int reps) {
 }
 
 typedef struct bop {
-    const char *name;
-    int nseg, in, rows[3], mode; /* mode: 0 plain, 1 acc (o, down), 2 swiglu (gate|up) */
-    int n, nw, splits, impl;
+    int nseg, in, rows[3];
+    int n, nw, splits;
     void *W[8][3];
-    float *x, *y[3], *tmp;
-    void *xb, *gb, *ub;
+    float *x, *y[3];
+    void *xb;
     cublasHandle_t h;
 } bop;
 
-static void run_cublas(void *p, int rep) { /* the engine's path before: convert, GEMM(s), then bias-free epilogues */
+static void run_cublas(void *p, int rep) { /* the engine's path without the kernel: convert, then the GEMMs */
     bop *o = p;
-    int w = rep % o->nw;
-    float one = 1, zero = 0, beta = o->mode == 1 ? 1.f : 0.f;
     ks_cuda_convert(S, o->xb, KS_CUDA_BF16, o->x, KS_CUDA_F32, (size_t)o->n * o->in);
-    if (o->mode == 2) { /* prefill-style bf16 MLP: gate, up bf16 out, swiglu bf16 */
-        cublasGemmEx(o->h, CUBLAS_OP_T, CUBLAS_OP_N, o->rows[0], o->n, o->in, &one, o->W[w][0], CUDA_R_16BF, o->in, o->xb,
-                     CUDA_R_16BF, o->in, &zero, o->gb, CUDA_R_16BF, o->rows[0], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        cublasGemmEx(o->h, CUBLAS_OP_T, CUBLAS_OP_N, o->rows[0], o->n, o->in, &one, o->W[w][1], CUDA_R_16BF, o->in, o->xb,
-                     CUDA_R_16BF, o->in, &zero, o->ub, CUDA_R_16BF, o->rows[0], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        ks_cuda_swiglu_bf16(S, o->gb, o->gb, o->ub, (size_t)o->n * o->rows[0]);
-        return;
-    }
+    float one = 1, zero = 0;
     for (int i = 0; i < o->nseg; i++)
-        cublasGemmEx(o->h, CUBLAS_OP_T, CUBLAS_OP_N, o->rows[i], o->n, o->in, &one, o->W[w][i], CUDA_R_16BF, o->in, o->xb,
-                     CUDA_R_16BF, o->in, &beta, o->y[i], CUDA_R_32F, o->rows[i], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        cublasGemmEx(o->h, CUBLAS_OP_T, CUBLAS_OP_N, o->rows[i], o->n, o->in, &one, o->W[rep % o->nw][i], CUDA_R_16BF, o->in,
+                     o->xb, CUDA_R_16BF, o->in, &zero, o->y[i], CUDA_R_32F, o->rows[i], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 static void run_gemm_only(void *p, int rep) { /* cuBLAS's GEMMs alone on bf16 x */
     bop *o = p;
-    int w = rep % o->nw, segs = o->mode == 2 ? 2 : o->nseg;
     float one = 1, zero = 0;
-    for (int i = 0; i < segs; i++)
-        cublasGemmEx(o->h, CUBLAS_OP_T, CUBLAS_OP_N, o->rows[i], o->n, o->in, &one, o->W[w][i], CUDA_R_16BF, o->in, o->xb,
-                     CUDA_R_16BF, o->in, &zero, o->y[0], CUDA_R_32F, o->rows[i], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    for (int i = 0; i < o->nseg; i++)
+        cublasGemmEx(o->h, CUBLAS_OP_T, CUBLAS_OP_N, o->rows[i], o->n, o->in, &one, o->W[rep % o->nw][i], CUDA_R_16BF, o->in,
+                     o->xb, CUDA_R_16BF, o->in, &zero, o->y[i], CUDA_R_32F, o->rows[i], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 static void run_skinny(void *p, int rep) {
     bop *o = p;
-    int w = rep % o->nw;
     ks_gemm_rows_args a;
     memset(&a, 0, sizeof a);
     a.x = o->x;
     a.n = o->n;
     a.in = o->in;
-    a.n_seg = o->mode == 2 ? 2 : o->nseg;
-    a.mode = o->mode == 2 ? KS_GEMM_ROWS_SWIGLU : o->mode == 1 ? KS_GEMM_ROWS_ACC : KS_GEMM_ROWS_STORE;
+    a.n_seg = o->nseg;
     a.splits = o->splits;
-    a.impl = o->impl;
-    for (int i = 0; i < a.n_seg; i++) {
-        a.W[i] = o->W[w][i];
-        a.y[i] = o->mode == 2 ? o->y[0] : o->y[i];
+    for (int i = 0; i < o->nseg; i++) {
+        a.W[i] = o->W[rep % o->nw][i];
+        a.y[i] = o->y[i];
         a.rows[i] = o->rows[i];
     }
-    ks_status st = ks_cuda_gemm_rows(S, &a, ks_cuda_backend_sm_count(GPU));
-    if (st) fprintf(stderr, "skinny: %s\n", ks_last_error());
+    if (ks_cuda_gemm_rows(S, &a, ks_cuda_backend_sm_count(GPU))) fprintf(stderr, "skinny: %s\n", ks_last_error());
 }
 
-static void bench_op(cublasHandle_t h, const char *name, int nseg, int in, const int *rows, int mode, int n) {
+static void line(const char *name, int n, const char *what, double ms, double gb) {
+    char l[160];
+    snprintf(l, sizeof l, "%s n=%d: %s", name, n, what);
+    printf("%-60s %9.1f us %7.0f GB/s %4.0f%%\n", l, ms * 1e3, gb / (ms * 1e-3), 100 * gb / (ms * 1e-3) / g_copy);
+}
+
+static void bench_op(cublasHandle_t h, const char *name, int nseg, int in, const int *rows, int n) {
     bop o;
     memset(&o, 0, sizeof o);
-    o.name = name;
     o.nseg = nseg;
     o.in = in;
-    o.mode = mode;
     o.n = n;
     o.h = h;
     size_t wb = 0;
     for (int i = 0; i < nseg; i++) { o.rows[i] = rows[i]; wb += (size_t)rows[i] * in * 2; }
-    o.nw = (int)(((size_t)400 << 20) / wb + 1); /* rotate: > 400 MB of weights, beyond any L2 */
-    if (o.nw > 8) o.nw = 8;
+    o.nw = (int)KS_MIN((size_t)8, ((size_t)400 << 20) / wb + 1); /* rotate: > 400 MB of weights, beyond any L2 */
     for (int c = 0; c < o.nw; c++)
         for (int i = 0; i < nseg; i++) {
             cudaMalloc(&o.W[c][i], (size_t)rows[i] * in * 2);
@@ -417,39 +357,23 @@ static void bench_op(cublasHandle_t h, const char *name, int nseg, int in, const
     cudaMalloc((void **)&o.x, sizeof(float) * n * in);
     ks_cuda_random(S, o.x, KS_CUDA_F32, n, in, 7, 1.f, 0.f);
     cudaMalloc(&o.xb, 2 * (size_t)n * in);
-    for (int i = 0; i < nseg; i++) {
-        cudaMalloc((void **)&o.y[i], sizeof(float) * n * rows[i]);
-        cudaMemsetAsync(o.y[i], 0, sizeof(float) * n * rows[i], S);
-    }
-    if (mode == 2) { cudaMalloc(&o.gb, 2 * (size_t)n * rows[0]); cudaMalloc(&o.ub, 2 * (size_t)n * rows[0]); }
+    for (int i = 0; i < nseg; i++) cudaMalloc((void **)&o.y[i], sizeof(float) * n * rows[i]);
     double gb = wb / 1e9;
-    char line[160];
-    if (n >= 2) { /* the n = 1 rows of the engine take the gemv (bench_kernels), not these */
-        double t = time_ms(run_cublas, &o, 21);
-        snprintf(line, sizeof line, "%s n=%d: before (convert + cuBLAS%s)", name, n, mode == 2 ? " + swiglu" : "");
-        printf("%-60s %9.1f us %7.0f GB/s %4.0f%%\n", line, t * 1e3, gb / (t * 1e-3), 100 * gb / (t * 1e-3) / g_copy);
-    }
+    if (n >= 2) line(name, n, "convert + cuBLAS", time_ms(run_cublas, &o, 21), gb); /* one row: the engine's gemv */
     ks_cuda_convert(S, o.xb, KS_CUDA_BF16, o.x, KS_CUDA_F32, (size_t)n * in);
-    double t = time_ms(run_gemm_only, &o, 21);
-    snprintf(line, sizeof line, "%s n=%d: cuBLAS GEMM alone (bf16 x)", name, n);
-    printf("%-60s %9.1f us %7.0f GB/s %4.0f%%\n", line, t * 1e3, gb / (t * 1e-3), 100 * gb / (t * 1e-3) / g_copy);
+    line(name, n, "cuBLAS GEMM alone (bf16 x)", time_ms(run_gemm_only, &o, 21), gb);
     int sp[] = {0, 1, 2, 4, 8};
-    for (int impl = 2; impl <= 5; impl++)
-        for (int k = 0; k < 5; k++) {
-            if ((impl == 2 || impl == 3) && k) continue; /* the paths the earlier calls put behind: the chosen split only */
-            if (impl == 3) continue;
-            o.splits = sp[k];
-            o.impl = impl;
-            t = time_ms(run_skinny, &o, 21);
-            snprintf(line, sizeof line, "%s n=%d: skinny %s split %s", name, n, impl == 1 ? "regs32" : impl == 2 ? "ring32" : impl == 3 ? "ring64" : impl == 4 ? "xs32" : "xr32", sp[k] ? "" : "auto");
-            if (sp[k]) snprintf(line + strlen(line), sizeof line - strlen(line), "%d", sp[k]);
-            printf("%-60s %9.1f us %7.0f GB/s %4.0f%%\n", line, t * 1e3, gb / (t * 1e-3), 100 * gb / (t * 1e-3) / g_copy);
-        }
+    for (int k = 0; k < 5; k++) {
+        char what[40];
+        snprintf(what, sizeof what, sp[k] ? "skinny split %d" : "skinny split auto", sp[k]);
+        o.splits = sp[k];
+        line(name, n, what, time_ms(run_skinny, &o, 21), gb);
+    }
     fflush(stdout);
     for (int c = 0; c < o.nw; c++)
         for (int i = 0; i < nseg; i++) cudaFree(o.W[c][i]);
     for (int i = 0; i < nseg; i++) cudaFree(o.y[i]);
-    cudaFree(o.x), cudaFree(o.xb), cudaFree(o.gb), cudaFree(o.ub);
+    cudaFree(o.x), cudaFree(o.xb);
 }
 
 static void bench(void) {
@@ -485,11 +409,11 @@ static void bench(void) {
     int qkv[3] = {4096, 1024, 1024}, o[1] = {4096}, gu[3] = {14336, 14336}, dn[1] = {4096}, lm[1] = {128256};
     int ns[] = {1, 4, 16, 64};
     for (int i = 0; i < 4; i++) {
-        bench_op(h, "q|k|v 4096->4096+1024+1024", 3, 4096, qkv, 0, ns[i]);
-        bench_op(h, "o 4096->4096 (+= x)", 1, 4096, o, 1, ns[i]);
-        bench_op(h, "gate|up 4096->2x14336 + SwiGLU", 2, 4096, gu, 2, ns[i]);
-        bench_op(h, "down 14336->4096 (+= x)", 1, 14336, dn, 1, ns[i]);
-        bench_op(h, "lm_head 4096->128256", 1, 4096, lm, 0, ns[i]);
+        bench_op(h, "q|k|v 4096->4096+1024+1024", 3, 4096, qkv, ns[i]);
+        bench_op(h, "o 4096->4096", 1, 4096, o, ns[i]);
+        bench_op(h, "gate|up 4096->2x14336", 2, 4096, gu, ns[i]);
+        bench_op(h, "down 14336->4096", 1, 14336, dn, ns[i]);
+        bench_op(h, "lm_head 4096->128256", 1, 4096, lm, ns[i]);
     }
     cublasDestroy(h);
 }
@@ -508,21 +432,14 @@ int main(int argc, char **argv) {
         return 2;
     }
     static const kcase cs[] = {
-        {2, 64, 16, 0, 1, 0, 0, 0, 0},      {16, 256, 300, 0, 1, 1, 0, 0, 0},  {64, 4096, 256, 0, 1, 0, 0, 0, 0},
-        {64, 4096, 256, 0, 1, 0, 0, 8, 0},  {17, 200, 1000, 0, 1, 1, 0, 3, 0}, {33, 520, 37, 1, 1, 1, 0, 0, 0},
-        {9, 4096, 1000, 1, 1, 0, 1, 0, 0},  {5, 1024, 512, 0, 3, 1, 0, 0, 0},  {64, 1024, 600, 0, 3, 0, 1, 2, 0},
-        {8, 512, 300, 2, 2, 0, 0, 0, 0},    {64, 2048, 520, 2, 2, 0, 0, 4, 0}, {24, 4096, 129, 2, 2, 0, 1, 8, 0},
-        {1, 128, 100, 0, 1, 1, 0, 0, 0},    {3, 14336, 64, 1, 1, 0, 0, 0, 0},  {40, 8, 33, 0, 1, 0, 0, 1, 0},
+        {2, 64, 16, 1, 0, 0},    {16, 256, 300, 1, 1, 0},  {64, 4096, 256, 1, 0, 0}, {64, 4096, 256, 1, 0, 8},
+        {17, 200, 1000, 1, 1, 3}, {33, 520, 37, 1, 1, 0},  {9, 4096, 1000, 1, 0, 0}, {5, 1024, 512, 3, 1, 0},
+        {64, 1024, 600, 3, 0, 2}, {16, 4096, 1536, 3, 1, 8}, {1, 128, 100, 1, 1, 0},  {3, 14336, 64, 1, 0, 0},
+        {40, 8, 33, 1, 0, 1},    {24, 2048, 520, 2, 1, 4},
     };
     int nc = (int)(sizeof cs / sizeof cs[0]);
-    for (int impl = 1; impl <= 5; impl++)
-        for (int i = 0; i < nc; i++)
-            if (!quick || cs[i].in <= 4096) {
-                kcase k = cs[i];
-                k.impl = impl;
-                if (impl >= 4) k.xbf = 0; /* x in shared memory: float32 x only */
-                run_kcase(&k);
-            }
+    for (int i = 0; i < nc; i++)
+        if (!quick || cs[i].in <= 4096) run_kcase(&cs[i]);
     refusals();
     backend_ops(5);
     backend_ops(16);
