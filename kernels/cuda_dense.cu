@@ -8,8 +8,8 @@
  * with float32 compute, the float32 activations converted to bf16 in a scratch buffer first;
  * except the q|k|v projection of 2..16 rows (a batched decode step of up to 16 sessions), which
  * takes the skinny GEMM (gemm_rows.cuh: one launch for the three projections and their biases,
- * x rounded to bf16 as it is read). Measured on an H200 (bench/NOTES.md, "the batched step's
- * dense layers"): 27.0 against 53.2 us at 4 rows, 29.9 against 41.8 us at 16; at 64 rows, and
+ * x rounded to bf16 as it is staged). Measured on an H200 (bench/NOTES.md, "the batched step's
+ * dense layers"): 25.8 against 41.6 us at 4 rows, 28.3 against 40.4 us at 16; at 64 rows, and
  * for the o, gate|up, down and lm_head shapes at any row count, cuBLAS was as fast or faster. */
 #include "cuda_backend_int.h"
 #include "gemm_rows.cuh"
