@@ -12,7 +12,7 @@
 #   prof     nsys (when installed): the GPU kernels of B = 16 at 128 tokens, both builds
 # Carry .data/sk (stripped, xz'd: test_gemm_rows.xz, kvsieve.xz[, test_cuda.xz]) and .data/base
 # (kvsieve.xz: main before this session's work). Usage: bash bench/gpu_sk.sh [step ...]
-# (default: test ops short long, about 45 s on the mid call's H200; final: add memcheck)
+# (default: test ops short long memcheck; at most 8 output files)
 T0=$(date +%s); DEADLINE=${DEADLINE:-115}
 S=.data/sk; O="$OUT/sk"; mkdir -p "$O"; R=$(mktemp -d)
 for f in $S/*.xz; do xz -dc $f > $R/$(basename $f .xz); done
@@ -53,7 +53,7 @@ step_prof() {
         run 30 $N stats --report cuda_gpu_kern_sum --format csv $R/p_$v.nsys-rep > "$O/prof_$v.csv"
     done
 }
-for s in ${*:-test ops short long}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s; done
+for s in ${*:-test ops short long memcheck}; do echo "== step $s at $(( $(date +%s) - T0 )) s"; step_$s; done
 rm -rf $R
 cat "$O/card.txt"; tail -n 8 "$O"/*.txt 2>/dev/null | cut -c1-200
 true
