@@ -63,7 +63,7 @@ ks_status ks_cuda_attn_decode_batch_hook(ks_backend *b, int n, ks_kv_layer *cons
                                          const float *const *k, const float *const *v, const int32_t *pos, int n_heads,
                                          float scale, int window, float *const *out);
 /* The same with the launch's warp count W: 0 = every multiprocessor full at the kernel's
- * occupancy (at least 4 tiles a warp), else min(warps, T) (tests and tuning: 1 = one warp walks
+ * occupancy (at least 16 tiles a warp), else min(warps, T) (tests and tuning: 1 = one warp walks
  * every segment; T = one tile a piece). warps < 0 is KS_ERR_ARG. */
 ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
                                         const float *const *k, const float *const *v, const int32_t *pos, int n_heads,
