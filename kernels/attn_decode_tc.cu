@@ -14,9 +14,10 @@
  * partner ch + NCH / 2 (ch = lane % (NCH / 2) for every row it takes, so its 8 frequencies stay
  * in registers), 32 sincosf a lane per 16-key tile at d = 128, each (key, frequency) once. The
  * tile then holds exactly the rows ks_cuda_attn_gather would have written, and the loop below
- * is the same as without ROPE. The ROPE kernels ask for 3 blocks an SM (__launch_bounds__): a
- * list of a few thousand rows is latency-bound, and more resident warps hide the sincosf and
- * the index-then-row loads (ks_cuda_attn_decode_tc_list_splits). */
+ * is the same as without ROPE. The rotation is the costly part (sincosf, each with its branch to
+ * the slow path, back to back in a lane), so the ROPE kernels stay at the registers of 3 blocks
+ * an SM (__launch_bounds__) and a call over a list takes more splits than one block an SM
+ * (ks_cuda_attn_decode_tc_list_splits): more resident warps to hide it. */
 #include "common.cuh"
 #include "attn_decode_tc.cuh"
 #include "mma.cuh"
@@ -347,10 +348,9 @@ extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p,
 }
 
 extern "C" int ks_cuda_attn_decode_tc_list_splits(const ks_cuda_attn_params *p, int n_sm, int rope) {
-    if (p->n_kv_heads < 1) return 0;
-    int blocks = KS_MAX(1, 3 * (n_sm > 0 ? n_sm : 132) / p->n_kv_heads); /* one wave at 3 blocks an SM */
+    if (!rope || p->n_kv_heads < 1) return 0;
+    int blocks = KS_MAX(1, 3 * (n_sm > 0 ? n_sm : 132) / (2 * p->n_kv_heads)); /* 1.5 blocks an SM */
     int tiles = (p->max_nk + TC_WARPS * TC_KT - 1) / (TC_WARPS * TC_KT);
-    if (!rope && tiles > 2 * blocks) return 0;
     return KS_MAX(1, KS_MIN(blocks, tiles));
 }
 

@@ -23,12 +23,12 @@ int ks_cuda_attn_decode_tc_supported(const ks_cuda_attn_params *p);
 /* *n_splits and workspace bytes (0 when n_splits == 1) on a GPU of n_sm multiprocessors. */
 size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p, int n_sm, int *n_splits);
 
-/* The splits to ask for (ks_cuda_attn_params.splits) for one decode row over an index list or
- * pre-RoPE rows (rope: the kernel rotates them): such a list (TokenSelect's: a few thousand rows)
- * is latency-bound at the one block an SM that streams a whole cache best, so one 16-key tile a
- * warp over up to 3 blocks an SM. Without rope, a list longer than 2 tiles a warp at 3 blocks an
- * SM gets 0 (the automatic choice); with rope 3 blocks an SM stay (the rotation is arithmetic
- * that wants the warps). */
+/* The splits to ask for (ks_cuda_attn_params.splits) for one decode row over pre-RoPE rows
+ * (rope: the kernel rotates them): 1.5 blocks an SM (24 at 8 KV heads on 132 SMs), at most one
+ * 16-key tile a warp, where the rotation's sincosf want more resident warps than the one block an
+ * SM that streams a cache best; 0 (the automatic choice) without rope. Measured on an H200 for
+ * 2688 rows at 8 KV heads (bench/NOTES.md, fusedattn): rotating 27.0 / 24.9 / 25.6 / 26.0 us at
+ * 16 / 24 / 33 / 42 splits, without the rotation 14.8 / 16.5 / 17.3 / 21.1 us. */
 int ks_cuda_attn_decode_tc_list_splits(const ks_cuda_attn_params *p, int n_sm, int rope);
 
 ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws);
