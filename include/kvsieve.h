@@ -250,8 +250,10 @@ KS_API const char *ks_result_text(const ks_session *s);                   /* gen
 KS_API int ks_result_prompt_tokens(const ks_session *s);
 KS_API double ks_result_prefill_seconds(const ks_session *s);
 KS_API double ks_result_decode_seconds(const ks_session *s);
-/* KV rows resident at a layer and KV head, with their token positions (owned by the
- * session; valid until the next call that changes it). Returns the row count, -1 on bad args. */
+/* KV rows resident at a layer and KV head, with their token positions, in the cache's row order
+ * (position order after a generation; right after plain ks_session_decode calls on a KV ring
+ * (ks.kv_ring) the same rows may be rotated) (owned by the session; valid until the next call
+ * that changes it). Returns the row count, -1 on bad args. */
 KS_API int ks_result_kept(const ks_session *s, int layer, int kv_head, const int32_t **positions);
 /* Prompt indices kept by a restart (GemFilter, two-pass ASL), or 0 if none happened. */
 KS_API int ks_result_restart(const ks_session *s, const int32_t **prompt_idx);
