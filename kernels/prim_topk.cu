@@ -56,6 +56,37 @@ static __device__ __forceinline__ bool tk_last_block(tk_state *st, int row) {
     return last;
 }
 
+/* Add to the shared histogram h (nb bins) the keys of row xr (n keys) that match the digits
+ * fixed so far (key & mask == prefix), binned by (key >> shift) & (nb - 1): this thread's warp
+ * walks the keys start + lane, start + step + lane, ... (start the warp's first index, step all
+ * the walkers' threads), eight loads in flight before the first is used. The bound is
+ * warp-uniform, so lanes with the same digit merge into one shared-memory atomic (clustered
+ * scores hit few bins). */
+static __device__ __forceinline__ void tk_count_bins(const float *__restrict__ xr, int64_t n, int64_t start,
+                                                     int64_t step, uint32_t prefix, uint32_t mask, int shift, int nb,
+                                                     unsigned *h) {
+    const int lane = threadIdx.x & 31;
+    for (int64_t i0 = start; i0 < n; i0 += 8 * step) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int64_t i = i0 + u * step + lane;
+            v[u] = i < n ? __ldcg(xr + i) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int64_t i = i0 + u * step + lane;
+            int bin = -1;
+            if (i < n) {
+                const uint32_t key = f32_key(v[u]);
+                if ((key & mask) == prefix) bin = (int)((key >> shift) & (nb - 1));
+            }
+            const unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&h[bin], (unsigned)__popc(peers));
+        }
+    }
+}
+
 /* One radix pass: the histogram of the row's keys that match the digits fixed so far; the last
  * block of the row then scans it from the top bin down, fixes the digit where the count reaches
  * `need`, and clears the histogram and the counter for the next pass. 256 threads. */
@@ -69,29 +100,8 @@ __global__ void __launch_bounds__(256) tk_hist(const float *__restrict__ x, int6
     __syncthreads();
     const uint32_t prefix = st[row].prefix, mask = st[row].mask;
     const float *xr = x + (int64_t)row * n;
-    /* the whole warp walks the row together (the bound is warp-uniform), so lanes with the same
-     * digit merge into one shared-memory atomic (clustered scores hit few bins) */
-    const int lane = t & 31;
-    const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i0 = (int64_t)blockIdx.x * blockDim.x + (t - lane); i0 < n; i0 += 8 * step) {
-        float v[8]; /* eight loads in flight before the first is used */
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int64_t i = i0 + u * step + lane;
-            v[u] = i < n ? xr[i] : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int64_t i = i0 + u * step + lane;
-            int bin = -1;
-            if (i < n) {
-                uint32_t k = f32_key(v[u]);
-                if ((k & mask) == prefix) bin = (int)((k >> shift) & (nb - 1));
-            }
-            const unsigned peers = __match_any_sync(0xffffffffu, bin);
-            if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&h[bin], (unsigned)__popc(peers));
-        }
-    }
+    tk_count_bins(xr, n, (int64_t)blockIdx.x * blockDim.x + (t & ~31), (int64_t)gridDim.x * blockDim.x, prefix, mask,
+                  shift, nb, h);
     __syncthreads();
     unsigned *hr = ghist + (int64_t)row * TK_BINS;
     for (int i = t; i < nb; i += blockDim.x)
@@ -255,27 +265,8 @@ __global__ void __launch_bounds__(TKC_THREADS) tk_coop(const float *__restrict__
             for (int i = t; i < nb; i += TKC_THREADS) h[i] = 0u;
             __syncthreads();
             const uint32_t prefix = s_prefix, mask = s_mask;
-            const int64_t step = (int64_t)bx * TKC_THREADS;
-            /* warp-uniform loop bound: the whole warp reaches __match_any_sync */
-            for (int64_t i0 = (int64_t)b * TKC_THREADS + (t - lane); i0 < n; i0 += 8 * step) {
-                float v[8];
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    const int64_t i = i0 + u * step + lane;
-                    v[u] = i < n ? __ldcg(xr + i) : 0.f;
-                }
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    const int64_t i = i0 + u * step + lane;
-                    int bin = -1;
-                    if (i < n) {
-                        const uint32_t key = f32_key(v[u]);
-                        if ((key & mask) == prefix) bin = (int)((key >> shift) & (nb - 1));
-                    }
-                    const unsigned peers = __match_any_sync(0xffffffffu, bin);
-                    if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&h[bin], (unsigned)__popc(peers));
-                }
-            }
+            tk_count_bins(xr, n, (int64_t)b * TKC_THREADS + (t - lane), (int64_t)bx * TKC_THREADS, prefix, mask, shift,
+                          nb, h);
             __syncthreads();
             unsigned *hp = hr + (size_t)p * TK_BINS;
             for (int i = t; i < nb; i += TKC_THREADS)
@@ -395,26 +386,7 @@ __global__ void __launch_bounds__(TK1_THREADS) tk_one(const float *__restrict__ 
             for (int i = t; i < nb; i += TK1_THREADS) h[i] = 0u;
             __syncthreads();
             const uint32_t prefix = s_prefix, mask = s_mask;
-            /* warp-uniform loop bound: the whole warp reaches __match_any_sync */
-            for (int i0 = t - lane; i0 < n; i0 += 8 * TK1_THREADS) {
-                float v[8];
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    const int i = i0 + u * TK1_THREADS + lane;
-                    v[u] = i < n ? __ldcg(xr + i) : 0.f;
-                }
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    const int i = i0 + u * TK1_THREADS + lane;
-                    int bin = -1;
-                    if (i < n) {
-                        uint32_t key = f32_key(v[u]);
-                        if ((key & mask) == prefix) bin = (int)((key >> shift) & (nb - 1));
-                    }
-                    const unsigned peers = __match_any_sync(0xffffffffu, bin);
-                    if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&h[bin], (unsigned)__popc(peers));
-                }
-            }
+            tk_count_bins(xr, n, t - lane, TK1_THREADS, prefix, mask, shift, nb, h);
             __syncthreads();
             /* thread t holds the reversed bins q = 2t, 2t + 1 (q = 0 is the top bin) */
             unsigned c[2], cum[2];
