@@ -98,7 +98,7 @@ $(BUILD)/test_gemm_rows: $(BUILD)/tests/cuda/test_gemm_rows.o $(CUDA_OBJ) $(BUIL
 
 cuda: $(BUILD)/kvsieve $(BUILD)/host cuda-tests                # the CUDA engine and its tests (build-cuda/)
 
-cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_policies $(BUILD)/test_tp_cuda $(BUILD)/nccl_allreduce $(BUILD)/test_attn_decode_batch $(BUILD)/test_attn_list $(BUILD)/test_wgmma $(BUILD)/bench_kernels $(BUILD)/bench_decode  # build the CUDA test programs
+cuda-tests: $(BUILD)/test_cuda $(BUILD)/test_cuda_prims $(BUILD)/test_cuda_policies $(BUILD)/test_tp_cuda $(BUILD)/nccl_allreduce $(BUILD)/test_attn_decode_batch $(BUILD)/test_attn_list $(BUILD)/test_gemm_rows $(BUILD)/test_wgmma $(BUILD)/bench_kernels $(BUILD)/bench_decode  # build the CUDA test programs
 
 test-cuda: cuda-tests                                           # run the CUDA parity tests (GPU machine)
 	$(BUILD)/test_cuda
@@ -109,6 +109,7 @@ test-cuda: cuda-tests                                           # run the CUDA p
 	$(BUILD)/test_cuda_policies
 	$(BUILD)/test_attn_decode_batch
 	$(BUILD)/test_attn_list
+	$(BUILD)/test_gemm_rows
 	$(BUILD)/test_tp_cuda
 	$(BUILD)/test_wgmma
 

@@ -30,6 +30,7 @@
 #include "convert.cuh"
 #include "embed.cuh"
 #include "gather_rows.cuh"
+#include "gemm_rows.cuh"
 #include "gemv.cuh"
 #include "ks_cuda_prims.h"
 #include "ks_cuda_scratch.h"

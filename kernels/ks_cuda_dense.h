@@ -25,7 +25,9 @@ ks_status ks_cuda_dense_matmul_add(ks_backend *b, float *y, const float *x, cons
  * and the projections read it; q (n, H*hd) = x @ Wq^T [+ bq], k, v (n, Hkv*hd) likewise (biases
  * may be NULL); with r non-NULL q and k rotated at pos (n) as rope does (r->head_dim == hd); with
  * L non-NULL the rows then appended as kv_append(L, k, v, pos, n) (one row on the gemv path: the
- * kernel stores it). One launch for one row (gemv); prefill rows are converted to bf16 once. */
+ * kernel stores it). One launch for one row (gemv); 2..16 rows (batched decode, short prefills): one
+ * skinny-GEMM launch for the three projections and their biases (gemm_rows.cuh); more rows are
+ * converted to bf16 once for cuBLAS. */
 ks_status ks_cuda_dense_qkv(ks_backend *b, ks_kv_layer *L, float *q, float *k, float *v, const float *x,
                             const ks_weight *norm, float eps, float *xn, const ks_weight *Wq, const ks_weight *Wk,
                             const ks_weight *Wv, const ks_weight *bq, const ks_weight *bk, const ks_weight *bv, int n,
