@@ -63,12 +63,16 @@ const char *ks_tdtype_name(ks_tdtype d) { return d == KS_T_I32 ? "i32" : "f32"; 
 
 #define HDR_SIZE ((sizeof(ks_tensor) + 15) & ~(size_t)15)
 
+/* The element count of a shape, checked before any stride is computed: every dimension >= 0,
+ * and the product of the dimensions with zeros counted as ones (the extent that strides and
+ * partial products reach, also for an empty tensor such as (0, 2^62, 8)) at most 2^40. */
 static int64_t shape_numel(lua_State *L, int ndim, const int64_t *shape) {
-    int64_t n = 1;
+    int64_t n = 1, ext = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) luaL_error(L, "tensor: negative dimension %I", (lua_Integer)shape[i]);
-        if (__builtin_mul_overflow(n, shape[i], &n) || n > ((int64_t)1 << 40))
+        if (__builtin_mul_overflow(ext, shape[i] ? shape[i] : 1, &ext) || ext > ((int64_t)1 << 40))
             luaL_error(L, "tensor: too many elements");
+        n *= shape[i];
     }
     return n;
 }
@@ -113,10 +117,10 @@ ks_tensor *ks_lt_view(lua_State *L, ks_tdtype dt, int ndim, const int64_t *shape
     t->dtype = dt;
     t->ndim = ndim;
     for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    t->numel = shape_numel(L, ndim, shape);
     if (stride)
         for (int i = 0; i < ndim; i++) t->stride[i] = stride[i];
     else contig_strides(ndim, shape, t->stride);
-    t->numel = shape_numel(L, ndim, shape);
     t->data = data ? data : t->numel == 0 ? (void *)empty_elems : NULL;
     t->origin_layer = -1;
     if (scoped) {

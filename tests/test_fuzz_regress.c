@@ -127,3 +127,28 @@ KT_TEST(fuzz_regress_slice_of_empty) {
     KT_CHECK(!strcmp(rep_a, "0,0,0"), "slices of an empty tensor: %s", rep_a);
     KT_CHECK(!strcmp(rep_b, "0") || strstr(rep_b, "reshape") || strstr(rep_b, "index"), "row of a (3, 0) tensor: %s", rep_b);
 }
+
+/* fuzz_lua_prims (CI's 30 s run, stop 22): ks.zeros{8, math.maxinteger, 0} has no elements, so
+ * its element count passed, but the contiguous strides multiplied the other dimensions and
+ * overflowed int64 (lua/tensor.c, UBSan "signed integer overflow"). Now every shape is checked
+ * with zeros counted as ones before a stride is computed: the named error "too many elements". */
+KT_TEST(fuzz_regress_empty_tensor_huge_dims) {
+    char err[2048];
+    ks_status st = run_policy("local ks = require 'kvsieve'\n"
+                              "return { prefill_qkv = function(ev)\n"
+                              "  if ev.layer ~= 0 then return end\n"
+                              "  local r = {}\n"
+                              "  for _, s in ipairs({{8, math.maxinteger, 0}, {0, math.maxinteger, 8}, {0, 1 << 31, 1 << 31}}) do\n"
+                              "    local ok, e = pcall(ks.zeros, s)\n"
+                              "    r[#r + 1] = ok and 'ok' or (tostring(e):find('too many elements') and 'big') or e\n"
+                              "  end\n"
+                              "  local z = ks.zeros({0, 1000, 8})\n"
+                              "  r[#r + 1] = tostring(z:numel())\n"
+                              "  local ok, e = pcall(function() return z:reshape(0, math.maxinteger, 2) end)\n"
+                              "  r[#r + 1] = ok and 'ok' or (tostring(e):find('too many elements') and 'big') or e\n"
+                              "  ev:report('a', table.concat(r, ','))\n"
+                              "end }\n",
+                              err, sizeof err);
+    KT_CHECK(st == KS_OK, "%s", err);
+    KT_CHECK(!strcmp(rep_a, "big,big,big,0,big"), "empty shapes with huge dimensions: %s", rep_a);
+}
