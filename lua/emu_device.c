@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "common.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,20 +29,59 @@ void *ks_lua_emu_untag(const void *p) { return p ? (void *)((uintptr_t)p ^ EMU_T
 
 /* ================================================================ memory */
 
+/* Every live block sits behind a header that links it into one list (under a mutex: several
+ * sessions' policies may use the emulated device at once). The tag hides a block's address
+ * from LeakSanitizer's scan for pointers, so without the list a device tensor still held by a
+ * Lua state (kept across events, or garbage not yet collected) would read as a leak; the count
+ * lets tests check that freeing their policies freed every block (ks_lua_emu_live). */
+typedef struct emu_block {
+    struct emu_block *prev, *next;
+    size_t n;
+    size_t pad; /* the data stays 16-byte aligned after a 32-byte header */
+} emu_block;
+static emu_block *emu_head;
+static long emu_count;
+static pthread_mutex_t emu_mu = PTHREAD_MUTEX_INITIALIZER;
+
+long ks_lua_emu_live(void) {
+    pthread_mutex_lock(&emu_mu);
+    long n = emu_count;
+    pthread_mutex_unlock(&emu_mu);
+    return n;
+}
+
 static void *emu_alloc(ks_backend *b, size_t n) {
     if (ks_lua_emu_fail_in < 0 || (ks_lua_emu_fail_in > 0 && --ks_lua_emu_fail_in == 0)) {
         ks_lua_emu_fail_in = -1; /* from now on, until the test resets it */
         ks_errorf(KS_ERR_OOM, "emu: out of device memory allocating %zu bytes (injected failure)", n);
         return NULL;
     }
-    void *p = malloc(n ? n : 1);
-    if (!p) {
+    emu_block *h = n > SIZE_MAX - sizeof(emu_block) ? NULL : malloc(sizeof(emu_block) + (n ? n : 1));
+    if (!h) {
         ks_errorf(KS_ERR_OOM, "emu: out of memory allocating %zu bytes", n);
         return NULL;
     }
-    return ks_lua_emu_tag(p);
+    h->n = n;
+    h->prev = NULL;
+    pthread_mutex_lock(&emu_mu);
+    h->next = emu_head;
+    if (emu_head) emu_head->prev = h;
+    emu_head = h;
+    emu_count++;
+    pthread_mutex_unlock(&emu_mu);
+    return ks_lua_emu_tag(h + 1);
 }
-static void emu_free(ks_backend *b, void *p) { free(U(p)); }
+static void emu_free(ks_backend *b, void *p) {
+    if (!p) return;
+    emu_block *h = (emu_block *)U(p) - 1;
+    pthread_mutex_lock(&emu_mu);
+    if (h->prev) h->prev->next = h->next;
+    else emu_head = h->next;
+    if (h->next) h->next->prev = h->prev;
+    emu_count--;
+    pthread_mutex_unlock(&emu_mu);
+    free(h);
+}
 static ks_status emu_upload(ks_backend *b, void *dst, const void *src, size_t n) {
     if (n) memcpy(U(dst), src, n);
     return KS_OK;

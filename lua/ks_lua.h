@@ -215,8 +215,11 @@ void ks_lt_dev_drop(lua_State *L);
  * device-tensor code path runs - and is tested - on the CPU backend (lua/emu_device.c).
  * Select it with the policy parameter _device = "emulate" (the kvsieve CLI: the environment
  * variable KVSIEVE_LUA_DEVICE=emulate). Test hook: ks_lua_emu_fail_in = n > 0 makes the n-th allocation from
- * now and every later one fail (KS_ERR_OOM) until it is set to 0 again. */
+ * now and every later one fail (KS_ERR_OOM) until it is set to 0 again. ks_lua_emu_live: the
+ * blocks allocated and not yet freed, all policies of the process together (tests check that it
+ * returns to its earlier count once their policies are freed). */
 struct ks_backend *ks_lua_emu_backend(void);
+long ks_lua_emu_live(void);
 void *ks_lua_emu_untag(const void *p);
 void *ks_lua_emu_tag(const void *p);
 extern long ks_lua_emu_fail_in;

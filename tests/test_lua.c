@@ -963,9 +963,11 @@ KT_TEST(lua_device_kept_tensors_stay_on_device) {
 
 /* Failures on the device path: an injected device allocation failure, the _device_mb limit,
  * a device tensor kept by a handler that then failed ("lost"); each a named error, nothing
- * leaks (ASan), and the policy works again afterwards. */
+ * leaks (ASan, and the emulated device's count of live blocks), and the policy works again
+ * afterwards. */
 KT_TEST(lua_device_emulated_errors) {
     ks_lua_quiet = 1;
+    const long live0 = ks_lua_emu_live();
     ks_model *m;
     KT_CHECK(ks_model_open("models/kvsieve-tiny", "cpu", &m) == KS_OK, "%s", ks_last_error());
     ks_session *s;
@@ -1027,7 +1029,11 @@ KT_TEST(lua_device_emulated_errors) {
     /* the global G keeps its 5 indices on the device, and nothing else is left there */
     KT_CHECK(ds.used == 5 * sizeof(int32_t) && ds.allocs > 0 && !strcmp(ds.mode, "emulate"), "used %zu allocs %ld mode %s",
              ds.used, ds.allocs, ds.mode);
+    KT_CHECK(ks_lua_emu_live() > live0, "the global G holds a block of the emulated device");
     ks_policy_free(p);
+    /* freeing the policy frees every block it still held (G's): none is left behind */
+    KT_CHECK(ks_lua_emu_live() == live0, "%ld blocks of the emulated device live after the policy was freed (%ld before)",
+             ks_lua_emu_live(), live0);
     ks_session_free(s);
     ks_model_close(m);
 }
