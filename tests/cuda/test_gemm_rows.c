@@ -229,9 +229,9 @@ static void refusals(void) {
 }
 
 /* the backend's fused q|k|v projection at n rows (the skinny GEMM up to 16 rows, cuBLAS above)
- * against the CPU's matmuls */
-static void backend_ops(int n) {
-    int D = 256, QD = 256, KD = 64;
+ * against the CPU's matmuls; D = 4096 at 64 rows is the batched step's shape (three cuBLAS GEMMs) */
+static void backend_ops(int n, int D) {
+    int QD = D, KD = D / 4;
     char name[120];
     wpair Wq, Wk, Wv, bq, bk, bv;
     int bad = wmake(&Wq, QD, D, 0.3f) | wmake(&Wk, KD, D, 0.3f) | wmake(&Wv, KD, D, 0.3f) | wmake(&bq, QD, 1, 1.f) |
@@ -243,8 +243,8 @@ static void backend_ops(int n) {
     float *dx = dput(x, sizeof(float) * n * D), *d1 = dput(NULL, sizeof(float) * mx), *d2 = dput(NULL, sizeof(float) * mx),
           *d3 = dput(NULL, sizeof(float) * mx);
     ks_status st = bad || !dx || !d1 || !d2 || !d3 ? KS_ERR_OOM : KS_OK;
-    /* q|k|v with biases, no norm, no rope, no cache: 4 query heads and 1 KV head of 64 */
-    if (!st) st = ks_cuda_dense_qkv(GPU, NULL, d1, d2, d3, dx, NULL, 0, NULL, Wq.g, Wk.g, Wv.g, bq.g, bk.g, bv.g, n, D, 4, 1, 64, NULL, NULL, 0);
+    /* q|k|v with biases, no norm, no rope, no cache: D / 64 query heads and D / 256 KV heads of 64 */
+    if (!st) st = ks_cuda_dense_qkv(GPU, NULL, d1, d2, d3, dx, NULL, 0, NULL, Wq.g, Wk.g, Wv.g, bq.g, bk.g, bv.g, n, D, QD / 64, KD / 64, 64, NULL, NULL, 0);
     double w = 0;
     const wpair *ws[3] = {&Wq, &Wk, &Wv}, *bs[3] = {&bq, &bk, &bv};
     float *ds[3] = {d1, d2, d3};
@@ -259,7 +259,7 @@ static void backend_ops(int n) {
         if (wi > w) w = wi;
         free(sc);
     }
-    snprintf(name, sizeof name, "backend q|k|v + biases, n=%d", n);
+    snprintf(name, sizeof name, "backend q|k|v + biases, n=%d, in=%d", n, D);
     result(!st && w <= 1, name, "err/bound %.3g %s", w, st ? ks_last_error() : "");
     wfree(&Wq), wfree(&Wk), wfree(&Wv), wfree(&bq), wfree(&bk), wfree(&bv);
     GPU->free(GPU, dx), GPU->free(GPU, d1), GPU->free(GPU, d2), GPU->free(GPU, d3);
@@ -441,9 +441,10 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nc; i++)
         if (!quick || cs[i].in <= 4096) run_kcase(&cs[i]);
     refusals();
-    backend_ops(5);
-    backend_ops(16);
-    backend_ops(64);
+    backend_ops(5, 256);
+    backend_ops(16, 256);
+    backend_ops(64, 256);
+    backend_ops(64, 4096);
     printf("%d passed, %d failed\n", g_pass, g_fail);
     if (do_bench) bench();
     GPU->destroy(GPU);
