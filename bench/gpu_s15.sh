@@ -2,10 +2,14 @@
 # whatever else the session measures. Binaries from .data/s15/*.xz (carry .data/s15 and, for the
 # tests, .data/stories260K); each step writes one file under $OUT/s15/ (the tool returns <= 8).
 #   gemm    test_gemm_rows (correctness, then --bench: per op at 1/4/16/64 rows: convert + cuBLAS,
-#           cuBLAS alone, cuBLAS over 2/4/8 K slices + the sum, the skinny kernel) and test_cuda's
-#           matmul and splitk_sum groups
+#           cuBLAS alone, the skinny kernel; the split-K build of bench/NOTES.md "Split K" also
+#           had cuBLAS over 2/4/8 K slices + a sum) and test_cuda's matmul group
 #   b16     issue 16's batched decode at 4K, B = 1, 4, 16, 64 with TTFT under load: the same binary
 #           with KS_CUDA_GEMM_SPLITS=1 (no split: main's path), automatic, and 4; twice, alternated
+#   tests   whichever test binaries were carried: test_cuda_policies (with stories260K), test_cuda --quick,
+#           test_gemm_rows, test_cuda_prims, test_attn_decode_batch, test_attn_list
+#   b14     issue 14's 32K row, this build beside main before session 14 (.data/base, 2ac0e46, with its
+#           policy files .data/f14/basepol): full, the no-op handler, TokenSelect, Quest
 # Usage: bash bench/gpu_s15.sh STEP...
 S=.data/s15; R=$(mktemp -d); O="$OUT/s15"; mkdir -p $O
 for f in $S/*.xz; do [ -f $f ] && xz -dc $f > $R/$(basename $f .xz); done
@@ -15,13 +19,35 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
 step_gemm() {
     ( timeout 250 $R/test_gemm_rows --bench 2>&1 | grep -v "^  ok"
       timeout 100 $R/test_cuda --only matmul 2>&1 | tail -4
-      timeout 100 $R/test_cuda --only splitk_sum 2>&1 | tail -12 ) > $O/gemm.txt
+      ) > $O/gemm.txt
 }
 step_b16() {
     for r in 1 2; do for sp in 1 0 4; do echo "== GEMM_SPLITS=$sp (round $r)"
         KS_CUDA_GEMM_SPLITS=$sp timeout 200 $R/kvsieve bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda \
             --lengths 4096 --gen 32 --batch 1,4,16,64 --ttft-under-load 2>&1 | grep -E "^tokens|^4096|kvsieve:"
     done; done > $O/b16.txt
+}
+tst() { # tst BINARY ARGS...: its failures and summary, when it was carried
+    [ -x $R/$1 ] || return 0
+    echo "== $*"; local b=$1; shift
+    timeout 200 $R/$b "$@" 2>&1 | grep -v "^  ok" | tail -12
+}
+step_tests() {
+    ( tst test_cuda_policies --stories .data/stories260K; tst test_cuda --quick; tst test_gemm_rows
+      tst test_cuda_prims; tst test_attn_decode_batch; tst test_attn_list ) >> $O/tests.txt
+}
+B="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --repeat 1"
+row() { # row TAG ARGS...: base (its policy files) then this build
+    local t=$1; shift
+    if [ -f .data/base/kvsieve.xz ]; then
+        xz -dc .data/base/kvsieve.xz > $R/base-kvsieve; chmod +x $R/base-kvsieve
+        KVSIEVE_POLICY_PATH=.data/f14/basepol timeout 200 $R/base-kvsieve $B "$@" 2>&1 |
+            grep -E "^[a-z.]+ +[0-9]+ +[0-9.]+ |kvsieve:" | sed "s/^/$t base: /"
+    fi
+    timeout 200 $R/kvsieve $B "$@" 2>&1 | grep -E "^[a-z.]+ +[0-9]+ +[0-9.]+ |kvsieve:" | sed "s/^/$t new: /"
+}
+step_b14() {
+    ( row 32K --lengths 32768 --gen 32 --policy none,noop,tokenselect,quest ) >> $O/b14.txt
 }
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R

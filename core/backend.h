@@ -308,6 +308,16 @@ struct ks_backend {
     ks_status (*graph_end)(ks_backend *b, ks_graph **out);
     ks_status (*graph_run)(ks_backend *b, ks_graph *g, int32_t id, int32_t pos);
     void (*graph_free)(ks_backend *b, ks_graph *g);
+    /* Segments of one step (optional; NULL = none): a step whose decode-time policy handler
+     * runs on the host between layers is recorded as several graphs, the first begun with
+     * graph_begin and run with graph_run (which sets the step slot), each later one begun with
+     * graph_begin_seg and launched with graph_launch, after the previous one was launched.
+     * Neither touches the slot: a segment's kernels read what the step's graph_run set, so
+     * segments run in the order they were recorded within one step, with plain calls (the
+     * handler's own work) allowed between them. graph_end and graph_free serve both. The same
+     * errors as graph_begin and graph_run. */
+    ks_status (*graph_begin_seg)(ks_backend *b);
+    ks_status (*graph_launch)(ks_backend *b, ks_graph *g);
 
     /* ---- batched decode attention (optional; NULL = kv_append and attention per session). One
      * decode row for each of n sessions, all in one go: for each i, kv_append(L[i], k[i], v[i],

@@ -19,6 +19,9 @@ typedef struct ks_decode_state {
     int pre;                 /* b was allocated in pre-RoPE mode */
     float *lg;               /* (vocab) backend: logits of the step */
     ks_graph *g;             /* NULL = none recorded */
+    ks_graph **seg;          /* (n_layers + 1) a step with a decode handler, recorded in segments
+                              * (decode_segments); nseg of them recorded, n_layers + 1 when whole */
+    int nseg;
     int32_t pos0;            /* position at the recording */
     int long_rope;
     void **k, **v, **pd;     /* (n_layers) storage at the recording */
@@ -43,9 +46,11 @@ typedef struct ks_decode_state {
 
 void ks_decode_drop_graph(ks_session *s) {
     ks_decode_state *d = s->dec;
-    if (!d || !d->g) return;
-    s->be->graph_free(s->be, d->g);
+    if (!d || (!d->g && !d->nseg)) return;
+    if (d->g) s->be->graph_free(s->be, d->g);
+    for (int i = 0; i < d->nseg; i++) s->be->graph_free(s->be, d->seg[i]);
     d->g = NULL;
+    d->nseg = 0;
     d->ready = 0;
 }
 
@@ -56,6 +61,7 @@ void ks_decode_free(ks_session *s) {
     ks_fwd_free(s->be, &d->b);
     if (d->lg) s->be->free(s->be, d->lg);
     ks_devcheck_free(s->be, d->chk);
+    free(d->seg);
     free(d->k);
     free(d->n0);
     free(d->ring_r);
@@ -78,8 +84,9 @@ static ks_decode_state *dec_state(ks_session *s) {
     d->ring_r = ks_malloc(sizeof(int) * 2 * (size_t)c->n_layers);
     d->ring_save = ks_calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(int32_t));
     d->ring_idx = ks_calloc((size_t)c->n_kv_heads, sizeof(int32_t *) + sizeof(int));
-    if (!d->k || !d->n0 || !d->ring_r || !d->ring_save || !d->ring_idx) {
-        free(d->k); free(d->n0); free(d->ring_r); free(d->ring_save); free(d->ring_idx); free(d);
+    d->seg = ks_calloc((size_t)c->n_layers + 1, sizeof(ks_graph *));
+    if (!d->k || !d->n0 || !d->ring_r || !d->ring_save || !d->ring_idx || !d->seg) {
+        free(d->k); free(d->n0); free(d->ring_r); free(d->ring_save); free(d->ring_idx); free(d->seg); free(d);
         return NULL;
     }
     d->ring_p0 = d->ring_r + c->n_layers;
@@ -284,47 +291,81 @@ static ks_status ring_attend(ks_session *s, ks_decode_state *d, int l, int S, in
 
 /* ================================================================ one step */
 
+/* One layer of a step in three parts, run in this order by decode_from; a step recorded in
+ * segments (decode_segments) is cut between them. */
+
+/* Layer l's norm, projections, RoPE (unless pre-RoPE) and new cache row: at the end, or in a full
+ * ring layer over its oldest row after the sinks (*full; its attend list then goes into act). */
+static ks_status dec_layer_in(ks_session *s, ks_decode_state *d, ks_fwd_buf *b, int l, int32_t pos, int *full,
+                              ks_actions *act) {
+    const ks_policy *pol = s->policy;
+    int ring = ks_ring_on(s), S = ring ? pol->ring_sinks : 0, B = ring ? pol->ring_budget : 0, r = 0;
+    ks_status st;
+    *full = 0;
+    if (ring && (st = ring_prepare(s, d, l, S, B, full, &r))) return st;
+    if (*full) st = ring_qkv(s, d, l, b, pos, S, B, r);
+    else st = ks_layer_qkv(s, l, b, 1, &pos, pos, &s->kv[l]);
+    if (!st && *full) st = ring_attend(s, d, l, S, B, act);
+    return st;
+}
+
+/* Layer l's decode event, when the policy handles it (never on a ring): its actions into act
+ * (attend in this attention, retain after it). */
+static ks_status dec_layer_event(ks_session *s, ks_fwd_buf *b, int l, int32_t *pos, int32_t *id, ks_actions *act) {
+    const ks_policy *pol = s->policy;
+    if (!pol || !pol->on[KS_EV_DECODE_QKV] || ks_ring_on(s)) return KS_OK;
+    ks_event ev;
+    ks_event_init(s, &ev, KS_EV_DECODE_QKV, l, 0, 1);
+    ev.q = b->a.q; ev.k = b->a.k; ev.v = b->a.v; ev.k_pre = b->kpre;
+    ev.pos = pos; ev.ids = id; ev.kv = &s->kv[l];
+    ks_status st = ks_event_fire(s, &ev);
+    PROF(s, KS_PH_POLICY);
+    *act = ks_actions_take(&ev);
+    if (st) ks_actions_free(act, s->m->cfg.n_kv_heads);
+    return st;
+}
+
+/* Layer l's attention (with act), the retain it asked for, and the rest of the layer; frees
+ * act's lists (a ring step's belong to the state). */
+static ks_status dec_layer_out(ks_session *s, ks_fwd_buf *b, int l, int32_t pos, int full, ks_actions *act) {
+    ks_attn_args aa = ks_layer_attn_args(s, b, 1, &pos, pos, act);
+    ks_status st = ks_layer_attention(s, l, b, &aa);
+    if (!st && act->retain) {
+        st = ks_actions_apply_retain(s, l, act);
+        PROF(s, KS_PH_KV_EDIT);
+    }
+    if (!full) ks_actions_free(act, s->m->cfg.n_kv_heads);
+    if (st) return st;
+    return ks_layer_tail(s, l, b, 1);
+}
+
+/* The layers of a step from l0 on, then the final norm and lm_head into lg (vocab, backend).
+ * act0 (non-NULL): layer l0's q|k|v and event ran already, these are its actions (not a ring
+ * layer's). */
+static ks_status decode_from(ks_session *s, ks_decode_state *d, ks_fwd_buf *b, int32_t id, int32_t pos, float *lg,
+                             int l0, ks_actions *act0) {
+    const ks_config *c = &s->m->cfg;
+    ks_status st;
+    for (int l = l0; l < c->n_layers; l++) {
+        int full = 0;
+        ks_actions act = {0};
+        if (act0 && l == l0) act = *act0;
+        else if ((st = dec_layer_in(s, d, b, l, pos, &full, &act)) || (st = dec_layer_event(s, b, l, &pos, &id, &act))) {
+            if (!full) ks_actions_free(&act, c->n_kv_heads);
+            return st;
+        }
+        if ((st = dec_layer_out(s, b, l, pos, full, &act))) return st;
+    }
+    return ks_head_compute(s, b, 0, 1, lg);
+}
+
 /* The device work of one decode step: embed `id` at `pos`, every layer (the policy's decode
  * event included), the final norm and lm_head into lg (vocab, backend). */
 static ks_status decode_body(ks_session *s, ks_decode_state *d, ks_fwd_buf *b, int32_t id, int32_t pos, float *lg) {
-    const ks_config *c = &s->m->cfg;
-    ks_backend *be = s->be;
-    const ks_policy *pol = s->policy;
-    int ring = ks_ring_on(s), S = ring ? pol->ring_sinks : 0, B = ring ? pol->ring_budget : 0;
-    ks_status st;
-    if ((st = be->embed(be, b->a.x, s->m->embed, &id, 1, c->dim))) return st;
+    ks_status st = s->be->embed(s->be, b->a.x, s->m->embed, &id, 1, s->m->cfg.dim);
+    if (st) return st;
     PROF(s, KS_PH_EMBED);
-    for (int l = 0; l < c->n_layers; l++) {
-        /* norm, projections, RoPE (unless pre-RoPE) and the new cache row: at the end, or in a
-         * full ring layer over its oldest row after the sinks */
-        int full = 0, r = 0;
-        if (ring && (st = ring_prepare(s, d, l, S, B, &full, &r))) return st;
-        if (full) st = ring_qkv(s, d, l, b, pos, S, B, r);
-        else st = ks_layer_qkv(s, l, b, 1, &pos, pos, &s->kv[l]);
-        if (st) return st;
-        ks_actions act = {0}; /* the decode event's: attend in this attention, retain after it */
-        if (full && (st = ring_attend(s, d, l, S, B, &act))) return st;
-        if (pol && pol->on[KS_EV_DECODE_QKV] && !ring) {
-            ks_event ev;
-            ks_event_init(s, &ev, KS_EV_DECODE_QKV, l, 0, 1);
-            ev.q = b->a.q; ev.k = b->a.k; ev.v = b->a.v; ev.k_pre = b->kpre;
-            ev.pos = &pos; ev.ids = &id; ev.kv = &s->kv[l];
-            st = ks_event_fire(s, &ev);
-            PROF(s, KS_PH_POLICY);
-            act = ks_actions_take(&ev);
-            if (st) { ks_actions_free(&act, c->n_kv_heads); return st; }
-        }
-        ks_attn_args aa = ks_layer_attn_args(s, b, 1, &pos, pos, &act);
-        st = ks_layer_attention(s, l, b, &aa);
-        if (!st && act.retain) {
-            st = ks_actions_apply_retain(s, l, &act);
-            PROF(s, KS_PH_KV_EDIT);
-        }
-        if (!full) ks_actions_free(&act, c->n_kv_heads); /* a ring step's lists are the state's */
-        if (st) return st;
-        if ((st = ks_layer_tail(s, l, b, 1))) return st;
-    }
-    return ks_head_compute(s, b, 0, 1, lg);
+    return decode_from(s, d, b, id, pos, lg, 0, NULL);
 }
 
 /* ================================================================ the recorded step (backend graphs) */
@@ -336,7 +377,7 @@ static int dec_long_rope(const ks_config *c, int32_t pos) {
 /* The recorded step still describes the cache (ks_backend.graph_begin's contract) at `pos`. */
 static int dec_graph_valid(ks_session *s, ks_decode_state *d, int32_t pos) {
     const ks_config *c = &s->m->cfg;
-    if (!d->g || pos < d->pos0 || dec_long_rope(c, pos) != d->long_rope) return 0;
+    if ((!d->g && d->nseg != c->n_layers + 1) || pos < d->pos0 || dec_long_rope(c, pos) != d->long_rope) return 0;
     int delta = pos - d->pos0;
     int ring = ks_ring_on(s), S = ring ? s->policy->ring_sinks : 0, B = ring ? s->policy->ring_budget : 0;
     if (ring != (d->ring_b > 0) || (ring && (S != d->ring_s || B != d->ring_b))) return 0;
@@ -360,32 +401,33 @@ static int dec_graph_valid(ks_session *s, ks_decode_state *d, int32_t pos) {
 }
 
 /* Book the row a graph run wrote at `pos` in every layer (what attn_in with L does on the host). */
-static void dec_book_rows(ks_session *s, ks_decode_state *d, int32_t pos) {
-    const ks_config *c = &s->m->cfg;
-    for (int l = 0; l < c->n_layers; l++) {
-        ks_kv_layer *L = &s->kv[l];
-        if (d->ring_p0[l] >= 0) { /* ring: the slot dec_graph_valid found; the rotation advances */
-            int slot = d->ring_s + d->ring_r[l];
-            for (int h = 0; h < L->n_kv_heads; h++) L->pos[(size_t)h * L->capacity + slot] = pos;
-            d->ring_r[l] = (d->ring_r[l] + 1) % (d->ring_b - d->ring_s);
-            continue;
-        }
-        for (int h = 0; h < L->n_kv_heads; h++) L->pos[(size_t)h * L->capacity + L->n[h]++] = pos;
+static void dec_book_layer(ks_session *s, ks_decode_state *d, int l, int32_t pos) {
+    ks_kv_layer *L = &s->kv[l];
+    if (d->ring_p0[l] >= 0) { /* ring: the slot dec_graph_valid found; the rotation advances */
+        int slot = d->ring_s + d->ring_r[l];
+        for (int h = 0; h < L->n_kv_heads; h++) L->pos[(size_t)h * L->capacity + slot] = pos;
+        d->ring_r[l] = (d->ring_r[l] + 1) % (d->ring_b - d->ring_s);
+        return;
     }
+    for (int h = 0; h < L->n_kv_heads; h++) L->pos[(size_t)h * L->capacity + L->n[h]++] = pos;
+}
+static void dec_book_rows(ks_session *s, ks_decode_state *d, int32_t pos) {
+    for (int l = 0; l < s->m->cfg.n_layers; l++) dec_book_layer(s, d, l, pos);
 }
 
 /* Undo the host effects of a recording that did not run (attn_in booked rows: the counts of
  * appends at the end, the positions of ring slots, and the rotations). */
-static void dec_unbook(ks_session *s, ks_decode_state *d) {
+static void dec_unbook_layer(ks_session *s, ks_decode_state *d, int l) {
     const ks_config *c = &s->m->cfg;
-    for (int l = 0; l < c->n_layers; l++) {
-        ks_kv_layer *L = &s->kv[l];
-        memcpy(L->n, d->n0 + (size_t)l * c->n_kv_heads, sizeof(int) * c->n_kv_heads);
-        if (d->ring_p0[l] >= 0)
-            for (int h = 0; h < c->n_kv_heads; h++)
-                L->pos[(size_t)h * L->capacity + d->ring_p0[l]] = d->ring_save[(size_t)l * c->n_kv_heads + h];
-        d->ring_r[l] = -1;
-    }
+    ks_kv_layer *L = &s->kv[l];
+    memcpy(L->n, d->n0 + (size_t)l * c->n_kv_heads, sizeof(int) * c->n_kv_heads);
+    if (d->ring_p0[l] >= 0)
+        for (int h = 0; h < c->n_kv_heads; h++)
+            L->pos[(size_t)h * L->capacity + d->ring_p0[l]] = d->ring_save[(size_t)l * c->n_kv_heads + h];
+    d->ring_r[l] = -1;
+}
+static void dec_unbook(ks_session *s, ks_decode_state *d) {
+    for (int l = 0; l < s->m->cfg.n_layers; l++) dec_unbook_layer(s, d, l);
 }
 
 /* One step through a graph: run the recorded one when it still holds, else record it (after one
@@ -395,7 +437,7 @@ static ks_status decode_graph(ks_session *s, ks_decode_state *d, int32_t id, int
     const ks_config *c = &s->m->cfg;
     ks_backend *be = s->be;
     ks_status st;
-    if (dec_graph_valid(s, d, pos)) {
+    if (d->g && dec_graph_valid(s, d, pos)) {
         st = be->graph_run(be, d->g, id, pos);
         if (st == KS_ERR_UNSUPPORTED) { ks_decode_drop_graph(s); return st; }
         if (st) return st;
@@ -454,6 +496,122 @@ static ks_status decode_graph(ks_session *s, ks_decode_state *d, int32_t id, int
     return KS_OK;
 }
 
+/* 1 when a decode event asked for anything (a no-op, or a handler that only reads and
+ * reports, asks for nothing) */
+static int dec_acted(const ks_actions *a) {
+    return a->restart || a->propagate || a->retain || a->attend || a->stop || a->renumber || a->discard_kv;
+}
+
+/* Check the cache for a recording at `pos` and remember what it assumes (decode_graph's
+ * conditions without a ring). 0: a layer has no room or no rows; do not record. */
+static int dec_seg_prepare(ks_session *s, ks_decode_state *d, int32_t pos) {
+    const ks_config *c = &s->m->cfg;
+    for (int l = 0; l < c->n_layers; l++) {
+        const ks_kv_layer *L = &s->kv[l];
+        if (!L->k || !L->n) return 0;
+        for (int h = 0; h < c->n_kv_heads; h++)
+            if (L->n[h] + 1 > L->capacity) return 0;
+        d->ring_p0[l] = -1;
+        d->k[l] = L->k; d->v[l] = L->v; d->pd[l] = L->pos_dev; d->cap[l] = L->capacity;
+        memcpy(d->n0 + (size_t)l * c->n_kv_heads, L->n, sizeof(int) * c->n_kv_heads);
+    }
+    d->ring_s = d->ring_b = 0;
+    d->pos0 = pos;
+    d->long_rope = dec_long_rope(c, pos);
+    return 1;
+}
+
+/* A step whose decode-time handler runs between recorded segments (ks_backend.graph_begin_seg):
+ * segment 0 is the embed and layer 0's q|k|v, segment l + 1 layer l's attention and the rest of
+ * it with layer l + 1's q|k|v (the last: the final norm and lm_head). Between segments l and
+ * l + 1 the handler of layer l runs on the host as in a plain step, with its row booked; while
+ * it asks for nothing (a no-op, or a handler that only reads and reports) the step replays. The
+ * first layer whose handler acts ends the replay: the rest of the step runs plain from that
+ * layer's attention on, and the recording stays for the next step (one whose rows change fails
+ * dec_graph_valid then). Recording runs each segment as soon as it is recorded, since the
+ * handler between needs its results; a handler that acts while the step is recorded counts as a
+ * failed recording (after two the session records no more), so that a policy acting at every
+ * step is not recorded anew at every step. KS_ERR_UNSUPPORTED: nothing was done, take the
+ * plain path. */
+static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, int32_t pos) {
+    const ks_config *c = &s->m->cfg;
+    const int nl = c->n_layers;
+    ks_backend *be = s->be;
+    ks_fwd_buf *b = &d->b;
+    ks_status st;
+    if (d->nseg == nl + 1 && dec_graph_valid(s, d, pos)) {
+        st = be->graph_run(be, d->seg[0], id, pos);
+        if (st == KS_ERR_UNSUPPORTED) { ks_decode_drop_graph(s); return st; }
+        if (st) return st;
+        for (int l = 0; l < nl; l++) {
+            dec_book_layer(s, d, l, pos);
+            ks_actions act = {0};
+            if ((st = dec_layer_event(s, b, l, &pos, &id, &act))) return st;
+            if (dec_acted(&act)) return decode_from(s, d, b, id, pos, d->lg, l, &act);
+            if ((st = be->graph_launch(be, d->seg[l + 1])) == KS_ERR_UNSUPPORTED) {
+                ks_clear_error();
+                ks_decode_drop_graph(s);
+                return decode_from(s, d, b, id, pos, d->lg, l, &act);
+            }
+            if (st) return st;
+        }
+        s->graph_steps++;
+        return KS_OK;
+    }
+    ks_decode_drop_graph(s);
+    if (d->fails >= 2 || d->ready < 1 || !dec_seg_prepare(s, d, pos)) return KS_ERR_UNSUPPORTED;
+    ks_graph *g = NULL;
+    int full = 0;
+    ks_actions none = {0};
+    if ((st = be->graph_begin(be, id, pos))) {
+        d->fails++;
+        return KS_ERR_UNSUPPORTED;
+    }
+    ks_status sb = be->embed(be, b->a.x, s->m->embed, &id, 1, c->dim);
+    if (!sb) sb = dec_layer_in(s, d, b, 0, pos, &full, &none);
+    st = be->graph_end(be, &g);
+    if (!st && sb) { be->graph_free(be, g); g = NULL; st = KS_ERR_UNSUPPORTED; }
+    if (!st && (st = be->graph_run(be, g, id, pos))) { be->graph_free(be, g); g = NULL; }
+    if (st) { /* nothing ran: undo layer 0's booking, the plain path runs the step */
+        dec_unbook(s, d);
+        d->fails++;
+        if (be->opts.verbose) ks_logf(KS_LOG_DEBUG, "decode graph (segments) not recorded: %s", ks_last_error());
+        return st;
+    }
+    d->seg[d->nseg++] = g;
+    for (int l = 0; l < nl; l++) {
+        ks_actions act = {0};
+        if ((st = dec_layer_event(s, b, l, &pos, &id, &act))) { ks_decode_drop_graph(s); return st; }
+        if (dec_acted(&act)) {
+            ks_decode_drop_graph(s);
+            d->fails++;
+            return decode_from(s, d, b, id, pos, d->lg, l, &act);
+        }
+        if ((st = be->graph_begin_seg(be))) {
+            ks_clear_error();
+            ks_decode_drop_graph(s);
+            d->fails++;
+            return decode_from(s, d, b, id, pos, d->lg, l, &act);
+        }
+        sb = dec_layer_out(s, b, l, pos, 0, &none);
+        if (!sb) sb = l + 1 < nl ? dec_layer_in(s, d, b, l + 1, pos, &full, &none) : ks_head_compute(s, b, 0, 1, d->lg);
+        st = be->graph_end(be, &g);
+        if (!st && sb) { be->graph_free(be, g); g = NULL; st = KS_ERR_UNSUPPORTED; }
+        if (!st && (st = be->graph_launch(be, g))) { be->graph_free(be, g); g = NULL; }
+        if (st) { /* this segment did not run: undo layer l + 1's booking, the rest runs plain */
+            if (l + 1 < nl) dec_unbook_layer(s, d, l + 1);
+            if (be->opts.verbose) ks_logf(KS_LOG_DEBUG, "decode graph segment %d not recorded: %s", l + 1, ks_last_error());
+            ks_clear_error();
+            ks_decode_drop_graph(s);
+            d->fails++;
+            return decode_from(s, d, b, id, pos, d->lg, l, &act);
+        }
+        d->seg[d->nseg++] = g;
+    }
+    s->graph_steps++;
+    return KS_OK;
+}
+
 /* ================================================================ the call */
 
 ks_status ks_session_decode(ks_session *s, int32_t id) {
@@ -478,8 +636,11 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
     if (st) goto out;
     /* a graph when the step is the same every token: no decode-time policy handler, keys rotated
      * as stored, no profiling marks */
-    int graphs = be->graph_begin && !pre && !(pol && pol->on[KS_EV_DECODE_QKV] && !ks_ring_on(s)) && !s->prof.on;
-    st = graphs ? decode_graph(s, d, id, pos) : KS_ERR_UNSUPPORTED;
+    int handler = pol && pol->on[KS_EV_DECODE_QKV] && !ks_ring_on(s);
+    int graphs = be->graph_begin && !pre && !handler && !s->prof.on;
+    /* with a handler: the step in segments, the handler between them */
+    int segs = be->graph_begin && be->graph_begin_seg && !pre && handler && !s->prof.on;
+    st = graphs ? decode_graph(s, d, id, pos) : segs ? decode_segments(s, d, id, pos) : KS_ERR_UNSUPPORTED;
     if (st == KS_ERR_UNSUPPORTED) {
         ks_clear_error();
         st = decode_body(s, d, &d->b, id, pos, d->lg);

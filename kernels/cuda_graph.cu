@@ -47,6 +47,19 @@ static ks_status cu_graph_begin(ks_backend *b, int32_t id, int32_t pos) {
     return KS_OK;
 }
 
+/* A later segment of the step graph_run started: captured like the first, without the slot copy
+ * (its kernels read the slot that the first segment's copy filled) and without a sync (the
+ * previous segment may still run: the capture only records). */
+static ks_status cu_graph_begin_seg(ks_backend *b) {
+    cuda_ctx *c = CTX(b);
+    if (c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_begin_seg while recording");
+    if (!c->d_step) return ks_errorf(KS_ERR_INTERNAL, "cuda: no decode graph buffers");
+    KS_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "decode graph: begin capture (segment)");
+    c->rec = 1;
+    c->rec_failed = 0;
+    return KS_OK;
+}
+
 static ks_status cu_graph_end(ks_backend *b, ks_graph **out) {
     cuda_ctx *c = CTX(b);
     *out = NULL;
@@ -89,6 +102,16 @@ static ks_status cu_graph_run(ks_backend *b, ks_graph *g, int32_t id, int32_t po
     return KS_OK;
 }
 
+/* A later segment: launched behind the work queued before it; the slot stays as the step's
+ * graph_run set it (no sync: the host runs ahead, the segments queue). */
+static ks_status cu_graph_launch(ks_backend *b, ks_graph *g) {
+    cuda_ctx *c = CTX(b);
+    if (c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_launch while recording");
+    if (g->rc_gen != c->rc_gen) return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph reads a replaced device table (rope inv_freq, one-row MLP buffers)");
+    KS_CU(cudaGraphLaunch(g->exec, c->stream), "decode graph launch (segment)");
+    return KS_OK;
+}
+
 static void cu_graph_free(ks_backend *b, ks_graph *g) {
     if (!g) return;
     cudaGraphExecDestroy(g->exec);
@@ -104,4 +127,6 @@ void cuda_graph_install(ks_backend *b) {
     b->graph_end = cu_graph_end;
     b->graph_run = cu_graph_run;
     b->graph_free = cu_graph_free;
+    b->graph_begin_seg = cu_graph_begin_seg;
+    b->graph_launch = cu_graph_launch;
 }
