@@ -49,5 +49,10 @@ row() { # row TAG ARGS...: base (its policy files) then this build
 step_b14() {
     ( row 32K --lengths 32768 --gen 32 --policy none,noop,tokenselect,quest ) >> $O/b14.txt
 }
+step_b14l() { # the rest of issue 14's table: the hit path at 32K, 128K (none, TokenSelect, its hit path, Quest)
+    ( row 32K-hit --lengths 32768 --gen 32 --policy tokenselect --set tokenselect.cache_theta=-1
+      row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest
+      row 128K-hit --lengths 131040 --gen 16 --policy tokenselect --set tokenselect.cache_theta=-1 ) >> $O/b14.txt
+}
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R

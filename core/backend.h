@@ -99,6 +99,9 @@ typedef struct ks_attn_args {
     const ks_rope *rope;         /* non-NULL: q and the KV rows are pre-RoPE; rotate each query and
                                     key at its effective position (renumbered or stored) first */
     int rope_max_pos;            /* largest position of the request (longrope's factor choice) */
+    int staged;                  /* 0, or 1 + the attn_stage slot that holds this attention's lists:
+                                    while a step is recorded (graph_begin_seg), the attention reads
+                                    them there when it runs (idx / n_idx unused) */
 } ks_attn_args;
 
 /* The policy primitives on backend buffers: the meaning of core/prims.h, the same results
@@ -318,6 +321,14 @@ struct ks_backend {
      * errors as graph_begin and graph_run. */
     ks_status (*graph_begin_seg)(ks_backend *b);
     ks_status (*graph_launch)(ks_backend *b, ks_graph *g);
+    /* Lists for a recorded attention (optional; NULL = a step whose handler attends is not
+     * recorded): copy the one-row attend lists of `a` (device lists, a->idx_dev, no renumbering,
+     * checked against L's rows) into slot `slot`'s fixed buffers, queued on the stream, outside
+     * a recording. A recording's attention with a->staged = slot + 1 reads the slot when it
+     * runs, so each replay of a step stages its lists first. KS_ERR_UNSUPPORTED: these lists
+     * cannot be staged (nothing queued). A slot that had to grow makes the graphs recorded
+     * before stale (graph_run / graph_launch: KS_ERR_UNSUPPORTED). */
+    ks_status (*attn_stage)(ks_backend *b, int slot, const ks_kv_layer *L, const ks_attn_args *a);
 
     /* ---- batched decode attention (optional; NULL = kv_append and attention per session). One
      * decode row for each of n sessions, all in one go: for each i, kv_append(L[i], k[i], v[i],

@@ -22,6 +22,11 @@ typedef struct ks_decode_state {
     ks_graph **seg;          /* (n_layers + 1) a step with a decode handler, recorded in segments
                               * (decode_segments); nseg of them recorded, n_layers + 1 when whole */
     int nseg;
+    int seg_miss;            /* consecutive steps whose handler asked for another kind of attention
+                              * than the recording has (two: it is dropped and recorded anew) */
+    char *seg_att;           /* (n_layers) the recording's attention of that layer reads the lists its
+                              * handler staged (backend attn_stage, slot = the layer): 1, 2 with
+                              * renumbered positions (dec_acted); 0 the whole layer */
     int32_t pos0;            /* position at the recording */
     int long_rope;
     void **k, **v, **pd;     /* (n_layers) storage at the recording */
@@ -62,6 +67,7 @@ void ks_decode_free(ks_session *s) {
     if (d->lg) s->be->free(s->be, d->lg);
     ks_devcheck_free(s->be, d->chk);
     free(d->seg);
+    free(d->seg_att);
     free(d->k);
     free(d->n0);
     free(d->ring_r);
@@ -85,8 +91,10 @@ static ks_decode_state *dec_state(ks_session *s) {
     d->ring_save = ks_calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(int32_t));
     d->ring_idx = ks_calloc((size_t)c->n_kv_heads, sizeof(int32_t *) + sizeof(int));
     d->seg = ks_calloc((size_t)c->n_layers + 1, sizeof(ks_graph *));
-    if (!d->k || !d->n0 || !d->ring_r || !d->ring_save || !d->ring_idx || !d->seg) {
-        free(d->k); free(d->n0); free(d->ring_r); free(d->ring_save); free(d->ring_idx); free(d->seg); free(d);
+    d->seg_att = ks_calloc((size_t)c->n_layers, 1);
+    if (!d->k || !d->n0 || !d->ring_r || !d->ring_save || !d->ring_idx || !d->seg || !d->seg_att) {
+        free(d->k); free(d->n0); free(d->ring_r); free(d->ring_save); free(d->ring_idx); free(d->seg); free(d->seg_att);
+        free(d);
         return NULL;
     }
     d->ring_p0 = d->ring_r + c->n_layers;
@@ -326,9 +334,11 @@ static ks_status dec_layer_event(ks_session *s, ks_fwd_buf *b, int l, int32_t *p
 }
 
 /* Layer l's attention (with act), the retain it asked for, and the rest of the layer; frees
- * act's lists (a ring step's belong to the state). */
-static ks_status dec_layer_out(ks_session *s, ks_fwd_buf *b, int l, int32_t pos, int full, ks_actions *act) {
+ * act's lists (a ring step's belong to the state). staged: a recording whose attention reads
+ * the lists staged in slot l (act then carries no lists). */
+static ks_status dec_layer_out(ks_session *s, ks_fwd_buf *b, int l, int32_t pos, int full, ks_actions *act, int staged) {
     ks_attn_args aa = ks_layer_attn_args(s, b, 1, &pos, pos, act);
+    if (staged) aa.staged = l + 1;
     ks_status st = ks_layer_attention(s, l, b, &aa);
     if (!st && act->retain) {
         st = ks_actions_apply_retain(s, l, act);
@@ -354,7 +364,7 @@ static ks_status decode_from(ks_session *s, ks_decode_state *d, ks_fwd_buf *b, i
             if (!full) ks_actions_free(&act, c->n_kv_heads);
             return st;
         }
-        if ((st = dec_layer_out(s, b, l, pos, full, &act))) return st;
+        if ((st = dec_layer_out(s, b, l, pos, full, &act, 0))) return st;
     }
     return ks_head_compute(s, b, 0, 1, lg);
 }
@@ -496,10 +506,26 @@ static ks_status decode_graph(ks_session *s, ks_decode_state *d, int32_t id, int
     return KS_OK;
 }
 
-/* 1 when a decode event asked for anything (a no-op, or a handler that only reads and
- * reports, asks for nothing) */
+/* What a decode event asked for: 0 nothing (a no-op, or a handler that only reads and reports),
+ * else 1, or 2 for an attend with renumbered positions (a recorded attention is one or the other) */
 static int dec_acted(const ks_actions *a) {
-    return a->restart || a->propagate || a->retain || a->attend || a->stop || a->renumber || a->discard_kv;
+    if (!(a->restart || a->propagate || a->retain || a->attend || a->stop || a->renumber || a->discard_kv)) return 0;
+    return a->attend && a->renumber ? 2 : 1;
+}
+
+/* 1 when the event asked only to attend to device lists (TokenSelect, Quest): a recorded
+ * segment can take those through the backend's staged list slot */
+static int dec_stageable(const ks_session *s, const ks_actions *a) {
+    return s->be->attn_stage && a->attend && a->attend_dev && !a->restart && !a->propagate && !a->retain && !a->stop &&
+           !a->discard_kv;
+}
+
+/* Stage layer l's attend lists (act's) in slot l. act stays: the caller frees it once the
+ * segment that reads the slot was launched (its buffers stream-ordered, after the copy), or
+ * runs the layer plain with it. */
+static ks_status dec_stage(ks_session *s, ks_fwd_buf *b, int l, int32_t pos, ks_actions *act) {
+    ks_attn_args aa = ks_layer_attn_args(s, b, 1, &pos, pos, act);
+    return s->be->attn_stage(s->be, l, &s->kv[l], &aa);
 }
 
 /* Check the cache for a recording at `pos` and remember what it assumes (decode_graph's
@@ -547,14 +573,29 @@ static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, 
             dec_book_layer(s, d, l, pos);
             ks_actions act = {0};
             if ((st = dec_layer_event(s, b, l, &pos, &id, &act))) return st;
-            if (dec_acted(&act)) return decode_from(s, d, b, id, pos, d->lg, l, &act);
+            /* the recorded attention of this layer reads staged lists, or the whole layer: the
+             * handler must have asked for the same kind */
+            int att = dec_acted(&act);
+            if (att != d->seg_att[l] || (att && !dec_stageable(s, &act))) {
+                /* a policy whose pattern changed for good (TokenSelect: dense until the context
+                 * outgrows its budget, then attending lists) is recorded anew */
+                if (++d->seg_miss >= 2) ks_decode_drop_graph(s);
+                return decode_from(s, d, b, id, pos, d->lg, l, &act);
+            }
+            if (att && (st = dec_stage(s, b, l, pos, &act))) {
+                if (st != KS_ERR_UNSUPPORTED) { ks_actions_free(&act, c->n_kv_heads); return st; }
+                ks_clear_error();
+                return decode_from(s, d, b, id, pos, d->lg, l, &act);
+            }
             if ((st = be->graph_launch(be, d->seg[l + 1])) == KS_ERR_UNSUPPORTED) {
                 ks_clear_error();
                 ks_decode_drop_graph(s);
                 return decode_from(s, d, b, id, pos, d->lg, l, &act);
             }
+            ks_actions_free(&act, c->n_kv_heads); /* stream-ordered: after the copy into the slot */
             if (st) return st;
         }
+        d->seg_miss = 0;
         s->graph_steps++;
         return KS_OK;
     }
@@ -579,10 +620,14 @@ static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, 
         return st;
     }
     d->seg[d->nseg++] = g;
+    d->seg_miss = 0;
     for (int l = 0; l < nl; l++) {
         ks_actions act = {0};
         if ((st = dec_layer_event(s, b, l, &pos, &id, &act))) { ks_decode_drop_graph(s); return st; }
-        if (dec_acted(&act)) {
+        d->seg_att[l] = (char)dec_acted(&act);
+        if (d->seg_att[l] && (!dec_stageable(s, &act) || (st = dec_stage(s, b, l, pos, &act)))) {
+            if (st && st != KS_ERR_UNSUPPORTED) { ks_actions_free(&act, c->n_kv_heads); ks_decode_drop_graph(s); return st; }
+            ks_clear_error();
             ks_decode_drop_graph(s);
             d->fails++;
             return decode_from(s, d, b, id, pos, d->lg, l, &act);
@@ -593,7 +638,7 @@ static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, 
             d->fails++;
             return decode_from(s, d, b, id, pos, d->lg, l, &act);
         }
-        sb = dec_layer_out(s, b, l, pos, 0, &none);
+        sb = dec_layer_out(s, b, l, pos, 0, &none, d->seg_att[l]);
         if (!sb) sb = l + 1 < nl ? dec_layer_in(s, d, b, l + 1, pos, &full, &none) : ks_head_compute(s, b, 0, 1, d->lg);
         st = be->graph_end(be, &g);
         if (!st && sb) { be->graph_free(be, g); g = NULL; st = KS_ERR_UNSUPPORTED; }
@@ -606,6 +651,7 @@ static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, 
             d->fails++;
             return decode_from(s, d, b, id, pos, d->lg, l, &act);
         }
+        ks_actions_free(&act, c->n_kv_heads); /* after the launch that read the staged copy */
         d->seg[d->nseg++] = g;
     }
     s->graph_steps++;
@@ -639,7 +685,7 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
     int handler = pol && pol->on[KS_EV_DECODE_QKV] && !ks_ring_on(s);
     int graphs = be->graph_begin && !pre && !handler && !s->prof.on;
     /* with a handler: the step in segments, the handler between them */
-    int segs = be->graph_begin && be->graph_begin_seg && !pre && handler && !s->prof.on;
+    int segs = be->graph_begin && be->graph_begin_seg && handler && !s->prof.on;
     st = graphs ? decode_graph(s, d, id, pos) : segs ? decode_segments(s, d, id, pos) : KS_ERR_UNSUPPORTED;
     if (st == KS_ERR_UNSUPPORTED) {
         ks_clear_error();

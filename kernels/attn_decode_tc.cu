@@ -441,3 +441,18 @@ extern "C" ks_status ks_cuda_attn_decode_tc_list(cudaStream_t s, const ks_cuda_a
         return ks_errorf(KS_ERR_UNSUPPORTED, "attention: rope over head_dim %d in the kernel", p->head_dim);
     return tc1_run(s, p, nk_host, idx_off_host, qpos, NULL, rope, n_splits, ws);
 }
+
+extern "C" ks_status ks_cuda_attn_decode_tc_rec(cudaStream_t s, const ks_cuda_attn_params *p, const int *nk_host,
+                                                const int32_t *dyn, const ks_cuda_attn_rope *rope, int n_splits, void *ws) {
+    if (rope && p->head_dim / 2 > KS_CUDA_ATTN_ROPE_HALF)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "attention: rope over head_dim %d in the kernel", p->head_dim);
+    if (!p->idx) {
+        if (!dyn || !nk_host) return ks_errorf(KS_ERR_INTERNAL, "attention (recorded): no counts");
+        return tc1_run(s, p, nk_host, NULL, 0, dyn, rope, n_splits, ws);
+    }
+    if (!ks_cuda_attn_decode_tc_supported(p) || p->n != 1 || !p->nk || !p->idx_off || !p->qpos || p->renumber != p->q_renumber)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "attention (recorded, staged lists): the tensor-core decode does not take this call");
+    tc_byval bv;
+    memset(&bv, 0, sizeof bv); /* on = 0: counts, offsets and position from p when the kernel runs */
+    return tc_run(s, p, n_splits, ws, bv, rope);
+}

@@ -36,6 +36,102 @@ static void attn_params(cuda_ctx *c, ks_cuda_attn_params *p, float *out, const f
     p->splits = c->o.decode_splits;
 }
 
+/* ---------------------------------------------------------------- staged lists (attn_stage) */
+
+/* backend.h attn_stage: the lists of `a` (one allocation: each head's list at idx[h] - the lowest)
+ * copied into slot `slot`'s buffer in one device-to-device copy, the counts and offsets into its
+ * descriptor from pinned memory. The pinned copy is rewritten at the slot's next staging, one
+ * step later, after the step's end waited for the stream. */
+ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const ks_attn_args *a) {
+    cuda_ctx *c = CTX(b);
+    const int Hkv = L->n_kv_heads;
+    if (c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: attn_stage while recording");
+    if (slot < 0 || a->n != 1 || !a->idx || !a->idx_dev || Hkv > KS_CUDA_LSLOT_HEADS || !L->n)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: these attend lists cannot be staged (slot %d, %d rows, %d KV heads%s)",
+                         slot, a->n, Hkv, a->idx && a->idx_dev ? "" : ", not device lists");
+    const int32_t *dbase = NULL;
+    for (int h = 0; h < Hkv; h++)
+        if (!dbase || a->idx[h] < dbase) dbase = a->idx[h];
+    size_t span = 0;
+    int max_nk = 0;
+    for (int h = 0; h < Hkv; h++) {
+        if (a->n_idx[h] < 0 || a->n_idx[h] > L->n[h])
+            return ks_errorf(KS_ERR_ARG, "attention: %d indices for KV head %d of %d rows", a->n_idx[h], h, L->n[h]);
+        span = KS_MAX(span, (size_t)(a->idx[h] - dbase) + (size_t)a->n_idx[h]);
+        max_nk = KS_MAX(max_nk, a->n_idx[h]);
+    }
+    if (slot >= c->n_lslot) {
+        cu_lslot *ns = (cu_lslot *)realloc(c->lslot, sizeof *ns * (size_t)(slot + 1));
+        if (!ns) return ks_errorf(KS_ERR_OOM, "cuda: out of memory for list slot %d", slot);
+        memset(ns + c->n_lslot, 0, sizeof *ns * (size_t)(slot + 1 - c->n_lslot));
+        c->lslot = ns;
+        c->n_lslot = slot + 1;
+    }
+    cu_lslot *ls = &c->lslot[slot];
+    ks_status st;
+    if (!ls->desc) {
+        if ((st = raw_alloc(c, sizeof(int32_t) * 2 * KS_CUDA_LSLOT_HEADS, "staged list descriptor", (void **)&ls->desc))) return st;
+        cudaError_t e = cudaMallocHost((void **)&ls->hdesc, sizeof(int32_t) * 2 * KS_CUDA_LSLOT_HEADS);
+        if (e) { ls->hdesc = NULL; return ks_cuda_status(e, "staged list descriptor (pinned)"); }
+    }
+    if (span > ls->cap) { /* room for twice the lists (>= 256 KiB): they grow with the context, and a
+                             * slot that grows makes the step's recording stale */
+        size_t cap = KS_MAX((size_t)65536, KS_MAX(2 * span, 2 * ls->cap));
+        int32_t *nb;
+        if ((st = raw_alloc(c, sizeof(int32_t) * cap, "staged attend lists", (void **)&nb))) return st;
+        if (ls->lists) {
+            KS_CU(cudaStreamSynchronize(c->stream), "staged lists (the old buffer's readers)");
+            raw_free(c, ls->lists);
+            c->rc_gen++; /* graphs that read the old buffer are stale */
+        }
+        ls->lists = nb;
+        ls->cap = cap;
+    }
+    for (int h = 0; h < Hkv; h++) {
+        ls->hdesc[h] = a->n_idx[h];
+        ls->hdesc[KS_CUDA_LSLOT_HEADS + h] = (int32_t)(a->idx[h] - dbase);
+    }
+    ls->hkv = Hkv;
+    ls->max_nk = max_nk;
+    ls->renumber = a->renumber != 0;
+    if (span)
+        KS_CU(cudaMemcpyAsync(ls->lists, dbase, sizeof(int32_t) * span, cudaMemcpyDeviceToDevice, c->stream), "staged attend lists");
+    KS_CU(cudaMemcpyAsync(ls->desc, ls->hdesc, sizeof(int32_t) * 2 * KS_CUDA_LSLOT_HEADS, cudaMemcpyHostToDevice, c->stream),
+          "staged list descriptor");
+    return KS_OK;
+}
+
+/* A recorded attention over the lists of slot a->staged - 1: counts, offsets and the query
+ * position read from device memory when it runs (ks_cuda_attn_decode_tc_rec), the split count
+ * fixed from the recording's lists. */
+static ks_status attn_staged(cuda_ctx *c, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a) {
+    const int slot = a->staged - 1;
+    if (!c->rec) return ks_errorf(KS_ERR_INTERNAL, "attention: staged lists outside a recording");
+    if (slot < 0 || slot >= c->n_lslot || !c->lslot[slot].lists || c->lslot[slot].hkv != L->n_kv_heads || a->n != 1)
+        return rec_fail(c, "attention over a list slot that holds no lists for this layer");
+    const cu_lslot *ls = &c->lslot[slot];
+    ks_cuda_attn_params p;
+    attn_params(c, &p, out, q, L, a);
+    p.idx = ls->lists;
+    p.nk = ls->desc;
+    p.idx_off = ls->desc + KS_CUDA_LSLOT_HEADS;
+    p.qpos = c->d_step + 1;
+    p.max_nk = ls->max_nk;
+    p.renumber = p.q_renumber = ls->renumber;
+    if (p.max_nk == 0) return rec_fail(c, "attention over empty staged lists");
+    if (!p.splits) p.splits = ks_cuda_attn_decode_tc_list_splits(&p, c->n_sm, a->rope != NULL);
+    if (!ks_cuda_attn_decode_tc_supported(&p)) return rec_fail(c, "attention over staged lists of this shape");
+    ks_cuda_attn_rope rope;
+    if (a->rope) {
+        ks_rope_inv_freq(a->rope, a->rope_max_pos, rope.inv_freq);
+        rope.attn_factor = (float)a->rope->attn_factor;
+    }
+    int splits;
+    size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
+    if (wsb > GRAPH_WS) return rec_fail(c, "attention with a split workspace this large");
+    return ks_cuda_attn_decode_tc_rec(c->stream, &p, NULL, NULL, a->rope ? &rope : NULL, splits, c->gws);
+}
+
 static ks_status cu_attention(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a) {
     cuda_ctx *c = CTX(b);
     int H = a->n_heads, Hkv = L->n_kv_heads, n = a->n, d = L->head_dim;
@@ -45,6 +141,7 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
     int half = a->rope ? a->rope->head_dim / 2 : 0;
     if (a->rope && (a->rope->head_dim != d || half > 512))
         return ks_errorf(KS_ERR_UNSUPPORTED, "attention: rope over %d of %d dims", a->rope->head_dim, d);
+    if (a->staged) return attn_staged(c, out, q, L, a);
     if (n == 1 && !a->idx && !a->rope && L->n && c->o.decode_kernels &&
         (c->attn_path == KS_CUDA_ATTN_AUTO || c->attn_path == KS_CUDA_ATTN_TC) &&
         Hkv <= KS_CUDA_ATTN_BYVAL_HEADS) {
@@ -95,13 +192,20 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
         p.renumber = p.q_renumber = a->idx && a->renumber;
         if (!p.splits) p.splits = ks_cuda_attn_decode_tc_list_splits(&p, c->n_sm, a->rope != NULL);
         if (ks_cuda_attn_decode_tc_supported(&p)) {
-            if (c->rec) return rec_fail(c, "attention over an index list or pre-RoPE keys");
+            if (c->rec && (a->idx || p.max_nk == 0))
+                return rec_fail(c, "attention over an index list that was not staged, or over an empty cache");
             if (p.max_nk == 0) /* nothing to attend to: zeros, as the CPU reference gives */
                 return ks_cuda_status(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)H * d, c->stream), "attention");
             ks_cuda_attn_rope rope;
             if (a->rope) {
                 ks_rope_inv_freq(a->rope, a->rope_max_pos, rope.inv_freq);
                 rope.attn_factor = (float)a->rope->attn_factor;
+            }
+            if (c->rec) { /* pre-RoPE rows of the cache itself: counts and position from the step slot */
+                int splits;
+                size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
+                if (wsb > GRAPH_WS) return rec_fail(c, "attention with a split workspace this large");
+                return ks_cuda_attn_decode_tc_rec(c->stream, &p, L->n, c->d_step + 1, &rope, splits, c->gws);
             }
             int splits;
             void *ws = NULL;

@@ -35,6 +35,16 @@ struct ks_weight {
 
 #define ROPE_CACHE 4 /* rope configurations whose inv_freq stays on the device */
 
+/* One staged-list slot (attn_stage): fixed buffers a recorded attention over lists reads. */
+typedef struct cu_lslot {
+    int32_t *lists;    /* device: the lists of all heads, as staged (cap int32) */
+    size_t cap;
+    int32_t *desc;     /* device: (2, KS_CUDA_LSLOT_HEADS) counts, then offsets into lists */
+    int32_t *hdesc;    /* pinned host copy that the staging copies from */
+    int hkv, max_nk;   /* of the last staging (host: the recording's split choice) */
+    int renumber;      /* the last staging's lists take positions 0..count-1 */
+} cu_lslot;
+
 typedef struct cuda_ctx {
     int device, n_sm;
     cudaStream_t stream;
@@ -73,7 +83,13 @@ typedef struct cuda_ctx {
     void *gws;             /* attention split workspace of recorded steps (GRAPH_WS bytes) */
     float *row_mlp;        /* (2, row_mlp_n) one row's MLP gate and up (cuda_layer.cu; kept: a recorded step reads it) */
     size_t row_mlp_n;
+    /* staged attend lists (attn_stage, cuda_attn.cu): slot i's fixed buffers, which a recorded
+     * attention over lists reads when it runs; (n_lslot) */
+    cu_lslot *lslot;
+    int n_lslot;
 } cuda_ctx;
+
+#define KS_CUDA_LSLOT_HEADS 64      /* KV heads a staged list slot holds (KS_CUDA_ATTN_BYVAL_HEADS) */
 
 #define KS_CUDA_STEP_WORDS 8        /* int32 words of the decode graphs' step slot */
 #define GRAPH_WS ((size_t)8 << 20) /* split-KV workspace of a recorded decode step */
@@ -107,6 +123,8 @@ void cuda_dense_install(ks_backend *b);
 void cuda_layer_install(ks_backend *b); /* opts.fused, opts.mlp are read at each call */
 void cuda_kv_install(ks_backend *b);
 void cuda_attn_install(ks_backend *b);
+/* backend.h attn_stage (cuda_attn.cu), installed with the graphs by cuda_graph_install */
+ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const ks_attn_args *a);
 void cuda_prof_install(ks_backend *b);
 void cuda_graph_install(ks_backend *b); /* opts.graphs (and opts.fused: the plain ops don't record) */
 void cuda_prims_install(ks_backend *b);

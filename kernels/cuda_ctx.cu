@@ -207,6 +207,12 @@ static void cu_destroy(ks_backend *b) {
         raw_free(c, c->d_step);
         raw_free(c, c->gws);
         raw_free(c, c->row_mlp);
+        for (int i = 0; i < c->n_lslot; i++) {
+            raw_free(c, c->lslot[i].lists);
+            raw_free(c, c->lslot[i].desc);
+            if (c->lslot[i].hdesc) cudaFreeHost(c->lslot[i].hdesc);
+        }
+        free(c->lslot);
         for (int i = 0; i < ROPE_CACHE; i++) raw_free(c, c->rc[i].dev);
         for (int i = 0; i < c->pcap; i++) cudaEventDestroy(c->pev[i]);
         free(c->pev);

@@ -129,4 +129,5 @@ void cuda_graph_install(ks_backend *b) {
     b->graph_free = cu_graph_free;
     b->graph_begin_seg = cu_graph_begin_seg;
     b->graph_launch = cu_graph_launch;
+    b->attn_stage = cuda_attn_stage; /* cuda_attn.cu: lists a recorded attention reads */
 }

@@ -356,6 +356,64 @@ static void run_case(const lcase *c) {
             free(oh);
         }
     }
+    if ((idx && c->k > 0) || (!idx && c->rope)) { /* the recorded step's entry: counts from device memory */
+        /* staged lists: counts, offsets and the query position uploaded as a recording's slot
+         * holds them; no list: the counts + the step slot's delta (0 here) */
+        ks_cuda_attn_params p;
+        memset(&p, 0, sizeof p);
+        p.out = dout;
+        p.q = dq;
+        p.k = G.k;
+        p.v = G.v;
+        p.kpos = (const int32_t *)G.pos_dev;
+        p.n = 1;
+        p.n_heads = H;
+        p.n_kv_heads = Hkv;
+        p.head_dim = d;
+        p.capacity = G.capacity;
+        p.scale = a.scale;
+        p.window = c->window;
+        int32_t hd[2 * 64 + 2], nk[64];
+        for (int h = 0; h < Hkv; h++) {
+            nk[h] = idx ? nidx[h] : N;
+            hd[h] = nk[h];
+            hd[Hkv + h] = idx ? off[h] : 0;
+            p.max_nk = nk[h] > p.max_nk ? nk[h] : p.max_nk;
+        }
+        hd[2 * Hkv] = qpos;
+        hd[2 * Hkv + 1] = 0;
+        int32_t *dd = gpu_up(hd, sizeof hd);
+        if (idx) {
+            p.idx = dcat;
+            p.nk = dd;
+            p.idx_off = dd + Hkv;
+            p.qpos = dd + 2 * Hkv;
+            p.renumber = p.q_renumber = c->renumber;
+        }
+        p.splits = ks_cuda_attn_decode_tc_list_splits(&p, ks_cuda_backend_sm_count(GPU), c->rope);
+        int splits;
+        size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, ks_cuda_backend_sm_count(GPU), &splits);
+        void *ws = wsb ? GPU->alloc(GPU, wsb) : NULL;
+        ks_cuda_attn_rope rr;
+        if (c->rope) {
+            ks_rope_inv_freq(&rope, a.rope_max_pos, rr.inv_freq);
+            rr.attn_factor = (float)rope.attn_factor;
+        }
+        gpu_nan(dout, qn);
+        st = ks_cuda_attn_decode_tc_rec(ks_cuda_backend_stream(GPU), &p, idx ? NULL : nk, idx ? NULL : dd + 2 * Hkv,
+                                        c->rope ? &rr : NULL, splits, ws);
+        if (!st) st = GPU->sync(GPU);
+        snprintf(sub, sizeof sub, "%s: recorded entry (%s)", name, idx ? "staged lists" : "counts + step slot");
+        if (st) result(0, sub, "%s", ks_last_error());
+        else {
+            float *orc = gpu_get(dout, qn);
+            result(!memcmp(orc, og, sizeof(float) * qn), sub, "bit-identical to the by-value launch: %s (relerr %.2e)",
+                   memcmp(orc, og, sizeof(float) * qn) ? "no" : "yes", relerr(orc, og, qn));
+            free(orc);
+        }
+        if (ws) GPU->free(GPU, ws);
+        GPU->free(GPU, dd);
+    }
 done:
     free(og);
     GPU->free(GPU, dq);

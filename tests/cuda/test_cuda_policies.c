@@ -419,14 +419,22 @@ typedef struct seg_run {
     char rep[64];
 } seg_run;
 
-static int seg_run_one(ks_model *m, const char *name, const char *src, const int32_t *prompt, int n, int steps,
-                       const int32_t *force, int32_t *ids_out, seg_run *r) {
+static int seg_run_one(ks_model *m, const char *name, const char *src, const char *params, const int32_t *prompt, int n,
+                       int steps, const int32_t *force, int32_t *ids_out, seg_run *r) {
     ks_session *s = NULL;
     ks_policy *p = NULL;
     int vocab = m->cfg.vocab;
     memset(r, 0, sizeof *r);
     r->lg = calloc((size_t)steps * vocab, sizeof(float));
     ks_status st = src ? ks_policy_load_string(m, name, src, &p) : ks_policy_load(m, name, &p);
+    char kv[256];
+    snprintf(kv, sizeof kv, "%s", params ? params : "");
+    for (char *save = NULL, *tok = strtok_r(kv, ",", &save); !st && tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) continue;
+        *eq = 0;
+        st = ks_policy_set(p, tok, eq + 1);
+    }
     if (!st) st = ks_session_create(m, &s);
     if (!st) st = ks_session_set_policy(s, p);
     if (!st) st = ks_session_prefill(s, prompt, n);
@@ -449,9 +457,11 @@ static int seg_run_one(ks_model *m, const char *name, const char *src, const int
 }
 
 /* min_graph: the fewest replayed steps the graph run must show */
-static void seg_case(const char *dir, const char *pname, const char *src, int n, int steps, int min_graph) {
-    char name[160];
-    snprintf(name, sizeof name, "%s decode handler in segments: %s, prompt %d, %d steps", dir, pname, n, steps);
+static void seg_case(const char *dir, const char *pname, const char *src, const char *params, int n, int steps,
+                     int min_graph) {
+    char name[200];
+    snprintf(name, sizeof name, "%s decode handler in segments: %s%s%s, prompt %d, %d steps", dir, pname, params ? " " : "",
+             params ? params : "", n, steps);
     if (g_only && !strstr(name, g_only)) return;
     ks_model *mg = NULL, *mp = NULL;
     ks_model_opts o;
@@ -469,8 +479,8 @@ static void seg_case(const char *dir, const char *pname, const char *src, int n,
     make_prompt(prompt, n, mg->cfg.vocab, mg->cfg.bos, 0x2545F4914F6CDD1Dull);
     seg_run pl, g;
     memset(&g, 0, sizeof g);
-    int e = seg_run_one(mp, pname, src, prompt, n, steps, NULL, ids, &pl);
-    if (!e) e = seg_run_one(mg, pname, src, prompt, n, steps, ids, NULL, &g);
+    int e = seg_run_one(mp, pname, src, params, prompt, n, steps, NULL, ids, &pl);
+    if (!e) e = seg_run_one(mg, pname, src, params, prompt, n, steps, ids, NULL, &g);
     int vocab = mg->cfg.vocab;
     if (e || pl.n != steps || g.n != steps) result(0, name, "a run failed");
     else {
@@ -584,9 +594,14 @@ int main(int argc, char **argv) {
     ring_graph_case("models/kvsieve-tiny", 64, 4, 20, 150);  /* grows, re-records at the budget, then rings */
     ring_graph_case("models/kvsieve-tiny", 9, 8, 30, 20);    /* one slot: re-recorded at every step */
     /* a decode handler between recorded segments against plain launches */
-    seg_case("models/kvsieve-tiny", "noop", NULL, 20, 60, 58);         /* never acts: all but 2 steps replay */
-    seg_case("models/kvsieve-tiny", "reader", SEG_READER, 20, 60, 58); /* device prims and a sync between segments */
-    seg_case("models/kvsieve-tiny", "actor", SEG_ACTOR, 20, 60, 30);   /* attends every 7th step, retains at step 20 */
+    seg_case("models/kvsieve-tiny", "noop", NULL, NULL, 20, 60, 58);         /* never acts: all but 2 steps replay */
+    seg_case("models/kvsieve-tiny", "reader", SEG_READER, NULL, 20, 60, 58); /* device prims and a sync between segments */
+    seg_case("models/kvsieve-tiny", "actor", SEG_ACTOR, NULL, 20, 60, 30);   /* attends every 7th step, retains at step 20 */
+    /* attend-only device lists at every layer, staged for the recorded attention: TokenSelect
+     * (pre-RoPE keys, rotated in the kernel; the hit path and the default), Quest (pages) */
+    seg_case("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=-1", 30, 60, 50);
+    seg_case("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16", 30, 60, 50);
+    seg_case("models/kvsieve-tiny", "quest", NULL, "page=4,budget=32", 60, 60, 50);
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }
