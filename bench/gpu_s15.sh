@@ -1,6 +1,7 @@
 # Session 15's device calls (GPU 0): the split-K narrow GEMMs of the batched step (issue 16) and
-# whatever else the session measures. Binaries from .data/s15/*.xz (carry .data/s15 and, for the
-# tests, .data/stories260K); each step writes one file under $OUT/s15/ (the tool returns <= 8).
+# the decode steps in graph segments (issue 14). Binaries from .data/s15/*.xz (S15=DIR: another
+# folder; carry it and, for the tests, .data/stories260K); each step writes one file under
+# $OUT/s15/ (the tool returns <= 8).
 #   gemm    test_gemm_rows (correctness, then --bench: per op at 1/4/16/64 rows: convert + cuBLAS,
 #           cuBLAS alone, the skinny kernel; the split-K build of bench/NOTES.md "Split K" also
 #           had cuBLAS over 2/4/8 K slices + a sum) and test_cuda's matmul group
@@ -11,7 +12,7 @@
 #   b14     issue 14's 32K row, this build beside main before session 14 (.data/base, 2ac0e46, with its
 #           policy files .data/f14/basepol): full, the no-op handler, TokenSelect, Quest
 # Usage: bash bench/gpu_s15.sh STEP...
-S=.data/s15; R=$(mktemp -d); O="$OUT/s15"; mkdir -p $O
+S=${S15:-.data/s15}; R=$(mktemp -d); O="$OUT/s15"; mkdir -p $O
 for f in $S/*.xz; do [ -f $f ] && xz -dc $f > $R/$(basename $f .xz); done
 chmod +x $R/* 2>/dev/null
 export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} KS_STORIES=.data/stories260K
@@ -34,7 +35,13 @@ tst() { # tst BINARY ARGS...: its failures and summary, when it was carried
 }
 step_tests() {
     ( tst test_cuda_policies --stories .data/stories260K; tst test_cuda --quick; tst test_gemm_rows
-      tst test_cuda_prims; tst test_attn_decode_batch; tst test_attn_list ) >> $O/tests.txt
+      tst test_cuda_prims; tst test_attn_decode_batch; tst test_attn_list --quick ) >> $O/tests.txt
+}
+step_memcheck() { # compute-sanitizer over the segment cases (staged lists, recorded attention) and the list kernels
+    ( [ -x $R/test_cuda_policies ] && timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 \
+          $R/test_cuda_policies --only "decode handler" 2>&1 | tail -4
+      [ -x $R/test_attn_list ] && timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 \
+          $R/test_attn_list --quick 2>&1 | tail -3 ) >> $O/memcheck.txt
 }
 B="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --repeat 1"
 row() { # row TAG ARGS...: base (its policy files) then this build
