@@ -87,17 +87,25 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
         ls->lists = nb;
         ls->cap = cap;
     }
-    for (int h = 0; h < Hkv; h++) {
-        ls->hdesc[h] = a->n_idx[h];
-        ls->hdesc[KS_CUDA_LSLOT_HEADS + h] = (int32_t)(a->idx[h] - dbase);
+    /* the descriptor is uploaded only when it changed (TokenSelect's and Quest's counts and
+     * offsets stay the same from step to step): one copy a layer less */
+    int same = ls->hkv == Hkv;
+    for (int h = 0; h < Hkv && same; h++)
+        same = ls->hdesc[h] == a->n_idx[h] && ls->hdesc[KS_CUDA_LSLOT_HEADS + h] == (int32_t)(a->idx[h] - dbase);
+    if (span)
+        KS_CU(cudaMemcpyAsync(ls->lists, dbase, sizeof(int32_t) * span, cudaMemcpyDeviceToDevice, c->stream), "staged attend lists");
+    if (!same) {
+        /* the pinned copy's previous upload ran: every step ends waiting for the stream */
+        for (int h = 0; h < Hkv; h++) {
+            ls->hdesc[h] = a->n_idx[h];
+            ls->hdesc[KS_CUDA_LSLOT_HEADS + h] = (int32_t)(a->idx[h] - dbase);
+        }
+        KS_CU(cudaMemcpyAsync(ls->desc, ls->hdesc, sizeof(int32_t) * 2 * KS_CUDA_LSLOT_HEADS, cudaMemcpyHostToDevice, c->stream),
+              "staged list descriptor");
     }
     ls->hkv = Hkv;
     ls->max_nk = max_nk;
     ls->renumber = a->renumber != 0;
-    if (span)
-        KS_CU(cudaMemcpyAsync(ls->lists, dbase, sizeof(int32_t) * span, cudaMemcpyDeviceToDevice, c->stream), "staged attend lists");
-    KS_CU(cudaMemcpyAsync(ls->desc, ls->hdesc, sizeof(int32_t) * 2 * KS_CUDA_LSLOT_HEADS, cudaMemcpyHostToDevice, c->stream),
-          "staged list descriptor");
     return KS_OK;
 }
 

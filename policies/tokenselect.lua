@@ -97,8 +97,11 @@ local function _select(ev, p, fp, K, lo, hi, step)
   return top + lo
 end
 
+-- One list, [0, n_init) ++ sel ++ [N - n_local, N), built by one primitive (ks.page_rows with
+-- pages of one row: sel is ks.topk's sorted result inside [n_init, N - n_local), so the list is
+-- valid by construction and ev:attend takes it on the device without a check).
 local function _attend(ev, p, sel, N)
-  ev:attend(ks.concat(ks.arange(0, p.n_init), sel, ks.arange(N - p.n_local, N)), { renumber = true })
+  ev:attend(ks.page_rows(sel, 1, N, { before = { 0, p.n_init }, after = { N - p.n_local, N } }), { renumber = true })
 end
 
 local function _check(p)
