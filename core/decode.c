@@ -513,11 +513,11 @@ static int dec_acted(const ks_actions *a) {
     return a->attend && a->renumber ? 2 : 1;
 }
 
-/* 1 when the event asked only to attend to device lists (TokenSelect, Quest): a recorded
- * segment can take those through the backend's staged list slot */
+/* 1 when the event asked only to attend (TokenSelect, Quest): a recorded segment can take the
+ * lists through the backend's staged list slot, where attn_stage accepts them (CUDA: device
+ * lists) */
 static int dec_stageable(const ks_session *s, const ks_actions *a) {
-    return s->be->attn_stage && a->attend && a->attend_dev && !a->restart && !a->propagate && !a->retain && !a->stop &&
-           !a->discard_kv;
+    return s->be->attn_stage && a->attend && !a->restart && !a->propagate && !a->retain && !a->stop && !a->discard_kv;
 }
 
 /* Stage layer l's attend lists (act's) in slot l. act stays: the caller frees it once the

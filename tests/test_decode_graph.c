@@ -1,0 +1,448 @@
+/* test_decode_graph.c — core/decode.c's recorded decode steps on the CPU: the whole-step graph
+ * (no decode handler) and the segments of a step whose handler runs between layers, with the
+ * lists of attending handlers staged (backend.h graph_begin .. attn_stage), against plain steps,
+ * bit for bit.
+ *
+ * The CPU backend records nothing, so the test wraps it in an emulated recorder ("graph-cpu"):
+ * between graph_begin (or graph_begin_seg) and graph_end the forward ops are recorded with their
+ * arguments and not run, with the host effects the contract names (attn_in books its row); a run
+ * replays them with the per-token values taken from the step slot as a CUDA graph's kernels take
+ * them: the token id and position of graph_run, each layer's row at (recorded count + delta),
+ * the attention over (recorded count + delta) rows, or over the lists attn_stage copied into the
+ * layer's slot. Any other backend call while recording fails the recording (as an allocation
+ * does on CUDA). What this checks is the engine's side: which steps replay, which segments, the
+ * bookkeeping of the rows, the staging, the fall back to plain launches at the first layer whose
+ * handler asks for something else, and re-recording; the CUDA side is tests/cuda/
+ * test_cuda_policies.c ("decode handler in segments").
+ *   decode_graph_whole_step         no policy: all but the first two steps replay, logits equal
+ *   decode_graph_segments_noop      a handler that asks for nothing
+ *   decode_graph_segments_actor     one that attends every 7th step and retains once (falls back,
+ *                                   keeps the recording, re-records after the retain)
+ *   decode_graph_segments_staged    TokenSelect (its hit path and its default) and Quest: their
+ *                                   lists staged at every layer
+ *   decode_graph_recording_fails    a recording that calls an op the recorder refuses: the step
+ *                                   runs plain and after two failures the session stops trying */
+#include "engine.h"
+#include "forward.h"
+#include "ktest.h"
+#include "kvsieve.h"
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TINY "models/kvsieve-tiny"
+#define MAXH 64
+
+/* ================================================================ the recorder */
+
+enum { OP_EMBED, OP_ATTN_IN, OP_ATTENTION, OP_ATTN_OUT, OP_MLP, OP_HEAD };
+
+typedef struct rec_op {
+    int kind;
+    float *out;
+    const float *in;
+    const ks_weight *w0, *w1;
+    const ks_layer_w *W;
+    const ks_config *c;
+    const ks_acts *a;
+    ks_kv_layer *L;
+    int n, dim, rotate, row;
+    int cnt[MAXH];      /* attn_in: the rows before the append; attention: the rows it reads */
+    ks_attn_args aa;    /* attention: qpos, idx and n_idx replaced at the run */
+} rec_op;
+
+struct ks_graph {
+    rec_op *ops;
+    int n, cap;
+    int32_t pos0;
+};
+
+typedef struct lslot {
+    int32_t *list[MAXH];
+    int cnt[MAXH];
+    int renumber, hkv;
+} lslot;
+
+static struct {
+    ks_backend w;     /* the wrapper the model runs on */
+    ks_backend *cpu;  /* the real backend */
+    int rec, failed, refuse_head;
+    ks_graph *cur;
+    int32_t id, pos, delta; /* the step slot */
+    lslot slot[64];
+    long runs, launches, stages;
+} R;
+
+static int rec_push(const rec_op *o) {
+    ks_graph *g = R.cur;
+    if (g->n == g->cap) {
+        int cap = g->cap ? 2 * g->cap : 64;
+        rec_op *p = realloc(g->ops, sizeof *p * cap);
+        if (!p) { R.failed = 1; return -1; }
+        g->ops = p;
+        g->cap = cap;
+    }
+    g->ops[g->n++] = *o;
+    return 0;
+}
+
+static ks_status refuse(const char *what) {
+    R.failed = 1;
+    return ks_errorf(KS_ERR_UNSUPPORTED, "graph-cpu: %s cannot be recorded", what);
+}
+
+static ks_status w_embed(ks_backend *b, float *x, const ks_weight *E, const int32_t *ids, int n, int dim) {
+    if (!R.rec) return R.cpu->embed(R.cpu, x, E, ids, n, dim);
+    if (n != 1) return refuse("an embed of several ids");
+    rec_op o = {.kind = OP_EMBED, .out = x, .w0 = E, .n = n, .dim = dim};
+    return rec_push(&o) ? KS_ERR_OOM : KS_OK;
+}
+
+static ks_status w_attn_in(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n, const int32_t *pos,
+                           int max_pos, int rotate, ks_kv_layer *L) {
+    if (!R.rec) return R.cpu->attn_in(R.cpu, W, c, a, n, pos, max_pos, rotate, L);
+    if (n != 1 || !L || L->n_kv_heads > MAXH) return refuse("attn_in without its cache row");
+    rec_op o = {.kind = OP_ATTN_IN, .W = W, .c = c, .a = a, .L = L, .n = n, .rotate = rotate};
+    for (int h = 0; h < L->n_kv_heads; h++) { /* the host effect: the row is booked */
+        if (L->n[h] + 1 > L->capacity) return refuse("an append past the capacity");
+        o.cnt[h] = L->n[h];
+        L->pos[(size_t)h * L->capacity + L->n[h]++] = pos[0];
+    }
+    return rec_push(&o) ? KS_ERR_OOM : KS_OK;
+}
+
+static ks_status w_attention(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a) {
+    if (!R.rec) {
+        if (a->staged) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: staged lists outside a recording");
+        return R.cpu->attention(R.cpu, out, q, L, a);
+    }
+    if (a->n != 1 || L->n_kv_heads > MAXH) return refuse("attention of several rows");
+    if (!a->staged && a->idx) return refuse("attention over lists that were not staged");
+    if (a->staged && (a->staged > 64 || R.slot[a->staged - 1].hkv != L->n_kv_heads)) return refuse("an empty list slot");
+    rec_op o = {.kind = OP_ATTENTION, .out = out, .in = q, .L = (ks_kv_layer *)L, .aa = *a};
+    for (int h = 0; h < L->n_kv_heads; h++) o.cnt[h] = L->n[h];
+    return rec_push(&o) ? KS_ERR_OOM : KS_OK;
+}
+
+static ks_status w_attn_out(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n) {
+    if (!R.rec) return R.cpu->attn_out(R.cpu, W, c, a, n);
+    rec_op o = {.kind = OP_ATTN_OUT, .W = W, .c = c, .a = a, .n = n};
+    return rec_push(&o) ? KS_ERR_OOM : KS_OK;
+}
+
+static ks_status w_mlp(ks_backend *b, const ks_layer_w *W, const ks_config *c, const ks_acts *a, int n) {
+    if (!R.rec) return R.cpu->mlp(R.cpu, W, c, a, n);
+    rec_op o = {.kind = OP_MLP, .W = W, .c = c, .a = a, .n = n};
+    return rec_push(&o) ? KS_ERR_OOM : KS_OK;
+}
+
+static ks_status w_head(ks_backend *b, const ks_weight *norm, const ks_weight *lm, const ks_config *c, const ks_acts *a, int row,
+                        int n, float *logits) {
+    if (!R.rec) return R.cpu->head(R.cpu, norm, lm, c, a, row, n, logits);
+    if (R.refuse_head) return refuse("the head (the test's injected refusal)");
+    rec_op o = {.kind = OP_HEAD, .w0 = norm, .w1 = lm, .c = c, .a = a, .row = row, .n = n, .out = logits};
+    return rec_push(&o) ? KS_ERR_OOM : KS_OK;
+}
+
+/* memory calls while recording fail it, as a stream-ordered allocation fails a CUDA capture */
+static void *w_alloc(ks_backend *b, size_t n) {
+    if (R.rec) { refuse("an allocation"); return NULL; }
+    return R.cpu->alloc(R.cpu, n);
+}
+static void w_free(ks_backend *b, void *p) { R.cpu->free(R.cpu, p); }
+
+/* one recorded op with the slot's values */
+static ks_status run_op(const rec_op *o) {
+    int32_t id = R.id, pos = R.pos;
+    switch (o->kind) {
+    case OP_EMBED: return R.cpu->embed(R.cpu, o->out, o->w0, &id, 1, o->dim);
+    case OP_ATTN_IN: { /* the row at (recorded count + delta), written through a view: no booking */
+        int nv[MAXH];
+        ks_kv_layer V = *o->L;
+        for (int h = 0; h < V.n_kv_heads; h++) nv[h] = o->cnt[h] + R.delta;
+        V.n = nv;
+        return R.cpu->attn_in(R.cpu, o->W, o->c, o->a, 1, &pos, pos, o->rotate, &V);
+    }
+    case OP_ATTENTION: {
+        int nv[MAXH];
+        ks_kv_layer V = *o->L;
+        for (int h = 0; h < V.n_kv_heads; h++) nv[h] = o->cnt[h] + R.delta;
+        V.n = nv;
+        ks_attn_args aa = o->aa;
+        aa.qpos = &pos;
+        aa.rope_max_pos = pos;
+        if (aa.staged) { /* the lists the step staged last */
+            const lslot *s = &R.slot[aa.staged - 1];
+            aa.idx = (const int32_t *const *)s->list;
+            aa.n_idx = s->cnt;
+            aa.idx_dev = 0;
+            aa.renumber = s->renumber;
+            aa.staged = 0;
+        }
+        return R.cpu->attention(R.cpu, o->out, o->in, &V, &aa);
+    }
+    case OP_ATTN_OUT: return R.cpu->attn_out(R.cpu, o->W, o->c, o->a, o->n);
+    case OP_MLP: return R.cpu->mlp(R.cpu, o->W, o->c, o->a, o->n);
+    case OP_HEAD: return R.cpu->head(R.cpu, o->w0, o->w1, o->c, o->a, o->row, o->n, o->out);
+    }
+    return KS_ERR_INTERNAL;
+}
+
+static ks_status run_graph(const ks_graph *g) {
+    for (int i = 0; i < g->n; i++) {
+        ks_status st = run_op(&g->ops[i]);
+        if (st) return st;
+    }
+    return KS_OK;
+}
+
+static ks_status w_graph_begin(ks_backend *b, int32_t id, int32_t pos) {
+    if (R.rec) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: graph_begin while recording");
+    R.cur = calloc(1, sizeof *R.cur);
+    if (!R.cur) return KS_ERR_OOM;
+    R.cur->pos0 = pos;
+    R.id = id, R.pos = pos, R.delta = 0;
+    R.rec = 1;
+    R.failed = 0;
+    return KS_OK;
+}
+static ks_status w_graph_begin_seg(ks_backend *b) {
+    if (R.rec) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: graph_begin_seg while recording");
+    R.cur = calloc(1, sizeof *R.cur);
+    if (!R.cur) return KS_ERR_OOM;
+    R.cur->pos0 = R.pos - R.delta;
+    R.rec = 1;
+    R.failed = 0;
+    return KS_OK;
+}
+static void w_graph_free(ks_backend *b, ks_graph *g) {
+    if (!g) return;
+    free(g->ops);
+    free(g);
+}
+static ks_status w_graph_end(ks_backend *b, ks_graph **out) {
+    *out = NULL;
+    if (!R.rec) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: graph_end without graph_begin");
+    R.rec = 0;
+    ks_graph *g = R.cur;
+    R.cur = NULL;
+    if (R.failed) {
+        w_graph_free(b, g);
+        return ks_errorf(KS_ERR_UNSUPPORTED, "graph-cpu: a call could not be recorded");
+    }
+    *out = g;
+    return KS_OK;
+}
+static ks_status w_graph_run(ks_backend *b, ks_graph *g, int32_t id, int32_t pos) {
+    if (R.rec) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: graph_run while recording");
+    R.id = id, R.pos = pos, R.delta = pos - g->pos0;
+    R.runs++;
+    return run_graph(g);
+}
+static ks_status w_graph_launch(ks_backend *b, ks_graph *g) {
+    if (R.rec) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: graph_launch while recording");
+    R.launches++;
+    return run_graph(g);
+}
+static ks_status w_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const ks_attn_args *a) {
+    if (R.rec) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: attn_stage while recording");
+    if (slot < 0 || slot >= 64 || a->n != 1 || !a->idx || L->n_kv_heads > MAXH)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "graph-cpu: these lists cannot be staged");
+    lslot *s = &R.slot[slot];
+    for (int h = 0; h < L->n_kv_heads; h++) {
+        if (a->n_idx[h] > L->n[h]) return ks_errorf(KS_ERR_ARG, "graph-cpu: %d indices for %d rows", a->n_idx[h], L->n[h]);
+        int32_t *p = realloc(s->list[h], sizeof(int32_t) * (a->n_idx[h] + 1));
+        if (!p) return KS_ERR_OOM;
+        memcpy(p, a->idx[h], sizeof(int32_t) * a->n_idx[h]);
+        s->list[h] = p;
+        s->cnt[h] = a->n_idx[h];
+    }
+    s->hkv = L->n_kv_heads;
+    s->renumber = a->renumber;
+    R.stages++;
+    return KS_OK;
+}
+
+/* The recorder around a fresh CPU backend (single-threaded: the reference is too, so both sum
+ * in the same order). */
+static ks_backend *recorder_create(void) {
+    memset(&R, 0, sizeof R);
+    ks_backend_opts o = ks_backend_opts_default();
+    o.n_threads = 1;
+    if (ks_cpu_backend_create(&o, &R.cpu)) return NULL;
+    R.w = *R.cpu;
+    R.w.name = "graph-cpu";
+    R.w.embed = w_embed;
+    R.w.attn_in = w_attn_in;
+    R.w.attention = w_attention;
+    R.w.attn_out = w_attn_out;
+    R.w.mlp = w_mlp;
+    R.w.head = w_head;
+    R.w.alloc = w_alloc;
+    R.w.free = w_free;
+    R.w.graph_begin = w_graph_begin;
+    R.w.graph_end = w_graph_end;
+    R.w.graph_run = w_graph_run;
+    R.w.graph_free = w_graph_free;
+    R.w.graph_begin_seg = w_graph_begin_seg;
+    R.w.graph_launch = w_graph_launch;
+    R.w.attn_stage = w_attn_stage;
+    R.w.destroy = NULL;
+    return &R.w;
+}
+static void recorder_free(void) {
+    for (int i = 0; i < 64; i++)
+        for (int h = 0; h < MAXH; h++) free(R.slot[i].list[h]);
+    ks_backend_free(R.cpu);
+}
+
+/* ================================================================ runs */
+
+typedef struct drun {
+    int steps, graph_steps;
+    int32_t ids[128];
+    float *lg; /* (steps, vocab) */
+} drun;
+
+/* prompt (n) then `steps` steps of greedy decoding (force: those ids instead) on model m with the
+ * policy `name` (src: its source; NULL: none) and params "k=v,..." */
+static ks_status drun_one(ks_model *m, const char *name, const char *src, const char *params, int n, int steps,
+                          const int32_t *force, drun *r, char *err, size_t errn) {
+    memset(r, 0, sizeof *r);
+    int vocab = m->cfg.vocab;
+    r->lg = calloc((size_t)steps * vocab, sizeof(float));
+    int32_t prompt[256];
+    for (int i = 0; i < n; i++) prompt[i] = (i * 37 + 11) % 4000 + 3;
+    ks_policy *p = NULL;
+    ks_session *s = NULL;
+    ks_status st = KS_OK;
+    if (name) st = src ? ks_policy_load_string(m, name, src, &p) : ks_policy_load(m, name, &p);
+    char kv[256];
+    snprintf(kv, sizeof kv, "%s", params ? params : "");
+    for (char *save = NULL, *tok = strtok_r(kv, ",", &save); !st && tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) continue;
+        *eq = 0;
+        st = ks_policy_set(p, tok, eq + 1);
+    }
+    if (!st) st = ks_session_create(m, &s);
+    if (!st && p) st = ks_session_set_policy(s, p);
+    if (!st) st = ks_session_prefill(s, prompt, n);
+    ks_sampler g;
+    ks_sampler_init(&g, 0, 1, 0);
+    for (int t = 0; !st && t < steps; t++) {
+        r->ids[t] = force ? force[t] : ks_sample(&g, s->logits, vocab);
+        st = ks_session_decode(s, r->ids[t]);
+        if (!st) memcpy(r->lg + (size_t)t * vocab, s->logits, sizeof(float) * vocab);
+        r->steps = t + 1;
+    }
+    if (st) snprintf(err, errn, "%s: %s", name ? name : "none", ks_last_error());
+    if (s) r->graph_steps = s->graph_steps;
+    ks_session_free(s);
+    ks_policy_free(p);
+    return st;
+}
+
+/* The same policy on the plain CPU backend and on the recorder: logits bit-equal at every step,
+ * at least min_graph steps replayed and min_stages lists staged. 0, or -1 with the reason in msg. */
+static int compare(const char *name, const char *src, const char *params, int n, int steps, int min_graph, long min_stages,
+                   char *msg, size_t msgn) {
+    ks_model *plain = NULL, *rec = NULL;
+    ks_backend *wb = recorder_create();
+    ks_backend_opts o = ks_backend_opts_default();
+    o.n_threads = 1;
+    ks_backend *cpu = NULL;
+    char err[1024] = "";
+    const char *nm = name ? name : "none", *pm = params ? params : "";
+    int rc = -1;
+    drun a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    if (!wb || ks_cpu_backend_create(&o, &cpu) || ks_model_load(TINY, cpu, 0, &plain) || ks_model_load(TINY, wb, 0, &rec)) {
+        snprintf(msg, msgn, "open: %s", ks_last_error());
+        goto out;
+    }
+    ks_status st = drun_one(plain, name, src, params, n, steps, NULL, &a, err, sizeof err);
+    if (!st) st = drun_one(rec, name, src, params, n, steps, a.ids, &b, err, sizeof err);
+    if (st) { snprintf(msg, msgn, "%s", err); goto out; }
+    int first = steps, vocab = plain->cfg.vocab;
+    for (int t = 0; t < steps && first == steps; t++)
+        if (memcmp(a.lg + (size_t)t * vocab, b.lg + (size_t)t * vocab, sizeof(float) * vocab)) first = t;
+    if (first < steps) { snprintf(msg, msgn, "%s %s: logits differ from plain steps at step %d", nm, pm, first); goto out; }
+    if (a.graph_steps != 0 || b.graph_steps < min_graph) {
+        snprintf(msg, msgn, "%s %s: %d of %d steps replayed (at least %d; plain %d)", nm, pm, b.graph_steps, steps, min_graph,
+                 a.graph_steps);
+        goto out;
+    }
+    snprintf(msg, msgn, "%s %s: %d of %d steps replayed, %ld lists staged (at least %ld)", nm, pm, b.graph_steps, steps,
+             R.stages, min_stages);
+    if (R.stages < min_stages) goto out;
+    rc = 0;
+out:
+    free(a.lg);
+    free(b.lg);
+    ks_model_free(plain);
+    ks_model_free(rec);
+    ks_backend_free(cpu);
+    recorder_free();
+    return rc;
+}
+
+static const char *ACTOR =
+    "local ks = require 'kvsieve'\n"
+    "local step = 0\n"
+    "return { name = 'actor',\n"
+    "  decode_qkv = function(ev)\n"
+    "    if ev.layer == 0 then step = step + 1 end\n"
+    "    local rows = ev.kv_rows[1]\n"
+    "    if step % 7 == 3 and ev.layer == 1 then ev:attend(ks.arange(1, rows)) end\n"
+    "    if step == 20 and ev.layer == 0 then ev:retain(ks.arange(2, rows)) end\n"
+    "  end }\n";
+
+#define COMPARE(...)                                                                   \
+    do {                                                                               \
+        char msg_[1200];                                                               \
+        KT_CHECK(compare(__VA_ARGS__, msg_, sizeof msg_) == 0, "%s", msg_);            \
+    } while (0)
+
+KT_TEST(decode_graph_whole_step) {
+    COMPARE(NULL, NULL, NULL, 20, 40, 38, 0);
+}
+
+KT_TEST(decode_graph_segments_noop) {
+    COMPARE("noop", NULL, NULL, 20, 40, 38, 0);
+}
+
+KT_TEST(decode_graph_segments_actor) {
+    /* steps 3, 10, 17, 24, 31, 38 attend at layer 1 (staged: the recording at step 2 had none
+     * there, so they fall back from that layer) and step 20 retains at layer 0; the retain makes
+     * the next step plain and the one after it record */
+    COMPARE("actor", ACTOR, NULL, 20, 40, 28, 0);
+}
+
+KT_TEST(decode_graph_segments_staged) {
+    /* each replayed step stages its lists at every layer that attends (the tiny model: 8 layers;
+     * Quest's first 2 are dense) */
+    COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=-1", 30, 40, 30, 30 * 6);
+    COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16", 30, 40, 30, 30 * 6);
+    COMPARE("quest", NULL, "page=4,budget=32", 60, 40, 36, 36 * 5);
+}
+
+KT_TEST(decode_graph_recording_fails) {
+    /* the head refuses to be recorded: no step replays, every step is right, and the session
+     * stops recording after two failures (graph_begin is called at most twice more) */
+    ks_backend *wb = recorder_create();
+    ks_model *m = NULL;
+    KT_CHECK(wb && !ks_model_load(TINY, wb, 0, &m), "open: %s", ks_last_error());
+    R.refuse_head = 1;
+    drun r;
+    char err[512] = "";
+    ks_status st = drun_one(m, "noop", NULL, NULL, 20, 12, NULL, &r, err, sizeof err);
+    KT_CHECK(st == KS_OK, "%s", err);
+    KT_CHECK(r.graph_steps == 0 && R.runs <= 2, "graph steps %d, recordings run %ld", r.graph_steps, R.runs);
+    free(r.lg);
+    ks_model_free(m);
+    recorder_free();
+}
