@@ -27,6 +27,7 @@
 #include "ktest.h"
 #include "kvsieve.h"
 #include "model.h"
+#include "seg_policies.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -390,17 +391,6 @@ out:
     return rc;
 }
 
-static const char *ACTOR =
-    "local ks = require 'kvsieve'\n"
-    "local step = 0\n"
-    "return { name = 'actor',\n"
-    "  decode_qkv = function(ev)\n"
-    "    if ev.layer == 0 then step = step + 1 end\n"
-    "    local rows = ev.kv_rows[1]\n"
-    "    if step % 7 == 3 and ev.layer == 1 then ev:attend(ks.arange(1, rows)) end\n"
-    "    if step == 20 and ev.layer == 0 then ev:retain(ks.arange(2, rows)) end\n"
-    "  end }\n";
-
 #define COMPARE(...)                                                                   \
     do {                                                                               \
         char msg_[1200];                                                               \
@@ -419,7 +409,7 @@ KT_TEST(decode_graph_segments_actor) {
     /* steps 3, 10, 17, 24, 31, 38 attend at layer 1 (staged: the recording at step 2 had none
      * there, so they fall back from that layer) and step 20 retains at layer 0; the retain makes
      * the next step plain and the one after it record */
-    COMPARE("actor", ACTOR, NULL, 20, 40, 28, 0);
+    COMPARE("actor", SEG_ACTOR, NULL, 20, 40, 28, 0);
 }
 
 KT_TEST(decode_graph_segments_staged) {

@@ -32,6 +32,7 @@
 #include "ks_lua.h"
 #include "kvsieve.h"
 #include "policy_lua.h"
+#include "seg_policies.h"
 
 static int g_pass, g_fail;
 static const char *g_only;
@@ -402,17 +403,6 @@ static const char *SEG_READER =
     "    if ev.layer == 0 then step = step + 1 end\n"
     "    if ev.layer == 1 then ev:report('q1', string.format('%.6g', ks.sum(ev.q))) end\n"
     "  end }\n";
-static const char *SEG_ACTOR =
-    "local ks = require 'kvsieve'\n"
-    "local step = 0\n"
-    "return { name = 'actor',\n"
-    "  decode_qkv = function(ev)\n"
-    "    if ev.layer == 0 then step = step + 1 end\n"
-    "    local rows = ev.kv_rows[1]\n"
-    "    if step % 7 == 3 and ev.layer == 1 then ev:attend(ks.arange(1, rows)) end\n"
-    "    if step == 20 and ev.layer == 0 then ev:retain(ks.arange(2, rows)) end\n"
-    "  end }\n";
-
 typedef struct seg_run {
     int n, graph_steps;
     float *lg;
