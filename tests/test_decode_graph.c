@@ -18,8 +18,9 @@
  *   decode_graph_segments_noop      a handler that asks for nothing
  *   decode_graph_segments_actor     one that attends every 7th step and retains once (falls back,
  *                                   keeps the recording, re-records after the retain)
- *   decode_graph_segments_staged    TokenSelect (its hit path and its default) and Quest: their
- *                                   lists staged at every layer
+ *   decode_graph_staged_tokenselect_hit, decode_graph_staged_tokenselect, decode_graph_staged_quest
+ *                                   TokenSelect (its hit path, its default) and Quest: their lists
+ *                                   staged at every layer that attends
  *   decode_graph_recording_fails    a recording that calls an op the recorder refuses: the step
  *                                   runs plain and after two failures the session stops trying */
 #include "engine.h"
@@ -412,11 +413,17 @@ KT_TEST(decode_graph_segments_actor) {
     COMPARE("actor", SEG_ACTOR, NULL, 20, 40, 28, 0);
 }
 
-KT_TEST(decode_graph_segments_staged) {
-    /* each replayed step stages its lists at every layer that attends (the tiny model: 8 layers;
-     * Quest's first 2 are dense) */
+/* each replayed step stages its lists at every layer that attends (the tiny model: 8 layers;
+ * Quest's first 2 are dense) */
+KT_TEST(decode_graph_staged_tokenselect_hit) {
     COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=-1", 30, 40, 30, 30 * 6);
+}
+
+KT_TEST(decode_graph_staged_tokenselect) {
     COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16", 30, 40, 30, 30 * 6);
+}
+
+KT_TEST(decode_graph_staged_quest) {
     COMPARE("quest", NULL, "page=4,budget=32", 60, 40, 36, 36 * 5);
 }
 
