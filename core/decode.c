@@ -4,6 +4,8 @@
 #include "forward.h"
 #include "tp_backend.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -440,6 +442,21 @@ static void dec_unbook(ks_session *s, ks_decode_state *d) {
     for (int l = 0; l < s->m->cfg.n_layers; l++) dec_unbook_layer(s, d, l);
 }
 
+/* A recording failed, for the reason in the printf-style message: counted (after two the session
+ * records no more), and the session's first is said once (KS_LOG_INFO), later ones only in the
+ * backend's verbose notes. */
+static void dec_fail(ks_session *s, ks_decode_state *d, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void dec_fail(ks_session *s, ks_decode_state *d, const char *fmt, ...) {
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (d->fails++ == 0)
+        ks_logf(KS_LOG_INFO, "decode: a step cannot replay as a recorded graph (%s); such steps run as plain launches", msg);
+    else if (s->be->opts.verbose) ks_logf(KS_LOG_DEBUG, "decode graph not recorded: %s", msg);
+}
+
 /* One step through a graph: run the recorded one when it still holds, else record it (after one
  * plain step since it was dropped, so lazy backend set-up happens outside a recording).
  * KS_ERR_UNSUPPORTED: nothing was done, take the plain path. */
@@ -480,7 +497,7 @@ static ks_status decode_graph(ks_session *s, ks_decode_state *d, int32_t id, int
     d->ring_s = S;
     d->ring_b = B; /* the recording rotates ring layers under these (0: none) */
     if ((st = be->graph_begin(be, id, pos))) {
-        d->fails++;
+        dec_fail(s, d, "%s", ks_last_error());
         return KS_ERR_UNSUPPORTED;
     }
     ks_status sb = decode_body(s, d, &d->b, id, pos, d->lg);
@@ -489,8 +506,7 @@ static ks_status decode_graph(ks_session *s, ks_decode_state *d, int32_t id, int
     if (!st && sb) { be->graph_free(be, g); g = NULL; st = KS_ERR_UNSUPPORTED; }
     if (st) { /* undo the host effects (the rows booked); the plain path runs the step */
         dec_unbook(s, d);
-        d->fails++;
-        if (be->opts.verbose) ks_logf(KS_LOG_DEBUG, "decode graph not recorded: %s", ks_last_error());
+        dec_fail(s, d, "%s", ks_last_error());
         return KS_ERR_UNSUPPORTED;
     }
     d->g = g;
@@ -605,7 +621,7 @@ static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, 
     int full = 0;
     ks_actions none = {0};
     if ((st = be->graph_begin(be, id, pos))) {
-        d->fails++;
+        dec_fail(s, d, "%s", ks_last_error());
         return KS_ERR_UNSUPPORTED;
     }
     ks_status sb = be->embed(be, b->a.x, s->m->embed, &id, 1, c->dim);
@@ -615,8 +631,7 @@ static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, 
     if (!st && (st = be->graph_run(be, g, id, pos))) { be->graph_free(be, g); g = NULL; }
     if (st) { /* nothing ran: undo layer 0's booking, the plain path runs the step */
         dec_unbook(s, d);
-        d->fails++;
-        if (be->opts.verbose) ks_logf(KS_LOG_DEBUG, "decode graph (segments) not recorded: %s", ks_last_error());
+        dec_fail(s, d, "%s", ks_last_error());
         return st;
     }
     d->seg[d->nseg++] = g;
@@ -627,15 +642,19 @@ static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, 
         d->seg_att[l] = (char)dec_acted(&act);
         if (d->seg_att[l] && (!dec_stageable(s, &act) || (st = dec_stage(s, b, l, pos, &act)))) {
             if (st && st != KS_ERR_UNSUPPORTED) { ks_actions_free(&act, c->n_kv_heads); ks_decode_drop_graph(s); return st; }
+            if (st) dec_fail(s, d, "layer %d's attend lists: %s", l, ks_last_error());
+            else
+                dec_fail(s, d, "layer %d's decode handler asked for %s, which a recorded step does not take", l,
+                         act.retain ? "a retain" : act.propagate ? "a propagate" : act.restart ? "a restart" : act.stop ? "a stop"
+                         : act.discard_kv ? "discard_kv" : "an action");
             ks_clear_error();
             ks_decode_drop_graph(s);
-            d->fails++;
             return decode_from(s, d, b, id, pos, d->lg, l, &act);
         }
         if ((st = be->graph_begin_seg(be))) {
+            dec_fail(s, d, "%s", ks_last_error());
             ks_clear_error();
             ks_decode_drop_graph(s);
-            d->fails++;
             return decode_from(s, d, b, id, pos, d->lg, l, &act);
         }
         sb = dec_layer_out(s, b, l, pos, 0, &none, d->seg_att[l]);
@@ -645,10 +664,9 @@ static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, 
         if (!st && (st = be->graph_launch(be, g))) { be->graph_free(be, g); g = NULL; }
         if (st) { /* this segment did not run: undo layer l + 1's booking, the rest runs plain */
             if (l + 1 < nl) dec_unbook_layer(s, d, l + 1);
-            if (be->opts.verbose) ks_logf(KS_LOG_DEBUG, "decode graph segment %d not recorded: %s", l + 1, ks_last_error());
+            dec_fail(s, d, "segment %d: %s", l + 1, ks_last_error());
             ks_clear_error();
             ks_decode_drop_graph(s);
-            d->fails++;
             return decode_from(s, d, b, id, pos, d->lg, l, &act);
         }
         ks_actions_free(&act, c->n_kv_heads); /* after the launch that read the staged copy */

@@ -22,7 +22,9 @@
  *                                   TokenSelect (its hit path, its default) and Quest: their lists
  *                                   staged at every layer that attends
  *   decode_graph_recording_fails    a recording that calls an op the recorder refuses: the step
- *                                   runs plain and after two failures the session stops trying */
+ *                                   runs plain, after two failures the session stops trying, and
+ *                                   the first failure is said once (KS_LOG_INFO, with its reason)
+ *   decode_graph_says_why_once      lists the backend refuses to stage: said once, with the layer */
 #include "engine.h"
 #include "forward.h"
 #include "ktest.h"
@@ -70,7 +72,7 @@ typedef struct lslot {
 static struct {
     ks_backend w;     /* the wrapper the model runs on */
     ks_backend *cpu;  /* the real backend */
-    int rec, failed, refuse_head;
+    int rec, failed, refuse_head, refuse_stage;
     ks_graph *cur;
     int32_t id, pos, delta; /* the step slot */
     lslot slot[64];
@@ -230,9 +232,9 @@ static ks_status w_graph_end(ks_backend *b, ks_graph **out) {
     R.rec = 0;
     ks_graph *g = R.cur;
     R.cur = NULL;
-    if (R.failed) {
+    if (R.failed) { /* the refused call's message stands, as on CUDA */
         w_graph_free(b, g);
-        return ks_errorf(KS_ERR_UNSUPPORTED, "graph-cpu: a call could not be recorded");
+        return KS_ERR_UNSUPPORTED;
     }
     *out = g;
     return KS_OK;
@@ -250,6 +252,7 @@ static ks_status w_graph_launch(ks_backend *b, ks_graph *g) {
 }
 static ks_status w_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const ks_attn_args *a) {
     if (R.rec) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: attn_stage while recording");
+    if (R.refuse_stage) return ks_errorf(KS_ERR_UNSUPPORTED, "graph-cpu refuses to stage lists (the test's choice)");
     if (slot < 0 || slot >= 64 || a->n != 1 || !a->idx || L->n_kv_heads > MAXH)
         return ks_errorf(KS_ERR_UNSUPPORTED, "graph-cpu: these lists cannot be staged");
     lslot *s = &R.slot[slot];
@@ -269,8 +272,10 @@ static ks_status w_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, con
 
 /* The recorder around a fresh CPU backend (single-threaded: the reference is too, so both sum
  * in the same order). */
+static int g_refuse_stage; /* the next recorder refuses attn_stage */
 static ks_backend *recorder_create(void) {
     memset(&R, 0, sizeof R);
+    R.refuse_stage = g_refuse_stage;
     ks_backend_opts o = ks_backend_opts_default();
     o.n_threads = 1;
     if (ks_cpu_backend_create(&o, &R.cpu)) return NULL;
@@ -427,19 +432,60 @@ KT_TEST(decode_graph_staged_quest) {
     COMPARE("quest", NULL, "page=4,budget=32", 60, 40, 36, 36 * 5);
 }
 
+/* the library's log, captured: INFO lines that name the decode graph */
+static int g_said;
+static char g_said_msg[700];
+static void capture_log(void *user, ks_log_level level, const char *msg) {
+    (void)user;
+    if (level == KS_LOG_INFO && strstr(msg, "cannot replay as a recorded graph")) {
+        g_said++;
+        snprintf(g_said_msg, sizeof g_said_msg, "%s", msg);
+    }
+}
+
 KT_TEST(decode_graph_recording_fails) {
-    /* the head refuses to be recorded: no step replays, every step is right, and the session
-     * stops recording after two failures (graph_begin is called at most twice more) */
+    /* the head refuses to be recorded: no step replays, every step is right, the session stops
+     * recording after two failures (graph_run ran the first segment of each), and says why once */
     ks_backend *wb = recorder_create();
     ks_model *m = NULL;
     KT_CHECK(wb && !ks_model_load(TINY, wb, 0, &m), "open: %s", ks_last_error());
     R.refuse_head = 1;
+    g_said = 0;
+    ks_set_log(capture_log, NULL);
     drun r;
     char err[512] = "";
     ks_status st = drun_one(m, "noop", NULL, NULL, 20, 12, NULL, &r, err, sizeof err);
-    KT_CHECK(st == KS_OK, "%s", err);
-    KT_CHECK(r.graph_steps == 0 && R.runs <= 2, "graph steps %d, recordings run %ld", r.graph_steps, R.runs);
+    ks_set_log(NULL, NULL);
     free(r.lg);
     ks_model_free(m);
     recorder_free();
+    KT_CHECK(st == KS_OK, "%s", err);
+    KT_CHECK(r.graph_steps == 0 && R.runs <= 2, "graph steps %d, recordings run %ld", r.graph_steps, R.runs);
+    KT_CHECK(g_said == 1 && strstr(g_said_msg, "the head") && strstr(g_said_msg, "plain launches"), "said %d times: %s",
+             g_said, g_said_msg);
+}
+
+/* A handler that attends (all rows but the first, at layer 2, once there are more than 24)
+ * while the backend refuses to stage lists (as CUDA refuses host lists): the session says so
+ * once, naming the layer and the backend's reason, stops recording after two tries, and its
+ * steps equal plain ones. */
+static const char *ATTENDER =
+    "local ks = require 'kvsieve'\n"
+    "return { name = 'attender',\n"
+    "  decode_qkv = function(ev)\n"
+    "    local rows = ev.kv_rows[1]\n"
+    "    if ev.layer == 2 and rows > 24 then ev:attend(ks.arange(1, rows)) end\n"
+    "  end }\n";
+
+KT_TEST(decode_graph_says_why_once) {
+    g_said = 0;
+    ks_set_log(capture_log, NULL);
+    char msg[1200];
+    g_refuse_stage = 1;
+    int rc = compare("attender", ATTENDER, NULL, 20, 30, 3, 0, msg, sizeof msg);
+    g_refuse_stage = 0;
+    ks_set_log(NULL, NULL);
+    KT_CHECK(rc == 0, "%s", msg);
+    KT_CHECK(g_said == 1 && strstr(g_said_msg, "layer 2") && strstr(g_said_msg, "refuses to stage"),
+             "said %d times: %s (%s)", g_said, g_said_msg, msg);
 }
