@@ -5,8 +5,7 @@
 #   gemm    test_gemm_rows (correctness, then --bench: per op at 1/4/16/64 rows: convert + cuBLAS,
 #           cuBLAS alone, the skinny kernel; the split-K build of bench/NOTES.md "Split K" also
 #           had cuBLAS over 2/4/8 K slices + a sum) and test_cuda's matmul group
-#   b16     issue 16's batched decode at 4K, B = 1, 4, 16, 64 with TTFT under load: the same binary
-#           with KS_CUDA_GEMM_SPLITS=1 (no split: main's path), automatic, and 4; twice, alternated
+#   b16     issue 16's batched decode at 4K, B = 1, 4, 16, 64 with TTFT under load
 #   tests   whichever test binaries were carried: test_cuda_policies (with stories260K), test_cuda --quick,
 #           test_gemm_rows, test_cuda_prims, test_attn_decode_batch, test_attn_list
 #   b14     issue 14's 32K row, this build beside main before session 14 (.data/base, 2ac0e46, with its
@@ -22,11 +21,9 @@ step_gemm() {
       timeout 100 $R/test_cuda --only matmul 2>&1 | tail -4
       ) > $O/gemm.txt
 }
-step_b16() {
-    for r in 1 2; do for sp in 1 0 4; do echo "== GEMM_SPLITS=$sp (round $r)"
-        KS_CUDA_GEMM_SPLITS=$sp timeout 200 $R/kvsieve bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda \
-            --lengths 4096 --gen 32 --batch 1,4,16,64 --ttft-under-load 2>&1 | grep -E "^tokens|^4096|kvsieve:"
-    done; done > $O/b16.txt
+step_b16() { # (the split-K build ran this with KS_CUDA_GEMM_SPLITS=1 and =0, a switch removed since)
+    timeout 200 $R/kvsieve bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda \
+        --lengths 4096 --gen 32 --batch 1,4,16,64 --ttft-under-load 2>&1 | grep -E "^tokens|^4096|kvsieve:" > $O/b16.txt
 }
 tst() { # tst BINARY ARGS...: its failures and summary, when it was carried
     [ -x $R/$1 ] || return 0
