@@ -331,23 +331,32 @@ static float ring_diff(const ring_run *a, const ring_run *b, int steps, int voca
     return d;
 }
 
-static void ring_graph_case(const char *dir, int budget, int sinks, int n, int steps) {
-    char name[128];
-    snprintf(name, sizeof name, "%s ring budget=%d sinks=%d prompt %d, %d steps", dir, budget, sinks, n, steps);
-    if (g_only && !strstr(name, g_only)) return;
-    if (steps > RING_STEPS) steps = RING_STEPS;
-    ks_model *mg = NULL, *mp = NULL;
+/* The model of dir on the CUDA backend twice: with decode graphs (the default) and without
+ * (plain launches). -1 (a failed result named `name`, nothing left open) when either fails. */
+static int open_graph_pair(const char *dir, const char *name, ks_model **mg, ks_model **mp) {
     ks_model_opts o;
     ks_model_opts_default(&o);
     o.backend = "cuda";
     ks_model_tuning t;
     ks_model_tuning_default(&t);
     t.graphs = KS_OFF;
-    if (ks_model_open(dir, "cuda", &mg) || ks_model_open_tuned(dir, &o, &t, &mp)) {
+    *mg = *mp = NULL;
+    if (ks_model_open(dir, "cuda", mg) || ks_model_open_tuned(dir, &o, &t, mp)) {
         result(0, name, "open: %s", ks_last_error());
-        ks_model_close(mg);
-        return;
+        ks_model_close(*mg);
+        *mg = NULL;
+        return -1;
     }
+    return 0;
+}
+
+static void ring_graph_case(const char *dir, int budget, int sinks, int n, int steps) {
+    char name[128];
+    snprintf(name, sizeof name, "%s ring budget=%d sinks=%d prompt %d, %d steps", dir, budget, sinks, n, steps);
+    if (g_only && !strstr(name, g_only)) return;
+    if (steps > RING_STEPS) steps = RING_STEPS;
+    ks_model *mg = NULL, *mp = NULL;
+    if (open_graph_pair(dir, name, &mg, &mp)) return;
     int32_t *prompt = malloc(sizeof(int32_t) * n);
     make_prompt(prompt, n, mg->cfg.vocab, mg->cfg.bos, 0x2545F4914F6CDD1Dull);
     ring_run pl, g, p2, sg, sp, cp;
@@ -454,17 +463,7 @@ static void seg_case(const char *dir, const char *pname, const char *src, const 
              params ? params : "", n, steps);
     if (g_only && !strstr(name, g_only)) return;
     ks_model *mg = NULL, *mp = NULL;
-    ks_model_opts o;
-    ks_model_opts_default(&o);
-    o.backend = "cuda";
-    ks_model_tuning t;
-    ks_model_tuning_default(&t);
-    t.graphs = KS_OFF;
-    if (ks_model_open(dir, "cuda", &mg) || ks_model_open_tuned(dir, &o, &t, &mp)) {
-        result(0, name, "open: %s", ks_last_error());
-        ks_model_close(mg);
-        return;
-    }
+    if (open_graph_pair(dir, name, &mg, &mp)) return;
     int32_t *prompt = malloc(sizeof(int32_t) * n), *ids = malloc(sizeof(int32_t) * steps);
     make_prompt(prompt, n, mg->cfg.vocab, mg->cfg.bos, 0x2545F4914F6CDD1Dull);
     seg_run pl, g;
