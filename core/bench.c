@@ -163,8 +163,13 @@ ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks_bench_
         ks_sampler smp;
         ks_sampler_init(&smp, 0, 1, 0);
         double t1 = ks_now();
+        int graph0 = s->graph_steps;
         for (int g = 0; g < o->gen && !st; g++) st = ks_session_decode(s, ks_sample(&smp, s->logits, c->vocab));
         double tdr = ks_now() - t1;
+        if (!st) {
+            out->timed_steps += o->gen;
+            out->graph_steps += s->graph_steps - graph0;
+        }
         td = fmin(td, tdr);
         if (!st) { out->prefill_s[out->runs] = t; out->decode_s[out->runs] = tdr; out->runs++; }
         kv_rows = 0;

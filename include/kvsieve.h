@@ -488,6 +488,10 @@ typedef struct ks_bench_result {
     double prefill_linear_s, prefill_attention_s; /* summed over them: q/k/v, o, MLP and head */
     double decode_linear_s, decode_attention_s;   /*   matmuls; attention */
     char *profile_text;         /* the per-phase table, titled `title` (malloc'd), or NULL */
+    long timed_steps;           /* decode steps of the timed runs (runs x gen) */
+    long graph_steps;           /* how many of them replayed a recorded graph (the whole step, or
+                                 * its segments around a decode handler); 0 on a backend without
+                                 * graphs (the CPU) or with them off */
 } ks_bench_result;
 
 /* Measure prompt ids[0..n) on session s (its policy included): one untimed warm-up prefill of

@@ -250,8 +250,8 @@ int ks_cli_bench(int argc, char **argv) {
     if (has_mem) printf("backend memory after loading: %.2f GiB (weights and workspaces)\n", GIB(ms0.cur));
     if (profile)
         printf("profiling on: linear_GF/s from the profile's matmul phases, TTFT/TPOT include the profiler's marks\n");
-    printf("%-12s %8s %10s %12s %12s %11s %8s %10s %9s %9s\n", "policy", "tokens", "TTFT_s", "prefill_t/s", "linear_GF/s",
-           "sgemm_GF/s", "linear%", "TPOT_ms", "KV_rows", "peak_GiB");
+    printf("%-12s %8s %10s %12s %12s %11s %8s %10s %9s %9s %7s\n", "policy", "tokens", "TTFT_s", "prefill_t/s", "linear_GF/s",
+           "sgemm_GF/s", "linear%", "TPOT_ms", "KV_rows", "peak_GiB", "graph%");
     int rc = 0, n_rows = 0, cap_rows = 0;
     bench_row *rows = NULL;
     char *plist = strdup(policies);
@@ -335,13 +335,15 @@ int ks_cli_bench(int argc, char **argv) {
             double tp = res->best_prefill_s, td = res->best_decode_s, lin_gf = res->linear_gflops, ceil = res->gemm_gflops;
             /* a figure the backend did not measure (the CUDA matmul rates without --profile, the
              * CPU GEMM ceiling on CUDA) prints as "-", not nan */
-            char f_lin[32], f_ceil[32], f_pct[32], f_peak[32];
+            char f_lin[32], f_ceil[32], f_pct[32], f_peak[32], f_graph[32];
             fmt_or_dash(f_lin, sizeof f_lin, "%12.1f", lin_gf);
             fmt_or_dash(f_ceil, sizeof f_ceil, "%11.1f", ceil);
             fmt_or_dash(f_pct, sizeof f_pct, "%7.0f%%", 100 * lin_gf / ceil);
             fmt_or_dash(f_peak, sizeof f_peak, "%9.2f", has_mem ? GIB(res->memory.peak) : NAN);
-            printf("%-12s %8d %10.3f %12.1f %12s %11s %8s %10.2f %9zu %9s\n", pn, L, tp, L / tp, f_lin, f_ceil, f_pct,
-                   gen > 0 ? 1e3 * td / gen : 0.0, res->kv_rows / ((size_t)c.n_layers * c.n_kv_heads), f_peak);
+            /* the timed decode steps that replayed a recorded graph ("-": no decode steps) */
+            fmt_or_dash(f_graph, sizeof f_graph, "%6.0f%%", res->timed_steps > 0 ? 100.0 * res->graph_steps / res->timed_steps : NAN);
+            printf("%-12s %8d %10.3f %12.1f %12s %11s %8s %10.2f %9zu %9s %7s\n", pn, L, tp, L / tp, f_lin, f_ceil, f_pct,
+                   gen > 0 ? 1e3 * td / gen : 0.0, res->kv_rows / ((size_t)c.n_layers * c.n_kv_heads), f_peak, f_graph);
             fflush(stdout);
             br->ttft = s_ttft;
             br->prefill_tps = s_rate;
@@ -407,7 +409,8 @@ int ks_cli_bench(int argc, char **argv) {
             json_num(jf, r->r.linear_gflops);
             fputs(", \"sgemm_gflops\": ", jf);
             json_num(jf, r->r.gemm_gflops);
-            fprintf(jf, ", \"kv_rows_per_head\": %zu", r->r.kv_rows / ((size_t)c.n_layers * c.n_kv_heads));
+            fprintf(jf, ", \"kv_rows_per_head\": %zu, \"decode_steps\": %ld, \"graph_steps\": %ld",
+                    r->r.kv_rows / ((size_t)c.n_layers * c.n_kv_heads), r->r.timed_steps, r->r.graph_steps);
             if (has_mem) {
                 fputs(", \"peak_gib\": ", jf);
                 json_num(jf, GIB(r->r.memory.peak));

@@ -110,8 +110,10 @@ static const cli_help HELP[] = {
     {"bench",
      "usage: kvsieve bench (-m DIR | --random-weights CONFIG) [options]\n"
      "Prefill and decode speed per prompt length on random token ids (batch 1), the linear layers'\n"
-     "GFLOP/s next to the GEMM's, the backend's memory peak. Each row: best of --repeat runs; --json\n"
-     "writes every figure with its spread (min / median / max over the repeats).\n"
+     "GFLOP/s next to the GEMM's, the backend's memory peak, and graph%: the timed decode steps that\n"
+     "replayed a recorded graph (CUDA; a policy whose handler asks for more runs plain launches).\n"
+     "Each row: best of --repeat runs; --json writes every figure with its spread (min / median /\n"
+     "max over the repeats).\n"
      "  -m DIR                 model folder\n"
      "  --random-weights CFG   a config.json with random weights (no download needed)\n"
      "  --lengths L,L,...      prompt lengths, K = x1024 (default 128,512,1024)\n"

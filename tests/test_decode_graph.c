@@ -24,7 +24,8 @@
  *   decode_graph_recording_fails    a recording that calls an op the recorder refuses: the step
  *                                   runs plain, after two failures the session stops trying, and
  *                                   the first failure is said once (KS_LOG_INFO, with its reason)
- *   decode_graph_says_why_once      lists the backend refuses to stage: said once, with the layer */
+ *   decode_graph_says_why_once      lists the backend refuses to stage: said once, with the layer
+ *   decode_graph_bench_counts_replays  ks_bench_run's timed and replayed decode steps (graph%) */
 #include "engine.h"
 #include "forward.h"
 #include "ktest.h"
@@ -488,4 +489,43 @@ KT_TEST(decode_graph_says_why_once) {
     KT_CHECK(rc == 0, "%s", msg);
     KT_CHECK(g_said == 1 && strstr(g_said_msg, "layer 2") && strstr(g_said_msg, "refuses to stage"),
              "said %d times: %s (%s)", g_said, g_said_msg, msg);
+}
+
+/* ks_bench_run counts the timed decode steps and those that replayed a recorded graph (the
+ * bench's graph% column): on the recorder all but the first two steps of each run (a plain step,
+ * then the recording), on the plain CPU backend none. */
+KT_TEST(decode_graph_bench_counts_replays) {
+    ks_backend *wb = recorder_create();
+    ks_backend_opts o = ks_backend_opts_default();
+    o.n_threads = 1;
+    ks_backend *cpu = NULL;
+    ks_model *rec = NULL, *plain = NULL;
+    KT_CHECK(wb && !ks_cpu_backend_create(&o, &cpu) && !ks_model_load(TINY, wb, 0, &rec) && !ks_model_load(TINY, cpu, 0, &plain),
+             "open: %s", ks_last_error());
+    int32_t ids[24];
+    for (int i = 0; i < 24; i++) ids[i] = (i * 37 + 11) % 4000 + 3;
+    ks_bench_opts bo;
+    ks_bench_opts_default(&bo);
+    bo.gen = 10;
+    bo.repeat = 2;
+    ks_bench_result rr, rp;
+    memset(&rr, 0, sizeof rr);
+    memset(&rp, 0, sizeof rp);
+    ks_session *sr = NULL, *sp = NULL;
+    ks_status st = ks_session_create(rec, &sr);
+    if (!st) st = ks_bench_run(sr, ids, 24, &bo, NULL, &rr);
+    if (!st) st = ks_session_create(plain, &sp);
+    if (!st) st = ks_bench_run(sp, ids, 24, &bo, NULL, &rp);
+    long rt = rr.timed_steps, rg = rr.graph_steps, pt = rp.timed_steps, pg = rp.graph_steps;
+    ks_bench_result_free(&rr);
+    ks_bench_result_free(&rp);
+    ks_session_free(sr);
+    ks_session_free(sp);
+    ks_model_free(rec);
+    ks_model_free(plain);
+    ks_backend_free(cpu);
+    recorder_free();
+    KT_CHECK(st == KS_OK, "%s", ks_last_error());
+    KT_CHECK(rt == 20 && rg >= 16 && rg <= 20, "recorder: %ld of %ld timed steps replayed", rg, rt);
+    KT_CHECK(pt == 20 && pg == 0, "plain CPU: %ld of %ld timed steps replayed", pg, pt);
 }
