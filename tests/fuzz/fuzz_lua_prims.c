@@ -23,6 +23,7 @@
  * _memory_mb 64, _instructions 5e6, _seconds 5 (the sandbox must turn every runaway into an
  * error; libFuzzer's -timeout catches what it does not). */
 #include "engine.h"
+#include "forward.h"
 #include "fuzz_util.h"
 #include "ks_lua.h"
 #include "policy_lua.h"
@@ -224,19 +225,10 @@ static void make_event(fz_event *e, const uint8_t *h, ks_event_kind kind) {
     if ((h[6] >> 1) & 1) ev->k_pre = e->k;
 }
 
-static void free_lists(int32_t **l, int *n, int H) {
-    if (l)
-        for (int i = 0; i < H; i++) free(l[i]);
-    free(l);
-    free(n);
-}
-
 static void free_event(fz_event *e) {
-    ks_actions *a = &e->ev.act;
-    free(a->restart_idx);
-    free(a->prop_idx);
-    free_lists(a->retain_idx, a->n_retain, e->ev.n_kv_heads);
-    free_lists(a->attend_idx, a->n_attend, e->ev.n_kv_heads);
+    /* the recorded actions as the engine frees them: device lists (ks_action_attend_dev: every
+     * head's pointer into one backend buffer, shared lists the same pointer) included */
+    ks_actions_free(&e->ev.act, e->ev.n_kv_heads);
     free(e->kv.n);
     free(e->kv.pos);
     free(e->kv.k);
