@@ -327,14 +327,7 @@ static ks_status drun_one(ks_model *m, const char *name, const char *src, const 
     ks_session *s = NULL;
     ks_status st = KS_OK;
     if (name) st = src ? ks_policy_load_string(m, name, src, &p) : ks_policy_load(m, name, &p);
-    char kv[256];
-    snprintf(kv, sizeof kv, "%s", params ? params : "");
-    for (char *save = NULL, *tok = strtok_r(kv, ",", &save); !st && tok; tok = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(tok, '=');
-        if (!eq) continue;
-        *eq = 0;
-        st = ks_policy_set(p, tok, eq + 1);
-    }
+    if (!st && p) st = seg_set_params(p, params);
     if (!st) st = ks_session_create(m, &s);
     if (!st && p) st = ks_session_set_policy(s, p);
     if (!st) st = ks_session_prefill(s, prompt, n);

@@ -426,14 +426,7 @@ static int seg_run_one(ks_model *m, const char *name, const char *src, const cha
     memset(r, 0, sizeof *r);
     r->lg = calloc((size_t)steps * vocab, sizeof(float));
     ks_status st = src ? ks_policy_load_string(m, name, src, &p) : ks_policy_load(m, name, &p);
-    char kv[256];
-    snprintf(kv, sizeof kv, "%s", params ? params : "");
-    for (char *save = NULL, *tok = strtok_r(kv, ",", &save); !st && tok; tok = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(tok, '=');
-        if (!eq) continue;
-        *eq = 0;
-        st = ks_policy_set(p, tok, eq + 1);
-    }
+    if (!st && p) st = seg_set_params(p, params);
     if (!st) st = ks_session_create(m, &s);
     if (!st) st = ks_session_set_policy(s, p);
     if (!st) st = ks_session_prefill(s, prompt, n);
