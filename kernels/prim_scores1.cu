@@ -4,34 +4,42 @@
  * semantics are ks_cpu_scores' (core/prims_scores.c), its CPU twin.
  *
  * Two kernels (and a 4-byte-per-KV-head memset), w = ce - cb keys of the key domain:
- *   1. sc1_logits  grid (ceil(w / 256), Hkv), 8 warps a block. Each warp copies its 32 key rows
- *                  of one KV head into shared memory (cp.async, every copy in flight at once)
- *                  and multiplies them with the g <= 8 query heads of that KV head on the tensor
+ *   1. sc1_logits  grid (nx, Hkv), one wave of SC1_BLOCKS_SM blocks a multiprocessor, each block a
+ *                  contiguous run of rows of one KV head and each warp a loop over its tiles of
+ *                  SC1_TR rows, streamed through the warp's own ring of shared-memory stages with
+ *                  cp.async (one tile in flight while one is computed; no block barrier in the
+ *                  loop). The tile meets the g <= 8 query heads of that KV head on the tensor
  *                  cores (mma m16n8k16, bf16 keys exactly; each query split into three bf16 parts
  *                  hi + mid + lo that carry its 24 bits, accumulated in float32), so every key
- *                  leaves DRAM once and the arithmetic is nearly free. Writes L (H, w) float32
- *                  (an invisible key, outside [kb, ke) or past the causal limit, is -inf). With a
- *                  softmax each block writes its partial per head (pmax = the max of its visible
- *                  logits, psum = the double sum of expf(l - pmax)), and the last block of each
- *                  KV head to finish (an atomic counter, zeroed by a memset before the launch)
+ *                  leaves DRAM once and the arithmetic is nearly free. Writes L (H, w) float32 (a
+ *                  key past the causal limit is -inf). With a softmax each lane keeps an online
+ *                  partial for each of the two heads it holds (max, double sum of expf), each
+ *                  block writes its partial per head (pmax, psum), and the last block of each KV
+ *                  head to finish (an atomic counter, zeroed by a memset before the launch)
  *                  combines the partials in a fixed order into M_h and 1 / Z_h
  *                  (Z_h = sum psum * exp(pmax - M_h)).
  *   2. sc1_vote    one thread per output column: per head v_h = (float)(expf(L - M_h) / Z_h)
  *                  (softmax) or L (raw), then the head reduction in double in ascending head
  *                  order, as on the CPU.
  * Bytes: the keys once, L (4 * H bytes a key: 1/16 of the bf16 keys at g = 4, d = 128) written
- * once and read once. Shapes: bf16 keys, d % 16 == 0, d <= 256, g <= 8 (others go to
- * prim_scores.cu's general kernel). Against the CPU the logits differ by float32 accumulation
- * order and the query's 2^-24 split error, expf by its ulps and Z by the rescaling's rounding
- * (~1e-7 relative); tests/cuda/test_cuda_prims.c compares at 2e-5 relative. Deterministic: the
- * tile-to-warp map and every combination order are fixed. */
+ * once and read once. Shapes: bf16 keys, d % 16 == 0, d <= 256, g <= 8, rows 16-byte aligned
+ * (others go to prim_scores.cu's general kernel). Against the CPU the logits differ by float32
+ * accumulation order and the query's 2^-24 split error, expf by its ulps and Z by the
+ * rescalings' rounding (~1e-7 relative); tests/cuda/test_cuda_prims.c compares at 2e-5
+ * relative. Deterministic: the tile-to-warp map and every combination order are fixed.
+ * Measured against the structures tried before it: bench/NOTES.md "The scores kernel". */
 #include "mma.cuh"
 #include "prim_common.cuh"
 
 #define SC1_WARPS 8
+#define SC1_TR 16     /* key rows of a staged tile (one m16 tile) */
+#define SC1_MT (SC1_TR / 16) /* m16 tiles of a staged tile */
+#define SC1_STAGES 2 /* tiles of a warp's ring: one in flight while one is computed */
 #define SC1_THREADS (SC1_WARPS * 32)
+#define SC1_VOTE_BATCH 8 /* heads whose logits a vote thread loads at once */
 #define SC1_VOTE_THREADS 256
-#define SC1_GMAX 8 /* query heads per KV head handled here: one mma n-tile */
+#define SC1_GMAX 8      /* query heads per KV head handled here */
+#define SC1_BLOCKS_SM 2 /* resident blocks a multiprocessor (shared memory: 2 x 76 KiB at d = 128) */
 
 struct sc1_args {
     const float *q;       /* (H, d) at q + h * qhs */
@@ -41,6 +49,7 @@ struct sc1_args {
     int64_t hq, hkv, g, d, qhs, khs, krs, n;
     int64_t kb, ke, cb, w; /* key domain [kb, ke); logits computed for [cb, cb + w) */
     int64_t nx;           /* blocks per KV head (gridDim.x of sc1_logits) */
+    int iters;            /* loop steps a warp */
     float scale;
     int causal, softmax, gqa_mod;
     float *L;             /* (H, w) */
@@ -84,29 +93,47 @@ static __device__ __forceinline__ uint32_t sc1_split(float x0, float x1, int sp)
     return pack_bf16(r0, r1);
 }
 
-__global__ void __launch_bounds__(SC1_THREADS) sc1_logits(const sc1_args a) {
+/* Block = a run of rows of one KV head, SC1_WARPS warps. Each warp takes the tiles w, w + W,
+ * w + 2W, ... of the run (SC1_TR rows each) and streams them through its own ring of SC1_STAGES
+ * shared-memory buffers with cp.async (SC1_STAGES - 1 tiles in flight while one is computed; no
+ * block barrier in the loop). A tile is two m16 tiles of keys against the group's query heads as
+ * the n8 tile (three mma a 16-dimension chunk: the query's three bf16 parts). Lane l holds rows
+ * l / 4 (+ 8) of each m16 tile for heads 2 (l % 4) and 2 (l % 4) + 1, and keeps one online
+ * softmax partial per head it holds: per tile the max of its visible logits, the running sum in
+ * double rescaled when the max grows, the tile's terms summed in float first. */
+__global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const sc1_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float wm[SC1_WARPS][8];
     __shared__ double ws[SC1_WARPS][8];
     __shared__ float bm[8];
     __shared__ int last;
     const int d = (int)a.d, g = (int)a.g, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nkc = d / 16;
-    const int rs = 2 * d + 16;                                   /* padded row stride (bytes) */
-    uint2 *Bf = (uint2 *)smem;                                   /* (3, nkc, 32) fragments */
-    unsigned char *buf = smem + sizeof(uint2) * 3 * nkc * 32 + (size_t)warp * 32 * rs; /* this warp's 32 rows */
+    const int rs = 2 * d + 16; /* padded row stride (bytes): ldmatrix's 8 rows hit 8 bank groups */
+    const int cpr = d / 8;     /* 16-byte chunks a row */
+    const int lcpr = (cpr & (cpr - 1)) ? -1 : __ffs(cpr) - 1; /* log2 cpr where a power of two */
+    uint2 *Bf = (uint2 *)smem; /* (3, nkc, 32) fragments */
+    unsigned char *ring = smem + sizeof(uint2) * 3 * nkc * 32 + (size_t)warp * SC1_STAGES * SC1_TR * rs;
     const int64_t kv = blockIdx.y;
-    const int64_t r0 = ((int64_t)blockIdx.x * SC1_WARPS + warp) * 32; /* first row (offset in [0, w)) */
-    const int nr = (int)KS_MAX((int64_t)0, KS_MIN((int64_t)32, a.w - r0));
+    const int64_t r0b = (int64_t)blockIdx.x * SC1_WARPS * SC1_TR * a.iters; /* the block's first row */
+    const unsigned char *kbase = (const unsigned char *)a.k + (size_t)(kv * a.khs + a.cb * a.krs) * 2;
+    const size_t rbytes = (size_t)a.krs * 2;
+    const int64_t lim = sc1_lim(a);
 
-    /* every copy of the warp's rows in flight at once (rows past nr stay garbage: their
-     * results are never used), then the query fragments */
-    const unsigned char *kbase = (const unsigned char *)a.k + (size_t)(kv * a.khs) * 2;
-    const int cpr = d / 8;
-    for (int e = lane; e < nr * cpr; e += 32) {
-        int r = e / cpr, c = e - r * cpr;
-        cp_async16(buf + r * rs + c * 16, kbase + (size_t)(a.cb + r0 + r) * a.krs * 2 + c * 16, 16);
-    }
-    cp_async_commit();
+    auto base_of = [&](int t) { return r0b + ((int64_t)t * SC1_WARPS + warp) * SC1_TR; };
+    auto issue = [&](int t) { /* tile t's rows into its stage (nothing past w); one commit group */
+        const int64_t base = base_of(t);
+        if (t < a.iters && base < a.w) {
+            unsigned char *dst = ring + (t % SC1_STAGES) * SC1_TR * rs;
+            const int nr = (int)KS_MIN((int64_t)SC1_TR, a.w - base);
+            for (int e = lane; e < nr * cpr; e += 32) {
+                const int r = lcpr >= 0 ? e >> lcpr : e / cpr, c = e - r * cpr;
+                cp_async16(dst + r * rs + c * 16, kbase + (size_t)(base + r) * rbytes + c * 16, 16);
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int t = 0; t < SC1_STAGES - 1; t++) issue(t);
     for (int e = threadIdx.x; e < 3 * nkc * 32; e += SC1_THREADS) {
         const int sp = e / (nkc * 32), kc = (e / 32) % nkc, l = e % 32, n = l / 4, c = kc * 16 + (l % 4) * 2;
         uint2 v = make_uint2(0u, 0u);
@@ -117,76 +144,99 @@ __global__ void __launch_bounds__(SC1_THREADS) sc1_logits(const sc1_args a) {
         }
         Bf[e] = v;
     }
-    cp_async_wait<0>();
     __syncthreads();
 
-    /* lane l: rows mt * 16 + l / 4 (+ 8) of its two 16-row tiles, heads (l % 4) * 2 (+ 1) */
-    float l[2][4];
-    const int lim_heads = g;
+    float pm[2] = {-INFINITY, -INFINITY}; /* per head this lane holds (2 (l % 4) + p) */
+    double ps[2] = {0, 0};
+    for (int t = 0; t < a.iters; t++) {
+        const int64_t base = base_of(t); /* offset in [0, w) */
+        if (base >= a.w) break;
+        cp_async_wait<SC1_STAGES - 2>(); /* tile t has landed (this lane's copies) */
+        __syncwarp();                    /* ... and every lane's; tile t - 1's stage is free */
+        issue(t + SC1_STAGES - 1);
+        const unsigned char *buf = ring + (t % SC1_STAGES) * SC1_TR * rs;
+        float acc[SC1_MT][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        const unsigned char *arow = buf + (mt * 16 + (lane & 15)) * rs + (lane >> 4) * 16;
+        for (int mt = 0; mt < SC1_MT; mt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][e] = 0.f;
+        }
         for (int kc = 0; kc < nkc; kc++) {
-            uint32_t af[4];
-            ldsm_x4(af, arow + kc * 32);
+            uint32_t af[SC1_MT][4];
+#pragma unroll
+            for (int mt = 0; mt < SC1_MT; mt++) ldsm_x4(af[mt], buf + (mt * 16 + (lane & 15)) * rs + (lane >> 4) * 16 + kc * 32);
 #pragma unroll
             for (int sp = 2; sp >= 0; sp--) { /* the small parts first */
                 const uint2 b = Bf[(sp * nkc + kc) * 32 + lane];
-                mma16816(acc, af, b.x, b.y);
+#pragma unroll
+                for (int mt = 0; mt < SC1_MT; mt++) mma16816(acc[mt], af[mt], b.x, b.y);
             }
         }
+        /* logits, L, and the partials of the two heads this lane holds */
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int row = mt * 16 + (lane >> 2) + (e >> 1) * 8, hh = (lane & 3) * 2 + (e & 1);
-            const int64_t j = a.cb + r0 + row;
-            bool vis = row < nr && hh < lim_heads;
-            if (vis) {
-                const int64_t pj = a.kpos ? (int64_t)a.kpos[j] : j;
-                vis = j >= a.kb && j < a.ke && pj <= sc1_lim(a);
+        for (int p = 0; p < 2; p++) {
+            const int hh = (lane & 3) * 2 + p;
+            if (hh >= g) continue;
+            const int64_t h = sc1_head(a, kv, hh);
+            float l[2 * SC1_MT];
+#pragma unroll
+            for (int q = 0; q < 2 * SC1_MT; q++) { /* (mt, half) = (q >> 1, q & 1): row mt * 16 + lane / 4 + 8 half */
+                const int64_t row = base + (q >> 1) * 16 + (lane >> 2) + (q & 1) * 8, j = a.cb + row;
+                bool vis = row < a.w;
+                if (vis && a.causal) vis = (a.kpos ? (int64_t)a.kpos[j] : j) <= lim;
+                l[q] = vis ? a.scale * acc[q >> 1][(q & 1) * 2 + p] : -INFINITY;
+                if (row < a.w) a.L[h * a.w + row] = l[q];
             }
-            l[mt][e] = vis ? a.scale * acc[e] : -INFINITY;
-            if (row < nr && hh < g) a.L[sc1_head(a, kv, hh) * a.w + r0 + row] = l[mt][e];
+            if (!a.softmax) continue;
+            float mx = l[0];
+#pragma unroll
+            for (int q = 1; q < 2 * SC1_MT; q++) mx = max_nan(mx, l[q]);
+            if (mx > pm[p] || isnan(mx)) {
+                if (pm[p] != -INFINITY) ps[p] *= (double)expf(pm[p] - mx);
+                pm[p] = mx;
+            }
+            if (pm[p] != -INFINITY) {
+                float z = 0.f;
+#pragma unroll
+                for (int q = 0; q < 2 * SC1_MT; q++)
+                    if (l[q] != -INFINITY) z += expf(l[q] - pm[p]);
+                ps[p] += (double)z;
+            }
         }
     }
+    cp_async_wait<0>();
     if (!a.softmax) return;
 
-    /* this block's softmax partial per head: m_b = the max of its visible logits, s_b = the
-     * double sum of expf(l - m_b) (one expf a logit; no double exp on this path). Lanes with
-     * the same l % 4 hold the same two heads: reduce over l / 4 (xor 4, 8, 16). */
+    /* the block's partial per head: the max over the lanes holding it (l % 4 fixed: xor 4, 8, 16)
+     * and over the warps, then the lanes' sums rescaled to it, each in a fixed order */
 #pragma unroll
-    for (int c = 0; c < 2; c++) {
-        float m = max_nan(max_nan(l[0][c], l[0][c + 2]), max_nan(l[1][c], l[1][c + 2]));
+    for (int p = 0; p < 2; p++) {
+        float m = pm[p];
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane < 4) wm[warp][lane * 2 + c] = m;
+        if (lane < 4) wm[warp][lane * 2 + p] = m;
     }
     __syncthreads();
     if ((int)threadIdx.x < g) {
         float m = wm[0][threadIdx.x];
-        for (int u = 1; u < SC1_WARPS; u++) m = max_nan(m, wm[u][threadIdx.x]);
+        for (int w = 1; w < SC1_WARPS; w++) m = max_nan(m, wm[w][threadIdx.x]);
         bm[threadIdx.x] = m;
     }
     __syncthreads();
 #pragma unroll
-    for (int c = 0; c < 2; c++) {
-        const int hh = (lane & 3) * 2 + c;
+    for (int p = 0; p < 2; p++) {
+        const int hh = (lane & 3) * 2 + p;
         const float mb = hh < g ? bm[hh] : 0.f;
-        double z = 0;
-#pragma unroll
-        for (int e = c; e < 4; e += 2)
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-                if (l[mt][e] != -INFINITY) z += (double)expf(l[mt][e] - mb);
+        double z = hh < g && pm[p] != -INFINITY ? ps[p] * (double)expf(pm[p] - mb) : 0.0;
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
-        if (lane < 4) ws[warp][lane * 2 + c] = z;
+        if (lane < 4) ws[warp][lane * 2 + p] = z;
     }
     __syncthreads();
     if ((int)threadIdx.x < g) {
         const int t = threadIdx.x;
         double sm = 0;
-        for (int u = 0; u < SC1_WARPS; u++) sm += ws[u][t];
+        for (int w = 0; w < SC1_WARPS; w++) sm += ws[w][t];
         const int64_t h = sc1_head(a, kv, t);
         a.pmax[h * a.nx + blockIdx.x] = bm[t];
         a.psum[h * a.nx + blockIdx.x] = sm;
@@ -224,7 +274,7 @@ __global__ void __launch_bounds__(SC1_THREADS) sc1_logits(const sc1_args a) {
 }
 
 /* One thread per output column x (key j = ob + x): the per-head values and their reduction.
- * The L loads of 8 heads are issued before they are used (the kernel is latency-bound). */
+ * The L loads of SC1_VOTE_BATCH heads are issued before any is used (the kernel is latency-bound). */
 __global__ void __launch_bounds__(SC1_VOTE_THREADS) sc1_vote(const sc1_args a, int64_t ob, int64_t ncols, int64_t lo,
                                                              int64_t hi, int heads, float *__restrict__ out) {
     extern __shared__ double iz[]; /* (H) 1 / Z_h, then (H) M_h as float */
@@ -243,12 +293,12 @@ __global__ void __launch_bounds__(SC1_VOTE_THREADS) sc1_vote(const sc1_args a, i
     const int64_t rows = heads == KS_HEADS_GROUP_SUM ? a.hkv : 1;
     for (int64_t r = 0; r < rows; r++) {
         double s = 0;
-        for (int64_t h0 = 0; h0 < a.hq; h0 += 8) {
-            float lg[8];
+        for (int64_t h0 = 0; h0 < a.hq; h0 += SC1_VOTE_BATCH) {
+            float lg[SC1_VOTE_BATCH];
 #pragma unroll
-            for (int e = 0; e < 8; e++) lg[e] = in && h0 + e < a.hq ? lc[(h0 + e) * a.w] : -INFINITY;
+            for (int e = 0; e < SC1_VOTE_BATCH; e++) lg[e] = in && h0 + e < a.hq ? lc[(h0 + e) * a.w] : -INFINITY;
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
+            for (int e = 0; e < SC1_VOTE_BATCH; e++) {
                 const int64_t h = h0 + e;
                 if (h >= a.hq) break;
                 float v = lg[e] == -INFINITY ? 0.f : a.softmax ? (float)((double)expf(lg[e] - mh[h]) * iz[h]) : lg[e];
@@ -261,15 +311,16 @@ __global__ void __launch_bounds__(SC1_VOTE_THREADS) sc1_vote(const sc1_args a, i
     }
 }
 
+#define SC1_SMEM_MAX (224 * 1024) /* a block's dynamic shared memory on sm_90 (227 KiB) less the static */
 static size_t sc1_smem(int64_t d) {
-    return sizeof(uint2) * 3 * (size_t)(d / 16) * 32 + (size_t)SC1_WARPS * 32 * (size_t)(2 * d + 16);
+    return sizeof(uint2) * 3 * (size_t)(d / 16) * 32 + (size_t)SC1_WARPS * SC1_STAGES * SC1_TR * (size_t)(2 * d + 16);
 }
 
 extern "C" int ks_cuda_scores1_fits(int64_t n_q_heads, int64_t n_kv_heads, int64_t m, const void *k, int k_bf16,
                                     int64_t d, const sc_plan &p) {
     if (m != 1 || !k_bf16 || n_kv_heads < 1 || n_q_heads % n_kv_heads || n_q_heads / n_kv_heads > SC1_GMAX) return 0;
-    if (d % 16 || d > 256 || ((uintptr_t)k & 15) || p.khs % 8 || p.krs % 8) return 0;
-    return sc1_smem(d) <= 200 * 1024;
+    return d % 16 == 0 && d <= 256 && sc1_smem(d) <= SC1_SMEM_MAX && !((uintptr_t)k & 15) && p.khs % 8 == 0 &&
+           p.krs % 8 == 0;
 }
 
 /* The caller (ks_cuda_scores) has checked the arguments and ks_cuda_scores1_fits. */
@@ -302,16 +353,15 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
 
     scratch_set ss(sc);
     if (a.w > 0) {
-        int dev = 0;
+        /* one wave: about SC1_BLOCKS_SM blocks a multiprocessor over all KV heads, each warp looping
+         * over a.iters tiles */
+        int dev = 0, n_sm = 0;
         KS_CU(cudaGetDevice(&dev), "scores (one row) device");
-        static unsigned attr = 0; /* bit g: set on GPU g (the attribute is per device function) */
-        if (!(attr >> (dev & 31) & 1u)) {
-            KS_CU(cudaFuncSetAttribute(sc1_logits, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024),
-                  "scores (one row) kernel attribute");
-            attr |= 1u << (dev & 31);
-        }
-        size_t smem = sc1_smem(d);
-        a.nx = (a.w + 32 * SC1_WARPS - 1) / (32 * SC1_WARPS); /* blocks per KV head: 32 rows a warp */
+        KS_CU(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev), "scores (one row) device");
+        const int64_t step = (int64_t)SC1_WARPS * SC1_TR; /* rows a block's loop step */
+        const int64_t want = KS_MAX((int64_t)1, (int64_t)n_sm * SC1_BLOCKS_SM / n_kv_heads);
+        a.iters = (int)KS_MAX((int64_t)1, (a.w + want * step - 1) / (want * step));
+        a.nx = (a.w + step * a.iters - 1) / (step * a.iters); /* blocks per KV head */
         P_SCRATCH(a.L, ss, sizeof(float) * n_q_heads * a.w, "scores");
         if (a.softmax) {
             P_SCRATCH(a.pmax, ss, sizeof(float) * n_q_heads * a.nx, "scores");
@@ -321,7 +371,13 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
             P_SCRATCH(a.done, ss, sizeof(unsigned) * n_kv_heads, "scores");
             KS_CU(cudaMemsetAsync(a.done, 0, sizeof(unsigned) * n_kv_heads, s), "scores (one row) counters");
         }
-        sc1_logits<<<dim3((unsigned)a.nx, (unsigned)a.hkv), SC1_THREADS, smem, s>>>(a);
+        static unsigned attr = 0; /* bit g: set on GPU g (the attribute is per device function) */
+        if (!(attr >> (dev & 31) & 1u)) {
+            KS_CU(cudaFuncSetAttribute(sc1_logits, cudaFuncAttributeMaxDynamicSharedMemorySize, SC1_SMEM_MAX),
+                  "scores (one row) kernel attribute");
+            attr |= 1u << (dev & 31);
+        }
+        sc1_logits<<<dim3((unsigned)a.nx, (unsigned)a.hkv), SC1_THREADS, sc1_smem(d), s>>>(a);
         KS_CU_LAUNCH("scores (one row) logits kernel");
     }
     sc1_vote<<<ks_cdiv((size_t)ncols, SC1_VOTE_THREADS), SC1_VOTE_THREADS, (sizeof(double) + sizeof(float)) * n_q_heads,
