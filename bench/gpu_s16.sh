@@ -6,6 +6,8 @@
 #   tests   test_cuda_policies, test_cuda --quick, test_attn_list --quick of the new build
 #   memcheck compute-sanitizer over test_cuda_prims --quick --only scores
 #   ncu     ncu of the scores kernels in bench_kernels --select, base and new
+#   b16     issue 16 at 4K, B = 1, 16, 64, base then new (B16_OPS=1: first test_attn_decode_batch --time-only and
+#           test_gemm_rows --bench at 64 rows)
 #   b14     32K: full and TokenSelect, base then new
 #   b14l    128K: full, TokenSelect and Quest, base then new; 32K Quest and the hit path
 # Usage: bash bench/gpu_s16.sh STEP...
@@ -24,7 +26,8 @@ tst() { # tst BINARY ARGS...: its failures and summary
 }
 step_prims() { tst test_cuda_prims >> $O/tests.txt; }
 step_tests() {
-    ( tst test_cuda_policies --stories .data/stories260K; tst test_cuda --quick; tst test_attn_list --quick ) >> $O/tests.txt
+    ( tst test_cuda_policies --stories .data/stories260K; tst test_cuda --quick; tst test_attn_list --quick; tst test_gemm_rows
+      tst test_attn_decode_batch --quick ) >> $O/tests.txt
 }
 step_memcheck() {
     timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick --only scores 2>&1 | tail -4 >> $O/memcheck.txt
@@ -56,6 +59,12 @@ step_b14() { row 32K --lengths 32768 --gen 32 --policy none,tokenselect >> $O/b1
 step_b14l() {
     ( row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest
       row 32K-hit --lengths 32768 --gen 32 --policy tokenselect,quest --set tokenselect.cache_theta=-1 ) >> $O/b14.txt
+}
+step_b16() { # issue 16: the batched attention kernel alone (B x 4096 keys), the per-op GEMMs at 64 rows, the steps
+    ( [ -n "$B16_OPS" ] && tst test_attn_decode_batch --time-only
+      [ -n "$B16_OPS" ] && [ -x $R/new/test_gemm_rows ] && timeout 250 $R/new/test_gemm_rows --bench 2>&1 | grep "n=64"
+      for v in base new; do timeout 250 $R/$v/kvsieve $B --lengths 4096 --gen 32 --batch 1,16,64 2>&1 |
+          grep -E "^tokens|^4096|kvsieve:" | sed "s/^/$v: /"; done ) >> $O/b16.txt
 }
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R

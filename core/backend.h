@@ -196,6 +196,12 @@ struct ks_backend {
      * (benchmarks with --random-weights; no checkpoint needed) */
     ks_status (*weight_random)(ks_backend *b, int64_t rows, int64_t cols, uint64_t seed, float scale, float offset,
                                ks_weight **out);
+    /* Optional (NULL: not done). Lay the n weights (2-D, same cols and type) out as one
+     * contiguous buffer in this order, each handle still valid and used as before, so an op can
+     * take them as one matrix of their summed rows (the CUDA backend's n-row q|k|v: one GEMM
+     * instead of three). An optimisation only: where it cannot (out of memory, mixed types) it
+     * leaves them as they are and returns KS_OK. */
+    ks_status (*weights_join)(ks_backend *b, ks_weight *const *ws, int n);
 
     /* ---- the forward pass, in the coarse steps of the picture (docs/DESIGN.md): embed, a
      * layer's attention input (attn_in), attention, its output projection (attn_out), its MLP

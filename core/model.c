@@ -45,6 +45,15 @@ static ks_status weight_rows(ks_model *m, const char *name, int64_t total, int64
     return m->be->weight_create(m->be, t, r0, rows, out);
 }
 
+/* One layer's q|k|v and gate|up as one buffer each where the backend lays weights out that way
+ * (backend.h weights_join: the same handles, used as before). */
+static ks_status join_layer(ks_backend *be, ks_layer_w *L) {
+    if (!be->weights_join) return KS_OK;
+    ks_weight *qkv[3] = {L->wq, L->wk, L->wv}, *gu[2] = {L->w_gate, L->w_up};
+    ks_status st = be->weights_join(be, qkv, 3);
+    return st ? st : be->weights_join(be, gu, 2);
+}
+
 static int file_exists(const char *p) {
     struct stat s;
     return stat(p, &s) == 0;
@@ -126,6 +135,7 @@ ks_status ks_model_load(const char *dir, ks_backend *be, int require_tokenizer, 
             st = ks_errorf(KS_ERR_UNSUPPORTED, "%s: mlp_bias is not supported", dir);
             goto fail;
         }
+        if ((st = join_layer(m->be, L))) goto fail;
 #undef P
     }
     *out = m;
@@ -222,6 +232,7 @@ ks_status ks_model_random(const char *config, ks_backend *be, uint64_t seed, ks_
             RW(L->bv, kd, 1, 0.1f, 0.0f);
         }
         if (c->o_bias) RW(L->bo, D, 1, 0.1f, 0.0f);
+        if ((st = join_layer(be, L))) goto fail;
     }
 #undef RW
     *out = m;

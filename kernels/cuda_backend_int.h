@@ -31,6 +31,7 @@ struct ks_weight {
     void *data;            /* (rows, cols) bf16, or float32 for vectors (cols == 1) */
     int64_t rows, cols;
     int type;              /* KS_CUDA_BF16 or KS_CUDA_F32 */
+    int view;              /* 1: data lies in another weight's buffer (weights_join), not freed here */
 };
 
 #define ROPE_CACHE 4 /* rope configurations whose inv_freq stays on the device */

@@ -10,7 +10,10 @@
  * takes the skinny GEMM (gemm_rows.cuh: one launch for the three projections and their biases,
  * x rounded to bf16 as it is staged). Measured on an H200 (bench/NOTES.md, "the batched step's
  * dense layers"): 25.8 against 41.6 us at 4 rows, 28.3 against 40.4 us at 16; at 64 rows, and
- * for the o, gate|up, down and lm_head shapes at any row count, cuBLAS was as fast or faster. */
+ * for the o, gate|up, down and lm_head shapes at any row count, cuBLAS was as fast or faster.
+ * Weights joined by the model (weights_join: q|k|v back to back, gate|up back to back) are taken
+ * as one matrix where that pays: q|k|v of 17..QKV_JOIN_ROWS rows as one GEMM (qkv_joined), and
+ * the n-row MLP's gate and up as one strided-batched GEMM (bench/NOTES.md "Joined weights"). */
 #include "cuda_backend_int.h"
 #include "gemm_rows.cuh"
 #include "gemv.cuh"
@@ -20,6 +23,8 @@
 
 #define MM_CONV_BYTES ((size_t)64 << 20) /* bf16 copy of a matmul's input: converted in row chunks of this size */
 #define QKV_SKINNY_ROWS 16 /* q|k|v of up to this many rows: the skinny GEMM (measured: header) */
+#define QKV_JOIN_ROWS 1024 /* q|k|v of more rows, up to this many: one GEMM over joined weights (batched
+                            * decode, short prefill chunks; its (n, QD + 2 KD) temporary stays small) */
 
 /* ================================================================ weights */
 
@@ -94,11 +99,64 @@ static void cu_weight_free(ks_backend *b, ks_weight *w) {
     if (!w) return;
     cuda_ctx *c = CTX(b);
     cudaStreamSynchronize(c->stream);
-    raw_free(c, w->data);
+    if (!w->view) raw_free(c, w->data);
     free(w);
 }
 
+/* backend.h weights_join: one buffer for ws[0..n) in order (device copies, then the old buffers
+ * freed); ws[0] owns it, the others are views. Out of memory or unlike weights: left as they are. */
+static ks_status cu_weights_join(ks_backend *b, ks_weight *const *ws, int n) {
+    cuda_ctx *c = CTX(b);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (!ws[i] || ws[i]->view || ws[i]->type != KS_CUDA_BF16 || ws[i]->cols != ws[0]->cols || ws[i]->cols < 2)
+            return KS_OK;
+        total += (size_t)ws[i]->rows * ws[i]->cols * 2;
+    }
+    void *buf = NULL;
+    if (n < 2 || raw_alloc(c, total, "joined weights", &buf)) {
+        ks_clear_error();
+        return KS_OK;
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        size_t bytes = (size_t)ws[i]->rows * ws[i]->cols * 2;
+        cudaError_t e = cudaMemcpyAsync((char *)buf + off, ws[i]->data, bytes, cudaMemcpyDeviceToDevice, c->stream);
+        if (e) { cudaStreamSynchronize(c->stream); raw_free(c, buf); return ks_cuda_status(e, "joining weights"); }
+        off += bytes;
+    }
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e) { raw_free(c, buf); return ks_cuda_status(e, "joining weights"); }
+    off = 0;
+    for (int i = 0; i < n; i++) {
+        raw_free(c, ws[i]->data);
+        ws[i]->data = (char *)buf + off;
+        ws[i]->view = i > 0;
+        off += (size_t)ws[i]->rows * ws[i]->cols * 2;
+    }
+    return KS_OK;
+}
+
+/* Do W[0..n) lie back to back in one buffer (weights_join), so that they can be one matrix? */
+static int weights_adjacent(const ks_weight *const *W, int n) {
+    for (int i = 1; i < n; i++)
+        if (W[i]->type != W[0]->type || W[i]->cols != W[0]->cols ||
+            (const char *)W[i]->data != (const char *)W[i - 1]->data + (size_t)W[i - 1]->rows * W[i - 1]->cols * 2)
+            return 0;
+    return 1;
+}
+
 /* ================================================================ dense ops */
+
+/* The gate and up GEMMs of joined weights (weights_join: W_up right after W_gate, both (out, in))
+ * as one strided-batched call: y (n, out) bf16 = x W_gate^T, then y + n * out = x W_up^T. */
+static ks_status gemm_bf16_pair(cuda_ctx *c, void *y, const void *xb, const ks_weight *Wg, int n, int in, int out) {
+    const float one = 1.0f, zero = 0.0f;
+    return blas_status(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, Wg->data, CUDA_R_16BF,
+                                                  in, (long long)out * in, xb, CUDA_R_16BF, in, 0, &zero, y, CUDA_R_16BF, out,
+                                                  (long long)out * n, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       "matmul (cublasGemmStridedBatchedEx gate|up)");
+}
 
 /* y (n, out) = beta * y + x W^T: x (n, in) bf16, W (out, in) bf16, y float32 (yt CUDA_R_32F) or
  * bf16 (CUDA_R_16BF); float32 accumulation */
@@ -225,6 +283,42 @@ static ks_status fused_norm(ks_backend *b, const float **x, const ks_weight *nor
     return st;
 }
 
+/* q|k|v of n rows over joined weights (weights_join: Wq, Wk, Wv back to back from Wq->data): one
+ * GEMM into Y (n, QD + 2 KD), then q and k rotated out of Y's columns (ks_cuda_rope_rows; copied
+ * where there is no RoPE) and v copied out (a 2-D copy): one GEMM instead of three, and the two
+ * rotations share one upload of the positions. */
+static ks_status qkv_joined(ks_backend *b, float *q, float *k, float *v, const float *x, const ks_weight *Wq, int n,
+                            int in, int QD, int KD, int H, int Hkv, int hd, const int32_t *pos, const ks_rope *r,
+                            int max_pos) {
+    cuda_ctx *c = CTX(b);
+    const int T = QD + 2 * KD;
+    ks_weight J = *Wq; /* the three as one (T, in) matrix */
+    J.rows = T;
+    const ks_weight *Jp = &J;
+    float *Y = NULL;
+    void *d_pos = NULL;
+    const float *inv = NULL;
+    double t0;
+    ks_status st = stats_begin(b, &t0);
+    if (!st) st = dev_alloc(c, sizeof(float) * (size_t)n * T, "q|k|v (joined)", (void **)&Y);
+    if (!st) st = gemm_rows_bf16(c, x, n, in, 1, &Jp, &Y, &T, 0.0f);
+    if (!st) st = stats_end(b, t0, 2.0 * n * in * T);
+    if (!st && r) st = rope_inv_dev(c, r, max_pos, &inv);
+    if (!st && r) st = upload_tmp(c, pos, sizeof(int32_t) * n, "rope positions", &d_pos);
+    if (!st && r) st = ks_cuda_rope_rows(c->stream, q, Y, T, n, H, hd, (const int32_t *)d_pos, inv, (float)r->attn_factor);
+    if (!st && r) st = ks_cuda_rope_rows(c->stream, k, Y + QD, T, n, Hkv, hd, (const int32_t *)d_pos, inv, (float)r->attn_factor);
+    const float *src[3] = {Y, Y + QD, Y + QD + KD};
+    float *dst[3] = {q, k, v};
+    const int w[3] = {QD, KD, KD};
+    for (int i = r ? 2 : 0; i < 3 && !st; i++)
+        st = ks_cuda_status(cudaMemcpy2DAsync(dst[i], sizeof(float) * w[i], src[i], sizeof(float) * T, sizeof(float) * w[i],
+                                              (size_t)n, cudaMemcpyDeviceToDevice, c->stream),
+                            "q|k|v (joined) columns");
+    dev_free(c, d_pos);
+    dev_free(c, Y);
+    return st;
+}
+
 /* ks_cuda_dense_qkv: the projections, and with L non-NULL then kv_append(L, k, v, pos, n); on
  * the one-row gemv path the kernel stores the new cache row itself (no kv_append launch) */
 static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const float *x, const ks_weight *norm, float eps,
@@ -282,6 +376,11 @@ static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const flo
             if (Bs[i] && (Bs[i]->type != KS_CUDA_F32 || Bs[i]->rows * Bs[i]->cols != outs[i]))
                 return ks_errorf(KS_ERR_INTERNAL, "q|k|v projection: bias %d of %lld values for %d outputs", i,
                                  (long long)(Bs[i]->rows * Bs[i]->cols), outs[i]);
+        }
+        const ks_weight *Wj[3] = {Wq, Wk, Wv};
+        if (n > QKV_SKINNY_ROWS && n <= QKV_JOIN_ROWS && !bq && !bk && !bv && weights_adjacent(Wj, 3)) {
+            if ((st = qkv_joined(b, q, k, v, x, Wq, n, in, QD, KD, H, Hkv, hd, pos, r, max_pos))) return st;
+            return L ? cu_kv_append(b, L, k, v, pos, n) : KS_OK;
         }
         double t0;
         if ((st = stats_begin(b, &t0))) return st;
@@ -356,12 +455,13 @@ ks_status ks_cuda_dense_mlp_bf16(ks_backend *b, float *x, const float *xn, const
     ks_status st;
     int bf = Wg->type == KS_CUDA_BF16 && Wu->type == KS_CUDA_BF16 && Wd->type == KS_CUDA_BF16;
     int rc = KS_MIN(n, bf ? MLP_ROWS : 1024);
-    void *xb = NULL, *g = NULL, *u = NULL;
+    void *xb = NULL, *g = NULL;
     size_t es = bf ? 2 : 4;
-    if ((st = dev_alloc(c, (size_t)rc * ffn * es, "mlp gate", &g)) || (st = dev_alloc(c, (size_t)rc * ffn * es, "mlp up", &u)) ||
+    const ks_weight *gu[2] = {Wg, Wu};
+    const int pair = bf && weights_adjacent(gu, 2); /* joined: gate and up as one batched GEMM */
+    if ((st = dev_alloc(c, (size_t)2 * rc * ffn * es, "mlp gate and up", &g)) ||
         (bf && (st = dev_alloc(c, (size_t)rc * dim * 2, "mlp input (bf16)", &xb)))) {
         dev_free(c, g);
-        dev_free(c, u);
         return st;
     }
     double t0 = 0;
@@ -370,6 +470,7 @@ ks_status ks_cuda_dense_mlp_bf16(ks_backend *b, float *x, const float *xn, const
         int rn = KS_MIN(rc, n - r0);
         const float *xr = xn + (size_t)r0 * dim;
         float *yr = x + (size_t)r0 * dim;
+        void *u = (char *)g + (size_t)rn * ffn * es; /* (rn, ffn) right after gate's (rn, ffn) */
         if (!bf) {
             if (!(st = matmul_impl(b, (float *)g, xr, Wg, NULL, rn, dim, ffn, 0)) &&
                 !(st = matmul_impl(b, (float *)u, xr, Wu, NULL, rn, dim, ffn, 0)) &&
@@ -377,16 +478,16 @@ ks_status ks_cuda_dense_mlp_bf16(ks_backend *b, float *x, const float *xn, const
                 st = matmul_impl(b, yr, (float *)g, Wd, NULL, rn, ffn, dim, 1);
             continue;
         }
-        if (!(st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, xr, KS_CUDA_F32, (size_t)rn * dim)) &&
-            !(st = gemm_bf16(c, g, CUDA_R_16BF, xb, Wg, rn, dim, ffn, 0.0f)) &&
-            !(st = gemm_bf16(c, u, CUDA_R_16BF, xb, Wu, rn, dim, ffn, 0.0f)) &&
-            !(st = ks_cuda_swiglu_bf16(c->stream, g, g, u, (size_t)rn * ffn)))
-            st = gemm_bf16(c, yr, CUDA_R_32F, g, Wd, rn, ffn, dim, 1.0f);
+        st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, xr, KS_CUDA_F32, (size_t)rn * dim);
+        if (!st && pair) st = gemm_bf16_pair(c, g, xb, Wg, rn, dim, ffn);
+        if (!st && !pair && !(st = gemm_bf16(c, g, CUDA_R_16BF, xb, Wg, rn, dim, ffn, 0.0f)))
+            st = gemm_bf16(c, u, CUDA_R_16BF, xb, Wu, rn, dim, ffn, 0.0f);
+        if (!st) st = ks_cuda_swiglu_bf16(c->stream, g, g, u, (size_t)rn * ffn);
+        if (!st) st = gemm_bf16(c, yr, CUDA_R_32F, g, Wd, rn, ffn, dim, 1.0f);
     }
     if (!st && bf) st = stats_end(b, t0, 6.0 * n * dim * ffn);
     dev_free(c, xb);
     dev_free(c, g);
-    dev_free(c, u);
     return st;
 }
 
@@ -510,6 +611,7 @@ ks_status ks_cuda_dense_gather_rows(ks_backend *b, float *out, const float *x, c
 void cuda_dense_install(ks_backend *b) {
     b->weight_create = cu_weight_create;
     b->weight_free = cu_weight_free;
+    b->weights_join = cu_weights_join;
     b->weight_random = cu_weight_random;
     b->embed = ks_cuda_dense_embed;
     b->gather_rows = ks_cuda_dense_gather_rows;

@@ -266,6 +266,61 @@ static void backend_ops(int n, int D) {
     free(x), free(xr), free(c1), free(c2), free(g1);
 }
 
+/* q|k|v over joined weights (backend weights_join: one GEMM, q and k rotated out of its columns,
+ * v copied out; cuda_dense.cu qkv_joined) against the CPU's matmuls and RoPE. The bound of a
+ * rotated value is its pair's two bounds summed (the rotation mixes them). */
+static void backend_joined(int n, int D, int rope) {
+    int QD = D, KD = D / 4, hd = 64, H = QD / hd, Hkv = KD / hd, maxp = 9000;
+    char name[120];
+    wpair Wq, Wk, Wv;
+    int bad = wmake(&Wq, QD, D, 0.3f) | wmake(&Wk, KD, D, 0.3f) | wmake(&Wv, KD, D, 0.3f);
+    size_t mx = (size_t)n * QD;
+    float *x = malloc(sizeof(float) * n * D), *xr = malloc(sizeof(float) * n * D), *c1 = malloc(sizeof(float) * mx),
+          *g1 = malloc(sizeof(float) * mx);
+    int32_t *pos = malloc(sizeof(int32_t) * n);
+    for (int i = 0; i < n * D; i++) xr[i] = bf16r(x[i] = rndf());
+    for (int i = 0; i < n; i++) pos[i] = maxp - 3 * (n - 1 - i);
+    float *dx = dput(x, sizeof(float) * n * D), *d[3] = {dput(NULL, sizeof(float) * mx), dput(NULL, sizeof(float) * mx),
+                                                       dput(NULL, sizeof(float) * mx)};
+    ks_rope r;
+    memset(&r, 0, sizeof r);
+    r.type = KS_ROPE_LLAMA3;
+    r.head_dim = hd;
+    r.theta = 500000.0;
+    r.factor = 8.0;
+    r.low_freq_factor = 1.0;
+    r.high_freq_factor = 4.0;
+    r.orig_max_pos = 8192;
+    r.attn_factor = 1.0;
+    ks_weight *js[3] = {Wq.g, Wk.g, Wv.g};
+    ks_status st = bad || !dx || !d[0] || !d[1] || !d[2] ? KS_ERR_OOM : KS_OK;
+    if (!st) st = GPU->weights_join ? GPU->weights_join(GPU, js, 3) : KS_ERR_UNSUPPORTED;
+    if (!st) st = ks_cuda_dense_qkv(GPU, NULL, d[0], d[1], d[2], dx, NULL, 0, NULL, Wq.g, Wk.g, Wv.g, NULL, NULL, NULL, n, D, H,
+                                    Hkv, hd, pos, rope ? &r : NULL, maxp);
+    double w = 0;
+    const wpair *ws[3] = {&Wq, &Wk, &Wv};
+    const int os[3] = {QD, KD, KD}, hs[3] = {H, Hkv, Hkv};
+    for (int i = 0; i < 3 && !st; i++) {
+        if ((st = GPU->download(GPU, g1, d[i], sizeof(float) * n * os[i])) ||
+            (st = ks_cpu_matmul(CPU, c1, xr, ws[i]->c, NULL, n, D, os[i])) ||
+            (rope && i < 2 && (st = CPU->rope(CPU, c1, n, hs[i], pos, &r, maxp))))
+            break;
+        double *sc = abs_dots(xr, ws[i]->f, n, D, os[i]);
+        if (rope && i < 2)
+            for (size_t e = 0; e < (size_t)n * os[i]; e += hd)
+                for (int k = 0; k < hd / 2; k++) sc[e + k] = sc[e + k + hd / 2] = sc[e + k] + sc[e + k + hd / 2];
+        double wi = worst(g1, c1, sc, NULL, (size_t)n * os[i], 1e-5);
+        if (wi > w) w = wi;
+        free(sc);
+    }
+    snprintf(name, sizeof name, "backend q|k|v, joined weights%s, n=%d, in=%d", rope ? " + rope" : "", n, D);
+    result(!st && w <= 1, name, "err/bound %.3g %s", w, st ? ks_last_error() : "");
+    wfree(&Wq), wfree(&Wk), wfree(&Wv);
+    for (int i = 0; i < 3; i++) GPU->free(GPU, d[i]);
+    GPU->free(GPU, dx);
+    free(x), free(xr), free(c1), free(g1), free(pos);
+}
+
 /* ------------------------------------------------------------------ timing (--bench) */
 
 static cudaStream_t S;
@@ -445,6 +500,9 @@ int main(int argc, char **argv) {
     backend_ops(16, 256);
     backend_ops(64, 256);
     backend_ops(64, 4096);
+    backend_joined(64, 256, 0);
+    backend_joined(33, 256, 1);
+    backend_joined(64, 4096, 1);
     printf("%d passed, %d failed\n", g_pass, g_fail);
     if (do_bench) bench();
     GPU->destroy(GPU);
