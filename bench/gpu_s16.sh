@@ -8,6 +8,7 @@
 #   ncu     ncu of the scores kernels in bench_kernels --select, base and new
 #   b16     issue 16 at 4K, B = 1, 16, 64, base then new (B16_OPS=1: first test_attn_decode_batch --time-only and
 #           test_gemm_rows --bench at 64 rows)
+#   reg     full TTFT 8K / 32K / 128K and GemFilter / FastKV at 128K, base then new
 #   b14     32K: full and TokenSelect, base then new
 #   b14l    128K: full, TokenSelect and Quest, base then new; 32K Quest and the hit path
 # Usage: bash bench/gpu_s16.sh STEP...
@@ -59,6 +60,11 @@ step_b14() { row 32K --lengths 32768 --gen 32 --policy none,tokenselect >> $O/b1
 step_b14l() {
     ( row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest
       row 32K-hit --lengths 32768 --gen 32 --policy tokenselect,quest --set tokenselect.cache_theta=-1 ) >> $O/b14.txt
+}
+step_reg() { # issue 14's no-regression rows: full TTFT 8K / 32K / 128K, GemFilter and FastKV at 128K, base then new
+    ( row 8K --lengths 8192 --gen 8 --policy none
+      row 32K --lengths 32768 --gen 8 --policy none
+      row 128K --lengths 131040 --gen 16 --policy none,gemfilter,fastkv ) >> $O/reg.txt
 }
 step_b16() { # issue 16: the batched attention kernel alone (B x 4096 keys), the per-op GEMMs at 64 rows, the steps
     ( [ -n "$B16_OPS" ] && tst test_attn_decode_batch --time-only
