@@ -17,6 +17,7 @@
 #include "cuda_backend_int.h"
 #include "gemm_rows.cuh"
 #include "gemv.cuh"
+#include "rmsnorm.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -286,10 +287,11 @@ static ks_status fused_norm(ks_backend *b, const float **x, const ks_weight *nor
 /* q|k|v of n rows over joined weights (weights_join: Wq, Wk, Wv back to back from Wq->data): one
  * GEMM into Y (n, QD + 2 KD), then q and k rotated out of Y's columns (ks_cuda_rope_rows; copied
  * where there is no RoPE) and v copied out (a 2-D copy): one GEMM instead of three, and the two
- * rotations share one upload of the positions. */
-static ks_status qkv_joined(ks_backend *b, float *q, float *k, float *v, const float *x, const ks_weight *Wq, int n,
-                            int in, int QD, int KD, int H, int Hkv, int hd, const int32_t *pos, const ks_rope *r,
-                            int max_pos) {
+ * rotations share one upload of the positions. xb: x already as bf16 (the norm wrote it), or NULL
+ * (converted here). */
+static ks_status qkv_joined(ks_backend *b, float *q, float *k, float *v, const float *x, const void *xb,
+                            const ks_weight *Wq, int n, int in, int QD, int KD, int H, int Hkv, int hd,
+                            const int32_t *pos, const ks_rope *r, int max_pos) {
     cuda_ctx *c = CTX(b);
     const int T = QD + 2 * KD;
     ks_weight J = *Wq; /* the three as one (T, in) matrix */
@@ -301,7 +303,7 @@ static ks_status qkv_joined(ks_backend *b, float *q, float *k, float *v, const f
     double t0;
     ks_status st = stats_begin(b, &t0);
     if (!st) st = dev_alloc(c, sizeof(float) * (size_t)n * T, "q|k|v (joined)", (void **)&Y);
-    if (!st) st = gemm_rows_bf16(c, x, n, in, 1, &Jp, &Y, &T, 0.0f);
+    if (!st) st = xb ? gemm_bf16(c, Y, CUDA_R_32F, xb, Jp, n, in, T, 0.0f) : gemm_rows_bf16(c, x, n, in, 1, &Jp, &Y, &T, 0.0f);
     if (!st) st = stats_end(b, t0, 2.0 * n * in * T);
     if (!st && r) st = rope_inv_dev(c, r, max_pos, &inv);
     if (!st && r) st = upload_tmp(c, pos, sizeof(int32_t) * n, "rope positions", &d_pos);
@@ -333,8 +335,26 @@ static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const flo
     int gemv = n == 1 && c->o.decode_kernels && (uintptr_t)x % 16 == 0 && gemv_weight_ok(Wq, in, QD) &&
                gemv_weight_ok(Wk, in, KD) && gemv_weight_ok(Wv, in, KD) && vec_ok(bq, QD) && vec_ok(bk, KD) &&
                vec_ok(bv, KD) && (!r || (hd % 2 == 0 && hd <= 1024));
-    const float *nw;
-    if ((st = fused_norm(b, &x, norm, eps, xn, n, in, gemv, &nw))) return st;
+    const ks_weight *Wj[3] = {Wq, Wk, Wv};
+    const int joined = !gemv && !c->rec && n > QKV_SKINNY_ROWS && n <= QKV_JOIN_ROWS && !bq && !bk && !bv &&
+                       Wq->type == KS_CUDA_BF16 && Wq->cols == in && Wq->rows == QD && Wk->rows == KD && Wv->rows == KD &&
+                       weights_adjacent(Wj, 3);
+    const float *nw = NULL;
+    void *xb = NULL; /* joined with a norm: the norm writes the GEMM's bf16 input too (no conversion launch) */
+    if (joined && norm && norm->type == KS_CUDA_F32 && norm->rows * norm->cols == in) {
+        if ((st = dev_alloc(c, (size_t)n * in * 2, "q|k|v input (bf16)", &xb)) ||
+            (st = ks_cuda_rmsnorm_bf16(c->stream, xn, xb, x, (const float *)norm->data, n, in, eps))) {
+            dev_free(c, xb);
+            return st;
+        }
+        x = xn;
+    } else if ((st = fused_norm(b, &x, norm, eps, xn, n, in, gemv, &nw))) return st;
+    if (joined) {
+        st = qkv_joined(b, q, k, v, x, xb, Wq, n, in, QD, KD, H, Hkv, hd, pos, r, max_pos);
+        dev_free(c, xb);
+        if (st) return st;
+        return L ? cu_kv_append(b, L, k, v, pos, n) : KS_OK;
+    }
     if ((uintptr_t)x % 16) gemv = 0; /* normalised apart into a misaligned xn */
     if (gemv) { /* decode: one launch for the norm, the three projections and RoPE */
         const float *inv = NULL;
@@ -376,11 +396,6 @@ static ks_status qkv_impl(ks_backend *b, float *q, float *k, float *v, const flo
             if (Bs[i] && (Bs[i]->type != KS_CUDA_F32 || Bs[i]->rows * Bs[i]->cols != outs[i]))
                 return ks_errorf(KS_ERR_INTERNAL, "q|k|v projection: bias %d of %lld values for %d outputs", i,
                                  (long long)(Bs[i]->rows * Bs[i]->cols), outs[i]);
-        }
-        const ks_weight *Wj[3] = {Wq, Wk, Wv};
-        if (n > QKV_SKINNY_ROWS && n <= QKV_JOIN_ROWS && !bq && !bk && !bv && weights_adjacent(Wj, 3)) {
-            if ((st = qkv_joined(b, q, k, v, x, Wq, n, in, QD, KD, H, Hkv, hd, pos, r, max_pos))) return st;
-            return L ? cu_kv_append(b, L, k, v, pos, n) : KS_OK;
         }
         double t0;
         if ((st = stats_begin(b, &t0))) return st;
@@ -439,13 +454,13 @@ ks_status ks_cuda_dense_swiglu_proj(ks_backend *b, float *y, const float *x, con
     return ks_cuda_dense_swiglu(b, y, y, tmp, (size_t)n * out);
 }
 
-#define MLP_ROWS 4096 /* rows per prefill-MLP chunk: bf16 gate and up of MLP_ROWS x ffn each */
+#define MLP_ROWS KS_CUDA_MLP_ROWS
 
 /* Prefill MLP (ks_cuda_dense.h): per chunk of rows, xn -> bf16 once, gate and up GEMMs with bf16
  * outputs, SwiGLU bf16 -> bf16 in place, the down GEMM accumulating into x (float32). Float32
  * weights take the plain matmuls with float32 intermediates. */
-ks_status ks_cuda_dense_mlp_bf16(ks_backend *b, float *x, const float *xn, const ks_weight *Wg, const ks_weight *Wu,
-                                 const ks_weight *Wd, int n, int dim, int ffn) {
+ks_status ks_cuda_dense_mlp_bf16(ks_backend *b, float *x, const float *xn, const void *xn_bf16, const ks_weight *Wg,
+                                 const ks_weight *Wu, const ks_weight *Wd, int n, int dim, int ffn) {
     cuda_ctx *c = CTX(b);
     if (Wg->rows != ffn || Wg->cols != dim || Wu->rows != ffn || Wu->cols != dim || Wd->rows != dim || Wd->cols != ffn)
         return ks_errorf(KS_ERR_INTERNAL, "mlp: weights (%lld, %lld), (%lld, %lld), (%lld, %lld) for dim %d, ffn %d",
@@ -459,8 +474,9 @@ ks_status ks_cuda_dense_mlp_bf16(ks_backend *b, float *x, const float *xn, const
     size_t es = bf ? 2 : 4;
     const ks_weight *gu[2] = {Wg, Wu};
     const int pair = bf && weights_adjacent(gu, 2); /* joined: gate and up as one batched GEMM */
+    const int given = bf && xn_bf16 && n <= rc; /* the input already bf16, all rows in one chunk */
     if ((st = dev_alloc(c, (size_t)2 * rc * ffn * es, "mlp gate and up", &g)) ||
-        (bf && (st = dev_alloc(c, (size_t)rc * dim * 2, "mlp input (bf16)", &xb)))) {
+        (bf && !given && (st = dev_alloc(c, (size_t)rc * dim * 2, "mlp input (bf16)", &xb)))) {
         dev_free(c, g);
         return st;
     }
@@ -478,7 +494,8 @@ ks_status ks_cuda_dense_mlp_bf16(ks_backend *b, float *x, const float *xn, const
                 st = matmul_impl(b, yr, (float *)g, Wd, NULL, rn, ffn, dim, 1);
             continue;
         }
-        st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, xr, KS_CUDA_F32, (size_t)rn * dim);
+        if (given) xb = (void *)xn_bf16;
+        else st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, xr, KS_CUDA_F32, (size_t)rn * dim);
         if (!st && pair) st = gemm_bf16_pair(c, g, xb, Wg, rn, dim, ffn);
         if (!st && !pair && !(st = gemm_bf16(c, g, CUDA_R_16BF, xb, Wg, rn, dim, ffn, 0.0f)))
             st = gemm_bf16(c, u, CUDA_R_16BF, xb, Wu, rn, dim, ffn, 0.0f);
@@ -486,7 +503,7 @@ ks_status ks_cuda_dense_mlp_bf16(ks_backend *b, float *x, const float *xn, const
         if (!st) st = gemm_bf16(c, yr, CUDA_R_32F, g, Wd, rn, ffn, dim, 1.0f);
     }
     if (!st && bf) st = stats_end(b, t0, 6.0 * n * dim * ffn);
-    dev_free(c, xb);
+    if (!given) dev_free(c, xb);
     dev_free(c, g);
     return st;
 }

@@ -12,6 +12,7 @@
 
 extern "C" {
 #include "dense_plain.h"
+#include "rmsnorm.cuh"
 #include "model.h"
 }
 
@@ -73,9 +74,17 @@ static ks_status cu_mlp(ks_backend *b, const ks_layer_w *W, const ks_config *cf,
         return ks_cuda_dense_matmul_add(b, a->x, gate, W->w_down, NULL, 1, F, D);
     }
     if (n == 1 || !c->o.mlp) return ks_plain_mlp(b, &cuda_ops, W, cf, a, n);
-    /* prefill: the bf16 MLP, residual folded into the down projection */
-    if ((st = ks_cuda_dense_rmsnorm(b, a->xn, a->x, W->ffn_norm, n, D, cf->eps))) return st;
-    return ks_cuda_dense_mlp_bf16(b, a->x, a->xn, W->w_gate, W->w_up, W->w_down, n, D, F);
+    /* n rows: the bf16 MLP, residual folded into the down projection; up to one chunk of rows, the
+     * norm writes the GEMMs' bf16 input too (no conversion launch) */
+    void *xb = NULL;
+    if (n <= KS_CUDA_MLP_ROWS && W->ffn_norm->type == KS_CUDA_F32 && W->ffn_norm->rows * W->ffn_norm->cols == D &&
+        W->w_gate->type == KS_CUDA_BF16 && W->w_up->type == KS_CUDA_BF16 && W->w_down->type == KS_CUDA_BF16) {
+        if ((st = dev_alloc(c, (size_t)n * D * 2, "mlp input (bf16)", &xb))) return st;
+        st = ks_cuda_rmsnorm_bf16(c->stream, a->xn, xb, a->x, (const float *)W->ffn_norm->data, n, D, cf->eps);
+    } else st = ks_cuda_dense_rmsnorm(b, a->xn, a->x, W->ffn_norm, n, D, cf->eps);
+    if (!st) st = ks_cuda_dense_mlp_bf16(b, a->x, a->xn, xb, W->w_gate, W->w_up, W->w_down, n, D, F);
+    dev_free(c, xb);
+    return st;
 }
 
 static ks_status cu_head(ks_backend *b, const ks_weight *norm, const ks_weight *lm_head, const ks_config *cf,

@@ -36,10 +36,13 @@ ks_status ks_cuda_dense_qkv(ks_backend *b, ks_kv_layer *L, float *q, float *k, f
  * scratch; y, x, xn and tmp distinct. One launch for one row. */
 ks_status ks_cuda_dense_swiglu_proj(ks_backend *b, float *y, const float *x, const ks_weight *norm, float eps, float *xn,
                                     const ks_weight *Wg, const ks_weight *Wu, float *tmp, int n, int in, int out);
+#define KS_CUDA_MLP_ROWS 4096 /* rows per n-row MLP chunk: bf16 gate and up of this many x ffn each */
 /* x (n, dim) += W_down (silu(W_gate xn) * (W_up xn)) with bf16 intermediates in row chunks (as a
- * bf16 model computes them); float32 weights take float32 ones. */
-ks_status ks_cuda_dense_mlp_bf16(ks_backend *b, float *x, const float *xn, const ks_weight *Wg, const ks_weight *Wu,
-                                 const ks_weight *Wd, int n, int dim, int ffn);
+ * bf16 model computes them); float32 weights take float32 ones. xn_bf16: xn already rounded to
+ * bf16 (n, dim) (ks_cuda_rmsnorm_bf16), used instead of converting where all rows fit one chunk;
+ * or NULL. */
+ks_status ks_cuda_dense_mlp_bf16(ks_backend *b, float *x, const float *xn, const void *xn_bf16, const ks_weight *Wg,
+                                 const ks_weight *Wu, const ks_weight *Wd, int n, int dim, int ffn);
 ks_status ks_cuda_dense_embed(ks_backend *b, float *out, const ks_weight *E, const int32_t *ids, int n, int dim);
 ks_status ks_cuda_dense_rmsnorm(ks_backend *b, float *out, const float *x, const ks_weight *w, int n, int dim, float eps);
 ks_status ks_cuda_dense_rope(ks_backend *b, float *x, int n, int n_heads, const int32_t *pos, const ks_rope *r,

@@ -171,7 +171,7 @@ static ks_status tp_mlp_partial(ks_backend *b, const ks_layer_w *W, const ks_con
     }
     if ((st = ks_cuda_dense_rmsnorm(b, a->xn, a->x, W->ffn_norm, n, D, cf->eps))) return st;
     KS_CU(cudaMemsetAsync(a->x, 0, xb, c->stream), "tp: zero x");
-    if (n > 1 && c->o.mlp) return ks_cuda_dense_mlp_bf16(b, a->x, a->xn, W->w_gate, W->w_up, W->w_down, n, D, F);
+    if (n > 1 && c->o.mlp) return ks_cuda_dense_mlp_bf16(b, a->x, a->xn, NULL, W->w_gate, W->w_up, W->w_down, n, D, F);
     /* float32 intermediates, in row chunks */
     int ch = n < MLP_ROWS ? n : MLP_ROWS;
     void *g = NULL;

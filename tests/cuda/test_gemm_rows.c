@@ -20,6 +20,7 @@
 #include "backend.h"
 #include "cpu_dense.h"
 #include "gemm_rows.cuh"
+#include "rmsnorm.cuh"
 #include "ks_cuda.h"
 #include "ks_cuda_dense.h"
 #include "safetensors.h"
@@ -321,6 +322,36 @@ static void backend_joined(int n, int D, int rope) {
     free(x), free(xr), free(c1), free(g1), free(pos);
 }
 
+/* ks_cuda_rmsnorm_bf16 (the norm writing the next GEMM's bf16 input in the same launch) against
+ * ks_cuda_rmsnorm then ks_cuda_convert: both outputs bit for bit (dim 4096: the register kernel;
+ * dim 200 at an odd row offset: the plain one). */
+static void rmsnorm_bf16_case(int n, int dim, int off) {
+    char name[120];
+    size_t m = (size_t)n * dim;
+    float *x = malloc(sizeof(float) * (m + off)), *w = malloc(sizeof(float) * dim), *o1 = malloc(sizeof(float) * m),
+          *o2 = malloc(sizeof(float) * m);
+    uint16_t *b1 = malloc(2 * m), *b2 = malloc(2 * m);
+    for (size_t i = 0; i < m + off; i++) x[i] = 3.0f * rndf();
+    for (int i = 0; i < dim; i++) w[i] = 1.0f + 0.5f * rndf();
+    float *dx = dput(x, sizeof(float) * (m + off)), *dw = dput(w, sizeof(float) * dim), *d1 = dput(NULL, sizeof(float) * m),
+          *d2 = dput(NULL, sizeof(float) * m);
+    void *db1 = dput(NULL, 2 * m), *db2 = dput(NULL, 2 * m);
+    cudaStream_t s = ks_cuda_backend_stream(GPU);
+    ks_status st = !dx || !dw || !d1 || !d2 || !db1 || !db2 ? KS_ERR_OOM : KS_OK;
+    if (!st) st = ks_cuda_rmsnorm_bf16(s, d1, db1, dx + off, dw, n, dim, 1e-5f);
+    if (!st) st = ks_cuda_rmsnorm(s, d2, dx + off, dw, n, dim, 1e-5f);
+    if (!st) st = ks_cuda_convert(s, db2, KS_CUDA_BF16, d2, KS_CUDA_F32, m);
+    if (!st && (cudaStreamSynchronize(s) || cudaMemcpy(o1, d1, sizeof(float) * m, cudaMemcpyDeviceToHost) ||
+                cudaMemcpy(o2, d2, sizeof(float) * m, cudaMemcpyDeviceToHost) ||
+                cudaMemcpy(b1, db1, 2 * m, cudaMemcpyDeviceToHost) || cudaMemcpy(b2, db2, 2 * m, cudaMemcpyDeviceToHost)))
+        st = KS_ERR_DEVICE;
+    snprintf(name, sizeof name, "rmsnorm with the bf16 copy, n=%d dim=%d offset=%d", n, dim, off);
+    result(!st && !memcmp(o1, o2, sizeof(float) * m) && !memcmp(b1, b2, 2 * m), name, "%s",
+           st ? ks_last_error() : "float32 and bf16 outputs bit-equal to rmsnorm + convert");
+    GPU->free(GPU, dx), GPU->free(GPU, dw), GPU->free(GPU, d1), GPU->free(GPU, d2), GPU->free(GPU, db1), GPU->free(GPU, db2);
+    free(x), free(w), free(o1), free(o2), free(b1), free(b2);
+}
+
 /* ------------------------------------------------------------------ timing (--bench) */
 
 static cudaStream_t S;
@@ -503,6 +534,8 @@ int main(int argc, char **argv) {
     backend_joined(64, 256, 0);
     backend_joined(33, 256, 1);
     backend_joined(64, 4096, 1);
+    rmsnorm_bf16_case(64, 4096, 0);
+    rmsnorm_bf16_case(5, 200, 1);
     printf("%d passed, %d failed\n", g_pass, g_fail);
     if (do_bench) bench();
     GPU->destroy(GPU);
