@@ -285,10 +285,9 @@ static ks_status fused_norm(ks_backend *b, const float **x, const ks_weight *nor
 }
 
 /* q|k|v of n rows over joined weights (weights_join: Wq, Wk, Wv back to back from Wq->data): one
- * GEMM into Y (n, QD + 2 KD), then q and k rotated out of Y's columns (ks_cuda_rope_rows; copied
- * where there is no RoPE) and v copied out (a 2-D copy): one GEMM instead of three, and the two
- * rotations share one upload of the positions. xb: x already as bf16 (the norm wrote it), or NULL
- * (converted here). */
+ * GEMM into Y (n, QD + 2 KD), then q and k rotated and v copied out of Y's columns in one launch
+ * (ks_cuda_rope_qkv; three 2-D copies where there is no RoPE): one GEMM instead of three. xb: x
+ * already as bf16 (the norm wrote it), or NULL (converted here). */
 static ks_status qkv_joined(ks_backend *b, float *q, float *k, float *v, const float *x, const void *xb,
                             const ks_weight *Wq, int n, int in, int QD, int KD, int H, int Hkv, int hd,
                             const int32_t *pos, const ks_rope *r, int max_pos) {
@@ -307,12 +306,12 @@ static ks_status qkv_joined(ks_backend *b, float *q, float *k, float *v, const f
     if (!st) st = stats_end(b, t0, 2.0 * n * in * T);
     if (!st && r) st = rope_inv_dev(c, r, max_pos, &inv);
     if (!st && r) st = upload_tmp(c, pos, sizeof(int32_t) * n, "rope positions", &d_pos);
-    if (!st && r) st = ks_cuda_rope_rows(c->stream, q, Y, T, n, H, hd, (const int32_t *)d_pos, inv, (float)r->attn_factor);
-    if (!st && r) st = ks_cuda_rope_rows(c->stream, k, Y + QD, T, n, Hkv, hd, (const int32_t *)d_pos, inv, (float)r->attn_factor);
+    if (!st && r)
+        st = ks_cuda_rope_qkv(c->stream, q, k, v, Y, n, H, Hkv, hd, (const int32_t *)d_pos, inv, (float)r->attn_factor);
     const float *src[3] = {Y, Y + QD, Y + QD + KD};
     float *dst[3] = {q, k, v};
     const int w[3] = {QD, KD, KD};
-    for (int i = r ? 2 : 0; i < 3 && !st; i++)
+    for (int i = 0; i < 3 && !st && !r; i++)
         st = ks_cuda_status(cudaMemcpy2DAsync(dst[i], sizeof(float) * w[i], src[i], sizeof(float) * T, sizeof(float) * w[i],
                                               (size_t)n, cudaMemcpyDeviceToDevice, c->stream),
                             "q|k|v (joined) columns");

@@ -151,21 +151,33 @@ extern "C" ks_status ks_cuda_kv_append1(cudaStream_t s, void *K, void *V, int32_
     return KS_OK;
 }
 
-struct put_args {
-    unsigned char b[KS_CUDA_PUT_MAX];
+template <int N> struct put_args {
+    alignas(16) unsigned char b[N];
 };
 
-__global__ void put_kernel(unsigned char *__restrict__ dst, const __grid_constant__ put_args a, int bytes) {
+template <int N>
+__global__ void __launch_bounds__(256) put_kernel(unsigned char *__restrict__ dst, const __grid_constant__ put_args<N> a,
+                                                  int bytes) {
     ks_pdl_trigger(); /* PDL: dst may be pool memory an earlier kernel still reads until the wait */
     ks_pdl_wait();
-    for (int i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = a.b[i];
+    int i = threadIdx.x;
+    if (((uintptr_t)dst & 15) == 0) {
+        for (; i < bytes / 16; i += blockDim.x) reinterpret_cast<uint4 *>(dst)[i] = reinterpret_cast<const uint4 *>(a.b)[i];
+        i = bytes / 16 * 16 + threadIdx.x;
+    }
+    for (; i < bytes; i += blockDim.x) dst[i] = a.b[i];
+}
+
+template <int N> static ks_status put_n(cudaStream_t s, void *dst, const void *src, size_t bytes, int pdl) {
+    put_args<N> a;
+    memcpy(a.b, src, bytes);
+    KS_CU(ks_pdl_launch(put_kernel<N>, dim3(1), dim3(256), 0, s, pdl, (unsigned char *)dst, a, (int)bytes), "put kernel");
+    return KS_OK;
 }
 
 extern "C" ks_status ks_cuda_put(cudaStream_t s, void *dst, const void *src, size_t bytes, int pdl) {
     if (!bytes) return KS_OK;
     if (bytes > KS_CUDA_PUT_MAX) return ks_errorf(KS_ERR_INTERNAL, "put: %zu bytes (at most %d)", bytes, KS_CUDA_PUT_MAX);
-    put_args a;
-    memcpy(a.b, src, bytes);
-    KS_CU(ks_pdl_launch(put_kernel, dim3(1), dim3(128), 0, s, pdl, (unsigned char *)dst, a, (int)bytes), "put kernel");
-    return KS_OK;
+    return bytes <= 512 ? put_n<512>(s, dst, src, bytes, pdl) : bytes <= 4096 ? put_n<4096>(s, dst, src, bytes, pdl)
+                                                                : put_n<KS_CUDA_PUT_MAX>(s, dst, src, bytes, pdl);
 }

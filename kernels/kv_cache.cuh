@@ -31,9 +31,11 @@ ks_status ks_cuda_kv_append1(cudaStream_t s, void *K, void *V, int32_t *P, int c
                              const float *k, const float *v, int32_t pos, const int *row0, int pdl);
 
 /* Copy up to KS_CUDA_PUT_MAX bytes of host memory to the device in stream order, the bytes
- * travelling as a kernel argument (a small upload without a copy-engine transfer; src may be
- * reused at once). */
-#define KS_CUDA_PUT_MAX 512
+ * travelling as a kernel argument (an upload without a copy-engine transfer and the gap it leaves
+ * between the kernels around it; src may be reused at once). Three argument sizes (512 bytes,
+ * 4 KiB, 24 KiB: the smallest that holds them; Hopper takes up to 32 KiB of arguments), 16-byte
+ * stores where dst is aligned. */
+#define KS_CUDA_PUT_MAX 24576
 ks_status ks_cuda_put(cudaStream_t s, void *dst, const void *src, size_t bytes, int pdl);
 
 #ifdef __cplusplus

@@ -1,4 +1,4 @@
-/* rope.cuh — rotary embedding, rotate-half pairing, in place or from strided rows. C-callable. */
+/* rope.cuh — rotary embedding, rotate-half pairing: in place, or out of a joined q|k|v row. C-callable. */
 #ifndef KS_CUDA_ROPE_CUH
 #define KS_CUDA_ROPE_CUH
 #include <cuda_runtime_api.h>
@@ -16,12 +16,11 @@ extern "C" {
 ks_status ks_cuda_rope(cudaStream_t s, float *x, int n, int n_heads, int head_dim, const int32_t *pos,
                        const float *inv_freq, float attn_factor);
 
-/* The same rotation from rows of another buffer: row i of src (its n_heads * head_dim values at
- * src + i * src_row_stride, e.g. the q or k columns of a joined q|k|v GEMM's output) rotated into
- * row i of dst (n, n_heads, head_dim), contiguous. src == dst with src_row_stride = n_heads *
- * head_dim is ks_cuda_rope. */
-ks_status ks_cuda_rope_rows(cudaStream_t s, float *dst, const float *src, int64_t src_row_stride, int n, int n_heads,
-                            int head_dim, const int32_t *pos, const float *inv_freq, float attn_factor);
+/* The rows of a joined q|k|v GEMM's output y (n, (n_heads + 2 n_kv_heads) * head_dim) split in
+ * one launch: q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim) rotated as above, v
+ * (n, n_kv_heads, head_dim) copied. */
+ks_status ks_cuda_rope_qkv(cudaStream_t s, float *q, float *k, float *v, const float *y, int n, int n_heads,
+                           int n_kv_heads, int head_dim, const int32_t *pos, const float *inv_freq, float attn_factor);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,7 @@
 #include "cpu_dense.h"
 #include "ks_cuda.h"
 #include "ks_cuda_dense.h"
+#include "kv_cache.cuh"
 #include "testutil.h"
 
 #include <math.h>
@@ -886,6 +887,37 @@ static ks_status kv_retain_both(kv_pair *p, int shrink, int shared) {
     free(idx);
     free(cnt);
     return st;
+}
+
+/* ks_cuda_put (host bytes as a kernel argument, three argument sizes, 16-byte stores where the
+ * destination is aligned): every size class edge, aligned and not, the bytes around untouched,
+ * and a size over the limit refused. */
+static void test_put(void) {
+    if (!want("put")) return;
+    const int sizes[] = {1, 17, 511, 512, 513, 4095, 4096, 4097, 20000, KS_CUDA_PUT_MAX};
+    const size_t cap = KS_CUDA_PUT_MAX + 64;
+    unsigned char *src = malloc(cap), *got = malloc(cap), *want_b = malloc(cap);
+    unsigned char *d = NULL;
+    if (cudaMalloc((void **)&d, cap) != cudaSuccess) { result(0, "put", "cudaMalloc failed"); free(src); free(got); free(want_b); return; }
+    cudaStream_t s = ks_cuda_backend_stream(GPU);
+    for (size_t i = 0; i < cap; i++) src[i] = (unsigned char)(i * 131 + 7);
+    for (int off = 0; off <= 3; off += 3)
+        for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
+            const int n = sizes[c];
+            char name[96];
+            snprintf(name, sizeof name, "put %d bytes at offset %d", n, off);
+            memset(want_b, 0xa5, cap);
+            memcpy(want_b + off, src, (size_t)n);
+            ks_status st = cudaMemset(d, 0xa5, cap) ? KS_ERR_DEVICE : ks_cuda_put(s, d + off, src, (size_t)n, 0);
+            memset(src, 0, 4); /* the caller may reuse src at once */
+            if (!st && (cudaStreamSynchronize(s) || cudaMemcpy(got, d, cap, cudaMemcpyDeviceToHost))) st = KS_ERR_DEVICE;
+            for (size_t i = 0; i < 4; i++) src[i] = (unsigned char)(i * 131 + 7);
+            result(!st && !memcmp(got, want_b, cap), name, "%s", st ? ks_last_error() : "bytes and surroundings as expected");
+        }
+    ks_status st = ks_cuda_put(s, d, src, (size_t)KS_CUDA_PUT_MAX + 1, 0);
+    result(st == KS_ERR_INTERNAL && strstr(ks_last_error(), "put"), "put over the limit refused", "%s", ks_last_error());
+    cudaFree(d);
+    free(src), free(got), free(want_b);
 }
 
 static void test_kv(void) {
@@ -1760,6 +1792,7 @@ int main(int argc, char **argv) {
     test_fused();
     test_elementwise();
     test_gather();
+    test_put();
     test_kv();
     test_check_idx();
     test_attention();
