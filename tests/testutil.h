@@ -4,6 +4,9 @@
 #define KS_TESTUTIL_H
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "config.h"
 
 int kt_tmpdir(char *out, size_t n);                       /* mkdtemp under /tmp */
 int kt_rmdir(const char *dir);                            /* rm -r (files one level deep) */
@@ -30,5 +33,21 @@ typedef struct kt_tiny_cfg {
 kt_tiny_cfg kt_tiny_default(void);
 /* Write config.json + model.safetensors (random weights, never zero) into dir. */
 int kt_write_tiny_model(const char *dir, const kt_tiny_cfg *c);
+
+/* The Llama-3.1-8B RoPE (llama3 scaling: theta 500000, factor 8, low / high frequency factors 1
+ * and 4, original context 8192) over head_dim dimensions: the tests' model-shaped rotation. */
+static inline ks_rope kt_rope_llama3(int head_dim) {
+    ks_rope r;
+    memset(&r, 0, sizeof r);
+    r.type = KS_ROPE_LLAMA3;
+    r.head_dim = head_dim;
+    r.theta = 500000.0;
+    r.factor = 8.0;
+    r.low_freq_factor = 1.0;
+    r.high_freq_factor = 4.0;
+    r.orig_max_pos = 8192;
+    r.attn_factor = 1.0;
+    return r;
+}
 
 #endif

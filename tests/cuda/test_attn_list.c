@@ -32,6 +32,7 @@
 #include "backend.h"
 #include "config.h"
 #include "ks_cuda.h"
+#include "testutil.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -257,16 +258,7 @@ static void run_case(const lcase *c) {
     size_t qn = (size_t)H * d;
     float *q = malloc(sizeof(float) * qn);
     for (size_t i = 0; i < qn; i++) q[i] = frand() * 2.0f;
-    ks_rope rope;
-    memset(&rope, 0, sizeof rope);
-    rope.type = KS_ROPE_LLAMA3; /* the 8B model's scaling */
-    rope.head_dim = d;
-    rope.theta = 500000.0;
-    rope.factor = 8.0;
-    rope.low_freq_factor = 1.0;
-    rope.high_freq_factor = 4.0;
-    rope.orig_max_pos = 8192;
-    rope.attn_factor = 1.0;
+    ks_rope rope = kt_rope_llama3(d);
     int32_t qpos = pos[N]; /* the query after the last row */
     ks_attn_args a = {.n = 1, .n_heads = H, .qpos = &qpos, .scale = 1.0f / sqrtf((float)d), .window = c->window};
     if (c->rope) {
@@ -583,16 +575,7 @@ static void bench(int N) {
     for (int i = 0; i < 512; i++) list[2176 + i] = N - 512 + i;
     float *q = malloc(sizeof(float) * H * d);
     for (int i = 0; i < H * d; i++) q[i] = frand();
-    ks_rope rope;
-    memset(&rope, 0, sizeof rope);
-    rope.type = KS_ROPE_LLAMA3;
-    rope.head_dim = d;
-    rope.theta = 500000.0;
-    rope.factor = 8.0;
-    rope.low_freq_factor = 1.0;
-    rope.high_freq_factor = 4.0;
-    rope.orig_max_pos = 8192;
-    rope.attn_factor = 1.0;
+    ks_rope rope = kt_rope_llama3(d);
     bench_ctx b;
     memset(&b, 0, sizeof b);
     b.L = &L;

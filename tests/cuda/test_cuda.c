@@ -387,16 +387,7 @@ static void test_fused_qkv(int in, int H, int Hkv, int hd, int bias, int rope, i
     snprintf(name, sizeof name, "qkv in=%d heads=%d/%d hd=%d%s%s%s pos=%d", in, H, Hkv, hd, bias ? " +bias" : "",
              rope ? " +rope" : "", norm ? " +norm" : "", pos);
     int QD = H * hd, KD = Hkv * hd, rows[3] = {QD, KD, KD};
-    ks_rope r;
-    memset(&r, 0, sizeof r);
-    r.type = KS_ROPE_LLAMA3;
-    r.head_dim = hd;
-    r.theta = 500000.0;
-    r.factor = 8.0;
-    r.low_freq_factor = 1.0;
-    r.high_freq_factor = 4.0;
-    r.orig_max_pos = 8192;
-    r.attn_factor = 1.0;
+    ks_rope r = kt_rope_llama3(hd);
     float *x = malloc(sizeof(float) * in), *nwh = malloc(sizeof(float) * in), *x_raw = malloc(sizeof(float) * in);
     fill(x, in, 1.0f);
     for (int i = 0; i < in; i++) nwh[i] = 1.0f + 0.2f * frand();
@@ -490,16 +481,7 @@ static void test_qkv_append(int in, int H, int Hkv, int hd, int prefill, int une
     snprintf(name, sizeof name, "qkv + cache row in=%d heads=%d/%d hd=%d prefill=%d%s steps=%d", in, H, Hkv, hd,
              prefill, uneven ? " uneven" : "", steps);
     int QD = H * hd, KD = Hkv * hd, rows[3] = {QD, KD, KD};
-    ks_rope r;
-    memset(&r, 0, sizeof r);
-    r.type = KS_ROPE_LLAMA3;
-    r.head_dim = hd;
-    r.theta = 500000.0;
-    r.factor = 8.0;
-    r.low_freq_factor = 1.0;
-    r.high_freq_factor = 4.0;
-    r.orig_max_pos = 8192;
-    r.attn_factor = 1.0;
+    ks_rope r = kt_rope_llama3(hd);
     float *nwh = malloc(sizeof(float) * in), *xh = malloc(sizeof(float) * in);
     for (int i = 0; i < in; i++) nwh[i] = 1.0f + 0.2f * frand();
     ks_weight *gnw = gw_make(GPU, "norm", in, 0, nwh), *gw[3];

@@ -24,6 +24,7 @@
 #include "ks_cuda.h"
 #include "ks_cuda_dense.h"
 #include "safetensors.h"
+#include "testutil.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -283,16 +284,7 @@ static void backend_joined(int n, int D, int rope) {
     for (int i = 0; i < n; i++) pos[i] = maxp - 3 * (n - 1 - i);
     float *dx = dput(x, sizeof(float) * n * D), *d[3] = {dput(NULL, sizeof(float) * mx), dput(NULL, sizeof(float) * mx),
                                                        dput(NULL, sizeof(float) * mx)};
-    ks_rope r;
-    memset(&r, 0, sizeof r);
-    r.type = KS_ROPE_LLAMA3;
-    r.head_dim = hd;
-    r.theta = 500000.0;
-    r.factor = 8.0;
-    r.low_freq_factor = 1.0;
-    r.high_freq_factor = 4.0;
-    r.orig_max_pos = 8192;
-    r.attn_factor = 1.0;
+    ks_rope r = kt_rope_llama3(hd);
     ks_weight *js[3] = {Wq.g, Wk.g, Wv.g};
     ks_status st = bad || !dx || !d[0] || !d[1] || !d[2] ? KS_ERR_OOM : KS_OK;
     if (!st) st = GPU->weights_join ? GPU->weights_join(GPU, js, 3) : KS_ERR_UNSUPPORTED;
