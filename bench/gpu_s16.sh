@@ -30,10 +30,10 @@ step_tests() {
     ( tst test_cuda_policies --stories .data/stories260K; tst test_cuda --quick; tst test_attn_list --quick; tst test_gemm_rows
       tst test_attn_decode_batch --quick ) >> $O/tests.txt
 }
-step_memcheck() { # the scores kernel, the put sizes and the joined q|k|v (with the norm's bf16 copy)
+step_memcheck() { # the scores kernel, the put sizes, the n-row q|k|v and MLP (joined weights, the norm's bf16 copy)
     ( timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick --only scores 2>&1 | tail -2
       timeout 100 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda --quick --only put 2>&1 | tail -2
-      timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_gemm_rows 2>&1 | tail -2 ) >> $O/memcheck.txt
+      timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda --quick --only e2e 2>&1 | tail -2 ) >> $O/memcheck.txt
 }
 step_ncu() { # the logits and vote kernels alone (ncu, clocks left alone): grid and median time per shape
     for v in base/bench_kernels new/bench_kernels $(cd $R; ls new/bench_kernels_* 2>/dev/null); do
