@@ -138,8 +138,10 @@ static ks_status cu_weights_join(ks_backend *b, ks_weight *const *ws, int n) {
     return KS_OK;
 }
 
-/* Do W[0..n) lie back to back in one buffer (weights_join), so that they can be one matrix? */
+/* Do the bf16 weights W[0..n) lie back to back in one buffer (weights_join), so that they can be
+ * one matrix? */
 static int weights_adjacent(const ks_weight *const *W, int n) {
+    if (W[0]->type != KS_CUDA_BF16) return 0;
     for (int i = 1; i < n; i++)
         if (W[i]->type != W[0]->type || W[i]->cols != W[0]->cols ||
             (const char *)W[i]->data != (const char *)W[i - 1]->data + (size_t)W[i - 1]->rows * W[i - 1]->cols * 2)
