@@ -307,9 +307,11 @@ static ks_status qkv_joined(ks_backend *b, float *q, float *k, float *v, const f
     if (!st) st = xb ? gemm_bf16(c, Y, CUDA_R_32F, xb, Jp, n, in, T, 0.0f) : gemm_rows_bf16(c, x, n, in, 1, &Jp, &Y, &T, 0.0f);
     if (!st) st = stats_end(b, t0, 2.0 * n * in * T);
     if (!st && r) st = rope_inv_dev(c, r, max_pos, &inv);
-    if (!st && r) st = upload_tmp(c, pos, sizeof(int32_t) * n, "rope positions", &d_pos);
+    const int inl = n <= KS_CUDA_ROPE_POS_INLINE; /* the positions as the kernel's argument: no upload */
+    if (!st && r && !inl) st = upload_tmp(c, pos, sizeof(int32_t) * n, "rope positions", &d_pos);
     if (!st && r)
-        st = ks_cuda_rope_qkv(c->stream, q, k, v, Y, n, H, Hkv, hd, (const int32_t *)d_pos, inv, (float)r->attn_factor);
+        st = ks_cuda_rope_qkv(c->stream, q, k, v, Y, n, H, Hkv, hd, inl ? pos : (const int32_t *)d_pos, inl, inv,
+                              (float)r->attn_factor);
     const float *src[3] = {Y, Y + QD, Y + QD + KD};
     float *dst[3] = {q, k, v};
     const int w[3] = {QD, KD, KD};

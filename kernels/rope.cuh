@@ -16,11 +16,15 @@ extern "C" {
 ks_status ks_cuda_rope(cudaStream_t s, float *x, int n, int n_heads, int head_dim, const int32_t *pos,
                        const float *inv_freq, float attn_factor);
 
+#define KS_CUDA_ROPE_POS_INLINE 1024 /* positions ks_cuda_rope_qkv takes from the host, by value */
+
 /* The rows of a joined q|k|v GEMM's output y (n, (n_heads + 2 n_kv_heads) * head_dim) split in
  * one launch: q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim) rotated as above, v
- * (n, n_kv_heads, head_dim) copied. */
+ * (n, n_kv_heads, head_dim) copied. pos (n): on the device, or with pos_on_host on the host (n
+ * <= KS_CUDA_ROPE_POS_INLINE: passed as a kernel argument, no upload; else KS_ERR_INTERNAL). */
 ks_status ks_cuda_rope_qkv(cudaStream_t s, float *q, float *k, float *v, const float *y, int n, int n_heads,
-                           int n_kv_heads, int head_dim, const int32_t *pos, const float *inv_freq, float attn_factor);
+                           int n_kv_heads, int head_dim, const int32_t *pos, int pos_on_host, const float *inv_freq,
+                           float attn_factor);
 
 #ifdef __cplusplus
 }
