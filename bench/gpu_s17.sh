@@ -3,7 +3,7 @@
 # and new/test_*_* beside it); carry it and, for the policy tests, .data/stories260K. Each step writes
 # one file under $OUT/s17/.
 #   tests    test_cuda --quick, test_gemm_rows, test_attn_decode_batch, test_cuda_policies, test_attn_list --quick
-#   memcheck compute-sanitizer over test_gemm_rows --quick and test_cuda --quick --only e2e
+#   memcheck compute-sanitizer over test_gemm_rows --quick, test_cuda --quick --only e2e, test_attn_decode_batch --quick
 #   b16      issue 16 at 4K, B = 1, 16, 64: base/kvsieve, new/kvsieve and every new/kvsieve_* A/B build, twice
 #   reg      full TTFT 8K / 32K and TPOT, B = 1, base then new
 #   b14      32K: full and TokenSelect, base then new
@@ -27,7 +27,8 @@ step_tests() {
 }
 step_memcheck() {
     ( timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_gemm_rows --quick 2>&1 | tail -2
-      timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda --quick --only e2e 2>&1 | tail -2 ) >> $O/memcheck.txt
+      timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda --quick --only e2e 2>&1 | tail -2
+      timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_attn_decode_batch --quick 2>&1 | tail -2 ) >> $O/memcheck.txt
 }
 B="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --repeat 1"
 step_b16() {

@@ -54,17 +54,28 @@ template <int D> static __host__ __device__ constexpr size_t adb_wregion() {
     return (size_t)ADB_STAGES * (2 * ADB_KT * D * 2 + ADB_KT * 4);
 }
 
+/* The host-made arrays, one block of bytes: descriptors (n), then int32 row counts nk (nseg), first
+ * tiles tstart (nseg + 1, then T), warps' first segments wseg (W); at byte offsets o_nk, o_tstart,
+ * o_wseg. Up to ADB_INLINE bytes ride in the launch's arguments (no upload, no copy in the
+ * stream); more are uploaded and read at gdesc. */
+#define ADB_INLINE 22528
 struct adb_args {
-    const ks_cuda_adb_seq *seq; /* (n) */
-    const int32_t *nk;          /* (nseg) rows before the append */
-    const int32_t *tstart;      /* (nseg + 1) first tile of each segment, then T */
-    const int32_t *wseg;        /* (W) segment of each warp's first tile */
-    unsigned *cnt;              /* (nseg) pieces finished, zero at the start */
+    const unsigned char *gdesc; /* the uploaded block, or NULL: the arguments' inline block */
+    int o_nk, o_tstart, o_wseg;
+    unsigned *cnt;              /* (nseg) pieces finished: zero at the start, left zero (the backend's, kept) */
     float *ws;                  /* (W + nseg) slots of adb_slot_floats: O (G, D), then (m, l) (G) */
     int Hkv, G, W, T;
     float sl2;                  /* scale * log2(e) */
     int window;
 };
+template <bool INL> struct adb_params;
+template <> struct adb_params<false> { adb_args a; };
+template <> struct adb_params<true> {
+    adb_args a;
+    alignas(16) unsigned char desc[ADB_INLINE];
+};
+static __device__ __forceinline__ const unsigned char *adb_desc(const adb_params<false> &P) { return P.a.gdesc; }
+static __device__ __forceinline__ const unsigned char *adb_desc(const adb_params<true> &P) { return P.desc; }
 
 /* floats of one workspace slot: O (G, D), then (m, l) (G), rounded up to 16 bytes (the merge
  * reads O with 16-byte loads; g = 3 would leave odd slots misaligned) */
@@ -156,8 +167,14 @@ static __device__ __forceinline__ void adb_merge(const float *ws0, int np, int G
     }
 }
 
-template <int D>
-__global__ void __launch_bounds__(ADB_WARPS * 32, D == 128 ? 2 : 3) adb_kernel(const __grid_constant__ adb_args a) {
+template <int D, bool INL>
+__global__ void __launch_bounds__(ADB_WARPS * 32, D == 128 ? 2 : 3) adb_kernel(const __grid_constant__ adb_params<INL> P) {
+    const adb_args &a = P.a;
+    const unsigned char *db = adb_desc(P);
+    const ks_cuda_adb_seq *const seq = reinterpret_cast<const ks_cuda_adb_seq *>(db);
+    const int32_t *const nkv = reinterpret_cast<const int32_t *>(db + a.o_nk);
+    const int32_t *const tstart = reinterpret_cast<const int32_t *>(db + a.o_tstart);
+    const int32_t *const wseg = reinterpret_cast<const int32_t *>(db + a.o_wseg);
     extern __shared__ __align__(128) unsigned char smem[];
     constexpr int NCH = D / 8, KS = D / 16, DT = D / 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -170,11 +187,11 @@ __global__ void __launch_bounds__(ADB_WARPS * 32, D == 128 ? 2 : 3) adb_kernel(c
     int *wP = (int *)(wV + ADB_STAGES * ADB_KT * D);            /* stages x KT */
     int tb = (int)((long long)gw * a.T / a.W);
     const int tend = (int)((long long)(gw + 1) * a.T / a.W);
-    for (int s = a.wseg[gw]; tb < tend; s++) {
-        const int ts = a.tstart[s], tse = a.tstart[s + 1], pe = min(tend, tse);
+    for (int s = wseg[gw]; tb < tend; s++) {
+        const int ts = tstart[s], tse = tstart[s + 1], pe = min(tend, tse);
         const int i = s / a.Hkv, h = s - i * a.Hkv;
-        const ks_cuda_adb_seq *sd = a.seq + i;
-        const int n0 = a.nk[s], cap = sd->capacity, qpos = sd->qpos;
+        const ks_cuda_adb_seq *sd = seq + i;
+        const int n0 = nkv[s], cap = sd->capacity, qpos = sd->qpos;
         const size_t hrow = (size_t)h * cap;
         const bf16 *Kh = (const bf16 *)sd->k + hrow * D, *Vh = (const bf16 *)sd->v + hrow * D;
         const int32_t *Ph = sd->kpos + hrow;
@@ -322,6 +339,7 @@ __global__ void __launch_bounds__(ADB_WARPS * 32, D == 128 ? 2 : 3) adb_kernel(c
             if (lane == 0) done = atomicAdd(&a.cnt[s], 1u);
             done = __shfl_sync(0xffffffffu, done, 0);
             if (done == (unsigned)(wl - wf)) { /* the last piece: merge the slots wf + s .. wl + s */
+                if (lane == 0) a.cnt[s] = 0u; /* every piece has counted: zero for the next launch */
                 __threadfence();
                 adb_merge<D>(a.ws + (size_t)(wf + s) * adb_slot_floats(G, D), wl - wf + 1, G, out, lane, (float *)wK);
             }
@@ -337,17 +355,17 @@ extern "C" int ks_cuda_attn_decode_batch_supported(int n_heads, int n_kv_heads, 
 }
 
 /* blocks a multiprocessor holds (the shared-memory attribute set first), per device; 0 on error */
-template <int D> static int adb_occupancy(void) {
+template <int D, bool INL> static int adb_occupancy(void) {
     static int occ[64]; /* per device: the kernel's attributes and occupancy do not change */
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
     if (!occ[dev]) {
         int nb = 0;
-        if (cudaFuncSetAttribute(adb_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute(adb_kernel<D, INL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)(ADB_WARPS * adb_wregion<D>())) != cudaSuccess ||
-            cudaFuncSetAttribute(adb_kernel<D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+            cudaFuncSetAttribute(adb_kernel<D, INL>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, adb_kernel<D>, ADB_WARPS * 32,
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, adb_kernel<D, INL>, ADB_WARPS * 32,
                                                           ADB_WARPS * adb_wregion<D>()) != cudaSuccess)
             return 0;
         occ[dev] = nb;
@@ -355,13 +373,14 @@ template <int D> static int adb_occupancy(void) {
     return occ[dev];
 }
 
-template <int D> static ks_status adb_launch(cudaStream_t s, const adb_args &a) {
-    if (!adb_occupancy<D>()) {
+template <int D, bool INL> static ks_status adb_launch(cudaStream_t s, const adb_params<INL> &P) {
+    const adb_args &a = P.a;
+    if (!adb_occupancy<D, INL>()) {
         cudaGetLastError();
         return ks_errorf(KS_ERR_DEVICE, "batched decode attention: the kernel's shared memory (%zu bytes) is not available",
                          ADB_WARPS * adb_wregion<D>());
     }
-    adb_kernel<D><<<(a.W + ADB_WARPS - 1) / ADB_WARPS, ADB_WARPS * 32, ADB_WARPS * adb_wregion<D>(), s>>>(a);
+    adb_kernel<D, INL><<<(a.W + ADB_WARPS - 1) / ADB_WARPS, ADB_WARPS * 32, ADB_WARPS * adb_wregion<D>(), s>>>(P);
     KS_CU_LAUNCH("batched decode attention kernel");
     return KS_OK;
 }
@@ -391,20 +410,38 @@ extern "C" ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_l
     if (T > INT32_MAX / 2) return ks_errorf(KS_ERR_ARG, "batched decode attention: %lld key tiles", T);
     long long W = warps;
     if (!W) {
-        int occ = d == 128 ? adb_occupancy<128>() : adb_occupancy<64>();
+        int occ = d == 128 ? adb_occupancy<128, true>() : adb_occupancy<64, true>();
         W = (long long)KS_MAX(c->n_sm, 1) * KS_MAX(occ, 1) * ADB_WARPS;
         W = KS_MIN(W, KS_MAX(T / ADB_MIN_TILES, 1));
     }
     W = KS_MIN(W, T);
-    /* host: descriptors (n), row counts (nseg), first tiles (nseg + 1), warps' first segments (W),
-     * counts (nseg, zeros) */
-    size_t dbytes = sizeof(ks_cuda_adb_seq) * (size_t)n, ints = (size_t)3 * nseg + 1 + (size_t)W;
+    /* the segments' piece counters: the backend's, zero between launches (the last piece of a
+     * segment zeroes its own) */
+    if (nseg > c->adb_cnt_n) {
+        void *p = NULL;
+        size_t cn = KS_MAX((size_t)nseg, (size_t)1024);
+        if ((st = raw_alloc(c, sizeof(unsigned) * cn, "batched decode attention counters", &p))) return st;
+        if (cudaMemsetAsync(p, 0, sizeof(unsigned) * cn, c->stream) != cudaSuccess) {
+            raw_free(c, p);
+            KS_CU(cudaGetLastError(), "batched decode attention counters");
+        }
+        raw_free(c, c->adb_cnt); /* cudaFree waits for the launches that used it */
+        c->adb_cnt = (unsigned *)p;
+        c->adb_cnt_n = (int)cn;
+    }
+    /* host: descriptors (n), row counts (nseg), first tiles (nseg + 1), warps' first segments (W) */
+    size_t dbytes = sizeof(ks_cuda_adb_seq) * (size_t)n, ints = (size_t)2 * nseg + 1 + (size_t)W;
     size_t bytes = dbytes + sizeof(int32_t) * ints;
-    unsigned char *hb = (unsigned char *)ks_malloc(bytes);
-    if (!hb) return ks_errorf(KS_ERR_OOM, "batched decode attention: %zu bytes of descriptors", bytes);
+    const int inl = bytes <= ADB_INLINE; /* the block rides in the launch's arguments */
+    static_assert(sizeof(ks_cuda_adb_seq) % 4 == 0, "descriptors keep the int32 arrays aligned");
+    adb_params<true> *PI = inl ? (adb_params<true> *)ks_malloc(sizeof(adb_params<true>)) : NULL;
+    unsigned char *hb = inl ? (PI ? PI->desc : NULL) : (unsigned char *)ks_malloc(bytes);
+    if (!hb) {
+        free(PI);
+        return ks_errorf(KS_ERR_OOM, "batched decode attention: %zu bytes of descriptors", bytes);
+    }
     ks_cuda_adb_seq *sd = (ks_cuda_adb_seq *)hb;
     int32_t *nk = (int32_t *)(hb + dbytes), *tstart = nk + nseg, *wseg = tstart + nseg + 1;
-    unsigned *cnt = (unsigned *)(wseg + W);
     int multi = 0;
     for (int i = 0, t = 0; i < n; i++) {
         memset(&sd[i], 0, sizeof sd[i]);
@@ -421,7 +458,6 @@ extern "C" ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_l
             int sg = i * Hkv + h, nt = (L[i]->n[h] + 1 + ADB_KT - 1) / ADB_KT;
             nk[sg] = L[i]->n[h];
             tstart[sg] = t;
-            cnt[sg] = 0;
             multi |= adb_warp_of(t, (int)W, (int)T) != adb_warp_of(t + nt - 1, (int)W, (int)T);
             t += nt;
         }
@@ -434,6 +470,10 @@ extern "C" ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_l
     }
     adb_args a;
     memset(&a, 0, sizeof a);
+    a.o_nk = (int)dbytes;
+    a.o_tstart = (int)(dbytes + sizeof(int32_t) * nseg);
+    a.o_wseg = (int)(dbytes + sizeof(int32_t) * (2 * (size_t)nseg + 1));
+    a.cnt = c->adb_cnt;
     a.Hkv = Hkv;
     a.G = G;
     a.W = (int)W;
@@ -441,19 +481,21 @@ extern "C" ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_l
     a.sl2 = scale * 1.4426950408889634f;
     a.window = window;
     void *db = NULL, *ws = NULL;
-    st = upload_tmp(c, hb, bytes, "batched decode attention descriptors", &db);
-    free(hb);
+    if (!inl) st = upload_tmp(c, hb, bytes, "batched decode attention descriptors", &db);
     if (!st && multi) st = dev_alloc(c, sizeof(float) * (size_t)(W + nseg) * adb_slot_floats(G, d), "batched decode attention workspace", &ws);
     if (!st) {
-        unsigned char *p = (unsigned char *)db;
-        a.seq = (const ks_cuda_adb_seq *)p;
-        a.nk = (const int32_t *)(p + dbytes);
-        a.tstart = a.nk + nseg;
-        a.wseg = a.tstart + nseg + 1;
-        a.cnt = (unsigned *)(a.wseg + W);
         a.ws = (float *)ws;
-        st = d == 128 ? adb_launch<128>(c->stream, a) : adb_launch<64>(c->stream, a);
+        if (inl) {
+            PI->a = a;
+            st = d == 128 ? adb_launch<128, true>(c->stream, *PI) : adb_launch<64, true>(c->stream, *PI);
+        } else {
+            adb_params<false> P = {a};
+            P.a.gdesc = (const unsigned char *)db;
+            st = d == 128 ? adb_launch<128, false>(c->stream, P) : adb_launch<64, false>(c->stream, P);
+        }
     }
+    if (inl) free(PI);
+    else free(hb);
     dev_free(c, ws);
     dev_free(c, db);
     if (st) return st;

@@ -82,6 +82,8 @@ typedef struct cuda_ctx {
                               graph_run, copied by the graph's first node */
     int32_t *d_step;       /* device copy the recorded kernels read */
     void *gws;             /* attention split workspace of recorded steps (GRAPH_WS bytes) */
+    unsigned *adb_cnt;     /* (adb_cnt_n) the batched decode attention's piece counters, zero between launches */
+    int adb_cnt_n;
     float *row_mlp;        /* (2, row_mlp_n) one row's MLP gate and up (cuda_layer.cu; kept: a recorded step reads it) */
     size_t row_mlp_n;
     /* staged attend lists (attn_stage, cuda_attn.cu): slot i's fixed buffers, which a recorded

@@ -206,6 +206,7 @@ static void cu_destroy(ks_backend *b) {
         if (c->h_step) cudaFreeHost(c->h_step);
         raw_free(c, c->d_step);
         raw_free(c, c->gws);
+        raw_free(c, c->adb_cnt);
         raw_free(c, c->row_mlp);
         for (int i = 0; i < c->n_lslot; i++) {
             raw_free(c, c->lslot[i].lists);

@@ -5,7 +5,8 @@
  * of different lengths (empty ones included), some with uneven heads after a retain
  * (non-contiguous positions), a window or none, GQA 1..8 (3, 5, 6, 7 too), head_dim 64/128, and
  * a warp count that gives one warp for every segment, pieces that straddle segments, or one tile
- * a piece (the in-kernel merge of many); head_dim 96 takes the per-session fallback.
+ * a piece (the in-kernel merge of many); head_dim 96 takes the per-session fallback; 1024 KV heads
+ * make the descriptors too many for the launch's arguments (the uploaded path).
  * Checks: every output finite; per session ||gpu - cpu|| / ||cpu|| < 1e-2 and per query head
  * < 3e-2, the bounds of the tensor-core decode kernel's tests (tests/cuda/test_cuda.c): the
  * queries are bf16 here (so Q's rounding is exact) and the kernel rounds P to bf16, ~3e-3
@@ -480,6 +481,7 @@ int main(int argc, char **argv) {
         {"8 sessions, d 64, g 4, 2 warps", 8, 2, 4, 64, 0, 2, 0, {3, 900, 64, 65, 0, 48, 2000, 7}},
         {"d 96: the per-session fallback", 3, 2, 4, 96, 0, 0, 0, {7, 90, 400}},
         {"g 16: the per-session fallback", 2, 1, 16, 64, 0, 0, 0, {20, 300}},
+        {"1024 KV heads: the descriptors uploaded, not inline", 3, 1024, 1, 64, 0, 0, 0, {40, 300, 0}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
     { /* refused arguments: an error, nothing runs */
