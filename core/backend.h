@@ -77,6 +77,9 @@ typedef struct ks_acts {
     float *xn;    /* (n, max(dim, QD)) normalised rows; then the attention output */
     float *q;     /* (n, max(dim, QD)) queries; then scratch of attn_out and mlp */
     float *k, *v; /* (n, KD) keys and values of these rows */
+    void *xn_bf16; /* NULL, or xn's n attention-output rows again as bf16 (n, QD), written by the
+                      attn_decode_batch just before (its out_bf16): attn_out may read them instead of
+                      converting xn. Only a batched decode step sets it, for its attn_out call. */
 } ks_acts;
 
 /* Attention description shared by prefill and decode. Query row i (of n) sits at position
@@ -340,11 +343,13 @@ struct ks_backend {
      * decode row for each of n sessions, all in one go: for each i, kv_append(L[i], k[i], v[i],
      * &pos[i], 1), then out[i] (n_heads*head_dim) = attention of q[i] over all of L[i]'s rows with
      * n = 1, qpos = &pos[i], scale and window and nothing else (no index lists, no pre-RoPE).
-     * q, k, v, out: host arrays of n backend pointers; L: n distinct layers. Used by a batched
-     * decode step (core/decode_batch.c) for its sessions without a decode-time policy. */
+     * q, k, v, out: host arrays of n backend pointers; L: n distinct layers. out_bf16: NULL, or
+     * (when out[i] = out[0] + i n_heads*head_dim) backend memory for the same n rows as bf16,
+     * which the call then fills too (the o-projection's GEMM input: ks_acts.xn_bf16). Used by a
+     * batched decode step (core/decode_batch.c) for its sessions without a decode-time policy. */
     ks_status (*attn_decode_batch)(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
                                    const float *const *k, const float *const *v, const int32_t *pos, int n_heads,
-                                   float scale, int window, float *const *out);
+                                   float scale, int window, float *const *out, void *out_bf16);
 
     /* ---- greedy ids of a batched decode step (optional; NULL = the engine takes the argmax of
      * the logits on the host: in place where host_memory, else after one download of all rows).

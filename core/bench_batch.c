@@ -194,7 +194,7 @@ ks_status ks_bench_batch_run(ks_model *m, const int32_t *ids, int n, int batch, 
     ks_backend *be = m->be;
     /* the A/B switch: the engine sees no batched attention for this row (restored below) */
     ks_status (*batched)(ks_backend *, int, ks_kv_layer *const *, const float *const *, const float *const *,
-                         const float *const *, const int32_t *, int, float, int, float *const *) = be->attn_decode_batch;
+                         const float *const *, const int32_t *, int, float, int, float *const *, void *) = be->attn_decode_batch;
     if (o->per_session_attention) be->attn_decode_batch = NULL;
     ks_mem_stats ms = {0};
     if (!st && be->mem_stats) be->mem_stats(be, &ms, 1);

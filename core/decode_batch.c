@@ -204,6 +204,9 @@ static ks_status step_rows(brow *R, int n, int32_t *next, ks_status *sts, char *
     int32_t *ids = ks_malloc(sizeof(int32_t) * 3 * (size_t)n), *pos = ids ? ids + n : NULL, *am = ids ? ids + 2 * n : NULL;
     float *lg = be->alloc(be, sizeof(float) * (size_t)n * c->vocab); /* (n, vocab) */
     batch_args bt = {.on = be->attn_decode_batch != NULL};
+    /* the attention's rows again as bf16, when every row goes through the batched attention: the
+     * o-projection's GEMM input without a conversion (ks_acts.xn_bf16) */
+    void *xn16 = bt.on ? be->alloc(be, 2 * (size_t)n * QD) : NULL;
     if (!ids || !lg || (bt.on && batch_args_alloc(&bt, n))) {
         st = ks_errorf(KS_ERR_OOM, "decode: out of memory for a batch of %d rows", n);
         goto out;
@@ -250,13 +253,19 @@ static ks_status step_rows(brow *R, int n, int32_t *next, ks_status *sts, char *
             ks_status sr = row_layer(&R[r], l, &B, r, B.a.xn + (size_t)r * QD);
             if (sr) row_fail(&R[r], sr, sts, msg);
         }
+        void *ob = NULL; /* every row's attention output, contiguous from xn: its bf16 copy too */
         if (nb) {
             ks_attn_args aa = ks_layer_attn_args(s0, &B, 1, &bt.pos[0], bt.pos[0], NULL); /* scale, window */
+            ob = nb == n ? xn16 : NULL;
             ks_status sr = be->attn_decode_batch(be, nb, bt.L, bt.q, bt.k, bt.v, bt.pos, c->n_heads, aa.scale, aa.window,
-                                                 bt.out);
+                                                 bt.out, ob);
             for (int i = 0; sr && i < nb; i++) row_fail(&R[bt.row[i]], sr, sts, msg);
+            if (sr) ob = NULL;
         }
-        if ((st = ks_layer_tail(s0, l, &B, n))) goto out;
+        B.a.xn_bf16 = ob; /* for this layer's attn_out only */
+        st = ks_layer_tail(s0, l, &B, n);
+        B.a.xn_bf16 = NULL;
+        if (st) goto out;
     }
     /* the head over all n rows at once (the lm_head read once; a dead row's logits are computed
      * and never read, as its row was carried through the layers) */
@@ -277,6 +286,7 @@ static ks_status step_rows(brow *R, int n, int32_t *next, ks_status *sts, char *
         } else s->n_past++;
     }
 out:
+    if (xn16) be->free(be, xn16);
     if (lg) be->free(be, lg);
     free(ids);
     batch_args_free(&bt);

@@ -387,7 +387,7 @@ static ks_status tp_attn_in_run(ks_backend *b, const ks_layer_w *W, const ks_con
         ks_layer_w Wr = rank_w(W, r);
         size_t qw = (size_t)cr.n_heads * d, kw = (size_t)cr.n_kv_heads * d, wide = KS_MAX(D, qw);
         ks_acts ar = {ralloc(rb, (size_t)n * D), ralloc(rb, (size_t)n * wide), ralloc(rb, (size_t)n * wide),
-                      ralloc(rb, (size_t)n * kw), ralloc(rb, (size_t)n * kw)};
+                      ralloc(rb, (size_t)n * kw), ralloc(rb, (size_t)n * kw), NULL};
         if (!ar.x || !ar.xn || !ar.q || !ar.k || !ar.v) st = KS_ERR_OOM;
         if (!st) st = rb->upload(rb, ar.x, a->x, sizeof(float) * (size_t)n * D);
         if (!st) st = ks_plain_attn_in(rb, &t->ops, &Wr, &cr, &ar, n, pos, max_pos, rotate, T ? &T->r[r] : NULL);

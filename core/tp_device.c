@@ -333,9 +333,9 @@ ks_status ks_tp_views_ready(ks_backend *b, const ks_kv_layer *kv, int n_layers) 
 
 /* ================================================================ the forward ops */
 
-/* The rank-r activations behind a (NULL stays NULL). */
+/* The rank-r activations behind a (NULL stays NULL; no bf16 copy: the ranks' attn_out converts). */
 static ks_acts acts_r(tp_ctx *t, int r, const ks_acts *a) {
-    return (ks_acts){rp(t, r, a->x), rp(t, r, a->xn), rp(t, r, a->q), rp(t, r, a->k), rp(t, r, a->v)};
+    return (ks_acts){rp(t, r, a->x), rp(t, r, a->xn), rp(t, r, a->q), rp(t, r, a->k), rp(t, r, a->v), NULL};
 }
 
 /* Vocab-parallel: rank r looks up the ids in its rows and writes zeros for the others (its rows

@@ -91,13 +91,13 @@ static __host__ __device__ __forceinline__ int adb_warp_of(long long t, int W, i
 #define ADB_MERGE_CHUNK 128 /* slots whose factors the merge holds in shared memory at once */
 
 /* The merge of a segment's np partial slots (ws0: the first; slot j at ws0 + j adb_slot_floats)
- * into out (G, D), by one warp, with fs (ADB_MERGE_CHUNK x 8 floats of shared memory the warp
+ * into out (G, D) (and, with ob non-NULL, its bf16 copy ob), by one warp, with fs (ADB_MERGE_CHUNK x 8 floats of shared memory the warp
  * owns): each row's max M over the slots (lanes take slots, all rows' loads at once), then per
  * chunk of slots each slot's factor f = 2^(m - M) into fs and the denominator sum f l, then lane
  * sums dims [lane D/32, +D/32) of every row over the chunk's slots in order, two slots' loads in
  * flight (no load waits on another: the factors come from fs). Deterministic. */
 template <int D>
-static __device__ __forceinline__ void adb_merge(const float *ws0, int np, int G, float *out, int lane, float *fs) {
+static __device__ __forceinline__ void adb_merge(const float *ws0, int np, int G, float *out, bf16 *ob, int lane, float *fs) {
     constexpr int DL = D / 32;
     const size_t SS = adb_slot_floats(G, D);
     float M[8], den[8], acc[8][DL];
@@ -163,7 +163,10 @@ static __device__ __forceinline__ void adb_merge(const float *ws0, int np, int G
         if (r >= G) continue;
         const float inv = dn > 0.f ? 1.f / dn : 0.f;
 #pragma unroll
-        for (int e = 0; e < DL; e++) out[r * D + lane * DL + e] = acc[r][e] * inv;
+        for (int e = 0; e < DL; e++) {
+            out[r * D + lane * DL + e] = acc[r][e] * inv;
+            if (ob) ob[r * D + lane * DL + e] = __float2bfloat16_rn(acc[r][e] * inv);
+        }
     }
 }
 
@@ -318,12 +321,16 @@ __global__ void __launch_bounds__(ADB_WARPS * 32, D == 128 ? 2 : 3) adb_kernel(c
         l_r += __shfl_xor_sync(0xffffffffu, l_r, 2);
         const int wf = adb_warp_of(ts, a.W, a.T), wl = adb_warp_of(tse - 1, a.W, a.T);
         float *out = sd->out + (size_t)h * G * D;
+        bf16 *ob = sd->out_bf16 ? static_cast<bf16 *>(sd->out_bf16) + (size_t)h * G * D : nullptr;
         if (wf == wl) { /* the whole segment was this piece */
             if (rowok) {
                 const float inv = l_r > 0.f ? 1.f / l_r : 0.f;
 #pragma unroll
-                for (int d = 0; d < DT; d++)
-                    *reinterpret_cast<float2 *>(out + gq * D + d * 8 + 2 * tig) = make_float2(o[d][0] * inv, o[d][1] * inv);
+                for (int d = 0; d < DT; d++) {
+                    const float2 r = make_float2(o[d][0] * inv, o[d][1] * inv);
+                    *reinterpret_cast<float2 *>(out + gq * D + d * 8 + 2 * tig) = r;
+                    if (ob) *reinterpret_cast<__nv_bfloat162 *>(ob + gq * D + d * 8 + 2 * tig) = __floats2bfloat162_rn(r.x, r.y);
+                }
             }
         } else {
             float *slot = a.ws + (size_t)(gw + s) * adb_slot_floats(G, D);
@@ -341,7 +348,7 @@ __global__ void __launch_bounds__(ADB_WARPS * 32, D == 128 ? 2 : 3) adb_kernel(c
             if (done == (unsigned)(wl - wf)) { /* the last piece: merge the slots wf + s .. wl + s */
                 if (lane == 0) a.cnt[s] = 0u; /* every piece has counted: zero for the next launch */
                 __threadfence();
-                adb_merge<D>(a.ws + (size_t)(wf + s) * adb_slot_floats(G, D), wl - wf + 1, G, out, lane, (float *)wK);
+                adb_merge<D>(a.ws + (size_t)(wf + s) * adb_slot_floats(G, D), wl - wf + 1, G, out, ob, lane, (float *)wK);
             }
         }
         tb = pe;
@@ -389,7 +396,8 @@ template <int D, bool INL> static ks_status adb_launch(cudaStream_t s, const adb
 
 extern "C" ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
                                                    const float *const *k, const float *const *v, const int32_t *pos,
-                                                   int n_heads, float scale, int window, float *const *out, int warps) {
+                                                   int n_heads, float scale, int window, float *const *out, void *out_bf16,
+                                                   int warps) {
     cuda_ctx *c = CTX(b);
     if (warps < 0) return ks_errorf(KS_ERR_ARG, "batched decode attention: %d warps", warps);
     if (n <= 0) return KS_OK;
@@ -398,8 +406,15 @@ extern "C" ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_l
     int Hkv = L[0]->n_kv_heads, d = L[0]->head_dim, same = 1;
     for (int i = 0; i < n; i++) /* the kernel reads q 8 bytes at a time */
         same &= L[i]->n_kv_heads == Hkv && L[i]->head_dim == d && (uintptr_t)q[i] % 16 == 0;
-    if (!same || !c->o.decode_kernels || !ks_cuda_attn_decode_batch_supported(n_heads, Hkv, d))
-        return ks_attn_decode_batch_loop(b, n, L, q, k, v, pos, n_heads, scale, window, out); /* per session */
+    if (out_bf16)
+        for (int i = 1; i < n; i++)
+            if (out[i] != out[0] + (size_t)i * n_heads * d)
+                return ks_errorf(KS_ERR_ARG, "batched decode attention: a bf16 copy of rows that are not contiguous");
+    if (!same || !c->o.decode_kernels || !ks_cuda_attn_decode_batch_supported(n_heads, Hkv, d)) { /* per session */
+        ks_status sl = ks_attn_decode_batch_loop(b, n, L, q, k, v, pos, n_heads, scale, window, out);
+        if (!sl && out_bf16) sl = ks_cuda_convert(c->stream, out_bf16, KS_CUDA_BF16, out[0], KS_CUDA_F32, (size_t)n * n_heads * d);
+        return sl;
+    }
     ks_status st = KS_OK;
     for (int i = 0; i < n && !st; i++) st = kv_reserve(b, L[i], 1);
     if (st) return st;
@@ -452,6 +467,7 @@ extern "C" ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_l
         sd[i].kn = k[i];
         sd[i].vn = v[i];
         sd[i].out = out[i];
+        sd[i].out_bf16 = out_bf16 ? (bf16 *)out_bf16 + (size_t)i * n_heads * d : NULL;
         sd[i].capacity = L[i]->capacity;
         sd[i].qpos = pos[i];
         for (int h = 0; h < Hkv; h++) {
@@ -506,6 +522,6 @@ extern "C" ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_l
 
 extern "C" ks_status ks_cuda_attn_decode_batch_hook(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
                                                     const float *const *k, const float *const *v, const int32_t *pos,
-                                                    int n_heads, float scale, int window, float *const *out) {
-    return ks_cuda_attn_decode_batch_run(b, n, L, q, k, v, pos, n_heads, scale, window, out, 0);
+                                                    int n_heads, float scale, int window, float *const *out, void *out_bf16) {
+    return ks_cuda_attn_decode_batch_run(b, n, L, q, k, v, pos, n_heads, scale, window, out, out_bf16, 0);
 }

@@ -45,6 +45,7 @@ typedef struct ks_cuda_adb_seq {
     const float *q;         /* (n_heads, head_dim) its queries (8-byte aligned) */
     const float *kn, *vn;   /* (n_kv_heads, head_dim) its new key and value row */
     float *out;             /* (n_heads * head_dim) */
+    void *out_bf16;         /* NULL, or (n_heads * head_dim) bf16: the output again, rounded */
     int capacity;           /* rows per head allocated (> every head's row count) */
     int qpos;               /* the new row's (and the query's) position */
 } ks_cuda_adb_seq;
@@ -55,19 +56,22 @@ int ks_cuda_attn_decode_batch_supported(int n_heads, int n_kv_heads, int head_di
 /* The backend's ks_backend.attn_decode_batch (core/backend.h) = ks_cuda_attn_decode_batch_run
  * with warps 0. Shapes the kernel does not take, layers of differing head counts, the backend's
  * basic decode path (opts.decode_kernels = 0) and misaligned queries run as kv_append +
- * attention per session instead (ks_attn_decode_batch_loop: same results to float rounding).
- * Host bookkeeping as kv_append: each layer grows when full, its per-head row counts and host
- * positions advance. One upload (descriptors, row counts, the split, zeroed counts), one
- * workspace from the stream pool, one launch. Fails while a graph records. */
+ * attention per session instead (ks_attn_decode_batch_loop: same results to float rounding; a
+ * requested out_bf16 is then converted from out in one launch). Host bookkeeping as kv_append:
+ * each layer grows when full, its per-head row counts and host positions advance. The
+ * descriptors, row counts and split ride in the launch's arguments (up to ADB_INLINE bytes: the
+ * 8B shape's B = 64 is 13 KiB; beyond, one upload); the pieces' counters are the backend's
+ * (cuda_ctx.adb_cnt, zero between launches); one workspace from the stream pool, one launch.
+ * Fails while a graph records. */
 ks_status ks_cuda_attn_decode_batch_hook(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
                                          const float *const *k, const float *const *v, const int32_t *pos, int n_heads,
-                                         float scale, int window, float *const *out);
+                                         float scale, int window, float *const *out, void *out_bf16);
 /* The same with the launch's warp count W: 0 = every multiprocessor full at the kernel's
  * occupancy (at least 16 tiles a warp), else min(warps, T) (tests and tuning: 1 = one warp walks
  * every segment; T = one tile a piece). warps < 0 is KS_ERR_ARG. */
 ks_status ks_cuda_attn_decode_batch_run(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q,
                                         const float *const *k, const float *const *v, const int32_t *pos, int n_heads,
-                                        float scale, int window, float *const *out, int warps);
+                                        float scale, int window, float *const *out, void *out_bf16, int warps);
 
 #ifdef __cplusplus
 }

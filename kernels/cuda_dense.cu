@@ -161,6 +161,9 @@ static ks_status gemm_bf16_pair(cuda_ctx *c, void *y, const void *xb, const ks_w
                        "matmul (cublasGemmStridedBatchedEx gate|up)");
 }
 
+static ks_status stats_begin(ks_backend *b, double *t0);
+static ks_status stats_end(ks_backend *b, double t0, double flop);
+
 /* y (n, out) = beta * y + x W^T: x (n, in) bf16, W (out, in) bf16, y float32 (yt CUDA_R_32F) or
  * bf16 (CUDA_R_16BF); float32 accumulation */
 static ks_status gemm_bf16(cuda_ctx *c, void *y, cudaDataType yt, const void *xb, const ks_weight *W, int n, int in,
@@ -242,6 +245,25 @@ ks_status ks_cuda_dense_matmul(ks_backend *b, float *y, const float *x, const ks
 ks_status ks_cuda_dense_matmul_add(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias,
                                    int n, int in, int out) {
     return matmul_impl(b, y, x, W, bias, n, in, out, 1);
+}
+
+/* y += xb W^T + bias with xb already bf16 (n, in) (the batched attention's copy of its rows):
+ * the GEMM without the conversion; bf16 weights only */
+ks_status ks_cuda_dense_matmul_add_bf16x(ks_backend *b, float *y, const void *xb, const ks_weight *W, const ks_weight *bias,
+                                         int n, int in, int out) {
+    cuda_ctx *c = CTX(b);
+    if (W->cols != in || W->rows != out || W->type != KS_CUDA_BF16)
+        return ks_errorf(KS_ERR_INTERNAL, "matmul (bf16 input): weight is (%lld, %lld), expected (%d, %d) bf16",
+                         (long long)W->rows, (long long)W->cols, out, in);
+    if (bias && (bias->type != KS_CUDA_F32 || bias->rows * bias->cols != out))
+        return ks_errorf(KS_ERR_INTERNAL, "matmul: bias of %lld values for %d outputs", (long long)(bias->rows * bias->cols), out);
+    if (n <= 0) return KS_OK;
+    double t0;
+    ks_status st = stats_begin(b, &t0);
+    if (!st) st = gemm_bf16(c, y, CUDA_R_32F, xb, W, n, in, out, 1.0f);
+    if (!st && bias) st = ks_cuda_add_bias(c->stream, y, (const float *)bias->data, n, out);
+    if (!st) st = stats_end(b, t0, 2.0 * n * in * out);
+    return st;
 }
 
 static ks_status rope_inv_dev(cuda_ctx *c, const ks_rope *r, int max_pos, const float **out);

@@ -37,6 +37,8 @@ static ks_status cu_attn_in(ks_backend *b, const ks_layer_w *W, const ks_config 
 
 static ks_status cu_attn_out(ks_backend *b, const ks_layer_w *W, const ks_config *cf, const ks_acts *a, int n) {
     int D = cf->dim, QD = cf->n_heads * cf->head_dim;
+    if (fused_rows(CTX(b), n) && a->xn_bf16 && n > 1 && W->wo->type == KS_CUDA_BF16) /* the rows as bf16 already */
+        return ks_cuda_dense_matmul_add_bf16x(b, a->x, a->xn_bf16, W->wo, W->bo, n, QD, D);
     if (fused_rows(CTX(b), n)) return ks_cuda_dense_matmul_add(b, a->x, a->xn, W->wo, W->bo, n, QD, D);
     return ks_plain_attn_out(b, &cuda_ops, W, cf, a, n);
 }

@@ -21,6 +21,10 @@ ks_status ks_cuda_dense_matmul(ks_backend *b, float *y, const float *x, const ks
 /* y (n, out) += x (n, in) @ W^T [+ bias]: matmul then add, without the temporary */
 ks_status ks_cuda_dense_matmul_add(ks_backend *b, float *y, const float *x, const ks_weight *W, const ks_weight *bias,
                                    int n, int in, int out);
+/* The same from x already bf16 (n, in) (ks_acts.xn_bf16: the batched attention wrote it): one
+ * cuBLAS GEMM, no conversion launch. W bf16. */
+ks_status ks_cuda_dense_matmul_add_bf16x(ks_backend *b, float *y, const void *xb, const ks_weight *W, const ks_weight *bias,
+                                         int n, int in, int out);
 /* The attention projections, fused: with norm non-NULL xn (n, in) = rmsnorm(x, norm, eps) first
  * and the projections read it; q (n, H*hd) = x @ Wq^T [+ bq], k, v (n, Hkv*hd) likewise (biases
  * may be NULL); with r non-NULL q and k rotated at pos (n) as rope does (r->head_dim == hd); with

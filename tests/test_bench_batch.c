@@ -99,13 +99,21 @@ KT_TEST(bench_batch_ids_match_separate) {
     ks_model_close(m);
 }
 
-/* the reference hook, counting the rows it is given */
-static long g_hook_rows;
+/* the reference hook, counting the rows it is given (and the rows it is asked to copy to bf16,
+ * which it does as the contract says: each output rounded) */
+static long g_hook_rows, g_hook_bf16_rows;
 static ks_status counting_hook(ks_backend *b, int n, ks_kv_layer *const *L, const float *const *q, const float *const *k,
                                const float *const *v, const int32_t *pos, int n_heads, float scale, int window,
-                               float *const *out) {
+                               float *const *out, void *out_bf16) {
     g_hook_rows += n;
-    return ks_attn_decode_batch_loop(b, n, L, q, k, v, pos, n_heads, scale, window, out);
+    ks_status st = ks_attn_decode_batch_loop(b, n, L, q, k, v, pos, n_heads, scale, window, out);
+    if (!st && out_bf16) {
+        size_t qd = (size_t)n_heads * L[0]->head_dim;
+        for (int i = 0; i < n; i++)
+            for (size_t e = 0; e < qd; e++) ((uint16_t *)out_bf16)[i * qd + e] = ks_f32_to_bf16(out[i][e]);
+        g_hook_bf16_rows += n;
+    }
+    return st;
 }
 
 KT_TEST(bench_batch_hook_path_matches_separate) {
@@ -127,10 +135,12 @@ KT_TEST(bench_batch_hook_path_matches_separate) {
         o.keep_ids = 1;
         o.per_session_attention = ab;
         ks_bench_batch_result r;
-        g_hook_rows = 0;
+        g_hook_rows = g_hook_bf16_rows = 0;
         KT_CHECK(ks_bench_batch_run(m, plain, N, 2, &o, &r) == KS_OK, "%s", ks_last_error());
         long want = ab ? 0 : 2L * T * m->cfg.n_layers; /* 2 rows a layer a step; none with the switch */
         KT_CHECK(g_hook_rows == want, "A/B %d: the hook took %ld rows, want %ld", ab, g_hook_rows, want);
+        /* every row of the step went through the hook: it was asked for their bf16 copy each time */
+        KT_CHECK(g_hook_bf16_rows == want, "A/B %d: bf16 copies of %ld rows, want %ld", ab, g_hook_bf16_rows, want);
         for (int t = 0; t < T; t++)
             KT_CHECK(r.ids[t] == ref[0][t] && r.ids[T + t] == ref[2][t], "A/B %d step %d: %d %d batched, %d %d alone", ab,
                      t, r.ids[t], r.ids[T + t], ref[0][t], ref[2][t]);
@@ -148,7 +158,7 @@ KT_TEST(bench_batch_hook_path_matches_separate) {
     ks_sampler smp;
     ks_sampler_init(&smp, 0, 1, 0);
     char why[160] = "";
-    g_hook_rows = 0;
+    g_hook_rows = g_hook_bf16_rows = 0;
     for (int t = 0; t < T && !st && !why[0]; t++) {
         int32_t tok[B];
         ks_status sts[B];
@@ -169,6 +179,8 @@ KT_TEST(bench_batch_hook_path_matches_separate) {
     KT_CHECK(!why[0], "%s", why);
     KT_CHECK(g_hook_rows == 2L * T * layers, "mixed: the hook took %ld rows, want %ld (sessions 0 and 2 only)",
              g_hook_rows, 2L * T * layers);
+    KT_CHECK(g_hook_bf16_rows == 0, "mixed: bf16 copies of %ld rows, want none (not every row's attention is the hook's)",
+             g_hook_bf16_rows);
 }
 
 KT_TEST(bench_batch_figures_present) {

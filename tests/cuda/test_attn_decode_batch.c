@@ -11,7 +11,8 @@
  * < 3e-2, the bounds of the tensor-core decode kernel's tests (tests/cuda/test_cuda.c): the
  * queries are bf16 here (so Q's rounding is exact) and the kernel rounds P to bf16, ~3e-3
  * relative; the same call on a copy of the layers gives bit-identical outputs (the merge order
- * does not depend on which warp finishes last); after the call each layer's row counts and host
+ * does not depend on which warp finishes last), and its bf16 copy of the rows (out_bf16) is each
+ * output rounded to bf16, bit for bit (on the per-session fallback too); after the call each layer's row counts and host
  * positions equal the CPU's, and the GPU cache's new row and position are the appended ones.
  * Then (not with --quick) the time of one layer at the Llama-3.1-8B decode shape (8 KV heads,
  * 32 query heads, 128 dims): B sessions of `keys` rows, 20 calls back to back (as a step's
@@ -135,6 +136,8 @@ static void run_case(const acase *tc) {
           *vn = malloc(sizeof(float) * (size_t)n * KD), *outc = malloc(sizeof(float) * (size_t)n * QD),
           *outg = malloc(sizeof(float) * (size_t)n * QD), *out2 = malloc(sizeof(float) * (size_t)n * QD);
     float *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL, *dout2 = NULL;
+    void *dob = NULL;
+    uint16_t *ob = malloc(2 * (size_t)n * QD);
     int32_t pos[MAXS];
     char why[200] = "";
     uint64_t seed = g_seed ^ 0x9e3779b97f4a7c15ull * (uint64_t)(n + 31 * tc->len[n - 1]);
@@ -168,8 +171,10 @@ static void run_case(const acase *tc) {
         float scale = 1.0f / sqrtf((float)D);
         st = ks_attn_decode_batch_loop(CPU, n, lc, cq, ck, cv, pos, H, scale, tc->window, co);
         if (st) { result(0, tc->name, "cpu: %s", ks_last_error()); goto out; }
-        st = ks_cuda_attn_decode_batch_run(GPU, n, lg, gq, gk, gv, pos, H, scale, tc->window, go, tc->warps);
-        if (!st) st = ks_cuda_attn_decode_batch_run(GPU, n, l2, gq, gk, gv, pos, H, scale, tc->window, go2, tc->warps);
+        st = ks_cuda_attn_decode_batch_run(GPU, n, lg, gq, gk, gv, pos, H, scale, tc->window, go, NULL, tc->warps);
+        dob = GPU->alloc(GPU, 2 * (size_t)n * QD); /* the second call also writes its rows as bf16 */
+        if (!dob) st = KS_ERR_OOM;
+        if (!st) st = ks_cuda_attn_decode_batch_run(GPU, n, l2, gq, gk, gv, pos, H, scale, tc->window, go2, dob, tc->warps);
         if (!st) st = GPU->sync(GPU);
         if (st) { result(0, tc->name, "gpu: %s", ks_last_error()); goto out; }
     }
@@ -221,6 +226,11 @@ static void run_case(const acase *tc) {
     }
     if (!st && !why[0] && memcmp(outg, out2, sizeof(float) * (size_t)n * QD))
         snprintf(why, sizeof why, "the same call on a copy of the layers differs");
+    if (!st && !why[0] && ob) { /* the bf16 copy: each output rounded, bit for bit */
+        st = GPU->download(GPU, ob, dob, 2 * (size_t)n * QD);
+        for (size_t e = 0; e < (size_t)n * QD && !st && !why[0]; e++)
+            if (ob[e] != ks_f32_to_bf16(out2[e])) snprintf(why, sizeof why, "bf16 copy element %zu is not the output rounded", e);
+    } else if (!ob) snprintf(why, sizeof why, "out of host memory");
     if (st) result(0, tc->name, "download: %s", ks_last_error());
     else result(!why[0], tc->name, "%s (worst rel err %.2g, head %.2g)", why[0] ? why : "", worst, worst_head);
 out:
@@ -234,6 +244,8 @@ out:
     GPU->free(GPU, dv);
     GPU->free(GPU, dout);
     GPU->free(GPU, dout2);
+    if (dob) GPU->free(GPU, dob);
+    free(ob);
     free(q);
     free(kn);
     free(vn);
@@ -293,7 +305,7 @@ static void time_shape(int B, int keys, int reps, int warps, int per_session) {
             cudaEventRecord(e0, cs);
             for (int r = 0; r < calls && !st; r++) {
                 for (int i = 0; i < B; i++) pos[i] = L[i].n[0];
-                if (phase == 2) st = ks_cuda_attn_decode_batch_run(GPU, B, lp, q, kn, kn, pos, H, scale, 0, o, warps);
+                if (phase == 2) st = ks_cuda_attn_decode_batch_run(GPU, B, lp, q, kn, kn, pos, H, scale, 0, o, NULL, warps);
                 else
                     for (int i = 0; i < B && !st; i++) {
                         ks_attn_args a = {.n = 1, .n_heads = H, .qpos = &pos[i], .scale = scale};
@@ -485,9 +497,9 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
     { /* refused arguments: an error, nothing runs */
-        ks_status st = ks_cuda_attn_decode_batch_run(GPU, 1, NULL, NULL, NULL, NULL, NULL, 32, 1.0f, 0, NULL, -1);
+        ks_status st = ks_cuda_attn_decode_batch_run(GPU, 1, NULL, NULL, NULL, NULL, NULL, 32, 1.0f, 0, NULL, NULL, -1);
         result(st == KS_ERR_ARG, "negative warp count refused", "%s", ks_last_error());
-        st = ks_cuda_attn_decode_batch_run(GPU, 1, NULL, NULL, NULL, NULL, NULL, 32, 1.0f, 0, NULL, 0);
+        st = ks_cuda_attn_decode_batch_run(GPU, 1, NULL, NULL, NULL, NULL, NULL, 32, 1.0f, 0, NULL, NULL, 0);
         result(st == KS_ERR_ARG, "NULL arguments refused", "%s", ks_last_error());
     }
     argmax_cases();
