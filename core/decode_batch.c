@@ -13,7 +13,9 @@
  *     retain      what the event asked, on sess[r]->kv[l]                 per session
  *       (rows without a decode event and with rotated keys: append + attention of all of them
  *        in one backend call, ks_backend.attn_decode_batch, where the backend has it; CUDA:
- *        kernels/attn_decode_batch.cu, one launch per layer instead of 2 per session)
+ *        kernels/attn_decode_batch.cu, one launch per layer instead of 2 per session; when
+ *        every row of the step goes through it, it also writes the rows as bf16, which
+ *        attn_out then reads (ks_acts.xn_bf16: no conversion before the o-projection))
  *     attn_out,   x (n, dim) += ...                                       one call each
  *     mlp
  *   head          the logits of all rows (n, vocab)                       one call

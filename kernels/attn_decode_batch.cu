@@ -1,6 +1,6 @@
 /* attn_decode_batch.cu — see attn_decode_batch.cuh. The kernel, then the backend entry
- * (ks_cuda_attn_decode_batch_run: the host-made split, one upload, the layers' bookkeeping; the
- * per-session fallback is core/decode_batch.h's loop).
+ * (ks_cuda_attn_decode_batch_run: the host-made split, carried in the launch's arguments, the
+ * layers' bookkeeping; the per-session fallback is core/decode_batch.h's loop).
  *
  * The kernel. Blocks of ADB_WARPS independent warps (they share nothing but the launch); warp w
  * of W: tiles [w T / W, (w+1) T / W) of the sequence of all segments' 16-key tiles (segment s =
@@ -21,7 +21,9 @@
  *   finish  a segment of one piece: out = O / l. Else the piece's (O, m, l) to its workspace
  *           slot w + s (unique: along the runs both w and s only grow and one of them steps);
  *           the last of the segment's pieces (atomic count, fences) merges its slots in order:
- *           out = sum_j 2^(m_j - M) O_j / sum_j 2^(m_j - M) l_j.
+ *           out = sum_j 2^(m_j - M) O_j / sum_j 2^(m_j - M) l_j, and zeroes the count for the
+ *           next launch (the counts are the backend's, kept). With out_bf16, out is also written
+ *           rounded to bf16 there (the o-projection's GEMM input).
  *           (adb_merge: the slots' factors into the warp's idle ring, then every row's O with
  *           two slots' loads in flight; a merging warp then goes on with its next piece).
  * Only row gq < g of the C fragments (c0, c1) carries data; c2, c3 (rows 8..15) stay zero.
