@@ -7,6 +7,7 @@
 #   b16      issue 16 at 4K, B = 1, 16, 64: base/kvsieve, new/kvsieve and every new/kvsieve_* A/B build, twice
 #   reg      full TTFT 8K / 32K and TPOT, B = 1, base then new
 #   b14      32K: full and TokenSelect, base then new
+#   ab       new/kvsieve against new/kvsieve_prev, alternated, three rounds of 64 steps
 #   adb      the batched attention: its tests, its times, its per-SM active cycles (ncu)
 #   gemm     test_gemm_rows --bench (the n-row GEMMs per op)
 #   host     instrumented A/B builds new/kvsieve_h* (CUDA events at each phase boundary of the batched
@@ -56,6 +57,11 @@ step_host() {
     for v in $(cd $R; ls new/kvsieve_h* 2>/dev/null); do
         echo "== $v B=64"; timeout 250 $R/$v $B --lengths 4096 --gen 12 --batch 64 2>&1 | grep HOSTSUB | tail -4
     done > $O/host.txt
+}
+step_ab() { # new/kvsieve against new/kvsieve_prev (the commit before), alternated, 3 rounds, 64 steps each
+    for r in 1 2 3; do for v in new/kvsieve_prev new/kvsieve; do
+        timeout 250 $R/$v $B --lengths 4096 --gen 64 --batch 1,16,64 2>&1 | grep -E "^4096|kvsieve:" | sed "s|^|$v: |"
+    done; done >> $O/ab.txt
 }
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R
