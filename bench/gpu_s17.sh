@@ -7,7 +7,9 @@
 #   b16      issue 16 at 4K, B = 1, 16, 64: base/kvsieve, new/kvsieve and every new/kvsieve_* A/B build, twice
 #   reg      full TTFT 8K / 32K and TPOT, B = 1, base then new
 #   b14      32K: full and TokenSelect, base then new
+#   b14l     128K: full, TokenSelect, Quest (budget 4096); 32K: TokenSelect's hit path (cache_theta -1); base then new
 #   ab       new/kvsieve against new/kvsieve_prev, alternated, three rounds of 64 steps
+#   prof14   issue 14: the per-phase decode profile of TokenSelect's hit path at 32K, base then new
 #   adb      the batched attention: its tests, its times, its per-SM active cycles (ncu)
 #   gemm     test_gemm_rows --bench (the n-row GEMMs per op)
 #   host     instrumented A/B builds new/kvsieve_h* (CUDA events at each phase boundary of the batched
@@ -45,6 +47,10 @@ row() { # row TAG ARGS...: base then new
 }
 step_reg() { ( row 8K --lengths 8192 --gen 8 --policy none; row 32K --lengths 32768 --gen 16 --policy none ) >> $O/reg.txt; }
 step_b14() { row 32K --lengths 32768 --gen 32 --policy none,tokenselect >> $O/b14.txt; }
+step_b14l() { # 128K: full, TokenSelect and Quest; 32K: the hit path; base then new
+    ( row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest --set quest.budget=4096
+      row 32K-hit --lengths 32768 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 ) >> $O/b14.txt
+}
 step_adb() {
     ( tst test_attn_decode_batch
       timeout 200 $R/new/test_attn_decode_batch --time-only 2>&1 | grep "time:"
@@ -62,6 +68,11 @@ step_ab() { # new/kvsieve against new/kvsieve_prev (the commit before), alternat
     for r in 1 2 3; do for v in new/kvsieve_prev new/kvsieve; do
         timeout 250 $R/$v $B --lengths 4096 --gen 64 --batch 1,16,64 2>&1 | grep -E "^4096|kvsieve:" | sed "s|^|$v: |"
     done; done >> $O/ab.txt
+}
+step_prof14() { # issue 14: per-phase decode profiles (backend marks) at 32K: TokenSelect's hit path base then new, full and TokenSelect new
+    for a in "base tokenselect -1" "new tokenselect -1" "new none 0" "new tokenselect 0.9"; do set -- $a
+        echo "== $1 $2 theta $3"; timeout 250 $R/$1/kvsieve $B --lengths 32768 --gen 16 --policy $2 \
+            --set tokenselect.cache_theta=$3 --profile 2>&1 | sed -n '/^policy /,/^rates/p'; done > $O/prof14.txt 2>&1
 }
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R
