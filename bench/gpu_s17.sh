@@ -7,6 +7,7 @@
 #   b16      issue 16 at 4K, B = 1, 16, 64: base/kvsieve, new/kvsieve and every new/kvsieve_* A/B build, twice
 #   reg      full TTFT 8K / 32K and TPOT, B = 1, base then new
 #   b14      32K: full and TokenSelect, base then new
+#   b14h     128K: full and TokenSelect's hit path, base then new
 #   b14l     128K: full, TokenSelect, Quest (budget 4096); 32K: TokenSelect's hit path (cache_theta -1); base then new
 #   ab       new/kvsieve against new/kvsieve_prev, alternated, three rounds of 64 steps
 #   prof14   issue 14: the per-phase decode profile of TokenSelect's hit path at 32K, base then new
@@ -51,6 +52,7 @@ step_b14l() { # 128K: full, TokenSelect and Quest; 32K: the hit path; base then 
     ( row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest --set quest.budget=4096
       row 32K-hit --lengths 32768 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 ) >> $O/b14.txt
 }
+step_b14h() { row 128K-hit --lengths 131040 --gen 16 --policy none,tokenselect --set tokenselect.cache_theta=-1 >> $O/b14.txt; }
 step_adb() {
     ( tst test_attn_decode_batch
       timeout 200 $R/new/test_attn_decode_batch --time-only 2>&1 | grep "time:"
