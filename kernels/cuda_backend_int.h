@@ -83,6 +83,7 @@ typedef struct cuda_ctx {
     int32_t *d_step;       /* device copy the recorded kernels read */
     void *gws;             /* attention split workspace of recorded steps (GRAPH_WS bytes) */
     unsigned *adb_cnt;     /* (adb_cnt_n) the batched decode attention's piece counters, zero between launches */
+    struct ks_gemm_wg_cache *gwg_maps; /* the n-row wgmma GEMM's tensor maps, encoded once (gemm_wg.cuh) */
     int adb_cnt_n;
     float *row_mlp;        /* (2, row_mlp_n) one row's MLP gate and up (cuda_layer.cu; kept: a recorded step reads it) */
     size_t row_mlp_n;

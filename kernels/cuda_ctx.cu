@@ -9,6 +9,7 @@
  * straight from pageable memory with a wait. upload, download, sync, weight creation, KV cache
  * reallocation and a new rope table wait for the stream too. */
 #include "cuda_backend_int.h"
+#include "gemm_wg.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -207,6 +208,7 @@ static void cu_destroy(ks_backend *b) {
         raw_free(c, c->d_step);
         raw_free(c, c->gws);
         raw_free(c, c->adb_cnt);
+        ks_cuda_gemm_wg_cache_free(c->gwg_maps);
         raw_free(c, c->row_mlp);
         for (int i = 0; i < c->n_lslot; i++) {
             raw_free(c, c->lslot[i].lists);
@@ -295,6 +297,7 @@ extern "C" ks_status ks_cuda_backend_create(const ks_backend_opts *opts, ks_back
     memset(c->h_step, 0, KS_CUDA_STEP_WORDS * sizeof(int32_t));
     if ((st = raw_alloc(c, KS_CUDA_STEP_WORDS * sizeof(int32_t), "decode graph step slot", (void **)&c->d_step))) goto fail;
     if ((st = raw_alloc(c, GRAPH_WS, "decode graph attention workspace", &c->gws))) goto fail;
+    if (!(c->gwg_maps = ks_cuda_gemm_wg_cache_create())) { st = ks_errorf(KS_ERR_OOM, "n-row GEMM tensor maps"); goto fail; }
     cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
 
     b->name = "cuda";

@@ -16,6 +16,7 @@
  * the n-row MLP's gate and up as one strided-batched GEMM (bench/NOTES.md "Joined weights"). */
 #include "cuda_backend_int.h"
 #include "gemm_rows.cuh"
+#include "gemm_wg.cuh"
 #include "gemv.cuh"
 #include "rmsnorm.cuh"
 
@@ -521,6 +522,14 @@ ks_status ks_cuda_dense_mlp_bf16(ks_backend *b, float *x, const float *xn, const
         }
         if (given) xb = (void *)xn_bf16;
         else st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, xr, KS_CUDA_F32, (size_t)rn * dim);
+        /* 2..64 rows (a batched decode step): gate|up and the SwiGLU in one wgmma launch (gemm_wg.cuh)
+         * into bf16 h = g, then the down projection on cuBLAS */
+        ks_gemm_wg_args wa = {xb, rn, dim, Wg->data, Wu->data, ffn, KS_GEMM_WG_SWIGLU, g};
+        if (!st && rn >= 2 && c->sm_major == 9 && c->gwg_maps && ks_cuda_gemm_wg_supported(&wa, NULL)) {
+            st = ks_cuda_gemm_wg(c->stream, &wa, c->gwg_maps, c->n_sm);
+            if (!st) st = gemm_bf16(c, yr, CUDA_R_32F, g, Wd, rn, ffn, dim, 1.0f);
+            continue;
+        }
         if (!st && pair) st = gemm_bf16_pair(c, g, xb, Wg, rn, dim, ffn);
         if (!st && !pair && !(st = gemm_bf16(c, g, CUDA_R_16BF, xb, Wg, rn, dim, ffn, 0.0f)))
             st = gemm_bf16(c, u, CUDA_R_16BF, xb, Wu, rn, dim, ffn, 0.0f);

@@ -1,4 +1,4 @@
-/* test_gemm_rows.c — the skinny GEMM (kernels/gemm_rows.cu) against its CPU twin, and its time.
+/* test_gemm_rows.c — the n-row GEMMs (kernels/gemm_rows.cu, kernels/gemm_wg.cu) against their CPU twin, and their time.
  * 1. ks_cuda_gemm_rows against the CPU backend's matmul (ks_cpu_matmul) given the same bf16
  * weights and x rounded to bf16 (the kernel rounds float32 x as it reads it): rows n from 1 to 64
  * (8-row tiles full and ragged), in multiples of 8 with and without a ragged 32-column step,
@@ -12,14 +12,23 @@
  * KS_ERR_UNSUPPORTED, nothing launched.
  * 3. The backend's fused q|k|v projection (ks_cuda_dense_qkv, the op that takes it for 2..16
  * rows) with biases against the CPU's matmuls at n = 5, 16 and 64 (the last: cuBLAS).
- * 4. (--bench, GPU machine) the Llama-3.1-8B decode shapes at n = 1, 4, 16, 64: per op the path
- * the engine takes without it (float32 x converted to bf16, cuBLAS GEMMs), cuBLAS's GEMMs alone on
- * bf16 x, and the skinny kernel (the K split swept), in GB/s of weights beside a device copy;
+ * 4. The wgmma n-row GEMM (kernels/gemm_wg.cu) against the CPU's matmul over the same bf16 x and
+ * W: its three epilogues (float32, float32 +=, SwiGLU into bf16), rows 2..64, ragged K (a partial
+ * 64-column step) and ragged outputs (a partial tile), shapes whose tiles are cut over many CTAs
+ * (K split over a cluster, the pieces added in rank order) and shapes with whole tiles a CTA; every
+ * call repeated for equal bits; its refusals. Bounds: float32 as in 1 (1e-5 of sum |x w|, plus |y0| for +=); SwiGLU:
+ * the bf16 rounding of the output (2^-9 of |h|, doubled) plus the float32 sums' error carried
+ * through silu(g) u. The backend's n-row MLP (gate|up + SwiGLU, then down +=) against the CPU's
+ * matmuls: the bf16 h's rounding carried through the down projection (2^-8 of sum |w h|).
+ * 5. (--bench, GPU machine) the Llama-3.1-8B decode shapes at n = 1, 4, 16, 64: per op the path
+ * the engine takes without the kernels (float32 x converted to bf16, cuBLAS GEMMs), cuBLAS's GEMMs
+ * alone on bf16 x, the skinny kernel and the wgmma kernel, in GB/s of weights beside a device copy;
  * weights rotated beyond L2. Printed, never asserted.
  * Usage: test_gemm_rows [--quick] [--bench]. Prints "N passed, N failed"; exits 1 on failure. */
 #include "backend.h"
 #include "cpu_dense.h"
 #include "gemm_rows.cuh"
+#include "gemm_wg.cuh"
 #include "rmsnorm.cuh"
 #include "ks_cuda.h"
 #include "ks_cuda_dense.h"
@@ -344,6 +353,134 @@ static void rmsnorm_bf16_case(int n, int dim, int off) {
     free(x), free(w), free(o1), free(o2), free(b1), free(b2);
 }
 
+/* ------------------------------------------------------------------ the wgmma n-row GEMM */
+
+static double silu_d(double g) { return g / (1.0 + exp(-g)); }
+
+/* ks_cuda_gemm_wg at (n, in, out, mode) against ks_cpu_matmul over the same bf16 values */
+static void run_wgcase(int n, int in, int out, int mode) {
+    static const char *mn[] = {"f32", "f32 +=", "swiglu"};
+    char name[160];
+    snprintf(name, sizeof name, "wgmma n=%d in=%d out=%d %s", n, in, out, mn[mode]);
+    const int sw = mode == KS_GEMM_WG_SWIGLU;
+    wpair W, W2;
+    memset(&W2, 0, sizeof W2);
+    size_t m = (size_t)n * out, nx = (size_t)n * in;
+    uint16_t *xh = malloc(2 * nx);
+    float *xr = malloc(sizeof(float) * nx), *y0 = malloc(sizeof(float) * m), *c1 = malloc(sizeof(float) * m),
+          *c2 = malloc(sizeof(float) * m), *g = malloc(sizeof(float) * m), *g2 = malloc(sizeof(float) * m);
+    uint16_t *gh = malloc(2 * m);
+    for (size_t i = 0; i < nx; i++) xr[i] = ks_bf16_to_f32(xh[i] = ks_f32_to_bf16(2.0f * rndf()));
+    for (size_t i = 0; i < m; i++) y0[i] = mode == KS_GEMM_WG_F32_ADD ? 4.0f * rndf() : NAN; /* += base, or poison */
+    int bad = wmake(&W, out, in, 0.5f) | (sw ? wmake(&W2, out, in, 0.5f) : 0);
+    void *dx = bad ? NULL : dput(xh, 2 * nx), *dy = bad ? NULL : dput(y0, sizeof(float) * m);
+    ks_gemm_wg_args a = {dx, n, in, W.d, sw ? W2.d : NULL, out, mode, dy};
+    cudaStream_t s = ks_cuda_backend_stream(GPU);
+    int nsm = ks_cuda_backend_sm_count(GPU);
+    ks_status st = !dx || !dy ? KS_ERR_OOM : KS_OK;
+    if (!st) st = ks_cuda_gemm_wg(s, &a, NULL, nsm);
+    if (!st) st = sw ? GPU->download(GPU, gh, dy, 2 * m) : GPU->download(GPU, g, dy, sizeof(float) * m);
+    if (!st && sw)
+        for (size_t i = 0; i < m; i++) g[i] = ks_bf16_to_f32(gh[i]);
+    if (!st) st = ks_cpu_matmul(CPU, c1, xr, W.c, NULL, n, in, out);
+    if (!st && sw) st = ks_cpu_matmul(CPU, c2, xr, W2.c, NULL, n, in, out);
+    double w = INFINITY;
+    if (!st) {
+        double *sc = abs_dots(xr, W.f, n, in, out), *sc2 = sw ? abs_dots(xr, W2.f, n, in, out) : NULL;
+        w = 0;
+        for (size_t i = 0; i < m; i++) {
+            double ref, lim;
+            if (sw) { /* h = silu(g) u; |silu'| <= 1.1 */
+                double gg = c1[i], uu = c2[i], eg = 1e-5 * sc[i], eu = 1e-5 * sc2[i];
+                ref = silu_d(gg) * uu;
+                lim = fabs(ref) / 256.0 + 1.1 * fabs(uu) * eg + (fabs(silu_d(gg)) + 1.1 * eg) * eu + 1e-30;
+            } else {
+                ref = (mode == KS_GEMM_WG_F32_ADD ? y0[i] : 0.0) + c1[i];
+                lim = 1e-5 * (sc[i] + (mode == KS_GEMM_WG_F32_ADD ? fabs(y0[i]) : 0.0)) + 1e-30;
+            }
+            double e = isfinite(g[i]) ? fabs(g[i] - ref) / lim : INFINITY;
+            if (e > w) w = e;
+        }
+        free(sc);
+        free(sc2);
+    }
+    /* the same call again (from the same y0 for +=): the same bits */
+    int same = 1;
+    if (!st && mode == KS_GEMM_WG_F32_ADD) st = GPU->upload(GPU, dy, y0, sizeof(float) * m);
+    if (!st) st = ks_cuda_gemm_wg(s, &a, NULL, nsm);
+    if (!st) st = GPU->download(GPU, g2, dy, sw ? 2 * m : sizeof(float) * m);
+    if (!st) same = sw ? !memcmp(g2, gh, 2 * m) : !memcmp(g2, g, sizeof(float) * m);
+    result(!st && w <= 1.0 && same, name, "err/bound %.3g%s %s", w, same ? "" : ", runs differ", st ? ks_last_error() : "");
+    wfree(&W);
+    wfree(&W2);
+    if (dx) GPU->free(GPU, dx);
+    if (dy) GPU->free(GPU, dy);
+    free(xh), free(xr), free(y0), free(c1), free(c2), free(g), free(g2), free(gh);
+}
+
+static void wg_refusals(void) {
+    void *d = GPU->alloc(GPU, 1 << 16);
+    ks_gemm_wg_args a = {d, 4, 64, d, NULL, 64, KS_GEMM_WG_F32, d};
+    cudaStream_t s = ks_cuda_backend_stream(GPU);
+    struct { const char *name; int n, in, out, off, mode, w2; } c[] = {
+        {"wgmma: n 0 refused", 0, 64, 64, 0, 0, 0},      {"wgmma: n 65 refused", 65, 64, 64, 0, 0, 0},
+        {"wgmma: in 12 refused", 4, 12, 64, 0, 0, 0},     {"wgmma: out 12 refused", 4, 64, 12, 0, 0, 0},
+        {"wgmma: x misaligned refused", 4, 64, 64, 2, 0, 0}, {"wgmma: swiglu without W2 refused", 4, 64, 64, 0, 2, 0},
+        {"wgmma: W2 without swiglu refused", 4, 64, 64, 0, 0, 1}, {"wgmma: mode 3 refused", 4, 64, 64, 0, 3, 0}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        ks_gemm_wg_args b = a;
+        b.n = c[i].n;
+        b.in = c[i].in;
+        b.out = c[i].out;
+        b.x = (char *)d + c[i].off;
+        b.mode = c[i].mode;
+        b.W2 = c[i].w2 ? d : NULL;
+        ks_status st = ks_cuda_gemm_wg(s, &b, NULL, 132);
+        result(st == KS_ERR_UNSUPPORTED && !strchr(ks_last_error(), '\n'), c[i].name, "%s", ks_last_error());
+    }
+    GPU->free(GPU, d);
+}
+
+/* the backend's n-row MLP (ks_cuda_dense_mlp_bf16: x += down(silu(xn Wg^T) * (xn Wu^T))) against
+ * the CPU's matmuls with h unrounded: the GPU's h is bf16 (2^-9 of |h|), carried through down */
+static void backend_mlp(int n, int dim, int ffn) {
+    char name[120];
+    wpair Wg, Wu, Wd;
+    int bad = wmake(&Wg, ffn, dim, 0.3f) | wmake(&Wu, ffn, dim, 0.3f) | wmake(&Wd, dim, ffn, 0.3f);
+    size_t nx = (size_t)n * dim, nh = (size_t)n * ffn;
+    float *xn = malloc(sizeof(float) * nx), *xr = malloc(sizeof(float) * nx), *x0 = malloc(sizeof(float) * nx),
+          *gx = malloc(sizeof(float) * nx), *cg = malloc(sizeof(float) * nh), *cu = malloc(sizeof(float) * nh),
+          *h = malloc(sizeof(float) * nh), *cy = malloc(sizeof(float) * nx);
+    for (size_t i = 0; i < nx; i++) {
+        xr[i] = bf16r(xn[i] = rndf());
+        x0[i] = 2.0f * rndf();
+    }
+    float *dxn = dput(xn, sizeof(float) * nx), *dx = dput(x0, sizeof(float) * nx);
+    ks_status st = bad || !dxn || !dx ? KS_ERR_OOM : KS_OK;
+    if (!st) st = ks_cuda_dense_mlp_bf16(GPU, dx, dxn, NULL, Wg.g, Wu.g, Wd.g, n, dim, ffn);
+    if (!st) st = GPU->download(GPU, gx, dx, sizeof(float) * nx);
+    if (!st) st = ks_cpu_matmul(CPU, cg, xr, Wg.c, NULL, n, dim, ffn);
+    if (!st) st = ks_cpu_matmul(CPU, cu, xr, Wu.c, NULL, n, dim, ffn);
+    for (size_t i = 0; i < nh && !st; i++) h[i] = (float)(silu_d(cg[i]) * cu[i]);
+    if (!st) st = ks_cpu_matmul(CPU, cy, h, Wd.c, NULL, n, ffn, dim);
+    double w = INFINITY;
+    if (!st) {
+        double *sc = abs_dots(h, Wd.f, n, ffn, dim);
+        w = 0;
+        for (size_t i = 0; i < nx; i++) {
+            double lim = sc[i] / 256.0 + 1e-5 * (sc[i] + fabs(x0[i])) + 1e-30;
+            double e = isfinite(gx[i]) ? fabs(gx[i] - ((double)x0[i] + cy[i])) / lim : INFINITY;
+            if (e > w) w = e;
+        }
+        free(sc);
+    }
+    snprintf(name, sizeof name, "backend n-row MLP (gate|up + SwiGLU, down +=), n=%d dim=%d ffn=%d", n, dim, ffn);
+    result(!st && w <= 1, name, "err/bound %.3g %s", w, st ? ks_last_error() : "");
+    wfree(&Wg), wfree(&Wu), wfree(&Wd);
+    GPU->free(GPU, dxn), GPU->free(GPU, dx);
+    free(xn), free(xr), free(x0), free(gx), free(cg), free(cu), free(h), free(cy);
+}
+
 /* ------------------------------------------------------------------ timing (--bench) */
 
 static cudaStream_t S;
@@ -373,6 +510,7 @@ static double time_ms(op_fn f, void *ctx, int reps) {
 typedef struct bop {
     int nseg, in, rows[3];
     int n, nw, splits;
+    ks_gemm_wg_cache *cache; /* the wgmma kernel's tensor maps (NULL: encoded every call) */
     void *W[8][3];
     float *x, *y[3];
     void *xb;
@@ -411,6 +549,13 @@ static void run_skinny(void *p, int rep) {
     if (ks_cuda_gemm_rows(S, &a, ks_cuda_backend_sm_count(GPU))) fprintf(stderr, "skinny: %s\n", ks_last_error());
 }
 
+static void run_wg(void *p, int rep) {
+    bop *o = p;
+    ks_gemm_wg_args a = {o->xb, o->n, o->in, o->W[rep % o->nw][0], o->nseg == 2 ? o->W[rep % o->nw][1] : NULL, o->rows[0],
+                         o->nseg == 2 ? KS_GEMM_WG_SWIGLU : KS_GEMM_WG_F32, o->y[0]};
+    if (ks_cuda_gemm_wg(S, &a, o->cache, ks_cuda_backend_sm_count(GPU))) fprintf(stderr, "wgmma: %s\n", ks_last_error());
+}
+
 static void line(const char *name, int n, const char *what, double ms, double gb) {
     char l[160];
     snprintf(l, sizeof l, "%s n=%d: %s", name, n, what);
@@ -440,12 +585,16 @@ static void bench_op(cublasHandle_t h, const char *name, int nseg, int in, const
     if (n >= 2) line(name, n, "convert + cuBLAS", time_ms(run_cublas, &o, 21), gb); /* one row: the engine's gemv */
     ks_cuda_convert(S, o.xb, KS_CUDA_BF16, o.x, KS_CUDA_F32, (size_t)n * in);
     line(name, n, "cuBLAS GEMM alone (bf16 x)", time_ms(run_gemm_only, &o, 21), gb);
-    int sp[] = {0, 1, 2, 4, 8};
-    for (int k = 0; k < 5; k++) {
-        char what[40];
-        snprintf(what, sizeof what, sp[k] ? "skinny split %d" : "skinny split auto", sp[k]);
-        o.splits = sp[k];
-        line(name, n, what, time_ms(run_skinny, &o, 21), gb);
+    if (nseg != 2 && n <= 16) line(name, n, "skinny (split auto)", time_ms(run_skinny, &o, 21), gb);
+    if (n >= 2 && nseg <= 2) {
+        o.cache = ks_cuda_gemm_wg_cache_create();
+        ks_gemm_wg_args a = {o.xb, n, in, o.W[0][0], nseg == 2 ? o.W[0][1] : NULL, rows[0],
+                             nseg == 2 ? KS_GEMM_WG_SWIGLU : KS_GEMM_WG_F32, o.y[0]};
+        char what[48];
+        snprintf(what, sizeof what, "wgmma%s, split %d", nseg == 2 ? " (+ SwiGLU)" : "",
+                 ks_cuda_gemm_wg_split(&a, ks_cuda_backend_sm_count(GPU)));
+        line(name, n, what, time_ms(run_wg, &o, 21), gb);
+        ks_cuda_gemm_wg_cache_free(o.cache);
     }
     fflush(stdout);
     for (int c = 0; c < o.nw; c++)
@@ -484,10 +633,11 @@ static void bench(void) {
     cublasHandle_t h;
     if (cublasCreate(&h)) { printf("cublasCreate failed\n"); return; }
     cublasSetStream(h, S);
-    int qkv[3] = {4096, 1024, 1024}, o[1] = {4096}, gu[3] = {14336, 14336}, dn[1] = {4096}, lm[1] = {128256};
+    int qkv[3] = {4096, 1024, 1024}, qkvj[1] = {6144}, o[1] = {4096}, gu[3] = {14336, 14336}, dn[1] = {4096}, lm[1] = {128256};
     int ns[] = {1, 4, 16, 64};
     for (int i = 0; i < 4; i++) {
         bench_op(h, "q|k|v 4096->4096+1024+1024", 3, 4096, qkv, ns[i]);
+        bench_op(h, "q|k|v joined 4096->6144", 1, 4096, qkvj, ns[i]);
         bench_op(h, "o 4096->4096", 1, 4096, o, ns[i]);
         bench_op(h, "gate|up 4096->2x14336", 2, 4096, gu, ns[i]);
         bench_op(h, "down 14336->4096", 1, 14336, dn, ns[i]);
@@ -528,6 +678,17 @@ int main(int argc, char **argv) {
     backend_joined(64, 4096, 1);
     rmsnorm_bf16_case(64, 4096, 0);
     rmsnorm_bf16_case(5, 200, 1);
+    static const int wc[][4] = {
+        {2, 64, 128, KS_GEMM_WG_F32},      {64, 256, 384, KS_GEMM_WG_F32},     {33, 520, 136, KS_GEMM_WG_F32_ADD},
+        {17, 1032, 264, KS_GEMM_WG_F32_ADD}, {16, 64, 8, KS_GEMM_WG_F32},      {64, 14336, 256, KS_GEMM_WG_F32_ADD},
+        {64, 256, 512, KS_GEMM_WG_SWIGLU}, {5, 200, 72, KS_GEMM_WG_SWIGLU},    {64, 4096, 1024, KS_GEMM_WG_SWIGLU},
+        {64, 4096, 6144, KS_GEMM_WG_F32},  {64, 4096, 4096, KS_GEMM_WG_F32_ADD}, {48, 2048, 30000, KS_GEMM_WG_F32},
+    };
+    for (size_t i = 0; i < sizeof wc / sizeof wc[0]; i++)
+        if (!quick || (double)wc[i][0] * wc[i][1] * wc[i][2] <= 2e8) run_wgcase(wc[i][0], wc[i][1], wc[i][2], wc[i][3]);
+    wg_refusals();
+    backend_mlp(64, 256, 512);
+    backend_mlp(9, 520, 264);
     printf("%d passed, %d failed\n", g_pass, g_fail);
     if (do_bench) bench();
     GPU->destroy(GPU);
