@@ -524,7 +524,7 @@ ks_status ks_cuda_dense_mlp_bf16(ks_backend *b, float *x, const float *xn, const
         else st = ks_cuda_convert(c->stream, xb, KS_CUDA_BF16, xr, KS_CUDA_F32, (size_t)rn * dim);
         /* 2..64 rows (a batched decode step): gate|up and the SwiGLU in one wgmma launch (gemm_wg.cuh)
          * into bf16 h = g, then the down projection on cuBLAS */
-        ks_gemm_wg_args wa = {xb, rn, dim, Wg->data, Wu->data, ffn, KS_GEMM_WG_SWIGLU, g};
+        ks_gemm_wg_args wa = {xb, rn, dim, Wg->data, Wu->data, ffn, g};
         if (!st && rn >= 2 && c->sm_major == 9 && c->gwg_maps && ks_cuda_gemm_wg_supported(&wa, NULL)) {
             st = ks_cuda_gemm_wg(c->stream, &wa, c->gwg_maps, c->n_sm);
             if (!st) st = gemm_bf16(c, yr, CUDA_R_32F, g, Wd, rn, ffn, dim, 1.0f);

@@ -1,5 +1,5 @@
-/* gemm_wg.cu — see gemm_wg.cuh (work split, epilogues, workspace). Hopper only (sm_90a: wgmma,
- * TMA). */
+/* gemm_wg.cu — see gemm_wg.cuh (tiles, the K split, the epilogue). Hopper only (sm_90a: wgmma,
+ * TMA, clusters). */
 #include "common.cuh"
 #include "gemm_wg.cuh"
 #include "hopper.cuh"
@@ -24,7 +24,7 @@ namespace cg = cooperative_groups;
 
 struct gw_params {
     void *y;
-    int n, out, ks, S, mode;
+    int n, out, ks, S;
 };
 
 static __device__ __forceinline__ float silu_mul(float g, float u) { return __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), u); }
@@ -34,21 +34,16 @@ static __device__ __forceinline__ float silu_mul(float g, float u) { return __fm
 static __device__ __forceinline__ int gw_row(int i, int tid) { return (tid >> 5) * 16 + ((tid & 31) >> 2) + 8 * ((i >> 1) & 1); }
 static __device__ __forceinline__ int gw_col(int i, int tid) { return 8 * (i >> 2) + 2 * (tid & 3) + (i & 1); }
 
-/* the epilogue of one output (row r of x, column col of the tile's outputs): v, and for SwiGLU the
- * up projection's sum u of the same output */
-static __device__ __forceinline__ void gw_put(const gw_params &p, int r, int col, float v, float u) {
-    if (r >= p.n || col >= p.out) return;
-    const size_t o = (size_t)r * p.out + col;
-    if (p.mode == KS_GEMM_WG_SWIGLU) static_cast<bf16 *>(p.y)[o] = __float2bfloat16_rn(silu_mul(v, u));
-    else if (p.mode == KS_GEMM_WG_F32_ADD) static_cast<float *>(p.y)[o] += v;
-    else static_cast<float *>(p.y)[o] = v;
+/* the epilogue of one output (row r of x, column col of the outputs): the gate's sum g, the up
+ * projection's sum u */
+static __device__ __forceinline__ void gw_put(const gw_params &p, int r, int col, float g, float u) {
+    if (r < p.n && col < p.out) static_cast<bf16 *>(p.y)[(size_t)r * p.out + col] = __float2bfloat16_rn(silu_mul(g, u));
 }
 
 /* Grid (tiles, S), clusters of (1, S): CTA (t, r) sums k-steps [r ks / S, (r + 1) ks / S) of tile t
- * (128 W rows: SwiGLU 64 gate and the same 64 up rows) through the TMA ring; with S > 1 the
- * cluster's partial sums meet in shared memory and CTA r adds, in rank order, the fragment
- * registers [r 64 / S, (r + 1) 64 / S) of all S (SwiGLU: of the gate half, with the up half's
- * registers 32 further) and stores them. */
+ * (64 gate rows and the same 64 up rows) through the TMA ring; with S > 1 the cluster's partial
+ * sums meet in shared memory and CTA r adds, in rank order, the gate's fragment registers
+ * [r 32 / S, (r + 1) 32 / S) of all S with the up's 32 further, and stores those outputs. */
 __global__ void __launch_bounds__(128, GW_CTAS_SM) gemm_wg_kernel(const gw_params p, const __grid_constant__ CUtensorMap tx,
                                                                   const __grid_constant__ CUtensorMap tw,
                                                                   const __grid_constant__ CUtensorMap tw2) {
@@ -58,18 +53,13 @@ __global__ void __launch_bounds__(128, GW_CTAS_SM) gemm_wg_kernel(const gw_param
     const uint32_t bar = base + GW_ST * GW_SB;
     const int tid = threadIdx.x, t = blockIdx.x, r = blockIdx.y;
     const int k0 = (int)((long long)r * p.ks / p.S), k1 = (int)((long long)(r + 1) * p.ks / p.S), nk = k1 - k0;
-    const bool swiglu = p.mode == KS_GEMM_WG_SWIGLU;
-    /* TMA of k-step k into stage s: W's 128 rows (SwiGLU: 64 gate rows, 64 up rows), then x's 64
-     * columns, both on the stage's barrier */
+    /* TMA of k-step k into stage s: 64 gate rows and the same 64 up rows, then x's 64 columns,
+     * all on the stage's barrier */
     auto issue = [&](int k, int s) {
         const uint32_t xs = base + s * GW_SB, ws = xs + GW_XB, b = bar + 8 * s;
         mbar_expect_tx(b, GW_SB);
-        if (swiglu) {
-            tma_load2(ws, &tw, k * GW_BK, t * 64, b);
-            tma_load2(ws + GW_WB / 2, &tw2, k * GW_BK, t * 64, b);
-        } else {
-            tma_load2(ws, &tw, k * GW_BK, t * GW_BN, b);
-        }
+        tma_load2(ws, &tw, k * GW_BK, t * 64, b);
+        tma_load2(ws + GW_WB / 2, &tw2, k * GW_BK, t * 64, b);
         tma_load2(xs, &tx, k * GW_BK, 0, b);
     };
     if (tid == 0) {
@@ -83,6 +73,7 @@ __global__ void __launch_bounds__(128, GW_CTAS_SM) gemm_wg_kernel(const gw_param
     float d[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) d[i] = 0.0f;
+    pin(d);
     for (int i = 0; i < nk; i++) {
         const int s = i % GW_ST;
         mbar_wait(bar + 8 * s, (uint32_t)(i / GW_ST) & 1u);
@@ -98,12 +89,11 @@ __global__ void __launch_bounds__(128, GW_CTAS_SM) gemm_wg_kernel(const gw_param
     }
     wg_wait0();
     pin(d);
-    const int tc = t * (swiglu ? 64 : GW_BN); /* the tile's first output column */
+    const int tc = t * 64; /* the tile's first output: its columns 0..63 are the gate's, 64..127 the up's */
     if (p.S == 1) {
 #pragma unroll
         for (int i = 0; i < 64; i++)
-            if (!swiglu) gw_put(p, gw_row(i, tid), tc + gw_col(i, tid), d[i], 0.0f);
-            else if (i < 32) gw_put(p, gw_row(i, tid), tc + gw_col(i, tid), d[i], d[(i + 32) & 63]);
+            if (i < 32) gw_put(p, gw_row(i, tid), tc + gw_col(i, tid), d[i], d[(i + 32) & 63]);
         return;
     }
     /* the partial sums, fragment-major, over the drained stages: red[i * 128 + tid] */
@@ -112,13 +102,13 @@ __global__ void __launch_bounds__(128, GW_CTAS_SM) gemm_wg_kernel(const gw_param
     for (int i = 0; i < 64; i++) red[i * 128 + tid] = d[i];
     cg::cluster_group cl = cg::this_cluster();
     cl.sync();
-    const int nreg = swiglu ? 32 : 64, i0 = r * nreg / p.S, i1 = (r + 1) * nreg / p.S;
+    const int i0 = r * 32 / p.S, i1 = (r + 1) * 32 / p.S; /* the gate's registers; the up's are 32 further */
     for (int i = i0; i < i1; i++) {
         float v = 0.0f, u = 0.0f;
         for (int q = 0; q < p.S; q++) { /* rank order: the same sums on every run */
             const float *rq = cl.map_shared_rank(red, q);
             v += rq[i * 128 + tid];
-            if (swiglu) u += rq[(i + 32) * 128 + tid];
+            u += rq[(i + 32) * 128 + tid];
         }
         gw_put(p, gw_row(i, tid), tc + gw_col(i, tid), v, u);
     }
@@ -226,8 +216,7 @@ static int gw_split(int tiles, int ks, int dev, int n_sm) {
 }
 
 static int gw_tiles(const ks_gemm_wg_args *a) {
-    const int w = a->mode == KS_GEMM_WG_SWIGLU ? 64 : GW_BN;
-    return (a->out + w - 1) / w;
+    return (a->out + 63) / 64;
 }
 
 extern "C" int ks_cuda_gemm_wg_split(const ks_gemm_wg_args *a, int n_sm) {
@@ -242,10 +231,8 @@ extern "C" int ks_cuda_gemm_wg_supported(const ks_gemm_wg_args *a, const char **
     else if (a->n < 1 || a->n > KS_GEMM_WG_ROWS) w = "rows of x outside 1..64";
     else if (a->in < 8 || a->in % 8) w = "in is not a positive multiple of 8";
     else if (a->out < 8 || a->out % 8) w = "out is not a positive multiple of 8";
-    else if (a->mode < KS_GEMM_WG_F32 || a->mode > KS_GEMM_WG_SWIGLU) w = "unknown mode";
-    else if ((a->mode == KS_GEMM_WG_SWIGLU) != (a->W2 != NULL)) w = "W2 is for the SwiGLU mode alone";
-    else if (!a->x || !a->W || !a->y || (uintptr_t)a->x % 16 || (uintptr_t)a->W % 16 || (uintptr_t)a->W2 % 16 ||
-             (uintptr_t)a->y % 8)
+    else if (!a->x || !a->Wg || !a->Wu || !a->y || (uintptr_t)a->x % 16 || (uintptr_t)a->Wg % 16 ||
+             (uintptr_t)a->Wu % 16 || (uintptr_t)a->y % 4)
         w = "a NULL or misaligned buffer";
     else if (gw_tiles(a) > 2147483647 / 2) w = "too many output tiles";
     else if (!tmap_encoder()) w = "the driver has no tensor maps";
@@ -256,19 +243,17 @@ extern "C" int ks_cuda_gemm_wg_supported(const ks_gemm_wg_args *a, const char **
 extern "C" ks_status ks_cuda_gemm_wg(cudaStream_t s, const ks_gemm_wg_args *a, ks_gemm_wg_cache *cache, int n_sm) {
     const char *why;
     if (!ks_cuda_gemm_wg_supported(a, &why)) return ks_errorf(KS_ERR_UNSUPPORTED, "gemm_wg: %s", why);
-    const bool swiglu = a->mode == KS_GEMM_WG_SWIGLU;
     CUtensorMap mx, mw, mw2;
     memset(&mx, 0, sizeof mx);
     memset(&mw, 0, sizeof mw);
     memset(&mw2, 0, sizeof mw2);
-    if (!gw_tmap(cache, &mx, a->x, a->n, a->in, GW_M) || !gw_tmap(cache, &mw, a->W, a->out, a->in, swiglu ? 64 : GW_BN) ||
-        (swiglu && !gw_tmap(cache, &mw2, a->W2, a->out, a->in, 64)))
+    if (!gw_tmap(cache, &mx, a->x, a->n, a->in, GW_M) || !gw_tmap(cache, &mw, a->Wg, a->out, a->in, 64) ||
+        !gw_tmap(cache, &mw2, a->Wu, a->out, a->in, 64))
         return ks_errorf(KS_ERR_UNSUPPORTED, "gemm_wg: the driver refused a tensor map (%d x %d bf16)", a->out, a->in);
     gw_params p;
     p.y = a->y;
     p.n = a->n;
     p.out = a->out;
-    p.mode = a->mode;
     p.ks = (a->in + GW_BK - 1) / GW_BK;
     const int tiles = gw_tiles(a);
     int dev = 0;

@@ -1,25 +1,25 @@
-/* gemm_wg.cuh — y (n, out) = x (n, in) W^T for 1 <= n <= 64 rows of bf16 x (the batched decode
- * step's dense layers), on Hopper's wgmma: the rows of x are the MMA's M = 64 (rows past n are
- * zeros that TMA fills in), 128 rows of W its N. C-callable.
+/* gemm_wg.cuh — h (n, out) = bf16(silu(x Wg^T) * (x Wu^T)) for 1 <= n <= 64 rows of bf16 x: the
+ * gate and up projections of the batched decode step's MLP and its SwiGLU in one launch, on
+ * Hopper's wgmma. The rows of x are the MMA's M = 64 (rows past n are zeros that TMA fills in); a
+ * tile is 64 gate rows and the same 64 up rows, the MMA's N = 128, so the thread that holds an
+ * output's gate sum holds its up sum too. C-callable.
  *
- * Why it exists: at 64 rows cuBLAS streams these skinny shapes' weights at 39-79% of the copy rate
- * (bench/NOTES.md, "Joined weights ..."): its tiles leave multiprocessors idle on the narrow
- * outputs. Here a tile is 128 rows of W against all rows of x; where the tiles are too few to fill
- * one wave (2 CTAs a multiprocessor) the K dimension is split over the S <= 8 CTAs of a cluster.
- * A CTA (one warpgroup) streams its k-steps through a ring of shared-memory stages filled by TMA
- * (x tile 64 x 64 and W tile 128 x 64, bf16, 128-byte swizzle; one mbarrier a stage) and multiplies
- * each stage with four m64n128k16 wgmma, float32 accumulation, so each weight byte is read from
- * memory once. The S partial sums meet in the cluster's shared memory and are added in rank (= k)
- * order: the same bits on every run, no workspace, no atomics.
+ * Work: a CTA (one warpgroup) streams its tile's k-steps through a ring of shared-memory stages
+ * filled by TMA (x tile 64 x 64 and W tile 128 x 64, bf16, 128-byte swizzle; one mbarrier a stage)
+ * and multiplies each stage with four m64n128k16 wgmma, float32 accumulation: each weight byte is
+ * read from memory once. Where the tiles are too few to fill a wave (2 CTAs a multiprocessor) the K
+ * dimension is split over the S <= 8 CTAs of a cluster (the S that gives the fewest k-steps a CTA
+ * times waves of clusters, cudaOccupancyMaxActiveClusters); the partial sums meet in the cluster's
+ * shared memory and are added in rank (= k) order: the same bits on every run, no workspace.
  *
- * Epilogues (mode):
- *   KS_GEMM_WG_F32     y (n, out) float32 = x W^T
- *   KS_GEMM_WG_F32_ADD y (n, out) float32 += x W^T         (the residual add of o and down)
- *   KS_GEMM_WG_SWIGLU  y (n, out) bf16 = silu(x W^T) * (x W2^T)   (gate W, up W2: a tile is 64
- *                      gate rows and the same 64 up rows, so a thread holds both of an output)
+ * Where it pays (bench/NOTES.md, session 17; H100): the 8B shape's gate|up at 64 rows, 89 us against
+ * cuBLAS's strided-batched pair (98 us) and the SwiGLU launch after it; in the engine the B = 64
+ * step 19.24 -> 19.07 ms. The same kernel with float32 epilogues for q|k|v, o, down and lm_head
+ * lost to cuBLAS inside the engine and was removed (branch exp/gemm-wg-s17).
  *
- * The CPU twin is the CPU backend's matmul over the same bf16 x and W (tests/cuda/test_gemm_rows.c):
- * products are exact in float32 on both sides, only the order of the float32 sums differs. */
+ * The CPU twin: the CPU backend's matmuls over the same bf16 x and weights, then SwiGLU in double
+ * (tests/cuda/test_gemm_rows.c): products are exact in float32 on both sides, only the order of the
+ * float32 sums differs, then one bf16 rounding. */
 #ifndef KS_CUDA_GEMM_WG_CUH
 #define KS_CUDA_GEMM_WG_CUH
 #include <cuda_runtime_api.h>
@@ -32,17 +32,13 @@ extern "C" {
 
 #define KS_GEMM_WG_ROWS 64 /* rows of x one launch takes */
 
-typedef enum ks_gemm_wg_mode { KS_GEMM_WG_F32 = 0, KS_GEMM_WG_F32_ADD = 1, KS_GEMM_WG_SWIGLU = 2 } ks_gemm_wg_mode;
-
 typedef struct ks_gemm_wg_args {
     const void *x;  /* (n, in) bf16 row-major, device, 16-byte aligned */
     int n, in;      /* 1 <= n <= KS_GEMM_WG_ROWS; in >= 8, in % 8 == 0 */
-    const void *W;  /* (out, in) bf16, device, 16-byte aligned (SWIGLU: the gate weights) */
-    const void *W2; /* SWIGLU: the up weights (out, in); else NULL */
+    const void *Wg; /* (out, in) bf16, device, 16-byte aligned: the gate weights */
+    const void *Wu; /* (out, in) bf16, device, 16-byte aligned: the up weights */
     int out;        /* >= 8, out % 8 == 0 */
-    int mode;       /* ks_gemm_wg_mode */
-    void *y;        /* (n, out), row stride out: float32 (F32, F32_ADD) or bf16 (SWIGLU); 8-byte aligned;
-                       must not alias x or the weights */
+    void *y;        /* (n, out) bf16, row stride out, 4-byte aligned: silu(gate) * up; must not alias x or the weights */
 } ks_gemm_wg_args;
 
 /* 1 when ks_cuda_gemm_wg takes the call (shape, alignment, the driver's tensor maps), else 0 with

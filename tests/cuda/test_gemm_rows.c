@@ -12,17 +12,17 @@
  * KS_ERR_UNSUPPORTED, nothing launched.
  * 3. The backend's fused q|k|v projection (ks_cuda_dense_qkv, the op that takes it for 2..16
  * rows) with biases against the CPU's matmuls at n = 5, 16 and 64 (the last: cuBLAS).
- * 4. The wgmma n-row GEMM (kernels/gemm_wg.cu) against the CPU's matmul over the same bf16 x and
- * W: its three epilogues (float32, float32 +=, SwiGLU into bf16), rows 2..64, ragged K (a partial
- * 64-column step) and ragged outputs (a partial tile), shapes whose tiles are cut over many CTAs
- * (K split over a cluster, the pieces added in rank order) and shapes with whole tiles a CTA; every
- * call repeated for equal bits; its refusals. Bounds: float32 as in 1 (1e-5 of sum |x w|, plus |y0| for +=); SwiGLU:
- * the bf16 rounding of the output (2^-9 of |h|, doubled) plus the float32 sums' error carried
- * through silu(g) u. The backend's n-row MLP (gate|up + SwiGLU, then down +=) against the CPU's
- * matmuls: the bf16 h's rounding carried through the down projection (2^-8 of sum |w h|).
+ * 4. The wgmma gate|up + SwiGLU (kernels/gemm_wg.cu) against the CPU's matmuls over the same bf16 x
+ * and weights, SwiGLU in double: rows 2..64, ragged K (a partial 64-column step), ragged outputs (a
+ * partial tile), shapes whose few tiles split K over a cluster (the pieces added in rank order) and
+ * shapes with a tile a CTA; every call repeated for equal bits; its refusals. Bound: the bf16
+ * rounding of the output (2^-9 of |h|, doubled) plus the float32 sums' error (1e-5 of sum |x w|,
+ * as in 1) carried through silu(g) u. The backend's n-row MLP (gate|up + SwiGLU, then down +=)
+ * against the CPU's matmuls: the bf16 h's rounding carried through the down projection (2^-8 of
+ * sum |w h|).
  * 5. (--bench, GPU machine) the Llama-3.1-8B decode shapes at n = 1, 4, 16, 64: per op the path
  * the engine takes without the kernels (float32 x converted to bf16, cuBLAS GEMMs), cuBLAS's GEMMs
- * alone on bf16 x, the skinny kernel and the wgmma kernel, in GB/s of weights beside a device copy;
+ * alone on bf16 x, the skinny kernel and (gate|up) the wgmma kernel, in GB/s of weights beside a device copy;
  * weights rotated beyond L2. Printed, never asserted.
  * Usage: test_gemm_rows [--quick] [--bench]. Prints "N passed, N failed"; exits 1 on failure. */
 #include "backend.h"
@@ -357,84 +357,70 @@ static void rmsnorm_bf16_case(int n, int dim, int off) {
 
 static double silu_d(double g) { return g / (1.0 + exp(-g)); }
 
-/* ks_cuda_gemm_wg at (n, in, out, mode) against ks_cpu_matmul over the same bf16 values */
-static void run_wgcase(int n, int in, int out, int mode) {
-    static const char *mn[] = {"f32", "f32 +=", "swiglu"};
+/* ks_cuda_gemm_wg at (n, in, out) against ks_cpu_matmul over the same bf16 values, SwiGLU in double */
+static void run_wgcase(int n, int in, int out) {
     char name[160];
-    snprintf(name, sizeof name, "wgmma n=%d in=%d out=%d %s", n, in, out, mn[mode]);
-    const int sw = mode == KS_GEMM_WG_SWIGLU;
+    snprintf(name, sizeof name, "wgmma gate|up + SwiGLU n=%d in=%d out=%d", n, in, out);
     wpair W, W2;
+    memset(&W, 0, sizeof W);
     memset(&W2, 0, sizeof W2);
     size_t m = (size_t)n * out, nx = (size_t)n * in;
-    uint16_t *xh = malloc(2 * nx);
-    float *xr = malloc(sizeof(float) * nx), *y0 = malloc(sizeof(float) * m), *c1 = malloc(sizeof(float) * m),
-          *c2 = malloc(sizeof(float) * m), *g = malloc(sizeof(float) * m), *g2 = malloc(sizeof(float) * m);
-    uint16_t *gh = malloc(2 * m);
+    uint16_t *xh = malloc(2 * nx), *gh = malloc(2 * m), *g2 = malloc(2 * m);
+    float *xr = malloc(sizeof(float) * nx), *c1 = malloc(sizeof(float) * m), *c2 = malloc(sizeof(float) * m);
     for (size_t i = 0; i < nx; i++) xr[i] = ks_bf16_to_f32(xh[i] = ks_f32_to_bf16(2.0f * rndf()));
-    for (size_t i = 0; i < m; i++) y0[i] = mode == KS_GEMM_WG_F32_ADD ? 4.0f * rndf() : NAN; /* += base, or poison */
-    int bad = wmake(&W, out, in, 0.5f) | (sw ? wmake(&W2, out, in, 0.5f) : 0);
-    void *dx = bad ? NULL : dput(xh, 2 * nx), *dy = bad ? NULL : dput(y0, sizeof(float) * m);
-    ks_gemm_wg_args a = {dx, n, in, W.d, sw ? W2.d : NULL, out, mode, dy};
+    for (size_t i = 0; i < m; i++) gh[i] = 0x7fc0; /* poison: NaN */
+    int bad = wmake(&W, out, in, 0.5f) | wmake(&W2, out, in, 0.5f);
+    void *dx = bad ? NULL : dput(xh, 2 * nx), *dy = bad ? NULL : dput(gh, 2 * m);
+    ks_gemm_wg_args a = {dx, n, in, W.d, W2.d, out, dy};
     cudaStream_t s = ks_cuda_backend_stream(GPU);
     int nsm = ks_cuda_backend_sm_count(GPU);
     ks_status st = !dx || !dy ? KS_ERR_OOM : KS_OK;
     if (!st) st = ks_cuda_gemm_wg(s, &a, NULL, nsm);
-    if (!st) st = sw ? GPU->download(GPU, gh, dy, 2 * m) : GPU->download(GPU, g, dy, sizeof(float) * m);
-    if (!st && sw)
-        for (size_t i = 0; i < m; i++) g[i] = ks_bf16_to_f32(gh[i]);
+    if (!st) st = GPU->download(GPU, gh, dy, 2 * m);
     if (!st) st = ks_cpu_matmul(CPU, c1, xr, W.c, NULL, n, in, out);
-    if (!st && sw) st = ks_cpu_matmul(CPU, c2, xr, W2.c, NULL, n, in, out);
+    if (!st) st = ks_cpu_matmul(CPU, c2, xr, W2.c, NULL, n, in, out);
     double w = INFINITY;
     if (!st) {
-        double *sc = abs_dots(xr, W.f, n, in, out), *sc2 = sw ? abs_dots(xr, W2.f, n, in, out) : NULL;
+        double *sc = abs_dots(xr, W.f, n, in, out), *sc2 = abs_dots(xr, W2.f, n, in, out);
         w = 0;
-        for (size_t i = 0; i < m; i++) {
-            double ref, lim;
-            if (sw) { /* h = silu(g) u; |silu'| <= 1.1 */
-                double gg = c1[i], uu = c2[i], eg = 1e-5 * sc[i], eu = 1e-5 * sc2[i];
-                ref = silu_d(gg) * uu;
-                lim = fabs(ref) / 256.0 + 1.1 * fabs(uu) * eg + (fabs(silu_d(gg)) + 1.1 * eg) * eu + 1e-30;
-            } else {
-                ref = (mode == KS_GEMM_WG_F32_ADD ? y0[i] : 0.0) + c1[i];
-                lim = 1e-5 * (sc[i] + (mode == KS_GEMM_WG_F32_ADD ? fabs(y0[i]) : 0.0)) + 1e-30;
-            }
-            double e = isfinite(g[i]) ? fabs(g[i] - ref) / lim : INFINITY;
+        for (size_t i = 0; i < m; i++) { /* h = silu(g) u; |silu'| <= 1.1; the bf16 rounding 2^-9, doubled */
+            double gg = c1[i], uu = c2[i], eg = 1e-5 * sc[i], eu = 1e-5 * sc2[i];
+            double ref = silu_d(gg) * uu, g = ks_bf16_to_f32(gh[i]);
+            double lim = fabs(ref) / 256.0 + 1.1 * fabs(uu) * eg + (fabs(silu_d(gg)) + 1.1 * eg) * eu + 1e-30;
+            double e = isfinite(g) ? fabs(g - ref) / lim : INFINITY;
             if (e > w) w = e;
         }
         free(sc);
         free(sc2);
     }
-    /* the same call again (from the same y0 for +=): the same bits */
-    int same = 1;
-    if (!st && mode == KS_GEMM_WG_F32_ADD) st = GPU->upload(GPU, dy, y0, sizeof(float) * m);
+    int same = 1; /* the same call again: the same bits */
     if (!st) st = ks_cuda_gemm_wg(s, &a, NULL, nsm);
-    if (!st) st = GPU->download(GPU, g2, dy, sw ? 2 * m : sizeof(float) * m);
-    if (!st) same = sw ? !memcmp(g2, gh, 2 * m) : !memcmp(g2, g, sizeof(float) * m);
-    result(!st && w <= 1.0 && same, name, "err/bound %.3g%s %s", w, same ? "" : ", runs differ", st ? ks_last_error() : "");
+    if (!st) st = GPU->download(GPU, g2, dy, 2 * m);
+    if (!st) same = !memcmp(g2, gh, 2 * m);
+    result(!st && w <= 1.0 && same, name, "err/bound %.3g%s %s (split %d)", w, same ? "" : ", runs differ",
+           st ? ks_last_error() : "", st ? 0 : ks_cuda_gemm_wg_split(&a, nsm));
     wfree(&W);
     wfree(&W2);
     if (dx) GPU->free(GPU, dx);
     if (dy) GPU->free(GPU, dy);
-    free(xh), free(xr), free(y0), free(c1), free(c2), free(g), free(g2), free(gh);
+    free(xh), free(gh), free(g2), free(xr), free(c1), free(c2);
 }
 
 static void wg_refusals(void) {
     void *d = GPU->alloc(GPU, 1 << 16);
-    ks_gemm_wg_args a = {d, 4, 64, d, NULL, 64, KS_GEMM_WG_F32, d};
+    ks_gemm_wg_args a = {d, 4, 64, d, d, 64, d};
     cudaStream_t s = ks_cuda_backend_stream(GPU);
-    struct { const char *name; int n, in, out, off, mode, w2; } c[] = {
-        {"wgmma: n 0 refused", 0, 64, 64, 0, 0, 0},      {"wgmma: n 65 refused", 65, 64, 64, 0, 0, 0},
-        {"wgmma: in 12 refused", 4, 12, 64, 0, 0, 0},     {"wgmma: out 12 refused", 4, 64, 12, 0, 0, 0},
-        {"wgmma: x misaligned refused", 4, 64, 64, 2, 0, 0}, {"wgmma: swiglu without W2 refused", 4, 64, 64, 0, 2, 0},
-        {"wgmma: W2 without swiglu refused", 4, 64, 64, 0, 0, 1}, {"wgmma: mode 3 refused", 4, 64, 64, 0, 3, 0}};
+    struct { const char *name; int n, in, out, off, nowu; } c[] = {
+        {"wgmma: n 0 refused", 0, 64, 64, 0, 0},      {"wgmma: n 65 refused", 65, 64, 64, 0, 0},
+        {"wgmma: in 12 refused", 4, 12, 64, 0, 0},     {"wgmma: out 12 refused", 4, 64, 12, 0, 0},
+        {"wgmma: x misaligned refused", 4, 64, 64, 2, 0}, {"wgmma: no up weights refused", 4, 64, 64, 0, 1}};
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         ks_gemm_wg_args b = a;
         b.n = c[i].n;
         b.in = c[i].in;
         b.out = c[i].out;
         b.x = (char *)d + c[i].off;
-        b.mode = c[i].mode;
-        b.W2 = c[i].w2 ? d : NULL;
+        b.Wu = c[i].nowu ? NULL : d;
         ks_status st = ks_cuda_gemm_wg(s, &b, NULL, 132);
         result(st == KS_ERR_UNSUPPORTED && !strchr(ks_last_error(), '\n'), c[i].name, "%s", ks_last_error());
     }
@@ -551,8 +537,7 @@ static void run_skinny(void *p, int rep) {
 
 static void run_wg(void *p, int rep) {
     bop *o = p;
-    ks_gemm_wg_args a = {o->xb, o->n, o->in, o->W[rep % o->nw][0], o->nseg == 2 ? o->W[rep % o->nw][1] : NULL, o->rows[0],
-                         o->nseg == 2 ? KS_GEMM_WG_SWIGLU : KS_GEMM_WG_F32, o->y[0]};
+    ks_gemm_wg_args a = {o->xb, o->n, o->in, o->W[rep % o->nw][0], o->W[rep % o->nw][1], o->rows[0], o->y[0]};
     if (ks_cuda_gemm_wg(S, &a, o->cache, ks_cuda_backend_sm_count(GPU))) fprintf(stderr, "wgmma: %s\n", ks_last_error());
 }
 
@@ -586,13 +571,11 @@ static void bench_op(cublasHandle_t h, const char *name, int nseg, int in, const
     ks_cuda_convert(S, o.xb, KS_CUDA_BF16, o.x, KS_CUDA_F32, (size_t)n * in);
     line(name, n, "cuBLAS GEMM alone (bf16 x)", time_ms(run_gemm_only, &o, 21), gb);
     if (nseg != 2 && n <= 16) line(name, n, "skinny (split auto)", time_ms(run_skinny, &o, 21), gb);
-    if (n >= 2 && nseg <= 2) {
+    if (n >= 2 && nseg == 2) { /* gate|up: the wgmma kernel with the SwiGLU */
         o.cache = ks_cuda_gemm_wg_cache_create();
-        ks_gemm_wg_args a = {o.xb, n, in, o.W[0][0], nseg == 2 ? o.W[0][1] : NULL, rows[0],
-                             nseg == 2 ? KS_GEMM_WG_SWIGLU : KS_GEMM_WG_F32, o.y[0]};
+        ks_gemm_wg_args a = {o.xb, n, in, o.W[0][0], o.W[0][1], rows[0], o.y[0]};
         char what[48];
-        snprintf(what, sizeof what, "wgmma%s, split %d", nseg == 2 ? " (+ SwiGLU)" : "",
-                 ks_cuda_gemm_wg_split(&a, ks_cuda_backend_sm_count(GPU)));
+        snprintf(what, sizeof what, "wgmma (+ SwiGLU), split %d", ks_cuda_gemm_wg_split(&a, ks_cuda_backend_sm_count(GPU)));
         line(name, n, what, time_ms(run_wg, &o, 21), gb);
         ks_cuda_gemm_wg_cache_free(o.cache);
     }
@@ -678,14 +661,12 @@ int main(int argc, char **argv) {
     backend_joined(64, 4096, 1);
     rmsnorm_bf16_case(64, 4096, 0);
     rmsnorm_bf16_case(5, 200, 1);
-    static const int wc[][4] = {
-        {2, 64, 128, KS_GEMM_WG_F32},      {64, 256, 384, KS_GEMM_WG_F32},     {33, 520, 136, KS_GEMM_WG_F32_ADD},
-        {17, 1032, 264, KS_GEMM_WG_F32_ADD}, {16, 64, 8, KS_GEMM_WG_F32},      {64, 14336, 256, KS_GEMM_WG_F32_ADD},
-        {64, 256, 512, KS_GEMM_WG_SWIGLU}, {5, 200, 72, KS_GEMM_WG_SWIGLU},    {64, 4096, 1024, KS_GEMM_WG_SWIGLU},
-        {64, 4096, 6144, KS_GEMM_WG_F32},  {64, 4096, 4096, KS_GEMM_WG_F32_ADD}, {48, 2048, 30000, KS_GEMM_WG_F32},
+    static const int wc[][3] = {
+        {2, 64, 128},    {64, 256, 512},  {5, 200, 72},    {33, 520, 136}, {17, 1032, 264},
+        {16, 64, 8},     {64, 14336, 64}, {64, 4096, 1024}, {48, 2048, 8000},
     };
     for (size_t i = 0; i < sizeof wc / sizeof wc[0]; i++)
-        if (!quick || (double)wc[i][0] * wc[i][1] * wc[i][2] <= 2e8) run_wgcase(wc[i][0], wc[i][1], wc[i][2], wc[i][3]);
+        if (!quick || (double)wc[i][0] * wc[i][1] * wc[i][2] <= 2e8) run_wgcase(wc[i][0], wc[i][1], wc[i][2]);
     wg_refusals();
     backend_mlp(64, 256, 512);
     backend_mlp(9, 520, 264);
