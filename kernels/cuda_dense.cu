@@ -13,7 +13,9 @@
  * for the o, gate|up, down and lm_head shapes at any row count, cuBLAS was as fast or faster.
  * Weights joined by the model (weights_join: q|k|v back to back, gate|up back to back) are taken
  * as one matrix where that pays: q|k|v of 17..QKV_JOIN_ROWS rows as one GEMM (qkv_joined), and
- * the n-row MLP's gate and up as one strided-batched GEMM (bench/NOTES.md "Joined weights"). */
+ * the n-row MLP's gate and up as one strided-batched GEMM (bench/NOTES.md "Joined weights"); for
+ * 2..64 rows (a batched decode step) the MLP's gate|up and SwiGLU are one wgmma launch instead
+ * (gemm_wg.cuh; bench/NOTES.md, session 17), the down projection cuBLAS. */
 #include "cuda_backend_int.h"
 #include "gemm_rows.cuh"
 #include "gemm_wg.cuh"
