@@ -23,6 +23,7 @@
 #include "mma.cuh"
 #include "pdl.cuh"
 #include "attn_prep.cuh"
+#include "rope_table.cuh"
 
 #include <limits.h>
 #include <math.h>
@@ -33,12 +34,15 @@
 #define TC_KT 16     /* keys per warp tile */
 #define TC_STAGES 2
 
-/* bytes of one warp's region: stages x (K, V tiles) + key positions */
-template <int D> static __host__ __device__ constexpr size_t tc_wregion() {
-    return (size_t)TC_STAGES * (2 * TC_KT * D * 2) + TC_STAGES * TC_KT * 4;
+/* RM, how the kernel treats pre-RoPE inputs: 0 none (rows already rotated), 1 rotated with
+ * sincosf, 2 rotated with the (cos, sin) table of kernels/rope_table.cuh where it applies */
+/* bytes of one warp's region: stages x (K, V tiles) + key positions (+ RM 2: stages x the
+ * tile's table rows, KT x D / 4 float4s) */
+template <int D, int RM> static __host__ __device__ constexpr size_t tc_wregion() {
+    return (size_t)TC_STAGES * (2 * TC_KT * D * 2) + TC_STAGES * TC_KT * 4 + (RM == 2 ? (size_t)TC_STAGES * TC_KT * D * 4 : 0);
 }
-template <int D> static constexpr size_t tc_smem() {
-    return (size_t)16 * D * 2 + TC_WARPS * tc_wregion<D>() + TC_WARPS * 16 * 2 * 4;
+template <int D, int RM> static constexpr size_t tc_smem() {
+    return (size_t)16 * D * 2 + TC_WARPS * tc_wregion<D, RM>() + TC_WARPS * 16 * 2 * 4;
 }
 
 /* one query row's key counts, list offsets and position by value (ks_cuda_attn_decode_tc1,
@@ -50,9 +54,9 @@ struct tc_byval {
     const int32_t *dyn; /* on: NULL, or device {qpos, delta}: qpos from here, delta added to nk */
 };
 
-/* the rope table by value: only the ROPE kernels carry it */
-template <bool ROPE> struct tc_rope { ks_cuda_attn_rope r; };
-template <> struct tc_rope<false> { int unused; };
+/* the rope frequencies by value: only the ROPE kernels carry them */
+template <int RM> struct tc_rope { ks_cuda_attn_rope r; };
+template <> struct tc_rope<0> { int unused; };
 
 static __device__ __forceinline__ float bf_lo(uint32_t x) { return __uint_as_float(x << 16); }
 static __device__ __forceinline__ float bf_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
@@ -69,11 +73,25 @@ static __device__ __forceinline__ void rot8(uint32_t *x, uint32_t *y, int32_t po
     }
 }
 
-template <int D, bool ROPE>
-__global__ void __launch_bounds__(TC_WARPS * 32, ROPE ? 3 : 0)
+/* the same with the 8 (c, s) pairs of one table row chunk: cs[i] = (c, s) of columns 2i, 2i + 1 */
+static __device__ __forceinline__ void rot8_cs(uint32_t *x, uint32_t *y, const float4 *cs) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float4 f = cs[i];
+        float a0, a1, c0, c1;
+        ks_rope_apply(bf_lo(x[i]), bf_lo(y[i]), f.x, f.y, &a0, &c0);
+        ks_rope_apply(bf_hi(x[i]), bf_hi(y[i]), f.z, f.w, &a1, &c1);
+        x[i] = pack_bf16(a0, a1);
+        y[i] = pack_bf16(c0, c1);
+    }
+}
+
+template <int D, int RM>
+__global__ void __launch_bounds__(TC_WARPS * 32, RM == 1 ? 3 : RM == 2 ? 1 : 0)
 attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, float *__restrict__ ws_acc,
                       float *__restrict__ ws_ml, const __grid_constant__ tc_byval bv,
-                      const __grid_constant__ tc_rope<ROPE> rp) {
+                      const __grid_constant__ tc_rope<RM> rp) {
+    constexpr bool ROPE = RM != 0;
     /* PDL (pdl.cuh): q, the cache and the lists come from earlier kernels, out / ws are written */
     ks_pdl_trigger();
     ks_pdl_wait();
@@ -84,11 +102,13 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     const int H = p.n_heads, g = H / p.n_kv_heads, M = p.n * g;
     const int kv = blockIdx.y, split = blockIdx.x;
     bf16 *sQ = (bf16 *)smem;                                                  /* (16, D) */
-    unsigned char *wr = smem + 16 * D * 2 + (size_t)warp * tc_wregion<D>();   /* this warp's region */
+    unsigned char *wr = smem + 16 * D * 2 + (size_t)warp * tc_wregion<D, RM>(); /* this warp's region */
     bf16 *wK = (bf16 *)wr;                                                    /* stages x (KT, D) */
     bf16 *wV = wK + TC_STAGES * TC_KT * D;                                    /* stages x (KT, D) */
     int *wP = (int *)(wV + TC_STAGES * TC_KT * D);                            /* stages x KT */
-    float *sML = (float *)(smem + 16 * D * 2 + TC_WARPS * tc_wregion<D>());   /* (warps, 16, 2) */
+    float4 *wT = (float4 *)(wP + TC_STAGES * TC_KT);                          /* RM 2: stages x (KT, D / 4) */
+    float *sML = (float *)(smem + 16 * D * 2 + TC_WARPS * tc_wregion<D, RM>()); /* (warps, 16, 2) */
+    __shared__ int s_tab_rows; /* RM 2: rows of a table that matches this call (0: compute) */
 
     const int nkh = bv.on ? bv.nk[kv] + (bv.dyn ? bv.dyn[1] : 0) : p.nk[kv];
     const int qpos1 = bv.dyn ? bv.dyn[0] : bv.qpos;
@@ -155,6 +175,17 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
 #pragma unroll
         for (int c = 0; c < 8; c++) fr[c] = rp.r.inv_freq[rch * 8 + c];
     }
+    if constexpr (RM == 2) { /* the table applies to renumbered lists whose rope it holds, bit for bit */
+        if (warp == 0) {
+            const float *hd = (const float *)rp.r.tab;
+            bool ok = hd != nullptr && p.renumber;
+            for (int i = lane; ok && i < D / 2; i += 32) ok = __float_as_uint(hd[i]) == __float_as_uint(rp.r.inv_freq[i]);
+            if (ok && lane == 0)
+                ok = __float_as_uint(hd[64]) == __float_as_uint(rp.r.attn_factor) && __float_as_int(hd[65]) == D / 2;
+            ok = __all_sync(0xffffffffu, ok);
+            if (lane == 0) s_tab_rows = ok ? __float_as_int(hd[66]) : 0;
+        }
+    }
     __syncthreads();
     uint32_t qf[KS][4];
 #pragma unroll
@@ -164,6 +195,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     }
 
     /* ---- this warp's tiles: keys t0 = tb + (warp + TC_WARPS * it) * KT */
+    const int tab_rows = RM == 2 ? s_tab_rows : 0;
     auto load = [&](int t0, int st) {
         bf16 *dk = wK + st * TC_KT * D, *dv = wV + st * TC_KT * D;
         for (int e = lane; e < TC_KT * NCH; e += 32) {
@@ -181,6 +213,18 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
             int j = ok ? (ix ? ix[t] : t) : 0;
             if (Ph) cp_async4(wP + st * TC_KT + lane, Ph + j, ok ? 4 : 0);
             else wP[st * TC_KT + lane] = p.renumber ? t : j;
+        }
+        if constexpr (RM == 2) { /* renumbered: key t sits at position t, the table's row t */
+            if (tab_rows > 0) {
+                constexpr int RW = D / 4; /* float4s a table row */
+                const float4 *tb4 = (const float4 *)rp.r.tab + KS_CUDA_ROPE_TAB_HDR;
+                float4 *dt = wT + st * TC_KT * RW;
+                for (int e = lane; e < TC_KT * RW; e += 32) {
+                    const int r = e / RW, t = t0 + r;
+                    const bool ok = t < te && t < tab_rows;
+                    cp_async16(dt + e, tb4 + (size_t)(ok ? t : 0) * RW + (e - r * RW), ok ? 16 : 0);
+                }
+            }
         }
     };
 
@@ -210,7 +254,17 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
                 uint4 *lo = reinterpret_cast<uint4 *>(tk + swz<D>(r, rch));
                 uint4 *hi = reinterpret_cast<uint4 *>(tk + swz<D>(r, rch + HCH));
                 uint4 a = *lo, b = *hi;
-                rot8(&a.x, &b.x, kp[r], fr, rp.r.attn_factor);
+                if constexpr (RM == 2) {
+                    if (kp[r] < tab_rows) { /* the table's (c, s): same bits as computing them */
+                        const float4 *cs = wT + st * TC_KT * (D / 4) + r * (D / 4) + rch;
+                        const float4 f4[4] = {cs[0], cs[HCH], cs[2 * HCH], cs[3 * HCH]};
+                        rot8_cs(&a.x, &b.x, f4);
+                    } else {
+                        rot8(&a.x, &b.x, kp[r], fr, rp.r.attn_factor);
+                    }
+                } else {
+                    rot8(&a.x, &b.x, kp[r], fr, rp.r.attn_factor);
+                }
                 *lo = a;
                 *hi = b;
             }
@@ -308,7 +362,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
                 if (mw[w] == -INFINITY) continue;
                 float f = fast_exp2(mw[w] - mx);
                 L += sML[(w * 16 + r) * 2 + 1] * f;
-                O += ((const float *)(smem + 16 * D * 2 + (size_t)w * tc_wregion<D>()))[r * (D + 4) + c] * f;
+                O += ((const float *)(smem + 16 * D * 2 + (size_t)w * tc_wregion<D, RM>()))[r * (D + 4) + c] * f;
             }
         }
         int i = r / g, h = kv * g + (r - i * g);
@@ -348,26 +402,26 @@ extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p,
 }
 
 extern "C" int ks_cuda_attn_decode_tc_list_splits(const ks_cuda_attn_params *p, int n_sm, int rope) {
-    if (!rope || p->n_kv_heads < 1) return 0;
+    if (rope != 1 || p->n_kv_heads < 1) return 0;
     int blocks = KS_MAX(1, 3 * (n_sm > 0 ? n_sm : 132) / (2 * p->n_kv_heads)); /* 1.5 blocks an SM */
     int tiles = (p->max_nk + TC_WARPS * TC_KT - 1) / (TC_WARPS * TC_KT);
     return KS_MAX(1, KS_MIN(blocks, tiles));
 }
 
-template <int D, bool ROPE>
+template <int D, int RM>
 static ks_status tc_launch(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, float *acc, float *ml,
-                           const tc_byval &bv, const tc_rope<ROPE> &rp) {
+                           const tc_byval &bv, const tc_rope<RM> &rp) {
     static unsigned attr = 0; /* bit g: set on GPU g (the attribute is per device function) */
     int dev = 0;
     cudaGetDevice(&dev);
     if (!(attr >> (dev & 31) & 1u)) {
-        KS_CU(cudaFuncSetAttribute(attn_decode_tc_kernel<D, ROPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)tc_smem<D>()),
+        KS_CU(cudaFuncSetAttribute(attn_decode_tc_kernel<D, RM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)tc_smem<D, RM>()),
               "attention (decode, tensor cores) shared memory");
         attr |= 1u << (dev & 31);
     }
     dim3 grid(n_splits, p->n_kv_heads);
-    KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D, ROPE>, grid, dim3(TC_WARPS * 32), tc_smem<D>(), s, p->pdl, *p,
+    KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D, RM>, grid, dim3(TC_WARPS * 32), tc_smem<D, RM>(), s, p->pdl, *p,
                         n_splits, p->scale * 1.4426950408889634f, acc, ml, bv, rp),
           "attention (decode, tensor cores) kernel");
     return KS_OK;
@@ -383,15 +437,21 @@ static ks_status tc_run(cudaStream_t s, const ks_cuda_attn_params *p, int n_spli
     float *acc = (float *)ws;
     float *ml = acc ? acc + (size_t)p->n * p->n_heads * n_splits * p->head_dim : nullptr;
     ks_status st;
-    if (rope) {
-        tc_rope<true> rp;
+    if (rope && rope->tab) {
+        if ((uintptr_t)rope->tab % 16) return ks_errorf(KS_ERR_ARG, "attention (decode, tensor cores): misaligned rope table");
+        tc_rope<2> rp;
         rp.r = *rope;
-        st = p->head_dim == 128 ? tc_launch<128, true>(s, p, n_splits, acc, ml, bv, rp)
-                                : tc_launch<64, true>(s, p, n_splits, acc, ml, bv, rp);
+        st = p->head_dim == 128 ? tc_launch<128, 2>(s, p, n_splits, acc, ml, bv, rp)
+                                : tc_launch<64, 2>(s, p, n_splits, acc, ml, bv, rp);
+    } else if (rope) {
+        tc_rope<1> rp;
+        rp.r = *rope;
+        st = p->head_dim == 128 ? tc_launch<128, 1>(s, p, n_splits, acc, ml, bv, rp)
+                                : tc_launch<64, 1>(s, p, n_splits, acc, ml, bv, rp);
     } else {
-        tc_rope<false> rp = {0};
-        st = p->head_dim == 128 ? tc_launch<128, false>(s, p, n_splits, acc, ml, bv, rp)
-                                : tc_launch<64, false>(s, p, n_splits, acc, ml, bv, rp);
+        tc_rope<0> rp = {0};
+        st = p->head_dim == 128 ? tc_launch<128, 0>(s, p, n_splits, acc, ml, bv, rp)
+                                : tc_launch<64, 0>(s, p, n_splits, acc, ml, bv, rp);
     }
     if (st || n_splits == 1) return st;
     return ks_cuda_attn_combine(s, p->out, acc, ml, p->n * p->n_heads, n_splits, p->head_dim, p->pdl);

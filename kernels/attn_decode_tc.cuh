@@ -24,11 +24,12 @@ int ks_cuda_attn_decode_tc_supported(const ks_cuda_attn_params *p);
 size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p, int n_sm, int *n_splits);
 
 /* The splits to ask for (ks_cuda_attn_params.splits) for one decode row over pre-RoPE rows
- * (rope: the kernel rotates them): 1.5 blocks an SM (24 at 8 KV heads on 132 SMs), at most one
- * 16-key tile a warp, where the rotation's sincosf want more resident warps than the one block an
- * SM that streams a cache best; 0 (the automatic choice) without rope. Measured on an H200 for
- * 2688 rows at 8 KV heads (bench/NOTES.md, fusedattn): rotating 27.0 / 24.9 / 25.6 / 26.0 us at
- * 16 / 24 / 33 / 42 splits, without the rotation 14.8 / 16.5 / 17.3 / 21.1 us. */
+ * (rope 1: the kernel rotates them with sincosf): 1.5 blocks an SM (24 at 8 KV heads on 132 SMs),
+ * at most one 16-key tile a warp, where the rotation's sincosf want more resident warps than the
+ * one block an SM that streams a cache best; 0 (the automatic choice) without rope (0) or with a
+ * rope table (2: ks_cuda_attn_rope.tab, one block an SM). Measured on an H200 for 2688 rows at
+ * 8 KV heads (bench/NOTES.md, fusedattn): rotating 27.0 / 24.9 / 25.6 / 26.0 us at 16 / 24 / 33 /
+ * 42 splits, without the rotation 14.8 / 16.5 / 17.3 / 21.1 us. */
 int ks_cuda_attn_decode_tc_list_splits(const ks_cuda_attn_params *p, int n_sm, int rope);
 
 ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws);
@@ -46,11 +47,16 @@ ks_status ks_cuda_attn_decode_tc1(cudaStream_t s, const ks_cuda_attn_params *p, 
                                   const int32_t *dyn, int n_splits, void *ws);
 
 /* Pre-RoPE attention inputs, rotated in the kernel: a host value the launch passes by value
- * (nothing uploaded). inv_freq (head_dim / 2) as ks_rope_inv_freq gives it. */
+ * (nothing uploaded). inv_freq (head_dim / 2) as ks_rope_inv_freq gives it. tab: NULL, or a
+ * DEVICE table of the rotation's (cos, sin) factors (kernels/rope_table.cuh) that renumbered
+ * lists (p->renumber) read instead of computing sincosf: used where its header holds exactly
+ * inv_freq and attn_factor and the position is one of its rows, so the bits are the same either
+ * way; a call over a table runs one block an SM (the table tiles take the shared memory). */
 #define KS_CUDA_ATTN_ROPE_HALF 64
 typedef struct ks_cuda_attn_rope {
     float inv_freq[KS_CUDA_ATTN_ROPE_HALF];
     float attn_factor;
+    const void *tab;
 } ks_cuda_attn_rope;
 
 /* One query row (p->n == 1, n_kv_heads <= KS_CUDA_ATTN_BYVAL_HEADS) over the cache rows or over

@@ -12,15 +12,25 @@
 #ifdef __CUDACC__
 /* One rotate-half pair (x0 at column k, x1 at column k + head_dim/2) rotated at position pos:
  * float32 angle pos * inv, cos/sin times attn_factor af, no contraction (each product rounded),
- * as core/cpu_backend.c. Every kernel that rotates attention inputs calls this one, so a key
- * rotated by the gather and one rotated inside the tensor-core decode kernel are the same bits. */
-static __device__ __forceinline__ void ks_rope_rot(float x0, float x1, int32_t pos, float inv, float af, float *y0,
-                                                   float *y1) {
+ * as core/cpu_backend.c. Every kernel that rotates attention inputs calls these, so a key
+ * rotated by the gather and one rotated inside the tensor-core decode kernel are the same bits;
+ * ks_rope_cs is the (c, s) factor pair alone (kernels/rope_table.cu tabulates it), ks_rope_apply
+ * the rotation by a given pair. */
+static __device__ __forceinline__ void ks_rope_cs(int32_t pos, float inv, float af, float *c, float *s) {
     float a = __fmul_rn((float)pos, inv), sn, cs;
     sincosf(a, &sn, &cs);
-    float c = __fmul_rn(cs, af), s = __fmul_rn(sn, af);
+    *c = __fmul_rn(cs, af);
+    *s = __fmul_rn(sn, af);
+}
+static __device__ __forceinline__ void ks_rope_apply(float x0, float x1, float c, float s, float *y0, float *y1) {
     *y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
     *y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+}
+static __device__ __forceinline__ void ks_rope_rot(float x0, float x1, int32_t pos, float inv, float af, float *y0,
+                                                   float *y1) {
+    float c, s;
+    ks_rope_cs(pos, inv, af, &c, &s);
+    ks_rope_apply(x0, x1, c, s, y0, y1);
 }
 #endif
 

@@ -11,6 +11,7 @@
 #include "attn_prep.cuh"
 #include "attn_decode_batch.cuh"
 #include "argmax_rows.cuh"
+#include "rope_table.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,51 @@ static void attn_params(cuda_ctx *c, ks_cuda_attn_params *p, float *out, const f
     p->window = a->window;
     p->pdl = c->o.pdl;
     p->splits = c->o.decode_splits;
+}
+
+/* ---------------------------------------------------------------- rope table */
+
+/* r->tab for a renumbered list's rotation (rope_table.cuh): the backend's table, (re)built on the
+ * stream for r's inv_freq / attn_factor when it holds another rope, except while recording (a
+ * recorded launch takes the table only if it already holds this rope; the kernel checks the
+ * header when it runs, so a table rebuilt later makes it compute, never rotate wrongly). A
+ * failure to allocate leaves r->tab NULL: the kernel computes, as without a table. */
+static void rope_table_for(cuda_ctx *c, ks_cuda_attn_rope *r, int d, int renumber) {
+    r->tab = NULL;
+    if (!renumber || (d != 64 && d != 128)) return;
+    float key[KS_CUDA_ATTN_ROPE_HALF + 1];
+    memset(key, 0, sizeof key);
+    memcpy(key, r->inv_freq, sizeof(float) * (size_t)(d / 2));
+    key[KS_CUDA_ATTN_ROPE_HALF] = r->attn_factor;
+    if (c->rtab && c->rtab_d == d && !memcmp(key, c->rtab_key, sizeof key)) {
+        r->tab = c->rtab;
+        return;
+    }
+    if (c->rec) return;
+    /* sized for head_dim 128, the largest the kernel takes; rebuilt in place (stream order) */
+    if (!c->rtab && raw_alloc(c, ks_cuda_rope_table_bytes(KS_CUDA_ROPE_TAB_ROWS, 128), "rope table", &c->rtab)) {
+        ks_clear_error();
+        c->rtab = NULL;
+        return;
+    }
+    if (ks_cuda_rope_table(c->stream, c->rtab, KS_CUDA_ROPE_TAB_ROWS, d, r->inv_freq, r->attn_factor)) {
+        ks_clear_error();
+        c->rtab_d = 0;
+        return;
+    }
+    c->rtab_d = d;
+    memcpy(c->rtab_key, key, sizeof key);
+    r->tab = c->rtab;
+}
+
+/* The rotation mode a one-row list call runs in (ks_cuda_attn_decode_tc_list_splits' rope
+ * argument): 2 for renumbered pre-RoPE lists at a head_dim the table takes, whether or not the
+ * table could be built (without it the kernel computes at the same split count, so the bits stay
+ * the same), 1 for other pre-RoPE calls, 0 without rope. The gather path picks its splits by it
+ * too, so host and device lists give the same bits. */
+static int list_rope_mode(const ks_attn_args *a, int renumber, int d) {
+    if (!a->rope) return 0;
+    return renumber && (d == 64 || d == 128) ? 2 : 1;
 }
 
 /* ---------------------------------------------------------------- staged lists (attn_stage) */
@@ -127,13 +173,15 @@ static ks_status attn_staged(cuda_ctx *c, float *out, const float *q, const ks_k
     p.max_nk = ls->max_nk;
     p.renumber = p.q_renumber = ls->renumber;
     if (p.max_nk == 0) return rec_fail(c, "attention over empty staged lists");
-    if (!p.splits) p.splits = ks_cuda_attn_decode_tc_list_splits(&p, c->n_sm, a->rope != NULL);
-    if (!ks_cuda_attn_decode_tc_supported(&p)) return rec_fail(c, "attention over staged lists of this shape");
     ks_cuda_attn_rope rope;
+    memset(&rope, 0, sizeof rope);
     if (a->rope) {
         ks_rope_inv_freq(a->rope, a->rope_max_pos, rope.inv_freq);
         rope.attn_factor = (float)a->rope->attn_factor;
+        rope_table_for(c, &rope, L->head_dim, p.renumber);
     }
+    if (!p.splits) p.splits = ks_cuda_attn_decode_tc_list_splits(&p, c->n_sm, list_rope_mode(a, p.renumber, L->head_dim));
+    if (!ks_cuda_attn_decode_tc_supported(&p)) return rec_fail(c, "attention over staged lists of this shape");
     int splits;
     size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
     if (wsb > GRAPH_WS) return rec_fail(c, "attention with a split workspace this large");
@@ -198,17 +246,19 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
         }
         p.idx = dbase;
         p.renumber = p.q_renumber = a->idx && a->renumber;
-        if (!p.splits) p.splits = ks_cuda_attn_decode_tc_list_splits(&p, c->n_sm, a->rope != NULL);
         if (ks_cuda_attn_decode_tc_supported(&p)) {
             if (c->rec && (a->idx || p.max_nk == 0))
                 return rec_fail(c, "attention over an index list that was not staged, or over an empty cache");
             if (p.max_nk == 0) /* nothing to attend to: zeros, as the CPU reference gives */
                 return ks_cuda_status(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)H * d, c->stream), "attention");
             ks_cuda_attn_rope rope;
+            memset(&rope, 0, sizeof rope);
             if (a->rope) {
                 ks_rope_inv_freq(a->rope, a->rope_max_pos, rope.inv_freq);
                 rope.attn_factor = (float)a->rope->attn_factor;
+                rope_table_for(c, &rope, d, p.renumber);
             }
+            if (!p.splits) p.splits = ks_cuda_attn_decode_tc_list_splits(&p, c->n_sm, list_rope_mode(a, p.renumber, d));
             if (c->rec) { /* pre-RoPE rows of the cache itself: counts and position from the step slot */
                 int splits;
                 size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
@@ -330,7 +380,7 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
         } else if (want_tc && ks_cuda_attn_decode_tc_supported(&p)) {
             int splits;
             if (!p.splits && n == 1 && (a->idx || a->rope)) /* one row over a list: as above */
-                p.splits = ks_cuda_attn_decode_tc_list_splits(&p, c->n_sm, a->rope != NULL);
+                p.splits = ks_cuda_attn_decode_tc_list_splits(&p, c->n_sm, list_rope_mode(a, rn, d));
             size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
             if (wsb) st = dev_alloc(c, wsb, "attention workspace", &ws);
             if (!st) st = ks_cuda_attn_decode_tc(c->stream, &p, splits, ws);

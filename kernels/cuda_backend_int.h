@@ -26,6 +26,7 @@ extern "C" {
 #include "config.h"
 }
 #include "ks_cuda_dense.h"
+#include "attn_decode_tc.cuh"
 
 struct ks_weight {
     void *data;            /* (rows, cols) bf16, or float32 for vectors (cols == 1) */
@@ -85,6 +86,11 @@ typedef struct cuda_ctx {
     unsigned *adb_cnt;     /* (adb_cnt_n) the batched decode attention's piece counters, zero between launches */
     struct ks_gemm_wg_cache *gwg_maps; /* the n-row wgmma GEMM's tensor maps, encoded once (gemm_wg.cuh) */
     int adb_cnt_n;
+    /* the (cos, sin) table of renumbered list attention (rope_table.cuh, KS_CUDA_ROPE_TAB_ROWS rows at
+     * head_dim rtab_d), built for the rope whose inv_freq / attn_factor rtab_key holds (cuda_attn.cu) */
+    void *rtab;
+    int rtab_d;
+    float rtab_key[KS_CUDA_ATTN_ROPE_HALF + 1];
     float *row_mlp;        /* (2, row_mlp_n) one row's MLP gate and up (cuda_layer.cu; kept: a recorded step reads it) */
     size_t row_mlp_n;
     /* staged attend lists (attn_stage, cuda_attn.cu): slot i's fixed buffers, which a recorded

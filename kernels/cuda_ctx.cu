@@ -208,6 +208,7 @@ static void cu_destroy(ks_backend *b) {
         raw_free(c, c->d_step);
         raw_free(c, c->gws);
         raw_free(c, c->adb_cnt);
+        raw_free(c, c->rtab);
         ks_cuda_gemm_wg_cache_free(c->gwg_maps);
         raw_free(c, c->row_mlp);
         for (int i = 0; i < c->n_lslot; i++) {

@@ -29,6 +29,7 @@
  * Usage: test_attn_list [--quick] [--bench]. Prints "N passed, N failed"; exits 1 on failure. */
 #include "attn_decode_tc.cuh"
 #include "attn_prep.cuh"
+#include "rope_table.cuh"
 #include "backend.h"
 #include "config.h"
 #include "ks_cuda.h"
@@ -155,6 +156,20 @@ static void pick_sorted(int32_t *out, int k, int n) {
 /* The path this file's kernel replaced, from its kernels: the host buffer of cu_attention's
  * general path (qpos, nk, idx_off, inv_freq) uploaded, the attended rows gathered (rotated, bf16)
  * into a compact copy, the queries rotated, the tensor-core kernel over the copy. out (H, d). */
+/* the backend's rotation mode for a pre-RoPE list (cuda_attn.cu list_rope_mode): 2 (the rope
+ * table's split count) for renumbered lists at head_dim 64 / 128, else 1 */
+static int rope_mode(int renumber, int d) { return renumber && (d == 64 || d == 128) ? 2 : 1; }
+
+/* A rope table (rope_table.cuh) of `rows` rows for rope r at head_dim d, built on the backend's
+ * stream; af_delta != 0 builds it for attn_factor + af_delta (a table the kernel must not use). */
+static void *table_up(const ks_rope *r, int max_pos, int d, int rows, float af_delta) {
+    float inv[64];
+    ks_rope_inv_freq(r, max_pos, inv);
+    void *t = GPU->alloc(GPU, ks_cuda_rope_table_bytes(rows, d));
+    if (!t || ks_cuda_rope_table(ks_cuda_backend_stream(GPU), t, rows, d, inv, (float)r->attn_factor + af_delta)) die("rope table");
+    return t;
+}
+
 typedef struct old_bufs {
     int32_t *pin; /* pinned host staging (the backend stages uploads through pinned memory too) */
     void *hb_dev, *kc, *vc, *pc, *qr, *ws;
@@ -192,7 +207,7 @@ static ks_status old_path(cudaStream_t s, float *out, const float *q, const ks_k
     p.window = window;
     p.max_nk = max_nk;
     p.renumber = p.q_renumber = renumber;
-    if (list_splits) p.splits = ks_cuda_attn_decode_tc_list_splits(&p, nsm, 1);
+    if (list_splits) p.splits = ks_cuda_attn_decode_tc_list_splits(&p, nsm, rope_mode(renumber, d));
     int splits;
     size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, nsm, &splits);
     if (alloc) {
@@ -382,11 +397,13 @@ static void run_case(const lcase *c) {
             p.qpos = dd + 2 * Hkv;
             p.renumber = p.q_renumber = c->renumber;
         }
-        p.splits = ks_cuda_attn_decode_tc_list_splits(&p, ks_cuda_backend_sm_count(GPU), c->rope);
+        p.splits = ks_cuda_attn_decode_tc_list_splits(&p, ks_cuda_backend_sm_count(GPU),
+                                                      c->rope ? rope_mode(p.renumber, d) : 0);
         int splits;
         size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, ks_cuda_backend_sm_count(GPU), &splits);
         void *ws = wsb ? GPU->alloc(GPU, wsb) : NULL;
         ks_cuda_attn_rope rr;
+        memset(&rr, 0, sizeof rr);
         if (c->rope) {
             ks_rope_inv_freq(&rope, a.rope_max_pos, rr.inv_freq);
             rr.attn_factor = (float)rope.attn_factor;
@@ -403,6 +420,28 @@ static void run_case(const lcase *c) {
                    memcmp(orc, og, sizeof(float) * qn) ? "no" : "yes", relerr(orc, og, qn));
             free(orc);
         }
+        if (c->rope && p.renumber) {
+            /* the same launch rotating with a (cos, sin) table: one covering every slot, one of
+             * half the slots (the rest computed), one built for another attn_factor (the kernel
+             * must see the header differ and compute): all the same bits as computing */
+            static const char *tv[3] = {"every slot", "half the slots", "another rope's"};
+            for (int v = 0; v < 3 && !st; v++) {
+                int rows = v == 1 ? (p.max_nk + 1) / 2 : p.max_nk;
+                void *tab = table_up(&rope, a.rope_max_pos, d, rows, v == 2 ? 0.5f : 0.0f);
+                rr.tab = tab;
+                gpu_nan(dout, qn);
+                ks_status s2 = ks_cuda_attn_decode_tc_rec(ks_cuda_backend_stream(GPU), &p, NULL, NULL, &rr, splits, ws);
+                if (!s2) s2 = GPU->sync(GPU);
+                rr.tab = NULL;
+                GPU->free(GPU, tab);
+                snprintf(sub, sizeof sub, "%s: recorded, %s rope table", name, tv[v]);
+                if (s2) { result(0, sub, "%s", ks_last_error()); continue; }
+                float *ot = gpu_get(dout, qn);
+                result(!memcmp(ot, og, sizeof(float) * qn), sub, "bit-identical to the by-value launch: %s (relerr %.2e)",
+                       memcmp(ot, og, sizeof(float) * qn) ? "no" : "yes", relerr(ot, og, qn));
+                free(ot);
+            }
+        }
         if (ws) GPU->free(GPU, ws);
         GPU->free(GPU, dd);
     }
@@ -415,6 +454,49 @@ done:
     CPU->kv_free(CPU, &C);
     free(idx); free(didx); free(nidx); free(off); free(cat);
     free(q); free(oc); free(pos);
+}
+
+/* The rope table against the CPU twin (core/cpu_backend.c's rotation: cos / sin of the float32
+ * angle pos * inv_freq, times attn_factor): every (c, s) within 1e-6 of that product computed in
+ * double (|c|, |s| <= 1.25 here: sincosf's 2 ulp plus one rounding is ~4e-7; a wrong layout or
+ * frequency is off by O(1)), the header words exact; head_dim 64 and 128, positions 0..rows-1 at
+ * rows 1 and 3000. The bits the kernel rotates with are checked against computing them in
+ * run_case (the table variants of the recorded entry). */
+static void table_values(void) {
+    static const int dims[2] = {64, 128}, nrows[2] = {1, 3000};
+    for (int di = 0; di < 2; di++)
+        for (int ri = 0; ri < 2; ri++) {
+            int d = dims[di], rows = nrows[ri], half = d / 2, hch = d / 16;
+            ks_rope rope = kt_rope_llama3(d);
+            rope.attn_factor = 1.25;
+            float inv[64];
+            ks_rope_inv_freq(&rope, 8192, inv);
+            void *t = table_up(&rope, 8192, d, rows, 0.0f);
+            size_t nf = ks_cuda_rope_table_bytes(rows, d) / 4;
+            float *h = gpu_get((float *)t, nf);
+            GPU->free(GPU, t);
+            int bad_hdr = 0;
+            double worst = 0;
+            for (int f = 0; f < 64; f++) bad_hdr |= memcmp(&h[f], f < half ? &inv[f] : &(float){0.f}, 4) != 0;
+            float af = 1.25f;
+            int32_t hh = half, hr = rows;
+            bad_hdr |= memcmp(&h[64], &af, 4) || memcmp(&h[65], &hh, 4) || memcmp(&h[66], &hr, 4);
+            for (int p = 0; p < rows; p++)
+                for (int q = 0; q < d / 4; q++) {
+                    int i = q / hch, ch = q % hch;
+                    for (int j = 0; j < 2; j++) {
+                        int f = ch * 8 + 2 * i + j;
+                        float ang = (float)p * inv[f];
+                        const float *g = h + 4 * KS_CUDA_ROPE_TAB_HDR + (size_t)p * d + 4 * q + 2 * j;
+                        worst = fmax(worst, fabs(g[0] - cos((double)ang) * af));
+                        worst = fmax(worst, fabs(g[1] - sin((double)ang) * af));
+                    }
+                }
+            free(h);
+            char name[96];
+            snprintf(name, sizeof name, "rope table d=%d rows=%d against the CPU's cos / sin", d, rows);
+            result(worst <= 1e-6 && !bad_hdr, name, "worst |error| %.2e, header %s", worst, bad_hdr ? "wrong" : "exact");
+        }
 }
 
 /* Refused input: a list longer than its head's rows; unsorted / duplicate device lists flagged by
@@ -491,6 +573,7 @@ typedef struct bench_ctx {
     ks_rope *rope;
     old_bufs ob;       /* preallocated: the old kernels alone */
     void *ws;          /* the new kernel's workspace */
+    void *tab;         /* a rope table (rope_table.cuh) for mode 5 */
     int splits;
 } bench_ctx;
 
@@ -524,13 +607,16 @@ static float time_it(const char *label, bench_ctx *b, int mode, int want_splits,
     p.max_nk = b->k;
     p.idx = b->dl;
     p.renumber = p.q_renumber = 1;
-    p.splits = want_splits ? want_splits : ks_cuda_attn_decode_tc_list_splits(&p, b->nsm, mode != 4);
+    p.splits = want_splits ? want_splits : ks_cuda_attn_decode_tc_list_splits(&p, b->nsm, mode == 4 ? 0 : mode == 5 ? 2 : 1);
     int splits;
     ks_cuda_attn_decode_tc_workspace(&p, b->nsm, &splits);
     if (splits_used) *splits_used = splits;
     ks_cuda_attn_rope rr;
+    memset(&rr, 0, sizeof rr);
     ks_rope_inv_freq(b->rope, qpos, rr.inv_freq);
-    rr.attn_factor = 1.0f;
+    rr.attn_factor = (float)b->rope->attn_factor;
+    ks_cuda_attn_rope rt = rr;
+    rt.tab = b->tab;
     float t[5];
     ks_status st = KS_OK;
     old_bufs fresh = b->ob; /* mode 0: its own buffers each call, only the staging shared */
@@ -543,6 +629,7 @@ static float time_it(const char *label, bench_ctx *b, int mode, int want_splits,
             case 2: st = GPU->attention(GPU, b->out, b->q, b->L, &a); break;
             case 3: st = ks_cuda_attn_decode_tc_list(s, &p, nk, off, qpos, &rr, splits, b->ws); break;
             case 4: st = ks_cuda_attn_decode_tc_list(s, &p, nk, off, qpos, NULL, splits, b->ws); break;
+            case 5: st = ks_cuda_attn_decode_tc_list(s, &p, nk, off, qpos, &rt, splits, b->ws); break;
             }
         }
         cudaEventRecord(e1, s);
@@ -604,31 +691,34 @@ static void bench(int N) {
     b.ob.ws = b.ws;
     if (cudaMallocHost((void **)&b.ob.pin, 4096)) die("cudaMallocHost");
     double mb = 2.0 * rows * d * 2 / 1e6; /* K and V rows read */
+    b.tab = table_up(&rope, N, d, KS_CUDA_ROPE_TAB_ROWS, 0.0f);
     static const char *what[] = {"old: upload + 5 buffers + gather + rope q + kernel", "old kernels alone (buffers kept)",
-                                 "new: backend attention (device list)", "new kernel alone (rotating)",
-                                 "new kernel alone, no rotation (rows as if rotated)"};
-    float us[5];
-    int used[5] = {0};
-    for (int m = 0; m < 5; m++) {
+                                 "new: backend attention (device list)", "new kernel alone (rotating, sincosf)",
+                                 "new kernel alone, no rotation (rows as if rotated)", "new kernel alone, rope table"};
+    float us[6];
+    int used[6] = {0};
+    for (int m = 0; m < 6; m++) {
         char label[160];
         snprintf(label, sizeof label, "bench N=%d k=%d: %s", N, k, what[m]);
         us[m] = time_it(label, &b, m, 0, iters, &used[m]);
         if (us[m] >= 0)
             printf("  time %-70s %8.2f us  (%.1f MB of K+V: %.2f TB/s)\n", label, us[m], mb, mb / us[m]);
     }
-    printf("  time bench N=%d: new kernel %d splits on %d SMs (the old path: 16 at one block an SM); new backend call "
-           "%.2fx of the old composition\n", N, used[3], b.nsm, us[0] > 0 ? us[2] / us[0] : 0.0);
+    printf("  time bench N=%d: new kernel %d splits (sincosf) / %d (table) on %d SMs (the old path: 16 at one block an "
+           "SM); new backend call %.2fx of the old composition\n", N, used[3], used[5], b.nsm, us[0] > 0 ? us[2] / us[0] : 0.0);
     /* the new kernel at other split counts (one block an SM: 16 at 8 KV heads on 132 SMs) */
     static const int sweep[] = {8, 16, 24, 33, 42, 49};
     for (int i = 0; i < 6; i++) {
-        int u3 = 0, u4 = 0;
+        int u3 = 0, u4 = 0, u5 = 0;
         float r = time_it("sweep", &b, 3, sweep[i], iters, &u3), n0 = time_it("sweep", &b, 4, sweep[i], iters, &u4);
-        printf("  time bench N=%d k=%d: splits %2d (ran %2d): rotating %8.2f us, no rotation %8.2f us\n", N, k, sweep[i],
-               u3, r, n0);
+        float tt = time_it("sweep", &b, 5, sweep[i], iters, &u5);
+        printf("  time bench N=%d k=%d: splits %2d (ran %2d): rotating %8.2f us, table %8.2f us, no rotation %8.2f us\n",
+               N, k, sweep[i], u3, r, tt, n0);
     }
     fflush(stdout);
     GPU->sync(GPU);
     GPU->free(GPU, (void *)b.dl);
+    GPU->free(GPU, b.tab);
     GPU->free(GPU, b.q);
     GPU->free(GPU, b.out);
     if (b.ws) GPU->free(GPU, b.ws);
@@ -680,6 +770,7 @@ int main(int argc, char **argv) {
         run_case(&cases[i]);
     }
     if (skipped) printf("  skip %d cases of more than 100000 rows (--quick)\n", skipped);
+    table_values();
     refusals();
     if (want_bench && !g_quick) {
         bench(32768);

@@ -1,0 +1,52 @@
+# Session 18's device calls (GPU 0). Binaries from one xz'd tar (PK=FILE, default .data/s18/pk.tar.xz):
+# base/ (main before the session, a49e25e), new/ (the build under test) and any other build directory
+# named in V (default "base new"; the timing steps run each in turn); carry it and, for the policy
+# tests, .data/stories260K. Each step writes one file under $OUT/s18/.
+#   tests    new: test_attn_list (all cases), test_cuda_policies, test_cuda --quick --only attention
+#   memcheck compute-sanitizer over new test_attn_list --quick
+#   attn     test_attn_list --bench (one layer's list attention, 2688 rows of 32K / 128K): base, new
+#   hit32    TokenSelect's hit path (cache_theta -1) and full attention at 32K
+#   hit      TokenSelect's hit path (cache_theta -1) and full attention, 32K and 128K: base then new
+#   ts       TokenSelect (defaults) and full attention at 32K: base then new
+#   ts128    TokenSelect and Quest (budget 4096) and full attention at 128K: base then new
+#   prof     the per-phase decode profile of the hit path at 32K: base then new
+# Usage: bash bench/gpu_s18.sh STEP...
+PK=${PK:-.data/s18/pk.tar.xz}; R=$(mktemp -d); O="$OUT/s18"; mkdir -p $O
+xz -dc $PK | tar xf - -C $R
+export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} KS_STORIES=.data/stories260K
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > $O/card.txt
+tst() { # tst BINARY ARGS...: its failures and summary
+    [ -x $R/new/$1 ] || return 0
+    echo "== $*"; local b=$1; shift
+    timeout 250 $R/new/$b "$@" 2>&1 | grep -v "^  ok" | grep -v "^  time" | tail -12
+}
+step_tests() {
+    ( tst test_attn_list; tst test_cuda_policies --stories .data/stories260K; tst test_cuda --quick --only attention ) >> $O/tests.txt
+}
+step_memcheck() {
+    timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_attn_list --quick 2>&1 | tail -3 >> $O/memcheck.txt
+}
+V=${V:-base new} # the builds the timing steps run, in order (directories of the pack)
+step_attn() {
+    for v in $V; do echo "== $v"; timeout 250 $R/$v/test_attn_list --bench 2>&1 | grep "time bench"; done >> $O/attn.txt
+}
+B="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --repeat 1"
+row() { # row TAG ARGS...: each build of $V
+    local t=$1; shift
+    for v in $V; do
+        timeout 250 $R/$v/kvsieve $B "$@" 2>&1 | grep -E "^[a-z.]+ +[0-9]+ +[0-9.]+ |kvsieve:" | sed "s/^/$t $v: /"
+    done
+}
+step_hit32() { row 32K-hit --lengths 32768 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 >> $O/b14.txt; }
+step_hit() {
+    ( row 32K-hit --lengths 32768 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1
+      row 128K-hit --lengths 131040 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 ) >> $O/b14.txt
+}
+step_ts() { row 32K --lengths 32768 --gen 32 --policy none,tokenselect >> $O/b14.txt; }
+step_ts128() { row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest --set quest.budget=4096 >> $O/b14.txt; }
+step_prof() {
+    for v in $V; do echo "== $v hit path 32K"; timeout 250 $R/$v/kvsieve $B --lengths 32768 --gen 16 --policy tokenselect \
+        --set tokenselect.cache_theta=-1 --profile 2>&1 | sed -n '/^profile/,/^rates/p'; done > $O/prof.txt 2>&1
+}
+for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
+rm -rf $R
