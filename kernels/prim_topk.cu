@@ -12,13 +12,24 @@
  * winners by descending key with a stable radix sort (CUB), so equal values stay in index
  * order. Cost: 4 passes over the row plus O(k log) for the value order.
  *
- * Rows of at most TK1_MAX_N keys (Quest's page bounds: one row of a few thousand pages per KV
- * head) take one launch instead: a block of 1024 threads a row runs the same three passes and
- * the same compaction with its state and histogram in shared memory (the row is re-read from
- * L2 each pass). The two paths choose the same digits and write the same lists. Measured on the
- * H200 (bench/NOTES.md): the multi-launch path took 44.8 / 45.3 us for one row of 32K / 128K keys
- * (launch and drain of 6 kernels, whatever n is), one block 48.4 / 147.9 us (one SM's passes),
- * and Quest's 8 rows of 2K-8K pages gain ~0.7 ms a step; so only short rows take one block.
+ * Rows of at most TKS_MAX_N = 16384 keys (Quest's page bounds: one row of a few thousand pages
+ * per KV head) take one launch instead (tk_smem): a block of 1024 threads a row reads the row
+ * once into shared memory as keys and runs up to four passes over 8-bit digits there (256 bins
+ * x 32 lane copies, so a warp's shared atomics never collide), stopping early when the chosen
+ * bin is exactly what is still needed; then the same stable compaction from shared memory
+ * (counts scanned in the warps, one barrier). It writes the same lists as the other paths.
+ * Measured on one H100 (bench_kernels --quest, median of 15 single calls timed with events, so
+ * the host's launch is in them; two runs each): Quest's 8 rows x 8191 pages, k = 255: 20.9 /
+ * 19.4 us (the three-pass block it replaced, which re-read the row from L2: 27.1 / 29.8 us);
+ * 8 x 2047: 14.5 / 13.2 us (18.4 / 18.0). A trivial row costs ~9.5 us timed that way (~5.5 us
+ * back to back), so the <= 8 us aimed at is out of reach of one launch on that machine. The kernel holds up to 48K keys in Hopper's 227 KB,
+ * but one multiprocessor a row lost to the cooperative launch there: one row of 32128 softmax
+ * votes (TokenSelect at 32K) took 24.9 us back to back in it, and scores + top-k replayed from a
+ * graph took 80.8 us against 72.8 us with the cooperative path; loading and compacting 32K keys
+ * on one multiprocessor alone took ~19 us (k = n: every key written). Counting with a two-entry register cache per
+ * thread or with __match_any_sync into per-warp bins instead of the lane copies was slower on
+ * every shape tried (random, ties, votes, Quest bounds). A cluster of blocks (the row split over
+ * several multiprocessors' shared memory) is the way to speed up the longer rows.
  *
  * Longer rows, up to TKC_MAX_BLOCKS blocks in all, take one cooperative launch (tk_coop: the
  * same passes and compaction, the blocks of a row meeting at a counter barrier instead of
@@ -357,93 +368,207 @@ __global__ void __launch_bounds__(TKC_THREADS) tk_coop(const float *__restrict__
     }
 }
 
-/* ---------------------------------------------------------------- one block a row */
+/* ---------------------------------------------------------------- one block a row, the row in shared memory */
 
-#define TK1_THREADS 1024
-#define TK1_IPT 8                             /* compaction: elements a thread per tile */
-#define TK1_TILE (TK1_THREADS * TK1_IPT)      /* 8192: tile counts fit 16 bits */
-#define TK1_MAX_N 16384 /* one block beats 6 launches below ~32K keys (see the header) */
+#define TKS_THREADS 1024
+/* Keys a row: 64 KB of keys + 33 KB of bins. The kernel is written for up to 48K keys (the row
+ * and the bins within Hopper's 227 KB a block), but one multiprocessor a row lost to the
+ * cooperative launch on the longer rows (H100, see the header), so it takes what tk_one took. */
+#define TKS_MAX_N 16384
+#define TKS_BINS 256    /* 8-bit digits, 4 passes */
+#define TKS_ROUNDS ((TKS_MAX_N + 3 + 4 * TKS_THREADS - 1) / (4 * TKS_THREADS)) /* groups a thread at most */
+#define TKS_FIXED_BYTES (sizeof(uint32_t) * (TKS_BINS * 32 + TKS_BINS))
 
-/* Row blockIdx.x: k-th largest key by three histogram passes (digits 11/11/10 as above), then
- * the stable compaction in tiles of TK1_TILE, each tile's offsets from one block scan. */
-__global__ void __launch_bounds__(TK1_THREADS) tk_one(const float *__restrict__ x, int n, int k,
+/* Dynamic shared memory for rows of n keys: the bins, their totals and the keys in groups of 4
+ * (up to 3 slots of padding in front, so that each group is one aligned float4 of the row). */
+static size_t tks_smem_bytes(int64_t n) { return TKS_FIXED_BYTES + sizeof(uint4) * (size_t)((n + 3 + 3) / 4); }
+
+/* 0x10000 if key > thr, 1 if key == thr, 0 if neither or i is not an index of the row */
+static __device__ __forceinline__ unsigned tks_flags(uint32_t key, int i, int n, uint32_t thr) {
+    return (unsigned)i < (unsigned)n ? (key > thr ? 0x10000u : 0u) + (key == thr ? 1u : 0u) : 0u;
+}
+
+/* Row blockIdx.x (n <= TKS_MAX_N keys), 1024 threads. The row is read once, as keys, into shared
+ * memory: group g (4 keys) holds the row's elements 4g - pad .. 4g - pad + 3, pad = the row's
+ * misalignment in floats, so every whole group is one aligned float4; the slots outside the row
+ * hold key 0. Then up to 4 radix passes over 8-bit digits, most significant first, over shared
+ * memory: the keys that match the digits chosen so far are counted into 256 bins x 32 copies,
+ * copy = lane (bin b lane l at word 32b + l: a warp's atomics never meet each other nor share a
+ * bank, however clustered the scores); each warp then sums 8 bins over their copies (one
+ * reduction each) and clears them, and every warp scans the 256 totals from the top itself
+ * (no third barrier) and picks the digit holding the need-th largest key. The padding keys are
+ * 0, the bottom of every pass, so they never move the chosen digit nor need (only the count of a
+ * bin below everything that is taken). A pass stops the select early when the chosen bin holds
+ * exactly the keys still needed: then thr = the bin's lowest key - 1 and need = 0 (the same set).
+ * Then the stable compaction: thread t's group in round r is t + 1024 r (the row in index
+ * order, round by round), its counts of keys > thr and == thr packed in 16 + 16 bits (n < 2^16)
+ * and scanned in the warp, the warps' totals of every round scanned by every warp after one
+ * barrier; each key > thr and each of the first `need` keys == thr goes to its place. */
+__global__ void __launch_bounds__(TKS_THREADS) tk_smem(const float *__restrict__ x, int n, int k,
                                                        int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key) {
-    typedef cub::BlockScan<unsigned, TK1_THREADS> scan_t;
-    __shared__ unsigned h[TK_BINS];
-    __shared__ typename scan_t::TempStorage tmp;
-    __shared__ uint32_t s_prefix, s_mask;
-    __shared__ int s_need;
-    __shared__ unsigned s_gt, s_eq; /* compaction: outputs written before this tile */
-    const int t = threadIdx.x, lane = t & 31;
+    extern __shared__ uint4 tks_sm[];
+    uint32_t *hist = (uint32_t *)tks_sm;  /* [TKS_BINS][32]; the compaction's warp totals afterwards */
+    uint32_t *tot = hist + TKS_BINS * 32; /* [TKS_BINS] */
+    uint4 *keys = tks_sm + TKS_FIXED_BYTES / sizeof(uint4);
+    const int t = threadIdx.x, lane = t & 31, w = t >> 5;
     const float *xr = x + (int64_t)blockIdx.x * n;
-    if (t == 0) { s_prefix = 0u; s_mask = 0u; s_need = k == n ? INT32_MAX : k; s_gt = 0u; s_eq = 0u; }
-    __syncthreads();
-    if (k < n) {
-        const int shifts[3] = {21, 10, 0}, bits[3] = {11, 11, 10};
-#pragma unroll 1
-        for (int p = 0; p < 3; p++) {
-            const int shift = shifts[p], nb = 1 << bits[p];
-            for (int i = t; i < nb; i += TK1_THREADS) h[i] = 0u;
-            __syncthreads();
-            const uint32_t prefix = s_prefix, mask = s_mask;
-            tk_count_bins(xr, n, t - lane, TK1_THREADS, prefix, mask, shift, nb, h);
-            __syncthreads();
-            /* thread t holds the reversed bins q = 2t, 2t + 1 (q = 0 is the top bin) */
-            unsigned c[2], cum[2];
+    const int pad = (int)(((uintptr_t)xr >> 2) & 3u);
+    const int G = (n + pad + 3) >> 2, R = (G + TKS_THREADS - 1) / TKS_THREADS;
+    const float4 *xa = (const float4 *)(xr - pad); /* aligned; only whole groups are read through it */
+
+    for (int i = t; i < TKS_BINS * 32 / 4; i += TKS_THREADS) tks_sm[i] = make_uint4(0u, 0u, 0u, 0u);
+    for (int g0 = t; g0 < G; g0 += 4 * TKS_THREADS) {
+        float4 v[4];
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int q = t * 2 + j;
-                c[j] = q < nb ? h[nb - 1 - q] : 0u;
-            }
-            scan_t(tmp).InclusiveSum(c, cum);
-            const int need = s_need;
-            __syncthreads(); /* every thread has read s_need and the bins */
+        for (int u = 0; u < 4; u++) {
+            const int g = g0 + u * TKS_THREADS, i0 = 4 * g - pad;
+            if (g < G && i0 >= 0 && i0 + 4 <= n) v[u] = __ldg(xa + g);
+        }
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int q = t * 2 + j;
-                const unsigned prev = cum[j] - c[j];
-                if (q < nb && prev < (unsigned)need && cum[j] >= (unsigned)need) {
-                    s_prefix = prefix | (uint32_t)(nb - 1 - q) << shift;
-                    s_mask = mask | (uint32_t)(nb - 1) << shift;
-                    s_need = need - (int)prev;
-                }
+        for (int u = 0; u < 4; u++) {
+            const int g = g0 + u * TKS_THREADS, i0 = 4 * g - pad;
+            if (g >= G) break;
+            uint4 kv;
+            if (i0 >= 0 && i0 + 4 <= n) {
+                kv = make_uint4(f32_key(v[u].x), f32_key(v[u].y), f32_key(v[u].z), f32_key(v[u].w));
+            } else { /* the first or the last group: part of it outside the row */
+                kv.x = (unsigned)i0 < (unsigned)n ? f32_key(xr[i0]) : 0u;
+                kv.y = (unsigned)(i0 + 1) < (unsigned)n ? f32_key(xr[i0 + 1]) : 0u;
+                kv.z = (unsigned)(i0 + 2) < (unsigned)n ? f32_key(xr[i0 + 2]) : 0u;
+                kv.w = (unsigned)(i0 + 3) < (unsigned)n ? f32_key(xr[i0 + 3]) : 0u;
             }
-            __syncthreads();
+            keys[g] = kv;
         }
     }
-    const uint32_t thr = s_prefix;
-    const unsigned need = (unsigned)s_need;
+    __syncthreads();
+
+    uint32_t thr = 0u;
+    unsigned need = 0xffffffffu; /* k == n: every key (> 0, and all the NaNs' 0s) */
+    if (k < n) {
+        uint32_t prefix = 0u, mask = 0u;
+        need = (unsigned)k;
+#pragma unroll 1
+        for (int shift = 24;; shift -= 8) {
+            for (int g = t; g < G; g += TKS_THREADS) {
+                const uint4 v = keys[g];
+                const uint32_t kk[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    if ((kk[c] & mask) == prefix) atomicAdd(&hist[((kk[c] >> shift) & 255u) * 32 + lane], 1u);
+            }
+            __syncthreads();
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int b = w * 8 + j;
+                const unsigned c = __reduce_add_sync(0xffffffffu, hist[b * 32 + lane]);
+                hist[b * 32 + lane] = 0u;
+                if (lane == 0) tot[b] = c;
+            }
+            __syncthreads();
+            /* lane l: the bins 255 - 8l .. 248 - 8l (top down) */
+            unsigned c[8], sum = 0u;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                c[j] = tot[TKS_BINS - 1 - 8 * lane - j];
+                sum += c[j];
+            }
+            unsigned incl = sum;
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const unsigned y = __shfl_up_sync(0xffffffffu, incl, d);
+                if (lane >= d) incl += y;
+            }
+            const unsigned excl = incl - sum;
+            const int src = __ffs(__ballot_sync(0xffffffffu, excl < need && incl >= need)) - 1;
+            int bin = 0;
+            unsigned before = excl, cb = 0u;
+            bool found = false;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (!found) {
+                    if (before + c[j] >= need) {
+                        found = true;
+                        bin = TKS_BINS - 1 - 8 * lane - j;
+                        cb = c[j];
+                    } else {
+                        before += c[j];
+                    }
+                }
+            bin = __shfl_sync(0xffffffffu, bin, src);
+            before = __shfl_sync(0xffffffffu, before, src);
+            cb = __shfl_sync(0xffffffffu, cb, src);
+            prefix |= (uint32_t)bin << shift;
+            mask |= 255u << shift;
+            need -= before;
+            if (cb == need && prefix != 0u) { /* the whole bin is taken: every key >= prefix */
+                thr = prefix - 1u;
+                need = 0u;
+                break;
+            }
+            if (shift == 0) {
+                thr = prefix;
+                break;
+            }
+        }
+    }
+
+    /* compaction: pk[r] = this thread's counts in round r, then their inclusive scan in the warp */
+    unsigned pk[TKS_ROUNDS];
+#pragma unroll
+    for (int r = 0; r < TKS_ROUNDS; r++) {
+        pk[r] = 0u;
+        if (r >= R) continue;
+        const int g = t + r * TKS_THREADS, i0 = 4 * g - pad;
+        if (g < G) {
+            const uint4 v = keys[g];
+            pk[r] = tks_flags(v.x, i0, n, thr) + tks_flags(v.y, i0 + 1, n, thr) + tks_flags(v.z, i0 + 2, n, thr) +
+                    tks_flags(v.w, i0 + 3, n, thr);
+        }
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const unsigned y = __shfl_up_sync(0xffffffffu, pk[r], d);
+            if (lane >= d) pk[r] += y;
+        }
+        if (lane == 31) hist[r * 32 + w] = pk[r];
+    }
+    __syncthreads();
     int32_t *oi = out_idx + (int64_t)blockIdx.x * k;
     uint32_t *ok = out_key ? out_key + (int64_t)blockIdx.x * k : nullptr;
-    for (int base = 0; base < n; base += TK1_TILE) {
-        const int i0 = base + t * TK1_IPT;
-        uint32_t u[TK1_IPT];
-        unsigned packed = 0; /* > thr in the high 16 bits, == thr in the low */
+    unsigned carry = 0u; /* counts of the rounds before */
 #pragma unroll
-        for (int j = 0; j < TK1_IPT; j++) {
-            const int i = i0 + j;
-            u[j] = i < n ? f32_key(__ldcg(xr + i)) : 0u;
-            if (i < n) packed += (u[j] > thr ? 0x10000u : 0u) + (u[j] == thr ? 1u : 0u);
+    for (int r = 0; r < TKS_ROUNDS; r++) {
+        if (r >= R) continue;
+        const unsigned wv = hist[r * 32 + lane]; /* warp lane's total in round r */
+        unsigned wi = wv;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const unsigned y = __shfl_up_sync(0xffffffffu, wi, d);
+            if (lane >= d) wi += y;
         }
-        unsigned before, tile;
-        scan_t(tmp).ExclusiveSum(packed, before, tile);
-        unsigned gt = s_gt + (before >> 16), eq = s_eq + (before & 0xffffu);
-        __syncthreads(); /* every thread has read the carries */
-        if (t == 0) { s_gt += tile >> 16; s_eq += tile & 0xffffu; }
+        const unsigned wbefore = __shfl_sync(0xffffffffu, wi - wv, w), rtot = __shfl_sync(0xffffffffu, wi, 31);
+        const int g = t + r * TKS_THREADS, i0 = 4 * g - pad;
+        if (g < G) {
+            const uint4 v = keys[g];
+            const uint32_t kk[4] = {v.x, v.y, v.z, v.w};
+            unsigned f[4], own = 0u;
 #pragma unroll
-        for (int j = 0; j < TK1_IPT; j++) {
-            const int i = i0 + j;
-            if (i >= n) break;
-            const bool g = u[j] > thr, e = u[j] == thr;
-            if (g || (e && eq < need)) {
-                const unsigned pos = gt + (eq < need ? eq : need);
-                oi[pos] = i;
-                if (ok) ok[pos] = ~u[j];
+            for (int c = 0; c < 4; c++) {
+                f[c] = tks_flags(kk[c], i0 + c, n, thr);
+                own += f[c];
             }
-            gt += g;
-            eq += e;
+            unsigned at = carry + wbefore + pk[r] - own; /* > thr in the high 16 bits, == thr in the low */
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const unsigned gt = at >> 16, eq = at & 0xffffu;
+                if ((f[c] >> 16) || (f[c] && eq < need)) {
+                    const unsigned pos = gt + (eq < need ? eq : need);
+                    oi[pos] = i0 + c;
+                    if (ok) ok[pos] = ~kk[c];
+                }
+                at += f[c];
+            }
         }
-        __syncthreads(); /* the carries are updated before the next tile reads them; tmp reused */
+        carry += rtot;
     }
 }
 
@@ -460,6 +585,26 @@ static int tkc_blocks(int64_t rows, int64_t n) {
     if (rows > TKC_MAX_BLOCKS) return 0;
     int64_t b = KS_MIN((n + 2047) / 2048, (int64_t)64);
     return (int)KS_MAX((int64_t)1, KS_MIN(b, (int64_t)TKC_MAX_BLOCKS / rows));
+}
+
+/* Whether rows of n keys take tk_smem on this device: n <= TKS_MAX_N and their shared memory
+ * within what the device lends a block (every n <= TKS_MAX_N on Hopper). The kernel's
+ * limit is raised to that once per device. */
+static bool tks_fits(int64_t n) {
+    static int optin[64]; /* per device: the limit set, in bytes (0: not yet) */
+    if (n > TKS_MAX_N) return false;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    if (!optin[dev]) {
+        int b = 0;
+        if (cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+            cudaFuncSetAttribute(tk_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, b) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        optin[dev] = b;
+    }
+    return tks_smem_bytes(n) <= (size_t)optin[dev];
 }
 
 extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, const float *x, int64_t rows, int64_t n,
@@ -490,8 +635,8 @@ extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, con
         cub::DeviceRadixSort::SortPairs(NULL, cub_bytes, keys, keys2, out_idx, idx2, (int)k, 0, 32, s);
         P_SCRATCH(cub_tmp, ss, cub_bytes, "topk");
     }
-    if (n <= TK1_MAX_N) { /* one launch: a block a row */
-        tk_one<<<(unsigned)rows, TK1_THREADS, 0, s>>>(x, (int)n, (int)k, out_idx, keys);
+    if (tks_fits(n)) { /* one launch: a block a row, the row in shared memory */
+        tk_smem<<<(unsigned)rows, TKS_THREADS, tks_smem_bytes(n), s>>>(x, (int)n, (int)k, out_idx, keys);
         KS_CU_LAUNCH("topk kernel");
     } else if (tkc_blocks(rows, n) > 0) { /* one cooperative launch (and one memset) */
         const int bx = tkc_blocks(rows, n);

@@ -358,6 +358,24 @@ static void bench_select(int ctx) {
     cudaFree(K); cudaFree(q); cudaFree(vote); cudaFree(top);
 }
 
+/* ks_cuda_topk alone on one row of random floats, by index: the rows either side of the
+ * one-launch path's limit (16384 keys in shared memory; 16385 takes the cooperative launch). */
+static void bench_topk_row(int n, int k) {
+    cudaMemPool_t pool;
+    CK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    uint64_t keep = UINT64_MAX;
+    CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    float *x = drand_f32(((size_t)n + 63) / 64 * 64, 90, 1.f);
+    int32_t *top = (int32_t *)dmalloc(sizeof(int32_t) * k);
+    ks_cuda_scratch sc = {sel_alloc, sel_free, NULL};
+    double ms = time_ms([&](int) { KS(ks_cuda_topk(S, &sc, x, 1, n, k, KS_TOPK_BY_INDEX, top, NULL)); });
+    char name[96];
+    snprintf(name, sizeof name, "topk %d of %d random (1 row)", k, n);
+    report(name, ms, (double)n * 4 / (ms * 1e-3) / 1e9, "GB/s");
+    cudaFree(x);
+    cudaFree(top);
+}
+
 /* Quest's decode selection at one layer (policies/quest.lua; Llama-3.1-8B shape, page 16, budget
  * 4096): min / max summaries of the complete pages of the cached keys (ks_cuda_page_reduce over
  * the cache layout (Hkv, capacity, d), bf16), their upper bounds for the 32 query heads combined
@@ -424,6 +442,8 @@ int main(int argc, char **argv) {
         if (only_select) {
             bench_select(32768);
             bench_select(131072);
+            bench_topk_row(16384, 2048);
+            bench_topk_row(16385, 2048);
         }
         if (only_quest) {
             bench_quest(32768);

@@ -289,14 +289,26 @@ static void test_pool(void) {
 
 /* ================================================================ top-k */
 
+/* top-k's data kinds beyond fill_kind's: every key equal (+0.0 and -0.0 mixed), scores clustered
+ * in one octave like TokenSelect's votes (4096 distinct values: the same top digits everywhere),
+ * every value a NaN */
+enum { T_EQUAL = D_SPECIAL + 1, T_CLUSTER, T_ALLNAN, T_KINDS };
+static void topk_fill(float *x, int64_t n, int kind) {
+    if (kind <= D_SPECIAL) { fill_kind(x, n, kind); return; }
+    for (int64_t i = 0; i < n; i++)
+        x[i] = kind == T_EQUAL ? (irand(2) ? -0.0f : 0.0f)
+             : kind == T_CLUSTER ? 1e-3f * (1.0f + (float)irand(4096) / 65536.0f) : NAN;
+}
+static const char *const topk_kind_name[T_KINDS] = {"random", "ties", "nan/inf/-0", "all equal", "clustered",
+                                                    "all nan"};
+
 static void run_topk(int64_t rows, int64_t n, int64_t k, int kind, ks_topk_order order, int vals) {
     char name[200];
     snprintf(name, sizeof name, "topk rows=%lld n=%lld k=%lld %s %s%s", (long long)rows, (long long)n, (long long)k,
-             kind == D_RANDOM ? "random" : kind == D_TIES ? "ties" : "nan/inf/-0", order ? "by-index" : "by-value",
-             vals ? " +values" : "");
+             topk_kind_name[kind], order ? "by-index" : "by-value", vals ? " +values" : "");
     size_t t = (size_t)(rows * n), kt = (size_t)(rows * k);
     float *x = malloc(4 * (t + 1));
-    fill_kind(x, rows * n, kind);
+    topk_fill(x, rows * n, kind);
     int32_t *ri = malloc(4 * (kt + 1)), *gi = malloc(4 * (kt + 1));
     float *rv = malloc(4 * (kt + 1)), *gv = malloc(4 * (kt + 1));
     ks_status st = ks_cpu_topk(x, rows, n, k, order, ri, rv);
@@ -320,22 +332,38 @@ static void run_topk(int64_t rows, int64_t n, int64_t k, int kind, ks_topk_order
 
 static void test_topk(void) {
     if (!want("topk")) return;
-    /* 16384 is the largest row of the one-launch path (a block a row), 16385 the smallest of the
-     * multi-launch one */
-    int64_t ns[] = {1, 5, 1000, 16384, 16385, 65536, 65537, 1 << 20, (1 << 20) + 7};
-    for (int a = 0; a < 9; a++) {
+    /* 16384 is the largest row of the one-launch path (a block a row, the row in shared memory;
+     * 16383: rows misaligned, the groups padded), 16385 the smallest of the cooperative one */
+    int64_t ns[] = {1, 5, 1000, 8191, 16383, 16384, 16385, 30080, 65536, 65537, 1 << 20, (1 << 20) + 7};
+    for (int a = 0; a < 12; a++) {
         int64_t n = ns[a];
         if (g_quick && n > 70000) continue;
         int64_t kk[] = {0, 1, 7, n / 3, n - 1, n, 2048};
         for (int b = 0; b < 7; b++) {
             int64_t k = kk[b];
             if (k < 0 || k > n) continue;
-            for (int kind = 0; kind < 3; kind++) {
+            for (int kind = 0; kind < T_ALLNAN; kind++) {
+                if (g_quick && kind > D_SPECIAL && b != 1 && b != 4 && b != 6) continue;
                 int rows = n > 100000 ? 1 : 1 + irand(4);
                 run_topk(rows, n, k, kind, (ks_topk_order)((a + b + kind) & 1), (b + kind) % 2);
             }
         }
     }
+    /* the shapes of the selection policies: Quest (8 KV heads x 8191 pages, 255 pages), TokenSelect
+     * (32K context: 30080 candidates, 2048 tokens) */
+    run_topk(8, 8191, 255, D_RANDOM, KS_TOPK_BY_INDEX, 0);
+    run_topk(8, 8191, 255, T_CLUSTER, KS_TOPK_BY_INDEX, 0);
+    run_topk(1, 30080, 2048, T_CLUSTER, KS_TOPK_BY_INDEX, 0);
+    run_topk(1, 30080, 2048, D_RANDOM, KS_TOPK_BY_VALUE, 1);
+    /* several rows at the shared-memory limit and just above it; all NaN */
+    run_topk(3, 16384, 2048, D_TIES, KS_TOPK_BY_VALUE, 1);
+    run_topk(3, 16383, 4095, D_SPECIAL, KS_TOPK_BY_INDEX, 1);
+    run_topk(3, 16385, 4095, T_CLUSTER, KS_TOPK_BY_VALUE, 1);
+    run_topk(5, 16381, 16380, T_CLUSTER, KS_TOPK_BY_INDEX, 1);
+    run_topk(2, 777, 300, T_ALLNAN, KS_TOPK_BY_VALUE, 1);
+    run_topk(2, 16384, 16383, T_ALLNAN, KS_TOPK_BY_INDEX, 1);
+    /* more rows than multiprocessors, small rows: several blocks a multiprocessor */
+    run_topk(300, 3001, 100, D_TIES, KS_TOPK_BY_VALUE, 1);
     run_topk(8, 131072, 13107, D_TIES, KS_TOPK_BY_INDEX, 0); /* per KV head, FastKV-like */
     /* more rows than one cooperative launch holds (128 blocks): the six-kernel path */
     run_topk(129, 16385, 100, D_TIES, KS_TOPK_BY_INDEX, 0);
@@ -691,6 +719,111 @@ static void test_page(void) {
     result(st == KS_ERR_ARG, "page_reduce: bad arguments are refused on the host", "%s", ks_last_error());
 }
 
+/* ================================================================ bound_scores (ks_cuda_page.h) */
+
+/* the same floats bit for bit, any NaN equal to any NaN (the device's NaN payloads differ) */
+static int same_bits_nan(const float *a, const float *b, int64_t n, int64_t *first) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(isnan(a[i]) && isnan(b[i])) && memcmp(&a[i], &b[i], 4)) { *first = i; return 0; }
+    return 1;
+}
+
+/* box / query contents: page summaries (lo <= hi, as page_reduce makes them), unordered pairs
+ * (lo > hi too), magnitudes 2^-30 .. 2^30 of both signs (the double sums round and cancel, so a
+ * term out of order shows), specials in the boxes (+-inf, NaN, +-0, denormals, 3e38) with zeros
+ * and denormals in q (0 * inf), and inf / NaN in the query rows of some groups */
+enum { B_SUMMARY, B_UNORDERED, B_SPREAD, B_SPECIAL_BOX, B_SPECIAL_Q, B_KINDS };
+static const char *const bound_kind_name[B_KINDS] = {"summaries", "unordered", "2^+-30 spread", "box inf/nan/0/denormal",
+                                                     "q inf/nan/0"};
+static float bound_val(int kind) {
+    if (kind == B_SPREAD) return ldexpf(frand(), irand(61) - 30);
+    return frand() * 3;
+}
+static float bound_special(void) {
+    static const float sp[8] = {INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 1e-40f, -3e-42f, 3e38f};
+    return sp[irand(8)];
+}
+
+/* ks_cuda_bound_scores against ks_cpu_bound_scores for every reduce: q (H, d), boxes (n, h, d);
+ * lo_off > 0 places lo that many floats past a 16-byte boundary (a misaligned view) */
+static void run_bound(int64_t H, int64_t h, int64_t d, int64_t n, int kind, int lo_off, const char *note) {
+    size_t bn = (size_t)(n * h * d);
+    float *q = malloc(4 * H * d), *lo = malloc(4 * (bn + 1)), *hi = malloc(4 * (bn + 1));
+    for (int64_t i = 0; i < H * d; i++) {
+        q[i] = bound_val(kind);
+        if (kind >= B_SPECIAL_BOX && irand(16) == 0) q[i] = irand(2) ? 0.0f : irand(2) ? -0.0f : 2e-39f;
+    }
+    if (kind == B_SPECIAL_Q) { /* group 0: an inf; the last group: a NaN (when there are two) */
+        q[irand((int)d)] = irand(2) ? INFINITY : -INFINITY;
+        if (h > 1) q[(H - 1) * d + irand((int)d)] = NAN;
+    }
+    for (size_t i = 0; i < bn; i++) {
+        float a = bound_val(kind), b = bound_val(kind);
+        lo[i] = kind == B_SUMMARY || kind == B_SPECIAL_Q ? fminf(a, b) : a;
+        hi[i] = kind == B_SUMMARY || kind == B_SPECIAL_Q ? fmaxf(a, b) : b;
+    }
+    if (kind == B_SPECIAL_BOX || kind == B_SPECIAL_Q)
+        for (int64_t b = 0; b < n * h; b++)
+            if (irand(6) == 0) (irand(2) ? lo : hi)[b * d + irand((int)d)] = bound_special();
+    float *dq = dup_dev(q, 4 * H * d), *dhi = dup_dev(hi, 4 * bn), *dlo_base = dalloc(4 * (bn + (size_t)lo_off));
+    cudaMemcpy(dlo_base + lo_off, lo, 4 * bn, cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
+    float *dout = dalloc(4 * (H * n + 1)), *r = malloc(4 * (H * n + 1)), *g = malloc(4 * (H * n + 1));
+    static const char *rn[3] = {"none", "group_max", "group_sum"};
+    for (int red = 0; red < 3; red++) {
+        char name[200];
+        snprintf(name, sizeof name, "bound_scores %s H=%lld/%lld d=%lld boxes=%lld %s%s", rn[red], (long long)H,
+                 (long long)h, (long long)d, (long long)n, bound_kind_name[kind], note);
+        int64_t rows = red == KS_BOUND_NONE ? H : h;
+        ks_status st = ks_cpu_bound_scores(q, H, lo, hi, n, h, d, (ks_bound_reduce)red, r);
+        CHECK_ST(st, name);
+        poison_dev(dout, 4 * (H * n + 1));
+        st = ks_cuda_bound_scores(S, dq, H, dlo_base + lo_off, dhi, n, h, d, (ks_bound_reduce)red, dout);
+        CHECK_ST(st, name);
+        int64_t nan = 0, first = -1;
+        for (int64_t i = 0; i < rows * n; i++) nan += isnan(r[i]);
+        int ok = get(g, dout, 4 * rows * n) && same_bits_nan(g, r, rows * n, &first);
+        if (ok) result(1, name, "identical (%lld NaN)", (long long)nan);
+        else if (first >= 0) result(0, name, "DIFFER at %lld: %.9g vs cpu %.9g", (long long)first, g[first], r[first]);
+        else result(0, name, "DIFFER");
+    }
+    cudaFree(dq); cudaFree(dlo_base); cudaFree(dhi); cudaFree(dout);
+    free(q); free(lo); free(hi); free(r); free(g);
+}
+
+/* The fast kernel's shapes (G <= 8 query heads a KV head, d % 4 == 0, aligned boxes) and the
+ * ones it refuses (the generic kernel): Quest's Llama-3.1-8B shapes (32 / 8 heads, d 128, 2047
+ * and 8191 pages), groups of 1 .. 8, d 4 .. 256 (chunks of 16 and a partial one), box counts on
+ * and off the block sizes, both thread layouts (a thread a query head below ~300 boxes an SM, a
+ * thread a box above). --only bound runs these alone. */
+static void test_bound(void) {
+    if (!want("bound")) return;
+    const struct { int64_t H, h, d, n; } fast[] = {
+        {32, 8, 128, 2047}, {32, 8, 128, 8191}, {8, 8, 128, 1000}, {4, 2, 64, 33}, {14, 2, 96, 31},  {8, 2, 4, 1000},
+        {2, 1, 64, 1},      {7, 1, 96, 33},     {4, 4, 4, 31},     {6, 2, 64, 65}, {10, 2, 128, 64}, {12, 2, 32, 100},
+        {16, 2, 256, 33},   {3, 1, 16, 1},      {1, 1, 4, 1},      {8, 2, 36, 33}, {4, 1, 20, 130},
+        /* >= 300 boxes an SM (132 SMs): a thread a box for the whole group */
+        {16, 8, 64, 5000}, {56, 8, 96, 5000}, {24, 8, 32, 4999}, {64, 8, 4, 5001}, {16, 8, 20, 5003}, {8, 8, 128, 5000}};
+    for (size_t c = 0; c < sizeof fast / sizeof fast[0]; c++)
+        for (int kind = 0; kind < B_KINDS; kind++) {
+            if (fast[c].n >= 4999 && kind != B_SUMMARY && kind != B_SPECIAL_BOX && kind != B_SPREAD) continue;
+            run_bound(fast[c].H, fast[c].h, fast[c].d, fast[c].n, kind, 0, "");
+        }
+    /* refused by the fast kernel: g > 8, d % 4 != 0, misaligned lo, query rows over 48 KB of doubles */
+    run_bound(16, 1, 128, 100, B_SUMMARY, 0, " (fallback: g 16)");
+    run_bound(16, 1, 64, 33, B_SPECIAL_BOX, 0, " (fallback: g 16)");
+    run_bound(8, 2, 5, 100, B_SPREAD, 0, " (fallback: d 5)");
+    run_bound(7, 7, 7, 31, B_SPECIAL_BOX, 0, " (fallback: d 7)");
+    run_bound(32, 8, 128, 200, B_SUMMARY, 1, " (fallback: lo misaligned)");
+    run_bound(8, 1, 1024, 33, B_SPECIAL_Q, 0, " (fallback: 8 x 1024 query doubles)");
+    float *z = dalloc(64);
+    ks_status st = ks_cuda_bound_scores(S, z, 6, z, z, 1, 4, 4, KS_BOUND_GROUP_MAX, z);
+    result(st == KS_ERR_ARG, "bound_scores: 6 query heads over 4 KV heads refused", "%s", ks_last_error());
+    st = ks_cuda_bound_scores(S, z, 4, z, z, 0, 4, 4, KS_BOUND_GROUP_MAX, z);
+    result(st == KS_OK, "bound_scores: no boxes is a no-op", "%s", st ? ks_last_error() : "ok");
+    cudaFree(z);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
@@ -708,6 +841,7 @@ int main(int argc, char **argv) {
     test_gather();
     test_numerics();
     test_page();
+    test_bound();
     cudaStreamSynchronize(S);
     ks_backend_free(gpu);
     printf("%d passed, %d failed\n", g_pass, g_fail);
