@@ -45,6 +45,34 @@ static __device__ __forceinline__ float warp_max(float v) {
 
 static inline unsigned ks_cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 
+/* kernel<<<grid, block, smem, s>>>(args...) with the launch attributes at[0..nat) (cudaLaunchKernelEx).
+ * Returns the launch error. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t ks_launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                       cudaLaunchAttribute *at, int nat, Args &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = nat;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
+}
+
+/* The same in thread-block clusters of (1, grid.y, 1) when grid.y > 1 (the split-K GEMMs: the CTAs
+ * of one output tile add their partial sums through distributed shared memory). */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t ks_launch_ycluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                             Args &&...args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = grid.y;
+    at[0].val.clusterDim.z = 1;
+    return ks_launch_ex(kernel, grid, block, smem, s, at, grid.y > 1 ? 1 : 0, static_cast<Args &&>(args)...);
+}
+
 /* Grid size for a grid-stride loop over n items with `threads` per block. */
 static inline unsigned ks_grid1d(size_t n, int threads) {
     size_t b = (n + threads - 1) / threads;

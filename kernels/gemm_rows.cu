@@ -208,19 +208,7 @@ template <int NT> static cudaError_t gr_launch(gr_p &p, dim3 grid, cudaStream_t 
     size_t smem = KS_MAX((size_t)NT * 8 * p.xsb, grid.y > 1 ? (size_t)GR_TILE * (NT * 8 + 1) * sizeof(float) : 0);
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e) return e;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(GR_WARPS * 32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1;
-    at[0].val.clusterDim.y = grid.y;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = grid.y > 1 ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, k, p);
+    return ks_launch_ycluster(k, grid, dim3(GR_WARPS * 32), smem, s, p);
 }
 
 extern "C" ks_status ks_cuda_gemm_rows(cudaStream_t s, const ks_gemm_rows_args *a, int n_sm) {

@@ -259,19 +259,7 @@ extern "C" ks_status ks_cuda_gemm_wg(cudaStream_t s, const ks_gemm_wg_args *a, k
     int dev = 0;
     KS_CU(gw_attr(&dev), "gemm_wg shared memory");
     p.S = gw_split(tiles, p.ks, dev, n_sm);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(tiles, p.S);
-    cfg.blockDim = dim3(128);
-    cfg.dynamicSmemBytes = GW_SMEM;
-    cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1;
-    at[0].val.clusterDim.y = p.S;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = p.S > 1 ? 1 : 0;
-    KS_CU(cudaLaunchKernelEx(&cfg, gemm_wg_kernel, p, mx, mw, mw2), "gemm_wg kernel launch");
+    KS_CU(ks_launch_ycluster(gemm_wg_kernel, dim3(tiles, p.S), dim3(128), GW_SMEM, s, p, mx, mw, mw2), "gemm_wg kernel launch");
     KS_CU_LAUNCH("gemm_wg kernel");
     return KS_OK;
 }

@@ -24,6 +24,7 @@
 #define KS_CUDA_PDL_CUH
 
 #include <cuda_runtime.h>
+#include "common.cuh"
 #include <utility>
 
 static __device__ __forceinline__ void ks_pdl_wait() {
@@ -48,17 +49,10 @@ static __device__ __forceinline__ void ks_prefetch_l2(const void *p) {
 template <typename... KArgs, typename... Args>
 static inline cudaError_t ks_pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                                         int pdl, Args &&...args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    return ks_launch_ex(kernel, grid, block, smem, s, at, pdl ? 1 : 0, std::forward<Args>(args)...);
 }
 
 #endif
