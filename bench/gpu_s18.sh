@@ -2,14 +2,17 @@
 # base/ (main before the session, a49e25e), new/ (the build under test) and any other build directory
 # named in V (default "base new"; the timing steps run each in turn); carry it and, for the policy
 # tests, .data/stories260K. Each step writes one file under $OUT/s18/.
-#   tests    new: test_attn_list (all cases), test_cuda_policies, test_cuda --quick --only attention
+#   tests    new: test_attn_list (all cases), test_cuda_policies, test_cuda --quick, test_gemm_rows,
+#            test_attn_decode_batch --quick
+#   ncu      the list attention's kernels (rope table, no rotation, combine) under ncu, one launch each
 #   memcheck compute-sanitizer over new test_attn_list --quick
 #   attn     test_attn_list --bench (one layer's list attention, 2688 rows of 32K / 128K): base, new
 #   hit32    TokenSelect's hit path (cache_theta -1) and full attention at 32K
 #   hit      TokenSelect's hit path (cache_theta -1) and full attention, 32K and 128K: base then new
 #   ts       TokenSelect (defaults) and full attention at 32K: base then new
 #   ts128    TokenSelect and Quest (budget 4096) and full attention at 128K: base then new
-#   prof     the per-phase decode profile of the hit path at 32K: base then new
+#   prof     the per-phase decode profile of the hit path at 32K: each build of $V
+#   profts   the same for TokenSelect's defaults
 # Usage: bash bench/gpu_s18.sh STEP...
 PK=${PK:-.data/s18/pk.tar.xz}; R=$(mktemp -d); O="$OUT/s18"; mkdir -p $O
 xz -dc $PK | tar xf - -C $R
@@ -21,7 +24,17 @@ tst() { # tst BINARY ARGS...: its failures and summary
     timeout 250 $R/new/$b "$@" 2>&1 | grep -v "^  ok" | grep -v "^  time" | tail -12
 }
 step_tests() {
-    ( tst test_attn_list; tst test_cuda_policies --stories .data/stories260K; tst test_cuda --quick --only attention ) >> $O/tests.txt
+    ( tst test_attn_list; tst test_cuda_policies --stories .data/stories260K; tst test_cuda --quick
+      tst test_gemm_rows; tst test_attn_decode_batch --quick ) >> $O/tests.txt
+}
+step_ncu() { # the list attention's kernels under ncu, one launch each, from test_attn_list --bench-only
+    for k in attn_decode_tc_kernelILi128ELi2E attn_decode_tc_kernelILi128ELi0E attn_combine_kernel; do
+        echo "== $k"
+        timeout 200 ncu --clock-control none --kernel-name-base mangled -k regex:$k --launch-skip 30 --launch-count 1 \
+            --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+            --section SchedulerStats --section MemoryWorkloadAnalysis $R/new/test_attn_list --bench-only 2>&1 |
+            grep -v "^  time\|^==PROF==\|^  ok"
+    done > $O/ncu.txt
 }
 step_memcheck() {
     timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_attn_list --quick 2>&1 | tail -3 >> $O/memcheck.txt
@@ -46,7 +59,11 @@ step_ts() { row 32K --lengths 32768 --gen 32 --policy none,tokenselect >> $O/b14
 step_ts128() { row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest --set quest.budget=4096 >> $O/b14.txt; }
 step_prof() {
     for v in $V; do echo "== $v hit path 32K"; timeout 250 $R/$v/kvsieve $B --lengths 32768 --gen 16 --policy tokenselect \
-        --set tokenselect.cache_theta=-1 --profile 2>&1 | sed -n '/^profile/,/^rates/p'; done > $O/prof.txt 2>&1
+        --set tokenselect.cache_theta=-1 --profile 2>&1 | sed -n '/^profile/,/^rates/p'; done >> $O/prof.txt 2>&1
+}
+step_profts() {
+    for v in $V; do echo "== $v TokenSelect 32K"; timeout 250 $R/$v/kvsieve $B --lengths 32768 --gen 16 --policy tokenselect \
+        --profile 2>&1 | sed -n '/^profile/,/^rates/p'; done >> $O/prof.txt 2>&1
 }
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R

@@ -269,25 +269,46 @@ attn_decode_kernel(ks_cuda_attn_params p, ad_shape sh, int n_splits, float *__re
     }
 }
 
-/* out row (i, h) = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M); zeros when nothing was visible. */
+/* out row (i, h) = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M); zeros when nothing was visible.
+ * A block a row: the row's (m, l) pairs and their weights e^(m_s - M) go to shared memory in one
+ * parallel pass, then each column's partials are loaded eight at a time before they are summed,
+ * so no thread waits on one load per split (the serial version spent ~10 us on 16 splits: ncu,
+ * bench/NOTES.md "combine"). Sums run over s ascending, as before. */
+#define CMB_UNROLL 8
 __global__ void attn_combine_kernel(float *__restrict__ out, const float *__restrict__ ws_acc,
                                     const float *__restrict__ ws_ml, int n_splits, int d) {
     ks_pdl_trigger(); /* PDL (pdl.cuh): the partials come from the kernel before */
     ks_pdl_wait();
-    size_t rh = blockIdx.x;
+    extern __shared__ float cmb[]; /* m (n_splits), l (n_splits), weight (n_splits) */
+    float *sm = cmb, *sl = cmb + n_splits, *se = cmb + 2 * n_splits;
+    const size_t rh = blockIdx.x;
     const float *ml = ws_ml + rh * n_splits * 2;
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+        sm[s] = ml[2 * s];
+        sl[s] = ml[2 * s + 1];
+    }
+    __syncthreads();
     float M = -INFINITY;
-    for (int s = 0; s < n_splits; s++) M = fmaxf(M, ml[2 * s]);
+    for (int s = 0; s < n_splits; s++) M = fmaxf(M, sm[s]);
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) se[s] = sm[s] != -INFINITY ? expf(sm[s] - M) : 0.f;
+    __syncthreads();
     float L = 0.f;
     if (M != -INFINITY)
         for (int s = 0; s < n_splits; s++)
-            if (ml[2 * s] != -INFINITY) L += ml[2 * s + 1] * expf(ml[2 * s] - M);
-    float inv = L > 0.f ? 1.0f / L : 0.f;
+            if (sm[s] != -INFINITY) L += sl[s] * se[s];
+    const float inv = L > 0.f ? 1.0f / L : 0.f;
+    const float *acc = ws_acc + rh * n_splits * d;
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
         float o = 0.f;
         if (L > 0.f)
-            for (int s = 0; s < n_splits; s++)
-                if (ml[2 * s] != -INFINITY) o += ws_acc[(rh * n_splits + s) * d + c] * expf(ml[2 * s] - M);
+            for (int s0 = 0; s0 < n_splits; s0 += CMB_UNROLL) {
+                float a[CMB_UNROLL];
+#pragma unroll
+                for (int j = 0; j < CMB_UNROLL; j++) a[j] = s0 + j < n_splits ? acc[(size_t)(s0 + j) * d + c] : 0.f;
+#pragma unroll
+                for (int j = 0; j < CMB_UNROLL; j++)
+                    if (s0 + j < n_splits && sm[s0 + j] != -INFINITY) o += a[j] * se[s0 + j];
+            }
         out[rh * d + c] = o * inv;
     }
 }
@@ -295,7 +316,10 @@ __global__ void attn_combine_kernel(float *__restrict__ out, const float *__rest
 extern "C" ks_status ks_cuda_attn_combine(cudaStream_t s, float *out, const float *ws_acc, const float *ws_ml,
                                           size_t rows, int n_splits, int head_dim, int pdl) {
     if (!rows) return KS_OK;
-    KS_CU(ks_pdl_launch(attn_combine_kernel, dim3((unsigned)rows), dim3(128), 0, s, pdl, out, ws_acc, ws_ml, n_splits, head_dim),
+    if (n_splits < 1 || n_splits > 4096)
+        return ks_errorf(KS_ERR_INTERNAL, "attention combine: %d splits (1..4096)", n_splits);
+    KS_CU(ks_pdl_launch(attn_combine_kernel, dim3((unsigned)rows), dim3(128), sizeof(float) * 3 * (size_t)n_splits, s, pdl,
+                        out, ws_acc, ws_ml, n_splits, head_dim),
           "attention combine kernel");
     return KS_OK;
 }

@@ -26,7 +26,8 @@
  * its kernels alone (at the old automatic splits), the new backend call and the new kernel alone
  * (with and without the rotation), then the new kernel at 8..49 splits; CUDA events around 200
  * back-to-back calls, median of 5; printed, never asserted.
- * Usage: test_attn_list [--quick] [--bench]. Prints "N passed, N failed"; exits 1 on failure. */
+ * Usage: test_attn_list [--quick] [--bench | --bench-only (the timing alone, for a profiler)]. Prints "N passed,
+ * N failed"; exits 1 on failure. */
 #include "attn_decode_tc.cuh"
 #include "attn_prep.cuh"
 #include "rope_table.cuh"
@@ -735,11 +736,12 @@ static void bench(int N) {
 }
 
 int main(int argc, char **argv) {
-    int want_bench = 0;
+    int want_bench = 0, bench_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
         else if (!strcmp(argv[i], "--bench")) want_bench = 1;
-        else { fprintf(stderr, "usage: %s [--quick] [--bench]\n", argv[0]); return 2; }
+        else if (!strcmp(argv[i], "--bench-only")) want_bench = bench_only = 1;
+        else { fprintf(stderr, "usage: %s [--quick] [--bench | --bench-only]\n", argv[0]); return 2; }
     }
     ks_backend_opts go = ks_backend_opts_default();
     go.graphs = 0;
@@ -765,13 +767,15 @@ int main(int argc, char **argv) {
         {8, 1, 64, 12000, -1, 0, 1, 0, 0, 0},
     };
     int skipped = 0;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    for (size_t i = 0; !bench_only && i < sizeof cases / sizeof cases[0]; i++) {
         if (g_quick && (long long)cases[i].N * cases[i].Hkv > 100000) { skipped++; continue; }
         run_case(&cases[i]);
     }
     if (skipped) printf("  skip %d cases of more than 100000 rows (--quick)\n", skipped);
-    table_values();
-    refusals();
+    if (!bench_only) {
+        table_values();
+        refusals();
+    }
     if (want_bench && !g_quick) {
         bench(32768);
         bench(131072);
