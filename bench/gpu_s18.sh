@@ -14,15 +14,8 @@
 #   prof     the per-phase decode profile of the hit path at 32K: each build of $V
 #   profts   the same for TokenSelect's defaults
 # Usage: bash bench/gpu_s18.sh STEP...
-PK=${PK:-.data/s18/pk.tar.xz}; R=$(mktemp -d); O="$OUT/s18"; mkdir -p $O
-xz -dc $PK | tar xf - -C $R
-export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} KS_STORIES=.data/stories260K
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > $O/card.txt
-tst() { # tst BINARY ARGS...: its failures and summary
-    [ -x $R/new/$1 ] || return 0
-    echo "== $*"; local b=$1; shift
-    timeout 250 $R/new/$b "$@" 2>&1 | grep -v "^  ok" | grep -v "^  time" | tail -12
-}
+TAG=s18; PK=${PK:-.data/s18/pk.tar.xz}
+. bench/gpu_pack_env.sh
 step_tests() {
     ( tst test_attn_list; tst test_cuda_policies --stories .data/stories260K; tst test_cuda --quick
       tst test_gemm_rows; tst test_attn_decode_batch --quick ) >> $O/tests.txt
