@@ -4,6 +4,8 @@
 # tests, .data/stories260K. Each step writes one file under $OUT/s18/.
 #   tests    new: test_attn_list (all cases), test_cuda_policies, test_cuda --quick, test_gemm_rows,
 #            test_attn_decode_batch --quick
+#   tests1   test_attn_list, test_cuda_policies, test_cuda --quick --only attention
+#   ab       32K, 64 steps: full, TokenSelect, its hit path; each build of $V, three rounds
 #   ncu      the list attention's kernels (rope table, no rotation, combine) under ncu, one launch each
 #   memcheck compute-sanitizer over new test_attn_list --quick
 #   attn     test_attn_list --bench (one layer's list attention, 2688 rows of 32K / 128K): base, new
@@ -19,6 +21,15 @@ TAG=s18; PK=${PK:-.data/s18/pk.tar.xz}
 step_tests() {
     ( tst test_attn_list; tst test_cuda_policies --stories .data/stories260K; tst test_cuda --quick
       tst test_gemm_rows; tst test_attn_decode_batch --quick ) >> $O/tests.txt
+}
+step_tests1() { # the attention and policy tests alone
+    ( tst test_attn_list; tst test_cuda_policies --stories .data/stories260K; tst test_cuda --quick --only attention ) >> $O/tests.txt
+}
+step_ab() { # 32K, 64 steps: full, TokenSelect and its hit path, each build of $V in turn, three rounds
+    for r in 1 2 3; do
+        row 32K-g64 --lengths 32768 --gen 64 --policy none,tokenselect
+        row 32K-g64-hit --lengths 32768 --gen 64 --policy tokenselect --set tokenselect.cache_theta=-1
+    done >> $O/ab.txt
 }
 step_ncu() { # the list attention's kernels under ncu, one launch each, from test_attn_list --bench-only
     for k in attn_decode_tc_kernelILi128ELi2E attn_decode_tc_kernelILi128ELi0E attn_combine_kernel; do
@@ -39,8 +50,9 @@ step_attn() {
 B="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --repeat 1"
 row() { # row TAG ARGS...: each build of $V
     local t=$1; shift
-    for v in $V; do
-        timeout 250 $R/$v/kvsieve $B "$@" 2>&1 | grep -E "^[a-z.]+ +[0-9]+ +[0-9.]+ |kvsieve:" | sed "s/^/$t $v: /"
+    for v in $V; do # a build older than today's policy files runs its own (R/<build>/policies, searched first)
+        KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 $R/$v/kvsieve $B "$@" 2>&1 |
+            grep -E "^[a-z.]+ +[0-9]+ +[0-9.]+ |kvsieve:" | sed "s/^/$t $v: /"
     done
 }
 step_hit32() { row 32K-hit --lengths 32768 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 >> $O/b14.txt; }
@@ -51,11 +63,11 @@ step_hit() {
 step_ts() { row 32K --lengths 32768 --gen 32 --policy none,tokenselect >> $O/b14.txt; }
 step_ts128() { row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest --set quest.budget=4096 >> $O/b14.txt; }
 step_prof() {
-    for v in $V; do echo "== $v hit path 32K"; timeout 250 $R/$v/kvsieve $B --lengths 32768 --gen 16 --policy tokenselect \
+    for v in $V; do echo "== $v hit path 32K"; KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 $R/$v/kvsieve $B --lengths 32768 --gen 16 --policy tokenselect \
         --set tokenselect.cache_theta=-1 --profile 2>&1 | sed -n '/^profile/,/^rates/p'; done >> $O/prof.txt 2>&1
 }
 step_profts() {
-    for v in $V; do echo "== $v TokenSelect 32K"; timeout 250 $R/$v/kvsieve $B --lengths 32768 --gen 16 --policy tokenselect \
+    for v in $V; do echo "== $v TokenSelect 32K"; KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 $R/$v/kvsieve $B --lengths 32768 --gen 16 --policy tokenselect \
         --profile 2>&1 | sed -n '/^profile/,/^rates/p'; done >> $O/prof.txt 2>&1
 }
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done

@@ -290,6 +290,44 @@ static ks_status dev_list_copy(const ks_event *ev, const ks_dev_list *l, void **
     return KS_OK;
 }
 
+ks_status ks_action_attend_dev_ranges(ks_event *ev, const ks_dev_list *l, const int64_t r[4], int renumber) {
+    if (ev->kind != KS_EV_DECODE_QKV && ev->kind != KS_EV_PREFILL_QKV) return illegal(ev, "attend");
+    const char *e = ks_event_name(ev->kind);
+    if (!l || !l->data || l->k < 1) return ks_errorf(KS_ERR_POLICY, "attend in %s: an empty index list with row ranges", e);
+    if (r[0] == r[1] && r[2] == r[3]) return ks_action_attend_dev(ev, l, renumber);
+    if (!l->checked)
+        return ks_errorf(KS_ERR_POLICY, "attend in %s (layer %d): before / after ranges need a list valid by construction "
+                         "(a ks.topk, ks.arange or ks.concat result, or one shifted by a constant)", e, ev->layer);
+    int H = ev->n_kv_heads, rows = INT32_MAX;
+    for (int h = 0; h < H; h++)
+        rows = KS_MIN(rows, (ev->kv && ev->kv->n ? ev->kv->n[h] : 0) + (ev->kind == KS_EV_PREFILL_QKV ? ev->n : 0));
+    int64_t b0 = r[0], b1 = r[1], a0 = r[2], a1 = r[3];
+    if (b0 < 0 || b0 > b1 || a0 > a1 || a1 > rows || (b1 > b0 && b1 > l->lo) || (a1 > a0 && l->hi > a0))
+        return ks_errorf(KS_ERR_POLICY, "attend in %s (layer %d): rows [%lld, %lld) ++ a list in [%lld, %lld) ++ rows "
+                         "[%lld, %lld) are not ascending inside the %d rows of every KV head", e, ev->layer, (long long)b0,
+                         (long long)b1, (long long)l->lo, (long long)l->hi, (long long)a0, (long long)a1, rows);
+    ks_backend *be = (ks_backend *)ev->be;
+    if (be->attn_ranges && l->rows == 1) { /* read in place: the list alone is copied */
+        ks_status st = ks_action_attend_dev(ev, l, renumber);
+        if (st) return st;
+        ev->act.attend_seg = 1;
+        ev->act.seg_b0 = (int32_t)b0; ev->act.seg_b1 = (int32_t)b1;
+        ev->act.seg_a0 = (int32_t)a0; ev->act.seg_a1 = (int32_t)a1;
+        return KS_OK;
+    }
+    /* the whole list, built by the backend's page_rows (pages of one row) */
+    if (!be->prims || !be->prims->page_rows) return ks_errorf(KS_ERR_UNSUPPORTED, "attend: %s has no page_rows", be->name);
+    int64_t w = (b1 - b0) + l->k + (a1 - a0);
+    int32_t *buf = be->alloc(be, sizeof(int32_t) * (size_t)l->rows * (size_t)w);
+    if (!buf) return ks_errorf(KS_ERR_OOM, "attend: out of memory for a %lld-entry list", (long long)(l->rows * w));
+    ks_status st = be->prims->page_rows(be, l->data, l->rows, l->k, 1, rows, b0, b1, a0, a1, buf, NULL);
+    ks_dev_list whole = {.data = buf, .rows = l->rows, .k = (int)w, .checked = 1,
+                         .lo = b1 > b0 ? b0 : l->lo, .hi = a1 > a0 ? a1 : l->hi};
+    if (!st) st = ks_action_attend_dev(ev, &whole, renumber);
+    be->free(be, buf); /* stream-ordered: after the action's copy of it */
+    return st;
+}
+
 ks_status ks_action_attend_dev(ks_event *ev, const ks_dev_list *l, int renumber) {
     if (ev->kind != KS_EV_DECODE_QKV && ev->kind != KS_EV_PREFILL_QKV) return illegal(ev, "attend");
     if (ev->act.attend) return ks_errorf(KS_ERR_POLICY, "attend: asked twice in one event");

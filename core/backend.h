@@ -105,6 +105,12 @@ typedef struct ks_attn_args {
     int staged;                  /* 0, or 1 + the attn_stage slot that holds this attention's lists:
                                     while a step is recorded (graph_begin_seg), the attention reads
                                     them there when it runs (idx / n_idx unused) */
+    int seg;                     /* 1 (backends with attn_ranges, device lists): each KV head's keys
+                                    are the rows [seg_b0, seg_b1), then its list idx[h] (n_idx[h]
+                                    entries, all in [seg_b1, seg_a0)), then the rows [seg_a0,
+                                    seg_a1): the list the engine would otherwise build with
+                                    page_rows, read in place (renumbered slots run over all three) */
+    int32_t seg_b0, seg_b1, seg_a0, seg_a1;
 } ks_attn_args;
 
 /* The policy primitives on backend buffers: the meaning of core/prims.h, the same results
@@ -181,6 +187,8 @@ struct ks_backend {
     int host_memory;             /* 1: its buffers (activations, KV rows, weights) are host memory that the
                                     engine and policies may read in place (the CPU backend and the
                                     tensor-parallel composite of CPU ranks); 0: device memory */
+    int attn_ranges;             /* 1: attention takes ks_attn_args.seg (row ranges around a device
+                                    list) itself; 0: the engine builds the whole list first */
     void *ctx;
     ks_backend_opts opts;        /* what it was created with (CPU: n_threads the pool's real count) */
 

@@ -28,7 +28,7 @@ typedef struct ks_decode_state {
                               * than the recording has (two: it is dropped and recorded anew) */
     char *seg_att;           /* (n_layers) the recording's attention of that layer reads the lists its
                               * handler staged (backend attn_stage, slot = the layer): 1, 2 with
-                              * renumbered positions (dec_acted); 0 the whole layer */
+                              * renumbered positions, + 2 with row ranges (dec_acted); 0 the whole layer */
     int32_t pos0;            /* position at the recording */
     int long_rope;
     void **k, **v, **pd;     /* (n_layers) storage at the recording */
@@ -523,10 +523,11 @@ static ks_status decode_graph(ks_session *s, ks_decode_state *d, int32_t id, int
 }
 
 /* What a decode event asked for: 0 nothing (a no-op, or a handler that only reads and reports),
- * else 1, or 2 for an attend with renumbered positions (a recorded attention is one or the other) */
+ * else 1, or 2 for an attend with renumbered positions, plus 2 for row ranges around the list
+ * (a recorded attention is one of these kinds) */
 static int dec_acted(const ks_actions *a) {
     if (!(a->restart || a->propagate || a->retain || a->attend || a->stop || a->renumber || a->discard_kv)) return 0;
-    return a->attend && a->renumber ? 2 : 1;
+    return (a->attend && a->renumber ? 2 : 1) + (a->attend && a->attend_seg ? 2 : 0);
 }
 
 /* 1 when the event asked only to attend (TokenSelect, Quest): a recorded segment can take the

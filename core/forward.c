@@ -62,6 +62,11 @@ ks_attn_args ks_layer_attn_args(const ks_session *s, const ks_fwd_buf *b, int n,
         aa.n_idx = act->n_attend;
         aa.idx_dev = act->attend_dev;
         aa.renumber = act->renumber;
+        if (act->attend_seg) {
+            aa.seg = 1;
+            aa.seg_b0 = act->seg_b0; aa.seg_b1 = act->seg_b1;
+            aa.seg_a0 = act->seg_a0; aa.seg_a1 = act->seg_a1;
+        }
     }
     return aa;
 }

@@ -88,6 +88,9 @@ typedef struct ks_actions {
     int32_t **retain_idx; int *n_retain;          /* (n_kv_heads) sorted lists */
     int32_t **attend_idx; int *n_attend;          /* (n_kv_heads) sorted lists */
     int attend_dev;                               /* attend_idx point into attend_dbuf (backend memory) */
+    int attend_seg;                               /* attend_dev lists with row ranges around them (the
+                                                     backend's attn_ranges): ks_attn_args.seg */
+    int32_t seg_b0, seg_b1, seg_a0, seg_a1;       /* with attend_seg */
     void *attend_dbuf, *retain_dbuf, *prop_dbuf;  /* backend copies of device lists, or NULL */
     int retain_rows, retain_k, retain_checked;    /* retain_dbuf: (retain_rows, retain_k), checked by construction */
     int prop_checked;                             /* prop_dbuf: (n_prop), checked by construction */
@@ -157,6 +160,12 @@ ks_status ks_action_attend(ks_event *ev, const int32_t *idx, int k, int renumber
 ks_status ks_action_attend_heads(ks_event *ev, const int32_t *const *idx, const int *k, int renumber);
 /* The same on lists in backend memory (see "Device lists" above). propagate takes one row. */
 ks_status ks_action_attend_dev(ks_event *ev, const ks_dev_list *l, int renumber);
+/* attend to the rows [r[0], r[1]) of every KV head, then l, then the rows [r[2], r[3]): one list
+ * valid by construction (l->checked) between the ranges, r[1] <= l->lo and l->hi <= r[2] (empty
+ * ranges impose nothing), 0 <= r[0] <= r[1], r[2] <= r[3] <= the rows of every head. The result
+ * is ks_action_attend_dev of that whole list (the list page_rows builds with pages of one row);
+ * a backend with attn_ranges reads the ranges in place instead of a built list. */
+ks_status ks_action_attend_dev_ranges(ks_event *ev, const ks_dev_list *l, const int64_t r[4], int renumber);
 ks_status ks_action_retain_dev(ks_event *ev, const ks_dev_list *l);
 ks_status ks_action_propagate_dev(ks_event *ev, const ks_dev_list *l);
 ks_status ks_action_stop(ks_event *ev);

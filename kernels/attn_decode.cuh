@@ -39,6 +39,13 @@ typedef struct ks_cuda_attn_params {
                               (kernels/pdl.cuh; the backend's ks_backend_opts.pdl) */
     int splits;            /* tensor-core decode: split-KV blocks per KV head wanted, 0 = automatic
                               (the backend's ks_backend_opts.decode_splits) */
+    /* tensor-core decode, one row over lists (ks_cuda_attn_decode_tc_list / _tc_rec): row ranges
+     * around each head's list (ks_attn_args.seg): key t < nb is row b0 + t, then the list's
+     * entries, then the last na keys are rows a0, a0 + 1, ... (the counts include all three).
+     * By value: seg_b0, seg_nb, seg_a0, seg_na; a recorded launch reads seg_dev (DEVICE
+     * {b0, nb, arel, na}, a0 = qpos + 1 + arel when it runs) instead. Zeros / NULL: no ranges. */
+    int seg_b0, seg_nb, seg_a0, seg_na;
+    const int32_t *seg_dev;
 } ks_cuda_attn_params;
 
 /* Work decomposition for p on a device with n_sm multiprocessors: *n_splits and the

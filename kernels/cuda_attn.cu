@@ -12,6 +12,7 @@
 #include "attn_decode_batch.cuh"
 #include "argmax_rows.cuh"
 #include "rope_table.cuh"
+#include "ks_cuda_page.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -100,11 +101,12 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
         if (!dbase || a->idx[h] < dbase) dbase = a->idx[h];
     size_t span = 0;
     int max_nk = 0;
+    const int around = a->seg ? (a->seg_b1 - a->seg_b0) + (a->seg_a1 - a->seg_a0) : 0; /* rows of the ranges */
     for (int h = 0; h < Hkv; h++) {
-        if (a->n_idx[h] < 0 || a->n_idx[h] > L->n[h])
-            return ks_errorf(KS_ERR_ARG, "attention: %d indices for KV head %d of %d rows", a->n_idx[h], h, L->n[h]);
+        if (a->n_idx[h] < 0 || a->n_idx[h] + around > L->n[h])
+            return ks_errorf(KS_ERR_ARG, "attention: %d indices for KV head %d of %d rows", a->n_idx[h] + around, h, L->n[h]);
         span = KS_MAX(span, (size_t)(a->idx[h] - dbase) + (size_t)a->n_idx[h]);
-        max_nk = KS_MAX(max_nk, a->n_idx[h]);
+        max_nk = KS_MAX(max_nk, a->n_idx[h] + around);
     }
     if (slot >= c->n_lslot) {
         cu_lslot *ns = (cu_lslot *)realloc(c->lslot, sizeof *ns * (size_t)(slot + 1));
@@ -116,8 +118,8 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
     cu_lslot *ls = &c->lslot[slot];
     ks_status st;
     if (!ls->desc) {
-        if ((st = raw_alloc(c, sizeof(int32_t) * 2 * KS_CUDA_LSLOT_HEADS, "staged list descriptor", (void **)&ls->desc))) return st;
-        cudaError_t e = cudaMallocHost((void **)&ls->hdesc, sizeof(int32_t) * 2 * KS_CUDA_LSLOT_HEADS);
+        if ((st = raw_alloc(c, sizeof(int32_t) * KS_CUDA_LSLOT_WORDS, "staged list descriptor", (void **)&ls->desc))) return st;
+        cudaError_t e = cudaMallocHost((void **)&ls->hdesc, sizeof(int32_t) * KS_CUDA_LSLOT_WORDS);
         if (e) { ls->hdesc = NULL; return ks_cuda_status(e, "staged list descriptor (pinned)"); }
     }
     if (span > ls->cap) { /* room for twice the lists (>= 256 KiB): they grow with the context, and a
@@ -134,24 +136,29 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
         ls->cap = cap;
     }
     /* the descriptor is uploaded only when it changed (TokenSelect's and Quest's counts and
-     * offsets stay the same from step to step): one copy a layer less */
-    int same = ls->hkv == Hkv;
+     * offsets stay the same from step to step, and so do TokenSelect's row ranges: the trailing
+     * range is kept relative to the query position): one copy a layer less */
+    const int nb = a->seg ? a->seg_b1 - a->seg_b0 : 0, na = a->seg ? a->seg_a1 - a->seg_a0 : 0;
+    int32_t seg[KS_CUDA_LSLOT_SEG] = {a->seg ? a->seg_b0 : 0, nb, a->seg ? a->seg_a0 - (a->qpos[0] + 1) : 0, na};
+    int same = ls->hkv == Hkv && !memcmp(ls->hdesc + 2 * KS_CUDA_LSLOT_HEADS, seg, sizeof seg);
     for (int h = 0; h < Hkv && same; h++)
-        same = ls->hdesc[h] == a->n_idx[h] && ls->hdesc[KS_CUDA_LSLOT_HEADS + h] == (int32_t)(a->idx[h] - dbase);
+        same = ls->hdesc[h] == nb + a->n_idx[h] + na && ls->hdesc[KS_CUDA_LSLOT_HEADS + h] == (int32_t)(a->idx[h] - dbase);
     if (span)
         KS_CU(cudaMemcpyAsync(ls->lists, dbase, sizeof(int32_t) * span, cudaMemcpyDeviceToDevice, c->stream), "staged attend lists");
     if (!same) {
         /* the pinned copy's previous upload ran: every step ends waiting for the stream */
         for (int h = 0; h < Hkv; h++) {
-            ls->hdesc[h] = a->n_idx[h];
+            ls->hdesc[h] = nb + a->n_idx[h] + na;
             ls->hdesc[KS_CUDA_LSLOT_HEADS + h] = (int32_t)(a->idx[h] - dbase);
         }
-        KS_CU(cudaMemcpyAsync(ls->desc, ls->hdesc, sizeof(int32_t) * 2 * KS_CUDA_LSLOT_HEADS, cudaMemcpyHostToDevice, c->stream),
+        memcpy(ls->hdesc + 2 * KS_CUDA_LSLOT_HEADS, seg, sizeof seg);
+        KS_CU(cudaMemcpyAsync(ls->desc, ls->hdesc, sizeof(int32_t) * KS_CUDA_LSLOT_WORDS, cudaMemcpyHostToDevice, c->stream),
               "staged list descriptor");
     }
     ls->hkv = Hkv;
     ls->max_nk = max_nk;
     ls->renumber = a->renumber != 0;
+    ls->seg = a->seg != 0;
     return KS_OK;
 }
 
@@ -169,6 +176,9 @@ static ks_status attn_staged(cuda_ctx *c, float *out, const float *q, const ks_k
     p.idx = ls->lists;
     p.nk = ls->desc;
     p.idx_off = ls->desc + KS_CUDA_LSLOT_HEADS;
+    /* row ranges: the decode loop records and replays a layer only while its handler asks for
+     * the same kind of attend (core/decode.c dec_acted: ranges or not) */
+    p.seg_dev = ls->seg ? ls->desc + 2 * KS_CUDA_LSLOT_HEADS : NULL;
     p.qpos = c->d_step + 1;
     p.max_nk = ls->max_nk;
     p.renumber = p.q_renumber = ls->renumber;
@@ -188,6 +198,44 @@ static ks_status attn_staged(cuda_ctx *c, float *out, const float *q, const ks_k
     return ks_cuda_attn_decode_tc_rec(c->stream, &p, NULL, NULL, a->rope ? &rope : NULL, splits, c->gws);
 }
 
+static ks_status cu_attention(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a);
+
+/* a->seg's row ranges written out around its list (one list shared by every head, as
+ * ks_action_attend_dev_ranges keeps them) with page_rows, then the attention over that whole
+ * list: the paths that do not read ranges themselves (prefill-sized calls, shapes the one-row
+ * tensor-core kernel does not take) */
+static ks_status attn_unranged(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a) {
+    cuda_ctx *c = CTX(b);
+    const int Hkv = L->n_kv_heads, k = a->n_idx[0];
+    int rows = INT32_MAX;
+    for (int h = 0; h < Hkv; h++) {
+        if (a->idx[h] != a->idx[0] || a->n_idx[h] != k)
+            return ks_errorf(KS_ERR_INTERNAL, "attention: row ranges around lists that differ between KV heads");
+        rows = KS_MIN(rows, L->n[h] + (a->n > 1 ? a->n : 0));
+    }
+    const int64_t w = (int64_t)(a->seg_b1 - a->seg_b0) + k + (a->seg_a1 - a->seg_a0);
+    void *buf = NULL;
+    const int32_t **ix = (const int32_t **)calloc((size_t)Hkv, sizeof *ix);
+    int *cnt = (int *)calloc((size_t)Hkv, sizeof *cnt);
+    ks_status st = ix && cnt ? dev_alloc(c, sizeof(int32_t) * (size_t)w, "attention list", &buf) : KS_ERR_OOM;
+    if (!st)
+        st = ks_cuda_page_rows(c->stream, a->idx[0], 1, k, 1, rows, a->seg_b0, a->seg_b1, a->seg_a0, a->seg_a1,
+                               (int32_t *)buf, NULL);
+    if (!st) {
+        for (int h = 0; h < Hkv; h++) { ix[h] = (const int32_t *)buf; cnt[h] = (int)w; }
+        ks_attn_args a2 = *a;
+        a2.seg = 0;
+        a2.idx = ix;
+        a2.n_idx = cnt;
+        a2.idx_dev = 1;
+        st = cu_attention(b, out, q, L, &a2);
+    }
+    dev_free(c, buf);
+    free(ix);
+    free(cnt);
+    return st;
+}
+
 static ks_status cu_attention(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a) {
     cuda_ctx *c = CTX(b);
     int H = a->n_heads, Hkv = L->n_kv_heads, n = a->n, d = L->head_dim;
@@ -198,6 +246,8 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
     if (a->rope && (a->rope->head_dim != d || half > 512))
         return ks_errorf(KS_ERR_UNSUPPORTED, "attention: rope over %d of %d dims", a->rope->head_dim, d);
     if (a->staged) return attn_staged(c, out, q, L, a);
+    if (a->seg && (!a->idx || !a->idx_dev || !L->n))
+        return ks_errorf(KS_ERR_ARG, "attention: row ranges without a device list");
     if (n == 1 && !a->idx && !a->rope && L->n && c->o.decode_kernels &&
         (c->attn_path == KS_CUDA_ATTN_AUTO || c->attn_path == KS_CUDA_ATTN_TC) &&
         Hkv <= KS_CUDA_ATTN_BYVAL_HEADS) {
@@ -225,9 +275,11 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
             return st;
         }
     }
-    if (n == 1 && (a->idx || a->rope) && (!a->idx || a->idx_dev) && L->n && c->o.decode_kernels &&
-        (c->attn_path == KS_CUDA_ATTN_AUTO || c->attn_path == KS_CUDA_ATTN_TC) && Hkv <= KS_CUDA_ATTN_BYVAL_HEADS &&
-        half <= KS_CUDA_ATTN_ROPE_HALF) {
+    const int by_value_list = n == 1 && (a->idx || a->rope) && (!a->idx || a->idx_dev) && L->n && c->o.decode_kernels &&
+                              (c->attn_path == KS_CUDA_ATTN_AUTO || c->attn_path == KS_CUDA_ATTN_TC) &&
+                              Hkv <= KS_CUDA_ATTN_BYVAL_HEADS && half <= KS_CUDA_ATTN_ROPE_HALF;
+    if (a->seg && !by_value_list) return attn_unranged(b, out, q, L, a);
+    if (by_value_list) {
         /* one decode row over device lists and/or pre-RoPE rows (TokenSelect): the tensor-core
          * kernel reads the listed rows in place and rotates them itself; counts, list offsets,
          * position and rope table by value (no upload), no allocation but the split workspace */
@@ -237,8 +289,14 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
         const int32_t *dbase = NULL; /* the allocation holding the lists: the lowest of them */
         for (int h = 0; a->idx && h < Hkv; h++)
             if (!dbase || a->idx[h] < dbase) dbase = a->idx[h];
+        if (a->seg) { /* rows [b0, b1) ++ list ++ [a0, a1), read in place */
+            p.seg_b0 = a->seg_b0;
+            p.seg_nb = a->seg_b1 - a->seg_b0;
+            p.seg_a0 = a->seg_a0;
+            p.seg_na = a->seg_a1 - a->seg_a0;
+        }
         for (int h = 0; h < Hkv; h++) {
-            nk[h] = a->idx ? a->n_idx[h] : L->n[h];
+            nk[h] = a->idx ? p.seg_nb + a->n_idx[h] + p.seg_na : L->n[h];
             if (nk[h] < 0 || nk[h] > L->n[h])
                 return ks_errorf(KS_ERR_ARG, "attention: %d indices for KV head %d of %d rows", nk[h], h, L->n[h]);
             off[h] = dbase ? (int)(a->idx[h] - dbase) : 0;
@@ -246,6 +304,7 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
         }
         p.idx = dbase;
         p.renumber = p.q_renumber = a->idx && a->renumber;
+        if (a->seg && !ks_cuda_attn_decode_tc_supported(&p)) return attn_unranged(b, out, q, L, a);
         if (ks_cuda_attn_decode_tc_supported(&p)) {
             if (c->rec && (a->idx || p.max_nk == 0))
                 return rec_fail(c, "attention over an index list that was not staged, or over an empty cache");

@@ -41,10 +41,12 @@ struct ks_weight {
 typedef struct cu_lslot {
     int32_t *lists;    /* device: the lists of all heads, as staged (cap int32) */
     size_t cap;
-    int32_t *desc;     /* device: (2, KS_CUDA_LSLOT_HEADS) counts, then offsets into lists */
+    int32_t *desc;     /* device: (2, KS_CUDA_LSLOT_HEADS) counts (row ranges included), then offsets into
+                          lists, then KS_CUDA_LSLOT_SEG words {b0, nb, arel, na}: ks_cuda_attn_params.seg_dev */
     int32_t *hdesc;    /* pinned host copy that the staging copies from */
     int hkv, max_nk;   /* of the last staging (host: the recording's split choice) */
     int renumber;      /* the last staging's lists take positions 0..count-1 */
+    int seg;           /* the last staging had row ranges around its lists (desc's last words) */
 } cu_lslot;
 
 typedef struct cuda_ctx {
@@ -100,6 +102,8 @@ typedef struct cuda_ctx {
 } cuda_ctx;
 
 #define KS_CUDA_LSLOT_HEADS 64      /* KV heads a staged list slot holds (KS_CUDA_ATTN_BYVAL_HEADS) */
+#define KS_CUDA_LSLOT_SEG 4         /* words of a slot's row ranges (ks_attn_args.seg) after the counts and offsets */
+#define KS_CUDA_LSLOT_WORDS (2 * KS_CUDA_LSLOT_HEADS + KS_CUDA_LSLOT_SEG)
 
 #define KS_CUDA_STEP_WORDS 8        /* int32 words of the decode graphs' step slot */
 #define GRAPH_WS ((size_t)8 << 20) /* split-KV workspace of a recorded decode step */

@@ -302,6 +302,7 @@ extern "C" ks_status ks_cuda_backend_create(const ks_backend_opts *opts, ks_back
     cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
 
     b->name = "cuda";
+    b->attn_ranges = 1; /* cuda_attn.cu reads ks_attn_args.seg */
     b->alloc = cu_alloc;
     b->free = cu_free;
     b->upload = cu_upload;

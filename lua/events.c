@@ -293,24 +293,66 @@ static int l_ev_retain(lua_State *L) {
     return 0;
 }
 
+/* opts[name] = {begin, end} (integers, begin <= end) into r[0..1]; absent: r unchanged */
+static void range_opt(lua_State *L, int opts, const char *name, int64_t *r) {
+    lua_getfield(L, opts, name);
+    if (!lua_isnil(L, -1)) {
+        if (!lua_istable(L, -1) || luaL_len(L, -1) != 2)
+            ks_lua_errorf(L, "attend", "option %s must be {begin, end}", name);
+        for (int i = 0; i < 2; i++) {
+            lua_geti(L, -1, i + 1);
+            int ok;
+            lua_Integer v = lua_tointegerx(L, -1, &ok);
+            if (!ok) ks_lua_errorf(L, "attend", "option %s: entry %d is not an integer", name, i + 1);
+            r[i] = (int64_t)v;
+            lua_pop(L, 1);
+        }
+        if (r[0] > r[1] || r[0] < 0)
+            ks_lua_errorf(L, "attend", "option %s: {%lld, %lld} is not a range of rows", name, (long long)r[0], (long long)r[1]);
+    }
+    lua_pop(L, 1);
+}
+
+/* ev:attend(list [, {renumber = bool, before = {b0, b1}, after = {a0, a1}}]): with before / after,
+ * the rows [b0, b1) ++ list ++ [a0, a1), as one list (a device list is read in place around the
+ * ranges where the backend can: ks_action_attend_dev_ranges) */
 static int l_ev_attend(lua_State *L) {
     l_event *e = check_event(L, 1, "attend");
     int renumber = 0;
+    int64_t r[4] = {0, 0, 0, 0};
     if (!lua_isnoneornil(L, 3)) {
         luaL_checktype(L, 3, LUA_TTABLE);
         lua_pushnil(L);
         while (lua_next(L, 3)) {
             lua_pop(L, 1);
-            if (lua_type(L, -1) != LUA_TSTRING || strcmp(lua_tostring(L, -1), "renumber"))
-                return ks_lua_errorf(L, "attend", "unknown option '%s' (options: renumber)", luaL_tolstring(L, -1, NULL));
+            const char *o = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+            if (!o || (strcmp(o, "renumber") && strcmp(o, "before") && strcmp(o, "after")))
+                return ks_lua_errorf(L, "attend", "unknown option '%s' (options: renumber, before, after)",
+                                     luaL_tolstring(L, -1, NULL));
         }
         lua_getfield(L, 3, "renumber");
         renumber = lua_toboolean(L, -1);
         lua_pop(L, 1);
+        range_opt(L, 3, "before", r);
+        range_opt(L, 3, "after", r + 2);
     }
+    int ranges = r[0] < r[1] || r[2] < r[3];
     ks_dev_list dl;
-    if (dev_list_arg(L, 2, e, "attend", 1, &dl)) ACT("attend", ks_action_attend_dev(e->ev, &dl, renumber));
-    else if (per_head(L, 2)) {
+    if (dev_list_arg(L, 2, e, "attend", 1, &dl))
+        ACT("attend", ranges ? ks_action_attend_dev_ranges(e->ev, &dl, r, renumber) : ks_action_attend_dev(e->ev, &dl, renumber));
+    else if (ranges) { /* a host list: the whole list here, checked as any list */
+        if (per_head(L, 2)) return ks_lua_errorf(L, "attend", "before / after take one list for every KV head");
+        int k;
+        const int32_t *idx = index_list(L, 2, "attend", &k);
+        int64_t w = (r[1] - r[0]) + k + (r[3] - r[2]);
+        if (w > INT32_MAX) return ks_lua_errorf(L, "attend", "a list of %lld rows is too long", (long long)w);
+        int32_t *all = lua_newuserdatauv(L, sizeof(int32_t) * (size_t)(w ? w : 1), 0);
+        int64_t o = 0;
+        for (int64_t j = r[0]; j < r[1]; j++) all[o++] = (int32_t)j;
+        for (int j = 0; j < k; j++) all[o++] = idx[j];
+        for (int64_t j = r[2]; j < r[3]; j++) all[o++] = (int32_t)j;
+        ACT("attend", ks_action_attend(e->ev, all, (int)w, renumber));
+    } else if (per_head(L, 2)) {
         const int32_t **idx;
         int *cnt;
         head_lists(L, 2, "attend", e->ev->n_kv_heads, &idx, &cnt);

@@ -97,11 +97,11 @@ local function _select(ev, p, fp, K, lo, hi, step)
   return top + lo
 end
 
--- One list, [0, n_init) ++ sel ++ [N - n_local, N), built by one primitive (ks.page_rows with
--- pages of one row: sel is ks.topk's sorted result inside [n_init, N - n_local), so the list is
--- valid by construction and ev:attend takes it on the device without a check).
+-- [0, n_init) ++ sel ++ [N - n_local, N): sel is ks.topk's sorted result inside [n_init, N - n_local),
+-- valid by construction, so ev:attend takes it on the device without a check, and the row ranges
+-- around it are read where they are (no list is built where the backend reads ranges itself).
 local function _attend(ev, p, sel, N)
-  ev:attend(ks.page_rows(sel, 1, N, { before = { 0, p.n_init }, after = { N - p.n_local, N } }), { renumber = true })
+  ev:attend(sel, { renumber = true, before = { 0, p.n_init }, after = { N - p.n_local, N } })
 end
 
 local function _check(p)

@@ -2,7 +2,8 @@
  * "Device lists"): the backend's check_idx rule on the CPU, device lists (emulated device on
  * the CPU backend) giving exactly what the same host lists give, their errors (out of range,
  * unsorted, duplicates, wrong head count, a list that fits one layer and not another), deferred
- * to the step's sync and named there, and TokenSelect's decode step without a download. */
+ * to the step's sync and named there, row ranges around a list (ev:attend's before / after) equal
+ * to the whole list, and TokenSelect's decode step without a download. */
 #include "engine.h"
 #include "ks_lua.h"
 #include "ktest.h"
@@ -49,7 +50,7 @@ typedef struct run {
     int n_ids;
     int kept_n[8][2];
     int32_t kept[8][2][1200];
-    float logit0;
+    float logit0, logit_last; /* the best logit before the first / the last decode step */
     long downloads_decode, allocs_decode;
 } run;
 
@@ -89,6 +90,7 @@ static void run_policy(ks_model *m, ks_policy *p, const char *params, const char
         for (int i = 1; i < nv; i++)
             if (lg[i] > lg[best]) best = i;
         if (t == 0) r->logit0 = lg[best];
+        r->logit_last = lg[best];
         r->ids[r->n_ids++] = best;
         r->st = ks_session_decode(s, best);
     }
@@ -107,7 +109,9 @@ static void run_policy(ks_model *m, ks_policy *p, const char *params, const char
 }
 
 static int same_run(const run *a, const run *b) {
-    if (a->n_ids != b->n_ids || memcmp(a->ids, b->ids, sizeof(int32_t) * a->n_ids) || a->logit0 != b->logit0) return 0;
+    if (a->n_ids != b->n_ids || memcmp(a->ids, b->ids, sizeof(int32_t) * a->n_ids) || a->logit0 != b->logit0 ||
+        a->logit_last != b->logit_last)
+        return 0;
     for (int l = 0; l < 8; l++)
         for (int h = 0; h < 2; h++)
             if (a->kept_n[l][h] != b->kept_n[l][h] || memcmp(a->kept[l][h], b->kept[l][h], sizeof(int32_t) * a->kept_n[l][h]))
@@ -172,6 +176,52 @@ KT_TEST(device_actions_lists_equal_host_lists) {
     ks_model_close(m);
 }
 
+/* ev:attend(list, {before = ..., after = ...}): rows 0..9, a middle list of 15 rows, the last 10,
+ * renumbered, at every layer: as a host list with the ranges, as a device list valid by
+ * construction with the ranges (the engine builds the whole list with page_rows where the backend
+ * does not read ranges itself, as the CPU backend does not), and as the whole host list. */
+static const char *ranges_policy =
+    "local ks = require 'kvsieve'\n"
+    "return { name = 'ranges', params = { how = 'whole' },\n"
+    "  decode_qkv = function(ev, p)\n"
+    "    local n = ev.kv_rows[1]\n"
+    "    local mid = {} for i = 25, 39 do mid[#mid + 1] = i end\n"
+    "    local r = { renumber = true, before = { 0, 10 }, after = { n - 10, n } }\n"
+    "    if p.how == 'whole' then\n"
+    "      local t = {} for i = 0, 9 do t[#t + 1] = i end for _, v in ipairs(mid) do t[#t + 1] = v end\n"
+    "      for i = n - 10, n - 1 do t[#t + 1] = i end\n"
+    "      ev:attend(t, { renumber = true })\n"
+    "    elseif p.how == 'host' then ev:attend(mid, r)\n"
+    "    else local v = {} for i = 1, 15 do v[i] = 1.0 end ev:attend(ks.topk(ks._upload(ks.tensor(v)), 15) + 25, r) end\n"
+    "  end }\n";
+
+KT_TEST(device_actions_attend_ranges_equal_whole_list) {
+    ks_lua_quiet = 1;
+    ks_model *m;
+    KT_CHECK(ks_model_open("models/kvsieve-tiny", "cpu", &m) == KS_OK, "%s", ks_last_error());
+    static run r[3];
+    const char *hows[] = {"whole", "host", "device"};
+    for (int i = 0; i < 3; i++) {
+        ks_policy *p;
+        KT_CHECK(ks_policy_load_string(m, "ranges", ranges_policy, &p) == KS_OK, "%s", ks_last_error());
+        char params[64];
+        snprintf(params, sizeof params, "how=%s", hows[i]);
+        run_policy(m, p, params, i == 2 ? "emulate" : "host", 300, 4, &r[i]);
+        ks_policy_free(p);
+        KT_CHECK(r[i].st == KS_OK, "%s: %s", hows[i], r[i].err);
+    }
+    static run full;
+    ks_policy *pf;
+    KT_CHECK(ks_policy_load(m, "full", &pf) == KS_OK, "%s", ks_last_error());
+    run_policy(m, pf, "", "host", 300, 4, &full);
+    ks_policy_free(pf);
+    KT_CHECK(full.st == KS_OK, "%s", full.err);
+    KT_CHECK(r[0].logit_last != full.logit_last, "the whole list changed nothing (the policy did not act)");
+    KT_CHECK(same_run(&r[0], &r[1]), "a host list with before / after differs from the whole list");
+    KT_CHECK(same_run(&r[0], &r[2]), "a device list with before / after differs from the whole list");
+    ks_model_close(m);
+}
+
 /* ---------------------------------------------------------------- errors */
 
 /* One decode-time action per case: the error (at the step's sync for unchecked attend lists,
@@ -194,6 +244,11 @@ static const char *bad_policy =
     "    elseif c == 'layer' then ev:attend(up({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}))\n"
     "    elseif c == 'retain' then ev:retain(up({3, 2}))\n"
     "    elseif c == 'empty' then ev:attend((ks.topk(up({1.0}), 0)))\n"
+    "    elseif c == 'ranges_unchecked' then ev:attend(up({5, 6, 7}), { before = { 0, 2 } })\n"
+    "    elseif c == 'ranges_overlap' then ev:attend(ks.topk(up({1.0, 1.0}), 2) + 5, { before = { 0, 6 } })\n"
+    "    elseif c == 'ranges_past' then ev:attend(ks.topk(up({1.0, 1.0}), 2) + 5, { after = { 9, n + 1 } })\n"
+    "    elseif c == 'ranges_form' then ev:attend(ks.topk(up({1.0, 1.0}), 2) + 5, { before = { 3 } })\n"
+    "    elseif c == 'ranges_host_overlap' then ev:attend({ 1, 2 }, { before = { 0, 2 } })\n"
     "    end\n"
     "  end }\n";
 
@@ -210,6 +265,12 @@ KT_TEST(device_actions_errors_are_named) {
         {"layer", "attend in decode_qkv (layer 0): index 11 at position 11 out of range [0, 11)"},
         {"retain", "retain in decode_qkv (layer 1): unsorted index 2 at position 1"},
         {"empty", "attend in decode_qkv: empty index list"},
+        {"ranges_unchecked", "attend in decode_qkv (layer 1): before / after ranges need a list valid by construction"},
+        {"ranges_overlap", "attend in decode_qkv (layer 1): rows [0, 6) ++ a list in [5, 7) ++ rows [0, 0) are not ascending"},
+        {"ranges_past", "attend in decode_qkv (layer 1): rows [0, 0) ++ a list in [5, 7) ++ rows [9, 42) are not ascending "
+                        "inside the 41 rows"},
+        {"ranges_form", "attend: option before must be {begin, end}"},
+        {"ranges_host_overlap", "attend in decode_qkv (layer 1)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ks_policy *p;

@@ -501,6 +501,19 @@ int main(int argc, char **argv) {
         result(st == KS_ERR_ARG, "negative warp count refused", "%s", ks_last_error());
         st = ks_cuda_attn_decode_batch_run(GPU, 1, NULL, NULL, NULL, NULL, NULL, 32, 1.0f, 0, NULL, NULL, 0);
         result(st == KS_ERR_ARG, "NULL arguments refused", "%s", ks_last_error());
+        /* a bf16 copy asked for rows that are not one block (row 1 two rows past row 0): refused
+         * before anything is read or launched, so the pointers are never dereferenced on the GPU */
+        static float rows[4 * 32 * 128] __attribute__((aligned(16)));
+        ks_kv_layer l2[2];
+        memset(l2, 0, sizeof l2);
+        for (int i = 0; i < 2; i++) { l2[i].n_kv_heads = 8; l2[i].head_dim = 128; }
+        ks_kv_layer *lp[2] = {&l2[0], &l2[1]};
+        const float *qp[2] = {rows, rows + 32 * 128};
+        float *op[2] = {rows, rows + 2 * 32 * 128};
+        int32_t pp[2] = {0, 0};
+        uint16_t bf[1];
+        st = ks_cuda_attn_decode_batch_run(GPU, 2, lp, qp, qp, qp, pp, 32, 1.0f, 0, op, bf, 0);
+        result(st == KS_ERR_ARG, "bf16 copy of non-contiguous rows refused", "%s", ks_last_error());
     }
     argmax_cases();
     if (!g_quick) {

@@ -15,6 +15,7 @@
  *          rotated key; the splits the backend now takes for a list, ks_cuda_attn_decode_tc_list_splits,
  *          so the same summation order);
  *   host   with lists: the backend's host-list path (which still gathers) equals it bit for bit.
+ * Row ranges (ks_attn_args.seg) around a device list against the whole list: ranges_case.
  * Shapes: g = 1..8, head_dim 64 and 128, lists of 0..4096 rows out of 8K..128K, renumbered or at
  * the stored positions (with gaps), shared lists and per-head lists of different lengths, a
  * window, pre-RoPE and already-rotated rows, a list-less pre-RoPE row. Refusals: a list longer
@@ -457,6 +458,77 @@ done:
     free(q); free(oc); free(pos);
 }
 
+/* Row ranges around a device list (ks_attn_args.seg, TokenSelect's [0, nb) ++ sel ++ [N - na, N)):
+ * the backend's attention with the middle list and the ranges against the same with the whole
+ * list written out: bit-identical on the one-row tensor-core path (read in place) and on a path
+ * that writes the list out first (the prefill planner's kernel, pinned), and within the
+ * tensor-core tolerance of the CPU backend over the whole host list. */
+static void ranges_case(int Hkv, int g, int d, int N, int nb, int k, int na, int rope_on) {
+    int H = Hkv * g;
+    char name[160];
+    snprintf(name, sizeof name, "ranges g=%d Hkv=%d d=%d N=%d: [0, %d) ++ %d rows ++ the last %d%s", g, Hkv, d, N, nb, k,
+             na, rope_on ? " pre-RoPE" : "");
+    int32_t *pos = malloc(sizeof(int32_t) * (N + 1));
+    for (int i = 0; i <= N; i++) pos[i] = i;
+    ks_kv_layer G, C;
+    kv_fill(&G, &C, Hkv, d, N, pos);
+    size_t qn = (size_t)H * d;
+    float *q = malloc(sizeof(float) * qn);
+    for (size_t i = 0; i < qn; i++) q[i] = frand() * 2.0f;
+    int w = nb + k + na;
+    int32_t *whole = malloc(sizeof(int32_t) * w);
+    for (int i = 0; i < nb; i++) whole[i] = i;
+    pick_sorted(whole + nb, k, N - na - nb);
+    for (int i = 0; i < k; i++) whole[nb + i] += nb;
+    for (int i = 0; i < na; i++) whole[nb + k + i] = N - na + i;
+    int32_t *dwhole = gpu_up(whole, sizeof(int32_t) * w), *dmid = gpu_up(whole + nb, sizeof(int32_t) * (k ? k : 1));
+    ks_rope rope = kt_rope_llama3(d);
+    int32_t qpos = N;
+    const int32_t **hw = calloc(Hkv, sizeof *hw), **dw = calloc(Hkv, sizeof *dw), **dm = calloc(Hkv, sizeof *dm);
+    int *nw = calloc(Hkv, sizeof *nw), *nm = calloc(Hkv, sizeof *nm);
+    for (int h = 0; h < Hkv; h++) { hw[h] = whole; dw[h] = dwhole; dm[h] = dmid; nw[h] = w; nm[h] = k; }
+    ks_attn_args a = {.n = 1, .n_heads = H, .qpos = &qpos, .scale = 1.0f / sqrtf((float)d), .renumber = 1};
+    if (rope_on) { a.rope = &rope; a.rope_max_pos = qpos; }
+    float *oc = malloc(sizeof(float) * qn);
+    a.idx = hw; a.n_idx = nw;
+    if (CPU->attention(CPU, oc, q, &C, &a)) die("cpu attention");
+    float *dq = gpu_up(q, sizeof(float) * qn), *dout = gpu_up(NULL, sizeof(float) * qn);
+    for (int path = 0; path < 2; path++) { /* 0: automatic (one row: read in place), 1: the prefill kernel, pinned */
+        ks_cuda_backend_set_attn_path(GPU, path ? KS_CUDA_ATTN_FLASH : KS_CUDA_ATTN_AUTO);
+        ks_attn_args aw = a, ar = a;
+        aw.idx = dw; aw.n_idx = nw; aw.idx_dev = 1;
+        ar.idx = dm; ar.n_idx = nm; ar.idx_dev = 1;
+        ar.seg = 1; ar.seg_b0 = 0; ar.seg_b1 = nb; ar.seg_a0 = N - na; ar.seg_a1 = N;
+        gpu_nan(dout, qn);
+        ks_status st = GPU->attention(GPU, dout, dq, &G, &aw);
+        if (!st) st = GPU->sync(GPU);
+        float *ow = st ? NULL : gpu_get(dout, qn);
+        gpu_nan(dout, qn);
+        if (!st) st = GPU->attention(GPU, dout, dq, &G, &ar);
+        if (!st) st = GPU->sync(GPU);
+        char sub[220];
+        snprintf(sub, sizeof sub, "%s, %s", name, path ? "prefill kernel (list written out)" : "one-row kernel (in place)");
+        if (st) result(0, sub, "%s", ks_last_error());
+        else {
+            float *orr = gpu_get(dout, qn);
+            double e = relerr(orr, oc, qn);
+            int same = !memcmp(orr, ow, sizeof(float) * qn);
+            result(same && e < 1e-2, sub, "bit-identical to the whole list: %s; cpu relerr %.2e", same ? "yes" : "no", e);
+            free(orr);
+        }
+        free(ow);
+    }
+    ks_cuda_backend_set_attn_path(GPU, KS_CUDA_ATTN_AUTO);
+    GPU->free(GPU, dq);
+    GPU->free(GPU, dout);
+    GPU->free(GPU, dwhole);
+    GPU->free(GPU, dmid);
+    GPU->kv_free(GPU, &G);
+    CPU->kv_free(CPU, &C);
+    free(hw); free(dw); free(dm); free(nw); free(nm);
+    free(whole); free(q); free(oc); free(pos);
+}
+
 /* The rope table against the CPU twin (core/cpu_backend.c's rotation: cos / sin of the float32
  * angle pos * inv_freq, times attn_factor): every (c, s) within 1e-6 of that product computed in
  * double (|c|, |s| <= 1.25 here: sincosf's 2 ulp plus one rounding is ~4e-7; a wrong layout or
@@ -773,6 +845,10 @@ int main(int argc, char **argv) {
     }
     if (skipped) printf("  skip %d cases of more than 100000 rows (--quick)\n", skipped);
     if (!bench_only) {
+        ranges_case(8, 4, 128, 32768, 128, 2048, 512, 1); /* TokenSelect at the 8B shape */
+        ranges_case(2, 2, 64, 5000, 3, 700, 17, 1);
+        ranges_case(2, 4, 128, 3000, 10, 1, 0, 0);          /* rotated rows, no trailing range */
+        ranges_case(1, 8, 128, 3000, 0, 40, 33, 1);         /* no leading range */
         table_values();
         refusals();
     }
