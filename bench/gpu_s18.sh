@@ -6,6 +6,7 @@
 #            test_attn_decode_batch --quick
 #   tests1   test_attn_list, test_cuda_policies, test_cuda --quick --only attention
 #   ab       32K, 64 steps: full, TokenSelect, its hit path; each build of $V, three rounds
+#   final    issue 14's table (8K / 32K / 128K rows of every policy it names), each build of $V
 #   ncu      the list attention's kernels (rope table, no rotation, combine) under ncu, one launch each
 #   memcheck compute-sanitizer over new test_attn_list --quick
 #   attn     test_attn_list --bench (one layer's list attention, 2688 rows of 32K / 128K): base, new
@@ -30,6 +31,15 @@ step_ab() { # 32K, 64 steps: full, TokenSelect and its hit path, each build of $
         row 32K-g64 --lengths 32768 --gen 64 --policy none,tokenselect
         row 32K-g64-hit --lengths 32768 --gen 64 --policy tokenselect --set tokenselect.cache_theta=-1
     done >> $O/ab.txt
+}
+step_final() { # issue 14's table: every row base then new (each build with its own policy files)
+    ( row 8K --lengths 8192 --gen 8 --policy none
+      row 32K --lengths 32768 --gen 32 --policy none,noop,tokenselect,quest --set quest.budget=4096
+      row 32K-hit --lengths 32768 --gen 32 --policy tokenselect --set tokenselect.cache_theta=-1
+      row 32K-sllm-static --lengths 32768 --gen 32 --policy streamingllm --set budget=2048
+      row 32K-sllm-rolling --lengths 32768 --gen 32 --policy streamingllm --set budget=2048 --set rolling=true
+      row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest,gemfilter,fastkv --set quest.budget=4096
+      row 128K-hit --lengths 131040 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 ) >> $O/final.txt
 }
 step_ncu() { # the list attention's kernels under ncu, one launch each, from test_attn_list --bench-only
     for k in attn_decode_tc_kernelILi128ELi2E attn_decode_tc_kernelILi128ELi0E attn_combine_kernel; do

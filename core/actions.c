@@ -278,6 +278,39 @@ static ks_status dev_list_check(const ks_event *ev, const char *action, const ks
     return KS_OK;
 }
 
+/* Per layer, the engine's copy of the last decode-time attend list that came with a serial
+ * (ks_dev_list.serial: a policy's read-only tensor). While a policy attends the same tensor at a
+ * layer (TokenSelect's selection cache), the copy is reused: no copy and no check again, and the
+ * same list id (ks_backend.list_gen) lets the backend skip staging it again. */
+struct ks_list_keep {
+    uint64_t serial, gen;
+    void *buf;
+    int rows, k;
+    const ks_backend *be;
+};
+
+void ks_list_keep_free(ks_session *s) {
+    if (!s || !s->lkeep) return;
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        if (s->lkeep[l].buf) ((ks_backend *)s->lkeep[l].be)->free((ks_backend *)s->lkeep[l].be, s->lkeep[l].buf);
+    free(s->lkeep);
+    s->lkeep = NULL;
+}
+
+/* The kept entry for ev's layer, created on first use; NULL where lists are not kept (not a
+ * decode event, no serial, out of memory) */
+static struct ks_list_keep *list_keep_at(const ks_event *ev, const ks_dev_list *l) {
+    ks_session *s = ev->sess;
+    if (!l->serial || !l->checked || !s || ev->kind != KS_EV_DECODE_QKV || ev->layer < 0 ||
+        ev->layer >= s->m->cfg.n_layers)
+        return NULL; /* only lists valid by construction: a kept list is never checked again */
+    if (!s->lkeep && !(s->lkeep = ks_calloc((size_t)s->m->cfg.n_layers, sizeof *s->lkeep))) {
+        ks_clear_error();
+        return NULL;
+    }
+    return &s->lkeep[ev->layer];
+}
+
 /* A backend copy of l (rows * k words) in *out. */
 static ks_status dev_list_copy(const ks_event *ev, const ks_dev_list *l, void **out) {
     ks_backend *be = (ks_backend *)ev->be;
@@ -336,8 +369,11 @@ ks_status ks_action_attend_dev(ks_event *ev, const ks_dev_list *l, int renumber)
     if (!lm) return KS_ERR_OOM;
     void *buf = NULL;
     ks_status st = dev_list_check(ev, "attend", l, 1, lm);
-    if (!st) st = dev_list_copy(ev, l, &buf);
-    if (!st && !l->checked) {
+    struct ks_list_keep *kp = st ? NULL : list_keep_at(ev, l);
+    int reused = kp && kp->buf && kp->serial == l->serial && kp->rows == l->rows && kp->k == l->k && kp->be == ev->be;
+    if (reused) buf = kp->buf; /* the same tensor as this layer's last attend: copied and checked then */
+    else if (!st) st = dev_list_copy(ev, l, &buf);
+    if (!st && !reused && !l->checked) {
         ks_backend *be = (ks_backend *)ev->be;
         uint64_t *slot = devcheck_slot(ev, l, lm);
         st = slot ? be->check_idx(be, buf, l->rows, l->k, lm, slot) : KS_ERR_UNSUPPORTED;
@@ -359,16 +395,24 @@ ks_status ks_action_attend_dev(ks_event *ev, const ks_dev_list *l, int renumber)
     if (lm != lim) free(lm);
     if (st) {
         free(ix);
-        if (buf) ev->be->free((ks_backend *)ev->be, buf);
+        if (buf && !reused) ev->be->free((ks_backend *)ev->be, buf);
         return st;
     }
     for (int h = 0; h < H; h++) {
         ix[h] = (int32_t *)buf + (l->rows == 1 ? 0 : (size_t)h * l->k);
         n[h] = l->k;
     }
+    if (kp && !reused) { /* keep this copy for the layer (the previous one is freed stream-ordered) */
+        ks_backend *be = (ks_backend *)ev->be;
+        if (kp->buf) ((ks_backend *)kp->be)->free((ks_backend *)kp->be, kp->buf);
+        *kp = (struct ks_list_keep){.serial = l->serial, .gen = ++be->list_gen, .buf = buf, .rows = l->rows, .k = l->k,
+                                    .be = ev->be};
+        reused = 1; /* the keep owns it */
+    }
     ev->act.attend_idx = ix;
     ev->act.n_attend = n;
-    ev->act.attend_dbuf = buf;
+    ev->act.attend_dbuf = reused ? NULL : buf;
+    ev->act.attend_gen = kp && reused ? kp->gen : 0;
     ev->act.attend_dev = 1;
     ev->act.be = ev->be;
     ev->act.attend = 1;

@@ -111,6 +111,9 @@ typedef struct ks_attn_args {
                                     seg_a1): the list the engine would otherwise build with
                                     page_rows, read in place (renumbered slots run over all three) */
     int32_t seg_b0, seg_b1, seg_a0, seg_a1;
+    uint64_t idx_gen;            /* device lists: 0, or an id of their contents, unique on this backend
+                                    (ks_backend.list_gen): the same id again means the same lists at the
+                                    same addresses, so attn_stage need not copy them again */
 } ks_attn_args;
 
 /* The policy primitives on backend buffers: the meaning of core/prims.h, the same results
@@ -189,6 +192,8 @@ struct ks_backend {
                                     tensor-parallel composite of CPU ranks); 0: device memory */
     int attn_ranges;             /* 1: attention takes ks_attn_args.seg (row ranges around a device
                                     list) itself; 0: the engine builds the whole list first */
+    uint64_t list_gen;           /* the engine's count of the device lists it keeps on this backend
+                                    (ks_attn_args.idx_gen), never reused */
     void *ctx;
     ks_backend_opts opts;        /* what it was created with (CPU: n_threads the pool's real count) */
 

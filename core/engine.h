@@ -121,6 +121,9 @@ struct ks_session {
     int graph_steps;          /* decode steps run as a recorded graph (ks_backend.graph_begin) */
     struct ks_decode_state *dec; /* decode.c: one-row buffers kept between decode steps and the
                                     recorded decode step (backend graphs); NULL until a decode */
+    struct ks_list_keep *lkeep;  /* actions.c: per layer, the engine's copy of the last device attend
+                                    list with a serial (reused while the policy attends the same
+                                    tensor, as TokenSelect's cache hits do); NULL until one */
 };
 
 /* Sessions are made and freed by ks_session_create / ks_session_free (kvsieve.h; session.c). */

@@ -61,6 +61,7 @@ ks_attn_args ks_layer_attn_args(const ks_session *s, const ks_fwd_buf *b, int n,
         aa.idx = (const int32_t *const *)act->attend_idx;
         aa.n_idx = act->n_attend;
         aa.idx_dev = act->attend_dev;
+        aa.idx_gen = act->attend_gen;
         aa.renumber = act->renumber;
         if (act->attend_seg) {
             aa.seg = 1;

@@ -113,6 +113,8 @@ int ks_is_eos(const ks_config *c, int32_t id);
 void ks_decode_drop_graph(ks_session *s);
 /* Free the decode state (buffers and graph); s->dec becomes NULL. */
 void ks_decode_free(ks_session *s);
+/* Free the kept attend lists (actions.c); s->lkeep becomes NULL. */
+void ks_list_keep_free(ks_session *s);
 /* Where the session's deferred checks live (in the decode state, created here if needed; NULL:
  * out of memory). */
 ks_devcheck **ks_decode_devcheck(ks_session *s);

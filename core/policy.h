@@ -74,6 +74,9 @@ typedef struct ks_dev_list {
     int rows, k;
     int checked;             /* 1: valid by construction: every row strictly ascending, values in [lo, hi) */
     int64_t lo, hi;          /* with checked */
+    uint64_t serial;         /* 0, or an id of these contents that no other list of the session has (a
+                                policy's tensor, read-only): an attend of the same serial at the same
+                                layer reuses the engine's copy of it (ks_action_attend_dev) */
 } ks_dev_list;
 
 /* What a handler asked for (filled by ks_action_*; read by the engine). A device list lives in
@@ -88,6 +91,8 @@ typedef struct ks_actions {
     int32_t **retain_idx; int *n_retain;          /* (n_kv_heads) sorted lists */
     int32_t **attend_idx; int *n_attend;          /* (n_kv_heads) sorted lists */
     int attend_dev;                               /* attend_idx point into attend_dbuf (backend memory) */
+    uint64_t attend_gen;                          /* attend_dev: 0, or the id of the engine's kept copy the
+                                                     lists point into (not attend_dbuf: not freed here) */
     int attend_seg;                               /* attend_dev lists with row ranges around them (the
                                                      backend's attn_ranges): ks_attn_args.seg */
     int32_t seg_b0, seg_b1, seg_a0, seg_a1;       /* with attend_seg */

@@ -74,6 +74,7 @@ void ks_session_free(ks_session *s) {
         free(s->kv);
     }
     ks_decode_free(s);
+    ks_list_keep_free(s);
     if (s->logits) {
         if (s->be->host_alloc) s->be->host_free(s->be, s->logits);
         else free(s->logits);

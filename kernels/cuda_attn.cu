@@ -134,6 +134,7 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
         }
         ls->lists = nb;
         ls->cap = cap;
+        ls->gen = 0;
     }
     /* the descriptor is uploaded only when it changed (TokenSelect's and Quest's counts and
      * offsets stay the same from step to step, and so do TokenSelect's row ranges: the trailing
@@ -143,8 +144,13 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
     int same = ls->hkv == Hkv && !memcmp(ls->hdesc + 2 * KS_CUDA_LSLOT_HEADS, seg, sizeof seg);
     for (int h = 0; h < Hkv && same; h++)
         same = ls->hdesc[h] == nb + a->n_idx[h] + na && ls->hdesc[KS_CUDA_LSLOT_HEADS + h] == (int32_t)(a->idx[h] - dbase);
-    if (span)
+    /* lists the engine keeps (a policy attending the same tensor again, TokenSelect's cache hits)
+     * are where they were with the same contents: the buffer holds them already */
+    if (span && !(a->idx_gen && a->idx_gen == ls->gen && dbase == ls->src)) {
         KS_CU(cudaMemcpyAsync(ls->lists, dbase, sizeof(int32_t) * span, cudaMemcpyDeviceToDevice, c->stream), "staged attend lists");
+        ls->gen = a->idx_gen;
+        ls->src = dbase;
+    }
     if (!same) {
         /* the pinned copy's previous upload ran: every step ends waiting for the stream */
         for (int h = 0; h < Hkv; h++) {

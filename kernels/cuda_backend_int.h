@@ -47,6 +47,8 @@ typedef struct cu_lslot {
     int hkv, max_nk;   /* of the last staging (host: the recording's split choice) */
     int renumber;      /* the last staging's lists take positions 0..count-1 */
     int seg;           /* the last staging had row ranges around its lists (desc's last words) */
+    uint64_t gen;      /* ks_attn_args.idx_gen of the lists the buffer holds (0: unknown) */
+    const int32_t *src;/* where they were copied from */
 } cu_lslot;
 
 typedef struct cuda_ctx {

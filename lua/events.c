@@ -246,6 +246,8 @@ static int dev_list_arg(lua_State *L, int arg, const l_event *e, const char *fn,
     out->rows = t->ndim == 2 ? (int)t->shape[0] : 1;
     out->k = t->ndim == 2 ? (int)t->shape[1] : (int)t->numel;
     out->checked = ks_lt_sorted(L, arg, &out->lo, &out->hi);
+    /* an owned tensor read where it is: its contents are known by its id (read-only data) */
+    out->serial = !pushed && t->dev_owned && d == t->dev_owned ? t->id : 0;
     return 1;
 }
 

@@ -97,6 +97,7 @@ typedef struct ks_lctx {
     size_t dev_peak;               /* most bytes at once since the state was made */
     long dev_downloads;            /* host copies made of device data (tests, reports) */
     long dev_allocs;               /* device tensors allocated */
+    uint64_t next_id;              /* the last ks_tensor.id given */
 } ks_lctx;
 
 /* The context of L (every state made by the binding has one). */
@@ -160,6 +161,8 @@ typedef struct ks_tensor {
     ks_lctx *dctx;                     /* the list it is on (device tensors) */
     struct ks_tensor *dnext, *dprev;
     int kept;                          /* outlived the event that made it (ks_lt_dev_settle) */
+    uint64_t id;                       /* owned device tensors: a number no other tensor of this state
+                                        * had (its data never changes: ks_dev_list.serial) */
 } ks_tensor;
 
 /* A new owned contiguous tensor on the stack (data uninitialised unless zero). Raises on

@@ -127,6 +127,7 @@ ks_tensor *ks_lt_dnew(lua_State *L, ks_backend *be, ks_tdtype dt, int ndim, cons
     t->dev_owned = dev_alloc(L, be, bytes);
     t->dev_bytes = bytes ? bytes : 4;
     t->data = t->dev_owned;
+    t->id = ++ks_lua_ctx(L)->next_id;
     return t;
 }
 

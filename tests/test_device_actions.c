@@ -3,7 +3,8 @@
  * the CPU backend) giving exactly what the same host lists give, their errors (out of range,
  * unsorted, duplicates, wrong head count, a list that fits one layer and not another), deferred
  * to the step's sync and named there, row ranges around a list (ev:attend's before / after) equal
- * to the whole list, and TokenSelect's decode step without a download. */
+ * to the whole list, a kept list copied once a layer, and TokenSelect's decode step without a
+ * download. */
 #include "engine.h"
 #include "ks_lua.h"
 #include "ktest.h"
@@ -219,6 +220,51 @@ KT_TEST(device_actions_attend_ranges_equal_whole_list) {
     KT_CHECK(r[0].logit_last != full.logit_last, "the whole list changed nothing (the policy did not act)");
     KT_CHECK(same_run(&r[0], &r[1]), "a host list with before / after differs from the whole list");
     KT_CHECK(same_run(&r[0], &r[2]), "a device list with before / after differs from the whole list");
+    ks_model_close(m);
+}
+
+/* A device list the policy keeps and attends at every step (TokenSelect's cache hits): the engine
+ * keeps its copy per layer and reuses it (one copy a layer for the whole run: ks_backend.list_gen
+ * counts the copies kept), with the same results as a new equal tensor every step (a copy each
+ * time), and as the host table. */
+static const char *keep_policy =
+    "local ks = require 'kvsieve'\n"
+    "local kept = {}\n"
+    "return { name = 'keep', params = { how = 'kept' },\n"
+    "  begin = function() kept = {} end,\n"
+    "  decode_qkv = function(ev, p)\n"
+    "    local n = ev.kv_rows[1]\n"
+    "    if p.how == 'host' then local t = {} for i = 30, 59 do t[#t + 1] = i end ev:attend(t, { renumber = true }) return end\n"
+    "    local function make() local v = {} for i = 1, 30 do v[i] = 1.0 end return ks.topk(ks._upload(ks.tensor(v)), 30) + 30 end\n"
+    "    local sel = p.how == 'kept' and kept[ev.layer] or make()\n"
+    "    kept[ev.layer] = sel\n"
+    "    ev:attend(sel, { renumber = true })\n"
+    "  end }\n";
+
+KT_TEST(device_actions_kept_list_copied_once) {
+    ks_lua_quiet = 1;
+    ks_model *m;
+    KT_CHECK(ks_model_open("models/kvsieve-tiny", "cpu", &m) == KS_OK, "%s", ks_last_error());
+    static run r[3];
+    const char *hows[] = {"host", "fresh", "kept"};
+    uint64_t copies[3];
+    const int steps = 5, L = m->cfg.n_layers;
+    for (int i = 0; i < 3; i++) {
+        ks_policy *p;
+        KT_CHECK(ks_policy_load_string(m, "keep", keep_policy, &p) == KS_OK, "%s", ks_last_error());
+        char params[64];
+        snprintf(params, sizeof params, "how=%s", hows[i]);
+        uint64_t g0 = m->be->list_gen;
+        run_policy(m, p, params, i ? "emulate" : "host", 300, steps, &r[i]);
+        copies[i] = m->be->list_gen - g0;
+        ks_policy_free(p);
+        KT_CHECK(r[i].st == KS_OK, "%s: %s", hows[i], r[i].err);
+    }
+    KT_CHECK(same_run(&r[0], &r[1]) && same_run(&r[0], &r[2]), "kept, fresh and host lists give different results");
+    KT_CHECK(copies[2] == (uint64_t)L, "a kept list was copied %llu times over %d steps of %d layers (once a layer expected)",
+             (unsigned long long)copies[2], steps, L);
+    KT_CHECK(copies[1] == (uint64_t)(L * steps), "fresh lists: %llu copies kept, expected %d", (unsigned long long)copies[1],
+             L * steps);
     ks_model_close(m);
 }
 
