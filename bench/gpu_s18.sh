@@ -7,8 +7,12 @@
 #   tests1   test_attn_list, test_cuda_policies, test_cuda --quick --only attention
 #   ab       32K, 64 steps: full, TokenSelect, its hit path; each build of $V, three rounds
 #   final    issue 14's table (8K / 32K / 128K rows of every policy it names), each build of $V
+#   hitx     128K: full and the hit path (--gen 32), each build of $V: more rounds of the ratio
+#   reg      full at 8K and FastKV at 128K (--gen 32), three rounds of each build of $V
+#   quest    Quest (budget 4096) and full at 128K, each build of $V
 #   ncu      the list attention's kernels (rope table, no rotation, combine) under ncu, one launch each
-#   memcheck compute-sanitizer over new test_attn_list --quick
+#   memcheck compute-sanitizer over new test_attn_list --quick and test_cuda_prims --quick
+#   prims    new test_cuda_prims (every primitive against its CPU twin)
 #   attn     test_attn_list --bench (one layer's list attention, 2688 rows of 32K / 128K): base, new
 #   hit32    TokenSelect's hit path (cache_theta -1) and full attention at 32K
 #   hit      TokenSelect's hit path (cache_theta -1) and full attention, 32K and 128K: base then new
@@ -41,6 +45,18 @@ step_final() { # issue 14's table: every row base then new (each build with its 
       row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest,gemfilter,fastkv --set quest.budget=4096
       row 128K-hit --lengths 131040 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 ) >> $O/final.txt
 }
+step_hitx() { # 128K: full and TokenSelect's hit path again, each build of $V (more rounds of the ratio)
+    row 128K-hit --lengths 131040 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 >> $O/hitx.txt
+}
+step_reg() { # the no-regression rows that moved in the final call, three rounds of each build of $V
+    for r in 1 2 3; do
+        row 8K --lengths 8192 --gen 32 --policy none
+        row 128K-fastkv --lengths 131040 --gen 32 --policy fastkv
+    done >> $O/reg.txt
+}
+step_quest() { # Quest (budget 4096) and full at 128K, each build of $V
+    row 128K-quest --lengths 131040 --gen 16 --policy none,quest --set quest.budget=4096 >> $O/quest.txt
+}
 step_ncu() { # the list attention's kernels under ncu, one launch each, from test_attn_list --bench-only
     for k in attn_decode_tc_kernelILi128ELi2E attn_decode_tc_kernelILi128ELi0E attn_combine_kernel; do
         echo "== $k"
@@ -51,8 +67,11 @@ step_ncu() { # the list attention's kernels under ncu, one launch each, from tes
     done > $O/ncu.txt
 }
 step_memcheck() {
-    timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_attn_list --quick 2>&1 | tail -3 >> $O/memcheck.txt
+    ( timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_attn_list --quick 2>&1 | tail -3
+      [ -x $R/new/test_cuda_prims ] && timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 \
+          $R/new/test_cuda_prims --quick 2>&1 | tail -3 ) >> $O/memcheck.txt
 }
+step_prims() { tst test_cuda_prims >> $O/tests.txt; }
 V=${V:-base new} # the builds the timing steps run, in order (directories of the pack)
 step_attn() {
     for v in $V; do echo "== $v"; timeout 250 $R/$v/test_attn_list --bench 2>&1 | grep "time bench"; done >> $O/attn.txt

@@ -1,24 +1,14 @@
 /* prim_page.cu — page_reduce, bound_scores, page_rows on the GPU (ks_cuda_page.h; CPU twin and
- * meaning: core/prims_page.h). Every output computed exactly as the CPU reference does (same
- * order, double sums, exact products), so the results are bit-identical.
+ * meaning: core/prims_page.h). One thread per output element, each computing it exactly as the
+ * CPU reference does (same order, double sums, exact products), so the results are bit-identical.
  * Memory traffic: page_reduce reads its rows once (coalesced along d): where the rows allow
  * 16-byte loads (d, the strides and the address multiples of 8 bf16 / 4 floats) each thread
  * takes 8 (4) adjacent columns of one page, every row's load in flight at once; else one
- * column a thread. bound_scores (G = n_q_heads / n_kv_heads <= 8, d % 4 == 0, aligned boxes):
- * bound_scores_fast, a thread a box summing all G query heads of its group (each box element
- * loaded and widened to double once; q * max(lo, hi) or q * min(lo, hi) by the sign of q, as two
- * fma with max(q, 0) / min(q, 0): no compare, no per-head conversion), or a thread a query head
- * where there are too few boxes to fill the GPU; the boxes reach shared memory through cp.async
- * in chunks of 16 elements, double-buffered; inf / NaN in q or a box: that box (or block) redone
- * term for term as the CPU does. Other shapes: one thread per output reading the boxes from L1 /
- * L2 (bound_scores_kernel). Measured on an H100 SXM (bench_kernels --quest, Quest's
- * Llama-3.1-8B shape, group_max; bench/results/s18/bounds/): 128K (8191 pages, 67 MB of lo + hi)
- * 36.4 us against 48.8-49.1 us for the kernel before (staging 32 boxes, a warp a query head,
- * two conversions and a compare a term); 32K (2047 pages, 16.7 MB, L2-resident in the bench)
- * 16.3-17.5 us against 14.7-15.1 us (a thread a query head there). At 128K the kernel is bound
- * by the bytes in flight (ncu, before the L2::128B hint: 40 us, DRAM 54-58% of peak, 3.8 warps a
- * scheduler issuing 0.4 a cycle, stalled on the chunk loads): one 16 KB chunk in flight a block
- * and 4 blocks an SM (shared memory) is too little; the floor is ~22 us (3 TB/s). */
+ * column a thread. bound_scores stages 32 boxes of one KV head in shared memory (16-byte loads),
+ * then warp t computes query head t of the group for the 32 boxes (the query element a
+ * broadcast), each thread summing its box in the CPU's order; shapes it does not take (g > 8,
+ * d % 4 != 0, d > ~150) run one thread per output reading the boxes from L1 / L2. Measured on
+ * the H200 (Quest at 128K: 8191 pages x 8 KV heads x 128; bench_kernels --quest): bench/NOTES.md. */
 #include "prim_common.cuh"
 #include "ks_cuda_page.h"
 
@@ -175,181 +165,67 @@ __global__ void bound_scores_kernel(const float *__restrict__ q, const float *__
     }
 }
 
-/* The fast kernel. Block b takes KV head kv = b % hkv (KV head fastest: the blocks in flight
- * read one stretch of lo / hi) and NB consecutive boxes; TPB = G / HPT threads a box, thread
- * (box, part) summing HPT of the group's G query heads (HPT = G: each box element loaded,
- * compared and widened once for the whole group; HPT = 1 where there are too few boxes to fill
- * the GPU). The boxes go through shared memory in chunks of BSF_C elements (cp.async, 16 bytes
- * a lane, each box's chunk one contiguous stretch; double-buffered, the next chunk in flight
- * while this one is summed; rows padded to BSF_C + 4 floats: a warp's float4 reads across its
- * boxes meet no bank conflict; 128 threads a block, 4 blocks an SM at G = 4, d = 128). The term
- * of query head t, max(q lo, q hi), is q * max(lo, hi) for q > 0 and q * min(lo, hi) for q < 0
- * (two products exact in double: the larger is the one with the larger / smaller factor), so
- * with qp = max(q, 0) and qn = min(q, 0) as doubles in shared memory the step is
- * s = fma(qn, mn, fma(qp, mx, s)): one fma adds the exact product (the same rounding as
- * s += term) and the other adds +-0 (s never is -0.0: it starts at +0.0). That holds only where
- * no product is NaN and the box values are finite (0 * inf, or a NaN, picks differently): query
- * rows with an inf / NaN (the block sees it while staging them), or a box with an inf / NaN
- * element (fma(x, 0, chk) turns chk NaN), are recomputed with bound_one, term for term the CPU's.
- * The group's reductions take the per-head double sums in head order (through shared memory
- * where a box has several threads). G <= 8, d % 4 == 0, 16-byte aligned lo / hi. */
-#define BSF_T 128 /* threads a block (at most) */
-#define BSF_C 16  /* box elements a chunk */
-#define BSF_RS (BSF_C + 4)
-
-/* 16 bytes global -> shared, bypassing L1; L2::128B: a miss fetches the whole 128-byte line (the
- * row's next chunk) from DRAM in one go (measured: 36.4 us at 128K against 40.3-41.2 without the
- * hint and 43.5-45.6 with L2::256B, which crowds the L2) */
-static __device__ __forceinline__ void bsf_cp16(void *dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src)
-                 : "memory");
-}
-static __device__ __forceinline__ void bsf_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-static __device__ __forceinline__ void bsf_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-template <int G, int HPT> struct bsf_shape {
-    static constexpr int TPB = G / HPT;     /* threads a box */
-    static constexpr int NB = BSF_T / TPB;  /* boxes a block */
-};
-
-/* shared memory: (G, d + 1) (qp, qn) pairs, 2 buffers x (lo, hi) x NB x BSF_RS floats, and the
- * (NB, G) per-head sums where a box has several threads */
-static size_t bsf_smem(int g, int hpt, int64_t d) {
-    const int tpb = g / hpt, nb = BSF_T / tpb;
-    return sizeof(double2) * g * (d + 1) + sizeof(float) * 2 * 2 * nb * BSF_RS + (tpb > 1 ? sizeof(double) * nb * g : 0);
-}
-
-template <int G, int HPT>
-__global__ void __launch_bounds__(BSF_T) bound_scores_fast(const float *__restrict__ q, const float *__restrict__ lo,
-                                                           const float *__restrict__ hi, int64_t n, int hkv, int d,
-                                                           int reduce, float *__restrict__ out) {
-    constexpr int TPB = bsf_shape<G, HPT>::TPB, NB = bsf_shape<G, HPT>::NB;
-    extern __shared__ __align__(16) unsigned char bsf_sm[];
-    const int qstride = d + 1; /* double2 units: rows of different heads in different banks */
-    double2 *qs = (double2 *)bsf_sm;
-    float *stage = (float *)(qs + G * qstride);
-    double *res = (double *)(stage + 2 * 2 * NB * BSF_RS);
-    const int kv = (int)(blockIdx.x % (unsigned)hkv);
-    const int64_t j0 = (int64_t)(blockIdx.x / (unsigned)hkv) * NB;
-    const int nb = (int)min((int64_t)NB, n - j0), tid = threadIdx.x, b = tid / TPB, t0 = (tid % TPB) * HPT;
-    const int64_t j = j0 + b;
-    const float *qg = q + (int64_t)kv * G * d;
-    const float *l = lo + (j * hkv + kv) * d, *u = hi + (j * hkv + kv) * d;
-    const int nthr = NB * TPB, d4 = d / 4, nc = (d + BSF_C - 1) / BSF_C;
-    /* chunk c of the block's boxes into buffer c & 1: lane e copies float4 k of box bb's row */
-    auto issue = [&](int c) {
-        const int i0 = c * BSF_C, w4 = min(BSF_C / 4, d4 - i0 / 4), per = nb * w4;
-        float *dst = stage + (c & 1) * 2 * NB * BSF_RS;
-        for (int e = tid; e < 2 * per; e += nthr) {
-            const int arr = e >= per, r = e - arr * per;
-            const int bb = w4 == BSF_C / 4 ? r / (BSF_C / 4) : r / w4, k = r - bb * w4;
-            const float *src = (arr ? hi : lo) + ((j0 + bb) * hkv + kv) * d + i0 + 4 * k;
-            bsf_cp16(dst + (arr * NB + bb) * BSF_RS + 4 * k, src);
+/* Tiled: block (x, kv) takes boxes j0 = 32 x .. j0 + 31 of KV head kv, staged in shared memory
+ * with 16-byte loads (rows padded to d + 4 floats: a thread reads its box's row 4 floats at a
+ * time without bank conflicts across the warp's 32 boxes), with the g query rows of the group
+ * as doubles; warp t is query head kv * g + t, lane b box j0 + b, so each query element is one
+ * broadcast. Each (head, box) sum is bound_one's, term by term in its order (d % 4 == 0). */
+#define BS_TILE 32
+__global__ void __launch_bounds__(256) bound_scores_tiled(const float *__restrict__ q, const float *__restrict__ lo,
+                                                          const float *__restrict__ hi, int64_t n, int64_t hkv, int g,
+                                                          int d, int reduce, float *__restrict__ out) {
+    extern __shared__ double bs_smem[];
+    const int ds = d + 4;                              /* padded row stride (floats) */
+    double *res = bs_smem;                             /* (g, 32) per-head sums (group reductions) */
+    double *qs = res + (size_t)g * BS_TILE;            /* (g, d) the group's query rows */
+    float *sl = (float *)(qs + (size_t)g * d);         /* (32, ds) boxes' lo */
+    float *sh = sl + BS_TILE * ds;                     /* (32, ds) boxes' hi */
+    const int64_t kv = blockIdx.y, j0 = (int64_t)blockIdx.x * BS_TILE;
+    const int nb = (int)min((int64_t)BS_TILE, n - j0), d4 = d / 4, t = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* warp w copies boxes w, w + g, ... (one 16-byte load a lane per row quarter) */
+    for (int b = t; b < nb; b += g) {
+        const float4 *gl = (const float4 *)(lo + ((j0 + b) * hkv + kv) * d);
+        const float4 *gh = (const float4 *)(hi + ((j0 + b) * hkv + kv) * d);
+        for (int c = lane; c < d4; c += 32) {
+            *(float4 *)(sl + b * ds + 4 * c) = __ldg(gl + c);
+            *(float4 *)(sh + b * ds + 4 * c) = __ldg(gh + c);
         }
-        bsf_commit();
-    };
-    issue(0);
-    int bad = 0;
-    for (int e = tid; e < G * d; e += nthr) {
-        const float v = __ldg(qg + e);
-        bad |= !isfinite(v);
-        qs[(e / d) * qstride + e % d] = make_double2(v > 0.f ? (double)v : 0.0, v < 0.f ? (double)v : 0.0);
     }
-    const int q_bad = __syncthreads_or(bad);
-    double s[HPT];
-#pragma unroll
-    for (int h = 0; h < HPT; h++) s[h] = 0;
-    float chk_l = 0.f, chk_u = 0.f; /* NaN once a box value is inf / NaN */
-    for (int c = 0; c < nc; c++) {
-        bsf_wait0();
-        __syncthreads(); /* chunk c landed for every thread; every thread is done with chunk c - 1 */
-        if (c + 1 < nc) issue(c + 1);
-        if (b >= nb || q_bad) continue;
-        const int i0 = c * BSF_C, w = min(BSF_C, d - i0);
-        const float *rl = stage + (c & 1) * 2 * NB * BSF_RS + b * BSF_RS, *rh = rl + NB * BSF_RS;
-#pragma unroll
-        for (int i = 0; i < BSF_C; i += 4) {
-            if (i >= w) break;
-            const float4 l4 = *(const float4 *)(rl + i), u4 = *(const float4 *)(rh + i);
+    for (int e = threadIdx.x; e < g * d; e += blockDim.x) qs[e] = (double)__ldg(q + kv * g * (int64_t)d + e);
+    __syncthreads();
+    const int b = lane;
+    double acc = 0;
+    if (b < nb) {
+        const float *l = sl + b * ds, *u = sh + b * ds;
+        const double *qh = qs + t * d;
+        for (int i = 0; i < d; i += 4) {
+            const float4 l4 = *(const float4 *)(l + i), u4 = *(const float4 *)(u + i);
             const float lv[4] = {l4.x, l4.y, l4.z, l4.w}, uv[4] = {u4.x, u4.y, u4.z, u4.w};
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                chk_l = fmaf(lv[k], 0.f, chk_l);
-                chk_u = fmaf(uv[k], 0.f, chk_u);
-                const double mx = (double)fmaxf(lv[k], uv[k]), mn = (double)fminf(lv[k], uv[k]);
-#pragma unroll
-                for (int h = 0; h < HPT; h++) {
-                    const double2 qq = qs[(t0 + h) * qstride + i0 + i + k];
-                    s[h] = fma(qq.y, mn, fma(qq.x, mx, s[h]));
-                }
+                const double qi = qh[i + k];
+                const double a = qi * (double)lv[k], c = qi * (double)uv[k]; /* exact: 24 + 24 bits */
+                acc += (a > c || isnan(a)) ? a : c;
             }
         }
+        if (reduce == KS_BOUND_NONE) out[(kv * g + t) * n + j0 + b] = (float)acc;
     }
-    if (b < nb && (q_bad || isnan(chk_l) || isnan(chk_u))) {
-#pragma unroll
-        for (int h = 0; h < HPT; h++) s[h] = bound_one(qg + (t0 + h) * d, l, u, d);
-    }
-    if (reduce == KS_BOUND_NONE) {
-        if (b < nb) {
-#pragma unroll
-            for (int h = 0; h < HPT; h++) out[((int64_t)kv * G + t0 + h) * n + j] = (float)s[h];
-        }
-        return;
-    }
-    double gs[G]; /* the group's G sums of box jb, in head order */
-    int jb;
-    if constexpr (TPB == 1) {
-#pragma unroll
-        for (int t = 0; t < G; t++) gs[t] = s[t % HPT]; /* HPT == G */
-        jb = b;
-    } else {
-        if (b < nb) {
-#pragma unroll
-            for (int h = 0; h < HPT; h++) res[b * G + t0 + h] = s[h];
-        }
-        __syncthreads();
-        jb = tid;
-        if (jb >= nb) return;
-#pragma unroll
-        for (int t = 0; t < G; t++) gs[t] = res[jb * G + t];
-    }
+    if (reduce == KS_BOUND_NONE) return;
+    res[t * BS_TILE + b] = acc;
+    __syncthreads();
+    if (t != 0 || b >= nb) return;
     if (reduce == KS_BOUND_GROUP_MAX) {
-        float m = (float)gs[0];
-#pragma unroll
-        for (int t = 1; t < G; t++) {
-            const float v = (float)gs[t];
-            if (v > m || isnan(v)) m = isnan(m) ? m : v;
+        float m = 0;
+        for (int s2 = 0; s2 < g; s2++) {
+            float v = (float)res[s2 * BS_TILE + b];
+            if (s2 == 0 || v > m || isnan(v)) m = (s2 > 0 && isnan(m)) ? m : v;
         }
-        out[(int64_t)kv * n + j0 + jb] = m;
+        out[kv * n + j0 + b] = m;
     } else {
         double sum = 0;
-#pragma unroll
-        for (int t = 0; t < G; t++) sum += gs[t];
-        out[(int64_t)kv * n + j0 + jb] = (float)sum;
+        for (int s2 = 0; s2 < g; s2++) sum += res[s2 * BS_TILE + b];
+        out[kv * n + j0 + b] = (float)sum;
     }
-}
-
-/* HPT = G where there are boxes enough for a thread each to fill the GPU (~300 a SM), else 1 */
-template <int G>
-static ks_status bsf_launch(cudaStream_t st, const float *q, const float *lo, const float *hi, int64_t n, int64_t hkv,
-                            int64_t d, int reduce, float *out, int nsm) {
-    const bool wide = G == 1 || n * hkv >= (int64_t)nsm * 300;
-    const int hpt = wide ? G : 1, nb = BSF_T / (G / hpt), thr = nb * (G / hpt);
-    const size_t smem = bsf_smem(G, hpt, d);
-    const unsigned blocks = (unsigned)(((n + nb - 1) / nb) * hkv);
-    auto kern = wide ? bound_scores_fast<G, G> : bound_scores_fast<G, 1>;
-    static size_t allowed[2][64]; /* the dynamic shared memory opted in, per kernel and device */
-    int dev = 0;
-    KS_CU(cudaGetDevice(&dev), "bound_scores device");
-    if (smem > 48 * 1024 && (dev >= 64 || allowed[wide][dev] < smem)) {
-        KS_CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-              "bound_scores shared memory");
-        if (dev < 64) allowed[wide][dev] = smem;
-    }
-    kern<<<blocks, thr, smem, st>>>(q, lo, hi, n, (int)hkv, (int)d, reduce, out);
-    KS_CU_LAUNCH("bound_scores kernel");
-    return KS_OK;
 }
 
 extern "C" ks_status ks_cuda_bound_scores(cudaStream_t s, const float *q, int64_t n_q_heads, const float *lo,
@@ -361,24 +237,13 @@ extern "C" ks_status ks_cuda_bound_scores(cudaStream_t s, const float *q, int64_
     if (!q || !lo || !hi || !out) return ks_errorf(KS_ERR_ARG, "bound_scores: NULL data");
     int64_t rows = reduce == KS_BOUND_NONE ? n_q_heads : n_kv_heads;
     const int64_t g = n_q_heads / n_kv_heads;
-    if (g <= 8 && d % 4 == 0 && (uintptr_t)lo % 16 == 0 && (uintptr_t)hi % 16 == 0 &&
-        bsf_smem((int)g, 1, d) <= 96 * 1024 && bsf_smem((int)g, (int)g, d) <= 96 * 1024 &&
-        (n + BSF_T - 1) / (BSF_T / g) * n_kv_heads <= INT32_MAX) {
-        static int nsms[64];
-        int dev = 0, nsm = 132;
-        if (!cudaGetDevice(&dev) && dev < 64 && !nsms[dev])
-            if (cudaDeviceGetAttribute(&nsms[dev], cudaDevAttrMultiProcessorCount, dev) || nsms[dev] < 1) nsms[dev] = 132;
-        if (dev < 64 && nsms[dev] > 0) nsm = nsms[dev];
-        switch (g) {
-        case 1: return bsf_launch<1>(s, q, lo, hi, n, n_kv_heads, d, (int)reduce, out, nsm);
-        case 2: return bsf_launch<2>(s, q, lo, hi, n, n_kv_heads, d, (int)reduce, out, nsm);
-        case 3: return bsf_launch<3>(s, q, lo, hi, n, n_kv_heads, d, (int)reduce, out, nsm);
-        case 4: return bsf_launch<4>(s, q, lo, hi, n, n_kv_heads, d, (int)reduce, out, nsm);
-        case 5: return bsf_launch<5>(s, q, lo, hi, n, n_kv_heads, d, (int)reduce, out, nsm);
-        case 6: return bsf_launch<6>(s, q, lo, hi, n, n_kv_heads, d, (int)reduce, out, nsm);
-        case 7: return bsf_launch<7>(s, q, lo, hi, n, n_kv_heads, d, (int)reduce, out, nsm);
-        default: return bsf_launch<8>(s, q, lo, hi, n, n_kv_heads, d, (int)reduce, out, nsm);
-        }
+    const size_t smem = sizeof(double) * g * (BS_TILE + d) + sizeof(float) * 2 * BS_TILE * (d + 4);
+    if (g <= 8 && d % 4 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)lo % 16 == 0 && (uintptr_t)hi % 16 == 0 &&
+        smem <= 48 * 1024 && n_kv_heads <= 65535) {
+        dim3 grid((unsigned)((n + BS_TILE - 1) / BS_TILE), (unsigned)n_kv_heads);
+        bound_scores_tiled<<<grid, (unsigned)(32 * g), smem, s>>>(q, lo, hi, n, n_kv_heads, (int)g, (int)d, (int)reduce, out);
+        KS_CU_LAUNCH("bound_scores kernel");
+        return KS_OK;
     }
     bound_scores_kernel<<<ks_grid1d((size_t)(rows * n), 128), 128, 0, s>>>(q, lo, hi, n, n_kv_heads, n_q_heads / n_kv_heads,
                                                                           d, (int)reduce, rows, out);
