@@ -109,6 +109,23 @@ static void run_policy(ks_model *m, ks_policy *p, const char *params, const char
     ks_session_free(s);
 }
 
+/* The policy source src loaded afresh as `name`, with how = `how`, run (run_policy: a 300-token
+ * prompt) in device mode `mode` for `steps` decode steps. */
+static void run_how(ks_model *m, const char *name, const char *src, const char *how, const char *mode, int steps, run *r) {
+    ks_policy *p;
+    ks_status st = ks_policy_load_string(m, name, src, &p);
+    if (st) {
+        memset(r, 0, sizeof *r);
+        r->st = st;
+        snprintf(r->err, sizeof r->err, "%s", ks_last_error());
+        return;
+    }
+    char params[64];
+    snprintf(params, sizeof params, "how=%s", how);
+    run_policy(m, p, params, mode, 300, steps, r);
+    ks_policy_free(p);
+}
+
 static int same_run(const run *a, const run *b) {
     if (a->n_ids != b->n_ids || memcmp(a->ids, b->ids, sizeof(int32_t) * a->n_ids) || a->logit0 != b->logit0 ||
         a->logit_last != b->logit_last)
@@ -162,12 +179,7 @@ KT_TEST(device_actions_lists_equal_host_lists) {
     static run r[3];
     const char *hows[] = {"host", "unchecked", "checked"};
     for (int i = 0; i < 3; i++) {
-        ks_policy *p;
-        KT_CHECK(ks_policy_load_string(m, "lists", lists_policy, &p) == KS_OK, "%s", ks_last_error());
-        char params[64];
-        snprintf(params, sizeof params, "how=%s", hows[i]);
-        run_policy(m, p, params, i ? "emulate" : "host", 300, 4, &r[i]);
-        ks_policy_free(p);
+        run_how(m, "lists", lists_policy, hows[i], i ? "emulate" : "host", 4, &r[i]);
         KT_CHECK(r[i].st == KS_OK, "%s: %s", hows[i], r[i].err);
     }
     KT_CHECK(r[0].kept_n[5][0] == 200 && r[0].kept_n[3][0] < 200, "the policy did not act (%d, %d rows)", r[0].kept_n[5][0],
@@ -203,12 +215,7 @@ KT_TEST(device_actions_attend_ranges_equal_whole_list) {
     static run r[3];
     const char *hows[] = {"whole", "host", "device"};
     for (int i = 0; i < 3; i++) {
-        ks_policy *p;
-        KT_CHECK(ks_policy_load_string(m, "ranges", ranges_policy, &p) == KS_OK, "%s", ks_last_error());
-        char params[64];
-        snprintf(params, sizeof params, "how=%s", hows[i]);
-        run_policy(m, p, params, i == 2 ? "emulate" : "host", 300, 4, &r[i]);
-        ks_policy_free(p);
+        run_how(m, "ranges", ranges_policy, hows[i], i == 2 ? "emulate" : "host", 4, &r[i]);
         KT_CHECK(r[i].st == KS_OK, "%s: %s", hows[i], r[i].err);
     }
     static run full;
@@ -250,14 +257,9 @@ KT_TEST(device_actions_kept_list_copied_once) {
     uint64_t copies[3];
     const int steps = 5, L = m->cfg.n_layers;
     for (int i = 0; i < 3; i++) {
-        ks_policy *p;
-        KT_CHECK(ks_policy_load_string(m, "keep", keep_policy, &p) == KS_OK, "%s", ks_last_error());
-        char params[64];
-        snprintf(params, sizeof params, "how=%s", hows[i]);
         uint64_t g0 = m->be->list_gen;
-        run_policy(m, p, params, i ? "emulate" : "host", 300, steps, &r[i]);
+        run_how(m, "keep", keep_policy, hows[i], i ? "emulate" : "host", steps, &r[i]);
         copies[i] = m->be->list_gen - g0;
-        ks_policy_free(p);
         KT_CHECK(r[i].st == KS_OK, "%s: %s", hows[i], r[i].err);
     }
     KT_CHECK(same_run(&r[0], &r[1]) && same_run(&r[0], &r[2]), "kept, fresh and host lists give different results");
