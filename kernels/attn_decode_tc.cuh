@@ -4,9 +4,11 @@
  * a block, each warp streaming its own 16-key tiles through shared memory with cp.async (no
  * block-wide barrier in the loop). Q and P are rounded to bf16 (like the flash prefill kernel),
  * accumulation is float32. Same parameters and semantics as ks_cuda_attn_params
- * (attn_decode.cuh): index lists, renumbering, positions, window. Pre-RoPE queries and keys
- * (TokenSelect) are rotated inside the kernel at their attended positions (ks_cuda_attn_decode_tc_list),
- * so a decode row reads the listed K and V rows where they are, with no gathered copy. C-callable. */
+ * (attn_decode.cuh): index lists, row ranges around them (seg_*), renumbering, positions, window.
+ * Pre-RoPE queries and keys (TokenSelect) are rotated inside the kernel at their attended
+ * positions (ks_cuda_attn_decode_tc_list; renumbered lists from a (cos, sin) table where one is
+ * given, rope_table.cuh), so a decode row reads the listed K and V rows where they are, with no
+ * gathered copy. The splits are merged by ks_cuda_attn_combine (attn_decode.cuh). C-callable. */
 #ifndef KS_CUDA_ATTN_DECODE_TC_CUH
 #define KS_CUDA_ATTN_DECODE_TC_CUH
 #include <cuda_runtime_api.h>
