@@ -123,7 +123,9 @@ struct ks_session {
                                     recorded decode step (backend graphs); NULL until a decode */
     struct ks_list_keep *lkeep;  /* actions.c: per layer, the engine's copy of the last device attend
                                     list with a serial (reused while the policy attends the same
-                                    tensor, as TokenSelect's cache hits do); NULL until one */
+                                    tensor, as TokenSelect's cache hits do); NULL until one; dropped
+                                    by ks_session_reset and by a change of policy (the serials are
+                                    its tensors' ids) */
 };
 
 /* Sessions are made and freed by ks_session_create / ks_session_free (kvsieve.h; session.c). */

@@ -41,6 +41,7 @@ ks_status ks_session_create(ks_model *m, ks_session **out) {
 
 void ks_session_reset(ks_session *s) {
     ks_decode_free(s);
+    ks_list_keep_free(s); /* tensor ids are unique only within one policy's state */
     for (int l = 0; l < s->m->cfg.n_layers; l++) ks_session_kv_clear(s, l);
     s->n_past = 0;
     s->n_tokens = 0;
