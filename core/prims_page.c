@@ -90,14 +90,18 @@ ks_status ks_bound_scores_check_args(int64_t n_q_heads, int64_t n, int64_t n_kv_
     return KS_OK;
 }
 
-/* sum_i max(q_i lo_i, q_i hi_i) in double, i ascending (the products are exact in double) */
+/* sum_i max(q_i lo_i, q_i hi_i) in double, in the fixed order of core/prims_page.h: term i into
+ * partial (i / 4) % 32, i ascending within a partial, then the 32 partials halved (p[l] += p[l + o]
+ * for o = 16, 8, 4, 2, 1). The products are exact in double, so only the additions round. */
 static double bound_one(const float *q, const float *lo, const float *hi, int64_t d) {
-    double s = 0;
+    double p[KS_BOUND_PARTS] = {0};
     for (int64_t i = 0; i < d; i++) {
         double a = (double)q[i] * lo[i], b = (double)q[i] * hi[i];
-        s += (a > b || isnan(a)) ? a : b;
+        p[(i >> 2) % KS_BOUND_PARTS] += (a > b || isnan(a)) ? a : b;
     }
-    return s;
+    for (int o = KS_BOUND_PARTS / 2; o > 0; o >>= 1)
+        for (int l = 0; l < o; l++) p[l] += p[l + o];
+    return p[0];
 }
 
 ks_status ks_cpu_bound_scores(const float *q, int64_t n_q_heads, const float *lo, const float *hi, int64_t n,

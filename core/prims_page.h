@@ -48,6 +48,8 @@ ks_status ks_cpu_page_reduce(const void *x, int x_bf16, int64_t n, int64_t h, in
                              int64_t head_stride, int64_t page, int64_t p0, int64_t p1, float *out_min, float *out_max,
                              float *out_mean);
 
+#define KS_BOUND_PARTS 32 /* partial sums of a bound (ks_cpu_bound_scores) */
+
 typedef enum ks_bound_reduce {
     KS_BOUND_NONE = 0,      /* out (n_q_heads, n): one row per query head */
     KS_BOUND_GROUP_MAX = 1, /* out (n_kv_heads, n): row r = max over the query heads of KV head r */
@@ -61,8 +63,10 @@ typedef enum ks_bound_reduce {
  *   q      // (n_q_heads, d)
  *   lo, hi // (n, n_kv_heads, d) contiguous (ks_cpu_page_reduce's out_min / out_max)
  *   out    // (n_q_heads, n) or (n_kv_heads, n) by `reduce`; fully overwritten
- * Each product is exact in double, the sum runs in double over i ascending and is rounded once
- * to float; GROUP_MAX takes the max of those floats, GROUP_SUM sums the double sums over the
+ * Each product is exact in double; the sum runs in double in a fixed order that 32 lanes of a
+ * GPU warp keep (KS_BOUND_PARTS): term i goes to partial (i / 4) % 32, each partial adds its
+ * terms with i ascending, then the partials are halved, p[l] += p[l + o] for o = 16, 8, 4, 2, 1
+ * (l < o), and p[0] is rounded once to float; GROUP_MAX takes the max of those floats, GROUP_SUM sums the double sums over the
  * group's heads ascending and rounds once. A NaN product (0 * inf) or input makes its sum NaN,
  * and GROUP_MAX propagates NaN. O(n_q_heads * n * d) time, no extra memory.
  * Errors: KS_ERR_ARG for n_q_heads or n_kv_heads < 1, n_q_heads % n_kv_heads != 0, d < 1,

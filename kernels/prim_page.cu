@@ -1,14 +1,13 @@
 /* prim_page.cu — page_reduce, bound_scores, page_rows on the GPU (ks_cuda_page.h; CPU twin and
- * meaning: core/prims_page.h). One thread per output element, each computing it exactly as the
- * CPU reference does (same order, double sums, exact products), so the results are bit-identical.
+ * meaning: core/prims_page.h). Every output is computed exactly as the CPU reference does (same
+ * order, double sums, exact products), so the results are bit-identical.
  * Memory traffic: page_reduce reads its rows once (coalesced along d): where the rows allow
  * 16-byte loads (d, the strides and the address multiples of 8 bf16 / 4 floats) each thread
  * takes 8 (4) adjacent columns of one page, every row's load in flight at once; else one
- * column a thread. bound_scores stages 32 boxes of one KV head in shared memory (16-byte loads),
- * then warp t computes query head t of the group for the 32 boxes (the query element a
- * broadcast), each thread summing its box in the CPU's order; shapes it does not take (g > 8,
- * d % 4 != 0, d > ~150) run one thread per output reading the boxes from L1 / L2. Measured on
- * the H200 (Quest at 128K: 8191 pages x 8 KV heads x 128; bench_kernels --quest): bench/NOTES.md. */
+ * column a thread. bound_scores: a warp a box, the lanes' partial sums in the fixed order of
+ * core/prims_page.h halved through shared memory (bound_scores_warp), or one thread per output
+ * for the shapes it does not take (g > 8, d % 4 != 0, d > 256, misaligned boxes). Measured on an
+ * H100 (Quest at 128K: 8191 pages x 8 KV heads x 128): bench/NOTES.md, issue 14, session 19. */
 #include "prim_common.cuh"
 #include "ks_cuda_page.h"
 
@@ -129,17 +128,24 @@ extern "C" ks_status ks_cuda_page_reduce(cudaStream_t s, const void *x, int x_bf
 
 /* ================================================================ bound_scores */
 
-static __device__ __forceinline__ double bound_one(const float *__restrict__ q, const float *__restrict__ lo,
-                                                   const float *__restrict__ hi, int64_t d) {
-    double s = 0;
-    for (int64_t i = 0; i < d; i++) {
-        double a = (double)q[i] * (double)lo[i], b = (double)q[i] * (double)hi[i]; /* exact: 24 + 24 bits */
-        s += (a > b || isnan(a)) ? a : b;
-    }
-    return s;
+/* One bound in the fixed order of core/prims_page.h (ks_cpu_bound_scores): term i into partial
+ * (i / 4) % 32, i ascending within a partial, then the partials halved. */
+static __device__ __forceinline__ double bound_term(float q, float l, float u) {
+    const double a = (double)q * (double)l, b = (double)q * (double)u; /* exact: 24 + 24 bits */
+    return (a > b || isnan(a)) ? a : b;
+}
+static __device__ double bound_one(const float *__restrict__ q, const float *__restrict__ lo,
+                                   const float *__restrict__ hi, int64_t d) {
+    double p[KS_BOUND_PARTS];
+    for (int l = 0; l < KS_BOUND_PARTS; l++) p[l] = 0;
+    for (int64_t i = 0; i < d; i++) p[(i >> 2) % KS_BOUND_PARTS] += bound_term(q[i], lo[i], hi[i]);
+    for (int o = KS_BOUND_PARTS / 2; o > 0; o >>= 1)
+        for (int l = 0; l < o; l++) p[l] += p[l + o];
+    return p[0];
 }
 
-/* one thread per output (row r, box j): r is a query head (NONE) or a KV head (GROUP_*) */
+/* one thread per output (row r, box j): r is a query head (NONE) or a KV head (GROUP_*); the
+ * shapes bound_scores_warp does not take */
 __global__ void bound_scores_kernel(const float *__restrict__ q, const float *__restrict__ lo, const float *__restrict__ hi,
                                     int64_t n, int64_t hkv, int64_t g, int64_t d, int reduce, int64_t rows,
                                     float *__restrict__ out) {
@@ -165,67 +171,155 @@ __global__ void bound_scores_kernel(const float *__restrict__ q, const float *__
     }
 }
 
-/* Tiled: block (x, kv) takes boxes j0 = 32 x .. j0 + 31 of KV head kv, staged in shared memory
- * with 16-byte loads (rows padded to d + 4 floats: a thread reads its box's row 4 floats at a
- * time without bank conflicts across the warp's 32 boxes), with the g query rows of the group
- * as doubles; warp t is query head kv * g + t, lane b box j0 + b, so each query element is one
- * broadcast. Each (head, box) sum is bound_one's, term by term in its order (d % 4 == 0). */
-#define BS_TILE 32
-__global__ void __launch_bounds__(256) bound_scores_tiled(const float *__restrict__ q, const float *__restrict__ lo,
-                                                          const float *__restrict__ hi, int64_t n, int64_t hkv, int g,
-                                                          int d, int reduce, float *__restrict__ out) {
-    extern __shared__ double bs_smem[];
-    const int ds = d + 4;                              /* padded row stride (floats) */
-    double *res = bs_smem;                             /* (g, 32) per-head sums (group reductions) */
-    double *qs = res + (size_t)g * BS_TILE;            /* (g, d) the group's query rows */
-    float *sl = (float *)(qs + (size_t)g * d);         /* (32, ds) boxes' lo */
-    float *sh = sl + BS_TILE * ds;                     /* (32, ds) boxes' hi */
-    const int64_t kv = blockIdx.y, j0 = (int64_t)blockIdx.x * BS_TILE;
-    const int nb = (int)min((int64_t)BS_TILE, n - j0), d4 = d / 4, t = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    /* warp w copies boxes w, w + g, ... (one 16-byte load a lane per row quarter) */
-    for (int b = t; b < nb; b += g) {
-        const float4 *gl = (const float4 *)(lo + ((j0 + b) * hkv + kv) * d);
-        const float4 *gh = (const float4 *)(hi + ((j0 + b) * hkv + kv) * d);
-        for (int c = lane; c < d4; c += 32) {
-            *(float4 *)(sl + b * ds + 4 * c) = __ldg(gl + c);
-            *(float4 *)(sh + b * ds + 4 * c) = __ldg(gh + c);
-        }
-    }
-    for (int e = threadIdx.x; e < g * d; e += blockDim.x) qs[e] = (double)__ldg(q + kv * g * (int64_t)d + e);
-    __syncthreads();
-    const int b = lane;
-    double acc = 0;
-    if (b < nb) {
-        const float *l = sl + b * ds, *u = sh + b * ds;
-        const double *qh = qs + t * d;
-        for (int i = 0; i < d; i += 4) {
-            const float4 l4 = *(const float4 *)(l + i), u4 = *(const float4 *)(u + i);
-            const float lv[4] = {l4.x, l4.y, l4.z, l4.w}, uv[4] = {u4.x, u4.y, u4.z, u4.w};
+/* A warp a box (page j, KV head kv). Warp w always serves KV head w % hkv (boxes j = w / hkv + i
+ * wpk), so the group's query values of its lanes' dimensions sit in registers as doubles, loaded
+ * once. Lane l loads the 16-byte pieces c = l, l + 32, ... (NC) of the box's lo and hi rows into
+ * registers, U boxes at once: each warp load is whole lines, the pattern that reads at the
+ * streaming rate (cp.async or bulk copies of the same rows into shared memory read slower:
+ * bench/NOTES.md, issue 14, session 19). Lane l sums partial l of the fixed order (piece c's
+ * four terms ascending, then piece c + 32's) for the G heads of the group; the (U x G) x 32
+ * partials go through shared memory and lane u * G + h halves box u's partials of head h in
+ * the fixed order, so a bound is one lane's sum (no shuffle tree). Term max(q lo, q hi): with
+ * q, lo and hi finite it is q * max(lo, hi) for q > 0 and q * min(lo, hi) otherwise (both
+ * products exact; where q is +-0 the term is +-0, and a partial is never -0, so either zero adds
+ * the same): one fma. A lane with an inf / NaN among its values takes bound_term, the CPU's rule,
+ * term for term. GP: the group size rounded up to a power of two (padded heads have q = 0 and
+ * are not written); NC: pieces a lane (d <= 128 NC); GP * NC <= 8 (the query registers). */
+#define BW_WARPS 8
+#define BW_U(gp) ((gp) >= 8 ? 2 : 4) /* boxes loaded together (BW_U * GP <= 16 rows of partials a warp) */
+#define BW_BLOCKS_SM 2
+#define BW_PS (KS_BOUND_PARTS + 1) /* padded row of partials (doubles) */
+static_assert(KS_BOUND_PARTS == 32, "bound_scores_warp halves 32 partials");
+template <int GP, int NC>
+__global__ void __launch_bounds__(BW_WARPS * 32, BW_BLOCKS_SM)
+    bound_scores_warp(const float *__restrict__ q, const float *__restrict__ lo, const float *__restrict__ hi, int64_t n,
+                      int hkv, int g, int d, int64_t wpk, int reduce, float *__restrict__ out) {
+    constexpr int U = BW_U(GP);
+    __shared__ double red[BW_WARPS][U * GP][BW_PS];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, d4 = d >> 2;
+    const int64_t w = (int64_t)blockIdx.x * BW_WARPS + wi;
+    if (w >= wpk * hkv) return; /* warp-uniform; no block barrier below */
+    const int kv = (int)(w % hkv);
+    const int64_t bs = (int64_t)hkv * d, jw = w / hkv; /* floats from a page's box to the next; the warp's first box */
+    const float *lk = lo + (int64_t)kv * d, *hk = hi + (int64_t)kv * d;
+    double qd[GP][NC][4];
+    bool qfin = true;
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const double qi = qh[i + k];
-                const double a = qi * (double)lv[k], c = qi * (double)uv[k]; /* exact: 24 + 24 bits */
-                acc += (a > c || isnan(a)) ? a : c;
+    for (int t = 0; t < GP; t++)
+#pragma unroll
+        for (int m = 0; m < NC; m++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int c = lane + 32 * m;
+                float v = 0.f;
+                if (t < g && c < d4) v = __ldg(q + ((int64_t)kv * g + t) * d + 4 * c + e);
+                qfin = qfin && isfinite(v);
+                qd[t][m][e] = (double)v;
             }
-        }
-        if (reduce == KS_BOUND_NONE) out[(kv * g + t) * n + j0 + b] = (float)acc;
+    /* the U boxes j0, j0 + wpk, .. into (l, u) */
+#define BW_LOAD(j0, l, u)                                                                  \
+    _Pragma("unroll") for (int b = 0; b < U; b++) {                                        \
+        const int64_t j = (j0) + b * wpk;                                                  \
+        _Pragma("unroll") for (int m = 0; m < NC; m++) {                                   \
+            const int c = lane + 32 * m;                                                   \
+            if (j < n && c < d4) {                                                         \
+                l[b][m] = __ldcs((const float4 *)(lk + j * bs) + c);                       \
+                u[b][m] = __ldcs((const float4 *)(hk + j * bs) + c);                       \
+            } else {                                                                       \
+                l[b][m] = u[b][m] = make_float4(0.f, 0.f, 0.f, 0.f);                       \
+            }                                                                              \
+        }                                                                                  \
     }
-    if (reduce == KS_BOUND_NONE) return;
-    res[t * BS_TILE + b] = acc;
-    __syncthreads();
-    if (t != 0 || b >= nb) return;
-    if (reduce == KS_BOUND_GROUP_MAX) {
-        float m = 0;
-        for (int s2 = 0; s2 < g; s2++) {
-            float v = (float)res[s2 * BS_TILE + b];
-            if (s2 == 0 || v > m || isnan(v)) m = (s2 > 0 && isnan(m)) ? m : v;
+    float4 la[U][NC], ua[U][NC];
+    BW_LOAD(jw, la, ua)
+    for (int64_t j0 = jw; j0 < n; j0 += U * wpk) {
+
+#pragma unroll
+        for (int b = 0; b < U; b++) {
+            double s[GP];
+#pragma unroll
+            for (int h = 0; h < GP; h++) s[h] = 0;
+            bool ok = qfin;
+#pragma unroll
+            for (int m = 0; m < NC; m++) {
+                const float l4[4] = {la[b][m].x, la[b][m].y, la[b][m].z, la[b][m].w};
+                const float u4[4] = {ua[b][m].x, ua[b][m].y, ua[b][m].z, ua[b][m].w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) ok = ok && isfinite(l4[e]) && isfinite(u4[e]);
+            }
+            if (ok) {
+#pragma unroll
+                for (int m = 0; m < NC; m++) {
+                    const float l4[4] = {la[b][m].x, la[b][m].y, la[b][m].z, la[b][m].w};
+                    const float u4[4] = {ua[b][m].x, ua[b][m].y, ua[b][m].z, ua[b][m].w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const double mx = (double)fmaxf(l4[e], u4[e]), mn = (double)fminf(l4[e], u4[e]);
+#pragma unroll
+                        for (int h = 0; h < GP; h++)
+                            s[h] = fma(qd[h][m][e], __double_as_longlong(qd[h][m][e]) > 0 ? mx : mn, s[h]);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int m = 0; m < NC; m++) {
+                    const float l4[4] = {la[b][m].x, la[b][m].y, la[b][m].z, la[b][m].w};
+                    const float u4[4] = {ua[b][m].x, ua[b][m].y, ua[b][m].z, ua[b][m].w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+#pragma unroll
+                        for (int h = 0; h < GP; h++) s[h] += bound_term((float)qd[h][m][e], l4[e], u4[e]);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < GP; h++) red[wi][b * GP + h][lane] = s[h];
         }
-        out[kv * n + j0 + b] = m;
-    } else {
-        double sum = 0;
-        for (int s2 = 0; s2 < g; s2++) sum += res[s2 * BS_TILE + b];
-        out[kv * n + j0 + b] = (float)sum;
+        __syncwarp();
+        /* lane r = b * GP + h: box b's bound of head h, its 32 partials halved in the fixed order */
+        double tot = 0;
+        if (lane < U * GP) {
+            const double *pr = red[wi][lane];
+            double v[KS_BOUND_PARTS / 2];
+#pragma unroll
+            for (int l = 0; l < KS_BOUND_PARTS / 2; l++) v[l] = pr[l] + pr[l + KS_BOUND_PARTS / 2];
+#pragma unroll
+            for (int l = 0; l < 8; l++) v[l] += v[l + 8];
+#pragma unroll
+            for (int l = 0; l < 4; l++) v[l] += v[l + 4];
+#pragma unroll
+            for (int l = 0; l < 2; l++) v[l] += v[l + 2];
+            tot = v[0] + v[1];
+        }
+        __syncwarp(); /* red is free for the next boxes */
+        const int bb = lane / GP, hh = lane % GP;
+        const int64_t jb = j0 + (int64_t)bb * wpk;
+        if (reduce == KS_BOUND_NONE) {
+            if (lane < U * GP && hh < g && jb < n) out[((int64_t)kv * g + hh) * n + jb] = (float)tot;
+        } else {
+            /* lane b < BW_U: box b's group reduction, the CPU's (heads ascending) */
+            const int b = lane < U ? lane : 0;
+            float mx = 0;
+            double sum = 0;
+#pragma unroll
+            for (int h = 0; h < GP; h++) {
+                const double v = __shfl_sync(0xffffffffu, tot, b * GP + h);
+                if (h >= g) continue;
+                const float f = (float)v;
+                if (h == 0 || f > mx || isnan(f)) mx = (h > 0 && isnan(mx)) ? mx : f;
+                sum += v;
+            }
+            const int64_t j = j0 + (int64_t)lane * wpk;
+            if (lane < U && j < n) out[(int64_t)kv * n + j] = reduce == KS_BOUND_GROUP_MAX ? mx : (float)sum;
+        }
+        BW_LOAD(j0 + U * wpk, la, ua)
     }
+#undef BW_LOAD
+}
+
+template <int GP, int NC>
+static void bound_launch(unsigned grid, cudaStream_t s, const float *q, const float *lo, const float *hi, int64_t n,
+                         int hkv, int g, int d, int64_t wpk, int reduce, float *out) {
+    bound_scores_warp<GP, NC><<<grid, BW_WARPS * 32, 0, s>>>(q, lo, hi, n, hkv, g, d, wpk, reduce, out);
 }
 
 extern "C" ks_status ks_cuda_bound_scores(cudaStream_t s, const float *q, int64_t n_q_heads, const float *lo,
@@ -237,11 +331,26 @@ extern "C" ks_status ks_cuda_bound_scores(cudaStream_t s, const float *q, int64_
     if (!q || !lo || !hi || !out) return ks_errorf(KS_ERR_ARG, "bound_scores: NULL data");
     int64_t rows = reduce == KS_BOUND_NONE ? n_q_heads : n_kv_heads;
     const int64_t g = n_q_heads / n_kv_heads;
-    const size_t smem = sizeof(double) * g * (BS_TILE + d) + sizeof(float) * 2 * BS_TILE * (d + 4);
-    if (g <= 8 && d % 4 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)lo % 16 == 0 && (uintptr_t)hi % 16 == 0 &&
-        smem <= 48 * 1024 && n_kv_heads <= 65535) {
-        dim3 grid((unsigned)((n + BS_TILE - 1) / BS_TILE), (unsigned)n_kv_heads);
-        bound_scores_tiled<<<grid, (unsigned)(32 * g), smem, s>>>(q, lo, hi, n, n_kv_heads, (int)g, (int)d, (int)reduce, out);
+    const int gp = g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : 8, nc = d <= 128 ? 1 : 2;
+    if (g <= 8 && gp * nc <= 8 && d % 4 == 0 && d <= 256 && (uintptr_t)lo % 16 == 0 && (uintptr_t)hi % 16 == 0 &&
+        n_kv_heads <= (1 << 20)) {
+        /* one wave of BW_BLOCKS_SM blocks an SM, warp w serving KV head w % hkv: wpk warps a KV
+         * head, each with the same number of loop steps */
+        int dev = 0, n_sm = 0;
+        KS_CU(cudaGetDevice(&dev), "bound_scores device");
+        KS_CU(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev), "bound_scores device");
+        const int64_t wpk0 = KS_MAX((int64_t)1, (int64_t)n_sm * BW_BLOCKS_SM * BW_WARPS / n_kv_heads);
+        const int64_t u = BW_U(gp), steps = (n + u * wpk0 - 1) / (u * wpk0);
+        const int64_t wpk = (n + u * steps - 1) / (u * steps); /* warps a KV head */
+        const unsigned grid = (unsigned)ks_cdiv((size_t)(wpk * n_kv_heads), BW_WARPS);
+        const int hk = (int)n_kv_heads, gi = (int)g, di = (int)d, r = (int)reduce;
+        if (gp == 1 && nc == 1) bound_launch<1, 1>(grid, s, q, lo, hi, n, hk, gi, di, wpk, r, out);
+        else if (gp == 1) bound_launch<1, 2>(grid, s, q, lo, hi, n, hk, gi, di, wpk, r, out);
+        else if (gp == 2 && nc == 1) bound_launch<2, 1>(grid, s, q, lo, hi, n, hk, gi, di, wpk, r, out);
+        else if (gp == 2) bound_launch<2, 2>(grid, s, q, lo, hi, n, hk, gi, di, wpk, r, out);
+        else if (gp == 4 && nc == 1) bound_launch<4, 1>(grid, s, q, lo, hi, n, hk, gi, di, wpk, r, out);
+        else if (gp == 4) bound_launch<4, 2>(grid, s, q, lo, hi, n, hk, gi, di, wpk, r, out);
+        else bound_launch<8, 1>(grid, s, q, lo, hi, n, hk, gi, di, wpk, r, out);
         KS_CU_LAUNCH("bound_scores kernel");
         return KS_OK;
     }

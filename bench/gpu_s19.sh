@@ -1,0 +1,51 @@
+# Session 19's device calls (GPU 0). Binaries from one xz'd tar (PK=FILE, default .data/s19/pk.tar.xz):
+# base/ (main before the session, 8176741), new/ (the build under test) and any other build directory
+# named in V (default "base new"; the timing steps run each in turn); carry it and, for the policy
+# tests, .data/stories260K. Each step writes one file under $OUT/s19/.
+#   bound    new test_cuda_prims --only bound and --only page, memcheck of --only bound
+#   prims    new test_cuda_prims (every primitive against its CPU twin)
+#   pol      new test_cuda_policies (TokenSelect and Quest keep the CPU's sets on the GPU)
+#   kq       bench_kernels --quest, each build of $V, two rounds
+#   ks       bench_kernels --select, each build of $V, two rounds
+#   ncub     the bound kernel under ncu (bench_kernels --quest, one launch)
+#   quest    Quest (budget 4096) and full at 128K, each build of $V
+#   quest32  the same at 32K
+#   final    issue 14's table (8K / 32K / 128K rows of every policy it names), each build of $V
+# Usage: bash bench/gpu_s19.sh STEP...
+TAG=s19; PK=${PK:-.data/s19/pk.tar.xz}
+. bench/gpu_pack_env.sh
+V=${V:-base new}
+step_bound() {
+    ( tst test_cuda_prims --only bound; tst test_cuda_prims --only page
+      timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick --only bound 2>&1 | tail -3
+    ) >> $O/tests.txt
+}
+step_prims() { tst test_cuda_prims >> $O/tests.txt; }
+step_pol() { tst test_cuda_policies --stories .data/stories260K >> $O/tests.txt; }
+step_kq() { for r in 1 2; do for v in $V; do echo "== $v round $r"; timeout 200 $R/$v/bench_kernels --quest 2>&1 | grep quest; done; done >> $O/kq.txt; }
+step_ks() { for r in 1 2; do for v in $V; do echo "== $v round $r"; timeout 200 $R/$v/bench_kernels --select 2>&1 | grep select; done; done >> $O/ks.txt; }
+step_ncub() { # every bound kernel launch of bench_kernels --quest under ncu (32K, then 128K), each build of $V
+    for v in $V; do echo "== $v"; timeout 200 ncu --clock-control none -k regex:bound_scores --section SpeedOfLight --section Occupancy \
+        $R/$v/bench_kernels --quest 2>&1 | grep -E "bound_scores_|Duration|DRAM Throughput|Achieved Occupancy"; done > $O/ncu-bound.txt
+}
+B="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --repeat 1"
+row() { # row TAG ARGS...: each build of $V
+    local t=$1; shift
+    for v in $V; do
+        KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 $R/$v/kvsieve $B "$@" 2>&1 |
+            grep -E "^[a-z.]+ +[0-9]+ +[0-9.]+ |kvsieve:" | sed "s/^/$t $v: /"
+    done
+}
+step_quest() { row 128K-quest --lengths 131040 --gen 16 --policy none,quest --set quest.budget=4096 >> $O/quest.txt; }
+step_quest32() { row 32K-quest --lengths 32768 --gen 32 --policy none,quest --set quest.budget=4096 >> $O/quest.txt; }
+step_final() {
+    ( row 8K --lengths 8192 --gen 8 --policy none
+      row 32K --lengths 32768 --gen 32 --policy none,noop,tokenselect,quest --set quest.budget=4096
+      row 32K-hit --lengths 32768 --gen 32 --policy tokenselect --set tokenselect.cache_theta=-1
+      row 32K-sllm-static --lengths 32768 --gen 32 --policy streamingllm --set budget=2048
+      row 32K-sllm-rolling --lengths 32768 --gen 32 --policy streamingllm --set budget=2048 --set rolling=true
+      row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest,gemfilter,fastkv --set quest.budget=4096
+      row 128K-hit --lengths 131040 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 ) >> $O/final.txt
+}
+for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
+rm -rf $R
