@@ -10,6 +10,10 @@
 #   ncub     the bound kernel under ncu (bench_kernels --quest, one launch)
 #   quest    Quest (budget 4096) and full at 128K, each build of $V
 #   quest32  the same at 32K
+#   ts       TokenSelect (defaults), Quest and full at 32K and 128K, each build of $V
+#   memchk   compute-sanitizer memcheck over new test_cuda_prims --quick
+#   ncuq     Quest's and TokenSelect's decode kernels under ncu (per-kernel summary)
+#   profq    the per-phase decode profile of Quest at 128K, each build of $V
 #   final    issue 14's table (8K / 32K / 128K rows of every policy it names), each build of $V
 # Usage: bash bench/gpu_s19.sh STEP...
 TAG=s19; PK=${PK:-.data/s19/pk.tar.xz}
@@ -28,6 +32,17 @@ step_ncub() { # every bound kernel launch of bench_kernels --quest under ncu (32
     for v in $V; do echo "== $v"; timeout 200 ncu --clock-control none -k regex:bound_scores --section SpeedOfLight --section Occupancy \
         $R/$v/bench_kernels --quest 2>&1 | grep -E "bound_scores_|Duration|DRAM Throughput|Achieved Occupancy"; done > $O/ncu-bound.txt
 }
+step_ncuq() { # Quest's and TokenSelect's decode kernels under ncu: per-kernel summary of the first decode steps
+    local K='regex:tk_|page_rows|bound_scores|attn_decode|attn_combine|gather|rope|add_|index|sc1_|scores|check_idx|argmax|embed|rms|swiglu|gemv|gemm'
+    timeout 280 ncu --clock-control none -k "$K" --launch-count 400 --print-summary per-kernel --section SpeedOfLight \
+        $R/new/kvsieve $B --lengths 131040 --gen 2 --policy quest --set quest.budget=4096 > $O/ncu-quest.txt 2>&1
+    timeout 200 ncu --clock-control none -k "$K" --launch-count 400 --print-summary per-kernel --section SpeedOfLight \
+        $R/new/kvsieve $B --lengths 32768 --gen 2 --policy tokenselect > $O/ncu-ts.txt 2>&1
+}
+step_profq() { # the per-phase decode profile of Quest at 128K, each build of $V
+    for v in $V; do echo "== $v Quest 128K"; KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 $R/$v/kvsieve $B --lengths 131040 --gen 16 \
+        --policy quest --set quest.budget=4096 --profile 2>&1 | sed -n '/^profile/,/^rates/p'; done >> $O/prof.txt 2>&1
+}
 B="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --repeat 1"
 row() { # row TAG ARGS...: each build of $V
     local t=$1; shift
@@ -38,6 +53,13 @@ row() { # row TAG ARGS...: each build of $V
 }
 step_quest() { row 128K-quest --lengths 131040 --gen 16 --policy none,quest --set quest.budget=4096 >> $O/quest.txt; }
 step_quest32() { row 32K-quest --lengths 32768 --gen 32 --policy none,quest --set quest.budget=4096 >> $O/quest.txt; }
+step_ts() { # TokenSelect (defaults), Quest and full: 32K (gen 32) and 128K (gen 16), each build of $V
+    ( row 32K --lengths 32768 --gen 32 --policy none,tokenselect
+      row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest --set quest.budget=4096 ) >> $O/ts.txt
+}
+step_memchk() { # compute-sanitizer over new test_cuda_prims --quick (every primitive)
+    timeout 280 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick 2>&1 | tail -3 >> $O/tests.txt
+}
 step_final() {
     ( row 8K --lengths 8192 --gen 8 --policy none
       row 32K --lengths 32768 --gen 32 --policy none,noop,tokenselect,quest --set quest.budget=4096

@@ -6,9 +6,9 @@
  * Two kernels (and a 4-byte-per-KV-head memset), w = ce - cb keys of the key domain:
  *   1. sc1_logits  grid (nx, Hkv), one wave of SC1_BLOCKS_SM blocks a multiprocessor, each block a
  *                  contiguous run of rows of one KV head and each warp a loop over its tiles of
- *                  SC1_TR rows, streamed through the warp's own ring of shared-memory stages with
- *                  cp.async (one tile in flight while one is computed; no block barrier in the
- *                  loop). The tile meets the g <= 8 query heads of that KV head on the tensor
+ *                  SC1_TR rows, loaded straight into registers (the next tile in flight while
+ *                  one is computed; no shared memory for keys, no block barrier in the loop),
+ *                  the dimensions taken in sc1_dim's order. The tile meets the g <= 8 query heads of that KV head on the tensor
  *                  cores (mma m16n8k16, bf16 keys exactly; each query split into three bf16 parts
  *                  hi + mid + lo that carry its 24 bits, accumulated in float32), so every key
  *                  leaves DRAM once and the arithmetic is nearly free. Writes L (H, w) float32 (a
@@ -22,7 +22,7 @@
  *                  (softmax) or L (raw), then the head reduction in double in ascending head
  *                  order, as on the CPU.
  * Bytes: the keys once, L (4 * H bytes a key: 1/16 of the bf16 keys at g = 4, d = 128) written
- * once and read once. Shapes: bf16 keys, d % 16 == 0, d <= 256, g <= 8, rows 16-byte aligned
+ * once and read once. Shapes: bf16 keys, d % 16 == 0, d <= 128, g <= 8, rows 16-byte aligned
  * (others go to prim_scores.cu's general kernel). Against the CPU the logits differ by float32
  * accumulation order and the query's 2^-24 split error, expf by its ulps and Z by the
  * rescalings' rounding (~1e-7 relative); tests/cuda/test_cuda_prims.c compares at 2e-5
@@ -34,12 +34,11 @@
 #define SC1_WARPS 8
 #define SC1_TR 16     /* key rows of a staged tile (one m16 tile) */
 #define SC1_MT (SC1_TR / 16) /* m16 tiles of a staged tile */
-#define SC1_STAGES 2 /* tiles of a warp's ring: one in flight while one is computed */
 #define SC1_THREADS (SC1_WARPS * 32)
 #define SC1_VOTE_BATCH 8 /* heads whose logits a vote thread loads at once */
 #define SC1_VOTE_THREADS 256
 #define SC1_GMAX 8      /* query heads per KV head handled here */
-#define SC1_BLOCKS_SM 2 /* resident blocks a multiprocessor (shared memory: 2 x 76 KiB at d = 128) */
+#define SC1_BLOCKS_SM 2 /* resident blocks a multiprocessor */
 
 struct sc1_args {
     const float *q;       /* (H, d) at q + h * qhs */
@@ -93,26 +92,40 @@ static __device__ __forceinline__ uint32_t sc1_split(float x0, float x1, int sp)
     return pack_bf16(r0, r1);
 }
 
+/* The dimension that fragment column c (0..15) of 16-dimension chunk kc stands for, for lane
+ * group gq = (c % 8) / 2: the mma sums over a chunk's columns, so any one-to-one map of the
+ * dimensions gives the same dot products (in another float32 order), and this one lets a lane
+ * take its A fragments straight from 16-byte loads of its rows: chunks 2p and 2p + 1 are the
+ * 32 dimensions [32 p, 32 p + 32), lane group gq loads dimensions 32 p + 8 gq .. + 7 of both
+ * its rows and gives chunk 2p + h the four at 32 p + 8 gq + 4 h (columns 2 gq, 2 gq + 1 the
+ * first two, 2 gq + 8, 2 gq + 9 the other two); an odd last chunk takes dimensions 16 kc +
+ * 4 gq .. + 3 from an 8-byte load. */
+static __device__ __forceinline__ int sc1_dim(int kc, int gq, int nkc) {
+    return kc < (nkc & ~1) ? 32 * (kc >> 1) + 8 * gq + 4 * (kc & 1) : 16 * kc + 4 * gq;
+}
+
 /* Block = a run of rows of one KV head, SC1_WARPS warps. Each warp takes the tiles w, w + W,
- * w + 2W, ... of the run (SC1_TR rows each) and streams them through its own ring of SC1_STAGES
- * shared-memory buffers with cp.async (SC1_STAGES - 1 tiles in flight while one is computed; no
- * block barrier in the loop). A tile is two m16 tiles of keys against the group's query heads as
- * the n8 tile (three mma a 16-dimension chunk: the query's three bf16 parts). Lane l holds rows
- * l / 4 (+ 8) of each m16 tile for heads 2 (l % 4) and 2 (l % 4) + 1, and keeps one online
- * softmax partial per head it holds: per tile the max of its visible logits, the running sum in
- * double rescaled when the max grows, the tile's terms summed in float first. */
+ * w + 2W, ... of the run (SC1_TR = 16 rows each: one m16 tile) and loads them straight into
+ * registers, lane l rows l / 4 and l / 4 + 8 (16-byte pieces, so a warp load is eight rows' 64
+ * contiguous bytes), the next tile's loads in flight while this one meets the group's query
+ * heads as the n8 tile (three mma a 16-dimension chunk: the query's three bf16 parts, in
+ * sc1_dim's order). No shared memory holds keys and no barrier runs in the loop (a per-warp
+ * cp.async ring through shared memory read the keys slower: bench/NOTES.md, issue 14, session
+ * 19). Lane l holds rows l / 4 (+ 8) for heads 2 (l % 4) and 2 (l % 4) + 1, and keeps one
+ * online softmax partial per head it holds: per tile the max of its visible logits, the running
+ * sum in double rescaled when the max grows, the tile's terms summed in float first. NKC: the
+ * 16-dimension chunks of a row (d = 16 NKC <= 128). */
+template <int NKC>
 __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const sc1_args a) {
+    constexpr int NP = NKC / 2, ODD = NKC & 1; /* 32-dimension pairs of chunks; an odd last chunk */
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float wm[SC1_WARPS][8];
     __shared__ double ws[SC1_WARPS][8];
     __shared__ float bm[8];
     __shared__ int last;
-    const int d = (int)a.d, g = (int)a.g, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nkc = d / 16;
-    const int rs = 2 * d + 16; /* padded row stride (bytes): ldmatrix's 8 rows hit 8 bank groups */
-    const int cpr = d / 8;     /* 16-byte chunks a row */
-    const int lcpr = (cpr & (cpr - 1)) ? -1 : __ffs(cpr) - 1; /* log2 cpr where a power of two */
+    const int g = (int)a.g, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nkc = NKC;
+    const int gq = lane & 3, rl = lane >> 2; /* lane group; the lane's rows rl, rl + 8 of a tile */
     uint2 *Bf = (uint2 *)smem; /* (3, nkc, 32) fragments */
-    unsigned char *ring = smem + sizeof(uint2) * 3 * nkc * 32 + (size_t)warp * SC1_STAGES * SC1_TR * rs;
     const int64_t kv = blockIdx.y;
     const int64_t r0b = (int64_t)blockIdx.x * SC1_WARPS * SC1_TR * a.iters; /* the block's first row */
     const unsigned char *kbase = (const unsigned char *)a.k + (size_t)(kv * a.khs + a.cb * a.krs) * 2;
@@ -120,27 +133,30 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
     const int64_t lim = sc1_lim(a);
 
     auto base_of = [&](int t) { return r0b + ((int64_t)t * SC1_WARPS + warp) * SC1_TR; };
-    auto issue = [&](int t) { /* tile t's rows into its stage (nothing past w); one commit group */
+    uint4 cur[2][NP > 0 ? NP : 1], nxt[2][NP > 0 ? NP : 1];
+    uint2 ctl[2], ntl[2];
+    /* tile t's rows into (p, tl): zeros past w or past the warp's tiles */
+    auto load = [&](int t, uint4 (&p)[2][NP > 0 ? NP : 1], uint2 (&tl)[2]) {
         const int64_t base = base_of(t);
-        if (t < a.iters && base < a.w) {
-            unsigned char *dst = ring + (t % SC1_STAGES) * SC1_TR * rs;
-            const int nr = (int)KS_MIN((int64_t)SC1_TR, a.w - base);
-            for (int e = lane; e < nr * cpr; e += 32) {
-                const int r = lcpr >= 0 ? e >> lcpr : e / cpr, c = e - r * cpr;
-                cp_async16(dst + r * rs + c * 16, kbase + (size_t)(base + r) * rbytes + c * 16, 16);
-            }
-        }
-        cp_async_commit();
-    };
 #pragma unroll
-    for (int t = 0; t < SC1_STAGES - 1; t++) issue(t);
+        for (int h = 0; h < 2; h++) {
+            const int64_t row = base + rl + 8 * h;
+            const bool in = t < a.iters && row < a.w;
+            const unsigned char *rp = kbase + (size_t)(in ? row : 0) * rbytes;
+#pragma unroll
+            for (int pp = 0; pp < NP; pp++)
+                p[h][pp] = in ? __ldcs((const uint4 *)(rp + 64 * pp + 16 * gq)) : make_uint4(0u, 0u, 0u, 0u);
+            if (ODD) tl[h] = in ? __ldcs((const uint2 *)(rp + 64 * NP + 8 * gq)) : make_uint2(0u, 0u);
+        }
+    };
+    load(0, cur, ctl);
     for (int e = threadIdx.x; e < 3 * nkc * 32; e += SC1_THREADS) {
-        const int sp = e / (nkc * 32), kc = (e / 32) % nkc, l = e % 32, n = l / 4, c = kc * 16 + (l % 4) * 2;
+        const int sp = e / (nkc * 32), kc = (e / 32) % nkc, l = e % 32, n = l / 4, c = sc1_dim(kc, l % 4, nkc);
         uint2 v = make_uint2(0u, 0u);
         if (n < g) {
             const float *qr = a.q + sc1_head(a, kv, n) * a.qhs;
             v.x = sc1_split(qr[c], qr[c + 1], sp);
-            v.y = sc1_split(qr[c + 8], qr[c + 9], sp);
+            v.y = sc1_split(qr[c + 2], qr[c + 3], sp);
         }
         Bf[e] = v;
     }
@@ -151,26 +167,38 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
     for (int t = 0; t < a.iters; t++) {
         const int64_t base = base_of(t); /* offset in [0, w) */
         if (base >= a.w) break;
-        cp_async_wait<SC1_STAGES - 2>(); /* tile t has landed (this lane's copies) */
-        __syncwarp();                    /* ... and every lane's; tile t - 1's stage is free */
-        issue(t + SC1_STAGES - 1);
-        const unsigned char *buf = ring + (t % SC1_STAGES) * SC1_TR * rs;
+        load(t + 1, nxt, ntl); /* the next tile in flight while this one is computed */
         float acc[SC1_MT][4];
 #pragma unroll
         for (int mt = 0; mt < SC1_MT; mt++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mt][e] = 0.f;
         }
-        for (int kc = 0; kc < nkc; kc++) {
-            uint32_t af[SC1_MT][4];
 #pragma unroll
-            for (int mt = 0; mt < SC1_MT; mt++) ldsm_x4(af[mt], buf + (mt * 16 + (lane & 15)) * rs + (lane >> 4) * 16 + kc * 32);
+        for (int kc = 0; kc < NKC; kc++) {
+            uint32_t af[SC1_MT][4];
+            if (kc < 2 * NP) {
+                const uint4 &p0 = cur[0][kc >> 1], &p8 = cur[1][kc >> 1];
+                const int h = kc & 1;
+                af[0][0] = h ? p0.z : p0.x;
+                af[0][1] = h ? p8.z : p8.x;
+                af[0][2] = h ? p0.w : p0.y;
+                af[0][3] = h ? p8.w : p8.y;
+            } else {
+                af[0][0] = ctl[0].x, af[0][1] = ctl[1].x, af[0][2] = ctl[0].y, af[0][3] = ctl[1].y;
+            }
 #pragma unroll
             for (int sp = 2; sp >= 0; sp--) { /* the small parts first */
                 const uint2 b = Bf[(sp * nkc + kc) * 32 + lane];
 #pragma unroll
                 for (int mt = 0; mt < SC1_MT; mt++) mma16816(acc[mt], af[mt], b.x, b.y);
             }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int pp = 0; pp < NP; pp++) cur[h][pp] = nxt[h][pp];
+            ctl[h] = ntl[h];
         }
         /* logits, L, and the partials of the two heads this lane holds */
 #pragma unroll
@@ -204,7 +232,6 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
             }
         }
     }
-    cp_async_wait<0>();
     if (!a.softmax) return;
 
     /* the block's partial per head: the max over the lanes holding it (l % 4 fixed: xor 4, 8, 16)
@@ -311,15 +338,12 @@ __global__ void __launch_bounds__(SC1_VOTE_THREADS) sc1_vote(const sc1_args a, i
     }
 }
 
-#define SC1_SMEM_MAX (224 * 1024) /* a block's dynamic shared memory on sm_90 (227 KiB) less the static */
-static size_t sc1_smem(int64_t d) {
-    return sizeof(uint2) * 3 * (size_t)(d / 16) * 32 + (size_t)SC1_WARPS * SC1_STAGES * SC1_TR * (size_t)(2 * d + 16);
-}
+static size_t sc1_smem(int64_t d) { return sizeof(uint2) * 3 * (size_t)(d / 16) * 32; } /* the query fragments */
 
 extern "C" int ks_cuda_scores1_fits(int64_t n_q_heads, int64_t n_kv_heads, int64_t m, const void *k, int k_bf16,
                                     int64_t d, const sc_plan &p) {
     if (m != 1 || !k_bf16 || n_kv_heads < 1 || n_q_heads % n_kv_heads || n_q_heads / n_kv_heads > SC1_GMAX) return 0;
-    return d % 16 == 0 && d <= 256 && sc1_smem(d) <= SC1_SMEM_MAX && !((uintptr_t)k & 15) && p.khs % 8 == 0 &&
+    return d % 16 == 0 && d <= 128 && !((uintptr_t)k & 15) && p.khs % 8 == 0 &&
            p.krs % 8 == 0;
 }
 
@@ -371,13 +395,18 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
             P_SCRATCH(a.done, ss, sizeof(unsigned) * n_kv_heads, "scores");
             KS_CU(cudaMemsetAsync(a.done, 0, sizeof(unsigned) * n_kv_heads, s), "scores (one row) counters");
         }
-        static unsigned attr = 0; /* bit g: set on GPU g (the attribute is per device function) */
-        if (!(attr >> (dev & 31) & 1u)) {
-            KS_CU(cudaFuncSetAttribute(sc1_logits, cudaFuncAttributeMaxDynamicSharedMemorySize, SC1_SMEM_MAX),
-                  "scores (one row) kernel attribute");
-            attr |= 1u << (dev & 31);
+        const dim3 grid((unsigned)a.nx, (unsigned)a.hkv);
+        const size_t sm = sc1_smem(d);
+        switch (d / 16) {
+        case 1: sc1_logits<1><<<grid, SC1_THREADS, sm, s>>>(a); break;
+        case 2: sc1_logits<2><<<grid, SC1_THREADS, sm, s>>>(a); break;
+        case 3: sc1_logits<3><<<grid, SC1_THREADS, sm, s>>>(a); break;
+        case 4: sc1_logits<4><<<grid, SC1_THREADS, sm, s>>>(a); break;
+        case 5: sc1_logits<5><<<grid, SC1_THREADS, sm, s>>>(a); break;
+        case 6: sc1_logits<6><<<grid, SC1_THREADS, sm, s>>>(a); break;
+        case 7: sc1_logits<7><<<grid, SC1_THREADS, sm, s>>>(a); break;
+        default: sc1_logits<8><<<grid, SC1_THREADS, sm, s>>>(a); break;
         }
-        sc1_logits<<<dim3((unsigned)a.nx, (unsigned)a.hkv), SC1_THREADS, sc1_smem(d), s>>>(a);
         KS_CU_LAUNCH("scores (one row) logits kernel");
     }
     sc1_vote<<<ks_cdiv((size_t)ncols, SC1_VOTE_THREADS), SC1_VOTE_THREADS, (sizeof(double) + sizeof(float)) * n_q_heads,
