@@ -13,8 +13,11 @@
 #   ts       TokenSelect (defaults), Quest and full at 32K and 128K, each build of $V
 #   memchk   compute-sanitizer memcheck over new test_cuda_prims --quick
 #   ncuq     Quest's and TokenSelect's decode kernels under ncu (per-kernel summary)
+#   ncus     the selection kernels (logits, vote, top-k) under ncu from bench_kernels --select, each build of $V
 #   profq    the per-phase decode profile of Quest at 128K, each build of $V
-#   final    issue 14's table (8K / 32K / 128K rows of every policy it names), each build of $V
+#   reg8     full attention at 8K, three rounds of each build of $V
+#   final32  issue 14's table, its 8K and 32K rows, each build of $V
+#   final128 its 128K rows, each build of $V
 # Usage: bash bench/gpu_s19.sh STEP...
 TAG=s19; PK=${PK:-.data/s19/pk.tar.xz}
 . bench/gpu_pack_env.sh
@@ -39,6 +42,10 @@ step_ncuq() { # Quest's and TokenSelect's decode kernels under ncu: per-kernel s
     timeout 200 ncu --clock-control none -k "$K" --launch-count 400 --print-summary per-kernel --section SpeedOfLight \
         $R/new/kvsieve $B --lengths 32768 --gen 2 --policy tokenselect > $O/ncu-ts.txt 2>&1
 }
+step_ncus() { # the selection's kernels (sc1_logits, sc1_vote, tk_coop) under ncu: bench_kernels --select, each build of $V
+    for v in $V; do echo "== $v"; timeout 250 ncu --clock-control none -k regex:"sc1_|tk_" --section SpeedOfLight \
+        $R/$v/bench_kernels --select 2>&1 | grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput"; done > $O/ncu-sel.txt
+}
 step_profq() { # the per-phase decode profile of Quest at 128K, each build of $V
     for v in $V; do echo "== $v Quest 128K"; KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 $R/$v/kvsieve $B --lengths 131040 --gen 16 \
         --policy quest --set quest.budget=4096 --profile 2>&1 | sed -n '/^profile/,/^rates/p'; done >> $O/prof.txt 2>&1
@@ -60,13 +67,18 @@ step_ts() { # TokenSelect (defaults), Quest and full: 32K (gen 32) and 128K (gen
 step_memchk() { # compute-sanitizer over new test_cuda_prims --quick (every primitive)
     timeout 280 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick 2>&1 | tail -3 >> $O/tests.txt
 }
-step_final() {
+step_reg8() { # full attention at 8K, three rounds of each build of $V
+    for r in 1 2 3; do row 8K --lengths 8192 --gen 32 --policy none; done >> $O/reg.txt
+}
+step_final32() { # issue 14's table, 8K and 32K rows: every row base then new (each build with its own policy files)
     ( row 8K --lengths 8192 --gen 8 --policy none
       row 32K --lengths 32768 --gen 32 --policy none,noop,tokenselect,quest --set quest.budget=4096
       row 32K-hit --lengths 32768 --gen 32 --policy tokenselect --set tokenselect.cache_theta=-1
       row 32K-sllm-static --lengths 32768 --gen 32 --policy streamingllm --set budget=2048
-      row 32K-sllm-rolling --lengths 32768 --gen 32 --policy streamingllm --set budget=2048 --set rolling=true
-      row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest,gemfilter,fastkv --set quest.budget=4096
+      row 32K-sllm-rolling --lengths 32768 --gen 32 --policy streamingllm --set budget=2048 --set rolling=true ) >> $O/final.txt
+}
+step_final128() { # issue 14's table, 128K rows
+    ( row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest,gemfilter,fastkv --set quest.budget=4096
       row 128K-hit --lengths 131040 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 ) >> $O/final.txt
 }
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
