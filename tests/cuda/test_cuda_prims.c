@@ -209,6 +209,11 @@ static void test_scores(void) {
         {"one-row g=8 d=64", 16, 2, 1, 1777, 64, 1, 1, 0, 0, ts},
         {"one-row g=2 d=96 kpos", 4, 2, 1, 900, 96, 0, 1, 1, 0, snap},
         {"one-row float32 keys (general kernel)", 32, 8, 1, 1500, 128, 0, 0, 0, 0, ts},
+        /* d = 16 x odd: the register tiles' last chunk from an 8-byte load (sc1_dim) */
+        {"one-row d=80 (five chunks)", 8, 2, 1, 1300, 80, 0, 1, 0, 0, ts},
+        {"one-row d=16 (one chunk)", 4, 4, 1, 700, 16, 0, 1, 0, 0, ts},
+        {"one-row d=112 token-major", 16, 4, 1, 2049, 112, 1, 1, 0, 0, snap},
+        {"one-row d=48 causal kpos", 12, 3, 1, 999, 48, 0, 1, 1, 0, snap},
     };
     int nc = (int)(sizeof cases / sizeof cases[0]);
     /* domains and output slices */
