@@ -14,6 +14,7 @@
 #   memchk   compute-sanitizer memcheck over new test_cuda_prims --quick
 #   ncuq     Quest's and TokenSelect's decode kernels under ncu (per-kernel summary)
 #   ncus     the selection kernels (logits, vote, top-k) under ncu from bench_kernels --select, each build of $V
+#   ncuqd    Quest's decode-only kernels at 128K under ncu (the first decode step)
 #   profq    the per-phase decode profile of Quest at 128K, each build of $V
 #   reg8     full attention at 8K, three rounds of each build of $V
 #   final32  issue 14's table, its 8K and 32K rows, each build of $V
@@ -45,6 +46,11 @@ step_ncuq() { # Quest's and TokenSelect's decode kernels under ncu: per-kernel s
 step_ncus() { # the selection's kernels (sc1_logits, sc1_vote, tk_coop) under ncu: bench_kernels --select, each build of $V
     for v in $V; do echo "== $v"; timeout 250 ncu --clock-control none -k regex:"sc1_|tk_" --section SpeedOfLight \
         $R/$v/bench_kernels --select 2>&1 | grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput"; done > $O/ncu-sel.txt
+}
+step_ncuqd() { # Quest's decode kernels at 128K under ncu (first decode step: kernels that run only in decode)
+    timeout 280 ncu --clock-control none -k regex:"attn_decode_tc|attn_combine|tk_smem|bound_scores|page_rows|check_idx|attn_rope" \
+        --launch-count 80 --section SpeedOfLight $R/new/kvsieve $B --lengths 131040 --gen 2 --policy quest --set quest.budget=4096 2>&1 |
+        grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput" > $O/ncu-questd.txt
 }
 step_profq() { # the per-phase decode profile of Quest at 128K, each build of $V
     for v in $V; do echo "== $v Quest 128K"; KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 $R/$v/kvsieve $B --lengths 131040 --gen 16 \
