@@ -233,7 +233,6 @@ __global__ void __launch_bounds__(BW_WARPS * 32, BW_BLOCKS_SM)
     float4 la[U][NC], ua[U][NC];
     BW_LOAD(jw, la, ua)
     for (int64_t j0 = jw; j0 < n; j0 += U * wpk) {
-
 #pragma unroll
         for (int b = 0; b < U; b++) {
             double s[GP];

@@ -8,10 +8,11 @@
  *                  contiguous run of rows of one KV head and each warp a loop over its tiles of
  *                  SC1_TR rows, loaded straight into registers (the next tile in flight while
  *                  one is computed; no shared memory for keys, no block barrier in the loop),
- *                  the dimensions taken in sc1_dim's order. The tile meets the g <= 8 query heads of that KV head on the tensor
- *                  cores (mma m16n8k16, bf16 keys exactly; each query split into three bf16 parts
- *                  hi + mid + lo that carry its 24 bits, accumulated in float32), so every key
- *                  leaves DRAM once and the arithmetic is nearly free. Writes L (H, w) float32 (a
+ *                  the dimensions taken in sc1_dim's order. The tile meets the g <= 8 query
+ *                  heads of that KV head on the tensor cores (mma m16n8k16, bf16 keys exactly;
+ *                  each query split into three bf16 parts hi + mid + lo that carry its 24 bits,
+ *                  accumulated in float32), so every key leaves DRAM once and the arithmetic is
+ *                  nearly free. Writes L (H, w) float32 (a
  *                  key past the causal limit is -inf). With a softmax each lane keeps an online
  *                  partial for each of the two heads it holds (max, double sum of expf), each
  *                  block writes its partial per head (pmax, psum), and the last block of each KV
