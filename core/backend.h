@@ -154,9 +154,10 @@ typedef struct ks_backend_prims {
     /* page primitives (core/prims_page.h; page_rows' err as gather's) */
     ks_status (*page_reduce)(ks_backend *b, const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t row_stride,
                              int64_t head_stride, int64_t page, int64_t p0, int64_t p1, float *out_min, float *out_max,
-                             float *out_mean);
-    ks_status (*bound_scores)(ks_backend *b, const float *q, int64_t n_q_heads, const float *lo, const float *hi, int64_t n,
-                              int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce, float *out);
+                             float *out_mean, uint32_t *out_box); /* out_box alone: ks_cpu_page_box */
+    ks_status (*bound_scores)(ks_backend *b, const float *q, int64_t n_q_heads, const float *lo, const float *hi,
+                              const uint32_t *box, int64_t n, int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce,
+                              float *out); /* box (lo, hi NULL): ks_cpu_bound_scores_box */
     ks_status (*page_rows)(ks_backend *b, const int32_t *pages, int64_t lists, int64_t k, int64_t page, int64_t n,
                            int64_t before_begin, int64_t before_end, int64_t after_begin, int64_t after_end, int32_t *out,
                            int64_t *err);

@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 int64_t ks_page_count(int64_t n, int64_t page) {
     if (n <= 0 || page <= 0) return 0;
@@ -41,12 +42,23 @@ static inline float elem(const void *x, int bf16, int64_t off) {
     return bf16 ? ks_bf16_to_f32(((const uint16_t *)x)[off]) : ((const float *)x)[off];
 }
 
-ks_status ks_cpu_page_reduce(const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t row_stride,
-                             int64_t head_stride, int64_t page, int64_t p0, int64_t p1, float *out_min, float *out_max,
-                             float *out_mean) {
-    ks_status st = ks_page_reduce_check_args(x, x_bf16, n, h, d, row_stride, head_stride, page, p0, p1, out_min, out_max,
-                                             out_mean);
-    if (st) return st;
+/* bf16 bits of a float rounded toward -inf (down = 1) or +inf (down = 0): the nearest bf16 on
+ * that side, so a box of rounded ends still contains the float one; a bf16 value (low half 0)
+ * is exact. NaN stays NaN (a quiet NaN of the same sign); +-inf and +-0 are exact. */
+uint16_t ks_bf16_dir(float f, int down) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    uint16_t t = (uint16_t)(u >> 16); /* toward zero */
+    if (!(u & 0xffffu)) return t;
+    int neg = (int)(u >> 31);
+    return (uint16_t)(down == neg ? t + 1 : t); /* away from zero: one ulp of magnitude (to inf at the top) */
+}
+
+/* min / max / mean of each (page, head, channel), and the packed box (min down | max up << 16) */
+static void reduce_pages(const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t row_stride,
+                         int64_t head_stride, int64_t page, int64_t p0, int64_t p1, float *out_min, float *out_max,
+                         float *out_mean, uint32_t *out_box) {
     for (int64_t p = p0; p < p1; p++) {
         int64_t r0 = p * page, r1 = KS_MIN(n, r0 + page);
         for (int64_t j = 0; j < h; j++)
@@ -64,8 +76,34 @@ ks_status ks_cpu_page_reduce(const void *x, int x_bf16, int64_t n, int64_t h, in
                 if (out_min) out_min[o] = mn;
                 if (out_max) out_max[o] = mx;
                 if (out_mean) out_mean[o] = (float)(sum / (double)(r1 - r0));
+                if (out_box) out_box[o] = (uint32_t)ks_bf16_dir(mn, 1) | (uint32_t)ks_bf16_dir(mx, 0) << 16;
             }
     }
+}
+
+ks_status ks_cpu_page_reduce(const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t row_stride,
+                             int64_t head_stride, int64_t page, int64_t p0, int64_t p1, float *out_min, float *out_max,
+                             float *out_mean) {
+    ks_status st = ks_page_reduce_check_args(x, x_bf16, n, h, d, row_stride, head_stride, page, p0, p1, out_min, out_max,
+                                             out_mean);
+    if (st) return st;
+    reduce_pages(x, x_bf16, n, h, d, row_stride, head_stride, page, p0, p1, out_min, out_max, out_mean, NULL);
+    return KS_OK;
+}
+
+ks_status ks_page_box_check_args(const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t row_stride,
+                                 int64_t head_stride, int64_t page, int64_t p0, int64_t p1, const uint32_t *out_box) {
+    if (!out_box) return ks_errorf(KS_ERR_ARG, "page_box: no output");
+    /* the same sizes and rules; out_box stands for the one output (only its presence is checked) */
+    return ks_page_reduce_check_args(x, x_bf16, n, h, d, row_stride, head_stride, page, p0, p1, (const float *)out_box,
+                                     NULL, NULL);
+}
+
+ks_status ks_cpu_page_box(const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t row_stride,
+                          int64_t head_stride, int64_t page, int64_t p0, int64_t p1, uint32_t *out_box) {
+    ks_status st = ks_page_box_check_args(x, x_bf16, n, h, d, row_stride, head_stride, page, p0, p1, out_box);
+    if (st) return st;
+    reduce_pages(x, x_bf16, n, h, d, row_stride, head_stride, page, p0, p1, NULL, NULL, NULL, out_box);
     return KS_OK;
 }
 
@@ -90,13 +128,27 @@ ks_status ks_bound_scores_check_args(int64_t n_q_heads, int64_t n, int64_t n_kv_
     return KS_OK;
 }
 
+/* The ends of box element i: float lo / hi arrays, or packed bf16 pairs (box != NULL). */
+static inline void box_at(const float *lo, const float *hi, const uint32_t *box, int64_t i, float *l, float *u) {
+    if (box) {
+        uint32_t a = box[i] << 16, b = box[i] & 0xffff0000u;
+        memcpy(l, &a, 4);
+        memcpy(u, &b, 4);
+    } else {
+        *l = lo[i];
+        *u = hi[i];
+    }
+}
+
 /* sum_i max(q_i lo_i, q_i hi_i) in double, in the fixed order of core/prims_page.h: term i into
  * partial (i / 4) % 32, i ascending within a partial, then the 32 partials halved (p[l] += p[l + o]
  * for o = 16, 8, 4, 2, 1). The products are exact in double, so only the additions round. */
-static double bound_one(const float *q, const float *lo, const float *hi, int64_t d) {
+static double bound_one(const float *q, const float *lo, const float *hi, const uint32_t *box, int64_t d) {
     double p[KS_BOUND_PARTS] = {0};
     for (int64_t i = 0; i < d; i++) {
-        double a = (double)q[i] * lo[i], b = (double)q[i] * hi[i];
+        float l, u;
+        box_at(lo, hi, box, i, &l, &u);
+        double a = (double)q[i] * l, b = (double)q[i] * u;
         p[(i >> 2) % KS_BOUND_PARTS] += (a > b || isnan(a)) ? a : b;
     }
     for (int o = KS_BOUND_PARTS / 2; o > 0; o >>= 1)
@@ -104,33 +156,49 @@ static double bound_one(const float *q, const float *lo, const float *hi, int64_
     return p[0];
 }
 
-ks_status ks_cpu_bound_scores(const float *q, int64_t n_q_heads, const float *lo, const float *hi, int64_t n,
-                              int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce, float *out) {
-    ks_status st = ks_bound_scores_check_args(n_q_heads, n, n_kv_heads, d, reduce);
-    if (st) return st;
-    if (n > 0 && (!q || !lo || !hi || !out)) return ks_errorf(KS_ERR_ARG, "bound_scores: NULL data");
+static void bounds(const float *q, int64_t n_q_heads, const float *lo, const float *hi, const uint32_t *box, int64_t n,
+                   int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce, float *out) {
     int64_t g = n_q_heads / n_kv_heads;
     for (int64_t j = 0; j < n; j++)
         for (int64_t kv = 0; kv < n_kv_heads; kv++) {
-            const float *l = lo + (j * n_kv_heads + kv) * d, *u = hi + (j * n_kv_heads + kv) * d;
+            int64_t o = (j * n_kv_heads + kv) * d;
+            const float *l = lo ? lo + o : NULL, *u = hi ? hi + o : NULL;
+            const uint32_t *bx = box ? box + o : NULL;
             if (reduce == KS_BOUND_NONE) {
                 for (int64_t t = 0; t < g; t++) {
                     int64_t h = kv * g + t;
-                    out[h * n + j] = (float)bound_one(q + h * d, l, u, d);
+                    out[h * n + j] = (float)bound_one(q + h * d, l, u, bx, d);
                 }
             } else if (reduce == KS_BOUND_GROUP_MAX) {
                 float m = 0;
                 for (int64_t t = 0; t < g; t++) {
-                    float v = (float)bound_one(q + (kv * g + t) * d, l, u, d);
+                    float v = (float)bound_one(q + (kv * g + t) * d, l, u, bx, d);
                     if (t == 0 || v > m || isnan(v)) m = (t > 0 && isnan(m)) ? m : v;
                 }
                 out[kv * n + j] = m;
             } else {
                 double s = 0;
-                for (int64_t t = 0; t < g; t++) s += bound_one(q + (kv * g + t) * d, l, u, d);
+                for (int64_t t = 0; t < g; t++) s += bound_one(q + (kv * g + t) * d, l, u, bx, d);
                 out[kv * n + j] = (float)s;
             }
         }
+}
+
+ks_status ks_cpu_bound_scores(const float *q, int64_t n_q_heads, const float *lo, const float *hi, int64_t n,
+                              int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce, float *out) {
+    ks_status st = ks_bound_scores_check_args(n_q_heads, n, n_kv_heads, d, reduce);
+    if (st) return st;
+    if (n > 0 && (!q || !lo || !hi || !out)) return ks_errorf(KS_ERR_ARG, "bound_scores: NULL data");
+    bounds(q, n_q_heads, lo, hi, NULL, n, n_kv_heads, d, reduce, out);
+    return KS_OK;
+}
+
+ks_status ks_cpu_bound_scores_box(const float *q, int64_t n_q_heads, const uint32_t *box, int64_t n,
+                                  int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce, float *out) {
+    ks_status st = ks_bound_scores_check_args(n_q_heads, n, n_kv_heads, d, reduce);
+    if (st) return st;
+    if (n > 0 && (!q || !box || !out)) return ks_errorf(KS_ERR_ARG, "bound_scores: NULL data");
+    bounds(q, n_q_heads, NULL, NULL, box, n, n_kv_heads, d, reduce, out);
     return KS_OK;
 }
 
@@ -205,13 +273,21 @@ ks_status ks_cpu_page_rows(const int32_t *pages, int64_t lists, int64_t k, int64
 
 ks_status ks_cpu_page_reduce_entry(struct ks_backend *b, const void *x, int x_bf16, int64_t n, int64_t h, int64_t d,
                                    int64_t row_stride, int64_t head_stride, int64_t page, int64_t p0, int64_t p1,
-                                   float *out_min, float *out_max, float *out_mean) {
+                                   float *out_min, float *out_max, float *out_mean, uint32_t *out_box) {
+    if (out_box) {
+        if (out_min || out_max || out_mean) return ks_errorf(KS_ERR_ARG, "page_reduce: boxes are asked for alone");
+        return ks_cpu_page_box(x, x_bf16, n, h, d, row_stride, head_stride, page, p0, p1, out_box);
+    }
     return ks_cpu_page_reduce(x, x_bf16, n, h, d, row_stride, head_stride, page, p0, p1, out_min, out_max, out_mean);
 }
 
 ks_status ks_cpu_bound_scores_entry(struct ks_backend *b, const float *q, int64_t n_q_heads, const float *lo,
-                                    const float *hi, int64_t n, int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce,
-                                    float *out) {
+                                    const float *hi, const uint32_t *box, int64_t n, int64_t n_kv_heads, int64_t d,
+                                    ks_bound_reduce reduce, float *out) {
+    if (box) {
+        if (lo || hi) return ks_errorf(KS_ERR_ARG, "bound_scores: boxes come as lo / hi or packed, not both");
+        return ks_cpu_bound_scores_box(q, n_q_heads, box, n, n_kv_heads, d, reduce, out);
+    }
     return ks_cpu_bound_scores(q, n_q_heads, lo, hi, n, n_kv_heads, d, reduce, out);
 }
 

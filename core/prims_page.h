@@ -7,8 +7,11 @@
  *   ks_cpu_page_reduce   per page and channel, the min / max / mean of its rows: the page
  *                        summaries (a range of pages only, so summaries of a growing cache can
  *                        be extended without reading old pages again)
+ *   ks_cpu_page_box      the same min / max as one packed 32-bit word a channel: two bf16 ends
+ *                        rounded outward (half the bytes of two floats; exact for bf16 rows)
  *   ks_cpu_bound_scores  for a query and per-page boxes [lo, hi], the upper bound of q.k over
  *                        the box, sum_i max(q_i lo_i, q_i hi_i), reduced over a GQA group
+ *                        (ks_cpu_bound_scores_box: the same over packed boxes)
  *   ks_cpu_page_rows     page ids -> the row ids of those pages, with fixed row ranges before
  *                        and after, ascending: an index list for ev:attend / ev:retain
  *
@@ -48,6 +51,22 @@ ks_status ks_cpu_page_reduce(const void *x, int x_bf16, int64_t n, int64_t h, in
                              int64_t head_stride, int64_t page, int64_t p0, int64_t p1, float *out_min, float *out_max,
                              float *out_mean);
 
+/* Packed boxes: page_reduce's min and max of each (page, head, channel) as one uint32,
+ *   box = bf16_down(min) | bf16_up(max) << 16
+ * bf16_down / bf16_up (ks_bf16_dir): the nearest bf16 at or below / at or above the float, so
+ * the packed box contains the float one and bounds computed from it are still upper bounds. For
+ * rows that are bf16 already (the CUDA KV cache) min and max are bf16 values and the box is
+ * exact: bound_scores over it gives the same bits as over the float min / max. A NaN end stays
+ * NaN. Quest's summaries at 128K (8191 pages x 8 heads x 128) are 33.5 MB a layer this way
+ * against 67 MB as two float arrays, and bound_scores reads them once a step.
+ *   out_box  // (p1 - p0, h, d) contiguous
+ * Errors: those of ks_cpu_page_reduce (out_box NULL: "no output"). */
+uint16_t ks_bf16_dir(float f, int down);
+ks_status ks_cpu_page_box(const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t row_stride,
+                          int64_t head_stride, int64_t page, int64_t p0, int64_t p1, uint32_t *out_box);
+ks_status ks_page_box_check_args(const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t row_stride,
+                                 int64_t head_stride, int64_t page, int64_t p0, int64_t p1, const uint32_t *out_box);
+
 #define KS_BOUND_PARTS 32 /* partial sums of a bound (ks_cpu_bound_scores) */
 
 typedef enum ks_bound_reduce {
@@ -73,6 +92,12 @@ typedef enum ks_bound_reduce {
  * n < 0, an unknown reduce. */
 ks_status ks_cpu_bound_scores(const float *q, int64_t n_q_heads, const float *lo, const float *hi, int64_t n,
                               int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce, float *out);
+
+/* ks_cpu_bound_scores over packed boxes (ks_cpu_page_box): box (n, n_kv_heads, d) uint32, the
+ * ends unpacked exactly (a bf16 is the high half of a float) and summed in the same order, so
+ * a packed box gives the bits its unpacked float ends give. */
+ks_status ks_cpu_bound_scores_box(const float *q, int64_t n_q_heads, const uint32_t *box, int64_t n,
+                                  int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce, float *out);
 
 /* The rows of pages, as index lists: for each of `lists` lists of k page ids,
  *   pages // (lists, k)   each list strictly ascending; page p covers rows [p*page, (p+1)*page)
@@ -101,16 +126,18 @@ ks_status ks_page_reduce_check_args(const void *x, int x_bf16, int64_t n, int64_
 ks_status ks_bound_scores_check_args(int64_t n_q_heads, int64_t n, int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce);
 
 /* The CPU backend's table entries (core/cpu_prims.c: ks_backend_prims.page_reduce, bound_scores,
- * page_rows): the functions above with the table's backend argument (unused). page_rows with an
+ * page_rows): the functions above with the table's backend argument (unused). page_reduce with
+ * out_box (and no other output) is ks_cpu_page_box; bound_scores with box (lo, hi NULL) is
+ * ks_cpu_bound_scores_box. page_rows with an
  * error word follows the tables' convention (gather's): a bad entry puts its lowest flat position
  * in *err (the caller set it to -1) and the call succeeds; err NULL: the message above. */
 struct ks_backend;
 ks_status ks_cpu_page_reduce_entry(struct ks_backend *b, const void *x, int x_bf16, int64_t n, int64_t h, int64_t d,
                                    int64_t row_stride, int64_t head_stride, int64_t page, int64_t p0, int64_t p1,
-                                   float *out_min, float *out_max, float *out_mean);
+                                   float *out_min, float *out_max, float *out_mean, uint32_t *out_box);
 ks_status ks_cpu_bound_scores_entry(struct ks_backend *b, const float *q, int64_t n_q_heads, const float *lo,
-                                    const float *hi, int64_t n, int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce,
-                                    float *out);
+                                    const float *hi, const uint32_t *box, int64_t n, int64_t n_kv_heads, int64_t d,
+                                    ks_bound_reduce reduce, float *out);
 ks_status ks_cpu_page_rows_entry(struct ks_backend *b, const int32_t *pages, int64_t lists, int64_t k, int64_t page,
                                  int64_t n, int64_t before_begin, int64_t before_end, int64_t after_begin,
                                  int64_t after_end, int32_t *out, int64_t *err);

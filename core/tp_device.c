@@ -595,12 +595,13 @@ static ks_status p_cosine_rows(ks_backend *b, const float *a, const float *bb, i
     return P0(b)->cosine_rows(R0(TPC(b)), a, bb, rows, d, o);
 }
 static ks_status p_page_reduce(ks_backend *b, const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t rs,
-                               int64_t hs, int64_t page, int64_t p0, int64_t p1, float *omin, float *omax, float *omean) {
-    return P0(b)->page_reduce(R0(TPC(b)), x, x_bf16, n, h, d, rs, hs, page, p0, p1, omin, omax, omean);
+                               int64_t hs, int64_t page, int64_t p0, int64_t p1, float *omin, float *omax, float *omean,
+                               uint32_t *obox) {
+    return P0(b)->page_reduce(R0(TPC(b)), x, x_bf16, n, h, d, rs, hs, page, p0, p1, omin, omax, omean, obox);
 }
-static ks_status p_bound_scores(ks_backend *b, const float *q, int64_t nq, const float *lo, const float *hi, int64_t n,
-                                int64_t nkv, int64_t d, ks_bound_reduce red, float *o) {
-    return P0(b)->bound_scores(R0(TPC(b)), q, nq, lo, hi, n, nkv, d, red, o);
+static ks_status p_bound_scores(ks_backend *b, const float *q, int64_t nq, const float *lo, const float *hi,
+                                const uint32_t *box, int64_t n, int64_t nkv, int64_t d, ks_bound_reduce red, float *o) {
+    return P0(b)->bound_scores(R0(TPC(b)), q, nq, lo, hi, box, n, nkv, d, red, o);
 }
 static ks_status p_page_rows(ks_backend *b, const int32_t *pages, int64_t lists, int64_t k, int64_t page, int64_t n,
                              int64_t bb, int64_t be, int64_t ab, int64_t ae, int32_t *o, int64_t *err) {

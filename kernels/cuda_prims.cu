@@ -83,11 +83,20 @@ static ks_status pr_cosine_rows(ks_backend *b, const float *a, const float *bb, 
     return ks_cuda_cosine_rows(CTX(b)->stream, a, bb, rows, d, out);
 }
 static ks_status pr_page_reduce(ks_backend *b, const void *x, int bf16, int64_t n, int64_t h, int64_t d, int64_t rs,
-                                int64_t hs, int64_t page, int64_t p0, int64_t p1, float *mn, float *mx, float *me) {
+                                int64_t hs, int64_t page, int64_t p0, int64_t p1, float *mn, float *mx, float *me,
+                                uint32_t *box) {
+    if (box) {
+        if (mn || mx || me) return ks_errorf(KS_ERR_ARG, "page_reduce: boxes are asked for alone");
+        return ks_cuda_page_box(CTX(b)->stream, x, bf16, n, h, d, rs, hs, page, p0, p1, box);
+    }
     return ks_cuda_page_reduce(CTX(b)->stream, x, bf16, n, h, d, rs, hs, page, p0, p1, mn, mx, me);
 }
-static ks_status pr_bound_scores(ks_backend *b, const float *q, int64_t hq, const float *lo, const float *hi, int64_t n,
-                                 int64_t hkv, int64_t d, ks_bound_reduce red, float *out) {
+static ks_status pr_bound_scores(ks_backend *b, const float *q, int64_t hq, const float *lo, const float *hi,
+                                 const uint32_t *box, int64_t n, int64_t hkv, int64_t d, ks_bound_reduce red, float *out) {
+    if (box) {
+        if (lo || hi) return ks_errorf(KS_ERR_ARG, "bound_scores: boxes come as lo / hi or packed, not both");
+        return ks_cuda_bound_scores_box(CTX(b)->stream, q, hq, box, n, hkv, d, red, out);
+    }
     return ks_cuda_bound_scores(CTX(b)->stream, q, hq, lo, hi, n, hkv, d, red, out);
 }
 static ks_status pr_page_rows(ks_backend *b, const int32_t *pages, int64_t lists, int64_t k, int64_t page, int64_t n,

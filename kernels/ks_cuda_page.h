@@ -22,6 +22,15 @@ ks_status ks_cuda_page_reduce(cudaStream_t s, const void *x, int x_bf16, int64_t
                               int64_t row_stride, int64_t head_stride, int64_t page, int64_t p0, int64_t p1,
                               float *out_min, float *out_max, float *out_mean);
 
+/* ks_cpu_page_box: packed boxes (p1 - p0, h, d) uint32, the same bits. */
+ks_status ks_cuda_page_box(cudaStream_t s, const void *x, int x_bf16, int64_t n, int64_t h, int64_t d,
+                           int64_t row_stride, int64_t head_stride, int64_t page, int64_t p0, int64_t p1,
+                           uint32_t *out_box);
+
+/* ks_cpu_bound_scores_box: q (n_q_heads, d), box (n, n_kv_heads, d) packed, out (rows, n). */
+ks_status ks_cuda_bound_scores_box(cudaStream_t s, const float *q, int64_t n_q_heads, const uint32_t *box, int64_t n,
+                                   int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce, float *out);
+
 /* ks_cpu_bound_scores: q (n_q_heads, d), lo / hi (n, n_kv_heads, d), out (rows, n). */
 ks_status ks_cuda_bound_scores(cudaStream_t s, const float *q, int64_t n_q_heads, const float *lo, const float *hi,
                                int64_t n, int64_t n_kv_heads, int64_t d, ks_bound_reduce reduce, float *out);

@@ -164,12 +164,13 @@ static ks_status e_cosine_rows(ks_backend *b, const float *a, const float *bb, i
     return CPU->cosine_rows(NULL, U(a), U(bb), rows, d, U(out));
 }
 static ks_status e_page_reduce(ks_backend *b, const void *x, int x_bf16, int64_t n, int64_t h, int64_t d, int64_t rs,
-                               int64_t hs, int64_t page, int64_t p0, int64_t p1, float *omin, float *omax, float *omean) {
-    return CPU->page_reduce(NULL, U(x), x_bf16, n, h, d, rs, hs, page, p0, p1, U(omin), U(omax), U(omean));
+                               int64_t hs, int64_t page, int64_t p0, int64_t p1, float *omin, float *omax, float *omean,
+                               uint32_t *obox) {
+    return CPU->page_reduce(NULL, U(x), x_bf16, n, h, d, rs, hs, page, p0, p1, U(omin), U(omax), U(omean), U(obox));
 }
-static ks_status e_bound_scores(ks_backend *b, const float *q, int64_t hq, const float *lo, const float *hi, int64_t n,
-                                int64_t hkv, int64_t d, ks_bound_reduce red, float *out) {
-    return CPU->bound_scores(NULL, U(q), hq, U(lo), U(hi), n, hkv, d, red, U(out));
+static ks_status e_bound_scores(ks_backend *b, const float *q, int64_t hq, const float *lo, const float *hi,
+                                const uint32_t *box, int64_t n, int64_t hkv, int64_t d, ks_bound_reduce red, float *out) {
+    return CPU->bound_scores(NULL, U(q), hq, U(lo), U(hi), U(box), n, hkv, d, red, U(out));
 }
 static ks_status e_page_rows(ks_backend *b, const int32_t *pages, int64_t lists, int64_t k, int64_t page, int64_t n,
                              int64_t bb, int64_t be, int64_t ab, int64_t ae, int32_t *out, int64_t *err) {

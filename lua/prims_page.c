@@ -1,8 +1,10 @@
 /* prims_page.c — the page primitives of the `kvsieve` module (core/prims_page.h; docs/lua.md,
  * "Page primitives"):
  *
- *   ks.page_reduce(x, page, op [, opts])   x (n, d) or (n, h, d) -> per-page min / max / mean
+ *   ks.page_reduce(x, page, op [, opts])   x (n, d) or (n, h, d) -> per-page min / max / mean, or
+ *                                          packed bf16 boxes (op "box": one i32 word a channel)
  *   ks.bound_scores(q, lo, hi [, opts])    upper bounds of q.k over boxes, per head or group
+ *   ks.bound_scores(q, box [, opts])       the same over packed boxes
  *   ks.page_rows(pages, page, n [, opts])  page ids -> ascending row lists (+ fixed ranges)
  *
  * Placement (lua/prims_impl.h): one dispatch, as for every primitive: a call runs where
@@ -70,7 +72,10 @@ static void only_opts(lua_State *L, int idx, const char *fn, const char *const *
 /* ================================================================ page_reduce */
 
 /* ks.page_reduce(x, page, op [, {pages = {b, e}}]): x f32 (n, d) or (n, h, d); op "min", "max",
- * "mean" or "minmax" (two results: min, max, from one read). Results (p1 - p0, [h,] d). */
+ * "mean" or "minmax" (two results: min, max, from one read), or "box" (one i32 result: each
+ * channel's min rounded down and max rounded up to bf16, packed min | max << 16; exact for a
+ * bf16 view such as the CUDA KV cache; core/prims_page.h, ks_cpu_page_box). Results
+ * (p1 - p0, [h,] d). */
 int ks_lp_page_reduce(lua_State *L) {
     const char *fn = "page_reduce";
     lua_settop(L, 4);
@@ -79,12 +84,13 @@ int ks_lp_page_reduce(lua_State *L) {
     const char *op = luaL_checkstring(L, 3);
     static const char *const allowed[] = {"pages", NULL};
     only_opts(L, 4, fn, allowed, "pages");
-    int want_min = 0, want_max = 0, want_mean = 0;
-    if (!strcmp(op, "min")) want_min = 1;
+    int want_min = 0, want_max = 0, want_mean = 0, want_box = 0;
+    if (!strcmp(op, "box")) want_box = 1;
+    else if (!strcmp(op, "min")) want_min = 1;
     else if (!strcmp(op, "max")) want_max = 1;
     else if (!strcmp(op, "mean")) want_mean = 1;
     else if (!strcmp(op, "minmax")) want_min = want_max = 1;
-    else return ks_lua_errorf(L, fn, "op must be \"min\", \"max\", \"mean\" or \"minmax\", got \"%s\"", op);
+    else return ks_lua_errorf(L, fn, "op must be \"min\", \"max\", \"mean\", \"minmax\" or \"box\", got \"%s\"", op);
     if (x->dtype != KS_T_F32) return ks_lua_errorf(L, fn, "x must be an f32 tensor");
     if (x->ndim != 2 && x->ndim != 3)
         return ks_lua_errorf(L, fn, "x must be (n, d) or (n, heads, d), got %d dimensions", x->ndim);
@@ -111,29 +117,36 @@ int ks_lp_page_reduce(lua_State *L) {
     ks_tensor *omin = want_min ? ks_lp_out(L, be, KS_T_F32, x->ndim, shape) : NULL;
     ks_tensor *omax = want_max ? ks_lp_out(L, be, KS_T_F32, x->ndim, shape) : NULL;
     ks_tensor *omean = want_mean ? ks_lp_out(L, be, KS_T_F32, x->ndim, shape) : NULL;
+    ks_tensor *obox = want_box ? ks_lp_out(L, be, KS_T_I32, x->ndim, shape) : NULL;
     float *a = omin ? omin->data : NULL, *b = omax ? omax->data : NULL, *c = omean ? omean->data : NULL;
-    CORE(fn, tab->page_reduce(be, data, bf16, n, h, d, rs, hs, page, p0, p1, a, b, c));
+    CORE(fn, tab->page_reduce(be, data, bf16, n, h, d, rs, hs, page, p0, p1, a, b, c, obox ? obox->data : NULL));
     return want_min && want_max ? 2 : 1;
 }
 
 /* ================================================================ bound_scores */
 
 /* ks.bound_scores(q, lo, hi [, {reduce = "none" | "group_max" | "group_sum"}]): q f32 (H, d) or
- * (1, H, d); lo, hi f32 (n, Hkv, d). Result (H, n) or (Hkv, n). */
+ * (1, H, d); lo, hi f32 (n, Hkv, d). ks.bound_scores(q, box [, opts]): box i32 (n, Hkv, d),
+ * packed boxes of page_reduce(x, page, "box"). Result (H, n) or (Hkv, n). */
 int ks_lp_bound_scores(lua_State *L) {
     const char *fn = "bound_scores";
     lua_settop(L, 4);
+    ks_tensor *q = ks_lt_check(L, 1, fn), *lo = ks_lt_check(L, 2, fn), *hi = NULL;
+    const int packed = lo->dtype == KS_T_I32, oi = packed ? 3 : 4; /* the options' index */
+    if (packed && (!lua_isnoneornil(L, 4) || lua_isuserdata(L, 3)))
+        return ks_lua_errorf(L, fn, "packed boxes take (q, box [, opts]): lo and hi are f32, a box is one i32 tensor");
     static const char *const allowed[] = {"reduce", NULL};
-    only_opts(L, 4, fn, allowed, "reduce");
-    ks_tensor *q = ks_lt_check(L, 1, fn), *lo = ks_lt_check(L, 2, fn), *hi = ks_lt_check(L, 3, fn);
-    if (q->dtype != KS_T_F32 || lo->dtype != KS_T_F32 || hi->dtype != KS_T_F32)
-        return ks_lua_errorf(L, fn, "q, lo and hi must be f32 tensors");
+    only_opts(L, oi, fn, allowed, "reduce");
+    if (!packed) hi = ks_lt_check(L, 3, fn);
+    if (q->dtype != KS_T_F32 || (!packed && (lo->dtype != KS_T_F32 || hi->dtype != KS_T_F32)))
+        return ks_lua_errorf(L, fn, "q, lo and hi must be f32 tensors (or q f32 and one i32 tensor of packed boxes)");
     int64_t H, d;
     if (q->ndim == 2) { H = q->shape[0]; d = q->shape[1]; }
     else if (q->ndim == 3 && q->shape[0] == 1) { H = q->shape[1]; d = q->shape[2]; }
     else return ks_lua_errorf(L, fn, "q must be (n_heads, head_dim) or (1, n_heads, head_dim)");
-    if (lo->ndim != 3 || hi->ndim != 3) return ks_lua_errorf(L, fn, "lo and hi must be (n, n_kv_heads, head_dim)");
-    if (memcmp(lo->shape, hi->shape, sizeof(int64_t) * 3))
+    if (packed ? lo->ndim != 3 : lo->ndim != 3 || hi->ndim != 3)
+        return ks_lua_errorf(L, fn, packed ? "box must be (n, n_kv_heads, head_dim)" : "lo and hi must be (n, n_kv_heads, head_dim)");
+    if (!packed && memcmp(lo->shape, hi->shape, sizeof(int64_t) * 3))
         return ks_lua_errorf(L, fn, "lo (%lld, %lld, %lld) and hi (%lld, %lld, %lld) differ in shape", (long long)lo->shape[0],
                              (long long)lo->shape[1], (long long)lo->shape[2], (long long)hi->shape[0], (long long)hi->shape[1],
                              (long long)hi->shape[2]);
@@ -141,8 +154,8 @@ int ks_lp_bound_scores(lua_State *L) {
     if (lo->shape[2] != d)
         return ks_lua_errorf(L, fn, "head_dim of q (%lld) and of the boxes (%lld) differ", (long long)d, (long long)lo->shape[2]);
     ks_bound_reduce red = KS_BOUND_NONE;
-    if (lua_istable(L, 4)) {
-        int t = lua_getfield(L, 4, "reduce");
+    if (lua_istable(L, oi)) {
+        int t = lua_getfield(L, oi, "reduce");
         if (t != LUA_TNIL) {
             const char *r = t == LUA_TSTRING ? lua_tostring(L, -1) : "";
             if (!strcmp(r, "none")) red = KS_BOUND_NONE;
@@ -154,15 +167,15 @@ int ks_lp_bound_scores(lua_State *L) {
     }
     CORE(fn, ks_bound_scores_check_args(H, n, Hkv, d, red));
     ks_tensor *ts[3] = {q, lo, hi};
-    ks_backend *be = ks_lp_where(ts, 3);
+    ks_backend *be = ks_lp_where(ts, packed ? 2 : 3);
     const ks_backend_prims *tab = ks_lp_prims(be);
     int pushed;
     const float *qd = ks_lt_on(L, 1, q, be, &pushed);
-    const float *ld = ks_lt_on(L, 2, lo, be, &pushed);
-    const float *hd = ks_lt_on(L, 3, hi, be, &pushed);
+    const void *ld = ks_lt_on(L, 2, lo, be, &pushed);
+    const float *hd = packed ? NULL : ks_lt_on(L, 3, hi, be, &pushed);
     int64_t shape[2] = {red == KS_BOUND_NONE ? H : Hkv, n};
     ks_tensor *o = ks_lp_out(L, be, KS_T_F32, 2, shape);
-    CORE(fn, tab->bound_scores(be, qd, H, ld, hd, n, Hkv, d, red, o->data));
+    CORE(fn, tab->bound_scores(be, qd, H, packed ? NULL : ld, hd, packed ? ld : NULL, n, Hkv, d, red, o->data));
     return 1;
 }
 

@@ -236,6 +236,8 @@ static int l_t_index(lua_State *L) {
     ks_tensor *t = ks_lt_check(L, 1, k);
     if (!strcmp(k, "shape")) push_shape(L, t);
     else if (!strcmp(k, "dtype")) lua_pushstring(L, ks_tdtype_name(t->dtype));
+    else if (!strcmp(k, "storage")) /* the elements in memory: a bf16 view (the CUDA KV cache) reads as f32 */
+        lua_pushstring(L, t->bf16 ? "bf16" : ks_tdtype_name(t->dtype));
     else if (!strcmp(k, "device")) /* the emulated device is host memory: "cpu", like the policies expect there */
         lua_pushstring(L, t->be && t->be != ks_lua_emu_backend() ? t->be->name : "cpu");
     else if (!strcmp(k, "ndim")) lua_pushinteger(L, t->ndim);

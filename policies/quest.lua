@@ -40,16 +40,23 @@
 --   - Summaries: "keep" stores each layer's summaries between steps and computes only pages
 --     completed since (a page's summary never changes once it is full); "recompute" summarises
 --     all candidate pages at every step (one read of the keys). min / max are exact, so both
---     give the same bits. "auto" (the default) keeps them, on the host or on the device (device
---     tensors a handler keeps stay there for later events: 2 x pages x Hkv x d floats a layer,
---     2 GB for the 8B shape's 30 sparse layers at 128K, within _device_mb's 4096 MB default).
+--     give the same bits. "box" keeps them as packed bf16 boxes (ks.page_reduce's "box": the
+--     min rounded down and the max rounded up to bf16 in one 32-bit word a channel), half the
+--     bytes that bound_scores reads at every step; for bf16 keys (the CUDA cache) the box is
+--     the exact min and max, so the bounds and pages are those of "keep" bit for bit; for f32
+--     keys (the CPU cache) the rounded box is a slightly looser bound, which may choose other
+--     pages. "auto" (the default) is "box" when the keys are bf16 (keys.storage) and "keep"
+--     otherwise: the same pages as "keep" everywhere. Kept summaries stay where the keys are,
+--     on the host or on the device (device tensors a handler keeps stay there for later events:
+--     pages x Hkv x d words a layer as boxes, 1 GB for the 8B shape's 30 sparse layers at 128K,
+--     within _device_mb's 4096 MB default; twice that as two float arrays).
 --
 -- Parameters:
 --   budget        4096    tokens attended per step and layer (the current page included)
 --   page          16      rows per page
 --   dense_layers  2       the first layers attend to everything
 --   gqa           "max"   how a KV head combines its query heads' bounds: "max" or "sum"
---   summaries     "auto"  "keep" | "recompute" | "auto" (see above)
+--   summaries     "auto"  "auto" | "box" | "keep" | "recompute" (see above)
 --   trace         false   true: report every step's choice: "d<step>.l<layer>" -> "dense", or
 --                         the chosen candidate pages of each KV head ("1,4,7|0,4,9")
 -- Reports: "selections" (steps and layers that selected), "dense_steps" (steps and layers past
@@ -63,20 +70,22 @@ local function _reset()
 end
 _reset()
 
--- Summaries (lo, hi) of the complete pages [0, npages) of this layer's keys K (N, Hkv, d).
-local function _summaries(ev, p, K, npages)
-  local keep = p.summaries ~= "recompute"
-  if not keep then return ks.page_reduce(K, p.page, "minmax", { pages = { 0, npages } }) end
+-- Summaries of the complete pages [0, npages) of this layer's keys K (N, Hkv, d): packed boxes
+-- (box = true: one i32 tensor) or lo, hi (f32), kept between steps unless p.summaries is
+-- "recompute".
+local function _summaries(ev, p, K, npages, box)
+  local op = box and "box" or "minmax"
+  if p.summaries == "recompute" then return ks.page_reduce(K, p.page, op, { pages = { 0, npages } }) end
   local c = state.sum[ev.layer]
-  if not c or c.n > npages then
-    local lo, hi = ks.page_reduce(K, p.page, "minmax", { pages = { 0, npages } })
-    c = { lo = lo, hi = hi, n = npages }
+  if not c or c.n > npages or c.box ~= box then
+    local lo, hi = ks.page_reduce(K, p.page, op, { pages = { 0, npages } })
+    c = { lo = lo, hi = hi, n = npages, box = box }
     state.sum[ev.layer] = c
   elseif c.n < npages then
-    local lo, hi = ks.page_reduce(K, p.page, "minmax", { pages = { c.n, npages } })
+    local lo, hi = ks.page_reduce(K, p.page, op, { pages = { c.n, npages } })
     local Hkv, d = K.shape[2], K.shape[3]
     c.lo = ks.concat(c.lo:reshape(-1), lo:reshape(-1)):reshape(npages, Hkv, d)
-    c.hi = ks.concat(c.hi:reshape(-1), hi:reshape(-1)):reshape(npages, Hkv, d)
+    if not box then c.hi = ks.concat(c.hi:reshape(-1), hi:reshape(-1)):reshape(npages, Hkv, d) end
     c.n = npages
   end
   return c.lo, c.hi
@@ -108,8 +117,8 @@ return {
     end
     if p.dense_layers < 0 then error(string.format("dense_layers (%d) must be >= 0", p.dense_layers), 0) end
     if p.gqa ~= "max" and p.gqa ~= "sum" then error("gqa must be \"max\" or \"sum\", got \"" .. tostring(p.gqa) .. "\"", 0) end
-    if p.summaries ~= "auto" and p.summaries ~= "keep" and p.summaries ~= "recompute" then
-      error("summaries must be \"auto\", \"keep\" or \"recompute\", got \"" .. tostring(p.summaries) .. "\"", 0)
+    if p.summaries ~= "auto" and p.summaries ~= "box" and p.summaries ~= "keep" and p.summaries ~= "recompute" then
+      error("summaries must be \"auto\", \"box\", \"keep\" or \"recompute\", got \"" .. tostring(p.summaries) .. "\"", 0)
     end
     _reset()
   end,
@@ -135,8 +144,10 @@ return {
       if p.trace then ev:report("d" .. s .. ".l" .. l, "") end
     else
       local keys = ev:kv_keys()           -- (N, Hkv, d), after RoPE
-      local lo, hi = _summaries(ev, p, keys, last)
-      local bound = ks.bound_scores(ev.q, lo, hi, { reduce = p.gqa == "max" and "group_max" or "group_sum" })
+      local box = p.summaries == "box" or (p.summaries == "auto" and keys.storage == "bf16")
+      local lo, hi = _summaries(ev, p, keys, last, box)
+      local opts = { reduce = p.gqa == "max" and "group_max" or "group_sum" }
+      local bound = box and ks.bound_scores(ev.q, lo, opts) or ks.bound_scores(ev.q, lo, hi, opts)
       local top = ks.topk(bound, K - 1)   -- (Hkv, K - 1) pages, ascending; ties to the lower page
       rows = ks.page_rows(top, P, N, { after = { last * P, N } }) -- valid by construction: no check, no wait
       if p.trace then ev:report("d" .. s .. ".l" .. l, _trace_pages(top)) end

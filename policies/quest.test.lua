@@ -7,6 +7,8 @@
 --   3. on kvsieve-tiny, every selection of every layer and decode step equals a plain-Lua
 --      reference of the method (min / max boxes, the bound, the group max or sum, top-k with
 --      ties to the lower page) computed from the same event's q and keys; per-head lists differ;
+--      With summaries = "box" (packed bf16 boxes, rounded outward from the CPU's f32 keys) the
+--      reference rounds its min / max the same way (a set of its own);
 --   4. "keep" (summaries extended page by page), "recompute" and the emulated device give the
 --      same selections and ids;
 --   5. bad parameters are refused with a message.
@@ -63,6 +65,10 @@ do
   if rows_of(ev) ~= "0,1,4,5,8" or ev.reports["d0.l2"] ~= "0,2" then
     fail("hand case, gqa sum: attended %s (pages %s), expected 0,1,4,5,8 (pages 0,2)", rows_of(ev), tostring(ev.reports["d0.l2"]))
   end
+  ev = run({ budget = 6, page = 2, trace = true, summaries = "box" }) -- these keys are bf16 values: the same bounds
+  if rows_of(ev) ~= "4,5,6,7,8" or ev.reports["d0.l2"] ~= "2,3" then
+    fail("hand case, packed boxes: attended %s (pages %s), expected 4,5,6,7,8 (pages 2,3)", rows_of(ev), tostring(ev.reports["d0.l2"]))
+  end
   ev = run({ budget = 2, page = 2 })
   if rows_of(ev) ~= "8" then fail("hand case, budget of one page: attended %s, expected 8", rows_of(ev)) end
   ev = run({ budget = 6, page = 2 }, 1)
@@ -94,9 +100,18 @@ end
 
 -- 3. every selection against a plain-Lua reference
 local function f32(x) return (string.unpack("f", string.pack("f", x))) end
+-- x (an f32 value) rounded to bf16 toward -inf (down) or +inf: the nearest bf16 on that side
+local function bf16_dir(x, down)
+  local u = string.unpack("<I4", string.pack("<f", x))
+  local t = u & 0xffff0000
+  if t == u or x ~= x or x == math.huge or x == -math.huge then return x end
+  local neg = u >> 31 == 1
+  if down == neg then t = t + 0x10000 end -- one bf16 step away from zero
+  return (string.unpack("<f", string.pack("<I4", t)))
+end
 
 -- pages chosen per KV head for q (1, H, d) and keys (N, Hkv, d) as Lua tables: "1,4|0,3"
-local function reference(q, keys, N, P, K, gqa)
+local function reference(q, keys, N, P, K, gqa, box)
   local last = (N - 1) // P
   local H, Hkv, d = #q[1], #keys[1], #keys[1][1]
   local g = H // Hkv
@@ -112,6 +127,9 @@ local function reference(q, keys, N, P, K, gqa)
           if k[i] < lo[i] then lo[i] = k[i] end
           if k[i] > hi[i] then hi[i] = k[i] end
         end
+      end
+      if box then
+        for i = 1, d do lo[i], hi[i] = bf16_dir(lo[i], true), bf16_dir(hi[i], false) end
       end
       local best, sum
       for t = 1, g do
@@ -148,7 +166,8 @@ local function checked_run(set)
       local step = calls[ev.layer] or 0  -- the policy's own step count: every decode step of the layer
       calls[ev.layer] = step + 1
       if ev.layer >= p.dense_layers and p.budget < N and K - 1 < last and K > 1 then
-        expected["d" .. step .. ".l" .. ev.layer] = reference(ev.q:tolist(), ev:kv_keys():tolist(), N, p.page, K, p.gqa)
+        expected["d" .. step .. ".l" .. ev.layer] = reference(ev.q:tolist(), ev:kv_keys():tolist(), N, p.page, K, p.gqa,
+                                                              p.summaries == "box")
         n_sel = n_sel + 1
       end
       return pol.decode_qkv(ev, p)
@@ -171,14 +190,15 @@ local sets = {
   { budget = 64, page = 8, trace = true },
   { budget = 64, page = 16, trace = true, gqa = "sum", dense_layers = 0, summaries = "recompute" },
   { budget = 40, page = 5, trace = true, dense_layers = 3 },
+  { budget = 64, page = 8, trace = true, summaries = "box" },
 }
 local runs = {}
 for i, set in ipairs(sets) do
   local r, n_sel, differ = checked_run(set)
   if not differ then fail("set %d: the two KV heads chose the same pages at every step (per-head lists untested)", i) end
   runs[i] = r
-  print(string.format("quest: %d selections equal the plain-Lua reference (budget %d, page %d, gqa %s)", n_sel, set.budget,
-                      set.page, set.gqa or "max"))
+  print(string.format("quest: %d selections equal the plain-Lua reference (budget %d, page %d, gqa %s, summaries %s)", n_sel,
+                      set.budget, set.page, set.gqa or "max", set.summaries or "auto"))
 end
 
 -- 4. keep / recompute / emulated device: the same choices and ids
@@ -198,7 +218,13 @@ do
       if r.report[k] ~= v then fail("quest %s: report %s = %s, the checked run %s", name, k, tostring(r.report[k]), tostring(v)) end
     end
   end
-  print("quest: keep, recompute and the emulated device choose the same pages")
+  -- packed boxes on the emulated device: the host's box run (set 4)
+  local eb = with({ _device = "emulate", summaries = "box" })
+  polfix.eq_list(eb.ids, runs[4].ids, "quest box, emulated vs host")
+  for k, v in pairs(runs[4].report) do
+    if eb.report[k] ~= v then fail("quest box emulated: report %s = %s, the host %s", k, tostring(eb.report[k]), tostring(v)) end
+  end
+  print("quest: keep, recompute and the emulated device choose the same pages (boxes: emulated = host)")
 end
 
 -- 5. parameters
@@ -208,6 +234,6 @@ do
   bad({ budget = 8, page = 16 }, "budget (8) must be at least one page (16)")
   bad({ dense_layers = -1 }, "dense_layers (-1) must be >= 0")
   bad({ gqa = "mean" }, "gqa must be \"max\" or \"sum\"")
-  bad({ summaries = "sometimes" }, "summaries must be \"auto\", \"keep\" or \"recompute\"")
+  bad({ summaries = "sometimes" }, "summaries must be \"auto\", \"box\", \"keep\" or \"recompute\"")
   print("quest: bad parameters are refused")
 end

@@ -171,6 +171,95 @@ KT_TEST(prims_bound_scores_errors) {
     KT_CHECK(ks_cpu_bound_scores(qi, 2, li, hi, 1, 1, 1, KS_BOUND_GROUP_MAX, o) == KS_OK && isnan(o[0]), "NaN propagates: %g", o[0]);
 }
 
+/* ---------------------------------------------------------------- packed boxes */
+
+static float bits_f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float lo_of(uint32_t b) { return bits_f(b << 16); }
+static float hi_of(uint32_t b) { return bits_f(b & 0xffff0000u); }
+
+KT_TEST(prims_page_box_rounding) {
+    /* bf16 values are exact both ways; others go to the nearest bf16 below (down) / above (up) */
+    KT_CHECK(ks_bf16_dir(1.5f, 1) == 0x3fc0 && ks_bf16_dir(1.5f, 0) == 0x3fc0, "1.5 is a bf16");
+    float a = bits_f(0x3f800001u); /* 1 + 2^-23 */
+    KT_CHECK(ks_bf16_dir(a, 1) == 0x3f80 && ks_bf16_dir(a, 0) == 0x3f81, "1 + ulp: down 1, up the next bf16");
+    KT_CHECK(ks_bf16_dir(-a, 1) == 0xbf81 && ks_bf16_dir(-a, 0) == 0xbf80, "-(1 + ulp): down away from 0, up toward");
+    KT_CHECK(ks_bf16_dir(3.4e38f, 0) == 0x7f80 && ks_bf16_dir(-3.4e38f, 1) == 0xff80, "past the largest bf16: +-inf");
+    KT_CHECK(ks_bf16_dir(3.4e38f, 1) == 0x7f7f, "the largest finite bf16 below 3.4e38");
+    KT_CHECK(ks_bf16_dir(INFINITY, 1) == 0x7f80 && ks_bf16_dir(-INFINITY, 0) == 0xff80, "infinities are exact");
+    KT_CHECK(ks_bf16_dir(-0.0f, 1) == 0x8000 && ks_bf16_dir(0.0f, 0) == 0x0000, "zeros keep their sign");
+    KT_CHECK(isnan(bits_f((uint32_t)ks_bf16_dir(bits_f(0x7f800001u), 1) << 16)), "a NaN whose payload is in the low half stays NaN");
+    float tiny = bits_f(0x00000001u); /* the smallest subnormal */
+    KT_CHECK(ks_bf16_dir(tiny, 1) == 0x0000 && ks_bf16_dir(tiny, 0) == 0x0001, "subnormals round outward too");
+}
+
+KT_TEST(prims_page_box_vs_minmax) {
+    /* f32 rows: each box is the tightest bf16 interval around the exact min / max; bf16 rows
+     * (strided, a cache laid out (h, capacity, d)): the box is the min / max exactly; bounds over
+     * packed boxes equal those over their unpacked ends bit for bit, every reduce */
+    int64_t H = 8, Hkv = 2, d = 24, n = 77, page = 8, np = ks_page_count(n, page), cap = 96;
+    size_t nb = (size_t)np * Hkv * d;
+    float *k = malloc(4 * n * Hkv * d), *q = malloc(4 * H * d), *lo = malloc(4 * nb), *hi = malloc(4 * nb);
+    float *ul = malloc(4 * nb), *uh = malloc(4 * nb), *s0 = malloc(4 * H * np), *s1 = malloc(4 * H * np);
+    uint32_t *box = malloc(4 * nb);
+    uint16_t *kb = malloc(2 * (size_t)Hkv * cap * d);
+    for (int64_t i = 0; i < n * Hkv * d; i++) k[i] = frnd();
+    for (int64_t i = 0; i < H * d; i++) q[i] = frnd();
+    KT_CHECK(ks_cpu_page_reduce(k, 0, n, Hkv, d, Hkv * d, d, page, 0, np, lo, hi, NULL) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_cpu_page_box(k, 0, n, Hkv, d, Hkv * d, d, page, 0, np, box) == KS_OK, "%s", ks_last_error());
+    int tight = 1, inexact = 0;
+    for (size_t i = 0; i < nb; i++) {
+        float l = lo_of(box[i]), u = hi_of(box[i]);
+        /* the next bf16 inward from each end is past the float end */
+        float l_in = bits_f(((uint32_t)ks_bf16_dir(l, 0) + (l >= 0 ? 1u : (uint32_t)-1)) << 16);
+        float u_in = bits_f(((uint32_t)ks_bf16_dir(u, 0) + (u > 0 ? (uint32_t)-1 : 1u)) << 16);
+        if (!(l <= lo[i] && u >= hi[i]) || (l != lo[i] && !(l_in > lo[i])) || (u != hi[i] && !(u_in < hi[i]))) tight = 0;
+        inexact += l != lo[i] || u != hi[i];
+    }
+    KT_CHECK(tight, "every f32 box holds the min / max and is the tightest bf16 box");
+    KT_CHECK(inexact > (int)nb / 2, "random f32 keys round (%d of %zu boxes inexact): the rounding is exercised", inexact, nb);
+    /* the same keys as a bf16 cache (h, capacity, d), read token-major */
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t j = 0; j < Hkv; j++)
+            for (int64_t c = 0; c < d; c++) kb[(j * cap + r) * d + c] = ks_bf16_dir(k[(r * Hkv + j) * d + c], 1);
+    KT_CHECK(ks_cpu_page_reduce(kb, 1, n, Hkv, d, d, cap * d, page, 0, np, lo, hi, NULL) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_cpu_page_box(kb, 1, n, Hkv, d, d, cap * d, page, 0, np, box) == KS_OK, "%s", ks_last_error());
+    int exact = 1;
+    for (size_t i = 0; i < nb; i++) {
+        ul[i] = lo_of(box[i]);
+        uh[i] = hi_of(box[i]);
+        exact = exact && f_bits(ul[i]) == f_bits(lo[i]) && f_bits(uh[i]) == f_bits(hi[i]);
+    }
+    KT_CHECK(exact, "bf16 rows: the packed box is the exact min / max");
+    /* a NaN and infinities in some boxes: the packed bound keeps the float rule */
+    box[3] = 0x7fc07fc0u;
+    box[5] = 0x7f80ff80u;
+    ul[3] = uh[3] = NAN;
+    ul[5] = -INFINITY, uh[5] = INFINITY;
+    const ks_bound_reduce reds[3] = {KS_BOUND_NONE, KS_BOUND_GROUP_MAX, KS_BOUND_GROUP_SUM};
+    for (int r = 0; r < 3; r++) {
+        int64_t rows = reds[r] == KS_BOUND_NONE ? H : Hkv;
+        KT_CHECK(ks_cpu_bound_scores(q, H, ul, uh, np, Hkv, d, reds[r], s0) == KS_OK, "%s", ks_last_error());
+        KT_CHECK(ks_cpu_bound_scores_box(q, H, box, np, Hkv, d, reds[r], s1) == KS_OK, "%s", ks_last_error());
+        KT_CHECK(!memcmp(s0, s1, 4 * (size_t)(rows * np)), "reduce %d: packed bounds differ from their ends' bounds", r);
+    }
+    free(k); free(q); free(lo); free(hi); free(ul); free(uh); free(s0); free(s1); free(box); free(kb);
+}
+
+KT_TEST(prims_page_box_errors) {
+    float x[8] = {0}, o[4], q[2] = {0};
+    uint32_t b[8];
+    KT_CHECK(ks_cpu_page_box(x, 0, 8, 1, 1, 1, 0, 2, 0, 4, NULL) == KS_ERR_ARG && has(ks_last_error(), "no output"), "%s", ks_last_error());
+    KT_CHECK(ks_cpu_page_box(x, 0, 8, 1, 1, 1, 0, 2, 0, 5, b) == KS_ERR_ARG && has(ks_last_error(), "pages [0, 5)"), "%s", ks_last_error());
+    KT_CHECK(ks_cpu_bound_scores_box(q, 1, NULL, 1, 1, 1, KS_BOUND_NONE, o) == KS_ERR_ARG && has(ks_last_error(), "NULL"), "%s", ks_last_error());
+    KT_CHECK(ks_cpu_bound_scores_box(q, 3, b, 1, 2, 1, KS_BOUND_NONE, o) == KS_ERR_ARG && has(ks_last_error(), "not a multiple"), "%s", ks_last_error());
+    /* the table entries take one kind of box at a time */
+    KT_CHECK(ks_cpu_page_reduce_entry(NULL, x, 0, 8, 1, 1, 1, 0, 2, 0, 4, o, NULL, NULL, b) == KS_ERR_ARG &&
+                 has(ks_last_error(), "alone"), "%s", ks_last_error());
+    KT_CHECK(ks_cpu_bound_scores_entry(NULL, q, 1, x, x, b, 1, 1, 1, KS_BOUND_NONE, o) == KS_ERR_ARG &&
+                 has(ks_last_error(), "not both"), "%s", ks_last_error());
+}
+
 KT_TEST(prims_page_rows_hand) {
     /* two lists of pages of 4 over 32 rows, with rows [0, 2) before and [28, 31) after */
     const int32_t pages[2][2] = {{1, 5}, {2, 3}};
@@ -256,6 +345,19 @@ KT_TEST(prims_page_lua_bindings) {
         "err('not a multiple of n_kv_heads', ks.bound_scores, ks.tensor({{1, 0}, {0, 1}, {1, 1}}, 'f32'), ks.tensor({{{0, 0}, {0, 0}}}, 'f32'), ks.tensor({{{0, 0}, {0, 0}}}, 'f32'))\n"
         "err('option reduce: \"none\", \"group_max\" or \"group_sum\", got max', ks.bound_scores, q, b, b, {reduce = 'max'})\n"
         "err('bound_scores: q, lo and hi must be f32 tensors', ks.bound_scores, ks.tensor({{1, 0}}), b, b)\n"
+        "local y = ks.tensor({{{1, -0.5}}, {{3, 0}}, {{-2, 5}}, {{1.00001, 4}}}, 'f32')  -- (n = 4, h = 1, d = 2)\n"
+        "local bx = ks.page_reduce(y, 2, 'box')\n"
+        "assert(bx.dtype == 'i32' and bx.shape[1] == 2 and bx.shape[3] == 2 and y.storage == 'f32' and bx.storage == 'i32')\n"
+        "assert(bx:item(0, 0, 0) == 0x40400000 | 0x3f80 and bx:item(0, 0, 1) == 0xbf00)  -- box (1, 3) and (-0.5, 0)\n"
+        "assert(bx:item(1, 0, 0) & 0xffff == 0xc000 and bx:item(1, 0, 0) >> 16 == 0x3f81)  -- 1.00001 rounds up to 1.0078125\n"
+        "local qb = ks.tensor({{1, 0}, {0, 1}}, 'f32')\n"
+        "local sb = ks.bound_scores(qb, bx, {reduce = 'group_max'})\n"
+        "assert(sb.shape[1] == 1 and sb:item(0, 0) == 3 and sb:item(0, 1) == 5)\n"
+        "assert(ks.bound_scores(qb, bx):item(0, 1) == 1.0078125)\n"
+        "err('page_reduce: op must be \"min\", \"max\", \"mean\", \"minmax\" or \"box\"', ks.page_reduce, y, 2, 'boxes')\n"
+        "err('bound_scores: packed boxes take (q, box [, opts])', ks.bound_scores, qb, bx, bx)\n"
+        "err('bound_scores: box must be (n, n_kv_heads, head_dim)', ks.bound_scores, qb, ks.tensor({{1, 2}}))\n"
+        "err(\"bound_scores: unknown option 'reduse'\", ks.bound_scores, qb, bx, {reduse = 'none'})\n"
         "local r = ks.page_rows({{0, 2}, {1, 2}}, 2, 8, {after = {6, 8}})\n"
         "assert(table.concat(r:tolist()[2], ',') == '2,3,4,5,6,7' and ks.page_rows({1}, 3, 6).dtype == 'i32')\n"
         "err('page_rows: page 2 at (list 0, position 1) follows 2', ks.page_rows, {2, 2}, 2, 8)\n"

@@ -380,7 +380,10 @@ static void bench_topk_row(int n, int k) {
  * 4096): min / max summaries of the complete pages of the cached keys (ks_cuda_page_reduce over
  * the cache layout (Hkv, capacity, d), bf16), their upper bounds for the 32 query heads combined
  * by the group max (ks_cuda_bound_scores), the top 255 pages per KV head (ks_cuda_topk) and their
- * rows plus the current page's (ks_cuda_page_rows); each alone, then together. */
+ * rows plus the current page's (ks_cuda_page_rows); each alone, then together. The bounds are
+ * also timed over RB copies of the summaries in turn, as f32 lo / hi and as packed bf16 boxes
+ * (ks_cuda_page_box, ks_cuda_bound_scores_box), so that no repeat finds them in L2 (in a
+ * decode step a layer's summaries were last read a whole step before). */
 static void bench_quest(int ctx) {
     cudaMemPool_t pool;
     CK(cudaDeviceGetDefaultMemPool(&pool, 0));
@@ -418,6 +421,27 @@ static void bench_quest(int ctx) {
     ms = time_ms([&](int) { bounds(); topk(); prows(); });
     snprintf(name, sizeof name, "quest: bounds + topk + page_rows (summaries kept) ctx=%d", ctx);
     report(name, ms, sb / (ms * 1e-3) / 1e9, "GB/s");
+    /* rotating copies: RB x the summaries > 2 x L2 at 32K too */
+    enum { RB = 8 };
+    float *rlo[RB], *rhi[RB];
+    uint32_t *rbox[RB];
+    for (int i = 0; i < RB; i++) {
+        rlo[i] = (float *)dmalloc(sizeof(float) * (size_t)last * Hkv * d);
+        rhi[i] = (float *)dmalloc(sizeof(float) * (size_t)last * Hkv * d);
+        rbox[i] = (uint32_t *)dmalloc(sizeof(uint32_t) * (size_t)last * Hkv * d);
+        KS(ks_cuda_page_reduce(S, Kc, 1, N, Hkv, d, d, (int64_t)cap * d, P, 0, last, rlo[i], rhi[i], NULL));
+        KS(ks_cuda_page_box(S, Kc, 1, N, Hkv, d, d, (int64_t)cap * d, P, 0, last, rbox[i]));
+    }
+    ms = time_ms([&](int i) { KS(ks_cuda_bound_scores(S, q, H, rlo[i % RB], rhi[i % RB], last, Hkv, d, KS_BOUND_GROUP_MAX, bound)); });
+    snprintf(name, sizeof name, "quest: bound_scores f32 lo/hi, %d copies in turn ctx=%d", (int)RB, ctx);
+    report(name, ms, sb / (ms * 1e-3) / 1e9, "GB/s");
+    ms = time_ms([&](int i) { KS(ks_cuda_bound_scores_box(S, q, H, rbox[i % RB], last, Hkv, d, KS_BOUND_GROUP_MAX, bound)); });
+    snprintf(name, sizeof name, "quest: bound_scores packed boxes, %d copies in turn ctx=%d", (int)RB, ctx);
+    report(name, ms, sb / 2 / (ms * 1e-3) / 1e9, "GB/s");
+    ms = time_ms([&](int i) { KS(ks_cuda_page_box(S, Kc, 1, N, Hkv, d, d, (int64_t)cap * d, P, 0, last, rbox[i % RB])); });
+    snprintf(name, sizeof name, "quest: page_box ctx=%d (%d pages)", ctx, last);
+    report(name, ms, (kb + sb / 2) / (ms * 1e-3) / 1e9, "GB/s");
+    for (int i = 0; i < RB; i++) { cudaFree(rlo[i]); cudaFree(rhi[i]); cudaFree(rbox[i]); }
     cudaFree(Kc); cudaFree(q); cudaFree(lo); cudaFree(hi); cudaFree(bound); cudaFree(top); cudaFree(rows);
 }
 

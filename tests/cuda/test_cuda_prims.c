@@ -661,6 +661,23 @@ static void test_page(void) {
                      !memcmp(g[0], r[0], 4 * cnt) && !memcmp(g[1], r[1], 4 * cnt) && !memcmp(g[2], r[2], 4 * cnt);
             result(ok, name, "%s", ok ? "min, max, mean identical" : "DIFFER");
         }
+        /* packed boxes: from the bf16 cache, its f32 copy, and f32 rows that are not bf16 values
+         * (the outward rounding), against ks_cpu_page_box */
+        float *craw = malloc(4 * cn);
+        for (size_t i = 0; i < cn; i++) craw[i] = frand() * 3;
+        float *dcr = dup_dev(craw, 4 * cn);
+        uint32_t *rb = malloc(4 * (cnt + 1)), *gb = malloc(4 * (cnt + 1)), *db = dalloc(4 * (cnt + 1));
+        {
+            snprintf(name, sizeof name, "page_box n=%lld h=%lld d=%lld page=%lld pages [%lld, %lld) bf16", (long long)n,
+                     (long long)h, (long long)d, (long long)page, (long long)p0, (long long)p1);
+            ks_status st = ks_cpu_page_box(cb, 1, n, h, d, d, cap * d, page, p0, p1, rb);
+            CHECK_ST(st, name);
+            poison_dev(db, 4 * (cnt + 1));
+            st = ks_cuda_page_box(S, dcb, 1, n, h, d, d, cap * d, page, p0, p1, db); /* kept for bound_scores_box */
+            CHECK_ST(st, name);
+            int ok = get(gb, db, 4 * cnt) && !memcmp(gb, rb, 4 * cnt);
+            result(ok, name, "%s", ok ? "identical" : "DIFFER");
+        }
         /* bound scores over the min / max boxes just made (contiguous (pages, h, d)) */
         int64_t nb = p1 - p0;
         float *q = malloc(4 * H * d), *rs = malloc(4 * (H * nb + 1)), *gs = malloc(4 * (H * nb + 1));
@@ -678,7 +695,29 @@ static void test_page(void) {
             CHECK_ST(st, name);
             int ok = get(gs, ds, 4 * rows * nb) && !memcmp(gs, rs, 4 * rows * nb);
             result(ok, name, "%s", ok ? "identical" : "DIFFER");
+            /* the same bounds from the packed boxes of the bf16 cache (exact: the same bits) */
+            snprintf(name, sizeof name, "bound_scores_box %s H=%lld/%lld boxes=%lld d=%lld", rn[red], (long long)H,
+                     (long long)h, (long long)nb, (long long)d);
+            poison_dev(ds, 4 * (H * nb + 1));
+            st = ks_cuda_bound_scores_box(S, dq, H, db, nb, h, d, (ks_bound_reduce)red, ds);
+            CHECK_ST(st, name);
+            ok = get(gs, ds, 4 * rows * nb) && !memcmp(gs, rs, 4 * rows * nb);
+            result(ok, name, "%s", ok ? "identical to the f32 min / max bounds" : "DIFFER");
         }
+        for (int v = 1; v < 3; v++) { /* the f32 inputs' boxes */
+            const void *hx = v == 1 ? (const void *)cache : (const void *)craw;
+            const void *dx = v == 1 ? (const void *)dc : (const void *)dcr;
+            snprintf(name, sizeof name, "page_box n=%lld h=%lld d=%lld page=%lld %s", (long long)n, (long long)h,
+                     (long long)d, (long long)page, v == 1 ? "f32" : "f32 not bf16 (rounded outward)");
+            ks_status st = ks_cpu_page_box(hx, 0, n, h, d, d, cap * d, page, p0, p1, rb);
+            CHECK_ST(st, name);
+            poison_dev(db, 4 * (cnt + 1));
+            st = ks_cuda_page_box(S, dx, 0, n, h, d, d, cap * d, page, p0, p1, db);
+            CHECK_ST(st, name);
+            int ok = get(gb, db, 4 * cnt) && !memcmp(gb, rb, 4 * cnt);
+            result(ok, name, "%s", ok ? "identical" : "DIFFER");
+        }
+        cudaFree(dcr); cudaFree(db); free(craw); free(rb); free(gb);
         cudaFree(dq); cudaFree(ds); free(q); free(rs); free(gs);
         for (int i = 0; i < 3; i++) { cudaFree(dout[i]); free(r[i]); free(g[i]); }
         cudaFree(dc); cudaFree(dcb); free(cache); free(cb);
@@ -774,8 +813,32 @@ static void run_bound(int64_t H, int64_t h, int64_t d, int64_t n, int kind, int 
     cudaMemcpy(dlo_base + lo_off, lo, 4 * bn, cudaMemcpyHostToDevice);
     cudaDeviceSynchronize();
     float *dout = dalloc(4 * (H * n + 1)), *r = malloc(4 * (H * n + 1)), *g = malloc(4 * (H * n + 1));
+    /* the same boxes packed (rounded outward; lo_off misaligns them too) */
+    uint32_t *bx = malloc(4 * (bn + 1)), *dbx_base = dalloc(4 * (bn + (size_t)lo_off + 1));
+    for (size_t i = 0; i < bn; i++) bx[i] = (uint32_t)ks_bf16_dir(lo[i], 1) | (uint32_t)ks_bf16_dir(hi[i], 0) << 16;
+    cudaMemcpy(dbx_base + lo_off, bx, 4 * bn, cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
     static const char *rn[3] = {"none", "group_max", "group_sum"};
-    for (int red = 0; red < 3; red++) {
+    for (int red = 0; red < 6; red++) {
+        const int packed = red >= 3;
+        if (packed) {
+            char name[200];
+            snprintf(name, sizeof name, "bound_scores_box %s H=%lld/%lld d=%lld boxes=%lld %s%s", rn[red - 3], (long long)H,
+                     (long long)h, (long long)d, (long long)n, bound_kind_name[kind], note);
+            int64_t rows = red - 3 == KS_BOUND_NONE ? H : h;
+            ks_status st = ks_cpu_bound_scores_box(q, H, bx, n, h, d, (ks_bound_reduce)(red - 3), r);
+            CHECK_ST(st, name);
+            poison_dev(dout, 4 * (H * n + 1));
+            st = ks_cuda_bound_scores_box(S, dq, H, dbx_base + lo_off, n, h, d, (ks_bound_reduce)(red - 3), dout);
+            CHECK_ST(st, name);
+            int64_t nan = 0, first = -1;
+            for (int64_t i = 0; i < rows * n; i++) nan += isnan(r[i]);
+            int ok = get(g, dout, 4 * rows * n) && same_bits_nan(g, r, rows * n, &first);
+            if (ok) result(1, name, "identical (%lld NaN)", (long long)nan);
+            else if (first >= 0) result(0, name, "DIFFER at %lld: %.9g vs cpu %.9g", (long long)first, g[first], r[first]);
+            else result(0, name, "DIFFER");
+            continue;
+        }
         char name[200];
         snprintf(name, sizeof name, "bound_scores %s H=%lld/%lld d=%lld boxes=%lld %s%s", rn[red], (long long)H,
                  (long long)h, (long long)d, (long long)n, bound_kind_name[kind], note);
@@ -792,8 +855,8 @@ static void run_bound(int64_t H, int64_t h, int64_t d, int64_t n, int kind, int 
         else if (first >= 0) result(0, name, "DIFFER at %lld: %.9g vs cpu %.9g", (long long)first, g[first], r[first]);
         else result(0, name, "DIFFER");
     }
-    cudaFree(dq); cudaFree(dlo_base); cudaFree(dhi); cudaFree(dout);
-    free(q); free(lo); free(hi); free(r); free(g);
+    cudaFree(dq); cudaFree(dlo_base); cudaFree(dhi); cudaFree(dout); cudaFree(dbx_base);
+    free(q); free(lo); free(hi); free(r); free(g); free(bx);
 }
 
 /* The fast kernel's shapes (G <= 8 query heads a KV head, d % 4 == 0, aligned boxes) and the
@@ -826,6 +889,10 @@ static void test_bound(void) {
     result(st == KS_ERR_ARG, "bound_scores: 6 query heads over 4 KV heads refused", "%s", ks_last_error());
     st = ks_cuda_bound_scores(S, z, 4, z, z, 0, 4, 4, KS_BOUND_GROUP_MAX, z);
     result(st == KS_OK, "bound_scores: no boxes is a no-op", "%s", st ? ks_last_error() : "ok");
+    st = ks_cuda_bound_scores_box(S, z, 6, (const uint32_t *)z, 1, 4, 4, KS_BOUND_GROUP_MAX, z);
+    result(st == KS_ERR_ARG, "bound_scores_box: 6 query heads over 4 KV heads refused", "%s", ks_last_error());
+    st = ks_cuda_page_box(S, z, 0, 8, 1, 1, 1, 0, 2, 0, 4, NULL);
+    result(st == KS_ERR_ARG, "page_box: no output refused", "%s", ks_last_error());
     cudaFree(z);
 }
 

@@ -1,0 +1,90 @@
+# Session 20's device calls (GPU 0). Binaries from one xz'd tar (PK=FILE, default .data/s20/pk.tar.xz):
+# base/ (main before the session, ac8f158), new/ (the build under test) and any other build directory
+# named in V (default "base new"; the timing steps run each in turn); carry it and, for the policy
+# tests, .data/stories260K. Each step writes one file under $OUT/s20/.
+#   bound    new test_cuda_prims --only bound and --only page, memcheck of both (--quick)
+#   prims    new test_cuda_prims (every primitive against its CPU twin)
+#   pol      new test_cuda_policies (TokenSelect and Quest keep the CPU's sets on the GPU)
+#   kq       bench_kernels --quest, each build of $V, two rounds
+#   ks       bench_kernels --select, each build of $V, two rounds
+#   ncub     the bound kernels under ncu (bench_kernels --quest), new only
+#   quest    Quest (budget 4096) and full at 128K, each build of $V
+#   quest32  the same at 32K
+#   ts       TokenSelect (defaults), Quest and full at 32K and 128K, each build of $V
+#   memchk   compute-sanitizer memcheck over new test_cuda_prims --quick
+#   ncuqd    Quest's decode-only kernels at 128K under ncu (the first decode step), new only
+#   profq    the per-phase decode profile of Quest at 128K, each build of $V
+#   reg8     full attention at 8K, three rounds of each build of $V
+#   final32  issue 14's table, its 8K and 32K rows, each build of $V
+#   final128 its 128K rows, each build of $V
+# Usage: bash bench/gpu_s20.sh STEP...
+TAG=s20; PK=${PK:-.data/s20/pk.tar.xz}
+. bench/gpu_pack_env.sh
+V=${V:-base new}
+step_bound() {
+    ( tst test_cuda_prims --only bound; tst test_cuda_prims --only page
+      timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick --only bound 2>&1 | tail -3
+      timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --only page 2>&1 | tail -3
+    ) >> $O/tests.txt
+}
+step_prims() { tst test_cuda_prims >> $O/tests.txt; }
+step_pol() { tst test_cuda_policies --stories .data/stories260K >> $O/tests.txt; }
+step_kq() { for r in 1 2; do for v in $V; do echo "== $v round $r"; timeout 200 $R/$v/bench_kernels --quest 2>&1 | grep quest; done; done >> $O/kq.txt; }
+step_ks() { for r in 1 2; do for v in $V; do echo "== $v round $r"; timeout 200 $R/$v/bench_kernels --select 2>&1 | grep select; done; done >> $O/ks.txt; }
+step_ncub() { # bound kernel launches of bench_kernels --quest under ncu (32K, then 128K): f32 and packed, new only
+    timeout 250 ncu --clock-control none -k regex:bound_scores --launch-count 400 --section SpeedOfLight --section Occupancy \
+        $R/new/bench_kernels --quest 2>&1 | grep -E "bound_scores_|Duration|DRAM Throughput|Achieved Occupancy" > $O/ncu-bound.txt
+}
+step_ncuq() { # Quest's and TokenSelect's decode kernels under ncu: per-kernel summary of the first decode steps
+    local K='regex:tk_|page_rows|bound_scores|attn_decode|attn_combine|gather|rope|add_|index|sc1_|scores|check_idx|argmax|embed|rms|swiglu|gemv|gemm'
+    timeout 280 ncu --clock-control none -k "$K" --launch-count 400 --print-summary per-kernel --section SpeedOfLight \
+        $R/new/kvsieve $B --lengths 131040 --gen 2 --policy quest --set quest.budget=4096 > $O/ncu-quest.txt 2>&1
+    timeout 200 ncu --clock-control none -k "$K" --launch-count 400 --print-summary per-kernel --section SpeedOfLight \
+        $R/new/kvsieve $B --lengths 32768 --gen 2 --policy tokenselect > $O/ncu-ts.txt 2>&1
+}
+step_ncus() { # the selection's kernels (sc1_logits, sc1_vote, tk_coop) under ncu: bench_kernels --select, each build of $V
+    for v in $V; do echo "== $v"; timeout 250 ncu --clock-control none -k regex:"sc1_|tk_" --section SpeedOfLight \
+        $R/$v/bench_kernels --select 2>&1 | grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput"; done > $O/ncu-sel.txt
+}
+step_ncuqd() { # Quest's decode kernels at 128K under ncu (first decode step: kernels that run only in decode)
+    timeout 280 ncu --clock-control none -k regex:"attn_decode_tc|attn_combine|tk_smem|bound_scores|page_rows|check_idx|attn_rope" \
+        --launch-count 80 --section SpeedOfLight $R/new/kvsieve $B --lengths 131040 --gen 2 --policy quest --set quest.budget=4096 2>&1 |
+        grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput" > $O/ncu-questd.txt
+}
+step_profq() { # the per-phase decode profile of Quest at 128K, each build of $V
+    for v in $V; do echo "== $v Quest 128K"; KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 $R/$v/kvsieve $B --lengths 131040 --gen 16 \
+        --policy quest --set quest.budget=4096 --profile 2>&1 | sed -n '/^profile/,/^rates/p'; done >> $O/prof.txt 2>&1
+}
+B="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --repeat 1"
+row() { # row TAG ARGS...: each build of $V
+    local t=$1; shift
+    for v in $V; do
+        KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 $R/$v/kvsieve $B "$@" 2>&1 |
+            grep -E "^[a-z.]+ +[0-9]+ +[0-9.]+ |kvsieve:" | sed "s/^/$t $v: /"
+    done
+}
+step_quest() { row 128K-quest --lengths 131040 --gen 16 --policy none,quest --set quest.budget=4096 >> $O/quest.txt; }
+step_quest32() { row 32K-quest --lengths 32768 --gen 32 --policy none,quest --set quest.budget=4096 >> $O/quest.txt; }
+step_ts() { # TokenSelect (defaults), Quest and full: 32K (gen 32) and 128K (gen 16), each build of $V
+    ( row 32K --lengths 32768 --gen 32 --policy none,tokenselect
+      row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest --set quest.budget=4096 ) >> $O/ts.txt
+}
+step_memchk() { # compute-sanitizer over new test_cuda_prims --quick (every primitive)
+    timeout 280 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick 2>&1 | tail -3 >> $O/tests.txt
+}
+step_reg8() { # full attention at 8K, three rounds of each build of $V
+    for r in 1 2 3; do row 8K --lengths 8192 --gen 32 --policy none; done >> $O/reg.txt
+}
+step_final32() { # issue 14's table, 8K and 32K rows: every row base then new (each build with its own policy files)
+    ( row 8K --lengths 8192 --gen 8 --policy none
+      row 32K --lengths 32768 --gen 32 --policy none,noop,tokenselect,quest --set quest.budget=4096
+      row 32K-hit --lengths 32768 --gen 32 --policy tokenselect --set tokenselect.cache_theta=-1
+      row 32K-sllm-static --lengths 32768 --gen 32 --policy streamingllm --set budget=2048
+      row 32K-sllm-rolling --lengths 32768 --gen 32 --policy streamingllm --set budget=2048 --set rolling=true ) >> $O/final.txt
+}
+step_final128() { # issue 14's table, 128K rows
+    ( row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest,gemfilter,fastkv --set quest.budget=4096
+      row 128K-hit --lengths 131040 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 ) >> $O/final.txt
+}
+for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
+rm -rf $R
