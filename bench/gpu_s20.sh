@@ -4,12 +4,14 @@
 # tests, .data/stories260K. Each step writes one file under $OUT/s20/.
 #   bound    new test_cuda_prims --only bound and --only page, memcheck of both (--quick)
 #   prims    new test_cuda_prims (every primitive against its CPU twin)
+#   stage    new test_cuda_prims --only stage and its memcheck (the staging launch)
 #   pol      new test_cuda_policies (TokenSelect and Quest keep the CPU's sets on the GPU)
 #   kq       bench_kernels --quest, each build of $V, two rounds
 #   ks       bench_kernels --select, each build of $V, two rounds
 #   ncub     the bound kernels under ncu (bench_kernels --quest), new only
 #   quest    Quest (budget 4096) and full at 128K, each build of $V
 #   quest32  the same at 32K
+#   hit      TokenSelect's hit path (cache_theta -1) and full at 128K, each build of $V
 #   ts       TokenSelect (defaults), Quest and full at 32K and 128K, each build of $V
 #   memchk   compute-sanitizer memcheck over new test_cuda_prims --quick
 #   ncuqd    Quest's decode-only kernels at 128K under ncu (the first decode step), new only
@@ -25,6 +27,11 @@ step_bound() {
     ( tst test_cuda_prims --only bound; tst test_cuda_prims --only page
       timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick --only bound 2>&1 | tail -3
       timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --only page 2>&1 | tail -3
+    ) >> $O/tests.txt
+}
+step_stage() {
+    ( tst test_cuda_prims --only stage
+      timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --only stage 2>&1 | tail -3
     ) >> $O/tests.txt
 }
 step_prims() { tst test_cuda_prims >> $O/tests.txt; }
@@ -63,6 +70,7 @@ row() { # row TAG ARGS...: each build of $V
             grep -E "^[a-z.]+ +[0-9]+ +[0-9.]+ |kvsieve:" | sed "s/^/$t $v: /"
     done
 }
+step_hit() { row 128K-hit --lengths 131040 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 >> $O/hit.txt; }
 step_quest() { row 128K-quest --lengths 131040 --gen 16 --policy none,quest --set quest.budget=4096 >> $O/quest.txt; }
 step_quest32() { row 32K-quest --lengths 32768 --gen 32 --policy none,quest --set quest.budget=4096 >> $O/quest.txt; }
 step_ts() { # TokenSelect (defaults), Quest and full: 32K (gen 32) and 128K (gen 16), each build of $V

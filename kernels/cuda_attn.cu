@@ -86,9 +86,9 @@ static int list_rope_mode(const ks_attn_args *a, int renumber, int d) {
 /* ---------------------------------------------------------------- staged lists (attn_stage) */
 
 /* backend.h attn_stage: the lists of `a` (one allocation: each head's list at idx[h] - the lowest)
- * copied into slot `slot`'s buffer in one device-to-device copy, the counts and offsets into its
- * descriptor from pinned memory. The pinned copy is rewritten at the slot's next staging, one
- * step later, after the step's end waited for the stream. */
+ * copied into slot `slot`'s buffer and the counts and offsets written into its descriptor, by
+ * one launch (ks_cuda_list_stage: the descriptor words travel as its arguments). */
+static_assert(KS_CUDA_LSLOT_WORDS <= KS_CUDA_STAGE_MAX_WORDS, "a slot's descriptor fits one staging launch");
 ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const ks_attn_args *a) {
     cuda_ctx *c = CTX(b);
     const int Hkv = L->n_kv_heads;
@@ -117,11 +117,11 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
     }
     cu_lslot *ls = &c->lslot[slot];
     ks_status st;
-    if (!ls->desc) {
-        if ((st = raw_alloc(c, sizeof(int32_t) * KS_CUDA_LSLOT_WORDS, "staged list descriptor", (void **)&ls->desc))) return st;
-        cudaError_t e = cudaMallocHost((void **)&ls->hdesc, sizeof(int32_t) * KS_CUDA_LSLOT_WORDS);
-        if (e) { ls->hdesc = NULL; return ks_cuda_status(e, "staged list descriptor (pinned)"); }
-    }
+    if (!ls->hdesc && !(ls->hdesc = (int32_t *)calloc(KS_CUDA_LSLOT_WORDS, sizeof(int32_t))))
+        return ks_errorf(KS_ERR_OOM, "cuda: out of memory for a list slot's descriptor");
+    if (!ls->desc &&
+        (st = raw_alloc(c, sizeof(int32_t) * KS_CUDA_LSLOT_WORDS, "staged list descriptor", (void **)&ls->desc)))
+        return st;
     if (span > ls->cap) { /* room for twice the lists (>= 256 KiB): they grow with the context, and a
                              * slot that grows makes the step's recording stale */
         size_t cap = KS_MAX((size_t)65536, KS_MAX(2 * span, 2 * ls->cap));
@@ -146,21 +146,21 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
         same = ls->hdesc[h] == nb + a->n_idx[h] + na && ls->hdesc[KS_CUDA_LSLOT_HEADS + h] == (int32_t)(a->idx[h] - dbase);
     /* lists the engine keeps (a policy attending the same tensor again, TokenSelect's cache hits)
      * are where they were with the same contents: the buffer holds them already */
+    size_t copy = 0;
     if (span && !(a->idx_gen && a->idx_gen == ls->gen && dbase == ls->src)) {
-        KS_CU(cudaMemcpyAsync(ls->lists, dbase, sizeof(int32_t) * span, cudaMemcpyDeviceToDevice, c->stream), "staged attend lists");
+        copy = span;
         ls->gen = a->idx_gen;
         ls->src = dbase;
     }
     if (!same) {
-        /* the pinned copy's previous upload ran: every step ends waiting for the stream */
         for (int h = 0; h < Hkv; h++) {
             ls->hdesc[h] = nb + a->n_idx[h] + na;
             ls->hdesc[KS_CUDA_LSLOT_HEADS + h] = (int32_t)(a->idx[h] - dbase);
         }
         memcpy(ls->hdesc + 2 * KS_CUDA_LSLOT_HEADS, seg, sizeof seg);
-        KS_CU(cudaMemcpyAsync(ls->desc, ls->hdesc, sizeof(int32_t) * KS_CUDA_LSLOT_WORDS, cudaMemcpyHostToDevice, c->stream),
-              "staged list descriptor");
     }
+    if ((st = ks_cuda_list_stage(c->stream, ls->lists, dbase, copy, ls->desc, ls->hdesc, same ? 0 : KS_CUDA_LSLOT_WORDS)))
+        return st;
     ls->hkv = Hkv;
     ls->max_nk = max_nk;
     ls->renumber = a->renumber != 0;

@@ -43,7 +43,7 @@ typedef struct cu_lslot {
     size_t cap;
     int32_t *desc;     /* device: (2, KS_CUDA_LSLOT_HEADS) counts (row ranges included), then offsets into
                           lists, then KS_CUDA_LSLOT_SEG words {b0, nb, arel, na}: ks_cuda_attn_params.seg_dev */
-    int32_t *hdesc;    /* pinned host copy that the staging copies from */
+    int32_t *hdesc;    /* host copy of the descriptor last written (ks_cuda_list_stage's arguments) */
     int hkv, max_nk;   /* of the last staging (host: the recording's split choice) */
     int renumber;      /* the last staging's lists take positions 0..count-1 */
     int seg;           /* the last staging had row ranges around its lists (desc's last words) */

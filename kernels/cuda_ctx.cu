@@ -214,7 +214,7 @@ static void cu_destroy(ks_backend *b) {
         for (int i = 0; i < c->n_lslot; i++) {
             raw_free(c, c->lslot[i].lists);
             raw_free(c, c->lslot[i].desc);
-            if (c->lslot[i].hdesc) cudaFreeHost(c->lslot[i].hdesc);
+            free(c->lslot[i].hdesc);
         }
         free(c->lslot);
         for (int i = 0; i < ROPE_CACHE; i++) raw_free(c, c->rc[i].dev);

@@ -35,6 +35,7 @@
 #include "ks_cuda_prims.h"
 #include "ks_cuda_scratch.h"
 #include "kv_cache.cuh"
+#include "list_stage.cuh"
 #include "random.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
