@@ -278,26 +278,22 @@ static ks_status dev_list_check(const ks_event *ev, const char *action, const ks
     return KS_OK;
 }
 
-/* Per layer, the last decode-time attend list that came with a serial (ks_dev_list.serial: a
- * policy's own read-only tensor, valid by construction). The engine does not copy it: it reads
- * the tensor's memory where it is (borrowed). That is safe because the list is read only by work
- * queued before the handler's Lua runs again (this step's attention, or the staging of a
- * recorded step), and a tensor the policy drops is freed in stream order after that work
- * (device backends free on their stream; the host's attention runs before the handler
- * returns to Lua). While a policy attends the same tensor at a layer (TokenSelect's selection
- * cache) it holds the tensor, so the borrowed memory is alive: no check again, and the same list
- * id (ks_backend.list_gen) lets the backend skip staging it again. A serial is never reused, so
- * the entry of a dropped tensor is never dereferenced again. */
+/* Per layer, the engine's copy of the last decode-time attend list that came with a serial
+ * (ks_dev_list.serial: a policy's read-only tensor). While a policy attends the same tensor at a
+ * layer (TokenSelect's selection cache), the copy is reused: no copy and no check again, and the
+ * same list id (ks_backend.list_gen) lets the backend skip staging it again. */
 struct ks_list_keep {
     uint64_t serial, gen;
-    void *buf; /* the tensor's memory: borrowed, never freed here */
+    void *buf;
     int rows, k;
     const ks_backend *be;
 };
 
 void ks_list_keep_free(ks_session *s) {
     if (!s || !s->lkeep) return;
-    free(s->lkeep); /* the buffers are the policies' tensors */
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        if (s->lkeep[l].buf) ((ks_backend *)s->lkeep[l].be)->free((ks_backend *)s->lkeep[l].be, s->lkeep[l].buf);
+    free(s->lkeep);
     s->lkeep = NULL;
 }
 
@@ -375,10 +371,8 @@ ks_status ks_action_attend_dev(ks_event *ev, const ks_dev_list *l, int renumber)
     ks_status st = dev_list_check(ev, "attend", l, 1, lm);
     struct ks_list_keep *kp = st ? NULL : list_keep_at(ev, l);
     int reused = kp && kp->buf && kp->serial == l->serial && kp->rows == l->rows && kp->k == l->k && kp->be == ev->be;
-    if (reused) buf = kp->buf; /* the same tensor as this layer's last attend: known to be valid */
-    int borrowed = !reused && !st && kp;
-    if (borrowed) buf = (void *)l->data; /* a new tensor valid by construction: read where it is */
-    else if (!st && !reused) st = dev_list_copy(ev, l, &buf);
+    if (reused) buf = kp->buf; /* the same tensor as this layer's last attend: copied and checked then */
+    else if (!st) st = dev_list_copy(ev, l, &buf);
     if (!st && !reused && !l->checked) {
         ks_backend *be = (ks_backend *)ev->be;
         uint64_t *slot = devcheck_slot(ev, l, lm);
@@ -401,18 +395,19 @@ ks_status ks_action_attend_dev(ks_event *ev, const ks_dev_list *l, int renumber)
     if (lm != lim) free(lm);
     if (st) {
         free(ix);
-        if (buf && !reused && !borrowed) ev->be->free((ks_backend *)ev->be, buf);
+        if (buf && !reused) ev->be->free((ks_backend *)ev->be, buf);
         return st;
     }
     for (int h = 0; h < H; h++) {
         ix[h] = (int32_t *)buf + (l->rows == 1 ? 0 : (size_t)h * l->k);
         n[h] = l->k;
     }
-    if (kp && !reused) { /* this layer's list from now on (borrowed: nothing to free) */
+    if (kp && !reused) { /* keep this copy for the layer (the previous one is freed stream-ordered) */
         ks_backend *be = (ks_backend *)ev->be;
+        if (kp->buf) ((ks_backend *)kp->be)->free((ks_backend *)kp->be, kp->buf);
         *kp = (struct ks_list_keep){.serial = l->serial, .gen = ++be->list_gen, .buf = buf, .rows = l->rows, .k = l->k,
                                     .be = ev->be};
-        reused = 1; /* not the event's to free */
+        reused = 1; /* the keep owns it */
     }
     ev->act.attend_idx = ix;
     ev->act.n_attend = n;

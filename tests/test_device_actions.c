@@ -232,9 +232,9 @@ KT_TEST(device_actions_attend_ranges_equal_whole_list) {
 }
 
 /* A device list the policy keeps and attends at every step (TokenSelect's cache hits): the engine
- * keeps it per layer (read where it is, never copied) and knows it again (one new list id a layer
- * for the whole run: ks_backend.list_gen counts the lists kept), with the same results as a new
- * equal tensor every step (a new id each time), and as the host table. */
+ * keeps its copy per layer and reuses it (one copy a layer for the whole run: ks_backend.list_gen
+ * counts the copies kept), with the same results as a new equal tensor every step (a copy each
+ * time), and as the host table. */
 static const char *keep_policy =
     "local ks = require 'kvsieve'\n"
     "local kept = {}\n"
@@ -264,9 +264,9 @@ KT_TEST(device_actions_kept_list_copied_once) {
         KT_CHECK(r[i].st == KS_OK, "%s: %s", hows[i], r[i].err);
     }
     KT_CHECK(same_run(&r[0], &r[1]) && same_run(&r[0], &r[2]), "kept, fresh and host lists give different results");
-    KT_CHECK(copies[2] == (uint64_t)L, "a kept list got %llu ids over %d steps of %d layers (one a layer expected)",
+    KT_CHECK(copies[2] == (uint64_t)L, "a kept list was copied %llu times over %d steps of %d layers (once a layer expected)",
              (unsigned long long)copies[2], steps, L);
-    KT_CHECK(copies[1] == (uint64_t)(L * steps), "fresh lists: %llu ids, expected %d", (unsigned long long)copies[1],
+    KT_CHECK(copies[1] == (uint64_t)(L * steps), "fresh lists: %llu copies kept, expected %d", (unsigned long long)copies[1],
              L * steps);
     ks_model_close(m);
 }
