@@ -1,13 +1,16 @@
-# Session 20's device calls (GPU 0). Binaries from one xz'd tar (PK=FILE, default .data/s20/pk.tar.xz):
-# base/ (main before the session, ac8f158), new/ (the build under test) and any other build directory
+# Sessions 20 and 21's device calls (GPU 0; TAG=s21 for session 21, default s20). Binaries from one xz'd
+# tar (PK=FILE, default .data/$TAG/pk.tar.xz): base/ (main before the session: ac8f158 for s20, 535d81e
+# for s21), new/ (the build under test) and any other build directory
 # named in V (default "base new"; the timing steps run each in turn); carry it and, for the policy
-# tests, .data/stories260K. Each step writes one file under $OUT/s20/.
+# tests, .data/stories260K. Each step writes one file under $OUT/$TAG/.
+#   topk     new test_cuda_prims --only topk and its memcheck (--quick)
 #   bound    new test_cuda_prims --only bound and --only page, memcheck of both (--quick)
 #   prims    new test_cuda_prims (every primitive against its CPU twin)
 #   stage    new test_cuda_prims --only stage and its memcheck (the staging launch)
 #   pol      new test_cuda_policies (TokenSelect and Quest keep the CPU's sets on the GPU)
 #   kq       bench_kernels --quest, each build of $V, two rounds
 #   ks       bench_kernels --select, each build of $V, two rounds
+#   ncut     the top-k kernels under ncu (bench_kernels --quest and --select), each build of $V
 #   ncub     the bound kernels under ncu (bench_kernels --quest), new only
 #   quest    Quest (budget 4096) and full at 128K, each build of $V
 #   quest32  the same at 32K
@@ -20,7 +23,7 @@
 #   final32  issue 14's table, its 8K and 32K rows, each build of $V
 #   final128 its 128K rows, each build of $V
 # Usage: bash bench/gpu_s20.sh STEP...
-TAG=s20; PK=${PK:-.data/s20/pk.tar.xz}
+TAG=${TAG:-s20}; PK=${PK:-.data/$TAG/pk.tar.xz}
 . bench/gpu_pack_env.sh
 V=${V:-base new}
 step_bound() {
@@ -34,9 +37,18 @@ step_stage() {
       timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --only stage 2>&1 | tail -3
     ) >> $O/tests.txt
 }
+step_topk() {
+    ( tst test_cuda_prims --only topk
+      timeout 280 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick --only topk 2>&1 | tail -3
+    ) >> $O/tests.txt
+}
 step_prims() { tst test_cuda_prims >> $O/tests.txt; }
 step_pol() { tst test_cuda_policies --stories .data/stories260K >> $O/tests.txt; }
 step_kq() { for r in 1 2; do for v in $V; do echo "== $v round $r"; timeout 200 $R/$v/bench_kernels --quest 2>&1 | grep quest; done; done >> $O/kq.txt; }
+step_ncut() { # the top-k kernels of bench_kernels --quest and --select under ncu, each build of $V
+    for v in $V; do for a in --quest --select; do echo "== $v $a"; timeout 250 ncu --clock-control none -k regex:"tk_" --launch-count 60 \
+        --section SpeedOfLight $R/$v/bench_kernels $a 2>&1 | grep -E "^  [a-zA-Z_].*\(|Duration"; done; done > $O/ncu-topk.txt
+}
 step_ks() { for r in 1 2; do for v in $V; do echo "== $v round $r"; timeout 200 $R/$v/bench_kernels --select 2>&1 | grep select; done; done >> $O/ks.txt; }
 step_ncub() { # bound kernel launches of bench_kernels --quest under ncu (32K, then 128K): f32 and packed, new only
     timeout 250 ncu --clock-control none -k regex:bound_scores --launch-count 400 --section SpeedOfLight --section Occupancy \
@@ -54,7 +66,7 @@ step_ncus() { # the selection's kernels (sc1_logits, sc1_vote, tk_coop) under nc
         $R/$v/bench_kernels --select 2>&1 | grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput"; done > $O/ncu-sel.txt
 }
 step_ncuqd() { # Quest's decode kernels at 128K under ncu (first decode step: kernels that run only in decode)
-    timeout 280 ncu --clock-control none -k regex:"attn_decode_tc|attn_combine|tk_smem|bound_scores|page_rows|check_idx|attn_rope" \
+    timeout 280 ncu --clock-control none -k regex:"attn_decode_tc|attn_combine|tk_|bound_scores|page_rows|check_idx|attn_rope" \
         --launch-count 80 --section SpeedOfLight $R/new/kvsieve $B --lengths 131040 --gen 2 --policy quest --set quest.budget=4096 2>&1 |
         grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput" > $O/ncu-questd.txt
 }

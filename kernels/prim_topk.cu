@@ -1,39 +1,26 @@
 /* prim_topk.cu — top-k by radix select (ks_cuda_prims.h).
  *
- * Per row, on the order-preserving 32-bit key (prim_common.cuh): three histogram passes over
- * 11 / 11 / 10-bit digits, most significant first, each counting only the keys that match
- * the digits chosen so far; after each pass one block scans the histogram from the top and
- * fixes the digit holding the k-th largest key (state kept on the device, so nothing waits).
- * That yields the k-th largest key `thr` and `need`, how many keys equal to thr are taken.
- * The digit choice and the scan of the chunk counts run in the last block of the kernel before
- * them (an arrival counter per row), so a call is 6 launches: init, 3 histograms, count, scatter.
- * A stable compaction then writes, in index order, every key > thr and the first `need` keys
- * == thr: exactly the CPU's set (ties to the lower index). KS_TOPK_BY_VALUE sorts the k
- * winners by descending key with a stable radix sort (CUB), so equal values stay in index
- * order. Cost: 4 passes over the row plus O(k log) for the value order.
+ * Every path selects on the order-preserving 32-bit key (prim_common.cuh) the k-th largest key
+ * `thr` and `need`, how many keys equal to thr are taken, then compacts stably: in index order,
+ * every key > thr and the first `need` keys == thr, exactly the CPU's set (ties to the lower
+ * index). KS_TOPK_BY_VALUE then sorts the k winners by descending key with a stable radix sort
+ * (CUB), so equal values stay in index order.
  *
- * Rows of at most TKS_MAX_N = 16384 keys (Quest's page bounds: one row of a few thousand pages
- * per KV head) take one launch instead (tk_smem): a block of 1024 threads a row reads the row
- * once into shared memory as keys and runs up to four passes over 8-bit digits there (256 bins
- * x 32 lane copies, so a warp's shared atomics never collide), stopping early when the chosen
- * bin is exactly what is still needed; then the same stable compaction from shared memory
- * (counts scanned in the warps, one barrier). It writes the same lists as the other paths.
- * Measured on one H100 (bench_kernels --quest, median of 15 single calls timed with events, so
- * the host's launch is in them; two runs each): Quest's 8 rows x 8191 pages, k = 255: 20.9 /
- * 19.4 us (the three-pass block it replaced, which re-read the row from L2: 27.1 / 29.8 us);
- * 8 x 2047: 14.5 / 13.2 us (18.4 / 18.0). A trivial row costs ~9.5 us timed that way (~5.5 us
- * back to back), so the <= 8 us aimed at is out of reach of one launch on that machine. The kernel holds up to 48K keys in Hopper's 227 KB,
- * but one multiprocessor a row lost to the cooperative launch there: one row of 32128 softmax
- * votes (TokenSelect at 32K) took 24.9 us back to back in it, and scores + top-k replayed from a
- * graph took 80.8 us against 72.8 us with the cooperative path; loading and compacting 32K keys
- * on one multiprocessor alone took ~19 us (k = n: every key written). Counting with a two-entry register cache per
- * thread or with __match_any_sync into per-warp bins instead of the lane copies was slower on
- * every shape tried (random, ties, votes, Quest bounds). A cluster of blocks (the row split over
- * several multiprocessors' shared memory) is the way to speed up the longer rows.
+ * Rows of up to 262138 keys (16 blocks of 16384, less the worst misalignment) take one launch
+ * (tk_clu): a thread-block cluster a row, each block of 256 threads holding its slice of the row
+ * as keys in registers (read once), four 8-bit radix passes with an early stop, the blocks'
+ * histograms summed through distributed shared memory with one cluster barrier a pass, and the
+ * compaction with the offsets of the blocks before. It replaced a block of 1024 threads a row
+ * with the row in shared memory (rows up to 16384) and a cooperative launch with global
+ * barriers (longer rows): on an H100, Quest's 8 rows x 8191 pages 11.2-13.2 -> 8.2-10.0 us,
+ * TokenSelect's one row of 32128 votes 20.9 -> 11.3 us and of 130432 22.8 -> 18.5 us, device time
+ * a call replayed from a graph (bench/NOTES.md, "top-k on a cluster").
  *
- * Longer rows, up to TKC_MAX_BLOCKS blocks in all, take one cooperative launch (tk_coop: the
- * same passes and compaction, the blocks of a row meeting at a counter barrier instead of
- * ending a kernel), after one memset; more rows than that take the six kernels. */
+ * Longer rows take six kernels: init, three histogram passes over 11 / 11 / 10-bit digits (most
+ * significant first, each counting only the keys that match the digits chosen so far; the last
+ * block of a row scans the histogram from the top and fixes the digit, the state kept on the
+ * device so nothing waits), a count of each chunk's keys > thr / == thr, and the scatter. Cost:
+ * 4 passes over the row plus O(k log) for the value order. */
 #include "prim_common.cuh"
 
 #include <cub/cub.cuh>
@@ -226,278 +213,161 @@ __global__ void tk_scatter(const float *__restrict__ x, int64_t n, int64_t k, co
     }
 }
 
-/* ---------------------------------------------------------------- one cooperative launch */
+/* ---------------------------------------------------------------- a cluster of small blocks a row, the row in registers */
 
-#define TKC_THREADS 256
-#define TKC_MAX_BLOCKS 128 /* rows x blocks a row: every block co-resident (one an SM is enough) */
-
-/* Every block of row blockIdx.y arrives, then waits until all gridDim.x have (phase-th time). */
-static __device__ __forceinline__ void tkc_barrier(unsigned *bar, unsigned target) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(bar, 1u);
-        while (*(volatile unsigned *)bar < target) __nanosleep(64);
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-/* The same selection as the kernels above in one launch: gridDim.x blocks a row, all resident
- * (a cooperative launch), meeting at a counter barrier instead of ending the kernel. Each pass
- * adds the blocks' histograms into its own zeroed global histogram; after the barrier every
- * block reads it and fixes the same digit itself (no last block, no state in memory). Then each
- * block counts > thr / == thr over its contiguous range, meets the others, takes its offsets as
- * the sums of the ranges before it, and compacts its range in chunks of TK_CHUNK (a block scan
- * each). hist (rows, 3, TK_BINS) and bar (rows) are zero on entry; cnt (rows, gridDim.x). */
-__global__ void __launch_bounds__(TKC_THREADS) tk_coop(const float *__restrict__ x, int64_t n, int64_t k,
-                                                       unsigned *hist, unsigned *bar, int2 *cnt,
-                                                       int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key) {
-    typedef cub::BlockScan<unsigned, TKC_THREADS> scan_t;
-    typedef cub::BlockReduce<int, TKC_THREADS> red_t;
-    __shared__ unsigned h[TK_BINS];
-    __shared__ union {
-        typename scan_t::TempStorage scan;
-        typename red_t::TempStorage red;
-    } tmp;
-    __shared__ uint32_t s_prefix, s_mask;
-    __shared__ unsigned s_need, s_gt, s_eq;
-    const int row = blockIdx.y, bx = gridDim.x, b = blockIdx.x, t = threadIdx.x, lane = t & 31;
-    const float *xr = x + (int64_t)row * n;
-    unsigned *hr = hist + (size_t)row * 3 * TK_BINS, *br = bar + row;
-    unsigned phase = 0;
-    if (t == 0) { s_prefix = 0u; s_mask = 0u; s_need = k == n ? 0xffffffffu : (unsigned)k; }
-    __syncthreads();
-    if (k < n) {
-        const int shifts[3] = {21, 10, 0}, bits[3] = {11, 11, 10};
-#pragma unroll 1
-        for (int p = 0; p < 3; p++) {
-            const int shift = shifts[p], nb = 1 << bits[p];
-            for (int i = t; i < nb; i += TKC_THREADS) h[i] = 0u;
-            __syncthreads();
-            const uint32_t prefix = s_prefix, mask = s_mask;
-            tk_count_bins(xr, n, (int64_t)b * TKC_THREADS + (t - lane), (int64_t)bx * TKC_THREADS, prefix, mask, shift,
-                          nb, h);
-            __syncthreads();
-            unsigned *hp = hr + (size_t)p * TK_BINS;
-            for (int i = t; i < nb; i += TKC_THREADS)
-                if (h[i]) atomicAdd(&hp[i], h[i]);
-            tkc_barrier(br, ++phase * (unsigned)bx);
-            /* every block: thread t holds the reversed bins q = 8t .. 8t + 7 (q = 0 the top bin) */
-            unsigned c[8], cum[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int q = t * 8 + j;
-                c[j] = q < nb ? __ldcg(&hp[nb - 1 - q]) : 0u;
-            }
-            scan_t(tmp.scan).InclusiveSum(c, cum);
-            const unsigned need = s_need;
-            __syncthreads(); /* every thread has read s_need */
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int q = t * 8 + j;
-                const unsigned prev = cum[j] - c[j];
-                if (q < nb && prev < need && cum[j] >= need) {
-                    s_prefix = prefix | (uint32_t)(nb - 1 - q) << shift;
-                    s_mask = mask | (uint32_t)(nb - 1) << shift;
-                    s_need = need - prev;
-                }
-            }
-            __syncthreads();
-        }
-    }
-    const uint32_t thr = s_prefix;
-    const unsigned need = s_need;
-    /* this block's range [b0, b1), whole chunks of TK_CHUNK */
-    const int64_t per = ((n + bx - 1) / bx + TK_CHUNK - 1) / TK_CHUNK * TK_CHUNK;
-    const int64_t b0 = KS_MIN(n, (int64_t)b * per), b1 = KS_MIN(n, b0 + per);
-    int g = 0, e = 0;
-    for (int64_t i = b0 + t; i < b1; i += TKC_THREADS) {
-        const uint32_t u = f32_key(__ldcg(xr + i));
-        g += u > thr;
-        e += u == thr;
-    }
-    const int tg = red_t(tmp.red).Sum(g);
-    __syncthreads();
-    const int te = red_t(tmp.red).Sum(e);
-    int2 *cr = cnt + (size_t)row * bx;
-    if (t == 0) cr[b] = make_int2(tg, te);
-    tkc_barrier(br, ++phase * (unsigned)bx);
-    if (t == 0) {
-        unsigned sg = 0, se = 0;
-        for (int u = 0; u < b; u++) {
-            const int2 v = __ldcg(&cr[u]);
-            sg += (unsigned)v.x;
-            se += (unsigned)v.y;
-        }
-        s_gt = sg;
-        s_eq = se;
-    }
-    __syncthreads();
-    int32_t *oi = out_idx + (int64_t)row * k;
-    uint32_t *ok = out_key ? out_key + (int64_t)row * k : nullptr;
-    for (int64_t c0 = b0; c0 < b1; c0 += TK_CHUNK) {
-        const int64_t i0 = c0 + (int64_t)t * TK_IPT;
-        uint32_t u[TK_IPT];
-        unsigned packed = 0; /* > thr in the high 16 bits, == thr in the low (a chunk is 2048) */
-#pragma unroll
-        for (int j = 0; j < TK_IPT; j++) {
-            const int64_t i = i0 + j;
-            u[j] = i < b1 ? f32_key(__ldcg(xr + i)) : 0u;
-            if (i < b1) packed += (u[j] > thr ? 0x10000u : 0u) + (u[j] == thr ? 1u : 0u);
-        }
-        unsigned before, total;
-        scan_t(tmp.scan).ExclusiveSum(packed, before, total);
-        unsigned gt = s_gt + (before >> 16), eq = s_eq + (before & 0xffffu);
-        __syncthreads(); /* every thread has read the carries */
-        if (t == 0) { s_gt += total >> 16; s_eq += total & 0xffffu; }
-#pragma unroll
-        for (int j = 0; j < TK_IPT; j++) {
-            const int64_t i = i0 + j;
-            if (i >= b1) break;
-            const bool gg = u[j] > thr, ee = u[j] == thr;
-            if (gg || (ee && eq < need)) {
-                const unsigned pos = gt + (eq < need ? eq : need);
-                oi[pos] = (int32_t)i;
-                if (ok) ok[pos] = ~u[j];
-            }
-            gt += gg;
-            eq += ee;
-        }
-        __syncthreads(); /* the carries are updated before the next chunk reads them */
-    }
-}
-
-/* ---------------------------------------------------------------- one block a row, the row in shared memory */
-
-#define TKS_THREADS 1024
-/* Keys a row: 64 KB of keys + 33 KB of bins. The kernel is written for up to 48K keys (the row
- * and the bins within Hopper's 227 KB a block), but one multiprocessor a row lost to the
- * cooperative launch on the longer rows (H100, see the header), so it takes what tk_one took. */
-#define TKS_MAX_N 16384
-#define TKS_BINS 256    /* 8-bit digits, 4 passes */
-#define TKS_ROUNDS ((TKS_MAX_N + 3 + 4 * TKS_THREADS - 1) / (4 * TKS_THREADS)) /* groups a thread at most */
-#define TKS_FIXED_BYTES (sizeof(uint32_t) * (TKS_BINS * 32 + TKS_BINS))
-
-/* Dynamic shared memory for rows of n keys: the bins, their totals and the keys in groups of 4
- * (up to 3 slots of padding in front, so that each group is one aligned float4 of the row). */
-static size_t tks_smem_bytes(int64_t n) { return TKS_FIXED_BYTES + sizeof(uint4) * (size_t)((n + 3 + 3) / 4); }
+#define TKQ_THREADS 256
+#define TKQ_WARPS (TKQ_THREADS / 32)
+#define TKQ_ROUNDS 16      /* groups of 4 keys a thread at most: 16384 keys a block */
+#define TKQ_MAX_CLUSTER 16 /* blocks a row at most (above 8 where the device allows it) */
+#define TKQ_MAX_CLUSTER_ROWS 8 /* ... when there are several rows (a cluster of 16 needs a whole GPC) */
+#define TKQ_KEYS_CTA 512   /* keys a block aimed at: the cluster size is n / this, within those bounds */
+#define TKQ_WAVE 128       /* blocks of one call at most, where fewer blocks a cluster can keep it so */
+#define TKQ_BINS 256       /* 8-bit digits, 4 passes */
 
 /* 0x10000 if key > thr, 1 if key == thr, 0 if neither or i is not an index of the row */
-static __device__ __forceinline__ unsigned tks_flags(uint32_t key, int i, int n, uint32_t thr) {
+static __device__ __forceinline__ unsigned tkq_flags(uint32_t key, int i, int n, uint32_t thr) {
     return (unsigned)i < (unsigned)n ? (key > thr ? 0x10000u : 0u) + (key == thr ? 1u : 0u) : 0u;
 }
 
-/* Row blockIdx.x (n <= TKS_MAX_N keys), 1024 threads. The row is read once, as keys, into shared
- * memory: group g (4 keys) holds the row's elements 4g - pad .. 4g - pad + 3, pad = the row's
- * misalignment in floats, so every whole group is one aligned float4; the slots outside the row
- * hold key 0. Then up to 4 radix passes over 8-bit digits, most significant first, over shared
- * memory: the keys that match the digits chosen so far are counted into 256 bins x 32 copies,
- * copy = lane (bin b lane l at word 32b + l: a warp's atomics never meet each other nor share a
- * bank, however clustered the scores); each warp then sums 8 bins over their copies (one
- * reduction each) and clears them, and every warp scans the 256 totals from the top itself
- * (no third barrier) and picks the digit holding the need-th largest key. The padding keys are
- * 0, the bottom of every pass, so they never move the chosen digit nor need (only the count of a
- * bin below everything that is taken). A pass stops the select early when the chosen bin holds
- * exactly the keys still needed: then thr = the bin's lowest key - 1 and need = 0 (the same set).
- * Then the stable compaction: thread t's group in round r is t + 1024 r (the row in index
- * order, round by round), its counts of keys > thr and == thr packed in 16 + 16 bits (n < 2^16)
- * and scanned in the warp, the warps' totals of every round scanned by every warp after one
- * barrier; each key > thr and each of the first `need` keys == thr goes to its place. */
-__global__ void __launch_bounds__(TKS_THREADS) tk_smem(const float *__restrict__ x, int n, int k,
-                                                       int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key) {
-    extern __shared__ uint4 tks_sm[];
-    uint32_t *hist = (uint32_t *)tks_sm;  /* [TKS_BINS][32]; the compaction's warp totals afterwards */
-    uint32_t *tot = hist + TKS_BINS * 32; /* [TKS_BINS] */
-    uint4 *keys = tks_sm + TKS_FIXED_BYTES / sizeof(uint4);
-    const int t = threadIdx.x, lane = t & 31, w = t >> 5;
-    const float *xr = x + (int64_t)blockIdx.x * n;
-    const int pad = (int)(((uintptr_t)xr >> 2) & 3u);
-    const int G = (n + pad + 3) >> 2, R = (G + TKS_THREADS - 1) / TKS_THREADS;
-    const float4 *xa = (const float4 *)(xr - pad); /* aligned; only whole groups are read through it */
+/* The cluster barrier: every thread of every block arrives (release) and waits (acquire). */
+static __device__ __forceinline__ void tkq_sync() {
+    __cluster_barrier_arrive();
+    __cluster_barrier_wait();
+}
 
-    for (int i = t; i < TKS_BINS * 32 / 4; i += TKS_THREADS) tks_sm[i] = make_uint4(0u, 0u, 0u, 0u);
-    for (int g0 = t; g0 < G; g0 += 4 * TKS_THREADS) {
-        float4 v[4];
+/* Add v to the word at p (in this block's shared memory) in block `rank` of the cluster,
+ * without waiting for it (distributed shared memory; made visible by the next barrier). */
+static __device__ __forceinline__ void tkq_red(const uint32_t *p, unsigned rank, uint32_t v) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p), r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("red.shared::cluster.add.u32 [%0], %1;" ::"r"(r), "r"(v) : "memory");
+}
+
+/* Row blockIdx.y over a cluster of C = gridDim.x blocks of 256 threads (rank blockIdx.x). The
+ * row's groups of 4 keys (group g = the elements 4g - pad .. 4g - pad + 3, pad the row's
+ * misalignment in floats, so a whole group is one aligned float4) are split into C contiguous
+ * slices of ceil(G / C) groups; thread t of block q holds the groups q * slice + t + 256 r,
+ * r < R <= RM (the instance: 1, 2, 4, 8 or 16 rounds), as keys in its registers (read once; slots outside the row or the slice hold key
+ * 0, the bottom of every pass, so they never move the chosen digit, only the count of a bin
+ * below everything taken). Up to four radix passes over 8-bit digits, most significant first:
+ * each thread counts its keys that match the digits fixed so far into 256 bins x 32 lane copies
+ * (bin b, lane l at word 32b + l: a warp's atomics never meet, however clustered the keys); then
+ * thread t sums bin t's 32 copies (8 16-byte loads in an order rotated by lane, so a quarter warp
+ * never shares a bank), clears them, and adds the total into word t of the pass's histogram in
+ * every block of the cluster (distributed shared memory reductions, nothing waited for). One
+ * cluster barrier later each block holds the row's histogram locally; thread t reads bin t and
+ * clears it for the pass after next (the two histograms alternate; a block clears one before it
+ * arrives at the barrier after which the others add into it again), and the block scans the
+ * 256 counts from the top bin down (a warp scan, the warp totals through shared memory, two
+ * __syncthreads). The one thread whose bin holds the need-th largest key publishes it, and every
+ * block fixes the same digit (the same sums everywhere). A pass stops the select early when the
+ * chosen bin holds exactly the keys still needed (thr = the bin's lowest key - 1, need = 0: the
+ * same set). The compaction: each thread's counts of keys > thr and == thr a round (16 + 16
+ * bits: a block holds < 2^16 keys), scanned in the warp and over the warps; each block adds its
+ * totals into the offsets of the blocks of higher rank; after a last cluster barrier each block
+ * writes its winners in index order from its offsets. No block touches another's shared memory
+ * after that barrier, so each leaves when done. Barriers: one at the start (arrive after the
+ * clearing, wait before the first remote add), one a pass, one before the writes. The output
+ * is the CPU's set in index order, whatever C. */
+template <int RM>
+__global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ x, int n, int k,
+                                                       int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key) {
+    __shared__ __align__(16) uint32_t hist[TKQ_BINS * 32]; /* lane copies; the compaction's warp totals afterwards */
+    __shared__ uint32_t xch[2][TKQ_BINS];                   /* a pass's bins over the cluster (alternating) */
+    __shared__ uint32_t wt[TKQ_WARPS];                      /* the pick's warp totals */
+    __shared__ uint32_t sel[3];                             /* the chosen bin, the keys above it, its count */
+    __shared__ uint32_t offs[2];                            /* keys > thr and == thr in the blocks of lower rank */
+    const int t = threadIdx.x, lane = t & 31, w = t >> 5, C = (int)gridDim.x, q = (int)blockIdx.x;
+    const float *xr = x + (int64_t)blockIdx.y * n;
+    const int pad = (int)(((uintptr_t)xr >> 2) & 3u);
+    const int G = (n + pad + 3) >> 2, per = (G + C - 1) / C;
+    const int g0 = KS_MIN(G, q * per), g1 = KS_MIN(G, g0 + per);
+    const int R = (g1 - g0 + TKQ_THREADS - 1) / TKQ_THREADS;
+    const float4 *xa = (const float4 *)(xr - pad); /* aligned; only whole groups are read through it */
+    float4 v[RM];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int g = g0 + u * TKS_THREADS, i0 = 4 * g - pad;
-            if (g < G && i0 >= 0 && i0 + 4 <= n) v[u] = __ldg(xa + g);
-        }
+    for (int r = 0; r < RM; r++) {
+        const int g = g0 + t + r * TKQ_THREADS, i0 = 4 * g - pad;
+        v[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < R && g < g1 && i0 >= 0 && i0 + 4 <= n) v[r] = __ldg(xa + g);
+    }
+    for (int i = t; i < TKQ_BINS * 32 / 4; i += TKQ_THREADS) ((uint4 *)hist)[i] = make_uint4(0u, 0u, 0u, 0u);
+    for (int i = t; i < 2 * TKQ_BINS; i += TKQ_THREADS) (&xch[0][0])[i] = 0u;
+    if (t < 2) offs[t] = 0u;
+    __cluster_barrier_arrive(); /* this block's histograms and offsets are clear (waited for below) */
+    uint4 kv[RM];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int g = g0 + u * TKS_THREADS, i0 = 4 * g - pad;
-            if (g >= G) break;
-            uint4 kv;
+    for (int r = 0; r < RM; r++) {
+        const int g = g0 + t + r * TKQ_THREADS, i0 = 4 * g - pad;
+        kv[r] = make_uint4(0u, 0u, 0u, 0u);
+        if (r < R && g < g1) {
             if (i0 >= 0 && i0 + 4 <= n) {
-                kv = make_uint4(f32_key(v[u].x), f32_key(v[u].y), f32_key(v[u].z), f32_key(v[u].w));
-            } else { /* the first or the last group: part of it outside the row */
-                kv.x = (unsigned)i0 < (unsigned)n ? f32_key(xr[i0]) : 0u;
-                kv.y = (unsigned)(i0 + 1) < (unsigned)n ? f32_key(xr[i0 + 1]) : 0u;
-                kv.z = (unsigned)(i0 + 2) < (unsigned)n ? f32_key(xr[i0 + 2]) : 0u;
-                kv.w = (unsigned)(i0 + 3) < (unsigned)n ? f32_key(xr[i0 + 3]) : 0u;
+                kv[r] = make_uint4(f32_key(v[r].x), f32_key(v[r].y), f32_key(v[r].z), f32_key(v[r].w));
+            } else { /* the row's first or last group: part of it outside the row (key 0 there) */
+                kv[r].x = (unsigned)i0 < (unsigned)n ? f32_key(xr[i0]) : 0u;
+                kv[r].y = (unsigned)(i0 + 1) < (unsigned)n ? f32_key(xr[i0 + 1]) : 0u;
+                kv[r].z = (unsigned)(i0 + 2) < (unsigned)n ? f32_key(xr[i0 + 2]) : 0u;
+                kv[r].w = (unsigned)(i0 + 3) < (unsigned)n ? f32_key(xr[i0 + 3]) : 0u;
             }
-            keys[g] = kv;
         }
     }
     __syncthreads();
-
     uint32_t thr = 0u;
-    unsigned need = 0xffffffffu; /* k == n: every key (> 0, and all the NaNs' 0s) */
+    unsigned need = 0xffffffffu; /* k == n: every key */
+    bool waited = false;          /* the start barrier */
     if (k < n) {
         uint32_t prefix = 0u, mask = 0u;
         need = (unsigned)k;
 #pragma unroll 1
-        for (int shift = 24;; shift -= 8) {
-            for (int g = t; g < G; g += TKS_THREADS) {
-                const uint4 v = keys[g];
-                const uint32_t kk[4] = {v.x, v.y, v.z, v.w};
+        for (int p = 0, shift = 24;; p++, shift -= 8) {
 #pragma unroll
-                for (int c = 0; c < 4; c++)
-                    if ((kk[c] & mask) == prefix) atomicAdd(&hist[((kk[c] >> shift) & 255u) * 32 + lane], 1u);
-            }
+            for (int r = 0; r < RM; r++)
+                if (r < R) {
+                    const uint32_t kk[4] = {kv[r].x, kv[r].y, kv[r].z, kv[r].w};
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        if ((kk[c] & mask) == prefix) atomicAdd(&hist[((kk[c] >> shift) & 255u) * 32 + lane], 1u);
+                }
             __syncthreads();
+            uint4 *hb = (uint4 *)(hist + t * 32); /* bin t's 32 copies */
+            unsigned bt = 0u;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                const int b = w * 8 + j;
-                const unsigned c = __reduce_add_sync(0xffffffffu, hist[b * 32 + lane]);
-                hist[b * 32 + lane] = 0u;
-                if (lane == 0) tot[b] = c;
+                const uint4 h = hb[(j + lane) & 7];
+                bt += h.x + h.y + h.z + h.w;
             }
-            __syncthreads();
-            /* lane l: the bins 255 - 8l .. 248 - 8l (top down) */
-            unsigned c[8], sum = 0u;
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                c[j] = tot[TKS_BINS - 1 - 8 * lane - j];
-                sum += c[j];
+            for (int j = 0; j < 8; j++) hb[(j + lane) & 7] = make_uint4(0u, 0u, 0u, 0u);
+            uint32_t *xb = xch[p & 1];
+            if (!waited) {
+                __cluster_barrier_wait();
+                waited = true;
             }
-            unsigned incl = sum;
+            if (bt)
+                for (int r = 0; r < C; r++) tkq_red(xb + t, (unsigned)r, bt);
+            tkq_sync();
+            const unsigned gc = xb[t]; /* bin t's count over the cluster */
+            xb[t] = 0u;                /* clear for the pass after next */
+            unsigned s = gc;           /* the warp's bins t .. 32w + 31, summed */
 #pragma unroll
             for (int d = 1; d < 32; d <<= 1) {
-                const unsigned y = __shfl_up_sync(0xffffffffu, incl, d);
-                if (lane >= d) incl += y;
+                const unsigned y = __shfl_down_sync(0xffffffffu, s, d);
+                if (lane + d < 32) s += y;
             }
-            const unsigned excl = incl - sum;
-            const int src = __ffs(__ballot_sync(0xffffffffu, excl < need && incl >= need)) - 1;
-            int bin = 0;
-            unsigned before = excl, cb = 0u;
-            bool found = false;
+            if (lane == 0) wt[w] = s;
+            __syncthreads();
+            unsigned above = s - gc; /* keys in the bins above t */
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (!found) {
-                    if (before + c[j] >= need) {
-                        found = true;
-                        bin = TKS_BINS - 1 - 8 * lane - j;
-                        cb = c[j];
-                    } else {
-                        before += c[j];
-                    }
-                }
-            bin = __shfl_sync(0xffffffffu, bin, src);
-            before = __shfl_sync(0xffffffffu, before, src);
-            cb = __shfl_sync(0xffffffffu, cb, src);
-            prefix |= (uint32_t)bin << shift;
+            for (int u = 0; u < TKQ_WARPS; u++)
+                if (u > w) above += wt[u];
+            if (above < need && above + gc >= need) {
+                sel[0] = (uint32_t)t;
+                sel[1] = above;
+                sel[2] = gc;
+            }
+            __syncthreads();
+            const uint32_t bin = sel[0], before = sel[1], cb = sel[2];
+            prefix |= bin << shift;
             mask |= 255u << shift;
             need -= before;
             if (cb == need && prefix != 0u) { /* the whole bin is taken: every key >= prefix */
@@ -511,64 +381,160 @@ __global__ void __launch_bounds__(TKS_THREADS) tk_smem(const float *__restrict__
             }
         }
     }
+    if (!waited) __cluster_barrier_wait();
 
-    /* compaction: pk[r] = this thread's counts in round r, then their inclusive scan in the warp */
-    unsigned pk[TKS_ROUNDS];
+    /* compaction: pk[r] = this thread's counts in round r (> thr in the high 16 bits, == thr in
+     * the low), then their inclusive scan in the warp; the warp totals of round r at hist[8r + w] */
+    unsigned pk[RM];
 #pragma unroll
-    for (int r = 0; r < TKS_ROUNDS; r++) {
+    for (int r = 0; r < RM; r++) {
         pk[r] = 0u;
         if (r >= R) continue;
-        const int g = t + r * TKS_THREADS, i0 = 4 * g - pad;
-        if (g < G) {
-            const uint4 v = keys[g];
-            pk[r] = tks_flags(v.x, i0, n, thr) + tks_flags(v.y, i0 + 1, n, thr) + tks_flags(v.z, i0 + 2, n, thr) +
-                    tks_flags(v.w, i0 + 3, n, thr);
-        }
+        const int g = g0 + t + r * TKQ_THREADS, i0 = 4 * g - pad;
+        if (g < g1)
+            pk[r] = tkq_flags(kv[r].x, i0, n, thr) + tkq_flags(kv[r].y, i0 + 1, n, thr) +
+                    tkq_flags(kv[r].z, i0 + 2, n, thr) + tkq_flags(kv[r].w, i0 + 3, n, thr);
 #pragma unroll
         for (int d = 1; d < 32; d <<= 1) {
             const unsigned y = __shfl_up_sync(0xffffffffu, pk[r], d);
             if (lane >= d) pk[r] += y;
         }
-        if (lane == 31) hist[r * 32 + w] = pk[r];
+        if (lane == 31) hist[r * TKQ_WARPS + w] = pk[r];
     }
     __syncthreads();
-    int32_t *oi = out_idx + (int64_t)blockIdx.x * k;
-    uint32_t *ok = out_key ? out_key + (int64_t)blockIdx.x * k : nullptr;
-    unsigned carry = 0u; /* counts of the rounds before */
+    unsigned base[RM], carry = 0u; /* this thread's warp's start in round r, within the block */
 #pragma unroll
-    for (int r = 0; r < TKS_ROUNDS; r++) {
+    for (int r = 0; r < RM; r++) {
+        base[r] = 0u;
         if (r >= R) continue;
-        const unsigned wv = hist[r * 32 + lane]; /* warp lane's total in round r */
+        const unsigned wv = lane < TKQ_WARPS ? hist[r * TKQ_WARPS + lane] : 0u;
         unsigned wi = wv;
 #pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
+        for (int d = 1; d < TKQ_WARPS; d <<= 1) {
             const unsigned y = __shfl_up_sync(0xffffffffu, wi, d);
             if (lane >= d) wi += y;
         }
-        const unsigned wbefore = __shfl_sync(0xffffffffu, wi - wv, w), rtot = __shfl_sync(0xffffffffu, wi, 31);
-        const int g = t + r * TKS_THREADS, i0 = 4 * g - pad;
-        if (g < G) {
-            const uint4 v = keys[g];
-            const uint32_t kk[4] = {v.x, v.y, v.z, v.w};
-            unsigned f[4], own = 0u;
+        base[r] = carry + __shfl_sync(0xffffffffu, wi - wv, w);
+        carry += __shfl_sync(0xffffffffu, wi, TKQ_WARPS - 1);
+    }
+    if (w == 0 && lane > q && lane < C) { /* this block's totals go to the blocks after it */
+        if (carry >> 16) tkq_red(&offs[0], (unsigned)lane, carry >> 16);
+        if (carry & 0xffffu) tkq_red(&offs[1], (unsigned)lane, carry & 0xffffu);
+    }
+    tkq_sync();
+    const unsigned gbase = offs[0], ebase = offs[1];
+    int32_t *oi = out_idx + (int64_t)blockIdx.y * k;
+    uint32_t *ok = out_key ? out_key + (int64_t)blockIdx.y * k : nullptr;
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                f[c] = tks_flags(kk[c], i0 + c, n, thr);
-                own += f[c];
-            }
-            unsigned at = carry + wbefore + pk[r] - own; /* > thr in the high 16 bits, == thr in the low */
+    for (int r = 0; r < RM; r++) {
+        if (r >= R) continue;
+        const int g = g0 + t + r * TKQ_THREADS, i0 = 4 * g - pad;
+        if (g >= g1) continue;
+        const uint32_t kk[4] = {kv[r].x, kv[r].y, kv[r].z, kv[r].w};
+        unsigned f[4], own = 0u;
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const unsigned gt = at >> 16, eq = at & 0xffffu;
-                if ((f[c] >> 16) || (f[c] && eq < need)) {
-                    const unsigned pos = gt + (eq < need ? eq : need);
-                    oi[pos] = i0 + c;
-                    if (ok) ok[pos] = ~kk[c];
-                }
-                at += f[c];
-            }
+        for (int c = 0; c < 4; c++) {
+            f[c] = tkq_flags(kk[c], i0 + c, n, thr);
+            own += f[c];
         }
-        carry += rtot;
+        unsigned at = base[r] + pk[r] - own;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const unsigned gt = gbase + (at >> 16), eq = ebase + (at & 0xffffu);
+            if ((f[c] >> 16) || (f[c] && eq < need)) {
+                const unsigned pos = gt + (eq < need ? eq : need);
+                oi[pos] = i0 + c;
+                if (ok) ok[pos] = ~kk[c];
+            }
+            at += f[c];
+        }
+    }
+}
+
+/* The rounds a thread of tk_clu holds for rows of n keys in clusters of C: the instance used
+ * (1, 2, 4, 8 or 16 rounds of 4 keys; 0 if a block's slice is more than 16384 keys). Each
+ * instance is as small as its rows need: the kernel's straight-line code runs once a launch,
+ * so its length is paid in instruction fetches. */
+static int tkq_rounds(int64_t n, int C) {
+    const int64_t G = (n + 6) / 4, per = (G + C - 1) / C, r = (per + TKQ_THREADS - 1) / TKQ_THREADS;
+    return r <= 1 ? 1 : r <= 2 ? 2 : r <= 4 ? 4 : r <= 8 ? 8 : r <= 16 ? 16 : 0;
+}
+
+template <int RM> static cudaError_t tkq_allow(int C) {
+    return C > 8 ? cudaFuncSetAttribute(tk_clu<RM>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) : cudaSuccess;
+}
+
+/* Whether tk_clu runs C blocks a cluster on this device (asked once per device and C, on the
+ * instance with the most registers; above 8 after allowing non-portable sizes on every
+ * instance). A failed query is not remembered, so a later call asks again. */
+static bool tkq_runs(int dev, int C) {
+    static signed char ok[64][TKQ_MAX_CLUSTER + 1]; /* 0 unknown, 1 yes, -1 no */
+    if (!ok[dev][C]) {
+        int m = 0;
+        cudaError_t e = tkq_allow<1>(C);
+        if (e == cudaSuccess) e = tkq_allow<2>(C);
+        if (e == cudaSuccess) e = tkq_allow<4>(C);
+        if (e == cudaSuccess) e = tkq_allow<8>(C);
+        if (e == cudaSuccess) e = tkq_allow<16>(C);
+        if (e == cudaSuccess) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((unsigned)C, 1);
+            cfg.blockDim = dim3(TKQ_THREADS);
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeClusterDimension;
+            at[0].val.clusterDim.x = (unsigned)C;
+            at[0].val.clusterDim.y = 1;
+            at[0].val.clusterDim.z = 1;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            e = cudaOccupancyMaxActiveClusters(&m, tk_clu<16>, &cfg);
+        }
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        ok[dev][C] = m >= 1 ? 1 : -1;
+    }
+    return ok[dev][C] > 0;
+}
+
+/* Blocks a cluster for `rows` rows of n keys (0: the cluster kernel does not take them). At
+ * least enough for a block's 16384 keys with the worst padding (cmin); aimed at n / 512 keys a
+ * block, at most 16 for one row and 8 for several (eight clusters of 16 did not find eight
+ * whole GPCs on an H100: one doubled up and the call took 35 us instead of 25 with 9); then
+ * fewer while the call has more than 128 blocks; and the largest such size the device runs.
+ * Measured choices (H100, bench/NOTES.md, "top-k on a cluster"): Quest's 8 x 8191 -> 8,
+ * 8 x 2047 -> 4, TokenSelect's one row of 32K or 128K -> 16, 32 x 8191 -> 4. */
+static int tkq_cluster(int64_t rows, int64_t n) {
+    const int64_t G = (n + 6) / 4, cap = (int64_t)TKQ_THREADS * TKQ_ROUNDS; /* groups, <= 3 keys of padding */
+    const int cmin = (int)KS_MAX((int64_t)1, (G + cap - 1) / cap);
+    if (cmin > TKQ_MAX_CLUSTER) return 0;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+    const int64_t cap_c = rows == 1 ? TKQ_MAX_CLUSTER : TKQ_MAX_CLUSTER_ROWS;
+    int C = (int)KS_MAX((int64_t)cmin, KS_MIN((n + TKQ_KEYS_CTA - 1) / TKQ_KEYS_CTA, cap_c));
+    while (C > cmin && rows * C > TKQ_WAVE) C--;
+    for (; C >= cmin; C--)
+        if (tkq_runs(dev, C)) return C;
+    return 0;
+}
+
+/* Launch tk_clu for rows of n keys in clusters of C blocks (the instance for its rounds). */
+static cudaError_t tkq_launch(cudaStream_t s, int C, const float *x, int64_t rows, int64_t n, int64_t k,
+                              int32_t *out_idx, uint32_t *keys) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)C;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    const dim3 grid((unsigned)C, (unsigned)rows), block(TKQ_THREADS);
+    switch (tkq_rounds(n, C)) {
+    case 1: return ks_launch_ex(tk_clu<1>, grid, block, 0, s, at, 1, x, (int)n, (int)k, out_idx, keys);
+    case 2: return ks_launch_ex(tk_clu<2>, grid, block, 0, s, at, 1, x, (int)n, (int)k, out_idx, keys);
+    case 4: return ks_launch_ex(tk_clu<4>, grid, block, 0, s, at, 1, x, (int)n, (int)k, out_idx, keys);
+    case 8: return ks_launch_ex(tk_clu<8>, grid, block, 0, s, at, 1, x, (int)n, (int)k, out_idx, keys);
+    case 16: return ks_launch_ex(tk_clu<16>, grid, block, 0, s, at, 1, x, (int)n, (int)k, out_idx, keys);
+    default: return cudaErrorInvalidValue;
     }
 }
 
@@ -577,34 +543,6 @@ __global__ void tk_values(const float *__restrict__ x, int64_t n, int64_t k, int
     int64_t total = rows * k, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride)
         val[e] = x[(e / k) * n + idx[e]];
-}
-
-/* Blocks a row for the cooperative kernel: ~one a 2048 keys, at most 64, and rows x blocks at
- * most TKC_MAX_BLOCKS (0: too many rows for one co-resident launch). */
-static int tkc_blocks(int64_t rows, int64_t n) {
-    if (rows > TKC_MAX_BLOCKS) return 0;
-    int64_t b = KS_MIN((n + 2047) / 2048, (int64_t)64);
-    return (int)KS_MAX((int64_t)1, KS_MIN(b, (int64_t)TKC_MAX_BLOCKS / rows));
-}
-
-/* Whether rows of n keys take tk_smem on this device: n <= TKS_MAX_N and their shared memory
- * within what the device lends a block (every n <= TKS_MAX_N on Hopper). The kernel's
- * limit is raised to that once per device. */
-static bool tks_fits(int64_t n) {
-    static int optin[64]; /* per device: the limit set, in bytes (0: not yet) */
-    if (n > TKS_MAX_N) return false;
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-    if (!optin[dev]) {
-        int b = 0;
-        if (cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-            cudaFuncSetAttribute(tk_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, b) != cudaSuccess) {
-            cudaGetLastError();
-            return false;
-        }
-        optin[dev] = b;
-    }
-    return tks_smem_bytes(n) <= (size_t)optin[dev];
 }
 
 extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, const float *x, int64_t rows, int64_t n,
@@ -635,28 +573,9 @@ extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, con
         cub::DeviceRadixSort::SortPairs(NULL, cub_bytes, keys, keys2, out_idx, idx2, (int)k, 0, 32, s);
         P_SCRATCH(cub_tmp, ss, cub_bytes, "topk");
     }
-    if (tks_fits(n)) { /* one launch: a block a row, the row in shared memory */
-        tk_smem<<<(unsigned)rows, TKS_THREADS, tks_smem_bytes(n), s>>>(x, (int)n, (int)k, out_idx, keys);
-        KS_CU_LAUNCH("topk kernel");
-    } else if (tkc_blocks(rows, n) > 0) { /* one cooperative launch (and one memset) */
-        const int bx = tkc_blocks(rows, n);
-        unsigned *hist;
-        int2 *cnt;
-        const size_t zb = sizeof(unsigned) * ((size_t)rows * 3 * TK_BINS + rows);
-        P_SCRATCH(hist, ss, zb, "topk");
-        P_SCRATCH(cnt, ss, sizeof(int2) * (size_t)rows * bx, "topk");
-        KS_CU(cudaMemsetAsync(hist, 0, zb, s), "topk (clear)");
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)bx, (unsigned)rows);
-        cfg.blockDim = dim3(TKC_THREADS);
-        cfg.stream = s;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeCooperative;
-        at[0].val.cooperative = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        KS_CU(cudaLaunchKernelEx(&cfg, tk_coop, x, n, k, hist, hist + (size_t)rows * 3 * TK_BINS, cnt, out_idx, keys),
-              "topk kernel");
+    int C;
+    if ((C = tkq_cluster(rows, n)) > 0) { /* one launch: a cluster a row, the row in its registers */
+        KS_CU(tkq_launch(s, C, x, rows, n, k, out_idx, keys), "topk kernel");
     } else {
         tk_state *state;
         unsigned *hist;

@@ -337,9 +337,11 @@ static void run_topk(int64_t rows, int64_t n, int64_t k, int kind, ks_topk_order
 
 static void test_topk(void) {
     if (!want("topk")) return;
-    /* 16384 is the largest row of the one-launch path (a block a row, the row in shared memory;
-     * 16383: rows misaligned, the groups padded), 16385 the smallest of the cooperative one */
-    int64_t ns[] = {1, 5, 1000, 8191, 16383, 16384, 16385, 30080, 65536, 65537, 1 << 20, (1 << 20) + 7};
+    /* the cluster path (kernels/prim_topk.cu tk_clu) takes rows of up to 262138 keys: 16 blocks of
+     * 16384 with the worst misalignment (3 floats); 262139 and longer take the six kernels. The
+     * lengths below give every instance of it (1, 2, 4, 8 and 16 rounds of 4 keys a thread) and
+     * cluster sizes 1 to 16 */
+    int64_t ns[] = {1, 5, 1000, 2047, 8191, 16385, 30080, 65537, 262138, 262139, 1 << 20, (1 << 20) + 7};
     for (int a = 0; a < 12; a++) {
         int64_t n = ns[a];
         if (g_quick && n > 70000) continue;
@@ -354,25 +356,30 @@ static void test_topk(void) {
             }
         }
     }
-    /* the shapes of the selection policies: Quest (8 KV heads x 8191 pages, 255 pages), TokenSelect
-     * (32K context: 30080 candidates, 2048 tokens) */
+    /* the shapes of the selection policies: Quest (8 KV heads x 8191 pages, 255 pages; 2047 at
+     * 32K), TokenSelect (32K context: 30080 candidates, 2048 tokens; 128K: 130432) */
     run_topk(8, 8191, 255, D_RANDOM, KS_TOPK_BY_INDEX, 0);
     run_topk(8, 8191, 255, T_CLUSTER, KS_TOPK_BY_INDEX, 0);
+    run_topk(8, 2047, 255, T_CLUSTER, KS_TOPK_BY_INDEX, 0);
     run_topk(1, 30080, 2048, T_CLUSTER, KS_TOPK_BY_INDEX, 0);
     run_topk(1, 30080, 2048, D_RANDOM, KS_TOPK_BY_VALUE, 1);
-    /* several rows at the shared-memory limit and just above it; all NaN */
+    run_topk(1, 130432, 2048, T_CLUSTER, KS_TOPK_BY_INDEX, 0);
+    /* several rows, misaligned by 1, 2 and 3 floats, at the cluster path's limit; ties cut
+     * inside a middle block; all NaN */
+    run_topk(4, 262137, 4095, D_TIES, KS_TOPK_BY_INDEX, 1);
     run_topk(3, 16384, 2048, D_TIES, KS_TOPK_BY_VALUE, 1);
     run_topk(3, 16383, 4095, D_SPECIAL, KS_TOPK_BY_INDEX, 1);
     run_topk(3, 16385, 4095, T_CLUSTER, KS_TOPK_BY_VALUE, 1);
     run_topk(5, 16381, 16380, T_CLUSTER, KS_TOPK_BY_INDEX, 1);
     run_topk(2, 777, 300, T_ALLNAN, KS_TOPK_BY_VALUE, 1);
     run_topk(2, 16384, 16383, T_ALLNAN, KS_TOPK_BY_INDEX, 1);
-    /* more rows than multiprocessors, small rows: several blocks a multiprocessor */
+    /* more rows than multiprocessors (fewer blocks a cluster, clusters of 1), many small rows */
+    run_topk(32, 8191, 255, D_RANDOM, KS_TOPK_BY_INDEX, 0);
     run_topk(300, 3001, 100, D_TIES, KS_TOPK_BY_VALUE, 1);
     run_topk(8, 131072, 13107, D_TIES, KS_TOPK_BY_INDEX, 0); /* per KV head, FastKV-like */
-    /* more rows than one cooperative launch holds (128 blocks): the six-kernel path */
     run_topk(129, 16385, 100, D_TIES, KS_TOPK_BY_INDEX, 0);
     run_topk(129, 16385, 2048, D_RANDOM, KS_TOPK_BY_VALUE, 1);
+    run_topk(2, 262139, 2048, D_RANDOM, KS_TOPK_BY_INDEX, 1); /* the six kernels */
     ks_status st = ks_cuda_topk(S, &SC, NULL, 1, 5, 7, KS_TOPK_BY_VALUE, NULL, NULL);
     result(st == KS_ERR_ARG && !strcmp(ks_last_error(), "topk: k = 7 > n = 5"), "topk rejects k > n", "%s",
            ks_last_error());
