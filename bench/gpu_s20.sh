@@ -11,6 +11,7 @@
 #   kq       bench_kernels --quest, each build of $V, two rounds
 #   ks       bench_kernels --select, each build of $V, two rounds
 #   ncut     the top-k kernels under ncu (bench_kernels --quest and --select), each build of $V
+#   ncuw     why Quest's decode kernels at 128K wait (ncu stall reasons a issued instruction), new only
 #   ncub     the bound kernels under ncu (bench_kernels --quest), new only
 #   quest    Quest (budget 4096) and full at 128K, each build of $V
 #   quest32  the same at 32K
@@ -69,6 +70,14 @@ step_ncuqd() { # Quest's decode kernels at 128K under ncu (first decode step: ke
     timeout 280 ncu --clock-control none -k regex:"attn_decode_tc|attn_combine|tk_|bound_scores|page_rows|check_idx|attn_rope" \
         --launch-count 80 --section SpeedOfLight $R/new/kvsieve $B --lengths 131040 --gen 2 --policy quest --set quest.budget=4096 2>&1 |
         grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput" > $O/ncu-questd.txt
+}
+step_ncuw() { # stall reasons of Quest's decode kernels at 128K (first decode step), new only
+    local M=gpu__time_duration.sum,smsp__issue_active.avg.per_cycle_active,smsp__warps_active.avg.per_cycle_active
+    for r in no_instruction short_scoreboard long_scoreboard barrier membar wait math_pipe_throttle mio_throttle lg_throttle dispatch_stall; do
+        M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio; done
+    timeout 280 ncu --clock-control none -k regex:"attn_decode_tc|attn_combine|tk_|bound_scores|page_rows|list_stage" \
+        --launch-count 40 --metrics $M $R/new/kvsieve $B --lengths 131040 --gen 2 --policy quest --set quest.budget=4096 2>&1 |
+        grep -E "^  [a-zA-Z_].*\(|gpu__|smsp__" > $O/ncu-stall.txt
 }
 step_profq() { # the per-phase decode profile of Quest at 128K, each build of $V
     for v in $V; do echo "== $v Quest 128K"; KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 $R/$v/kvsieve $B --lengths 131040 --gen 16 \

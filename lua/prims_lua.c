@@ -12,7 +12,8 @@
  *
  *   ks.scores(q, k [, opts])       attention scores (lua/prims_scores.c)
  *   ks.pool1d(x, kernel [, mode])  mode "avg" (default) | "max"; x (n) or (rows, n)
- *   ks.topk(x, k [, opts])         -> idx (i32), vals (f32); opts.sorted = "index" (default) | "value"
+ *   ks.topk(x, k [, opts])         -> idx (i32), vals (f32); opts.sorted = "index" (default) | "value",
+ *                                     opts.values = false: idx only (no values computed)
  *   ks.sort(x [, opts]) / ks.argsort(x [, opts])   opts.descending
  *   ks.rank(x)                     1 = highest, ties to the lower index
  *   ks.unique(x) ks.union(a, b) ks.concat(a, b, ...) ks.arange([start,] stop [, step])
@@ -186,8 +187,8 @@ static int l_pool1d(lua_State *L) {
 static int l_topk(lua_State *L) {
     lua_settop(L, 3);
     const char *fn = "topk";
-    static const char *const allowed[] = {"sorted", NULL};
-    int sx;
+    static const char *const allowed[] = {"sorted", "values", NULL};
+    int sx, values = 1;
     ks_tensor *t = ks_lp_arg(L, 1, KS_T_F32, fn, &sx);
     lua_Integer k = luaL_checkinteger(L, 2);
     ks_topk_order order = KS_TOPK_BY_INDEX;
@@ -196,6 +197,7 @@ static int l_topk(lua_State *L) {
     else {
         ks_lp_check_opts(L, 3, fn, allowed);
         s = ks_lp_opt_str(L, 3, "sorted", "index", fn);
+        values = ks_lp_opt_bool(L, 3, "values", 1, fn);
     }
     if (!strcmp(s, "value")) order = KS_TOPK_BY_VALUE;
     else if (strcmp(s, "index")) return ks_lua_errorf(L, fn, "sorted must be \"index\" or \"value\", got \"%s\"", s);
@@ -206,10 +208,10 @@ static int l_topk(lua_State *L) {
     const float *x = ks_lp_data(L, sx, t, be);
     int64_t sh[2] = {rows, k};
     ks_tensor *idx = t->ndim == 1 ? ks_lp_out(L, be, KS_T_I32, 1, &sh[1]) : ks_lp_out(L, be, KS_T_I32, 2, sh);
-    ks_tensor *val = t->ndim == 1 ? ks_lp_out(L, be, KS_T_F32, 1, &sh[1]) : ks_lp_out(L, be, KS_T_F32, 2, sh);
-    KS_LP_PRIM(fn, be, topk, x, rows, n, k, order, idx->data, val->data);
-    if (order == KS_TOPK_BY_INDEX) ks_lt_mark_sorted(L, -2, 0, n); /* each row ascending, unique, in [0, n) */
-    return 2;
+    ks_tensor *val = !values ? NULL : t->ndim == 1 ? ks_lp_out(L, be, KS_T_F32, 1, &sh[1]) : ks_lp_out(L, be, KS_T_F32, 2, sh);
+    KS_LP_PRIM(fn, be, topk, x, rows, n, k, order, idx->data, val ? val->data : NULL);
+    if (order == KS_TOPK_BY_INDEX) ks_lt_mark_sorted(L, values ? -2 : -1, 0, n); /* each row ascending, unique, in [0, n) */
+    return values ? 2 : 1;
 }
 
 static int one_d(lua_State *L, const ks_tensor *t, const char *fn) {

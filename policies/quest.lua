@@ -148,7 +148,7 @@ return {
       local lo, hi = _summaries(ev, p, keys, last, box)
       local opts = { reduce = p.gqa == "max" and "group_max" or "group_sum" }
       local bound = box and ks.bound_scores(ev.q, lo, opts) or ks.bound_scores(ev.q, lo, hi, opts)
-      local top = ks.topk(bound, K - 1)   -- (Hkv, K - 1) pages, ascending; ties to the lower page
+      local top = ks.topk(bound, K - 1, { values = false }) -- (Hkv, K - 1) pages, ascending; ties to the lower page
       rows = ks.page_rows(top, P, N, { after = { last * P, N } }) -- valid by construction: no check, no wait
       if p.trace then ev:report("d" .. s .. ".l" .. l, _trace_pages(top)) end
     end

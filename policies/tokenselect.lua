@@ -87,7 +87,7 @@ local function _select(ev, p, fp, K, lo, hi, step)
                                   reduce = "sum", gqa = p.gqa })
   local pooled = vote
   if p.pool_kernel > 1 then pooled = ks.pool1d(vote, p.pool_kernel, "max") end
-  local top = ks.topk(pooled, p.k)            -- sorted by row, ties to the lower row
+  local top = ks.topk(pooled, p.k, { values = false }) -- sorted by row, ties to the lower row
   if state.trace_at[step] then
     ev:report("v." .. step .. ".l" .. ev.layer, _list_str(vote))
     if pooled ~= vote then ev:report("pv." .. step .. ".l" .. ev.layer, _list_str(pooled)) end

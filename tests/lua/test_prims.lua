@@ -236,6 +236,13 @@ do
   local idv = ks.topk(ks.tensor(v, "f32"), 4, { sorted = "value" })
   check_eq(idv:tolist(), { 1, 3, 6, 0 }, "topk by value")
   check_close(vals:tolist(), { 0.5, 0.9, 0.9, 0.7 }, "topk values (index order)")
+  -- values = false: the same indices, and nothing else returned
+  local nres = select("#", ks.topk(ks.tensor(v, "f32"), 4, { values = false }))
+  assert(nres == 1, "topk values = false returns the indices alone, got " .. nres .. " results")
+  check_eq(ks.topk(ks.tensor(v, "f32"), 4, { values = false }):tolist(), { 0, 1, 3, 6 }, "topk values = false")
+  check_eq(ks.topk(ks.tensor(v, "f32"), 4, { sorted = "value", values = false }):tolist(), { 1, 3, 6, 0 },
+    "topk by value, values = false")
+  expect_error("topk: option values must be a boolean, got number", function() return ks.topk(ks.tensor(v, "f32"), 4, { values = 0 }) end)
   local x3 = rand_list(50)
   local order = {}
   for i = 1, #x3 do order[i] = i - 1 end
