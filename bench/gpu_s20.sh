@@ -4,6 +4,7 @@
 # named in V (default "base new"; the timing steps run each in turn); carry it and, for the policy
 # tests, .data/stories260K. Each step writes one file under $OUT/$TAG/.
 #   topk     new test_cuda_prims --only topk and its memcheck (--quick)
+#   attn     new test_cuda --quick and test_attn_list --quick (the decode attention against the CPU), memcheck of test_cuda --quick
 #   bound    new test_cuda_prims --only bound and --only page, memcheck of both (--quick)
 #   prims    new test_cuda_prims (every primitive against its CPU twin)
 #   stage    new test_cuda_prims --only stage and its memcheck (the staging launch)
@@ -20,6 +21,7 @@
 #   memchk   compute-sanitizer memcheck over new test_cuda_prims --quick
 #   ncuqd    Quest's decode-only kernels at 128K under ncu (the first decode step), new only
 #   profq    the per-phase decode profile of Quest at 128K, each build of $V
+#   profts   the per-phase decode profile of TokenSelect (cache off: the default, and the hit path) at 32K, each build of $V
 #   reg8     full attention at 8K, three rounds of each build of $V
 #   final32  issue 14's table, its 8K and 32K rows, each build of $V
 #   final128 its 128K rows, each build of $V
@@ -43,6 +45,8 @@ step_topk() {
       timeout 280 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick --only topk 2>&1 | tail -3
     ) >> $O/tests.txt
 }
+step_attn() { ( tst test_cuda --quick; tst test_attn_list --quick
+    timeout 280 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda --quick 2>&1 | tail -3 ) >> $O/tests.txt; }
 step_prims() { tst test_cuda_prims >> $O/tests.txt; }
 step_pol() { tst test_cuda_policies --stories .data/stories260K >> $O/tests.txt; }
 step_kq() { for r in 1 2; do for v in $V; do echo "== $v round $r"; timeout 200 $R/$v/bench_kernels --quest 2>&1 | grep quest; done; done >> $O/kq.txt; }
@@ -82,6 +86,11 @@ step_ncuw() { # stall reasons of Quest's decode kernels at 128K (first decode st
 step_profq() { # the per-phase decode profile of Quest at 128K, each build of $V
     for v in $V; do echo "== $v Quest 128K"; KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 $R/$v/kvsieve $B --lengths 131040 --gen 16 \
         --policy quest --set quest.budget=4096 --profile 2>&1 | sed -n '/^profile/,/^rates/p'; done >> $O/prof.txt 2>&1
+}
+step_profts() {
+    for v in $V; do for th in 0 -1; do echo "== $v TokenSelect 32K cache_theta $th"; KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 \
+        $R/$v/kvsieve $B --lengths 32768 --gen 32 --policy tokenselect --set tokenselect.cache_theta=$th --profile 2>&1 |
+        sed -n '/^profile/,/^rates/p'; done; done >> $O/prof.txt 2>&1
 }
 B="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --repeat 1"
 row() { # row TAG ARGS...: each build of $V
