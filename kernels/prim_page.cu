@@ -459,24 +459,27 @@ extern "C" ks_status ks_cuda_bound_scores_box(cudaStream_t s, const float *q, in
 
 /* ================================================================ page_rows */
 
-/* one thread per output row id; the first thread of each page entry also checks that entry */
+/* one thread per output row id; the first thread of each page entry also checks that entry. I:
+ * the type of the output index and of its divisions (uint32_t when lists * w and the page fit:
+ * a 64-bit division is a long software sequence, the kernel's main cost at Quest's 8 x 4111 rows) */
+template <typename I>
 __global__ void page_rows_kernel(const int32_t *__restrict__ pages, int64_t lists, int64_t k, int64_t page, int64_t w,
                                  int64_t bb, int64_t be, int64_t ab, int64_t lo_row, int64_t hi_row,
                                  int32_t *__restrict__ out, unsigned long long *err) {
-    int64_t total = lists * w, stride = (int64_t)gridDim.x * blockDim.x, nb = be - bb;
-    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
-        int64_t l = e / w, o = e - l * w;
+    const I total = (I)(lists * w), stride = (I)gridDim.x * blockDim.x, nb = (I)(be - bb), pg = (I)page, kp = (I)(k * page);
+    for (I e = (I)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
+        const I l = e / (I)w, o = e - l * (I)w;
         int64_t v;
-        if (o < nb) v = bb + o;
-        else if (o < nb + k * page) {
-            int64_t t = (o - nb) / page, r = (o - nb) - t * page;
-            int64_t p = pages[l * k + t];
-            v = p * page + r;
+        if (o < nb) v = bb + (int64_t)o;
+        else if (o < nb + kp) {
+            const I t = (o - nb) / pg, r = (o - nb) - t * pg;
+            const int64_t p = pages[(int64_t)l * k + t];
+            v = p * page + (int64_t)r;
             if (r == 0 && err) {
-                int bad = p < 0 || p * page < lo_row || (p + 1) * page > hi_row || (t > 0 && p <= pages[l * k + t - 1]);
-                if (bad) atomicMin(err, (unsigned long long)(l * k + t));
+                int bad = p < 0 || p * page < lo_row || (p + 1) * page > hi_row || (t > 0 && p <= pages[(int64_t)l * k + t - 1]);
+                if (bad) atomicMin(err, (unsigned long long)((int64_t)l * k + t));
             }
-        } else v = ab + (o - nb - k * page);
+        } else v = ab + (int64_t)(o - nb - kp);
         out[e] = (int32_t)v;
     }
 }
@@ -491,9 +494,13 @@ extern "C" ks_status ks_cuda_page_rows(cudaStream_t s, const int32_t *pages, int
     if (!out || (k > 0 && !pages)) return ks_errorf(KS_ERR_ARG, "page_rows: NULL data");
     int64_t lo_row = before_end > before_begin ? before_end : 0;
     int64_t hi_row = after_end > after_begin ? after_begin : n;
-    page_rows_kernel<<<ks_grid1d((size_t)(lists * w), 256), 256, 0, s>>>(pages, lists, k, page, w, before_begin, before_end,
-                                                                        after_begin, lo_row, hi_row, out,
-                                                                        (unsigned long long *)err);
+    const dim3 grid(ks_grid1d((size_t)(lists * w), 256));
+    if (lists * w <= (int64_t)INT32_MAX && k * page <= (int64_t)INT32_MAX) /* k * page <= n (checked) */
+        page_rows_kernel<uint32_t><<<grid, 256, 0, s>>>(pages, lists, k, page, w, before_begin, before_end, after_begin,
+                                                        lo_row, hi_row, out, (unsigned long long *)err);
+    else
+        page_rows_kernel<int64_t><<<grid, 256, 0, s>>>(pages, lists, k, page, w, before_begin, before_end, after_begin,
+                                                       lo_row, hi_row, out, (unsigned long long *)err);
     KS_CU_LAUNCH("page_rows kernel");
     return KS_OK;
 }
