@@ -247,9 +247,9 @@ static __device__ __forceinline__ void tkq_red(const uint32_t *p, unsigned rank,
  * row's groups of 4 keys (group g = the elements 4g - pad .. 4g - pad + 3, pad the row's
  * misalignment in floats, so a whole group is one aligned float4) are split into C contiguous
  * slices of ceil(G / C) groups; thread t of block q holds the groups q * slice + t + 256 r,
- * r < R <= RM (the instance: 1, 2, 4, 8 or 16 rounds), as keys in its registers (read once; slots outside the row or the slice hold key
- * 0, the bottom of every pass, so they never move the chosen digit, only the count of a bin
- * below everything taken). Up to four radix passes over 8-bit digits, most significant first:
+ * r < R <= RM (the instance: 1, 2, 4, 8 or 16 rounds), as keys in its registers (read once;
+ * slots outside the row or the slice hold key 0, the bottom of every pass, so they never move
+ * the chosen digit, only the count of a bin below everything taken). Up to four radix passes over 8-bit digits, most significant first:
  * each thread counts its keys that match the digits fixed so far into 256 bins x 32 lane copies
  * (bin b, lane l at word 32b + l: a warp's atomics never meet, however clustered the keys); then
  * thread t sums bin t's 32 copies (8 16-byte loads in an order rotated by lane, so a quarter warp
