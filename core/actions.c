@@ -278,13 +278,18 @@ static ks_status dev_list_check(const ks_event *ev, const char *action, const ks
     return KS_OK;
 }
 
-/* Per layer, the engine's copy of the last decode-time attend list that came with a serial
- * (ks_dev_list.serial: a policy's read-only tensor). While a policy attends the same tensor at a
- * layer (TokenSelect's selection cache), the copy is reused: no copy and no check again, and the
- * same list id (ks_backend.list_gen) lets the backend skip staging it again. */
+/* Per layer, the last decode-time attend list that came with a serial (ks_dev_list.serial: a
+ * policy's read-only tensor): the list itself where the runtime lends its memory (ks_dev_list.lend:
+ * read where it is, held by the action until its attention was queued), else the engine's copy.
+ * While a policy attends the same tensor at a layer (TokenSelect's selection cache), the entry is
+ * reused: no copy and no check again, and the same list id (ks_backend.list_gen) lets the backend
+ * skip staging it again. A lent entry is dereferenced only for that same tensor, which is then
+ * alive (the handler passed it); a serial is never reused within a policy's state (the entries
+ * are dropped with the policy). */
 struct ks_list_keep {
     uint64_t serial, gen;
     void *buf;
+    int owned; /* buf is the engine's copy (else the lent list itself: never freed here) */
     int rows, k;
     const ks_backend *be;
 };
@@ -292,7 +297,8 @@ struct ks_list_keep {
 void ks_list_keep_free(ks_session *s) {
     if (!s || !s->lkeep) return;
     for (int l = 0; l < s->m->cfg.n_layers; l++)
-        if (s->lkeep[l].buf) ((ks_backend *)s->lkeep[l].be)->free((ks_backend *)s->lkeep[l].be, s->lkeep[l].buf);
+        if (s->lkeep[l].buf && s->lkeep[l].owned)
+            ((ks_backend *)s->lkeep[l].be)->free((ks_backend *)s->lkeep[l].be, s->lkeep[l].buf);
     free(s->lkeep);
     s->lkeep = NULL;
 }
@@ -371,7 +377,9 @@ ks_status ks_action_attend_dev(ks_event *ev, const ks_dev_list *l, int renumber)
     ks_status st = dev_list_check(ev, "attend", l, 1, lm);
     struct ks_list_keep *kp = st ? NULL : list_keep_at(ev, l);
     int reused = kp && kp->buf && kp->serial == l->serial && kp->rows == l->rows && kp->k == l->k && kp->be == ev->be;
+    int lent = !reused && kp && l->lend; /* valid by construction and lent: read where it is */
     if (reused) buf = kp->buf; /* the same tensor as this layer's last attend: copied and checked then */
+    else if (lent) buf = (void *)l->data;
     else if (!st) st = dev_list_copy(ev, l, &buf);
     if (!st && !reused && !l->checked) {
         ks_backend *be = (ks_backend *)ev->be;
@@ -395,19 +403,23 @@ ks_status ks_action_attend_dev(ks_event *ev, const ks_dev_list *l, int renumber)
     if (lm != lim) free(lm);
     if (st) {
         free(ix);
-        if (buf && !reused) ev->be->free((ks_backend *)ev->be, buf);
+        if (buf && !reused && !lent) ev->be->free((ks_backend *)ev->be, buf);
         return st;
     }
     for (int h = 0; h < H; h++) {
         ix[h] = (int32_t *)buf + (l->rows == 1 ? 0 : (size_t)h * l->k);
         n[h] = l->k;
     }
-    if (kp && !reused) { /* keep this copy for the layer (the previous one is freed stream-ordered) */
+    if (kp && !reused) { /* this layer's list from now on (a previous copy is freed stream-ordered) */
         ks_backend *be = (ks_backend *)ev->be;
-        if (kp->buf) ((ks_backend *)kp->be)->free((ks_backend *)kp->be, kp->buf);
-        *kp = (struct ks_list_keep){.serial = l->serial, .gen = ++be->list_gen, .buf = buf, .rows = l->rows, .k = l->k,
-                                    .be = ev->be};
-        reused = 1; /* the keep owns it */
+        if (kp->buf && kp->owned) ((ks_backend *)kp->be)->free((ks_backend *)kp->be, kp->buf);
+        *kp = (struct ks_list_keep){.serial = l->serial, .gen = ++be->list_gen, .buf = buf, .owned = !lent,
+                                    .rows = l->rows, .k = l->k, .be = ev->be};
+        reused = 1; /* the keep owns a copy; a lent list is the runtime's */
+    }
+    if (l->lend && buf == (void *)l->data) { /* read where it is: held until the attention was queued */
+        l->lend->retain(l->lend);
+        ev->act.attend_lend = l->lend;
     }
     ev->act.attend_idx = ix;
     ev->act.n_attend = n;
@@ -559,6 +571,7 @@ void ks_actions_free(ks_actions *a, int n_kv_heads) {
     void *d[] = {a->attend_dbuf, a->retain_dbuf, a->prop_dbuf};
     for (int i = 0; i < 3; i++)
         if (d[i]) be->free(be, d[i]); /* stream-ordered on CUDA: after the work that reads it */
+    if (a->attend_lend) a->attend_lend->release(a->attend_lend); /* the same */
     memset(a, 0, sizeof *a);
 }
 

@@ -69,6 +69,16 @@ typedef struct ks_session ks_session;
 
 /* An index list in backend memory for the *_dev actions: `rows` lists of k entries each,
  * row-major (rows 1: one list for every KV head; rows n_kv_heads: one per head). */
+/* A policy runtime's device memory lent to the engine (ks_dev_list.lend): retain adds a holder,
+ * release drops one, and the memory is freed (on its backend: stream-ordered on a device) when
+ * the last holder lets go. The runtime holds it while its tensor lives; the engine, from an
+ * attend that reads the list where it is until the work that reads it was queued
+ * (ks_actions_free), so a tensor the policy drops before the attention runs stays readable. */
+typedef struct ks_lend {
+    void (*retain)(struct ks_lend *l);
+    void (*release)(struct ks_lend *l);
+} ks_lend;
+
 typedef struct ks_dev_list {
     const int32_t *data;     /* (rows, k) backend memory of the event's backend */
     int rows, k;
@@ -77,6 +87,8 @@ typedef struct ks_dev_list {
     uint64_t serial;         /* 0, or an id of these contents that no other list of the session has (a
                                 policy's tensor, read-only): an attend of the same serial at the same
                                 layer reuses the engine's copy of it (ks_action_attend_dev) */
+    ks_lend *lend;           /* NULL, or (with serial) the handle of the memory data points into: a
+                                decode-time attend then reads the list where it is, no copy */
 } ks_dev_list;
 
 /* What a handler asked for (filled by ks_action_*; read by the engine). A device list lives in
@@ -97,6 +109,7 @@ typedef struct ks_actions {
                                                      backend's attn_ranges): ks_attn_args.seg */
     int32_t seg_b0, seg_b1, seg_a0, seg_a1;       /* with attend_seg */
     void *attend_dbuf, *retain_dbuf, *prop_dbuf;  /* backend copies of device lists, or NULL */
+    ks_lend *attend_lend;                         /* a list read where it is (held; released by ks_actions_free) */
     int retain_rows, retain_k, retain_checked;    /* retain_dbuf: (retain_rows, retain_k), checked by construction */
     int prop_checked;                             /* prop_dbuf: (n_prop), checked by construction */
     int retain_kind, prop_kind;                   /* the ks_event_kind that asked (messages) */

@@ -248,6 +248,7 @@ static int dev_list_arg(lua_State *L, int arg, const l_event *e, const char *fn,
     out->checked = ks_lt_sorted(L, arg, &out->lo, &out->hi);
     /* an owned tensor read where it is: its contents are known by its id (read-only data) */
     out->serial = !pushed && t->dev_owned && d == t->dev_owned ? t->id : 0;
+    out->lend = out->serial ? ks_lt_lend(t) : NULL;
     return 1;
 }
 

@@ -163,6 +163,7 @@ typedef struct ks_tensor {
     int kept;                          /* outlived the event that made it (ks_lt_dev_settle) */
     uint64_t id;                       /* owned device tensors: a number no other tensor of this state
                                         * had (its data never changes: ks_dev_list.serial) */
+    struct ks_lend *lend;              /* owned device tensors lent to the engine (ks_lt_lend), or NULL */
 } ks_tensor;
 
 /* A new owned contiguous tensor on the stack (data uninitialised unless zero). Raises on
@@ -212,6 +213,10 @@ void ks_lt_dev_settle(lua_State *L);
 /* After any event (a no-op after a settle): free the device tensors the event made that are not
  * kept and mark them lost (or host tensors where a host copy exists). Never raises. */
 void ks_lt_dev_drop(lua_State *L);
+/* The lending handle of owned device tensor t's memory (policy.h ks_lend; made on first use, the
+ * tensor one holder: its memory is freed when the tensor and every engine holder let go), or
+ * NULL (not an owned device tensor, or out of memory: the engine copies the list then). */
+struct ks_lend *ks_lt_lend(ks_tensor *t);
 
 /* The emulated device: the CPU backend's primitives behind a device backend, with host memory
  * at tagged addresses (dereferencing one without going through the backend faults), so the

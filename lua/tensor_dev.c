@@ -31,10 +31,43 @@ static void dev_unlink(ks_tensor *t) {
     c->dev_live--;
 }
 
+/* A tensor's memory lent to the engine: a count of holders, the tensor one of them. */
+typedef struct lt_lend {
+    ks_lend base;
+    int refs;
+    struct ks_backend *be;
+    void *mem; /* as the tensor's dev_owned (tagged on the emulated device) */
+} lt_lend;
+
+static void lend_retain(ks_lend *l) { ((lt_lend *)l)->refs++; }
+
+static void lend_release(ks_lend *l) {
+    lt_lend *x = (lt_lend *)l;
+    if (--x->refs > 0) return;
+    x->be->free(x->be, x->mem);
+    free(x);
+}
+
+ks_lend *ks_lt_lend(ks_tensor *t) {
+    if (!t->be || !t->dev_owned) return NULL;
+    if (!t->lend) {
+        lt_lend *x = malloc(sizeof *x);
+        if (!x) return NULL;
+        *x = (lt_lend){{lend_retain, lend_release}, 1, t->be, t->dev_owned};
+        t->lend = &x->base;
+    }
+    return t->lend;
+}
+
 /* Free the backend memory t owns (never raises). */
 static void dev_release(ks_tensor *t, ks_lctx *c) {
     if (!t->dev_owned) return;
-    t->be->free(t->be, t->dev_owned);
+    if (t->lend) { /* freed now, or when the engine lets go of it too */
+        t->lend->release(t->lend);
+        t->lend = NULL;
+    } else {
+        t->be->free(t->be, t->dev_owned);
+    }
     if (c) c->dev_used -= t->dev_bytes < c->dev_used ? t->dev_bytes : c->dev_used;
     t->dev_owned = NULL;
     t->dev_bytes = 0;
