@@ -237,6 +237,57 @@ KT_TEST(engine_attend_renumbered_prerope) {
     fx_close(&f);
 }
 
+/* A device list lent by its owner (ks_dev_list.lend; the CPU backend's memory is the host's): a
+ * decode-time attend reads it where it is (the action's lists point into it, no copy), holds it
+ * from the action until the attention ran (one retain, released by ks_actions_free), and gives
+ * the same logits as the host list. The owner overwrites the list once the last holder lets go:
+ * an attention that read it after its release would read rows out of range. */
+typedef struct fake_lend {
+    ks_lend base;
+    int refs, retains, releases;
+} fake_lend;
+static void fl_retain(ks_lend *l) { fake_lend *f = (fake_lend *)l; f->refs++; f->retains++; }
+static int32_t g_lent[4];
+static void fl_release(ks_lend *l) {
+    fake_lend *f = (fake_lend *)l;
+    f->refs--;
+    f->releases++;
+    if (!f->refs) for (int i = 0; i < 4; i++) g_lent[i] = INT32_MAX; /* the owner reuses its memory */
+}
+static fake_lend g_lend;
+static uint64_t g_serial;
+static int g_lent_bad; /* steps where the action copied the list or did not hold it */
+static ks_status h_attend_lent(void *ud, ks_event *ev) {
+    (void)ud;
+    int n = ev->kv->n[0];
+    g_lent[0] = 0; g_lent[1] = 2; g_lent[2] = 3; g_lent[3] = n - 1;
+    ks_dev_list l = {.data = g_lent, .rows = 1, .k = 4, .checked = 1, .lo = 0, .hi = n, .serial = ++g_serial,
+                     .lend = &g_lend.base};
+    ks_status st = ks_action_attend_dev(ev, &l, 1);
+    if (!st && (ev->act.attend_idx[0] != g_lent || g_lend.refs != 1 || ev->act.attend_dbuf)) g_lent_bad++;
+    return st;
+}
+
+KT_TEST(engine_attend_lent_list_read_in_place) {
+    fixture f;
+    KT_CHECK(fx_open(&f, 2) == 0, "%s", ks_last_error());
+    int32_t ids[12];
+    prompt(ids, 12);
+    ks_policy ph = {.name = "host", .want_pre_rope_keys = 1}, pl = {.name = "lent", .want_pre_rope_keys = 1};
+    ph.on[KS_EV_DECODE_QKV] = h_attend_sub;
+    pl.on[KS_EV_DECODE_QKV] = h_attend_lent;
+    g_lend = (fake_lend){{fl_retain, fl_release}, 0, 0, 0};
+    float ref[64], got[64];
+    KT_CHECK(run(f.s, &ph, ids, 12, 3, ref, NULL) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(run(f.s, &pl, ids, 12, 3, got, NULL) == KS_OK, "%s", ks_last_error());
+    const int attends = 3 * 2; /* steps x layers */
+    KT_CHECK(g_lent_bad == 0, "%d of %d attends copied the lent list or did not hold it", g_lent_bad, attends);
+    KT_CHECK(g_lend.retains == attends && g_lend.releases == attends && g_lend.refs == 0,
+             "lend held %d times, released %d times over %d attends", g_lend.retains, g_lend.releases, attends);
+    KT_CHECK(max_diff(ref, got, 64) == 0, "the lent list gave logits %g away from the host list's", max_diff(ref, got, 64));
+    fx_close(&f);
+}
+
 /* ---------------------------------------------------------------- profiler, memory, discard_kv */
 
 static int fx_open_cfg(fixture *f, const kt_tiny_cfg *cfg) {
