@@ -1,5 +1,5 @@
-# Sessions 20 and 21's device calls (GPU 0; TAG=s21 for session 21, default s20). Binaries from one xz'd
-# tar (PK=FILE, default .data/$TAG/pk.tar.xz): base/ (main before the session: ac8f158 for s20, 535d81e
+# Sessions 19-21's device calls (GPU 0; TAG=s19 or s21 for those sessions, default s20). Binaries from one xz'd
+# tar (PK=FILE, default .data/$TAG/pk.tar.xz): base/ (main before the session: 8176741 for s19, ac8f158 for s20, 535d81e
 # for s21), new/ (the build under test) and any other build directory
 # named in V (default "base new"; the timing steps run each in turn); carry it and, for the policy
 # tests, .data/stories260K. Each step writes one file under $OUT/$TAG/.
