@@ -3,8 +3,12 @@
  * Block = (split of the keys, KV head). Its M = n * g query rows (row r = i * g + hh: query row
  * i, head hh of the group) are one m16 tile held as bf16 A fragments in every warp. Warp w of
  * the block takes the 16-key tiles w, w + 4, w + 8, ... of the split, each staged through its
- * own two shared-memory buffers with cp.async (rows gathered through the index list if any,
- * zero-filled past the end), and keeps its own online-softmax state (log2 domain). At the end
+ * own ring of NS shared-memory stages with cp.async (zero-filled past the end), and keeps its own
+ * online-softmax state (log2 domain). Over the cache rows (LST false) NS is 2. Over a list (an
+ * index list and / or row ranges: LST) the warp first looks up the rows of its next TC_RB tiles
+ * at once (four independent index loads a lane, into shared memory), so no tile's copies wait on
+ * an index load, and NS is TC_LIST_STAGES: a list's few tiles a warp are all in flight (Quest's
+ * 4096-row lists: 13.1 -> 10.7 us a call, bench/NOTES.md, issue 14 session 22). At the end
  * the four warps' (max, sum, O) are merged in shared memory and the block writes either the
  * final rows or an unnormalised partial for attn_combine (attn_decode.cu).
  *
@@ -32,17 +36,24 @@
 
 #define TC_WARPS 4
 #define TC_KT 16     /* keys per warp tile */
-#define TC_STAGES 2
+#define TC_RB 8      /* tiles whose rows a warp looks up at once (list calls) */
+/* stages a warp keeps in flight: 2 over the cache rows (one block an SM streams them best), more
+ * over a list, whose rows come from anywhere and whose few tiles a warp should all be loading at
+ * once (bench/NOTES.md, issue 14 session 22) */
+#ifndef TC_LIST_STAGES
+#define TC_LIST_STAGES 3
+#endif
 
 /* RM, how the kernel treats pre-RoPE inputs: 0 none (rows already rotated), 1 rotated with
  * sincosf, 2 rotated with the (cos, sin) table of kernels/rope_table.cuh where it applies */
-/* bytes of one warp's region: stages x (K, V tiles) + key positions (+ RM 2: stages x the
- * tile's table rows, KT x D / 4 float4s) */
-template <int D, int RM> static __host__ __device__ constexpr size_t tc_wregion() {
-    return (size_t)TC_STAGES * (2 * TC_KT * D * 2) + TC_STAGES * TC_KT * 4 + (RM == 2 ? (size_t)TC_STAGES * TC_KT * D * 4 : 0);
+/* bytes of one warp's region: NS stages x (K, V tiles) + key positions + the rows of TC_RB tiles
+ * (+ RM 2: stages x the tile's table rows, KT x D / 4 float4s) */
+template <int D, int RM, int NS> static __host__ __device__ constexpr size_t tc_wregion() {
+    return (size_t)NS * (2 * TC_KT * D * 2) + NS * TC_KT * 4 + TC_RB * TC_KT * 4 +
+           (RM == 2 ? (size_t)NS * TC_KT * D * 4 : 0);
 }
-template <int D, int RM> static constexpr size_t tc_smem() {
-    return (size_t)16 * D * 2 + TC_WARPS * tc_wregion<D, RM>() + TC_WARPS * 16 * 2 * 4;
+template <int D, int RM, int NS> static constexpr size_t tc_smem() {
+    return (size_t)16 * D * 2 + TC_WARPS * tc_wregion<D, RM, NS>() + TC_WARPS * 16 * 2 * 4;
 }
 
 /* one query row's key counts, list offsets and position by value (ks_cuda_attn_decode_tc1,
@@ -88,12 +99,13 @@ static __device__ __forceinline__ void rot8_cs(uint32_t *x, uint32_t *y, const f
 
 /* RG: row ranges around the lists (ks_cuda_attn_params.seg_*): their own instances, since the
  * index arithmetic of every tile costs the calls without ranges ~3% of a 32K decode step (H100) */
-template <int D, int RM, bool RG>
+template <int D, int RM, bool RG, bool LST, int NS>
 __global__ void __launch_bounds__(TC_WARPS * 32, RM == 1 ? 3 : RM == 2 ? 1 : 0)
 attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, float *__restrict__ ws_acc,
                       float *__restrict__ ws_ml, const __grid_constant__ tc_byval bv,
                       const __grid_constant__ tc_rope<RM> rp) {
     constexpr bool ROPE = RM != 0;
+    static_assert(LST || (!RG && NS == 2), "row ranges come with a list; the cache rows take 2 stages");
     /* PDL (pdl.cuh): q, the cache and the lists come from earlier kernels, out / ws are written */
     ks_pdl_trigger();
     ks_pdl_wait();
@@ -104,12 +116,13 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     const int H = p.n_heads, g = H / p.n_kv_heads, M = p.n * g;
     const int kv = blockIdx.y, split = blockIdx.x;
     bf16 *sQ = (bf16 *)smem;                                                  /* (16, D) */
-    unsigned char *wr = smem + 16 * D * 2 + (size_t)warp * tc_wregion<D, RM>(); /* this warp's region */
+    unsigned char *wr = smem + 16 * D * 2 + (size_t)warp * tc_wregion<D, RM, NS>(); /* this warp's region */
     bf16 *wK = (bf16 *)wr;                                                    /* stages x (KT, D) */
-    bf16 *wV = wK + TC_STAGES * TC_KT * D;                                    /* stages x (KT, D) */
-    int *wP = (int *)(wV + TC_STAGES * TC_KT * D);                            /* stages x KT */
-    float4 *wT = (float4 *)(wP + TC_STAGES * TC_KT);                          /* RM 2: stages x (KT, D / 4) */
-    float *sML = (float *)(smem + 16 * D * 2 + TC_WARPS * tc_wregion<D, RM>()); /* (warps, 16, 2) */
+    bf16 *wV = wK + NS * TC_KT * D;                                           /* stages x (KT, D) */
+    int *wP = (int *)(wV + NS * TC_KT * D);                                   /* stages x KT */
+    int *wR = wP + NS * TC_KT;                                                /* (RB, KT) rows of tiles */
+    float4 *wT = (float4 *)(wR + TC_RB * TC_KT);                              /* RM 2: stages x (KT, D / 4) */
+    float *sML = (float *)(smem + 16 * D * 2 + TC_WARPS * tc_wregion<D, RM, NS>()); /* (warps, 16, 2) */
     __shared__ int s_tab_rows; /* RM 2: rows of a table that matches this call (0: compute) */
 
     const int nkh = bv.on ? bv.nk[kv] + (bv.dyn ? bv.dyn[1] : 0) : p.nk[kv];
@@ -213,15 +226,39 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         ldsm_x4(qf[ks], sQ + swz<D>(r, ch));
     }
 
-    /* ---- this warp's tiles: keys t0 = tb + (warp + TC_WARPS * it) * KT */
+    /* ---- this warp's tiles u = 0..nt-1: keys t0 = tb + (warp + TC_WARPS * u) * KT. Over a list
+     * (an index list or row ranges) the rows of TC_RB tiles are looked up at once into wR (four
+     * independent loads a lane), so a tile's copies start without waiting on its index load; NS - 1
+     * tiles are in flight while one is computed. */
     const int tab_rows = RM == 2 ? s_tab_rows : 0;
-    auto load = [&](int t0, int st) {
+    constexpr int TW = TC_WARPS * TC_KT;
+    const int nt = te - tb - warp * TC_KT > 0 ? (te - tb - warp * TC_KT + TW - 1) / TW : 0;
+    int rbat = -1; /* the batch of tiles whose rows wR holds */
+    auto rows = [&](int u) {
+        if (!LST || u / TC_RB == rbat) return;
+        rbat = u / TC_RB;
+        int j[TC_RB * TC_KT / 32];
+#pragma unroll
+        for (int i = 0; i < TC_RB * TC_KT / 32; i++) {
+            const int e = lane + 32 * i;
+            const int t = tb + (warp + TC_WARPS * (rbat * TC_RB + e / TC_KT)) * TC_KT + e % TC_KT;
+            j[i] = t < te ? row_of(t) : 0;
+        }
+        __syncwarp(); /* the copies issued from the previous batch have read their rows */
+#pragma unroll
+        for (int i = 0; i < TC_RB * TC_KT / 32; i++) wR[lane + 32 * i] = j[i];
+        __syncwarp();
+    };
+    auto load = [&](int u) {
+        const int st = u % NS, t0 = tb + (warp + TC_WARPS * u) * TC_KT;
+        const int *rw = wR + (u % TC_RB) * TC_KT;
+        rows(u);
         bf16 *dk = wK + st * TC_KT * D, *dv = wV + st * TC_KT * D;
         for (int e = lane; e < TC_KT * NCH; e += 32) {
             int r = e / NCH, ch = e - r * NCH;
             int t = t0 + r;
             bool ok = t < te;
-            int j = ok ? row_of(t) : 0;
+            int j = !ok ? 0 : LST ? rw[r] : t;
             size_t off = (size_t)j * D + ch * 8;
             cp_async16(dk + swz<D>(r, ch), Kh + off, ok ? 16 : 0);
             cp_async16(dv + swz<D>(r, ch), Vh + off, ok ? 16 : 0);
@@ -229,7 +266,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         if (lane < TC_KT) {
             int t = t0 + lane;
             bool ok = t < te;
-            int j = ok ? row_of(t) : 0;
+            int j = !ok ? 0 : LST ? rw[lane] : t;
             if (Ph) cp_async4(wP + st * TC_KT + lane, Ph + j, ok ? 4 : 0);
             else wP[st * TC_KT + lane] = p.renumber ? t : j;
         }
@@ -253,15 +290,16 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
     const int window = p.window;
 
-    int t0 = tb + warp * TC_KT;
-    if (t0 < te) load(t0, 0);
-    cp_async_commit();
-    for (int it = 0; t0 < te; it++, t0 += TC_WARPS * TC_KT) {
-        const int st = it & 1;
-        const int tn = t0 + TC_WARPS * TC_KT;
-        if (tn < te) load(tn, st ^ 1);
+#pragma unroll
+    for (int u = 0; u < NS - 1; u++) {
+        if (u < nt) load(u);
         cp_async_commit();
-        cp_async_wait<1>();
+    }
+    for (int u = 0; u < nt; u++) {
+        const int st = u % NS, t0 = tb + (warp + TC_WARPS * u) * TC_KT;
+        if (u + NS - 1 < nt) load(u + NS - 1); /* into the stage computed last round */
+        cp_async_commit();
+        cp_async_wait<NS - 1>();
         __syncwarp();
         const bf16 *cK = wK + st * TC_KT * D, *cV = wV + st * TC_KT * D;
         const int *kp = wP + st * TC_KT;
@@ -381,7 +419,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
                 if (mw[w] == -INFINITY) continue;
                 float f = fast_exp2(mw[w] - mx);
                 L += sML[(w * 16 + r) * 2 + 1] * f;
-                O += ((const float *)(smem + 16 * D * 2 + (size_t)w * tc_wregion<D, RM>()))[r * (D + 4) + c] * f;
+                O += ((const float *)(smem + 16 * D * 2 + (size_t)w * tc_wregion<D, RM, NS>()))[r * (D + 4) + c] * f;
             }
         }
         int i = r / g, h = kv * g + (r - i * g);
@@ -427,33 +465,37 @@ extern "C" int ks_cuda_attn_decode_tc_list_splits(const ks_cuda_attn_params *p, 
     return KS_MAX(1, KS_MIN(blocks, tiles));
 }
 
-template <int D, int RM, bool RG>
-static ks_status tc_launch_rg(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, float *acc, float *ml,
+template <int D, int RM, bool RG, bool LST, int NS>
+static ks_status tc_launch_ns(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, float *acc, float *ml,
                               const tc_byval &bv, const tc_rope<RM> &rp) {
+    static_assert(tc_smem<D, RM, NS>() <= 227 * 1024, "the shared memory of one block");
     static unsigned attr = 0; /* bit g: set on GPU g (the attribute is per device function) */
     int dev = 0;
     cudaGetDevice(&dev);
     if (!(attr >> (dev & 31) & 1u)) {
-        KS_CU(cudaFuncSetAttribute(attn_decode_tc_kernel<D, RM, RG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)tc_smem<D, RM>()),
+        KS_CU(cudaFuncSetAttribute(attn_decode_tc_kernel<D, RM, RG, LST, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)tc_smem<D, RM, NS>()),
               "attention (decode, tensor cores) shared memory");
         attr |= 1u << (dev & 31);
     }
     dim3 grid(n_splits, p->n_kv_heads);
-    KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D, RM, RG>, grid, dim3(TC_WARPS * 32), tc_smem<D, RM>(), s, p->pdl, *p,
-                        n_splits, p->scale * 1.4426950408889634f, acc, ml, bv, rp),
+    KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D, RM, RG, LST, NS>, grid, dim3(TC_WARPS * 32), tc_smem<D, RM, NS>(), s, p->pdl,
+                        *p, n_splits, p->scale * 1.4426950408889634f, acc, ml, bv, rp),
           "attention (decode, tensor cores) kernel");
     return KS_OK;
 }
 
-/* the instance with row ranges where p has them (a list's index array is then required) */
+/* the instance for p: row ranges where p has them (a list's index array is then required); over a
+ * list TC_LIST_STAGES stages (2 with sincosf rotation, whose 3 blocks an SM hide the latency) */
 template <int D, int RM>
 static ks_status tc_launch(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, float *acc, float *ml,
                            const tc_byval &bv, const tc_rope<RM> &rp) {
+    constexpr int NL = RM == 1 ? 2 : RM == 2 && TC_LIST_STAGES > 3 ? 3 : TC_LIST_STAGES; /* RM 2: 3 fit */
     const bool rg = bv.on ? p->seg_nb > 0 || p->seg_na > 0 : p->seg_dev != nullptr;
     if (rg && !p->idx) return ks_errorf(KS_ERR_ARG, "attention (decode, tensor cores): row ranges without a list");
-    return rg ? tc_launch_rg<D, RM, true>(s, p, n_splits, acc, ml, bv, rp)
-              : tc_launch_rg<D, RM, false>(s, p, n_splits, acc, ml, bv, rp);
+    if (rg) return tc_launch_ns<D, RM, true, true, NL>(s, p, n_splits, acc, ml, bv, rp);
+    if (p->idx) return tc_launch_ns<D, RM, false, true, NL>(s, p, n_splits, acc, ml, bv, rp);
+    return tc_launch_ns<D, RM, false, false, 2>(s, p, n_splits, acc, ml, bv, rp);
 }
 
 /* rope: NULL, or the table the kernel rotates pre-RoPE q and keys with */
