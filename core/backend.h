@@ -129,8 +129,8 @@ typedef struct ks_backend_prims {
                         const ks_scores_opts *opts, float *out);
     ks_status (*pool1d)(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t kernel, ks_pool_mode mode,
                         float *out);
-    ks_status (*topk)(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, ks_topk_order order,
-                      int32_t *out_idx, float *out_val);
+    ks_status (*topk)(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
+                      ks_topk_order order, int32_t *out_idx, float *out_val);
     ks_status (*argsort)(ks_backend *b, const float *x, int64_t n, int descending, int32_t *out_idx);
     ks_status (*sort_f32)(ks_backend *b, const float *x, int64_t n, int descending, float *out);
     ks_status (*sort_i32)(ks_backend *b, const int32_t *x, int64_t n, int32_t *out);

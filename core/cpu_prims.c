@@ -23,9 +23,10 @@ static ks_status c_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n
                           float *out) {
     return ks_cpu_pool1d(x, rows, n, kernel, mode, out);
 }
-static ks_status c_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, ks_topk_order order,
+static ks_status c_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
+                        ks_topk_order order,
                         int32_t *oi, float *ov) {
-    return ks_cpu_topk(x, rows, n, k, order, oi, ov);
+    return ks_cpu_topk(x, rows, n, k, base, order, oi, ov);
 }
 static ks_status c_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *oi) {
     return ks_cpu_argsort(x, n, desc, oi);

@@ -142,9 +142,9 @@ ks_status ks_cpu_pool1d(const float *x, int64_t rows, int64_t n, int64_t kernel,
 
 /* ================================================================ top-k and ordering */
 
-/* Top k of one row (0 < k < n, or k == n). oi receives the winners in ascending index
+/* Top k of one row (0 < k < n, or k == n). oi receives the winners (+ base) in ascending index
  * order; kk (k) their keys; tk/tv (k) scratch for the value-order sort; hist (65536) scratch. */
-static void topk_row(const float *x, int64_t n, int64_t k, ks_topk_order order, int32_t *oi, float *ov, uint32_t *kk,
+static void topk_row(const float *x, int64_t n, int64_t k, int64_t base, ks_topk_order order, int32_t *oi, float *ov, uint32_t *kk,
                      uint32_t *tk, int32_t *tv, uint32_t *hist) {
     uint32_t thr = 0; /* the k-th largest key */
     int64_t need = k; /* how many keys equal to thr are taken (lowest indices first) */
@@ -182,15 +182,19 @@ static void topk_row(const float *x, int64_t n, int64_t k, ks_topk_order order, 
     if (order == KS_TOPK_BY_VALUE) radix_sort(kk, oi, k, tk, tv); /* stable: ties stay index-ascending */
     if (ov)
         for (int64_t j = 0; j < k; j++) ov[j] = x[oi[j]];
+    if (base)
+        for (int64_t j = 0; j < k; j++) oi[j] += (int32_t)base;
 }
 
-ks_status ks_cpu_topk(const float *x, int64_t rows, int64_t n, int64_t k, ks_topk_order order, int32_t *out_idx,
-                      float *out_val) {
+ks_status ks_cpu_topk(const float *x, int64_t rows, int64_t n, int64_t k, int64_t base, ks_topk_order order,
+                      int32_t *out_idx, float *out_val) {
     NEED_NONNEG("topk", "rows", rows);
     NEED_NONNEG("topk", "n", n);
     NEED_IDX_RANGE("topk", "n", n);
     NEED_NONNEG("topk", "k", k);
     if (k > n) return ks_errorf(KS_ERR_ARG, "topk: k = %lld > n = %lld", (long long)k, (long long)n);
+    if (base < 0 || base > (int64_t)INT32_MAX + 1 - n)
+        return ks_errorf(KS_ERR_ARG, "topk: base %lld + n %lld leaves the int32 index range", (long long)base, (long long)n);
     if ((unsigned)order > KS_TOPK_BY_INDEX) return ks_errorf(KS_ERR_ARG, "topk: unknown order %d", (int)order);
     int64_t total, ktotal;
     ks_status st;
@@ -203,7 +207,7 @@ ks_status ks_cpu_topk(const float *x, int64_t rows, int64_t n, int64_t k, ks_top
     uint32_t *hist = ks_malloc((n >= (1 << 16) ? 65536 : 256) * sizeof *hist);
     if (!kk || !tv || !hist) { free(kk); free(tv); free(hist); return KS_ERR_OOM; }
     for (int64_t r = 0; r < rows; r++)
-        topk_row(x + r * n, n, k, order, out_idx + r * k, out_val ? out_val + r * k : NULL, kk, kk + k, tv, hist);
+        topk_row(x + r * n, n, k, base, order, out_idx + r * k, out_val ? out_val + r * k : NULL, kk, kk + k, tv, hist);
     free(kk);
     free(tv);
     free(hist);

@@ -168,15 +168,18 @@ typedef enum ks_topk_order {
 
 /* The k largest entries of each row, ties broken towards the lower index:
  *   x       // (rows, n)
- *   out_idx // (rows, k)   column indices within the row
- *   out_val // (rows, k)   the values x[r, out_idx[r, t]], or NULL if not wanted
+ *   out_idx // (rows, k)   column indices within the row, plus base (base >= 0, base + n - 1 an
+ *                          int32: the rows of a slice of keys that starts at row base, with no
+ *                          second pass to shift them)
+ *   out_val // (rows, k)   the values x[r, out_idx[r, t] - base], or NULL if not wanted
  * The selected set is exactly the first k of the stable descending order (float order in
  * the header comment: NaN below -inf, so NaNs are taken last). k = n returns every index;
  * k = 0 writes nothing. O(rows * (n + k)) time: a radix select on the order-preserving 32-bit
  * key (2 passes of 16 bits for n >= 65536, else 4 of 8 bits), one collecting pass, then a
  * stable radix sort of the k winners; O(k) extra memory plus a 256 KiB histogram.
- * Errors: KS_ERR_ARG for rows < 0, n < 0 or n > INT32_MAX, k < 0, k > n, unknown order. */
-ks_status ks_cpu_topk(const float *x, int64_t rows, int64_t n, int64_t k, ks_topk_order order,
+ * Errors: KS_ERR_ARG for rows < 0, n < 0 or n > INT32_MAX, k < 0, k > n, base < 0 or base + n
+ * past the int32 range, unknown order. */
+ks_status ks_cpu_topk(const float *x, int64_t rows, int64_t n, int64_t k, int64_t base, ks_topk_order order,
                       int32_t *out_idx, float *out_val);
 
 /* Stable argsort: out_idx // (n) a permutation of 0..n-1 that orders x ascending (descending = 0)

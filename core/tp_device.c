@@ -541,9 +541,10 @@ static ks_status p_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n
                           float *out) {
     return P0(b)->pool1d(R0(TPC(b)), x, rows, n, kernel, mode, out);
 }
-static ks_status p_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, ks_topk_order order,
+static ks_status p_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
+                        ks_topk_order order,
                         int32_t *oi, float *ov) {
-    return P0(b)->topk(R0(TPC(b)), x, rows, n, k, order, oi, ov);
+    return P0(b)->topk(R0(TPC(b)), x, rows, n, k, base, order, oi, ov);
 }
 static ks_status p_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *o) {
     return P0(b)->argsort(R0(TPC(b)), x, n, desc, o);

@@ -87,6 +87,8 @@ typedef struct cuda_ctx {
                               graph_run, copied by the graph's first node */
     int32_t *d_step;       /* device copy the recorded kernels read */
     void *gws;             /* attention split workspace of recorded steps (GRAPH_WS bytes) */
+    void *zc;              /* (KS_CUDA_COUNTERS) unsigned, zero at rest: the primitives' arrival counters
+                              (ks_cuda_scratch.counters) */
     unsigned *adb_cnt;     /* (adb_cnt_n) the batched decode attention's piece counters, zero between launches */
     struct ks_gemm_wg_cache *gwg_maps; /* the n-row wgmma GEMM's tensor maps, encoded once (gemm_wg.cuh) */
     int adb_cnt_n;
@@ -109,6 +111,7 @@ typedef struct cuda_ctx {
 
 #define KS_CUDA_STEP_WORDS 8        /* int32 words of the decode graphs' step slot */
 #define GRAPH_WS ((size_t)8 << 20) /* split-KV workspace of a recorded decode step */
+#define KS_CUDA_COUNTERS 256        /* arrival counters of the primitives (cuda_ctx.zc) */
 
 static inline cuda_ctx *CTX(ks_backend *b) { return (cuda_ctx *)b->ctx; }
 

@@ -223,6 +223,7 @@ static void cu_destroy(ks_backend *b) {
         free(c->ptag);
         if (c->blas) cublasDestroy(c->blas);
         raw_free(c, c->blas_ws);
+        raw_free(c, c->zc);
         if (c->pin) cudaFreeHost(c->pin);
         if (c->pool) cudaMemPoolDestroy(c->pool);
         if (c->stream) cudaStreamDestroy(c->stream);
@@ -238,7 +239,8 @@ static void *scratch_alloc(void *ud, size_t bytes) {
 }
 static void scratch_free(void *ud, void *p) { dev_free((cuda_ctx *)ud, p); }
 extern "C" ks_cuda_scratch ks_cuda_backend_scratch(ks_backend *b) {
-    ks_cuda_scratch s = {scratch_alloc, scratch_free, b->ctx};
+    cuda_ctx *c = CTX(b);
+    ks_cuda_scratch s = {scratch_alloc, scratch_free, b->ctx, (unsigned *)c->zc, c->zc ? KS_CUDA_COUNTERS : 0};
     return s;
 }
 
@@ -298,6 +300,11 @@ extern "C" ks_status ks_cuda_backend_create(const ks_backend_opts *opts, ks_back
     memset(c->h_step, 0, KS_CUDA_STEP_WORDS * sizeof(int32_t));
     if ((st = raw_alloc(c, KS_CUDA_STEP_WORDS * sizeof(int32_t), "decode graph step slot", (void **)&c->d_step))) goto fail;
     if ((st = raw_alloc(c, GRAPH_WS, "decode graph attention workspace", &c->gws))) goto fail;
+    if ((st = raw_alloc(c, KS_CUDA_COUNTERS * sizeof(unsigned), "primitive counters", &c->zc))) goto fail;
+    if ((e = cudaMemsetAsync(c->zc, 0, KS_CUDA_COUNTERS * sizeof(unsigned), c->stream)) || (e = cudaStreamSynchronize(c->stream))) {
+        st = ks_cuda_status(e, "primitive counters");
+        goto fail;
+    }
     if (!(c->gwg_maps = ks_cuda_gemm_wg_cache_create())) { st = ks_errorf(KS_ERR_OOM, "n-row GEMM tensor maps"); goto fail; }
     cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
 

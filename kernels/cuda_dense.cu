@@ -620,9 +620,11 @@ ks_status ks_cuda_dense_rope(ks_backend *b, float *x, int n, int n_heads, const 
     const float *inv;
     ks_status st = rope_inv_dev(c, r, max_pos, &inv);
     if (st) return st;
+    if (n <= KS_CUDA_ROPE_POS_INLINE) /* the positions as kernel arguments: nothing uploaded */
+        return ks_cuda_rope(c->stream, x, n, n_heads, d, pos, 1, inv, (float)r->attn_factor);
     void *d_pos;
     if ((st = upload_tmp(c, pos, sizeof(int32_t) * n, "rope positions", &d_pos))) return st;
-    st = ks_cuda_rope(c->stream, x, n, n_heads, d, (const int32_t *)d_pos, inv, (float)r->attn_factor);
+    st = ks_cuda_rope(c->stream, x, n, n_heads, d, (const int32_t *)d_pos, 0, inv, (float)r->attn_factor);
     dev_free(c, d_pos);
     return st;
 }

@@ -17,10 +17,11 @@ static ks_status pr_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t 
     PRIM_CTX(b);
     return ks_cuda_pool1d(c_->stream, &sc_, x, rows, n, kernel, mode, out);
 }
-static ks_status pr_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, ks_topk_order order,
+static ks_status pr_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
+                         ks_topk_order order,
                          int32_t *oi, float *ov) {
     PRIM_CTX(b);
-    return ks_cuda_topk(c_->stream, &sc_, x, rows, n, k, order, oi, ov);
+    return ks_cuda_topk(c_->stream, &sc_, x, rows, n, k, base, order, oi, ov);
 }
 static ks_status pr_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *oi) {
     PRIM_CTX(b);

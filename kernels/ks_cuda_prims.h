@@ -56,7 +56,7 @@ ks_status ks_cuda_pool1d(cudaStream_t s, const ks_cuda_scratch *sc, const float 
  * a stable compaction; KS_TOPK_BY_VALUE sorts the k winners with a stable radix sort).
  * x (rows, n); out_idx (rows, k) int32; out_val (rows, k) or NULL. */
 ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, const float *x, int64_t rows, int64_t n, int64_t k,
-                       ks_topk_order order, int32_t *out_idx, float *out_val);
+                       int64_t base, ks_topk_order order, int32_t *out_idx, float *out_val);
 
 /* ks_cpu_argsort / ks_cpu_sort_f32 / ks_cpu_sort_i32 / ks_cpu_rank (stable radix sorts).
  * sort_f32 and sort_i32 may work in place (out == x). */

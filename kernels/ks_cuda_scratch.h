@@ -10,6 +10,12 @@ typedef struct ks_cuda_scratch {
     void *(*alloc)(void *ud, size_t bytes);
     void (*free)(void *ud, void *p);
     void *ud;
+    /* counters (n_counters of them; NULL / 0 where the owner keeps none): DEVICE words that are
+     * zero at rest, for a kernel that counts its blocks' arrivals; the kernel returns each word it
+     * used to zero before it ends, so a call needs no memset first (one launch less). Calls on one
+     * stream are serial, so one set serves every primitive of the stream. */
+    unsigned *counters;
+    int n_counters;
 } ks_cuda_scratch;
 
 #endif

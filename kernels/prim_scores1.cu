@@ -3,7 +3,8 @@
  * selection row. prim_scores.cu calls it when the shapes allow (ks_cuda_scores1_fits); the
  * semantics are ks_cpu_scores' (core/prims_scores.c), its CPU twin.
  *
- * Two kernels (and a 4-byte-per-KV-head memset), w = ce - cb keys of the key domain:
+ * Two kernels (and a 4-byte-per-KV-head memset where the scratch has no counters), w = ce - cb
+ * keys of the key domain:
  *   1. sc1_logits  grid (nx, Hkv), one wave of SC1_BLOCKS_SM blocks a multiprocessor, each block a
  *                  contiguous run of rows of one KV head and each warp a loop over its tiles of
  *                  SC1_TR rows, loaded straight into registers (the next tile in flight while
@@ -16,7 +17,8 @@
  *                  key past the causal limit is -inf). With a softmax each lane keeps an online
  *                  partial for each of the two heads it holds (max, double sum of expf), each
  *                  block writes its partial per head (pmax, psum), and the last block of each KV
- *                  head to finish (an atomic counter, zeroed by a memset before the launch)
+ *                  head to finish (an atomic counter: the scratch's counters, which that block
+ *                  returns to zero, else a scratch word zeroed by a memset before the launch)
  *                  combines the partials in a fixed order into M_h and 1 / Z_h
  *                  (Z_h = sum psum * exp(pmax - M_h)).
  *   2. sc1_vote    one thread per output column: per head v_h = (float)(expf(L - M_h) / Z_h)
@@ -55,7 +57,7 @@ struct sc1_args {
     float *L;             /* (H, w) */
     float *pmax;          /* (H, nx) */
     double *psum;         /* (H, nx) */
-    unsigned *done;       /* (Hkv) blocks finished, zeroed before the launch */
+    unsigned *done;       /* (Hkv) blocks finished: zero at the launch, zero again after it */
     float *M;             /* (H) */
     double *iZ;           /* (H) */
 };
@@ -274,6 +276,7 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
     if (threadIdx.x == 0) last = atomicAdd(&a.done[kv], 1u) == (unsigned)(a.nx - 1);
     __syncthreads();
     if (!last) return;
+    if (threadIdx.x == 0) a.done[kv] = 0; /* every block of this KV head has counted: zero at rest again */
     __threadfence();
     /* the last block of this KV head: warp t combines head t's nx partials, lane-strided, then
      * the lanes in a fixed tree (the same order on every run) */
@@ -393,8 +396,12 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
             P_SCRATCH(a.psum, ss, sizeof(double) * n_q_heads * a.nx, "scores");
             P_SCRATCH(a.M, ss, sizeof(float) * n_q_heads, "scores");
             P_SCRATCH(a.iZ, ss, sizeof(double) * n_q_heads, "scores");
-            P_SCRATCH(a.done, ss, sizeof(unsigned) * n_kv_heads, "scores");
-            KS_CU(cudaMemsetAsync(a.done, 0, sizeof(unsigned) * n_kv_heads, s), "scores (one row) counters");
+            if (sc->counters && n_kv_heads <= sc->n_counters) {
+                a.done = sc->counters; /* zero at rest: no memset */
+            } else {
+                P_SCRATCH(a.done, ss, sizeof(unsigned) * n_kv_heads, "scores");
+                KS_CU(cudaMemsetAsync(a.done, 0, sizeof(unsigned) * n_kv_heads, s), "scores (one row) counters");
+            }
         }
         const dim3 grid((unsigned)a.nx, (unsigned)a.hkv);
         const size_t sm = sc1_smem(d);

@@ -175,7 +175,8 @@ __global__ void __launch_bounds__(256) tk_count(const float *__restrict__ x, int
 }
 
 /* stable compaction: thread t of chunk c holds elements c*CHUNK + t*IPT .. + IPT (blocked) */
-__global__ void tk_scatter(const float *__restrict__ x, int64_t n, int64_t k, const tk_state *__restrict__ st, int nch,
+__global__ void tk_scatter(const float *__restrict__ x, int64_t n, int64_t k, int64_t base, const tk_state *__restrict__ st,
+                           int nch,
                            const int2 *__restrict__ off, int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key) {
     typedef cub::BlockScan<int, 256> scan_t;
     __shared__ typename scan_t::TempStorage tmp;
@@ -205,7 +206,7 @@ __global__ void tk_scatter(const float *__restrict__ x, int64_t n, int64_t k, co
         bool g = u[j] > thr, e = u[j] == thr;
         if (g || (e && eq < need)) {
             int64_t pos = gt + (eq < need ? eq : need);
-            oi[pos] = (int32_t)i;
+            oi[pos] = (int32_t)(i + base);
             if (ok) ok[pos] = ~u[j];
         }
         gt += g;
@@ -268,9 +269,9 @@ static __device__ __forceinline__ void tkq_red(const uint32_t *p, unsigned rank,
  * writes its winners in index order from its offsets. No block touches another's shared memory
  * after that barrier, so each leaves when done. Barriers: one at the start (arrive after the
  * clearing, wait before the first remote add), one a pass, one before the writes. The output
- * is the CPU's set in index order, whatever C. */
+ * is the CPU's set in index order, whatever C; ibase is added to every index written. */
 template <int RM>
-__global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ x, int n, int k,
+__global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ x, int n, int k, int ibase,
                                                        int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key) {
     __shared__ __align__(16) uint32_t hist[TKQ_BINS * 32]; /* lane copies; the compaction's warp totals afterwards */
     __shared__ uint32_t xch[2][TKQ_BINS];                   /* a pass's bins over the cluster (alternating) */
@@ -443,7 +444,7 @@ __global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ 
             const unsigned gt = gbase + (at >> 16), eq = ebase + (at & 0xffffu);
             if ((f[c] >> 16) || (f[c] && eq < need)) {
                 const unsigned pos = gt + (eq < need ? eq : need);
-                oi[pos] = i0 + c;
+                oi[pos] = i0 + c + ibase;
                 if (ok) ok[pos] = ~kk[c];
             }
             at += f[c];
@@ -521,7 +522,7 @@ static int tkq_cluster(int64_t rows, int64_t n) {
 
 /* Launch tk_clu for rows of n keys in clusters of C blocks (the instance for its rounds). */
 static cudaError_t tkq_launch(cudaStream_t s, int C, const float *x, int64_t rows, int64_t n, int64_t k,
-                              int32_t *out_idx, uint32_t *keys) {
+                              int64_t base, int32_t *out_idx, uint32_t *keys) {
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = (unsigned)C;
@@ -529,29 +530,31 @@ static cudaError_t tkq_launch(cudaStream_t s, int C, const float *x, int64_t row
     at[0].val.clusterDim.z = 1;
     const dim3 grid((unsigned)C, (unsigned)rows), block(TKQ_THREADS);
     switch (tkq_rounds(n, C)) {
-    case 1: return ks_launch_ex(tk_clu<1>, grid, block, 0, s, at, 1, x, (int)n, (int)k, out_idx, keys);
-    case 2: return ks_launch_ex(tk_clu<2>, grid, block, 0, s, at, 1, x, (int)n, (int)k, out_idx, keys);
-    case 4: return ks_launch_ex(tk_clu<4>, grid, block, 0, s, at, 1, x, (int)n, (int)k, out_idx, keys);
-    case 8: return ks_launch_ex(tk_clu<8>, grid, block, 0, s, at, 1, x, (int)n, (int)k, out_idx, keys);
-    case 16: return ks_launch_ex(tk_clu<16>, grid, block, 0, s, at, 1, x, (int)n, (int)k, out_idx, keys);
+    case 1: return ks_launch_ex(tk_clu<1>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys);
+    case 2: return ks_launch_ex(tk_clu<2>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys);
+    case 4: return ks_launch_ex(tk_clu<4>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys);
+    case 8: return ks_launch_ex(tk_clu<8>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys);
+    case 16: return ks_launch_ex(tk_clu<16>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys);
     default: return cudaErrorInvalidValue;
     }
 }
 
-__global__ void tk_values(const float *__restrict__ x, int64_t n, int64_t k, int64_t rows,
+__global__ void tk_values(const float *__restrict__ x, int64_t n, int64_t k, int64_t rows, int64_t base,
                           const int32_t *__restrict__ idx, float *__restrict__ val) {
     int64_t total = rows * k, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride)
-        val[e] = x[(e / k) * n + idx[e]];
+        val[e] = x[(e / k) * n + idx[e] - base];
 }
 
 extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, const float *x, int64_t rows, int64_t n,
-                                  int64_t k, ks_topk_order order, int32_t *out_idx, float *out_val) {
+                                  int64_t k, int64_t base, ks_topk_order order, int32_t *out_idx, float *out_val) {
     P_NONNEG("topk", "rows", rows);
     P_NONNEG("topk", "n", n);
     P_IDX_RANGE("topk", "n", n);
     P_NONNEG("topk", "k", k);
     if (k > n) return ks_errorf(KS_ERR_ARG, "topk: k = %lld > n = %lld", (long long)k, (long long)n);
+    if (base < 0 || base > (int64_t)INT32_MAX + 1 - n)
+        return ks_errorf(KS_ERR_ARG, "topk: base %lld + n %lld leaves the int32 index range", (long long)base, (long long)n);
     if ((unsigned)order > KS_TOPK_BY_INDEX) return ks_errorf(KS_ERR_ARG, "topk: unknown order %d", (int)order);
     int64_t total, ktotal;
     ks_status st;
@@ -575,7 +578,7 @@ extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, con
     }
     int C;
     if ((C = tkq_cluster(rows, n)) > 0) { /* one launch: a cluster a row, the row in its registers */
-        KS_CU(tkq_launch(s, C, x, rows, n, k, out_idx, keys), "topk kernel");
+        KS_CU(tkq_launch(s, C, x, rows, n, k, base, out_idx, keys), "topk kernel");
     } else {
         tk_state *state;
         unsigned *hist;
@@ -597,7 +600,7 @@ extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, con
         }
         tk_count<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, state, nch, cnt);
         KS_CU_LAUNCH("topk count kernel");
-        tk_scatter<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, k, state, nch, cnt, out_idx, keys);
+        tk_scatter<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, k, base, state, nch, cnt, out_idx, keys);
         KS_CU_LAUNCH("topk scatter kernel");
     }
     if (keys) {
@@ -609,7 +612,7 @@ extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, con
         }
     }
     if (out_val) {
-        tk_values<<<ks_grid1d((size_t)ktotal, 256), 256, 0, s>>>(x, n, k, rows, out_idx, out_val);
+        tk_values<<<ks_grid1d((size_t)ktotal, 256), 256, 0, s>>>(x, n, k, rows, base, out_idx, out_val);
         KS_CU_LAUNCH("topk values kernel");
     }
     return KS_OK;

@@ -91,12 +91,13 @@ extern "C" ks_status ks_cuda_rope_qkv(cudaStream_t s, float *q, float *k, float 
 }
 
 extern "C" ks_status ks_cuda_rope(cudaStream_t s, float *x, int n, int n_heads, int head_dim, const int32_t *pos,
-                                  const float *inv_freq, float attn_factor) {
+                                  int pos_on_host, const float *inv_freq, float attn_factor) {
     rope_segs S;
     memset(&S, 0, offsetof(rope_segs, pos_inl));
     S.dst[0] = x;
     S.heads[0] = n_heads;
     S.rotate[0] = 1;
     S.nseg = n_heads > 0;
-    return rope_launch(s, S, x, (int64_t)n_heads * head_dim, n, head_dim, NULL, pos, inv_freq, attn_factor);
+    return rope_launch(s, S, x, (int64_t)n_heads * head_dim, n, head_dim, pos_on_host ? pos : NULL,
+                       pos_on_host ? NULL : pos, inv_freq, attn_factor);
 }

@@ -110,9 +110,10 @@ static ks_status e_scores(ks_backend *b, const float *q, const int32_t *qpos, in
 static ks_status e_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t kernel, ks_pool_mode mode, float *out) {
     return CPU->pool1d(NULL, U(x), rows, n, kernel, mode, U(out));
 }
-static ks_status e_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, ks_topk_order order, int32_t *oi,
+static ks_status e_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
+                       ks_topk_order order, int32_t *oi,
                         float *ov) {
-    return CPU->topk(NULL, U(x), rows, n, k, order, U(oi), U(ov));
+    return CPU->topk(NULL, U(x), rows, n, k, base, order, U(oi), U(ov));
 }
 static ks_status e_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *oi) {
     return CPU->argsort(NULL, U(x), n, desc, U(oi));

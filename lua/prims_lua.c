@@ -13,7 +13,8 @@
  *   ks.scores(q, k [, opts])       attention scores (lua/prims_scores.c)
  *   ks.pool1d(x, kernel [, mode])  mode "avg" (default) | "max"; x (n) or (rows, n)
  *   ks.topk(x, k [, opts])         -> idx (i32), vals (f32); opts.sorted = "index" (default) | "value",
- *                                     opts.values = false: idx only (no values computed)
+ *                                     opts.values = false: idx only (no values computed), opts.base = b:
+ *                                     b added to every index (the rows of a slice starting at row b)
  *   ks.sort(x [, opts]) / ks.argsort(x [, opts])   opts.descending
  *   ks.rank(x)                     1 = highest, ties to the lower index
  *   ks.unique(x) ks.union(a, b) ks.concat(a, b, ...) ks.arange([start,] stop [, step])
@@ -187,8 +188,9 @@ static int l_pool1d(lua_State *L) {
 static int l_topk(lua_State *L) {
     lua_settop(L, 3);
     const char *fn = "topk";
-    static const char *const allowed[] = {"sorted", "values", NULL};
+    static const char *const allowed[] = {"sorted", "values", "base", NULL};
     int sx, values = 1;
+    lua_Integer base = 0;
     ks_tensor *t = ks_lp_arg(L, 1, KS_T_F32, fn, &sx);
     lua_Integer k = luaL_checkinteger(L, 2);
     ks_topk_order order = KS_TOPK_BY_INDEX;
@@ -198,19 +200,27 @@ static int l_topk(lua_State *L) {
         ks_lp_check_opts(L, 3, fn, allowed);
         s = ks_lp_opt_str(L, 3, "sorted", "index", fn);
         values = ks_lp_opt_bool(L, 3, "values", 1, fn);
+        int bt = ks_lp_opt_get(L, 3, "base");
+        if (bt != LUA_TNIL && !lua_isinteger(L, -1))
+            return ks_lua_errorf(L, fn, "option base must be an integer, got %s", luaL_typename(L, -1));
+        if (bt != LUA_TNIL) base = lua_tointeger(L, -1);
+        lua_pop(L, 1);
     }
     if (!strcmp(s, "value")) order = KS_TOPK_BY_VALUE;
     else if (strcmp(s, "index")) return ks_lua_errorf(L, fn, "sorted must be \"index\" or \"value\", got \"%s\"", s);
     int64_t rows = 0, n = 0;
     rows_cols(L, t, &rows, &n, fn);
     if (k < 0 || k > n) return ks_lua_errorf(L, fn, "k = %lld > n = %lld", (long long)k, (long long)n);
+    if (base < 0 || base > (lua_Integer)INT32_MAX + 1 - n)
+        return ks_lua_errorf(L, fn, "base %lld + n %lld leaves the int32 index range", (long long)base, (long long)n);
     ks_backend *be = ks_lp_where(&t, 1);
     const float *x = ks_lp_data(L, sx, t, be);
     int64_t sh[2] = {rows, k};
     ks_tensor *idx = t->ndim == 1 ? ks_lp_out(L, be, KS_T_I32, 1, &sh[1]) : ks_lp_out(L, be, KS_T_I32, 2, sh);
     ks_tensor *val = !values ? NULL : t->ndim == 1 ? ks_lp_out(L, be, KS_T_F32, 1, &sh[1]) : ks_lp_out(L, be, KS_T_F32, 2, sh);
-    KS_LP_PRIM(fn, be, topk, x, rows, n, k, order, idx->data, val ? val->data : NULL);
-    if (order == KS_TOPK_BY_INDEX) ks_lt_mark_sorted(L, values ? -2 : -1, 0, n); /* each row ascending, unique, in [0, n) */
+    KS_LP_PRIM(fn, be, topk, x, rows, n, k, base, order, idx->data, val ? val->data : NULL);
+    if (order == KS_TOPK_BY_INDEX) /* each row ascending, unique, in [base, base + n) */
+        ks_lt_mark_sorted(L, values ? -2 : -1, base, base + n);
     return values ? 2 : 1;
 }
 

@@ -87,14 +87,15 @@ local function _select(ev, p, fp, K, lo, hi, step)
                                   reduce = "sum", gqa = p.gqa })
   local pooled = vote
   if p.pool_kernel > 1 then pooled = ks.pool1d(vote, p.pool_kernel, "max") end
-  local top = ks.topk(pooled, p.k, { values = false }) -- sorted by row, ties to the lower row
+  -- the candidates' rows (sorted, ties to the lower row): vote column j is row lo + j
+  local top = ks.topk(pooled, p.k, { values = false, base = lo })
   if state.trace_at[step] then
     ev:report("v." .. step .. ".l" .. ev.layer, _list_str(vote))
     if pooled ~= vote then ev:report("pv." .. step .. ".l" .. ev.layer, _list_str(pooled)) end
   end
   state.selections = state.selections + 1
   ev:report("selections", state.selections)
-  return top + lo
+  return top
 end
 
 -- [0, n_init) ++ sel ++ [N - n_local, N): sel is ks.topk's sorted result inside [n_init, N - n_local),

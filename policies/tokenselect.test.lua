@@ -60,11 +60,11 @@ local function policy_copy(chunk, forced)
     local tbl = "local _FORCED = { " .. table.concat(items, ", ") .. " } -- tokenselect.test.lua: forced selections\n"
     out, n = out:gsub("\nlocal ks = require \"kvsieve\"\n", function(m) return m .. tbl end)
     if n ~= 1 then fail("%s: expected one 'local ks = require \"kvsieve\"' line, found %d", POLICY, n) end
-    out, n = out:gsub("\n  return top %+ lo\nend\n", function()
+    out, n = out:gsub("\n  return top\nend\n", function()
       return "\n  local forced = _FORCED[step .. \".l\" .. ev.layer]\n"
-        .. "  if forced then return ks.tensor(forced, \"i32\") end\n  return top + lo\nend\n"
+        .. "  if forced then return ks.tensor(forced, \"i32\") end\n  return top\nend\n"
     end)
-    if n ~= 1 then fail("%s: expected one 'return top + lo' line ending _select, found %d", POLICY, n) end
+    if n ~= 1 then fail("%s: expected one 'return top' line ending _select, found %d", POLICY, n) end
   end
   local path = os.tmpname()
   local f = assert(io.open(path, "wb"))

@@ -462,8 +462,8 @@ static int topk_check(const float *x, int64_t rows, int64_t n, int64_t k, const 
     float *val = malloc((size_t)(rows * k + 1) * sizeof *val);
     int32_t *ref = malloc((size_t)(n + 1) * sizeof *ref);
     int bad = 0;
-    if (ks_cpu_topk(x, rows, n, k, KS_TOPK_BY_VALUE, idx, val) ||
-        ks_cpu_topk(x, rows, n, k, KS_TOPK_BY_INDEX, idx2, NULL)) {
+    if (ks_cpu_topk(x, rows, n, k, 0, KS_TOPK_BY_VALUE, idx, val) ||
+        ks_cpu_topk(x, rows, n, k, 0, KS_TOPK_BY_INDEX, idx2, NULL)) {
         fprintf(stderr, "%s: %s\n", label, ks_last_error());
         bad = 1;
     }
@@ -517,10 +517,35 @@ KT_TEST(prims_topk_vs_sort) {
         }
 }
 
+/* base shifts every index and nothing else: the same sets and values as base 0 plus base, in both
+ * orders, up to the last index the int32 range allows; a base past it is refused */
+KT_TEST(prims_topk_base_shifts_indices) {
+    rng_seed(11);
+    const int64_t rows = 3, n = 1000, k = 77;
+    float *x = malloc(rows * n * sizeof *x), *v0 = malloc(rows * k * sizeof *v0), *v1 = malloc(rows * k * sizeof *v1);
+    int32_t *i0 = malloc(rows * k * sizeof *i0), *i1 = malloc(rows * k * sizeof *i1);
+    fill(x, rows * n, 10.0f);
+    for (int i = 0; i < 40; i++) x[rng_u64() % (rows * n)] = 1.5f; /* ties */
+    const int64_t bases[] = {1, 12345, (int64_t)INT32_MAX + 1 - n};
+    for (int ord = 0; ord < 2; ord++)
+        for (size_t b = 0; b < sizeof bases / sizeof bases[0]; b++) {
+            KT_CHECK(ks_cpu_topk(x, rows, n, k, 0, (ks_topk_order)ord, i0, v0) == KS_OK, "%s", ks_last_error());
+            KT_CHECK(ks_cpu_topk(x, rows, n, k, bases[b], (ks_topk_order)ord, i1, v1) == KS_OK, "%s", ks_last_error());
+            int same = 1;
+            for (int64_t t = 0; t < rows * k; t++) same &= i1[t] == i0[t] + bases[b] && same_bits(v1[t], v0[t]);
+            KT_CHECK(same, "order %d base %lld: indices or values differ from base 0 shifted", ord, (long long)bases[b]);
+        }
+    KT_CHECK(ks_cpu_topk(x, rows, n, k, -1, KS_TOPK_BY_INDEX, i1, NULL) == KS_ERR_ARG, "a negative base is refused");
+    KT_CHECK(strstr(ks_last_error(), "topk: base -1 + n 1000 leaves the int32 index range") != NULL, "%s", ks_last_error());
+    KT_CHECK(ks_cpu_topk(x, rows, n, k, (int64_t)INT32_MAX + 2 - n, KS_TOPK_BY_INDEX, i1, NULL) == KS_ERR_ARG,
+             "a base whose last index passes INT32_MAX is refused");
+    free(x); free(v0); free(v1); free(i0); free(i1);
+}
+
 KT_TEST(prims_topk_nan_and_zero_rules) {
     float x[6] = {NAN, -INFINITY, -0.0f, 0.0f, NAN, -1.0f};
     int32_t idx[6];
-    KT_CHECK(ks_cpu_topk(x, 1, 6, 6, KS_TOPK_BY_VALUE, idx, NULL) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_cpu_topk(x, 1, 6, 6, 0, KS_TOPK_BY_VALUE, idx, NULL) == KS_OK, "%s", ks_last_error());
     /* -0 == +0 (index order), then -1, -inf, and the NaNs last in index order */
     int32_t want[6] = {2, 3, 5, 1, 0, 4};
     for (int i = 0; i < 6; i++) KT_CHECK(idx[i] == want[i], "slot %d: %d vs %d", i, idx[i], want[i]);
@@ -534,9 +559,9 @@ KT_TEST(prims_topk_1m) {
     for (int64_t i = 0; i < n; i += 3) x[i] = (float)floor(x[i] * 64) / 64; /* plenty of ties */
     int32_t *idx = malloc(n * sizeof *idx);
     double t0 = ks_now();
-    KT_CHECK(ks_cpu_topk(x, 1, n, 2048, KS_TOPK_BY_VALUE, idx, NULL) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_cpu_topk(x, 1, n, 2048, 0, KS_TOPK_BY_VALUE, idx, NULL) == KS_OK, "%s", ks_last_error());
     double t1 = ks_now();
-    KT_CHECK(ks_cpu_topk(x, 1, n, n / 2, KS_TOPK_BY_VALUE, idx, NULL) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ks_cpu_topk(x, 1, n, n / 2, 0, KS_TOPK_BY_VALUE, idx, NULL) == KS_OK, "%s", ks_last_error());
     double t2 = ks_now();
     fprintf(stderr, "[topk n=2^20: k=2048 %.1f ms, k=n/2 %.1f ms] ", 1e3 * (t1 - t0), 1e3 * (t2 - t1));
     KT_CHECK(topk_check(x, 1, n, 2048, "topk 1M") == 0, "k=2048");
@@ -783,12 +808,12 @@ KT_TEST(prims_bad_arguments) {
     BAD(ks_cpu_pool1d(x, 1, 16, 3, (ks_pool_mode)5, y), "pool1d: unknown mode 5");
     BAD(ks_cpu_pool1d(NULL, 1, 16, 3, KS_POOL_MAX, y), "pool1d: x is NULL");
     /* topk and ordering */
-    BAD(ks_cpu_topk(x, 1, 5, 7, KS_TOPK_BY_VALUE, iy, NULL), "topk: k = 7 > n = 5");
-    BAD(ks_cpu_topk(x, 1, 5, -1, KS_TOPK_BY_VALUE, iy, NULL), "topk: k = -1 is negative");
-    BAD(ks_cpu_topk(x, 1, -5, 1, KS_TOPK_BY_VALUE, iy, NULL), "topk: n = -5 is negative");
-    BAD(ks_cpu_topk(x, 1, 5000000000LL, 1, KS_TOPK_BY_VALUE, iy, NULL), "topk: n = 5000000000 exceeds the int32 index range");
-    BAD(ks_cpu_topk(x, 1, 5, 2, (ks_topk_order)3, iy, NULL), "topk: unknown order 3");
-    BAD(ks_cpu_topk(x, 1, 5, 2, KS_TOPK_BY_VALUE, NULL, NULL), "topk: out_idx is NULL");
+    BAD(ks_cpu_topk(x, 1, 5, 7, 0, KS_TOPK_BY_VALUE, iy, NULL), "topk: k = 7 > n = 5");
+    BAD(ks_cpu_topk(x, 1, 5, -1, 0, KS_TOPK_BY_VALUE, iy, NULL), "topk: k = -1 is negative");
+    BAD(ks_cpu_topk(x, 1, -5, 1, 0, KS_TOPK_BY_VALUE, iy, NULL), "topk: n = -5 is negative");
+    BAD(ks_cpu_topk(x, 1, 5000000000LL, 1, 0, KS_TOPK_BY_VALUE, iy, NULL), "topk: n = 5000000000 exceeds the int32 index range");
+    BAD(ks_cpu_topk(x, 1, 5, 2, 0, (ks_topk_order)3, iy, NULL), "topk: unknown order 3");
+    BAD(ks_cpu_topk(x, 1, 5, 2, 0, KS_TOPK_BY_VALUE, NULL, NULL), "topk: out_idx is NULL");
     BAD(ks_cpu_argsort(x, -1, 0, iy), "argsort: n = -1 is negative");
     BAD(ks_cpu_sort_f32(NULL, 3, 0, y), "sort: x is NULL");
     BAD(ks_cpu_sort_i32(idx, -2, iy), "sort: n = -2 is negative");
@@ -846,8 +871,8 @@ KT_TEST(prims_cpu_table) {
     KT_CHECK(!memcmp(got, ref, sizeof ref), "softmax differs");
     KT_CHECK(P->var(NULL, x, ROWS, N, 1, 1, got) == KS_OK && ks_cpu_var(x, ROWS, N, 1, 1, ref) == KS_OK, "var");
     KT_CHECK(!memcmp(got, ref, sizeof(float) * ROWS), "var differs");
-    KT_CHECK(P->topk(NULL, x, ROWS, N, 17, KS_TOPK_BY_VALUE, gi, got) == KS_OK, "topk");
-    KT_CHECK(ks_cpu_topk(x, ROWS, N, 17, KS_TOPK_BY_VALUE, ri, ref) == KS_OK, "cpu topk");
+    KT_CHECK(P->topk(NULL, x, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, gi, got) == KS_OK, "topk");
+    KT_CHECK(ks_cpu_topk(x, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, ri, ref) == KS_OK, "cpu topk");
     KT_CHECK(!memcmp(gi, ri, sizeof(int32_t) * ROWS * 17) && !memcmp(got, ref, sizeof(float) * ROWS * 17), "topk differs");
     float c = 0, cref = 1;
     KT_CHECK(P->cosine(NULL, x, x + N, N, &c) == KS_OK && ks_cpu_cosine(x, x + N, N, &cref) == KS_OK && c == cref, "cosine %g vs %g", c, cref);
@@ -919,8 +944,8 @@ KT_TEST(prims_emulated_device_table) {
     be->download(be, got, dy, sizeof(float) * N);
     KT_CHECK(!memcmp(got, ref, sizeof(float) * N), "sum differs");
     /* top-k and rank: identical indices */
-    KT_CHECK(P->topk(be, dx, ROWS, N, 17, KS_TOPK_BY_VALUE, di, dy) == KS_OK, "topk");
-    KT_CHECK(ks_cpu_topk(hx, ROWS, N, 17, KS_TOPK_BY_VALUE, ri, ref) == KS_OK, "cpu topk");
+    KT_CHECK(P->topk(be, dx, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, di, dy) == KS_OK, "topk");
+    KT_CHECK(ks_cpu_topk(hx, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, ri, ref) == KS_OK, "cpu topk");
     be->download(be, gi, di, sizeof(int32_t) * ROWS * 17);
     KT_CHECK(!memcmp(gi, ri, sizeof(int32_t) * ROWS * 17), "topk differs");
     KT_CHECK(P->rank(be, dx, N, di) == KS_OK && ks_cpu_rank(hx, N, ri) == KS_OK, "rank");

@@ -299,7 +299,7 @@ static void bench_elementwise() {
     std::vector<float> invf(hd / 2);
     for (int k = 0; k < hd / 2; k++) invf[k] = powf(10000.f, -2.f * k / hd);
     CK(cudaMemcpy(dinv, invf.data(), hd / 2 * 4, cudaMemcpyHostToDevice));
-    ms = time_ms([&](int) { KS(ks_cuda_rope(S, a, 4096, heads, hd, dpos, dinv, 1.f)); });
+    ms = time_ms([&](int) { KS(ks_cuda_rope(S, a, 4096, heads, hd, dpos, 0, dinv, 1.f)); });
     report("rope hd=128 (in place)", ms, 2.0 * 4096 * heads * hd * 4 / (ms * 1e-3) / 1e9, "GB/s");
     /* kv append of 4096 rows, 8 heads, d 128 */
     int H = 8, d = 128, m = 4096, cap = 8192;
@@ -349,15 +349,15 @@ static void bench_select(int ctx) {
     double ms = time_ms([&](int) { KS(ks_cuda_scores(S, &sc, q, NULL, H, 1, K, 1, NULL, Hkv, ctx, d, &o, vote)); });
     snprintf(name, sizeof name, "select: scores (vote) ctx=%d", ctx);
     report(name, ms, kb / (ms * 1e-3) / 1e9, "GB/s");
-    ms = time_ms([&](int) { KS(ks_cuda_topk(S, &sc, vote, 1, hi - lo, k, KS_TOPK_BY_INDEX, top, NULL)); });
+    ms = time_ms([&](int) { KS(ks_cuda_topk(S, &sc, vote, 1, hi - lo, k, 0, KS_TOPK_BY_INDEX, top, NULL)); });
     snprintf(name, sizeof name, "select: topk %d of %d", k, hi - lo);
     report(name, ms, (double)(hi - lo) * 4 * 5 / (ms * 1e-3) / 1e9, "GB/s");
-    ms = graph_ms([&] { KS(ks_cuda_topk(S, &sc, vote, 1, hi - lo, k, KS_TOPK_BY_INDEX, top, NULL)); });
+    ms = graph_ms([&] { KS(ks_cuda_topk(S, &sc, vote, 1, hi - lo, k, 0, KS_TOPK_BY_INDEX, top, NULL)); });
     snprintf(name, sizeof name, "select: topk %d of %d, graph of 20 (a call)", k, hi - lo);
     report(name, ms, (double)(hi - lo) * 4 * 5 / (ms * 1e-3) / 1e9, "GB/s");
     ms = time_ms([&](int) {
         KS(ks_cuda_scores(S, &sc, q, NULL, H, 1, K, 1, NULL, Hkv, ctx, d, &o, vote));
-        KS(ks_cuda_topk(S, &sc, vote, 1, hi - lo, k, KS_TOPK_BY_INDEX, top, NULL));
+        KS(ks_cuda_topk(S, &sc, vote, 1, hi - lo, k, 0, KS_TOPK_BY_INDEX, top, NULL));
     });
     snprintf(name, sizeof name, "select: scores + topk ctx=%d", ctx);
     report(name, ms, kb / (ms * 1e-3) / 1e9, "GB/s");
@@ -366,7 +366,7 @@ static void bench_select(int ctx) {
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
     KS(ks_cuda_scores(S, &sc, q, NULL, H, 1, K, 1, NULL, Hkv, ctx, d, &o, vote));
-    KS(ks_cuda_topk(S, &sc, vote, 1, hi - lo, k, KS_TOPK_BY_INDEX, top, NULL));
+    KS(ks_cuda_topk(S, &sc, vote, 1, hi - lo, k, 0, KS_TOPK_BY_INDEX, top, NULL));
     CK(cudaStreamEndCapture(S, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     ms = time_ms([&](int) { CK(cudaGraphLaunch(ge, S)); });
@@ -388,7 +388,7 @@ static void bench_topk_row(int n, int k) {
     float *x = drand_f32(((size_t)n + 63) / 64 * 64, 90, 1.f);
     int32_t *top = (int32_t *)dmalloc(sizeof(int32_t) * k);
     ks_cuda_scratch sc = {sel_alloc, sel_free, NULL};
-    double ms = time_ms([&](int) { KS(ks_cuda_topk(S, &sc, x, 1, n, k, KS_TOPK_BY_INDEX, top, NULL)); });
+    double ms = time_ms([&](int) { KS(ks_cuda_topk(S, &sc, x, 1, n, k, 0, KS_TOPK_BY_INDEX, top, NULL)); });
     char name[96];
     snprintf(name, sizeof name, "topk %d of %d random (1 row)", k, n);
     report(name, ms, (double)n * 4 / (ms * 1e-3) / 1e9, "GB/s");
@@ -421,7 +421,7 @@ static void bench_quest(int ctx) {
     char name[96];
     auto reduce = [&] { KS(ks_cuda_page_reduce(S, Kc, 1, N, Hkv, d, d, (int64_t)cap * d, P, 0, last, lo, hi, NULL)); };
     auto bounds = [&] { KS(ks_cuda_bound_scores(S, q, H, lo, hi, last, Hkv, d, KS_BOUND_GROUP_MAX, bound)); };
-    auto topk = [&] { KS(ks_cuda_topk(S, &sc, bound, Hkv, last, K, KS_TOPK_BY_INDEX, top, NULL)); };
+    auto topk = [&] { KS(ks_cuda_topk(S, &sc, bound, Hkv, last, K, 0, KS_TOPK_BY_INDEX, top, NULL)); };
     auto prows = [&] { KS(ks_cuda_page_rows(S, top, Hkv, K, P, N, 0, 0, (int64_t)last * P, N, rows, NULL)); };
     double ms = time_ms([&](int) { reduce(); });
     snprintf(name, sizeof name, "quest: page_reduce minmax ctx=%d (%d pages)", ctx, last);

@@ -317,6 +317,7 @@ static void test_rope(void) {
     struct { ks_rope_type type; int hd; int n, H, maxp; } cases[] = {
         {KS_ROPE_DEFAULT, 8, 1, 4, 10}, {KS_ROPE_DEFAULT, 64, 37, 8, 5000}, {KS_ROPE_LINEAR, 128, 19, 4, 3000},
         {KS_ROPE_LLAMA3, 128, 65, 8, 131000}, {KS_ROPE_LONGROPE, 96, 9, 3, 2000}, {KS_ROPE_LONGROPE, 96, 9, 3, 100000},
+        {KS_ROPE_DEFAULT, 64, 1500, 2, 5000}, /* more rows than positions by value: the uploaded positions */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         ks_rope r;

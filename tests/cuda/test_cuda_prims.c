@@ -246,6 +246,29 @@ static void test_scores(void) {
                                           cases[i].o.out_end = cases[i].o.out_end > 0 ? 600 : cases[i].o.out_end;
         run_scores(&cases[i]);
     }
+    /* the one-row kernel's arrival counters: the backend's scratch lends counters that are zero at
+     * rest, and the last block of each KV head returns its word to zero, so the calls above (each
+     * relying on zeros left by the one before) leave all of them zero; a scratch without counters
+     * takes a memset first (the same results) */
+    if (SC.counters) {
+        unsigned *hc = malloc(sizeof(unsigned) * SC.n_counters);
+        int nz = 0, ok = get(hc, SC.counters, sizeof(unsigned) * SC.n_counters);
+        for (int i = 0; ok && i < SC.n_counters; i++) nz += hc[i] != 0;
+        result(ok && nz == 0, "scores one-row: the scratch's arrival counters are zero after the calls", "%d of %d non-zero",
+               nz, SC.n_counters);
+        free(hc);
+    } else result(0, "scores one-row: the scratch's arrival counters are zero after the calls", "the backend lends none");
+    {
+        ks_cuda_scratch keep = SC;
+        SC.counters = NULL;
+        SC.n_counters = 0;
+        sc_case c1 = cases[11], c2 = cases[13];
+        c1.label = "one-row tokenselect, a scratch without counters";
+        c2.label = "one-row group-sum g=7, a scratch without counters";
+        run_scores(&c1);
+        run_scores(&c2);
+        SC = keep;
+    }
     /* an argument error is the CPU's */
     float *d = dalloc(64);
     ks_scores_opts bad = ks_scores_opts_default();
@@ -307,22 +330,24 @@ static void topk_fill(float *x, int64_t n, int kind) {
 static const char *const topk_kind_name[T_KINDS] = {"random", "ties", "nan/inf/-0", "all equal", "clustered",
                                                     "all nan"};
 
-static void run_topk(int64_t rows, int64_t n, int64_t k, int kind, ks_topk_order order, int vals) {
-    char name[200];
-    snprintf(name, sizeof name, "topk rows=%lld n=%lld k=%lld %s %s%s", (long long)rows, (long long)n, (long long)k,
-             topk_kind_name[kind], order ? "by-index" : "by-value", vals ? " +values" : "");
+/* base: added to every index (ks.topk's base option) */
+static void run_topk_b(int64_t rows, int64_t n, int64_t k, int kind, ks_topk_order order, int vals, int64_t base) {
+    char name[200], bs[40] = "";
+    if (base) snprintf(bs, sizeof bs, " base %lld", (long long)base);
+    snprintf(name, sizeof name, "topk rows=%lld n=%lld k=%lld %s %s%s%s", (long long)rows, (long long)n, (long long)k,
+             topk_kind_name[kind], order ? "by-index" : "by-value", vals ? " +values" : "", bs);
     size_t t = (size_t)(rows * n), kt = (size_t)(rows * k);
     float *x = malloc(4 * (t + 1));
     topk_fill(x, rows * n, kind);
     int32_t *ri = malloc(4 * (kt + 1)), *gi = malloc(4 * (kt + 1));
     float *rv = malloc(4 * (kt + 1)), *gv = malloc(4 * (kt + 1));
-    ks_status st = ks_cpu_topk(x, rows, n, k, order, ri, rv);
+    ks_status st = ks_cpu_topk(x, rows, n, k, base, order, ri, rv);
     CHECK_ST(st, name);
     float *dx = dup_dev(x, 4 * t), *dv = dalloc(4 * kt);
     int32_t *di = dalloc(4 * kt);
     poison_dev(di, 4 * kt);
     poison_dev(dv, 4 * kt);
-    st = ks_cuda_topk(S, &SC, dx, rows, n, k, order, di, vals ? dv : NULL);
+    st = ks_cuda_topk(S, &SC, dx, rows, n, k, base, order, di, vals ? dv : NULL);
     CHECK_ST(st, name);
     int ok = get(gi, di, 4 * kt) && (!vals || get(gv, dv, 4 * kt));
     int64_t bad = -1;
@@ -333,6 +358,9 @@ static void run_topk(int64_t rows, int64_t n, int64_t k, int kind, ks_topk_order
     else result(ok && vok, name, "%s", ok ? (vok ? "identical to the CPU" : "values differ") : "download failed");
     cudaFree(dx); cudaFree(dv); cudaFree(di);
     free(x); free(ri); free(gi); free(rv); free(gv);
+}
+static void run_topk(int64_t rows, int64_t n, int64_t k, int kind, ks_topk_order order, int vals) {
+    run_topk_b(rows, n, k, kind, order, vals, 0);
 }
 
 static void test_topk(void) {
@@ -364,6 +392,12 @@ static void test_topk(void) {
     run_topk(1, 30080, 2048, T_CLUSTER, KS_TOPK_BY_INDEX, 0);
     run_topk(1, 30080, 2048, D_RANDOM, KS_TOPK_BY_VALUE, 1);
     run_topk(1, 130432, 2048, T_CLUSTER, KS_TOPK_BY_INDEX, 0);
+    /* base (TokenSelect's candidates start at row n_init): the cluster kernel, the six kernels and
+     * the value sort, each against the CPU with the same base */
+    run_topk_b(1, 32128, 2048, D_RANDOM, KS_TOPK_BY_INDEX, 0, 128);
+    run_topk_b(8, 8191, 255, T_CLUSTER, KS_TOPK_BY_VALUE, 1, 7);
+    run_topk_b(2, (1 << 20) + 7, 999, D_TIES, KS_TOPK_BY_INDEX, 1, 100000);
+    run_topk_b(1, 5000, 100, D_RANDOM, KS_TOPK_BY_INDEX, 0, (int64_t)INT32_MAX + 1 - 5000);
     /* several rows, misaligned by 1, 2 and 3 floats, at the cluster path's limit; ties cut
      * inside a middle block; all NaN */
     run_topk(4, 262137, 4095, D_TIES, KS_TOPK_BY_INDEX, 1);
@@ -380,9 +414,12 @@ static void test_topk(void) {
     run_topk(129, 16385, 100, D_TIES, KS_TOPK_BY_INDEX, 0);
     run_topk(129, 16385, 2048, D_RANDOM, KS_TOPK_BY_VALUE, 1);
     run_topk(2, 262139, 2048, D_RANDOM, KS_TOPK_BY_INDEX, 1); /* the six kernels */
-    ks_status st = ks_cuda_topk(S, &SC, NULL, 1, 5, 7, KS_TOPK_BY_VALUE, NULL, NULL);
+    ks_status st = ks_cuda_topk(S, &SC, NULL, 1, 5, 7, 0, KS_TOPK_BY_VALUE, NULL, NULL);
     result(st == KS_ERR_ARG && !strcmp(ks_last_error(), "topk: k = 7 > n = 5"), "topk rejects k > n", "%s",
            ks_last_error());
+    st = ks_cuda_topk(S, &SC, NULL, 1, 5, 2, -1, KS_TOPK_BY_VALUE, NULL, NULL);
+    result(st == KS_ERR_ARG && !strcmp(ks_last_error(), "topk: base -1 + n 5 leaves the int32 index range"),
+           "topk rejects a negative base", "%s", ks_last_error());
     /* time: 1M floats, k = 2048 */
     if (!g_quick) {
         int64_t n = 1 << 20, k = 2048;
@@ -397,7 +434,7 @@ static void test_topk(void) {
         for (int ord = 0; ord < 2; ord++)
             for (int r = 0; r < 25; r++) {
                 cudaEventRecord(e0, S);
-                ks_cuda_topk(S, &SC, dx, 1, n, k, (ks_topk_order)ord, di, NULL);
+                ks_cuda_topk(S, &SC, dx, 1, n, k, 0, (ks_topk_order)ord, di, NULL);
                 cudaEventRecord(e1, S);
                 cudaEventSynchronize(e1);
                 float ms;

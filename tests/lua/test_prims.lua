@@ -243,6 +243,14 @@ do
   check_eq(ks.topk(ks.tensor(v, "f32"), 4, { sorted = "value", values = false }):tolist(), { 1, 3, 6, 0 },
     "topk by value, values = false")
   expect_error("topk: option values must be a boolean, got number", function() return ks.topk(ks.tensor(v, "f32"), 4, { values = 0 }) end)
+  -- base: every index shifted by it, the values unchanged
+  local ib, vb = ks.topk(ks.tensor(v, "f32"), 4, { base = 100 })
+  check_eq(ib:tolist(), { 100, 101, 103, 106 }, "topk base")
+  check_close(vb:tolist(), { 0.5, 0.9, 0.9, 0.7 }, "topk base values")
+  check_eq(ks.topk(ks.tensor(v, "f32"), 4, { sorted = "value", values = false, base = 7 }):tolist(), { 8, 10, 13, 7 },
+    "topk by value, base")
+  expect_error("topk: option base must be an integer, got number", function() return ks.topk(ks.tensor(v, "f32"), 4, { base = 1.5 }) end)
+  expect_error("topk: base -1 + n 7 leaves the int32 index range", function() return ks.topk(ks.tensor(v, "f32"), 4, { base = -1 }) end)
   local x3 = rand_list(50)
   local order = {}
   for i = 1, #x3 do order[i] = i - 1 end
