@@ -1,9 +1,12 @@
-# Sessions 19-21's device calls (GPU 0; TAG=s19 or s21 for those sessions, default s20). Binaries from one xz'd
+# Sessions 19-22's device calls (GPU 0; TAG=s19, s21 or s22 for those sessions, default s20). Binaries from one xz'd
 # tar (PK=FILE, default .data/$TAG/pk.tar.xz): base/ (main before the session: 8176741 for s19, ac8f158 for s20, 535d81e
-# for s21), new/ (the build under test) and any other build directory
+# for s21, 08c21a7 for s22), new/ (the build under test) and any other build directory
 # named in V (default "base new"; the timing steps run each in turn); carry it and, for the policy
 # tests, .data/stories260K. Each step writes one file under $OUT/$TAG/.
 #   topk     new test_cuda_prims --only topk and its memcheck (--quick)
+#   alist    test_attn_list --bench-only (one layer's list attention, 2688 rows at 32K and 128K), each build of $V
+#   trace    device timelines of decode steps (bench/ktrace.c, ktrace.so in the tar): TokenSelect 32K, the hit path,
+#            Quest and full at 128K, each build of $V, summed by bench/ktrace.py
 #   attn     new test_cuda --quick and test_attn_list --quick (the decode attention against the CPU), memcheck of test_cuda --quick
 #   bound    new test_cuda_prims --only bound and --only page, memcheck of both (--quick)
 #   prims    new test_cuda_prims (every primitive against its CPU twin)
@@ -47,6 +50,17 @@ step_topk() {
 }
 step_attn() { ( tst test_cuda --quick; tst test_attn_list --quick
     timeout 280 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda --quick 2>&1 | tail -3 ) >> $O/tests.txt; }
+step_alist() { for v in $V; do echo "== $v"; timeout 200 $R/$v/test_attn_list --bench-only 2>&1 | grep time; done >> $O/alist.txt; }
+step_trace() {
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib:$LD_LIBRARY_PATH
+    for v in $V; do for c in "ts32|--lengths 32768 --gen 12 --policy tokenselect" \
+        "hit128|--lengths 131040 --gen 12 --policy tokenselect --set tokenselect.cache_theta=-1" \
+        "quest128|--lengths 131040 --gen 12 --policy quest --set quest.budget=4096" "full128|--lengths 131040 --gen 12 --policy none"; do
+        echo "== $v ${c%%|*}"; CUDA_INJECTION64_PATH=$R/ktrace.so KTRACE_OUT=$R/t.csv KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 \
+            $R/$v/kvsieve $B ${c#*|} 2>&1 | grep -E "^[a-z.]+ +[0-9]+ +[0-9.]+ |kvsieve:|ktrace"
+        python3 bench/ktrace.py $R/t.csv --steps 8 --skip 2 2>&1 | head -40; rm -f $R/t.csv
+    done; done >> $O/trace.txt
+}
 step_prims() { tst test_cuda_prims >> $O/tests.txt; }
 step_pol() { tst test_cuda_policies --stories .data/stories260K >> $O/tests.txt; }
 step_kq() { for r in 1 2; do for v in $V; do echo "== $v round $r"; timeout 200 $R/$v/bench_kernels --quest 2>&1 | grep quest; done; done >> $O/kq.txt; }
