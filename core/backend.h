@@ -345,12 +345,13 @@ struct ks_backend {
     ks_status (*graph_begin_seg)(ks_backend *b);
     ks_status (*graph_launch)(ks_backend *b, ks_graph *g);
     /* Lists for a recorded attention (optional; NULL = a step whose handler attends is not
-     * recorded): copy the one-row attend lists of `a` (device lists, a->idx_dev, no renumbering,
-     * checked against L's rows) into slot `slot`'s fixed buffers, queued on the stream, outside
-     * a recording. A recording's attention with a->staged = slot + 1 reads the slot when it
-     * runs, so each replay of a step stages its lists first. KS_ERR_UNSUPPORTED: these lists
-     * cannot be staged (nothing queued). A slot that had to grow makes the graphs recorded
-     * before stale (graph_run / graph_launch: KS_ERR_UNSUPPORTED). */
+     * recorded): point slot `slot`'s fixed descriptor at the one-row attend lists of `a` (device
+     * lists, a->idx_dev, checked against L's rows) where they are: their counts, offsets and
+     * address, queued on the stream, outside a recording. A recording's attention with
+     * a->staged = slot + 1 reads the slot, and through it the lists, when it runs, so each replay
+     * of a step stages its lists first, and the caller keeps the lists alive (stream-ordered)
+     * until the segment that reads them was launched. KS_ERR_UNSUPPORTED: these lists cannot be
+     * staged (nothing queued). */
     ks_status (*attn_stage)(ks_backend *b, int slot, const ks_kv_layer *L, const ks_attn_args *a);
 
     /* ---- batched decode attention (optional; NULL = kv_append and attention per session). One

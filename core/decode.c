@@ -609,7 +609,7 @@ static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, 
                 ks_decode_drop_graph(s);
                 return decode_from(s, d, b, id, pos, d->lg, l, &act);
             }
-            ks_actions_free(&act, c->n_kv_heads); /* stream-ordered: after the copy into the slot */
+            ks_actions_free(&act, c->n_kv_heads); /* stream-ordered: after the segment that reads the lists in place */
             if (st) return st;
         }
         d->seg_miss = 0;
@@ -670,7 +670,7 @@ static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, 
             ks_decode_drop_graph(s);
             return decode_from(s, d, b, id, pos, d->lg, l, &act);
         }
-        ks_actions_free(&act, c->n_kv_heads); /* after the launch that read the staged copy */
+        ks_actions_free(&act, c->n_kv_heads); /* after the launch that reads the lists in place */
         d->seg[d->nseg++] = g;
     }
     s->graph_steps++;

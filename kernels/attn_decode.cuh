@@ -29,6 +29,9 @@ typedef struct ks_cuda_attn_params {
     const int32_t *qpos;   /* (n) */
     const int32_t *nk;     /* (n_kv_heads) keys per KV head (rows in use, or list lengths) */
     const int32_t *idx;    /* NULL, or the lists concatenated */
+    const int32_t *const *idx_at; /* tensor-core decode, recorded over staged lists (_tc_rec) only: NULL, or
+                              DEVICE memory holding the lists' base address, read when the kernel runs
+                              (then idx is unused) */
     const int32_t *idx_off;/* (n_kv_heads) start of each head's list in idx */
     int n, n_heads, n_kv_heads, head_dim, capacity;
     int max_nk;            /* max over heads of nk (host copy, sizes the grid) */

@@ -131,7 +131,8 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     int per = (nkh + n_splits - 1) / n_splits;
     per = (per + quantum - 1) / quantum * quantum;
     const int tb = split * per, te = min(nkh, tb + per);
-    const int32_t *ix = p.idx ? p.idx + (bv.on ? bv.off[kv] : p.idx_off[kv]) : nullptr;
+    const int32_t *ib = p.idx_at ? *p.idx_at : p.idx; /* a recorded step's lists: where the slot says now */
+    const int32_t *ix = ib ? ib + (bv.on ? bv.off[kv] : p.idx_off[kv]) : nullptr;
     /* row ranges around the list (p.seg_*): keys [0, snb) are rows sb0.., keys [nkh - sna, nkh)
      * rows sa0.., the keys between the list's entries */
     int sb0 = 0, snb = 0, sa0 = 0, sna = 0;
@@ -492,9 +493,10 @@ static ks_status tc_launch(cudaStream_t s, const ks_cuda_attn_params *p, int n_s
                            const tc_byval &bv, const tc_rope<RM> &rp) {
     constexpr int NL = RM == 1 ? 2 : RM == 2 && TC_LIST_STAGES > 3 ? 3 : TC_LIST_STAGES; /* RM 2: 3 fit */
     const bool rg = bv.on ? p->seg_nb > 0 || p->seg_na > 0 : p->seg_dev != nullptr;
-    if (rg && !p->idx) return ks_errorf(KS_ERR_ARG, "attention (decode, tensor cores): row ranges without a list");
+    const bool lists = p->idx || p->idx_at;
+    if (rg && !lists) return ks_errorf(KS_ERR_ARG, "attention (decode, tensor cores): row ranges without a list");
     if (rg) return tc_launch_ns<D, RM, true, true, NL>(s, p, n_splits, acc, ml, bv, rp);
-    if (p->idx) return tc_launch_ns<D, RM, false, true, NL>(s, p, n_splits, acc, ml, bv, rp);
+    if (lists) return tc_launch_ns<D, RM, false, true, NL>(s, p, n_splits, acc, ml, bv, rp);
     return tc_launch_ns<D, RM, false, false, 2>(s, p, n_splits, acc, ml, bv, rp);
 }
 
@@ -540,7 +542,7 @@ extern "C" ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_p
 /* the one-row entries: counts (and list offsets) by value */
 static ks_status tc1_run(cudaStream_t s, const ks_cuda_attn_params *p, const int *nk_host, const int *off_host,
                          int qpos, const int32_t *dyn, const ks_cuda_attn_rope *rope, int n_splits, void *ws) {
-    if (!ks_cuda_attn_decode_tc_supported(p) || p->n != 1 || !p->idx != !off_host || p->renumber != p->q_renumber ||
+    if (!ks_cuda_attn_decode_tc_supported(p) || p->n != 1 || !p->idx != !off_host || p->idx_at || p->renumber != p->q_renumber ||
         p->n_kv_heads > KS_CUDA_ATTN_BYVAL_HEADS)
         return ks_errorf(KS_ERR_UNSUPPORTED, "attention: the one-row tensor-core decode does not take this call "
                                              "(n %d, %d KV heads, index list %s)", p->n, p->n_kv_heads, p->idx ? "yes" : "no");
@@ -577,7 +579,7 @@ extern "C" ks_status ks_cuda_attn_decode_tc_rec(cudaStream_t s, const ks_cuda_at
                                                 const int32_t *dyn, const ks_cuda_attn_rope *rope, int n_splits, void *ws) {
     if (rope && p->head_dim / 2 > KS_CUDA_ATTN_ROPE_HALF)
         return ks_errorf(KS_ERR_UNSUPPORTED, "attention: rope over head_dim %d in the kernel", p->head_dim);
-    if (!p->idx) {
+    if (!p->idx && !p->idx_at) {
         if (!dyn || !nk_host) return ks_errorf(KS_ERR_INTERNAL, "attention (recorded): no counts");
         return tc1_run(s, p, nk_host, NULL, 0, dyn, rope, n_splits, ws);
     }

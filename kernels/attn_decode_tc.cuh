@@ -77,11 +77,13 @@ ks_status ks_cuda_attn_decode_tc_list(cudaStream_t s, const ks_cuda_attn_params 
 
 /* The same for a recorded step (a CUDA graph replays the launch for later tokens, with other
  * lists):
- * - without lists (p->idx NULL; pre-RoPE rows, rope non-NULL): nk_host[h] + dyn[1] keys and the
- *   query position dyn[0], dyn DEVICE {pos, delta} read when the kernel runs (as _tc1's dyn);
- * - over staged lists (p->idx non-NULL, the caller's fixed buffer): the per-head counts p->nk,
- *   list offsets p->idx_off and the query position p->qpos[0] read from DEVICE memory when the
- *   kernel runs (nk_host and dyn unused: NULL); p->renumber and p->q_renumber as for _tc_list
+ * - without lists (p->idx and p->idx_at NULL; pre-RoPE rows, rope non-NULL): nk_host[h] + dyn[1]
+ *   keys and the query position dyn[0], dyn DEVICE {pos, delta} read when the kernel runs (as
+ *   _tc1's dyn);
+ * - over staged lists (p->idx_at: where the lists' base address is, or p->idx: a fixed buffer):
+ *   the base address, the per-head counts p->nk, list offsets p->idx_off and the query position
+ *   p->qpos[0] read from DEVICE memory when the kernel runs (nk_host and dyn unused: NULL); the
+ *   lists must hold until the kernel ran; p->renumber and p->q_renumber as for _tc_list
  *   (both or neither). n_splits is fixed at the launch, the counts may
  *   change between runs (each split takes its share of whatever count it reads). */
 ks_status ks_cuda_attn_decode_tc_rec(cudaStream_t s, const ks_cuda_attn_params *p, const int *nk_host, const int32_t *dyn,

@@ -85,10 +85,15 @@ static int list_rope_mode(const ks_attn_args *a, int renumber, int d) {
 
 /* ---------------------------------------------------------------- staged lists (attn_stage) */
 
-/* backend.h attn_stage: the lists of `a` (one allocation: each head's list at idx[h] - the lowest)
- * copied into slot `slot`'s buffer and the counts and offsets written into its descriptor, by
- * one launch (ks_cuda_list_stage: the descriptor words travel as its arguments). */
+/* backend.h attn_stage: slot `slot`'s descriptor set to the lists of `a` (one allocation: each
+ * head's list at idx[h] - the lowest) where they are: their counts, offsets from the lowest, the
+ * row ranges and that base address, written by one launch (ks_cuda_list_stage: the words travel
+ * as its arguments) only when they changed. The lists are not copied: the engine frees the
+ * action that holds them in stream order after launching the segment that reads them. A policy
+ * whose lists come from the same pool allocations step after step (TokenSelect, Quest) leaves
+ * the descriptor as it was, and a step queues nothing here. */
 static_assert(KS_CUDA_LSLOT_WORDS <= KS_CUDA_STAGE_MAX_WORDS, "a slot's descriptor fits one staging launch");
+static_assert(KS_CUDA_LSLOT_PTR % 2 == 0, "the base address is 8-byte aligned in the descriptor");
 ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const ks_attn_args *a) {
     cuda_ctx *c = CTX(b);
     const int Hkv = L->n_kv_heads;
@@ -99,13 +104,13 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
     const int32_t *dbase = NULL;
     for (int h = 0; h < Hkv; h++)
         if (!dbase || a->idx[h] < dbase) dbase = a->idx[h];
-    size_t span = 0;
     int max_nk = 0;
     const int around = a->seg ? (a->seg_b1 - a->seg_b0) + (a->seg_a1 - a->seg_a0) : 0; /* rows of the ranges */
     for (int h = 0; h < Hkv; h++) {
         if (a->n_idx[h] < 0 || a->n_idx[h] + around > L->n[h])
             return ks_errorf(KS_ERR_ARG, "attention: %d indices for KV head %d of %d rows", a->n_idx[h] + around, h, L->n[h]);
-        span = KS_MAX(span, (size_t)(a->idx[h] - dbase) + (size_t)a->n_idx[h]);
+        if (a->idx[h] - dbase > INT32_MAX - a->n_idx[h])
+            return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: attend lists spread over more than 2^31 entries");
         max_nk = KS_MAX(max_nk, a->n_idx[h] + around);
     }
     if (slot >= c->n_lslot) {
@@ -122,45 +127,30 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
     if (!ls->desc &&
         (st = raw_alloc(c, sizeof(int32_t) * KS_CUDA_LSLOT_WORDS, "staged list descriptor", (void **)&ls->desc)))
         return st;
-    if (span > ls->cap) { /* room for twice the lists (>= 256 KiB): they grow with the context, and a
-                             * slot that grows makes the step's recording stale */
-        size_t cap = KS_MAX((size_t)65536, KS_MAX(2 * span, 2 * ls->cap));
-        int32_t *nb;
-        if ((st = raw_alloc(c, sizeof(int32_t) * cap, "staged attend lists", (void **)&nb))) return st;
-        if (ls->lists) {
-            KS_CU(cudaStreamSynchronize(c->stream), "staged lists (the old buffer's readers)");
-            raw_free(c, ls->lists);
-            c->rc_gen++; /* graphs that read the old buffer are stale */
-        }
-        ls->lists = nb;
-        ls->cap = cap;
-        ls->gen = 0;
-    }
-    /* the descriptor is uploaded only when it changed (TokenSelect's and Quest's counts and
-     * offsets stay the same from step to step, and so do TokenSelect's row ranges: the trailing
-     * range is kept relative to the query position): one copy a layer less */
+    /* the words this staging wants; the trailing range is kept relative to the query position,
+     * so TokenSelect's stay the same from step to step */
+    int32_t w[KS_CUDA_LSLOT_WORDS];
+    memset(w, 0, sizeof w);
     const int nb = a->seg ? a->seg_b1 - a->seg_b0 : 0, na = a->seg ? a->seg_a1 - a->seg_a0 : 0;
-    int32_t seg[KS_CUDA_LSLOT_SEG] = {a->seg ? a->seg_b0 : 0, nb, a->seg ? a->seg_a0 - (a->qpos[0] + 1) : 0, na};
-    int same = ls->hkv == Hkv && !memcmp(ls->hdesc + 2 * KS_CUDA_LSLOT_HEADS, seg, sizeof seg);
-    for (int h = 0; h < Hkv && same; h++)
-        same = ls->hdesc[h] == nb + a->n_idx[h] + na && ls->hdesc[KS_CUDA_LSLOT_HEADS + h] == (int32_t)(a->idx[h] - dbase);
-    /* lists the engine keeps (a policy attending the same tensor again, TokenSelect's cache hits)
-     * are where they were with the same contents: the buffer holds them already */
-    size_t copy = 0;
-    if (span && !(a->idx_gen && a->idx_gen == ls->gen && dbase == ls->src)) {
-        copy = span;
-        ls->gen = a->idx_gen;
-        ls->src = dbase;
+    for (int h = 0; h < Hkv; h++) {
+        w[h] = nb + a->n_idx[h] + na;
+        w[KS_CUDA_LSLOT_HEADS + h] = (int32_t)(a->idx[h] - dbase);
     }
+    if (a->seg) {
+        w[2 * KS_CUDA_LSLOT_HEADS] = a->seg_b0;
+        w[2 * KS_CUDA_LSLOT_HEADS + 1] = nb;
+        w[2 * KS_CUDA_LSLOT_HEADS + 2] = a->seg_a0 - (a->qpos[0] + 1);
+        w[2 * KS_CUDA_LSLOT_HEADS + 3] = na;
+    }
+    memcpy(w + KS_CUDA_LSLOT_PTR, &dbase, sizeof dbase);
+    const int same = ls->hkv == Hkv && !memcmp(ls->hdesc, w, sizeof w);
     if (!same) {
-        for (int h = 0; h < Hkv; h++) {
-            ls->hdesc[h] = nb + a->n_idx[h] + na;
-            ls->hdesc[KS_CUDA_LSLOT_HEADS + h] = (int32_t)(a->idx[h] - dbase);
+        memcpy(ls->hdesc, w, sizeof w);
+        if ((st = ks_cuda_list_stage(c->stream, ls->desc, ls->hdesc, KS_CUDA_LSLOT_WORDS))) {
+            ls->hkv = 0; /* the device copy is unknown: write it next time */
+            return st;
         }
-        memcpy(ls->hdesc + 2 * KS_CUDA_LSLOT_HEADS, seg, sizeof seg);
     }
-    if ((st = ks_cuda_list_stage(c->stream, ls->lists, dbase, copy, ls->desc, ls->hdesc, same ? 0 : KS_CUDA_LSLOT_WORDS)))
-        return st;
     ls->hkv = Hkv;
     ls->max_nk = max_nk;
     ls->renumber = a->renumber != 0;
@@ -174,12 +164,12 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
 static ks_status attn_staged(cuda_ctx *c, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a) {
     const int slot = a->staged - 1;
     if (!c->rec) return ks_errorf(KS_ERR_INTERNAL, "attention: staged lists outside a recording");
-    if (slot < 0 || slot >= c->n_lslot || !c->lslot[slot].lists || c->lslot[slot].hkv != L->n_kv_heads || a->n != 1)
+    if (slot < 0 || slot >= c->n_lslot || !c->lslot[slot].desc || c->lslot[slot].hkv != L->n_kv_heads || a->n != 1)
         return rec_fail(c, "attention over a list slot that holds no lists for this layer");
     const cu_lslot *ls = &c->lslot[slot];
     ks_cuda_attn_params p;
     attn_params(c, &p, out, q, L, a);
-    p.idx = ls->lists;
+    p.idx_at = (const int32_t *const *)(ls->desc + KS_CUDA_LSLOT_PTR);
     p.nk = ls->desc;
     p.idx_off = ls->desc + KS_CUDA_LSLOT_HEADS;
     /* row ranges: the decode loop records and replays a layer only while its handler asks for

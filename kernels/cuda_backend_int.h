@@ -37,18 +37,19 @@ struct ks_weight {
 
 #define ROPE_CACHE 4 /* rope configurations whose inv_freq stays on the device */
 
-/* One staged-list slot (attn_stage): fixed buffers a recorded attention over lists reads. */
+/* One staged-list slot (attn_stage): the fixed descriptor a recorded attention over lists reads
+ * when it runs. The lists themselves stay where the action holds them (its own copy, or a lent
+ * tensor): the action is freed in stream order after the segment that reads them, so they live
+ * until that attention ran, and the descriptor holds their address. */
 typedef struct cu_lslot {
-    int32_t *lists;    /* device: the lists of all heads, as staged (cap int32) */
-    size_t cap;
-    int32_t *desc;     /* device: (2, KS_CUDA_LSLOT_HEADS) counts (row ranges included), then offsets into
-                          lists, then KS_CUDA_LSLOT_SEG words {b0, nb, arel, na}: ks_cuda_attn_params.seg_dev */
+    int32_t *desc;     /* device: (2, KS_CUDA_LSLOT_HEADS) counts (row ranges included), then offsets from
+                          the lists' base, then KS_CUDA_LSLOT_SEG words {b0, nb, arel, na}:
+                          ks_cuda_attn_params.seg_dev, then the base address (two words at KS_CUDA_LSLOT_PTR,
+                          8-byte aligned): ks_cuda_attn_params.idx_at */
     int32_t *hdesc;    /* host copy of the descriptor last written (ks_cuda_list_stage's arguments) */
     int hkv, max_nk;   /* of the last staging (host: the recording's split choice) */
     int renumber;      /* the last staging's lists take positions 0..count-1 */
-    int seg;           /* the last staging had row ranges around its lists (desc's last words) */
-    uint64_t gen;      /* ks_attn_args.idx_gen of the lists the buffer holds (0: unknown) */
-    const int32_t *src;/* where they were copied from */
+    int seg;           /* the last staging had row ranges around its lists (desc's seg words) */
 } cu_lslot;
 
 typedef struct cuda_ctx {
@@ -107,7 +108,8 @@ typedef struct cuda_ctx {
 
 #define KS_CUDA_LSLOT_HEADS 64      /* KV heads a staged list slot holds (KS_CUDA_ATTN_BYVAL_HEADS) */
 #define KS_CUDA_LSLOT_SEG 4         /* words of a slot's row ranges (ks_attn_args.seg) after the counts and offsets */
-#define KS_CUDA_LSLOT_WORDS (2 * KS_CUDA_LSLOT_HEADS + KS_CUDA_LSLOT_SEG)
+#define KS_CUDA_LSLOT_PTR (2 * KS_CUDA_LSLOT_HEADS + KS_CUDA_LSLOT_SEG) /* the lists' base address (2 words) */
+#define KS_CUDA_LSLOT_WORDS (KS_CUDA_LSLOT_PTR + 2)
 
 #define KS_CUDA_STEP_WORDS 8        /* int32 words of the decode graphs' step slot */
 #define GRAPH_WS ((size_t)8 << 20) /* split-KV workspace of a recorded decode step */

@@ -212,7 +212,6 @@ static void cu_destroy(ks_backend *b) {
         ks_cuda_gemm_wg_cache_free(c->gwg_maps);
         raw_free(c, c->row_mlp);
         for (int i = 0; i < c->n_lslot; i++) {
-            raw_free(c, c->lslot[i].lists);
             raw_free(c, c->lslot[i].desc);
             free(c->lslot[i].hdesc);
         }
