@@ -113,7 +113,8 @@ typedef struct ks_attn_args {
     int32_t seg_b0, seg_b1, seg_a0, seg_a1;
     uint64_t idx_gen;            /* device lists: 0, or an id of their contents, unique on this backend
                                     (ks_backend.list_gen): the same id again means the same lists at the
-                                    same addresses, so attn_stage need not copy them again */
+                                    same addresses (a hint: the CUDA backend reads lists in place and
+                                    needs none) */
 } ks_attn_args;
 
 /* The policy primitives on backend buffers: the meaning of core/prims.h, the same results
