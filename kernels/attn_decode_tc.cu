@@ -40,9 +40,7 @@
 /* stages a warp keeps in flight: 2 over the cache rows (one block an SM streams them best), more
  * over a list, whose rows come from anywhere and whose few tiles a warp should all be loading at
  * once (bench/NOTES.md, issue 14 session 22) */
-#ifndef TC_LIST_STAGES
-#define TC_LIST_STAGES 3
-#endif
+#define TC_LIST_STAGES 3 /* 2 and 4 within 2% of it (session 22, bench/results/s22/alist-h200) */
 
 /* RM, how the kernel treats pre-RoPE inputs: 0 none (rows already rotated), 1 rotated with
  * sincosf, 2 rotated with the (cos, sin) table of kernels/rope_table.cuh where it applies */
