@@ -4,6 +4,8 @@
 # named in V (default "base new"; the timing steps run each in turn); carry it and, for the policy
 # tests, .data/stories260K. Each step writes one file under $OUT/$TAG/.
 #   topk     new test_cuda_prims --only topk and its memcheck (--quick)
+#   seg32    full attention and the no-op handler at 32K, each build of $V (a step in segments against one graph)
+#   seg128   full, Quest, GemFilter and FastKV at 128K, each build of $V
 #   alist    test_attn_list --bench-only (one layer's list attention, 2688 rows at 32K and 128K), each build of $V
 #   trace    device timelines of decode steps (bench/ktrace.c, ktrace.so in the tar): TokenSelect 32K, the hit path,
 #            Quest and full at 128K, each build of $V, summed by bench/ktrace.py
@@ -50,6 +52,8 @@ step_topk() {
 }
 step_attn() { ( tst test_cuda --quick; tst test_attn_list --quick
     timeout 280 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda --quick 2>&1 | tail -3 ) >> $O/tests.txt; }
+step_seg32() { row 32K --lengths 32768 --gen 32 --policy none,noop >> $O/seg.txt; }
+step_seg128() { row 128K --lengths 131040 --gen 16 --policy none,quest,gemfilter,fastkv --set quest.budget=4096 >> $O/seg.txt; }
 step_alist() { for v in $V; do echo "== $v"; timeout 200 $R/$v/test_attn_list --bench-only 2>&1 | grep time; done >> $O/alist.txt; }
 step_trace() {
     export LD_LIBRARY_PATH=/usr/local/cuda/lib:$LD_LIBRARY_PATH
