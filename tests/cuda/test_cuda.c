@@ -319,7 +319,12 @@ static void test_rope(void) {
         {KS_ROPE_LLAMA3, 128, 65, 8, 131000}, {KS_ROPE_LONGROPE, 96, 9, 3, 2000}, {KS_ROPE_LONGROPE, 96, 9, 3, 100000},
         {KS_ROPE_DEFAULT, 64, 1500, 2, 5000}, /* more rows than positions by value: the uploaded positions */
     };
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const size_t last = sizeof cases / sizeof cases[0] - 1;
+    for (size_t c = 0; c <= last; c++) {
+        /* the last case (added in session 22) draws from its own copy of the generator, so the
+         * tests after it see the inputs they saw before it was added (the e2e tiny models' greedy
+         * comparisons are sensitive to their token ids: bench/NOTES.md, session 22) */
+        const uint64_t seed_keep = g_seed;
         ks_rope r;
         memset(&r, 0, sizeof r);
         r.type = cases[c].type;
@@ -348,6 +353,7 @@ static void test_rope(void) {
         result(e < 2e-6, name, "relerr %.2e", e);
         GPU->free(GPU, dx);
         free(x); free(pos); free(og);
+        if (c == last) g_seed = seed_keep;
     }
 }
 
