@@ -1,6 +1,6 @@
-# Sessions 19-22's device calls (GPU 0; TAG=s19, s21 or s22 for those sessions, default s20). Binaries from one xz'd
+# Sessions 19-23's device calls (GPU 0; TAG=s19, s21, s22 or s23 for those sessions, default s20). Binaries from one xz'd
 # tar (PK=FILE, default .data/$TAG/pk.tar.xz): base/ (main before the session: 8176741 for s19, ac8f158 for s20, 535d81e
-# for s21, 08c21a7 for s22), new/ (the build under test) and any other build directory
+# for s21, 08c21a7 for s22, 834dd95 for s23), new/ (the build under test) and any other build directory
 # named in V (default "base new"; the timing steps run each in turn); carry it and, for the policy
 # tests, .data/stories260K. Each step writes one file under $OUT/$TAG/.
 #   topk     new test_cuda_prims --only topk and its memcheck (--quick)
@@ -28,6 +28,13 @@
 #   profq    the per-phase decode profile of Quest at 128K, each build of $V
 #   profts   the per-phase decode profile of TokenSelect (cache off: the default, and the hit path) at 32K, each build of $V
 #   reg8     full attention at 8K, three rounds of each build of $V
+#   votebits bench/ts_vote_bits.lua on the CUDA backend, each build of $V, and whether their outputs are the same
+#            bytes (TokenSelect's votes and selections on the bundled model)
+#   ncusc    the one-row scores kernel in TokenSelect's decode at 32K under ncu (launch shape, time, where it waits), each
+#            build of $V
+#   ts32t    the timeline of TokenSelect's decode at 32K alone (trace's first row), each build of $V
+#   ts128t   the same at 128K
+#   scores   new test_cuda_prims --only scores and its memcheck (--quick)
 #   final32  issue 14's table, its 8K and 32K rows, each build of $V
 #   final128 its 128K rows, each build of $V
 # Usage: bash bench/gpu_s20.sh STEP...
@@ -64,6 +71,33 @@ step_trace() {
             $R/$v/kvsieve $B ${c#*|} 2>&1 | grep -E "^[a-z.]+ +[0-9]+ +[0-9.]+ |kvsieve:|ktrace"
         python3 bench/ktrace.py $R/t.csv --steps 8 --skip 2 2>&1 | head -40; rm -f $R/t.csv
     done; done >> $O/trace.txt
+}
+step_votebits() {
+    for v in $V; do KVSIEVE_POLICY_PATH=$R/$v/policies timeout 120 $R/$v/kvsieve run bench/ts_vote_bits.lua cuda > $R/votes-$v.txt 2>&1
+        echo "$v: $(wc -c < $R/votes-$v.txt) bytes, md5 $(md5sum < $R/votes-$v.txt | cut -c1-12), $(head -1 $R/votes-$v.txt)"
+    done >> $O/votebits.txt
+    set -- $V; cmp $R/votes-$1.txt $R/votes-$2.txt >> $O/votebits.txt 2>&1 && echo "same bytes: $1 $2" >> $O/votebits.txt
+}
+step_ncusc() {
+    for v in $V; do echo "== $v"; KVSIEVE_POLICY_PATH=$R/$v/policies timeout 200 ncu --clock-control none -k regex:"sc1_" --launch-skip 64 \
+        --launch-count 2 --section LaunchStats --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --section SourceCounters $R/$v/kvsieve $B --lengths 32768 --gen 4 --policy tokenselect 2>&1 | grep -v "^==PROF==" | tail -n +8
+    done >> $O/ncu-scores.txt
+}
+tstrace() { # tstrace LABEL ARGS...: the timeline of TokenSelect's decode, each build of $V
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib:$LD_LIBRARY_PATH
+    local t=$1; shift
+    for v in $V; do echo "== $v $t"; CUDA_INJECTION64_PATH=$R/ktrace.so KTRACE_OUT=$R/t.csv KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 \
+        $R/$v/kvsieve $B --gen 12 --policy tokenselect "$@" 2>&1 | grep -E "^[a-z.]+ +[0-9]+ +[0-9.]+ |kvsieve:|ktrace"
+        python3 bench/ktrace.py $R/t.csv --steps 8 --skip 2 2>&1 | head -40; rm -f $R/t.csv
+    done >> $O/trace.txt
+}
+step_ts32t() { tstrace ts32 --lengths 32768; }
+step_ts128t() { tstrace ts128 --lengths 131040; }
+step_scores() {
+    ( tst test_cuda_prims --only scores
+      timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick --only scores 2>&1 | tail -3
+    ) >> $O/tests.txt
 }
 step_prims() { tst test_cuda_prims >> $O/tests.txt; }
 step_pol() { tst test_cuda_policies --stories .data/stories260K >> $O/tests.txt; }

@@ -75,6 +75,15 @@ typedef struct ks_scores_opts {
     int n_threads;              /* default 0 = automatic (online CPUs, 1 for small problems);
                                  * 1 = the calling thread only. Capped at 16 and at n_q_heads
                                  * (work is split by query head) */
+    const float *q_rope_inv;    /* default NULL: the queries as given. Else (d / 2) floats in HOST
+                                 * memory: every query row is first rotated at position q_rope_pos,
+                                 * rotate-half pairs (k, k + d/2) by the float32 angle q_rope_pos *
+                                 * q_rope_inv[k], cos and sin times q_rope_af, each product rounded
+                                 * (the rotation of the engine and of ks.rope; ks_rope_inv_freq gives
+                                 * a model's table). d must be even, <= 1024. On a GPU the rotation happens
+                                 * where the queries are read: one launch, not a copy and a rope */
+    float q_rope_af;            /* the cos / sin factor with q_rope_inv (1 but for longrope) */
+    int32_t q_rope_pos;         /* >= 0 */
     double deadline;            /* default 0 = none. > 0: a ks_now() time; the host scores
                                  * check it between tiles of query rows and, once it has passed,
                                  * stop with KS_ERR_INTERRUPTED (out is then undefined). A policy's
@@ -135,6 +144,15 @@ ks_status ks_scores_out_shape(const ks_scores_opts *opts, int64_t n_q_heads, int
  * Errors: KS_ERR_ARG for n_q_heads or n_kv_heads < 1, n_q_heads % n_kv_heads != 0, d < 1,
  * m or n < 0, a range without 0 <= begin <= end <= n (KS_END = n), negative strides or n_threads,
  * a non-finite custom scale, causal with qpos NULL and m > n; KS_ERR_OOM. */
+/* Rotary embedding of m rows of H heads (rotate-half pairs (k, k + d/2)), row i at position
+ * pos[i] (pos NULL: every row at `one`): float32 angle pos * inv[k], c = cosf * af, s = sinf * af,
+ * y0 = x0 c - x1 s, y1 = x1 c + x0 s, each product rounded (the engine's CPU rotation, ks.rope's
+ * and ks_scores_opts.q_rope_inv's). Element (h, i, j) is x[h * xhs + i * xrs + j] and
+ * out[h * ohs + i * ors + j]; out may be x itself (same strides), else must not overlap it. d even and
+ * <= 1024, inv (d / 2). */
+void ks_rope_rows_f32(float *out, int64_t ohs, int64_t ors, const float *x, int64_t xhs, int64_t xrs, int64_t H, int64_t m,
+                      int64_t d, const int32_t *pos, int32_t one, const float *inv, float af);
+
 ks_status ks_cpu_scores(const float *q, const int32_t *qpos, int64_t n_q_heads, int64_t m,
                         const float *k, const int32_t *kpos, int64_t n_kv_heads, int64_t n, int64_t d,
                         const ks_scores_opts *opts, float *out);

@@ -58,12 +58,38 @@ static ks_status scores_check(const ks_scores_opts *o, int64_t hq, int64_t hkv, 
         return ks_errorf(KS_ERR_ARG, "scores: negative stride (q %lld/%lld, k %lld/%lld)", (long long)o->q_head_stride,
                          (long long)o->q_row_stride, (long long)o->k_head_stride, (long long)o->k_row_stride);
     if (o->n_threads < 0) return ks_errorf(KS_ERR_ARG, "scores: n_threads = %d is negative", o->n_threads);
+    if (o->q_rope_inv && (o->q_rope_pos < 0 || !isfinite(o->q_rope_af)))
+        return ks_errorf(KS_ERR_ARG, "scores: query rotation at position %d with factor %g (a position >= 0 and a finite factor)",
+                         (int)o->q_rope_pos, (double)o->q_rope_af);
     ks_status st = resolve_range("key domain", o->k_begin, o->k_end, n, kb, ke);
     if (st) return st;
     st = resolve_range("output", o->out_begin, o->out_end, n, ob, oe);
     if (st) return st;
     *rows = o->heads == KS_HEADS_NONE ? hq : o->heads == KS_HEADS_GROUP_SUM ? hkv : 1;
     return KS_OK;
+}
+
+void ks_rope_rows_f32(float *out, int64_t ohs, int64_t ors, const float *x, int64_t xhs, int64_t xrs, int64_t H, int64_t m,
+                      int64_t d, const int32_t *pos, int32_t one, const float *inv, float af) {
+    int64_t half = d / 2;
+    float cs[512], sn[512]; /* half <= 512: the callers check d <= 1024 */
+    for (int64_t i = 0; i < m; i++) {
+        int32_t p = pos ? pos[i] : one;
+        for (int64_t k = 0; k < half; k++) {
+            float a = (float)p * inv[k]; /* float32 angle, as HF and the CPU backend compute it */
+            cs[k] = cosf(a) * af;
+            sn[k] = sinf(a) * af;
+        }
+        for (int64_t h = 0; h < H; h++) {
+            const float *v = x + h * xhs + i * xrs;
+            float *w = out + h * ohs + i * ors;
+            for (int64_t k = 0; k < half; k++) {
+                float x0 = v[k], x1 = v[k + half];
+                w[k] = x0 * cs[k] - x1 * sn[k];
+                w[k + half] = x1 * cs[k] + x0 * sn[k];
+            }
+        }
+    }
 }
 
 ks_status ks_scores_out_shape(const ks_scores_opts *opts, int64_t n_q_heads, int64_t n_kv_heads, int64_t n,
@@ -192,6 +218,8 @@ ks_status ks_cpu_scores(const float *q, const int32_t *qpos, int64_t n_q_heads, 
     NEED_NONNEG("scores", "m", m);
     NEED_IDX_RANGE("scores", "m", m);
     if (d < 1) return ks_errorf(KS_ERR_ARG, "scores: d = %lld must be >= 1", (long long)d);
+    if (o->q_rope_inv && (d % 2 || d > 1024))
+        return ks_errorf(KS_ERR_ARG, "scores: a query rotation needs an even d <= 1024, got %lld", (long long)d);
     int64_t ncols = c.oe - c.ob;
     if ((st = mul_size("scores", rows, ncols, &tmp)) || (st = mul_size("scores", n_q_heads, ncols, &tmp)) ||
         (st = mul_size("scores", m, d, &tmp)) || (st = mul_size("scores", n, d, &tmp)))
@@ -239,9 +267,16 @@ ks_status ks_cpu_scores(const float *q, const int32_t *qpos, int64_t n_q_heads, 
     c.stopped = &stopped;
 
     int64_t *qp = NULL;
-    float *acc = NULL, *lbuf = NULL;
+    float *acc = NULL, *lbuf = NULL, *qrot = NULL;
     double *rbuf = NULL;
     st = KS_ERR_OOM;
+    if (o->q_rope_inv && m > 0) { /* the rotated queries, (H, m, d) contiguous */
+        if (!(qrot = ks_malloc((size_t)(n_q_heads * m * d) * sizeof *qrot))) goto done;
+        ks_rope_rows_f32(qrot, m * d, d, q, c.qhs, c.qrs, n_q_heads, m, d, NULL, o->q_rope_pos, o->q_rope_inv, o->q_rope_af);
+        c.q = qrot;
+        c.qhs = m * d;
+        c.qrs = d;
+    }
     if (c.causal && m > 0) {
         if (!(qp = ks_malloc((size_t)m * sizeof *qp))) goto done;
         for (int64_t i = 0; i < m; i++)

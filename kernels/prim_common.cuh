@@ -52,6 +52,9 @@ struct sc_plan {
     int64_t qhs, qrs, khs, krs, kb, ke, ob, oe, cb, ce, lo, hi;
     float scale;
     int causal, softmax, gqa_mod, heads;
+    const float *rinv; /* NULL, or the queries' rotation (ks_scores_opts.q_rope_inv: d / 2 host floats) */
+    float raf;
+    int32_t rpos;
 };
 static inline sc_plan sc_plan_of(const ks_scores_opts *o, int64_t m, int64_t n, int64_t d) {
     sc_plan p;
@@ -70,6 +73,9 @@ static inline sc_plan sc_plan_of(const ks_scores_opts *o, int64_t m, int64_t n, 
     p.softmax = o->softmax != 0;
     p.gqa_mod = o->gqa == KS_GQA_MOD;
     p.heads = (int)o->heads;
+    p.rinv = o->q_rope_inv;
+    p.raf = o->q_rope_af;
+    p.rpos = o->q_rope_pos;
     p.cb = p.softmax ? p.kb : KS_MAX(p.kb, p.ob);
     p.ce = p.softmax ? p.ke : KS_MIN(p.ke, p.oe);
     if (p.ce < p.cb) p.ce = p.cb;

@@ -10,6 +10,7 @@
  * need pass 3 only. The head reduction (group sum, sum, mean) is done in double in ascending
  * head order, as on the CPU. */
 #include "prim_common.cuh"
+#include "attn_prep.cuh"
 
 #define SC_THREADS 256
 #define SC_QT 8
@@ -164,6 +165,25 @@ __global__ void scores_heads_kernel(const float *__restrict__ acc, int64_t hq, i
     }
 }
 
+/* The queries rotated at one position (ks_scores_opts.q_rope_inv) into a contiguous (H, m, d)
+ * copy, for this file's kernel (prim_scores1.cu rotates where it reads them): ks_rope_rot, the
+ * arithmetic of the engine's rotation (attn_prep.cuh), so the same bits as ks.rope on the GPU. */
+struct sc_rope_args {
+    float inv[256]; /* d / 2 <= 256 (d <= 512 here) */
+    float af;
+    int32_t pos;
+};
+__global__ void sc_rope_q_kernel(const __grid_constant__ sc_rope_args r, const float *__restrict__ q, int64_t hq, int64_t m,
+                                 int64_t d, int64_t qhs, int64_t qrs, float *__restrict__ out) {
+    const int64_t half = d / 2, total = hq * m * half, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
+        const int64_t k = t % half, i = t / half % m, h = t / half / m;
+        const float *u = q + h * qhs + i * qrs;
+        float *v = out + (h * m + i) * d;
+        ks_rope_rot(u[k], u[k + half], r.pos, r.inv[k], r.af, &v[k], &v[k + half]);
+    }
+}
+
 template <bool BF16> static ks_status sc_launch(cudaStream_t s, const sc_args &a, int pass, size_t smem) {
     static unsigned attr = 0; /* bit g: set on GPU g (the attribute is per device function) */
     int dev = 0;
@@ -202,9 +222,28 @@ extern "C" ks_status ks_cuda_scores(cudaStream_t s, const ks_cuda_scratch *sc, c
                          "scores: causal with implicit query positions needs m <= n (m = %lld, n = %lld); pass qpos",
                          (long long)m, (long long)n);
     if (rows * ncols == 0) return KS_OK;
-    const sc_plan pl = sc_plan_of(o, m, n, d);
+    sc_plan pl = sc_plan_of(o, m, n, d);
+    if (pl.rinv && (d % 2 || pl.rpos < 0 || !isfinite(pl.raf)))
+        return ks_errorf(KS_ERR_ARG, "scores: query rotation at position %d, factor %g, d = %lld (a position >= 0, a finite "
+                         "factor, an even d)", (int)pl.rpos, (double)pl.raf, (long long)d);
     if (ks_cuda_scores1_fits(n_q_heads, n_kv_heads, m, k, k_bf16, d, pl))
         return ks_cuda_scores1(s, sc, q, qpos, n_q_heads, k, kpos, n_kv_heads, n, d, pl, ncols, out);
+    scratch_set ss(sc);
+    if (pl.rinv && m > 0) { /* rotate first: the kernel below reads the rotated copy */
+        sc_rope_args r;
+        memcpy(r.inv, pl.rinv, sizeof(float) * (size_t)(d / 2));
+        r.af = pl.raf;
+        r.pos = pl.rpos;
+        float *qr;
+        P_SCRATCH(qr, ss, sizeof(float) * (size_t)(n_q_heads * m * d), "scores");
+        const int64_t total = n_q_heads * m * (d / 2);
+        sc_rope_q_kernel<<<(unsigned)KS_MIN(ks_cdiv((size_t)total, 256), (size_t)4096), 256, 0, s>>>(r, q, n_q_heads, m, d, pl.qhs,
+                                                                                                    pl.qrs, qr);
+        KS_CU_LAUNCH("scores query rotation kernel");
+        q = qr;
+        pl.qhs = m * d;
+        pl.qrs = d;
+    }
 
     sc_args a;
     memset(&a, 0, sizeof a);
@@ -235,7 +274,6 @@ extern "C" ks_status ks_cuda_scores(cudaStream_t s, const ks_cuda_scratch *sc, c
     size_t smem = sizeof(float) * ((size_t)a.TK * (d + 1) + SC_QT * d + SC_QT * a.TK) + sizeof(double) * SC_THREADS +
                   sizeof(long long) * (a.TK + SC_QT);
 
-    scratch_set ss(sc);
     if (o->heads == KS_HEADS_NONE) a.acc = out;
     else P_SCRATCH(a.acc, ss, sizeof(float) * n_q_heads * ncols, "scores");
     KS_CU(cudaMemsetAsync(a.acc, 0, sizeof(float) * n_q_heads * ncols, s), "scores clear");

@@ -3,27 +3,30 @@
  * selection row. prim_scores.cu calls it when the shapes allow (ks_cuda_scores1_fits); the
  * semantics are ks_cpu_scores' (core/prims_scores.c), its CPU twin.
  *
- * Two kernels (and a 4-byte-per-KV-head memset where the scratch has no counters), w = ce - cb
- * keys of the key domain:
- *   1. sc1_logits  grid (nx, Hkv), one wave of SC1_BLOCKS_SM blocks a multiprocessor, each block a
- *                  contiguous run of rows of one KV head and each warp a loop over its tiles of
- *                  SC1_TR rows, loaded straight into registers (the next tile in flight while
- *                  one is computed; no shared memory for keys, no block barrier in the loop),
- *                  the dimensions taken in sc1_dim's order. The tile meets the g <= 8 query
- *                  heads of that KV head on the tensor cores (mma m16n8k16, bf16 keys exactly;
- *                  each query split into three bf16 parts hi + mid + lo that carry its 24 bits,
- *                  accumulated in float32), so every key leaves DRAM once and the arithmetic is
- *                  nearly free. Writes L (H, w) float32 (a
- *                  key past the causal limit is -inf). With a softmax each lane keeps an online
- *                  partial for each of the two heads it holds (max, double sum of expf), each
- *                  block writes its partial per head (pmax, psum), and the last block of each KV
- *                  head to finish (an atomic counter: the scratch's counters, which that block
- *                  returns to zero, else a scratch word zeroed by a memset before the launch)
- *                  combines the partials in a fixed order into M_h and 1 / Z_h
- *                  (Z_h = sum psum * exp(pmax - M_h)).
- *   2. sc1_vote    one thread per output column: per head v_h = (float)(expf(L - M_h) / Z_h)
- *                  (softmax) or L (raw), then the head reduction in double in ascending head
- *                  order, as on the CPU.
+ * One cooperative launch (and an 8-byte memset where the scratch has no counters), w = ce - cb
+ * keys of the key domain, sc1_logits with grid (nx, Hkv): one wave of SC1_BLOCKS_SM blocks a
+ * multiprocessor, all resident.
+ *   1. Logits: each block a contiguous run of rows of one KV head and each warp a loop over its
+ *      tiles of SC1_TR rows, loaded straight into registers (the next tile in flight while one
+ *      is computed; no shared memory for keys, no block barrier in the loop), the dimensions
+ *      taken in sc1_dim's order. The tile meets the g <= 8 query heads of that KV head on the
+ *      tensor cores (mma m16n8k16, bf16 keys exactly; each query split into three bf16 parts
+ *      hi + mid + lo that carry its 24 bits, accumulated in float32), so every key leaves DRAM
+ *      once and the arithmetic is nearly free (a query rotation, ks_scores_opts.q_rope_inv: the
+ *      g rows rotated once into shared memory, then cut into fragments). Writes L (H, w) float32 (a key past the causal
+ *      limit is -inf). With a softmax each lane keeps an online partial for each of the two
+ *      heads it holds (max, double sum of expf), each block writes its partial per head (pmax,
+ *      psum), and the last block of each KV head to finish (an atomic counter) combines the
+ *      partials in a fixed order into M_h and 1 / Z_h (Z_h = sum psum * exp(pmax - M_h)).
+ *   2. A grid barrier (sc1_grid_sync).
+ *   3. Every block reads M_h and 1 / Z_h and takes a grid-strided share of the output columns:
+ *      per head v_h = (float)(expf(L - M_h) / Z_h) (softmax) or L (raw), the head reduction in
+ *      double in ascending head order, as on the CPU (sc1_vote_col).
+ * The counters (Hkv per KV head, then the barrier's two) are the scratch's, zero at rest: each
+ * kernel returns the words it used to zero. Until session 23, 3 was a second kernel: the same
+ * arithmetic in the same order (the same bits), one launch less (bench/NOTES.md, issue 14
+ * session 23). Code size matters here: the kernel runs its code once a launch, so instruction
+ * fetches are paid by every block (one call site of the rotation, the vote in batches of 8: 16 measured slower, session 23).
  * Bytes: the keys once, L (4 * H bytes a key: 1/16 of the bf16 keys at g = 4, d = 128) written
  * once and read once. Shapes: bf16 keys, d % 16 == 0, d <= 128, g <= 8, rows 16-byte aligned
  * (others go to prim_scores.cu's general kernel). Against the CPU the logits differ by float32
@@ -33,13 +36,13 @@
  * Measured against the structures tried before it: bench/NOTES.md "The scores kernel". */
 #include "mma.cuh"
 #include "prim_common.cuh"
+#include "attn_prep.cuh"
 
 #define SC1_WARPS 8
 #define SC1_TR 16     /* key rows of a staged tile (one m16 tile) */
 #define SC1_MT (SC1_TR / 16) /* m16 tiles of a staged tile */
 #define SC1_THREADS (SC1_WARPS * 32)
-#define SC1_VOTE_BATCH 8 /* heads whose logits a vote thread loads at once */
-#define SC1_VOTE_THREADS 256
+#define SC1_VOTE_BATCH 8 /* heads whose logits a column's thread loads at once */
 #define SC1_GMAX 8      /* query heads per KV head handled here */
 #define SC1_BLOCKS_SM 2 /* resident blocks a multiprocessor */
 
@@ -57,9 +60,14 @@ struct sc1_args {
     float *L;             /* (H, w) */
     float *pmax;          /* (H, nx) */
     double *psum;         /* (H, nx) */
-    unsigned *done;       /* (Hkv) blocks finished: zero at the launch, zero again after it */
     float *M;             /* (H) */
     double *iZ;           /* (H) */
+    unsigned *done;       /* (Hkv + 2) blocks finished per KV head, then the grid barrier's two words: zero
+                           * at the launch, zero again after it */
+    int rope;             /* 1: the queries rotated at rpos as they are read (ks_scores_opts.q_rope_inv) */
+    int32_t rpos;
+    float raf;
+    float rinv[64];       /* (d / 2) */
 };
 
 /* The query's causal limit (key j is visible iff pos(j) <= it), as ks_cpu_scores: qpos[0], else
@@ -107,6 +115,57 @@ static __device__ __forceinline__ int sc1_dim(int kc, int gq, int nkc) {
     return kc < (nkc & ~1) ? 32 * (kc >> 1) + 8 * gq + 4 * (kc & 1) : 16 * kc + 4 * gq;
 }
 
+/* Output column x (key j = ob + x): the per-head values v_h = (float)(expf(L - M_h) / Z_h)
+ * (softmax) or L (raw) and their reduction in double in ascending head order, as on the CPU.
+ * The L loads of SC1_VOTE_BATCH heads are issued before any is used (L2 latency bounds this). */
+static __device__ __forceinline__ void sc1_vote_col(const sc1_args &a, const double *iz, const float *mh, int64_t ob,
+                                                    int64_t ncols, int64_t lo, int64_t hi, int heads,
+                                                    float *__restrict__ out, int64_t x) {
+    const int64_t j = ob + x;
+    const bool in = j >= lo && j < hi;
+    const float *lc = a.L + (j - a.cb);
+    const int64_t rows = heads == KS_HEADS_GROUP_SUM ? a.hkv : 1;
+    for (int64_t r = 0; r < rows; r++) {
+        double s = 0;
+        for (int64_t h0 = 0; h0 < a.hq; h0 += SC1_VOTE_BATCH) {
+            float lg[SC1_VOTE_BATCH];
+#pragma unroll
+            for (int e = 0; e < SC1_VOTE_BATCH; e++) lg[e] = in && h0 + e < a.hq ? __ldcg(lc + (h0 + e) * a.w) : -INFINITY;
+#pragma unroll
+            for (int e = 0; e < SC1_VOTE_BATCH; e++) {
+                const int64_t h = h0 + e;
+                if (h >= a.hq) break;
+                float v = lg[e] == -INFINITY ? 0.f : a.softmax ? (float)((double)expf(lg[e] - mh[h]) * iz[h]) : lg[e];
+                if (heads == KS_HEADS_NONE) { out[h * ncols + x] = v; continue; }
+                if (heads == KS_HEADS_GROUP_SUM && (a.gqa_mod ? h % a.hkv : h / a.g) != r) continue;
+                s += v;
+            }
+        }
+        if (heads != KS_HEADS_NONE) out[r * ncols + x] = (float)(heads == KS_HEADS_MEAN ? s / (double)a.hq : s);
+    }
+}
+
+/* Every block of the grid arrives before any goes on (the launch is cooperative: all blocks are
+ * resident). c[0] counts arrivals, c[1] departures; the last to depart returns both to zero, so
+ * the words are zero at rest (ks_cuda_scratch.counters). Writes before it are visible after it
+ * to every block (fences on both sides; the readers load through L2, __ldcg). */
+static __device__ __forceinline__ void sc1_grid_sync(unsigned *c, unsigned nb) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(c, 1u);
+        while (*(volatile unsigned *)c < nb) __nanosleep(64);
+        __threadfence();
+        if (atomicAdd(c + 1, 1u) == nb - 1) { /* everyone has left the wait: reset */
+            c[0] = 0;
+            c[1] = 0;
+        }
+    }
+    __syncthreads();
+}
+
+static __host__ __device__ constexpr size_t sc1_frag_bytes(int nkc) { return sizeof(uint2) * 3 * (size_t)nkc * 32; }
+
 /* Block = a run of rows of one KV head, SC1_WARPS warps. Each warp takes the tiles w, w + W,
  * w + 2W, ... of the run (SC1_TR = 16 rows each: one m16 tile) and loads them straight into
  * registers, lane l rows l / 4 and l / 4 + 8 (16-byte pieces, so a warp load is eight rows' 64
@@ -119,7 +178,8 @@ static __device__ __forceinline__ int sc1_dim(int kc, int gq, int nkc) {
  * sum in double rescaled when the max grows, the tile's terms summed in float first. NKC: the
  * 16-dimension chunks of a row (d = 16 NKC <= 128). */
 template <int NKC>
-__global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const sc1_args a) {
+__global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const sc1_args a, int64_t ob, int64_t ncols, int64_t lo,
+                                                                          int64_t hi, int heads, float *__restrict__ out) {
     constexpr int NP = NKC / 2, ODD = NKC & 1; /* 32-dimension pairs of chunks; an odd last chunk */
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float wm[SC1_WARPS][8];
@@ -153,11 +213,23 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
         }
     };
     load(0, cur, ctl);
+    /* a rotation (a.rope): the group's g query rows rotated once into shared memory, a (row,
+     * pair) a thread, before the fragments are cut from them (the region the vote uses later) */
+    float *qrot = (float *)(smem + sc1_frag_bytes(NKC)); /* (g, d) */
+    if (a.rope) {
+        const int d = (int)a.d, half = d / 2;
+        for (int e = threadIdx.x; e < g * half; e += SC1_THREADS) {
+            const int n = e / half, k = e - n * half;
+            const float *qr = a.q + sc1_head(a, kv, n) * a.qhs;
+            ks_rope_rot(qr[k], qr[k + half], a.rpos, a.rinv[k], a.raf, &qrot[n * d + k], &qrot[n * d + k + half]);
+        }
+        __syncthreads();
+    }
     for (int e = threadIdx.x; e < 3 * nkc * 32; e += SC1_THREADS) {
         const int sp = e / (nkc * 32), kc = (e / 32) % nkc, l = e % 32, n = l / 4, c = sc1_dim(kc, l % 4, nkc);
         uint2 v = make_uint2(0u, 0u);
         if (n < g) {
-            const float *qr = a.q + sc1_head(a, kv, n) * a.qhs;
+            const float *qr = a.rope ? qrot + n * a.d : a.q + sc1_head(a, kv, n) * a.qhs;
             v.x = sc1_split(qr[c], qr[c + 1], sp);
             v.y = sc1_split(qr[c + 2], qr[c + 3], sp);
         }
@@ -235,114 +307,91 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
             }
         }
     }
-    if (!a.softmax) return;
-
-    /* the block's partial per head: the max over the lanes holding it (l % 4 fixed: xor 4, 8, 16)
-     * and over the warps, then the lanes' sums rescaled to it, each in a fixed order */
+    if (a.softmax && a.w > 0) {
+        /* the block's partial per head: the max over the lanes holding it (l % 4 fixed: xor 4, 8,
+         * 16) and over the warps, then the lanes' sums rescaled to it, each in a fixed order */
 #pragma unroll
-    for (int p = 0; p < 2; p++) {
-        float m = pm[p];
+        for (int p = 0; p < 2; p++) {
+            float m = pm[p];
 #pragma unroll
-        for (int o = 4; o < 32; o <<= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane < 4) wm[warp][lane * 2 + p] = m;
-    }
-    __syncthreads();
-    if ((int)threadIdx.x < g) {
-        float m = wm[0][threadIdx.x];
-        for (int w = 1; w < SC1_WARPS; w++) m = max_nan(m, wm[w][threadIdx.x]);
-        bm[threadIdx.x] = m;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int p = 0; p < 2; p++) {
-        const int hh = (lane & 3) * 2 + p;
-        const float mb = hh < g ? bm[hh] : 0.f;
-        double z = hh < g && pm[p] != -INFINITY ? ps[p] * (double)expf(pm[p] - mb) : 0.0;
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
-        if (lane < 4) ws[warp][lane * 2 + p] = z;
-    }
-    __syncthreads();
-    if ((int)threadIdx.x < g) {
-        const int t = threadIdx.x;
-        double sm = 0;
-        for (int w = 0; w < SC1_WARPS; w++) sm += ws[w][t];
-        const int64_t h = sc1_head(a, kv, t);
-        a.pmax[h * a.nx + blockIdx.x] = bm[t];
-        a.psum[h * a.nx + blockIdx.x] = sm;
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&a.done[kv], 1u) == (unsigned)(a.nx - 1);
-    __syncthreads();
-    if (!last) return;
-    if (threadIdx.x == 0) a.done[kv] = 0; /* every block of this KV head has counted: zero at rest again */
-    __threadfence();
-    /* the last block of this KV head: warp t combines head t's nx partials, lane-strided, then
-     * the lanes in a fixed tree (the same order on every run) */
-    for (int t = warp; t < g; t += SC1_WARPS) {
-        const int64_t h = sc1_head(a, kv, t);
-        float m = -INFINITY;
-        double sm = 0;
-        for (int64_t b = lane; b < a.nx; b += 32) {
-            float mb = ((volatile float *)a.pmax)[h * a.nx + b];
-            double sb = ((volatile double *)a.psum)[h * a.nx + b];
-            sc1_merge(m, sm, mb, sb);
+            for (int o = 4; o < 32; o <<= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+            if (lane < 4) wm[warp][lane * 2 + p] = m;
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-            double s2 = __shfl_xor_sync(0xffffffffu, sm, o);
-            /* merge in lane order so both partners compute the same value */
-            if (lane & o) { float mm = m2; double ss = s2; sc1_merge(mm, ss, m, sm); m = mm; sm = ss; }
-            else sc1_merge(m, sm, m2, s2);
+        __syncthreads();
+        if ((int)threadIdx.x < g) {
+            float m = wm[0][threadIdx.x];
+            for (int w = 1; w < SC1_WARPS; w++) m = max_nan(m, wm[w][threadIdx.x]);
+            bm[threadIdx.x] = m;
         }
-        if (lane == 0) {
-            a.M[h] = m;
-            a.iZ[h] = 1.0 / sm;
-        }
-    }
-}
-
-/* One thread per output column x (key j = ob + x): the per-head values and their reduction.
- * The L loads of SC1_VOTE_BATCH heads are issued before any is used (the kernel is latency-bound). */
-__global__ void __launch_bounds__(SC1_VOTE_THREADS) sc1_vote(const sc1_args a, int64_t ob, int64_t ncols, int64_t lo,
-                                                             int64_t hi, int heads, float *__restrict__ out) {
-    extern __shared__ double iz[]; /* (H) 1 / Z_h, then (H) M_h as float */
-    float *mh = (float *)(iz + a.hq);
-    if (a.softmax && a.w > 0)
-        for (int64_t h = threadIdx.x; h < a.hq; h += SC1_VOTE_THREADS) {
-            iz[h] = a.iZ[h];
-            mh[h] = a.M[h];
-        }
-    __syncthreads();
-    const int64_t x = (int64_t)blockIdx.x * SC1_VOTE_THREADS + threadIdx.x;
-    if (x >= ncols) return;
-    const int64_t j = ob + x;
-    const bool in = j >= lo && j < hi;
-    const float *lc = a.L + (j - a.cb);
-    const int64_t rows = heads == KS_HEADS_GROUP_SUM ? a.hkv : 1;
-    for (int64_t r = 0; r < rows; r++) {
-        double s = 0;
-        for (int64_t h0 = 0; h0 < a.hq; h0 += SC1_VOTE_BATCH) {
-            float lg[SC1_VOTE_BATCH];
+        __syncthreads();
 #pragma unroll
-            for (int e = 0; e < SC1_VOTE_BATCH; e++) lg[e] = in && h0 + e < a.hq ? lc[(h0 + e) * a.w] : -INFINITY;
+        for (int p = 0; p < 2; p++) {
+            const int hh = (lane & 3) * 2 + p;
+            const float mb = hh < g ? bm[hh] : 0.f;
+            double z = hh < g && pm[p] != -INFINITY ? ps[p] * (double)expf(pm[p] - mb) : 0.0;
 #pragma unroll
-            for (int e = 0; e < SC1_VOTE_BATCH; e++) {
-                const int64_t h = h0 + e;
-                if (h >= a.hq) break;
-                float v = lg[e] == -INFINITY ? 0.f : a.softmax ? (float)((double)expf(lg[e] - mh[h]) * iz[h]) : lg[e];
-                if (heads == KS_HEADS_NONE) { out[h * ncols + x] = v; continue; }
-                if (heads == KS_HEADS_GROUP_SUM && (a.gqa_mod ? h % a.hkv : h / a.g) != r) continue;
-                s += v;
+            for (int o = 4; o < 32; o <<= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+            if (lane < 4) ws[warp][lane * 2 + p] = z;
+        }
+        __syncthreads();
+        if ((int)threadIdx.x < g) {
+            const int t = threadIdx.x;
+            double sm = 0;
+            for (int w = 0; w < SC1_WARPS; w++) sm += ws[w][t];
+            const int64_t h = sc1_head(a, kv, t);
+            a.pmax[h * a.nx + blockIdx.x] = bm[t];
+            a.psum[h * a.nx + blockIdx.x] = sm;
+        }
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(&a.done[kv], 1u) == (unsigned)(a.nx - 1);
+        __syncthreads();
+        if (last) {
+            if (threadIdx.x == 0) a.done[kv] = 0; /* every block of this KV head has counted: zero at rest again */
+            __threadfence();
+            /* the last block of this KV head: warp t combines head t's nx partials, lane-strided,
+             * then the lanes in a fixed tree (the same order on every run) */
+            for (int t = warp; t < g; t += SC1_WARPS) {
+                const int64_t h = sc1_head(a, kv, t);
+                float m = -INFINITY;
+                double sm = 0;
+                for (int64_t b = lane; b < a.nx; b += 32) sc1_merge(m, sm, __ldcg(a.pmax + h * a.nx + b), __ldcg(a.psum + h * a.nx + b));
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+                    double s2 = __shfl_xor_sync(0xffffffffu, sm, o);
+                    /* merge in lane order so both partners compute the same value */
+                    if (lane & o) { float mm = m2; double ss = s2; sc1_merge(mm, ss, m, sm); m = mm; sm = ss; }
+                    else sc1_merge(m, sm, m2, s2);
+                }
+                if (lane == 0) {
+                    a.M[h] = m;
+                    a.iZ[h] = 1.0 / sm;
+                }
             }
         }
-        if (heads != KS_HEADS_NONE) out[r * ncols + x] = (float)(heads == KS_HEADS_MEAN ? s / (double)a.hq : s);
     }
+    sc1_grid_sync(a.done + a.hkv, gridDim.x * gridDim.y);
+
+    /* every block: M_h and 1 / Z_h of every head, then its share of the output columns */
+    double *iz = (double *)(smem + sc1_frag_bytes(NKC)); /* (H) 1 / Z_h, then (H) M_h as float */
+    float *mh = (float *)(iz + a.hq);
+    if (a.softmax && a.w > 0)
+        for (int64_t h = threadIdx.x; h < a.hq; h += SC1_THREADS) {
+            iz[h] = __ldcg(a.iZ + h);
+            mh[h] = __ldcg(a.M + h);
+        }
+    __syncthreads();
+    const int64_t nthr = (int64_t)gridDim.x * gridDim.y * SC1_THREADS;
+    for (int64_t x = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * SC1_THREADS + threadIdx.x; x < ncols; x += nthr)
+        sc1_vote_col(a, iz, mh, ob, ncols, lo, hi, heads, out, x);
 }
 
-static size_t sc1_smem(int64_t d) { return sizeof(uint2) * 3 * (size_t)(d / 16) * 32; } /* the query fragments */
+/* the query fragments, then (g, d) rotated query rows (a rotation) or later (H) 1 / Z_h as double
+ * and (H) M_h as float */
+static size_t sc1_smem(int64_t d, int64_t hq) {
+    return sc1_frag_bytes((int)(d / 16)) + KS_MAX((sizeof(double) + sizeof(float)) * (size_t)hq, sizeof(float) * SC1_GMAX * (size_t)d);
+}
 
 extern "C" int ks_cuda_scores1_fits(int64_t n_q_heads, int64_t n_kv_heads, int64_t m, const void *k, int k_bf16,
                                     int64_t d, const sc_plan &p) {
@@ -375,19 +424,43 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
     a.causal = p.causal;
     a.softmax = p.softmax;
     a.gqa_mod = p.gqa_mod;
+    if (p.rinv) { /* d <= 128 here (ks_cuda_scores1_fits) */
+        a.rope = 1;
+        a.rpos = p.rpos;
+        a.raf = p.raf;
+        memcpy(a.rinv, p.rinv, sizeof(float) * (size_t)(d / 2));
+    }
     const int64_t ob = p.ob, lo = p.lo, hi = p.hi;
     a.cb = p.cb;
     a.w = hi > lo ? p.ce - p.cb : 0; /* nothing reported: no logits needed */
 
     scratch_set ss(sc);
+    /* one wave of at most SC1_BLOCKS_SM blocks a multiprocessor over all KV heads (all resident:
+     * the launch is cooperative, the blocks meet at a grid barrier), each warp looping over
+     * a.iters tiles */
+    int dev = 0, n_sm = 0, occ = 0;
+    KS_CU(cudaGetDevice(&dev), "scores (one row) device");
+    KS_CU(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev), "scores (one row) device");
+    void (*kern)(const sc1_args, int64_t, int64_t, int64_t, int64_t, int, float *) = nullptr;
+    switch (d / 16) {
+    case 1: kern = sc1_logits<1>; break;
+    case 2: kern = sc1_logits<2>; break;
+    case 3: kern = sc1_logits<3>; break;
+    case 4: kern = sc1_logits<4>; break;
+    case 5: kern = sc1_logits<5>; break;
+    case 6: kern = sc1_logits<6>; break;
+    case 7: kern = sc1_logits<7>; break;
+    default: kern = sc1_logits<8>; break;
+    }
+    const size_t sm = sc1_smem(d, n_q_heads);
+    KS_CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, SC1_THREADS, sm), "scores (one row) occupancy");
+    const int64_t cap = (int64_t)n_sm * KS_MIN(occ, SC1_BLOCKS_SM); /* blocks that can be resident at once */
+    if (n_kv_heads > cap)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "scores (one row): %lld KV heads exceed the %lld resident blocks of this device",
+                         (long long)n_kv_heads, (long long)cap);
+    const int64_t step = (int64_t)SC1_WARPS * SC1_TR; /* rows a block's loop step */
+    const int64_t want = KS_MAX((int64_t)1, cap / n_kv_heads);
     if (a.w > 0) {
-        /* one wave: about SC1_BLOCKS_SM blocks a multiprocessor over all KV heads, each warp looping
-         * over a.iters tiles */
-        int dev = 0, n_sm = 0;
-        KS_CU(cudaGetDevice(&dev), "scores (one row) device");
-        KS_CU(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev), "scores (one row) device");
-        const int64_t step = (int64_t)SC1_WARPS * SC1_TR; /* rows a block's loop step */
-        const int64_t want = KS_MAX((int64_t)1, (int64_t)n_sm * SC1_BLOCKS_SM / n_kv_heads);
         a.iters = (int)KS_MAX((int64_t)1, (a.w + want * step - 1) / (want * step));
         a.nx = (a.w + step * a.iters - 1) / (step * a.iters); /* blocks per KV head */
         P_SCRATCH(a.L, ss, sizeof(float) * n_q_heads * a.w, "scores");
@@ -396,29 +469,27 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
             P_SCRATCH(a.psum, ss, sizeof(double) * n_q_heads * a.nx, "scores");
             P_SCRATCH(a.M, ss, sizeof(float) * n_q_heads, "scores");
             P_SCRATCH(a.iZ, ss, sizeof(double) * n_q_heads, "scores");
-            if (sc->counters && n_kv_heads <= sc->n_counters) {
-                a.done = sc->counters; /* zero at rest: no memset */
-            } else {
-                P_SCRATCH(a.done, ss, sizeof(unsigned) * n_kv_heads, "scores");
-                KS_CU(cudaMemsetAsync(a.done, 0, sizeof(unsigned) * n_kv_heads, s), "scores (one row) counters");
-            }
         }
-        const dim3 grid((unsigned)a.nx, (unsigned)a.hkv);
-        const size_t sm = sc1_smem(d);
-        switch (d / 16) {
-        case 1: sc1_logits<1><<<grid, SC1_THREADS, sm, s>>>(a); break;
-        case 2: sc1_logits<2><<<grid, SC1_THREADS, sm, s>>>(a); break;
-        case 3: sc1_logits<3><<<grid, SC1_THREADS, sm, s>>>(a); break;
-        case 4: sc1_logits<4><<<grid, SC1_THREADS, sm, s>>>(a); break;
-        case 5: sc1_logits<5><<<grid, SC1_THREADS, sm, s>>>(a); break;
-        case 6: sc1_logits<6><<<grid, SC1_THREADS, sm, s>>>(a); break;
-        case 7: sc1_logits<7><<<grid, SC1_THREADS, sm, s>>>(a); break;
-        default: sc1_logits<8><<<grid, SC1_THREADS, sm, s>>>(a); break;
-        }
-        KS_CU_LAUNCH("scores (one row) logits kernel");
+    } else {
+        a.nx = KS_MIN(want, KS_MAX((int64_t)1, ncols / ((int64_t)SC1_THREADS * n_kv_heads))); /* the output columns alone */
     }
-    sc1_vote<<<ks_cdiv((size_t)ncols, SC1_VOTE_THREADS), SC1_VOTE_THREADS, (sizeof(double) + sizeof(float)) * n_q_heads,
-               s>>>(a, ob, ncols, lo, hi, p.heads, out);
-    KS_CU_LAUNCH("scores (one row) vote kernel");
+    if (sc->counters && sc->n_counters >= n_kv_heads + 2) {
+        a.done = sc->counters; /* zero at rest: no memset */
+    } else {
+        P_SCRATCH(a.done, ss, sizeof(unsigned) * (n_kv_heads + 2), "scores");
+        KS_CU(cudaMemsetAsync(a.done, 0, sizeof(unsigned) * (n_kv_heads + 2), s), "scores (one row) counters");
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeCooperative;
+    at[0].val.cooperative = 1;
+    cfg.gridDim = dim3((unsigned)a.nx, (unsigned)a.hkv);
+    cfg.blockDim = dim3(SC1_THREADS);
+    cfg.dynamicSmemBytes = sm;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    const int heads = p.heads;
+    KS_CU(cudaLaunchKernelEx(&cfg, kern, a, ob, ncols, lo, hi, heads, out), "scores (one row) kernel");
     return KS_OK;
 }

@@ -157,25 +157,22 @@ int ks_lp_rope(lua_State *L) {
 
 void ks_lua_rope_rows(float *out, const float *x, int64_t m, int64_t H, int64_t d, const int32_t *pos, int32_t one,
                       const ks_rope *r, int64_t max_pos) {
-    int half = (int)(d / 2);
-    float inv[ROPE_MAX_HALF], cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    float inv[ROPE_MAX_HALF];
     ks_rope_inv_freq(r, (int)max_pos, inv);
-    float af = (float)r->attn_factor;
-    for (int64_t i = 0; i < m; i++) {
-        int32_t p = pos ? pos[i] : one;
-        for (int k = 0; k < half; k++) {
-            float a = (float)p * inv[k]; /* float32 angle, as HF and the CPU backend compute it */
-            cs[k] = cosf(a) * af;
-            sn[k] = sinf(a) * af;
-        }
-        for (int64_t h = 0; h < H; h++) {
-            const float *v = x + (i * H + h) * d;
-            float *w = out + (i * H + h) * d;
-            for (int k = 0; k < half; k++) {
-                float x0 = v[k], x1 = v[k + half];
-                w[k] = x0 * cs[k] - x1 * sn[k];
-                w[k + half] = x1 * cs[k] + x0 * sn[k];
-            }
-        }
-    }
+    ks_rope_rows_f32(out, d, H * d, x, d, H * d, H, m, d, pos, one, inv, (float)r->attn_factor);
+}
+
+void ks_lua_event_rope(lua_State *L, const char *fn, int64_t d, float *inv, float *af) {
+    ks_lctx *c = ks_lua_ctx(L);
+    const ks_event *ev = c && c->in_event ? c->ev : NULL;
+    if (!ev || !ev->sess || !ks_session_model(ev->sess))
+        ks_lua_errorf(L, fn, "the model's RoPE is known only inside an event handler");
+    const ks_rope *r = &ks_model_config(ks_session_model(ev->sess))->rope;
+    if (r->head_dim != d || d % 2 || d / 2 > ROPE_MAX_HALF)
+        ks_lua_errorf(L, fn, "the queries have head_dim %lld but the model rotates %d dims", (long long)d, r->head_dim);
+    int64_t max_pos = 0;
+    for (int i = 0; ev->pos && i < ev->n; i++)
+        if (ev->pos[i] > max_pos) max_pos = ev->pos[i];
+    ks_rope_inv_freq(r, (int)max_pos, inv);
+    *af = (float)r->attn_factor;
 }

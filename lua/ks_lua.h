@@ -246,6 +246,10 @@ int ks_lp_rope(lua_State *L);
  * for every row when pos is NULL) with r's frequencies for max_pos; out may be x. */
 void ks_lua_rope_rows(float *out, const float *x, int64_t m, int64_t H, int64_t d, const int32_t *pos, int32_t one,
                       const ks_rope *r, int64_t max_pos);
+/* The running event's model RoPE for heads of d dims, as ks.rope takes it inside a handler: inv
+ * (d / 2 <= 512) the frequencies for the event rows' largest position, *af its cos / sin factor.
+ * Raises a Lua error (in fn's name) outside an event or when the model rotates another d. */
+void ks_lua_event_rope(lua_State *L, const char *fn, int64_t d, float *inv, float *af);
 
 /* ---------------------------------------------------------------- policies */
 

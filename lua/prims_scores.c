@@ -23,11 +23,14 @@
  *   out       {b, e}  the key columns reported (not renormalised); default all
  *   reduce  "none" (H, n_out) | "group" (Hkv, n_out) | "sum" (n_out) | "mean" (n_out)
  *   gqa     "div" (model mapping, default) | "mod" (TokenSelect's released kernel)
+ *   rope    p: every query row first rotated with the model's RoPE at position p, as ks.rope(q, p)
+ *           rotates it (inside an event handler; ks_scores_opts.q_rope_inv): on a GPU in the
+ *           kernel that reads the queries, so one launch instead of a copy, a rope and the scores
  *   threads 0 = automatic */
 int ks_lp_scores(lua_State *L) {
     lua_settop(L, 3);
     static const char *const allowed[] = {"rows", "qpos", "kpos", "scale", "causal", "softmax", "key_range",
-                                          "out", "reduce", "gqa", "threads", NULL};
+                                          "out", "reduce", "gqa", "rope", "threads", NULL};
     const char *fn = "scores";
     ks_tensor *q = ks_lt_check(L, 1, fn), *k = ks_lt_check(L, 2, fn);
     ks_lp_check_opts(L, 3, fn, allowed);
@@ -145,6 +148,15 @@ int ks_lp_scores(lua_State *L) {
     if (!strcmp(gqa, "div")) o.gqa = KS_GQA_DIV;
     else if (!strcmp(gqa, "mod")) o.gqa = KS_GQA_MOD;
     else return ks_lua_errorf(L, fn, "option gqa: \"div\" or \"mod\", got \"%s\"", gqa);
+    float rinv[512];
+    if (ks_lp_opt_get(L, 3, "rope") != LUA_TNIL) {
+        if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0 || lua_tointeger(L, -1) > INT32_MAX)
+            return ks_lua_errorf(L, fn, "option rope: a position (an integer >= 0)");
+        o.q_rope_pos = (int32_t)lua_tointeger(L, -1);
+        ks_lua_event_rope(L, fn, d, rinv, &o.q_rope_af);
+        o.q_rope_inv = rinv;
+    }
+    lua_pop(L, 1);
     if (ks_lp_opt_get(L, 3, "threads") != LUA_TNIL) {
         lua_Integer nt = luaL_checkinteger(L, -1);
         if (nt < 0 || nt > 256) return ks_lua_errorf(L, fn, "option threads = %lld: must be in [0, 256] (0 = automatic)", (long long)nt);

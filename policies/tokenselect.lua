@@ -13,7 +13,8 @@
 -- rows including the ones this step appends:
 --   1. if n_init + k + n_local >= N: nothing to select, attend to all N rows (no action);
 --   2. fingerprint = mean over the step's query rows i of RoPE(q_i, n_local + i) (ks.rope: the
---      model's own RoPE) -> (H, d);
+--      model's own RoPE) -> (H, d); a decode step's one row is rotated by ks.scores itself
+--      (its rope option: the same rotation, inside the scores kernel on a GPU);
 --   3. per query head h: s = fingerprint[h] . k_pre[kv(h), j] for the candidate rows
 --      j in [n_init, N - n_local) (no 1/sqrt(d)); softmax over the candidates per head; summed
 --      over the heads (the "head soft vote"); optionally max-pooled (pool_kernel);
@@ -81,10 +82,11 @@ local function _list_str(t)
 end
 
 -- Head soft vote over the candidate rows [lo, hi) of K (rows, Hkv, d), pooled if asked, and
--- the sorted top-k rows (absolute indices). fp (H, d) is the rotated fingerprint.
-local function _select(ev, p, fp, K, lo, hi, step)
+-- the sorted top-k rows (absolute indices). fp (H, d) is the rotated fingerprint, or with rpos
+-- the query row that ks.scores rotates at rpos itself (on a GPU inside the scores kernel).
+local function _select(ev, p, fp, K, lo, hi, step, rpos)
   local vote = ks.scores(fp, K, { scale = "none", softmax = true, key_range = { lo, hi }, out = { lo, hi },
-                                  reduce = "sum", gqa = p.gqa })
+                                  reduce = "sum", gqa = p.gqa, rope = rpos })
   local pooled = vote
   if p.pool_kernel > 1 then pooled = ks.pool1d(vote, p.pool_kernel, "max") end
   -- the candidates' rows (sorted, ties to the lower row): vote column j is row lo + j
@@ -212,8 +214,8 @@ return {
       ev:report("cache_misses", state.misses)
       if p.trace then ev:report("c" .. s .. ".l" .. l, what) end
     else
-      local fp = ks.rope(ev.q, p.n_local)       -- (1, H, d): one query row, at n_local
-      sel = _select(ev, p, fp:reshape(ev.n_heads, ev.head_dim), ev:kv_keys(), p.n_init, N - p.n_local, step)
+      -- the fingerprint: the one query row rotated at n_local, which ks.scores does as it reads it
+      sel = _select(ev, p, ev.q:reshape(ev.n_heads, ev.head_dim), ev:kv_keys(), p.n_init, N - p.n_local, step, p.n_local)
     end
     if p.trace then ev:report(step .. ".l" .. l, _list_str(sel)) end
     _attend(ev, p, sel, N)

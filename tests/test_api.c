@@ -135,12 +135,26 @@ static int n_threads_now(void) {
     return n;
 }
 
+/* The count once it holds still: a thread that an earlier test joined can stay listed in
+ * /proc/self/task for a moment after pthread_join returns (the kernel clears the joined tid
+ * before it reaps the task), which made a count taken then one too high (seen once, under load) */
+static int n_threads_settled(void) {
+    int a = n_threads_now();
+    for (int i = 0; i < 200; i++) {
+        usleep(2000);
+        int b = n_threads_now();
+        if (b == a) return a;
+        a = b;
+    }
+    return a;
+}
+
 /* Open with `threads`, check the pool's size through /proc, and keep the prompt's logits. */
 static ks_status logits_with_threads(int threads, int *new_threads, float **out, int *vocab) {
     ks_model_opts o;
     ks_model_opts_default(&o);
     o.threads = threads;
-    int before = n_threads_now();
+    int before = n_threads_settled();
     ks_model *m;
     ks_status st = ks_model_open_ex(TINY, &o, &m);
     if (st) return st;

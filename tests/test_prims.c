@@ -2,6 +2,7 @@
  * written differently: dense matrices in double for scores, direct windows for pooling,
  * full stable sorts for top-k / rank, and so on. Random inputs are never zero. */
 #include "common.h"
+#include "config.h"
 #include "ktest.h"
 #include "prims.h"
 
@@ -322,6 +323,61 @@ KT_TEST(prims_scores_gemfilter_tokenselect_recipes) {
     int differ = 0;
     for (int64_t c = 0; c < nc; c++) differ |= ts[c] != tsmod[c];
     KT_CHECK(differ, "the h %% Hkv mapping should change the scores");
+}
+
+/* q_rope_inv: the queries rotated first (rotate-half pairs, float32 angle pos * inv[k], cos and
+ * sin times af, each product rounded; written out here from that definition) give the same bits
+ * as scores of queries rotated by hand; token-major strided queries, two query rows; the bad
+ * rotations are refused */
+KT_TEST(prims_scores_query_rope_rotates_first) {
+    rng_seed(12);
+    const int64_t H = 8, Hkv = 2, m = 2, n = 300, d = 64, half = d / 2;
+    float *q = malloc(m * H * d * sizeof *q), *qr = malloc(H * m * d * sizeof *qr), *k = malloc(Hkv * n * d * sizeof *k);
+    float inv[32], a[250], b[250];
+    fill(q, m * H * d, 1.0f);
+    fill(k, Hkv * n * d, 1.0f);
+    ks_rope r = {.type = KS_ROPE_DEFAULT, .head_dim = (int)d, .theta = 500000.0, .factor = 1, .attn_factor = 1};
+    ks_rope_inv_freq(&r, 4096, inv);
+    const float afs[2] = {1.0f, 0.83f};
+    const int32_t poss[2] = {512, 3};
+    for (int t = 0; t < 2; t++) {
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t e = 0; e < half; e++) {
+                    float ang = (float)poss[t] * inv[e], c = cosf(ang) * afs[t], sn = sinf(ang) * afs[t];
+                    float x0 = q[(i * H + h) * d + e], x1 = q[(i * H + h) * d + e + half];
+                    qr[(h * m + i) * d + e] = x0 * c - x1 * sn;
+                    qr[(h * m + i) * d + e + half] = x1 * c + x0 * sn;
+                }
+        ks_scores_opts o = ks_scores_opts_default();
+        o.scale_mode = KS_SCALE_ONE;
+        o.softmax = 1;
+        o.heads = KS_HEADS_SUM;
+        o.k_begin = o.out_begin = 20;
+        o.k_end = o.out_end = 270;
+        KT_CHECK(ks_cpu_scores(qr, NULL, H, m, k, NULL, Hkv, n, d, &o, a) == KS_OK, "%s", ks_last_error());
+        o.q_head_stride = d;
+        o.q_row_stride = H * d;
+        o.q_rope_inv = inv;
+        o.q_rope_af = afs[t];
+        o.q_rope_pos = poss[t];
+        KT_CHECK(ks_cpu_scores(q, NULL, H, m, k, NULL, Hkv, n, d, &o, b) == KS_OK, "%s", ks_last_error());
+        int same = 1;
+        for (int j = 0; j < 250; j++) same &= same_bits(a[j], b[j]);
+        KT_CHECK(same, "position %d factor %g: scores with the rotation differ from scores of rotated queries", poss[t],
+                 (double)afs[t]);
+    }
+    ks_scores_opts o = ks_scores_opts_default();
+    o.q_rope_inv = inv;
+    o.q_rope_af = 1;
+    KT_CHECK(ks_cpu_scores(q, NULL, H, 1, k, NULL, Hkv, n / 2, d - 1, &o, a) == KS_ERR_ARG, "an odd d is refused");
+    KT_CHECK(strstr(ks_last_error(), "even d") != NULL, "%s", ks_last_error());
+    o.q_rope_pos = -1;
+    KT_CHECK(ks_cpu_scores(q, NULL, H, 1, k, NULL, Hkv, n, d, &o, a) == KS_ERR_ARG, "a negative position is refused");
+    o.q_rope_pos = 0;
+    o.q_rope_af = NAN;
+    KT_CHECK(ks_cpu_scores(q, NULL, H, 1, k, NULL, Hkv, n, d, &o, a) == KS_ERR_ARG, "a NaN factor is refused");
+    free(q); free(qr); free(k);
 }
 
 KT_TEST(prims_scores_threads_large) {

@@ -214,7 +214,17 @@ static void test_scores(void) {
         {"one-row d=16 (one chunk)", 4, 4, 1, 700, 16, 0, 1, 0, 0, ts},
         {"one-row d=112 token-major", 16, 4, 1, 2049, 112, 1, 1, 0, 0, snap},
         {"one-row d=48 causal kpos", 12, 3, 1, 999, 48, 0, 1, 1, 0, snap},
+        /* the queries rotated first (q_rope_inv): in the one-row kernel as it reads them, in the
+         * general kernel's rotation launch before it; against the CPU's rotation then scores */
+        {"one-row tokenselect, rotated queries", 32, 8, 1, 40000, 128, 1, 1, 0, 0, ts},
+        {"one-row d=80, rotated queries, factor 0.8", 8, 2, 1, 1300, 80, 0, 1, 0, 0, ts},
+        {"rotated queries (general kernel) m=3", 8, 2, 3, 700, 64, 1, 1, 1, 1, snap},
+        {"rotated queries (general kernel) f32 keys", 32, 8, 1, 900, 128, 0, 0, 0, 0, ts},
+        /* an empty key domain: no logits, only the output columns (zeros) */
+        {"one-row empty domain", 32, 8, 1, 1000, 128, 0, 1, 0, 0, ts},
     };
+    static float rinv[64];
+    for (int i = 0; i < 64; i++) rinv[i] = powf(500000.0f, -(float)i / 64.0f);
     int nc = (int)(sizeof cases / sizeof cases[0]);
     /* domains and output slices */
     cases[3].o.out_end = 2000 - 32;
@@ -241,6 +251,14 @@ static void test_scores(void) {
     cases[17].o.k_end = 1100;
     cases[17].o.out_begin = 50;
     cases[17].o.out_end = 1000;
+    for (int i = nc - 5; i < nc - 1; i++) {
+        cases[i].o.q_rope_inv = rinv;
+        cases[i].o.q_rope_af = i == nc - 4 ? 0.8f : 1.0f;
+        cases[i].o.q_rope_pos = i == nc - 5 ? 512 : 37 + i;
+    }
+    cases[nc - 5].o.k_begin = cases[nc - 5].o.out_begin = 128;
+    cases[nc - 5].o.k_end = cases[nc - 5].o.out_end = 40000 - 512;
+    cases[nc - 1].o.k_begin = cases[nc - 1].o.k_end = 500;
     for (int i = 0; i < nc; i++) {
         if (g_quick && cases[i].n > 2000) cases[i].n = 700, cases[i].o.k_end = cases[i].o.k_end > 0 ? 600 : cases[i].o.k_end,
                                           cases[i].o.out_end = cases[i].o.out_end > 0 ? 600 : cases[i].o.out_end;
