@@ -34,6 +34,9 @@
 #            build of $V
 #   ts32t    the timeline of TokenSelect's decode at 32K alone (trace's first row), each build of $V
 #   ts128t   the same at 128K
+#   ncuattn  the hit path's list attention (one call, TokenSelect cache_theta -1 at 32K) under ncu --set full: details and
+#            the 40 SASS lines with the most stall samples, new only
+#   tcuda    make test-cuda's programs and test-cuda-sanitize's memchecks, new only
 #   scores   new test_cuda_prims --only scores and its memcheck (--quick)
 #   final32  issue 14's table, its 8K and 32K rows, each build of $V
 #   final128 its 128K rows, each build of $V
@@ -94,10 +97,43 @@ tstrace() { # tstrace LABEL ARGS...: the timeline of TokenSelect's decode, each 
 }
 step_ts32t() { tstrace ts32 --lengths 32768; }
 step_ts128t() { tstrace ts128 --lengths 131040; }
+step_ncuattn() {
+    KVSIEVE_POLICY_PATH=$R/new/policies timeout 280 ncu --clock-control none -k regex:"attn_decode_tc" --launch-skip 44 --launch-count 1 \
+        --set full --import-source yes -o $R/att $R/new/kvsieve $B --lengths 32768 --gen 4 --policy tokenselect \
+        --set tokenselect.cache_theta=-1 > /dev/null 2>&1
+    ncu --import $R/att.ncu-rep --page details > $O/ncu-attn.txt 2>&1
+    ncu --import $R/att.ncu-rep --page source --csv --print-source sass > $R/src.csv 2>/dev/null
+    python3 - $R/src.csv >> $O/ncu-attn.txt <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+hdr = next(i for i, r in enumerate(rows) if any('Source' == c or 'Address' in c for c in r))
+h = rows[hdr]; data = rows[hdr + 1:]
+def col(name):
+    for i, c in enumerate(h):
+        if c.strip().startswith(name): return i
+    return None
+cs, ca, ct = col('Warp Stall Sampling (All'), col('Source'), col('Address')
+print('== columns:', h[:12])
+def num(x):
+    try: return float(x.replace(',', ''))
+    except: return 0.0
+tot = sum(num(r[cs]) for r in data if cs is not None and len(r) > cs)
+print('== total stall samples', tot)
+for r in sorted(data, key=lambda r: -num(r[cs]) if cs is not None and len(r) > cs else 0)[:40]:
+    print('%8.0f  %s  %s' % (num(r[cs]), r[ct] if ct is not None else '', r[ca] if ca is not None else ''))
+PY
+}
 step_scores() {
     ( tst test_cuda_prims --only scores
       timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick --only scores 2>&1 | tail -3
     ) >> $O/tests.txt
+}
+step_tcuda() {
+    ( tst test_cuda; tst test_cuda --quick --pdl; tst test_cuda --quick --no-graphs; tst test_cuda --mma-prefill
+      tst test_cuda_prims; tst test_cuda_policies --stories .data/stories260K; tst test_attn_decode_batch; tst test_attn_list
+      tst test_gemm_rows; tst test_tp_cuda; tst test_wgmma
+      for t in "test_cuda --quick" "test_cuda_prims --quick" "test_wgmma --quick"; do echo "== memcheck $t"
+          timeout 280 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/$t 2>&1 | tail -2; done ) >> $O/tests.txt
 }
 step_prims() { tst test_cuda_prims >> $O/tests.txt; }
 step_pol() { tst test_cuda_policies --stories .data/stories260K >> $O/tests.txt; }
