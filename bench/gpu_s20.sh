@@ -34,6 +34,7 @@
 #            build of $V
 #   ts32t    the timeline of TokenSelect's decode at 32K alone (trace's first row), each build of $V
 #   ts128t   the same at 128K
+#   hit128t  the same for the hit path (cache_theta -1) at 128K
 #   ncuattn  the hit path's list attention (one call, TokenSelect cache_theta -1 at 32K) under ncu --set full: details and
 #            the 40 SASS lines with the most stall samples, new only
 #   tcuda    make test-cuda's programs and test-cuda-sanitize's memchecks, new only
@@ -97,6 +98,7 @@ tstrace() { # tstrace LABEL ARGS...: the timeline of TokenSelect's decode, each 
 }
 step_ts32t() { tstrace ts32 --lengths 32768; }
 step_ts128t() { tstrace ts128 --lengths 131040; }
+step_hit128t() { tstrace hit128 --lengths 131040 --set tokenselect.cache_theta=-1; }
 step_ncuattn() {
     KVSIEVE_POLICY_PATH=$R/new/policies timeout 280 ncu --clock-control none -k regex:"attn_decode_tc" --launch-skip 44 --launch-count 1 \
         --set full --import-source yes -o $R/att $R/new/kvsieve $B --lengths 32768 --gen 4 --policy tokenselect \
@@ -119,6 +121,12 @@ def num(x):
     except: return 0.0
 tot = sum(num(r[cs]) for r in data if cs is not None and len(r) > cs)
 print('== total stall samples', tot)
+top = sorted(range(len(data)), key=lambda i: -num(data[i][cs]) if cs is not None and len(data[i]) > cs else 0)[:6]
+for i in sorted(top):
+    print('== context of line %d' % i)
+    for j in range(max(0, i - 14), min(len(data), i + 3)):
+        r = data[j]
+        print('%s %6.0f  %s' % ('>' if j == i else ' ', num(r[cs]), r[ca] if ca is not None else ''))
 for r in sorted(data, key=lambda r: -num(r[cs]) if cs is not None and len(r) > cs else 0)[:40]:
     print('%8.0f  %s  %s' % (num(r[cs]), r[ct] if ct is not None else '', r[ca] if ca is not None else ''))
 PY

@@ -170,26 +170,20 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
             *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch)) = v;
         }
     } else {
-        /* chunk ch of the first half and its partner ch + NCH / 2: rotated in float32, then bf16 */
-        for (int e = tid; e < 16 * (NCH / 2); e += TC_WARPS * 32) {
-            int r = e / (NCH / 2), ch = e - r * (NCH / 2);
-            float y0[8], y1[8];
-#pragma unroll
-            for (int c = 0; c < 8; c++) y0[c] = y1[c] = 0.f;
-            if (r < M) {
-                int i = r / g, hh = r - i * g, pos = row_pos(i);
-                const float *src = p.q + ((size_t)i * H + kv * g + hh) * D + ch * 8;
-#pragma unroll
-                for (int c = 0; c < 8; c++)
-                    ks_rope_rot(src[c], src[c + D / 2], pos, rp.r.inv_freq[ch * 8 + c], rp.r.attn_factor, &y0[c], &y1[c]);
-            }
-            uint4 v0, v1;
-            v0.x = pack_bf16(y0[0], y0[1]); v0.y = pack_bf16(y0[2], y0[3]);
-            v0.z = pack_bf16(y0[4], y0[5]); v0.w = pack_bf16(y0[6], y0[7]);
-            v1.x = pack_bf16(y1[0], y1[1]); v1.y = pack_bf16(y1[2], y1[3]);
-            v1.z = pack_bf16(y1[4], y1[5]); v1.w = pack_bf16(y1[6], y1[7]);
-            *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch)) = v0;
-            *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch + NCH / 2)) = v1;
+        /* the M real rows, a rotate-half pair (k, k + D / 2) a thread in turn (M * D / 2 pairs over
+         * the block's threads: every warp takes its share), rotated in float32, then bf16 (the
+         * same rounding as pack_bf16); rows M..15 are zeros */
+        for (int e = tid; e < M * (D / 2); e += TC_WARPS * 32) {
+            const int r = e / (D / 2), k = e - r * (D / 2), i = r / g, hh = r - i * g;
+            const float *src = p.q + ((size_t)i * H + kv * g + hh) * D;
+            float y0, y1;
+            ks_rope_rot(src[k], src[k + D / 2], row_pos(i), rp.r.inv_freq[k], rp.r.attn_factor, &y0, &y1);
+            sQ[swz<D>(r, k / 8) + (k & 7)] = __float2bfloat16_rn(y0);
+            sQ[swz<D>(r, k / 8 + NCH / 2) + (k & 7)] = __float2bfloat16_rn(y1);
+        }
+        for (int e = tid; e < (16 - M) * NCH; e += TC_WARPS * 32) {
+            const int r = M + e / NCH, ch = e - (r - M) * NCH;
+            *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch)) = make_uint4(0, 0, 0, 0);
         }
     }
     int qp[2];
@@ -207,14 +201,19 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         for (int c = 0; c < 8; c++) fr[c] = rp.r.inv_freq[rch * 8 + c];
     }
     if constexpr (RM == 2) { /* the table applies to renumbered lists whose rope it holds, bit for bit */
-        if (warp == 0) {
+        if (warp == TC_WARPS - 1) { /* every header word loaded at once: one round trip, not four */
             const float *hd = (const float *)rp.r.tab;
-            bool ok = hd != nullptr && p.renumber;
-            for (int i = lane; ok && i < D / 2; i += 32) ok = __float_as_uint(hd[i]) == __float_as_uint(rp.r.inv_freq[i]);
-            if (ok && lane == 0)
-                ok = __float_as_uint(hd[64]) == __float_as_uint(rp.r.attn_factor) && __float_as_int(hd[65]) == D / 2;
+            const bool on = hd != nullptr && p.renumber;
+            uint32_t w[D / 64], x[3] = {0, 0, 0};
+#pragma unroll
+            for (int j = 0; j < D / 64; j++) w[j] = on ? __float_as_uint(hd[lane + 32 * j]) : 0u;
+            if (on && lane == 0) x[0] = __float_as_uint(hd[64]), x[1] = __float_as_uint(hd[65]), x[2] = __float_as_uint(hd[66]);
+            bool ok = on;
+#pragma unroll
+            for (int j = 0; j < D / 64; j++) ok = ok && w[j] == __float_as_uint(rp.r.inv_freq[lane + 32 * j]);
+            if (lane == 0) ok = ok && x[0] == __float_as_uint(rp.r.attn_factor) && (int)x[1] == D / 2;
             ok = __all_sync(0xffffffffu, ok);
-            if (lane == 0) s_tab_rows = ok ? __float_as_int(hd[66]) : 0;
+            if (lane == 0) s_tab_rows = ok ? (int)x[2] : 0;
         }
     }
     __syncthreads();
