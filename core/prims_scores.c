@@ -338,5 +338,6 @@ done:
     free(acc);
     free(lbuf);
     free(rbuf);
+    free(qrot);
     return st;
 }
