@@ -26,7 +26,8 @@
  * kernel returns the words it used to zero. Until session 23, 3 was a second kernel: the same
  * arithmetic in the same order (the same bits), one launch less (bench/NOTES.md, issue 14
  * session 23). Code size matters here: the kernel runs its code once a launch, so instruction
- * fetches are paid by every block (one call site of the rotation, the vote in batches of 8: 16 measured slower, session 23).
+ * fetches are paid by every block (one call site of the rotation; the vote in batches of 8,
+ * where 16 measured slower).
  * Bytes: the keys once, L (4 * H bytes a key: 1/16 of the bf16 keys at g = 4, d = 128) written
  * once and read once. Shapes: bf16 keys, d % 16 == 0, d <= 128, g <= 8, rows 16-byte aligned
  * (others go to prim_scores.cu's general kernel). Against the CPU the logits differ by float32
