@@ -85,8 +85,11 @@ static inline sc_plan sc_plan_of(const ks_scores_opts *o, int64_t m, int64_t n, 
 }
 
 /* prim_scores1.cu: ks_cuda_scores for m = 1 (one query row per head). fits: whether the shapes
- * suit it (bf16 keys, g = H / Hkv <= 8, d % 16 == 0, d <= 256, 16-byte aligned keys and strides);
- * ks_cuda_scores1 expects ks_cuda_scores' argument checks done and rows * ncols > 0. */
+ * suit it (bf16 keys, g = H / Hkv <= 8, d % 16 == 0, d <= 128, 16-byte aligned keys and strides);
+ * ks_cuda_scores1 expects ks_cuda_scores' argument checks done and rows * ncols > 0; it returns
+ * KS_ERR_UNSUPPORTED, with nothing queued and no error recorded, when the KV heads outnumber the
+ * blocks the device can hold at once (its launch is cooperative), and the caller takes the
+ * general kernel. */
 extern "C" int ks_cuda_scores1_fits(int64_t n_q_heads, int64_t n_kv_heads, int64_t m, const void *k, int k_bf16,
                                     int64_t d, const sc_plan &p);
 ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float *q, const int32_t *qpos,

@@ -226,8 +226,10 @@ extern "C" ks_status ks_cuda_scores(cudaStream_t s, const ks_cuda_scratch *sc, c
     if (pl.rinv && (d % 2 || pl.rpos < 0 || !isfinite(pl.raf)))
         return ks_errorf(KS_ERR_ARG, "scores: query rotation at position %d, factor %g, d = %lld (a position >= 0, a finite "
                          "factor, an even d)", (int)pl.rpos, (double)pl.raf, (long long)d);
-    if (ks_cuda_scores1_fits(n_q_heads, n_kv_heads, m, k, k_bf16, d, pl))
-        return ks_cuda_scores1(s, sc, q, qpos, n_q_heads, k, kpos, n_kv_heads, n, d, pl, ncols, out);
+    if (ks_cuda_scores1_fits(n_q_heads, n_kv_heads, m, k, k_bf16, d, pl)) {
+        st = ks_cuda_scores1(s, sc, q, qpos, n_q_heads, k, kpos, n_kv_heads, n, d, pl, ncols, out);
+        if (st != KS_ERR_UNSUPPORTED) return st; /* unsupported, with nothing queued: more KV heads than resident blocks */
+    }
     scratch_set ss(sc);
     if (pl.rinv && m > 0) { /* rotate first: the kernel below reads the rotated copy */
         sc_rope_args r;
