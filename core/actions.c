@@ -572,6 +572,7 @@ void ks_actions_free(ks_actions *a, int n_kv_heads) {
     for (int i = 0; i < 3; i++)
         if (d[i]) be->free(be, d[i]); /* stream-ordered on CUDA: after the work that reads it */
     if (a->attend_lend) a->attend_lend->release(a->attend_lend); /* the same */
+    free(a->hold_idx);
     memset(a, 0, sizeof *a);
 }
 

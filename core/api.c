@@ -248,6 +248,7 @@ ks_status ks_session_set_policy(ks_session *s, ks_policy *p) {
         ks_status st = ks_tp_views_ready(s->m->be, s->kv, s->m->cfg.n_layers);
         if (st) return st;
     }
+    if (p != s->policy) ks_hold_free(s);
     if (p != s->policy) ks_list_keep_free(s); /* kept lists are known by ids of the old policy's tensors */
     s->policy = p;
     return KS_OK;

@@ -345,6 +345,12 @@ struct ks_backend {
      * errors as graph_begin and graph_run. */
     ks_status (*graph_begin_seg)(ks_backend *b);
     ks_status (*graph_launch)(ks_backend *b, ks_graph *g);
+    /* ---- one graph of a step's segments (optional; NULL = none): *out runs segs[0 .. n) in
+     * that order as one launch, through graph_run (which sets the step slot as it would for
+     * segs[0]); freed with graph_free, the segments stay the caller's. For a step whose every
+     * layer's attend is held (no host work between the segments: core/decode.c). The same
+     * errors as graph_end; KS_ERR_UNSUPPORTED (message set) where these cannot be joined. */
+    ks_status (*graph_join)(ks_backend *b, ks_graph *const *segs, int n, ks_graph **out);
     /* Lists for a recorded attention (optional; NULL = a step whose handler attends is not
      * recorded): point slot `slot`'s fixed descriptor at the one-row attend lists of `a` (device
      * lists, a->idx_dev, checked against L's rows) where they are: their counts, offsets and

@@ -47,6 +47,9 @@ typedef struct ks_decode_state {
     int ring_list_n;
     const int32_t **ring_idx; /* (n_kv_heads) all ring_list */
     int *ring_cnt;           /* (n_kv_heads) */
+    ks_graph *joined;        /* the whole segments' recording as one graph (backend graph_join), for steps
+                              * whose every layer is held (no handler runs); NULL = not joined yet */
+    int join_failed;         /* graph_join refused these segments: held steps launch them one by one */
     int fails;               /* recordings that failed; no more graphs for the session after 2 */
     ks_devcheck *chk;        /* deferred checks of attend device lists (actions.c), or NULL */
 } ks_decode_state;
@@ -56,7 +59,10 @@ void ks_decode_drop_graph(ks_session *s) {
     if (!d || (!d->g && !d->nseg)) return;
     if (d->g) s->be->graph_free(s->be, d->g);
     for (int i = 0; i < d->nseg; i++) s->be->graph_free(s->be, d->seg[i]);
+    if (d->joined) s->be->graph_free(s->be, d->joined);
     d->g = NULL;
+    d->joined = NULL;
+    d->join_failed = 0;
     d->nseg = 0;
     d->ready = 0;
 }
@@ -319,18 +325,38 @@ static ks_status dec_layer_in(ks_session *s, ks_decode_state *d, ks_fwd_buf *b, 
     return st;
 }
 
+static void dec_event_init(ks_session *s, ks_fwd_buf *b, int l, int32_t *pos, int32_t *id, ks_event *ev) {
+    ks_event_init(s, ev, KS_EV_DECODE_QKV, l, 0, 1);
+    ev->q = b->a.q; ev->k = b->a.k; ev->v = b->a.v; ev->k_pre = b->kpre;
+    ev->pos = pos; ev->ids = id; ev->kv = &s->kv[l];
+}
+
+/* Layer l's held attend (hold.c) into act: 1; 0 none (or it no longer fits: dropped); -1 out of
+ * memory. No handler runs. */
+static int dec_layer_held(ks_session *s, ks_fwd_buf *b, int l, int32_t *pos, int32_t *id, ks_actions *act) {
+    ks_event ev;
+    dec_event_init(s, b, l, pos, id, &ev);
+    int held = ks_hold_replay(s, &ev);
+    if (held > 0) *act = ks_actions_take(&ev);
+    return held;
+}
+
 /* Layer l's decode event, when the policy handles it (never on a ring): its actions into act
- * (attend in this attention, retain after it). */
+ * (attend in this attention, retain after it); a held attend without the event. */
 static ks_status dec_layer_event(ks_session *s, ks_fwd_buf *b, int l, int32_t *pos, int32_t *id, ks_actions *act) {
     const ks_policy *pol = s->policy;
     if (!pol || !pol->on[KS_EV_DECODE_QKV] || ks_ring_on(s)) return KS_OK;
+    int held = dec_layer_held(s, b, l, pos, id, act);
+    if (held) {
+        PROF(s, KS_PH_POLICY);
+        return held < 0 ? KS_ERR_OOM : KS_OK;
+    }
     ks_event ev;
-    ks_event_init(s, &ev, KS_EV_DECODE_QKV, l, 0, 1);
-    ev.q = b->a.q; ev.k = b->a.k; ev.v = b->a.v; ev.k_pre = b->kpre;
-    ev.pos = pos; ev.ids = id; ev.kv = &s->kv[l];
+    dec_event_init(s, b, l, pos, id, &ev);
     ks_status st = ks_event_fire(s, &ev);
     PROF(s, KS_PH_POLICY);
     *act = ks_actions_take(&ev);
+    if (!st && act->hold) st = ks_hold_commit(s, l, act);
     if (st) ks_actions_free(act, s->m->cfg.n_kv_heads);
     return st;
 }
@@ -422,6 +448,11 @@ static void dec_book_layer(ks_session *s, ks_decode_state *d, int l, int32_t pos
         return;
     }
     for (int h = 0; h < L->n_kv_heads; h++) L->pos[(size_t)h * L->capacity + L->n[h]++] = pos;
+}
+/* Undo dec_book_layer of a replayed step's layer l (not a ring layer: segments have none). */
+static void dec_unbook_row(ks_session *s, int l) {
+    ks_kv_layer *L = &s->kv[l];
+    for (int h = 0; h < L->n_kv_heads; h++) L->n[h]--;
 }
 static void dec_book_rows(ks_session *s, ks_decode_state *d, int32_t pos) {
     for (int l = 0; l < s->m->cfg.n_layers; l++) dec_book_layer(s, d, l, pos);
@@ -564,6 +595,120 @@ static int dec_seg_prepare(ks_session *s, ks_decode_state *d, int32_t pos) {
     return 1;
 }
 
+/* The replay of a step recorded in segments from layer l0 on, segments 0 .. l0 launched (the
+ * first with graph_run): each layer's row booked (l0's already when booked), its handler run (or
+ * its held attend taken; pre: l0's actions, taken already), its lists staged and the next segment
+ * launched behind it. The first layer whose handler asks for another kind of attention than the
+ * recording has runs the rest of the step plain. */
+static ks_status seg_replay(ks_session *s, ks_decode_state *d, int32_t id, int32_t pos, int l0, int booked,
+                            ks_actions *pre) {
+    const ks_config *c = &s->m->cfg;
+    ks_backend *be = s->be;
+    ks_fwd_buf *b = &d->b;
+    ks_status st;
+    for (int l = l0; l < c->n_layers; l++) {
+        if (l > l0 || !booked) dec_book_layer(s, d, l, pos);
+        ks_actions act = {0};
+        if (pre && l == l0) act = *pre;
+        else if ((st = dec_layer_event(s, b, l, &pos, &id, &act))) return st;
+        /* the recorded attention of this layer reads staged lists, or the whole layer: the
+         * handler must have asked for the same kind */
+        int att = dec_acted(&act);
+        if (att != d->seg_att[l] || (att && !dec_stageable(s, &act))) {
+            /* a policy whose pattern changed for good (TokenSelect: dense until the context
+             * outgrows its budget, then attending lists) is recorded anew */
+            if (++d->seg_miss >= 2) ks_decode_drop_graph(s);
+            return decode_from(s, d, b, id, pos, d->lg, l, &act);
+        }
+        if (att && (st = dec_stage(s, b, l, pos, &act))) {
+            if (st != KS_ERR_UNSUPPORTED) { ks_actions_free(&act, c->n_kv_heads); return st; }
+            ks_clear_error();
+            return decode_from(s, d, b, id, pos, d->lg, l, &act);
+        }
+        if ((st = be->graph_launch(be, d->seg[l + 1])) == KS_ERR_UNSUPPORTED) {
+            ks_clear_error();
+            ks_decode_drop_graph(s);
+            return decode_from(s, d, b, id, pos, d->lg, l, &act);
+        }
+        ks_actions_free(&act, c->n_kv_heads); /* stream-ordered: after the segment that reads the lists in place */
+        if (st) return st;
+    }
+    d->seg_miss = 0;
+    s->graph_steps++;
+    return KS_OK;
+}
+
+/* A replay whose every layer is held (policy.h ks_action_hold: no handler runs): every layer's
+ * row booked and its held lists staged, then the segments joined into one graph (backend
+ * graph_join, made on first use) in one launch: no gap between the segments, no host work
+ * between them. A layer whose held attend does not replay as recorded (dropped, another kind,
+ * not staged) launches the segments before it one by one and goes on as seg_replay from it.
+ * KS_ERR_UNSUPPORTED: nothing was done (the backend cannot join them: said once). */
+static ks_status decode_joined(ks_session *s, ks_decode_state *d, int32_t id, int32_t pos) {
+    const ks_config *c = &s->m->cfg;
+    const int nl = c->n_layers;
+    ks_backend *be = s->be;
+    ks_fwd_buf *b = &d->b;
+    ks_status st = KS_OK;
+    if (!d->joined) {
+        if (d->join_failed) return KS_ERR_UNSUPPORTED;
+        if ((st = be->graph_join(be, d->seg, nl + 1, &d->joined))) {
+            d->join_failed = 1;
+            d->joined = NULL;
+            if (st != KS_ERR_UNSUPPORTED) return st;
+            ks_logf(KS_LOG_INFO, "decode: held steps launch their %d recorded segments one by one (%s)", nl + 1,
+                    ks_last_error());
+            ks_clear_error();
+            return KS_ERR_UNSUPPORTED;
+        }
+    }
+    ks_actions *act = ks_calloc((size_t)nl, sizeof *act);
+    if (!act) return KS_ERR_OOM;
+    int l = 0, held = 0;
+    for (; l < nl; l++) {
+        dec_book_layer(s, d, l, pos);
+        if ((held = dec_layer_held(s, b, l, &pos, &id, &act[l])) <= 0) break;
+        int att = dec_acted(&act[l]);
+        if (att != d->seg_att[l] || (att && !dec_stageable(s, &act[l]))) break;
+        if (att && (st = dec_stage(s, b, l, pos, &act[l]))) {
+            if (st != KS_ERR_UNSUPPORTED) break;
+            ks_clear_error();
+            st = KS_OK;
+            break;
+        }
+    }
+    if (held < 0) st = KS_ERR_OOM;
+    int last = KS_MIN(l, nl - 1); /* the last layer whose row is booked */
+    if (!st && l == nl) { /* the whole step in one launch */
+        st = be->graph_run(be, d->joined, id, pos);
+        if (st) for (int j = 0; j < nl; j++) dec_unbook_row(s, j); /* nothing ran */
+        if (st == KS_ERR_UNSUPPORTED) ks_decode_drop_graph(s);
+        if (!st) { d->seg_miss = 0; s->graph_steps++; }
+    } else if (!st) { /* segments 0 .. l one by one (l's row is booked), the rest as seg_replay */
+        int j = 0;
+        st = be->graph_run(be, d->seg[0], id, pos);
+        while (!st && ++j <= l) st = be->graph_launch(be, d->seg[j]);
+        if (st && j == 0) for (int k = 0; k <= last; k++) dec_unbook_row(s, k); /* nothing ran */
+        if (st == KS_ERR_UNSUPPORTED) { /* a stale recording */
+            ks_clear_error();
+            ks_decode_drop_graph(s);
+            if (j > 0) { /* segments 0 .. j - 1 ran: the rest of the step plain from layer j - 1's attention */
+                for (int k = j; k <= last; k++) dec_unbook_row(s, k);
+                ks_actions a0 = act[j - 1];
+                memset(&act[j - 1], 0, sizeof a0);
+                st = decode_from(s, d, b, id, pos, d->lg, j - 1, &a0);
+            }
+        } else if (!st) {
+            ks_actions *pre = held > 0 ? &act[l] : NULL; /* l's held attend was taken: seg_replay uses it */
+            st = seg_replay(s, d, id, pos, l, 1, pre);
+            if (pre) memset(pre, 0, sizeof *pre); /* seg_replay took it */
+        }
+    }
+    for (int j = 0; j < nl; j++) ks_actions_free(&act[j], c->n_kv_heads); /* after the launches that read them */
+    free(act);
+    return st;
+}
+
 /* A step whose decode-time handler runs between recorded segments (ks_backend.graph_begin_seg):
  * segment 0 is the embed and layer 0's q|k|v, segment l + 1 layer l's attention and the rest of
  * it with layer l + 1's q|k|v (the last: the final norm and lm_head). Between segments l and
@@ -583,38 +728,11 @@ static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, 
     ks_fwd_buf *b = &d->b;
     ks_status st;
     if (d->nseg == nl + 1 && dec_graph_valid(s, d, pos)) {
+        if (be->graph_join && ks_holds_all(s) && (st = decode_joined(s, d, id, pos)) != KS_ERR_UNSUPPORTED) return st;
         st = be->graph_run(be, d->seg[0], id, pos);
         if (st == KS_ERR_UNSUPPORTED) { ks_decode_drop_graph(s); return st; }
         if (st) return st;
-        for (int l = 0; l < nl; l++) {
-            dec_book_layer(s, d, l, pos);
-            ks_actions act = {0};
-            if ((st = dec_layer_event(s, b, l, &pos, &id, &act))) return st;
-            /* the recorded attention of this layer reads staged lists, or the whole layer: the
-             * handler must have asked for the same kind */
-            int att = dec_acted(&act);
-            if (att != d->seg_att[l] || (att && !dec_stageable(s, &act))) {
-                /* a policy whose pattern changed for good (TokenSelect: dense until the context
-                 * outgrows its budget, then attending lists) is recorded anew */
-                if (++d->seg_miss >= 2) ks_decode_drop_graph(s);
-                return decode_from(s, d, b, id, pos, d->lg, l, &act);
-            }
-            if (att && (st = dec_stage(s, b, l, pos, &act))) {
-                if (st != KS_ERR_UNSUPPORTED) { ks_actions_free(&act, c->n_kv_heads); return st; }
-                ks_clear_error();
-                return decode_from(s, d, b, id, pos, d->lg, l, &act);
-            }
-            if ((st = be->graph_launch(be, d->seg[l + 1])) == KS_ERR_UNSUPPORTED) {
-                ks_clear_error();
-                ks_decode_drop_graph(s);
-                return decode_from(s, d, b, id, pos, d->lg, l, &act);
-            }
-            ks_actions_free(&act, c->n_kv_heads); /* stream-ordered: after the segment that reads the lists in place */
-            if (st) return st;
-        }
-        d->seg_miss = 0;
-        s->graph_steps++;
-        return KS_OK;
+        return seg_replay(s, d, id, pos, 0, 0, NULL);
     }
     ks_decode_drop_graph(s);
     if (d->fails >= 2 || d->ready < 1 || !dec_seg_prepare(s, d, pos)) return KS_ERR_UNSUPPORTED;

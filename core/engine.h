@@ -126,6 +126,10 @@ struct ks_session {
                                     tensor, as TokenSelect's cache hits do); NULL until one; dropped
                                     by ks_session_reset and by a change of policy (the serials are
                                     its tensors' ids) */
+    struct ks_hold *hold;     /* hold.c: (n_layers) each layer's held decode attend (policy.h ks_action_hold),
+                                 NULL until one; dropped by a prefill, a reset and a change of policy */
+    int n_held;               /* layers with a hold */
+    long long held_steps;     /* layer steps whose attend a hold repeated (no event fired) since the reset */
 };
 
 /* Sessions are made and freed by ks_session_create / ks_session_free (kvsieve.h; session.c). */

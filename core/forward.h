@@ -115,6 +115,17 @@ void ks_decode_drop_graph(ks_session *s);
 void ks_decode_free(ks_session *s);
 /* Free the kept attend lists (actions.c); s->lkeep becomes NULL. */
 void ks_list_keep_free(ks_session *s);
+/* Held attends (hold.c; policy.h ks_action_hold). ks_hold_commit: the hold that act asked for
+ * (act->hold) at layer l, replacing the layer's previous one (done by the decode loop after the
+ * event). ks_hold_replay: with a hold at ev's layer (ev a DECODE_QKV event made by ks_event_init
+ * with its kv), its attend into ev->act, 1; 0 without a hold, or when the attend no longer fits
+ * the layer (the hold is dropped, nothing set: fire the event); -1 out of memory. ks_hold_on: layer l has a hold;
+ * ks_holds_all: every layer has one. ks_hold_free: every hold dropped and the table freed. */
+ks_status ks_hold_commit(ks_session *s, int layer, const ks_actions *act);
+int ks_hold_replay(ks_session *s, ks_event *ev);
+int ks_hold_on(const ks_session *s, int layer);
+int ks_holds_all(const ks_session *s);
+void ks_hold_free(ks_session *s);
 /* Where the session's deferred checks live (in the decode state, created here if needed; NULL:
  * out of memory). */
 ks_devcheck **ks_decode_devcheck(ks_session *s);

@@ -114,6 +114,10 @@ typedef struct ks_actions {
     int prop_checked;                             /* prop_dbuf: (n_prop), checked by construction */
     int retain_kind, prop_kind;                   /* the ks_event_kind that asked (messages) */
     const ks_backend *be;                         /* owner of the *_dbuf buffers */
+    int hold;                                     /* the attend is held (ks_action_hold*) */
+    ks_dev_list hold_list;                        /* with hold: the device list, or */
+    int32_t *hold_idx; int hold_k;                /* the host list (owned here until the engine takes it) */
+    int64_t hold_r[4];                            /* and the ranges the attend was given */
 } ks_actions;
 
 typedef struct ks_event {
@@ -188,5 +192,24 @@ ks_status ks_action_retain_dev(ks_event *ev, const ks_dev_list *l);
 ks_status ks_action_propagate_dev(ks_event *ev, const ks_dev_list *l);
 ks_status ks_action_stop(ks_event *ev);
 ks_status ks_action_discard_kv(ks_event *ev);
+
+/* Held attends (issue 14: a decode step without Lua). After ks_action_attend_dev or
+ * ks_action_attend_dev_ranges in a DECODE_QKV event, ks_action_hold(ev, l, r) with the same
+ * list and ranges (r NULL: no ranges) lets the engine repeat that attend at this layer's later
+ * single-session decode steps (ks_session_decode) without firing the event there: the list l
+ * (valid by construction; the engine keeps its memory: l->lend retained, else a copy) and the
+ * ranges, a trailing range that ended at the layer's rows moving with them (the last
+ * r[3] - r[2] rows at every step). It is a permission, not a promise: the event fires again at
+ * that layer after ks_hold_drop (ks.release in Lua), a prefill, a reset or a change of policy,
+ * in batched steps, and where the repeated attend no longer fits the layer (then the hold is
+ * dropped). A step whose every layer is held runs no handler at all, and on a backend with
+ * graphs replays as one graph (core/decode.c). The session counts the layer steps so repeated
+ * (ks_session_held_steps, session_api.h). KS_ERR_POLICY: not in DECODE_QKV, no device attend
+ * asked first in this event, or a list that is not valid by construction. */
+ks_status ks_action_hold(ks_event *ev, const ks_dev_list *l, const int64_t r[4]);
+/* The same after ks_action_attend of the host list [r[0], r[1]) ++ idx (k entries, ascending) ++
+ * [r[2], r[3]) (r NULL: idx alone): the engine keeps a copy of idx and builds the whole list
+ * again at each held step. */
+ks_status ks_action_hold_host(ks_event *ev, const int32_t *idx, int k, const int64_t r[4]);
 
 #endif

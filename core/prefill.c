@@ -263,6 +263,7 @@ ks_status ks_session_prefill(ks_session *s, const int32_t *ids_in, int n_in) {
             return ks_errorf(KS_ERR_ARG, "prefill: token id %d at index %d out of range [0, %d)", ids_in[i], i, c->vocab);
     double t0 = ks_now();
     ks_decode_drop_graph(s); /* the cache changes under it */
+    ks_hold_drop(s, -1);     /* held decode attends: the policy decides again after a prompt */
     ks_status st = ks_session_push_tokens(s, ids_in, n_in);
     if (st) return st;
     if (s->n_prompt == 0) s->n_prompt = n_in;

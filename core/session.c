@@ -41,6 +41,8 @@ ks_status ks_session_create(ks_model *m, ks_session **out) {
 
 void ks_session_reset(ks_session *s) {
     ks_decode_free(s);
+    ks_hold_free(s);
+    s->held_steps = 0;
     ks_list_keep_free(s); /* tensor ids are unique only within one policy's state */
     for (int l = 0; l < s->m->cfg.n_layers; l++) ks_session_kv_clear(s, l);
     s->n_past = 0;
@@ -70,6 +72,7 @@ void ks_session_free(ks_session *s) {
         }
         free(t);
     }
+    ks_hold_free(s);
     if (s->kv) {
         for (int l = 0; l < s->m->cfg.n_layers; l++) s->be->kv_free(s->be, &s->kv[l]);
         free(s->kv);

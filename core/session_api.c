@@ -15,6 +15,7 @@ const int32_t *ks_session_prompt_ids(const ks_session *s, int *n) {
 int ks_session_active_rows(const ks_session *s, int layer) { return s->prop_layer_n[layer]; }
 
 int ks_session_stopped_at(const ks_session *s) { return s->stopped_at; }
+long long ks_session_held_steps(const ks_session *s) { return s->held_steps; }
 
 volatile sig_atomic_t *ks_session_interrupt(const ks_session *s) { return s->interrupt; }
 

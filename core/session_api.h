@@ -40,6 +40,13 @@ int ks_session_stopped_at(const ks_session *s);
 volatile sig_atomic_t *ks_session_interrupt(const ks_session *s);
 void ks_session_set_interrupt(ks_session *s, volatile sig_atomic_t *flag);
 
+/* Drop the held decode attend of layer `layer` (< 0: of every layer; policy.h ks_action_hold):
+ * that layer's decode event fires again from the next step. No hold: nothing happens. */
+void ks_hold_drop(ks_session *s, int layer);
+/* Layer steps whose attend a hold repeated without firing the event, since the last reset
+ * (s->held_steps). */
+long long ks_session_held_steps(const ks_session *s);
+
 /* ---------------------------------------------------------------- models */
 
 /* The model's configuration (&m->cfg): dimensions, RoPE, architecture name. */

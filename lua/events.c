@@ -136,9 +136,11 @@ static int l_ev_index(lua_State *L) {
             lua_pushinteger(L, ev->kv->n ? ev->kv->n[h] : 0);
             lua_rawseti(L, -2, h + 1);
         }
+    } else if (!strcmp(k, "held_steps")) {
+        lua_pushinteger(L, ev->sess ? (lua_Integer)ks_session_held_steps(ev->sess) : 0);
     } else return ks_lua_errorf(L, "event", "no field or method '%s' (fields: event, layer, pass, n, n_prompt, n_heads, "
                                             "n_kv_heads, head_dim, dim, n_layers, q, k, v, k_pre, hidden, pos, ids, orig, "
-                                            "kv_rows, token)", k);
+                                            "kv_rows, token, held_steps)", k);
     return 1;
 }
 
@@ -316,12 +318,14 @@ static void range_opt(lua_State *L, int opts, const char *name, int64_t *r) {
     lua_pop(L, 1);
 }
 
-/* ev:attend(list [, {renumber = bool, before = {b0, b1}, after = {a0, a1}}]): with before / after,
- * the rows [b0, b1) ++ list ++ [a0, a1), as one list (a device list is read in place around the
- * ranges where the backend can: ks_action_attend_dev_ranges) */
+/* ev:attend(list [, {renumber = bool, before = {b0, b1}, after = {a0, a1}, hold = bool}]): with
+ * before / after, the rows [b0, b1) ++ list ++ [a0, a1), as one list (a device list is read in
+ * place around the ranges where the backend can: ks_action_attend_dev_ranges); hold: the engine
+ * may repeat it at this layer's later decode steps without calling the handler
+ * (ks_action_hold; a device list valid by construction) */
 static int l_ev_attend(lua_State *L) {
     l_event *e = check_event(L, 1, "attend");
-    int renumber = 0;
+    int renumber = 0, hold = 0;
     int64_t r[4] = {0, 0, 0, 0};
     if (!lua_isnoneornil(L, 3)) {
         luaL_checktype(L, 3, LUA_TTABLE);
@@ -329,20 +333,27 @@ static int l_ev_attend(lua_State *L) {
         while (lua_next(L, 3)) {
             lua_pop(L, 1);
             const char *o = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-            if (!o || (strcmp(o, "renumber") && strcmp(o, "before") && strcmp(o, "after")))
-                return ks_lua_errorf(L, "attend", "unknown option '%s' (options: renumber, before, after)",
+            if (!o || (strcmp(o, "renumber") && strcmp(o, "before") && strcmp(o, "after") && strcmp(o, "hold")))
+                return ks_lua_errorf(L, "attend", "unknown option '%s' (options: renumber, before, after, hold)",
                                      luaL_tolstring(L, -1, NULL));
         }
         lua_getfield(L, 3, "renumber");
         renumber = lua_toboolean(L, -1);
-        lua_pop(L, 1);
+        lua_getfield(L, 3, "hold");
+        hold = lua_toboolean(L, -1);
+        lua_pop(L, 2);
         range_opt(L, 3, "before", r);
         range_opt(L, 3, "after", r + 2);
     }
     int ranges = r[0] < r[1] || r[2] < r[3];
     ks_dev_list dl;
-    if (dev_list_arg(L, 2, e, "attend", 1, &dl))
+    if (dev_list_arg(L, 2, e, "attend", 1, &dl)) {
+        if (hold && e->ev->kind != KS_EV_DECODE_QKV) /* before the attend: an event that asked nothing */
+            return ks_lua_errorf(L, "attend", "hold only in decode_qkv (asked in %s)", e->name);
         ACT("attend", ranges ? ks_action_attend_dev_ranges(e->ev, &dl, r, renumber) : ks_action_attend_dev(e->ev, &dl, renumber));
+        if (hold) ACT("attend", ks_action_hold(e->ev, &dl, ranges ? r : NULL));
+    } else if (hold && e->ev->kind != KS_EV_DECODE_QKV)
+        return ks_lua_errorf(L, "attend", "hold only in decode_qkv (asked in %s)", e->name);
     else if (ranges) { /* a host list: the whole list here, checked as any list */
         if (per_head(L, 2)) return ks_lua_errorf(L, "attend", "before / after take one list for every KV head");
         int k;
@@ -355,7 +366,9 @@ static int l_ev_attend(lua_State *L) {
         for (int j = 0; j < k; j++) all[o++] = idx[j];
         for (int64_t j = r[2]; j < r[3]; j++) all[o++] = (int32_t)j;
         ACT("attend", ks_action_attend(e->ev, all, (int)w, renumber));
+        if (hold) ACT("attend", ks_action_hold_host(e->ev, idx, k, r));
     } else if (per_head(L, 2)) {
+        if (hold) return ks_lua_errorf(L, "attend", "hold takes one list for every KV head");
         const int32_t **idx;
         int *cnt;
         head_lists(L, 2, "attend", e->ev->n_kv_heads, &idx, &cnt);
@@ -364,6 +377,7 @@ static int l_ev_attend(lua_State *L) {
         int k;
         const int32_t *idx = index_list(L, 2, "attend", &k);
         ACT("attend", ks_action_attend(e->ev, idx, k, renumber));
+        if (hold) ACT("attend", ks_action_hold_host(e->ev, idx, k, NULL));
     }
     return 0;
 }
@@ -433,6 +447,21 @@ static int l_ev_kv_keys(lua_State *L) { return kv_tensor(L, 0); }
 static int l_ev_kv_values(lua_State *L) { return kv_tensor(L, 1); }
 
 /* ---------------------------------------------------------------- ev:report, ks.report, ks.unhook */
+
+/* ev:release([layer]): drop the held attend of that layer (nil: of every layer; ks_hold_drop):
+ * its decode_qkv handler runs again from the next decode step. */
+static int l_ev_release(lua_State *L) {
+    l_event *e = check_event(L, 1, "release");
+    int layer = -1;
+    if (!lua_isnoneornil(L, 2)) {
+        lua_Integer v = luaL_checkinteger(L, 2);
+        if (v < 0 || v >= e->ev->n_layers)
+            return ks_lua_errorf(L, "release", "layer %lld is not in [0, %d)", (long long)v, e->ev->n_layers);
+        layer = (int)v;
+    }
+    if (e->ev->sess) ks_hold_drop(e->ev->sess, layer);
+    return 0;
+}
 
 static int l_ev_report(lua_State *L) {
     check_event(L, 1, "report");
@@ -642,6 +671,7 @@ static void event_mt(lua_State *L) {
     if (luaL_newmetatable(L, KS_EVENT_MT)) {
         static const luaL_Reg methods[] = {{"restart", l_ev_restart}, {"propagate", l_ev_propagate}, {"retain", l_ev_retain},
                                            {"attend", l_ev_attend},   {"stop", l_ev_stop}, {"discard_kv", l_ev_discard_kv},           {"report", l_ev_report},
+                                           {"release", l_ev_release},
                                            {"kv_pos", l_ev_kv_pos},   {"kv_keys", l_ev_kv_keys},     {"kv_values", l_ev_kv_values},
                                            {NULL, NULL}};
         luaL_newlib(L, methods);

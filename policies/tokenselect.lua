@@ -49,7 +49,10 @@
 -- chunk is prefilled in one pass and treated as one chunk). It is not a parameter: the runtime
 -- reads prefill_chunk once, when the policy is loaded.
 -- Reports: "selections" (top-k computed), "cache_hits" and "cache_misses" (with the cache on;
--- misses include each layer's first sparse decode step).
+-- misses include each layer's first sparse decode step). With cache_theta <= -1 (and no trace)
+-- the attend is held (ev:attend's hold): the engine repeats it at the layer's later decode steps
+-- without calling decode_qkv, so a step whose every layer hits runs no Lua (one recorded graph on
+-- a GPU); those hits are the engine's ev.held_steps, added to cache_hits.
 --
 -- Deliberate differences from the reference implementation:
 --   - GQA: the release scores query head h against KV head h % n_kv_heads; the model (and this
@@ -103,8 +106,10 @@ end
 -- [0, n_init) ++ sel ++ [N - n_local, N): sel is ks.topk's sorted result inside [n_init, N - n_local),
 -- valid by construction, so ev:attend takes it on the device without a check, and the row ranges
 -- around it are read where they are (no list is built where the backend reads ranges itself).
-local function _attend(ev, p, sel, N)
-  ev:attend(sel, { renumber = true, before = { 0, p.n_init }, after = { N - p.n_local, N } })
+-- hold: the engine may repeat this attend (the trailing rows moving with the layer's rows) at
+-- the layer's later decode steps without calling decode_qkv (the hit path: nothing to decide).
+local function _attend(ev, p, sel, N, hold)
+  ev:attend(sel, { renumber = true, before = { 0, p.n_init }, after = { N - p.n_local, N }, hold = hold })
 end
 
 local function _check(p)
@@ -170,6 +175,11 @@ return {
     _attend(ev, p, sel, N)
   end,
 
+  -- Once a token (generation): the hits that held steps made, counted by the engine.
+  token = function(ev, p)
+    if p.cache_theta ~= 0 and ev.held_steps > 0 then ev:report("cache_hits", state.hits + ev.held_steps) end
+  end,
+
   -- One decode step at one layer; the new row is already in the layer (N rows).
   decode_qkv = function(ev, p)
     local l = ev.layer
@@ -210,9 +220,15 @@ return {
         state.cache[l] = { fp = flat, sel = sel }
         state.misses = state.misses + 1
       end
-      ev:report("cache_hits", state.hits)
+      ev:report("cache_hits", state.hits + ev.held_steps)
       ev:report("cache_misses", state.misses)
       if p.trace then ev:report("c" .. s .. ".l" .. l, what) end
+      -- cache_theta <= -1: every later step of this layer hits, so the engine may repeat the
+      -- attend itself (a held step is a hit the engine counts: ev.held_steps)
+      if p.cache_theta <= -1 and not p.trace then
+        _attend(ev, p, sel, N, true)
+        return
+      end
     else
       -- the fingerprint: the one query row rotated at n_local, which ks.scores does as it reads it
       sel = _select(ev, p, ev.q:reshape(ev.n_heads, ev.head_dim), ev:kv_keys(), p.n_init, N - p.n_local, step, p.n_local)

@@ -25,7 +25,11 @@
  *                                   runs plain, after two failures the session stops trying, and
  *                                   the first failure is said once (KS_LOG_INFO, with its reason)
  *   decode_graph_says_why_once      lists the backend refuses to stage: said once, with the layer
- *   decode_graph_bench_counts_replays  ks_bench_run's timed and replayed decode steps (graph%) */
+ *   decode_graph_bench_counts_replays  ks_bench_run's timed and replayed decode steps (graph%)
+ *   decode_graph_held_steps         held attends (policy.h ks_action_hold): a step whose every
+ *                                   layer is held is the segments joined into one graph
+ *                                   (graph_join); one unheld layer or none held: no join
+ *   decode_graph_join_refused       a backend that cannot join: said once, segments launched */
 #include "engine.h"
 #include "forward.h"
 #include "ktest.h"
@@ -62,6 +66,7 @@ struct ks_graph {
     rec_op *ops;
     int n, cap;
     int32_t pos0;
+    int joined; /* made by graph_join */
 };
 
 typedef struct lslot {
@@ -73,11 +78,11 @@ typedef struct lslot {
 static struct {
     ks_backend w;     /* the wrapper the model runs on */
     ks_backend *cpu;  /* the real backend */
-    int rec, failed, refuse_head, refuse_stage;
+    int rec, failed, refuse_head, refuse_stage, refuse_join;
     ks_graph *cur;
     int32_t id, pos, delta; /* the step slot */
     lslot slot[64];
-    long runs, launches, stages;
+    long runs, launches, stages, joins, joined_runs;
 } R;
 
 static int rec_push(const rec_op *o) {
@@ -244,12 +249,37 @@ static ks_status w_graph_run(ks_backend *b, ks_graph *g, int32_t id, int32_t pos
     if (R.rec) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: graph_run while recording");
     R.id = id, R.pos = pos, R.delta = pos - g->pos0;
     R.runs++;
+    R.joined_runs += g->joined;
     return run_graph(g);
 }
 static ks_status w_graph_launch(ks_backend *b, ks_graph *g) {
     if (R.rec) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: graph_launch while recording");
     R.launches++;
     return run_graph(g);
+}
+/* The segments' ops in order as one graph (run by graph_run, as CUDA's joined graph is). */
+static ks_status w_graph_join(ks_backend *b, ks_graph *const *segs, int n, ks_graph **out) {
+    *out = NULL;
+    if (R.rec) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: graph_join while recording");
+    if (R.refuse_join) return ks_errorf(KS_ERR_UNSUPPORTED, "graph-cpu refuses to join segments (the test's choice)");
+    ks_graph *g = calloc(1, sizeof *g);
+    if (!g) return KS_ERR_OOM;
+    g->pos0 = segs[0]->pos0;
+    g->joined = 1;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < segs[i]->n; j++) {
+            if (g->n == g->cap) {
+                int cap = g->cap ? 2 * g->cap : 64;
+                rec_op *p = realloc(g->ops, sizeof *p * cap);
+                if (!p) { w_graph_free(b, g); return KS_ERR_OOM; }
+                g->ops = p;
+                g->cap = cap;
+            }
+            g->ops[g->n++] = segs[i]->ops[j];
+        }
+    R.joins++;
+    *out = g;
+    return KS_OK;
 }
 static ks_status w_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const ks_attn_args *a) {
     if (R.rec) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: attn_stage while recording");
@@ -274,9 +304,11 @@ static ks_status w_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, con
 /* The recorder around a fresh CPU backend (single-threaded: the reference is too, so both sum
  * in the same order). */
 static int g_refuse_stage; /* the next recorder refuses attn_stage */
+static int g_refuse_join;  /* ... graph_join */
 static ks_backend *recorder_create(void) {
     memset(&R, 0, sizeof R);
     R.refuse_stage = g_refuse_stage;
+    R.refuse_join = g_refuse_join;
     ks_backend_opts o = ks_backend_opts_default();
     o.n_threads = 1;
     if (ks_cpu_backend_create(&o, &R.cpu)) return NULL;
@@ -297,6 +329,7 @@ static ks_backend *recorder_create(void) {
     R.w.graph_begin_seg = w_graph_begin_seg;
     R.w.graph_launch = w_graph_launch;
     R.w.attn_stage = w_attn_stage;
+    R.w.graph_join = w_graph_join;
     R.w.destroy = NULL;
     return &R.w;
 }
@@ -414,24 +447,32 @@ KT_TEST(decode_graph_segments_actor) {
 
 /* each replayed step stages its lists at every layer that attends (the tiny model: 8 layers;
  * Quest's first 2 are dense) */
+/* the hit path holds its attends (policy.h ks_action_hold): once every layer holds, a step is
+ * the segments joined into one graph (graph_join), one run and no launch of a segment */
 KT_TEST(decode_graph_staged_tokenselect_hit) {
     COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=-1", 30, 40, 30, 30 * 6);
+    KT_CHECK(R.joins >= 1 && R.joined_runs >= 25, "%ld joins, %ld joined runs of 40 steps", R.joins, R.joined_runs);
 }
 
-KT_TEST(decode_graph_staged_tokenselect) {
-    COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16", 30, 40, 30, 30 * 6);
-}
-
-KT_TEST(decode_graph_staged_quest) {
-    COMPARE("quest", NULL, "page=4,budget=32", 60, 40, 36, 36 * 5);
+/* SEG_HOLDER (tests/seg_policies.h): every layer held, joined; one layer unheld (its handler
+ * runs between segments every step, no join); one that releases the holds once (the next step
+ * falls back at layer 0 and re-records) */
+KT_TEST(decode_graph_held_steps) {
+    COMPARE("holder", SEG_HOLDER, "hold=true", 120, 30, 26, 0);
+    KT_CHECK(R.joins >= 1 && R.joined_runs >= 24, "all held: %ld joins, %ld joined runs", R.joins, R.joined_runs);
+    COMPARE("holder", SEG_HOLDER, "hold=true,free_layer=2", 120, 30, 26, 0);
+    KT_CHECK(R.joins == 0 && R.joined_runs == 0, "one layer unheld: %ld joins, %ld joined runs", R.joins, R.joined_runs);
+    COMPARE("holder", SEG_HOLDER, "hold=false", 120, 30, 26, 0);
+    KT_CHECK(R.joins == 0, "nothing held: %ld joins", R.joins);
 }
 
 /* the library's log, captured: INFO lines that name the decode graph */
 static int g_said;
 static char g_said_msg[700];
+static const char *g_said_what; /* NULL: the recording's failure */
 static void capture_log(void *user, ks_log_level level, const char *msg) {
     (void)user;
-    if (level == KS_LOG_INFO && strstr(msg, "cannot replay as a recorded graph")) {
+    if (level == KS_LOG_INFO && strstr(msg, g_said_what ? g_said_what : "cannot replay as a recorded graph")) {
         g_said++;
         snprintf(g_said_msg, sizeof g_said_msg, "%s", msg);
     }
@@ -521,4 +562,28 @@ KT_TEST(decode_graph_bench_counts_replays) {
     KT_CHECK(st == KS_OK, "%s", ks_last_error());
     KT_CHECK(rt == 20 && rg >= 16 && rg <= 20, "recorder: %ld of %ld timed steps replayed", rg, rt);
     KT_CHECK(pt == 20 && pg == 0, "plain CPU: %ld of %ld timed steps replayed", pg, pt);
+}
+
+/* a backend that cannot join the segments: said once, the held steps launch them one by one */
+KT_TEST(decode_graph_join_refused) {
+    g_refuse_join = 1;
+    g_said = 0;
+    g_said_what = "launch their";
+    ks_set_log(capture_log, NULL);
+    char msg[1200];
+    int rc = compare("holder", SEG_HOLDER, "hold=true", 120, 30, 26, 0, msg, sizeof msg);
+    ks_set_log(NULL, NULL);
+    g_refuse_join = 0;
+    g_said_what = NULL;
+    KT_CHECK(rc == 0, "%s", msg);
+    KT_CHECK(R.joined_runs == 0 && R.launches >= 24 * 8, "%ld joined runs, %ld segment launches", R.joined_runs, R.launches);
+    KT_CHECK(g_said == 1 && strstr(g_said_msg, "graph-cpu refuses to join"), "said %d times: %s", g_said, g_said_msg);
+}
+
+KT_TEST(decode_graph_staged_tokenselect) {
+    COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16", 30, 40, 30, 30 * 6);
+}
+
+KT_TEST(decode_graph_staged_quest) {
+    COMPARE("quest", NULL, "page=4,budget=32", 60, 40, 36, 36 * 5);
 }
