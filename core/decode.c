@@ -683,7 +683,7 @@ static ks_status decode_joined(ks_session *s, ks_decode_state *d, int32_t id, in
         st = be->graph_run(be, d->joined, id, pos);
         if (st) for (int j = 0; j < nl; j++) dec_unbook_row(s, j); /* nothing ran */
         if (st == KS_ERR_UNSUPPORTED) ks_decode_drop_graph(s);
-        if (!st) { d->seg_miss = 0; s->graph_steps++; }
+        if (!st) { d->seg_miss = 0; s->graph_steps++; s->joined_steps++; }
     } else if (!st) { /* segments 0 .. l one by one (l's row is booked), the rest as seg_replay */
         int j = 0;
         st = be->graph_run(be, d->seg[0], id, pos);

@@ -119,6 +119,7 @@ struct ks_session {
     ks_profile prof;          /* per-phase times (ks_profile_enable); on at creation with the backend's opts.profile */
     int discard_kv;           /* the running prefill pass discards its KV rows (discard_kv action) */
     int graph_steps;          /* decode steps run as a recorded graph (ks_backend.graph_begin) */
+    int joined_steps;         /* of those, steps whose every layer was held, run as one joined graph */
     struct ks_decode_state *dec; /* decode.c: one-row buffers kept between decode steps and the
                                     recorded decode step (backend graphs); NULL until a decode */
     struct ks_list_keep *lkeep;  /* actions.c: per layer, the engine's copy of the last device attend

@@ -8,6 +8,7 @@
 
 struct ks_graph {
     cudaGraphExec_t exec;
+    cudaGraph_t tmpl;      /* the recorded graph, kept for graph_join (its child graphs) */
     int32_t pos0;          /* position at graph_begin */
     unsigned rc_gen;
 };
@@ -78,14 +79,53 @@ static ks_status cu_graph_end(ks_backend *b, ks_graph **out) {
     ks_graph *kg = (ks_graph *)ks_calloc(1, sizeof *kg);
     if (!kg) { cudaGraphDestroy(g); return KS_ERR_OOM; }
     e = cudaGraphInstantiate(&kg->exec, g, 0);
-    cudaGraphDestroy(g);
     if (e) {
+        cudaGraphDestroy(g);
         cudaGetLastError();
         free(kg);
         return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph instantiation failed (%s)", cudaGetErrorString(e));
     }
+    kg->tmpl = g;
     kg->pos0 = c->h_step[1];
     kg->rc_gen = c->rc_gen;
+    *out = kg;
+    return KS_OK;
+}
+
+/* The segments as one graph: each a child graph node (a copy of its recording), each depending
+ * on the one before, so the step runs as one launch; the kernels of consecutive segments follow
+ * each other as inside one recording, without the gap of a graph launch between them. */
+static ks_status cu_graph_join(ks_backend *b, ks_graph *const *segs, int n, ks_graph **out) {
+    cuda_ctx *c = CTX(b);
+    *out = NULL;
+    if (c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_join while recording");
+    if (n < 1) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_join of no segment");
+    for (int i = 0; i < n; i++)
+        if (!segs[i] || !segs[i]->tmpl || segs[i]->rc_gen != segs[0]->rc_gen)
+            return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: segment %d cannot be joined (no recording, or another device table)", i);
+    cudaGraph_t g = NULL;
+    cudaGraphNode_t prev = NULL;
+    cudaError_t e = cudaGraphCreate(&g, 0);
+    for (int i = 0; !e && i < n; i++) {
+        cudaGraphNode_t node;
+        e = cudaGraphAddChildGraphNode(&node, g, prev ? &prev : NULL, prev ? 1 : 0, segs[i]->tmpl);
+        prev = node;
+    }
+    ks_graph *kg = NULL;
+    if (!e && !(kg = (ks_graph *)ks_calloc(1, sizeof *kg))) {
+        if (g) cudaGraphDestroy(g);
+        return KS_ERR_OOM;
+    }
+    if (!e) e = cudaGraphInstantiate(&kg->exec, g, 0);
+    if (e) {
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        free(kg);
+        return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: joining %d decode segments failed (%s)", n, cudaGetErrorString(e));
+    }
+    cudaGraphDestroy(g); /* the executable holds what it needs; a joined graph is never joined again */
+    kg->pos0 = segs[0]->pos0;
+    kg->rc_gen = segs[0]->rc_gen;
     *out = kg;
     return KS_OK;
 }
@@ -115,6 +155,7 @@ static ks_status cu_graph_launch(ks_backend *b, ks_graph *g) {
 static void cu_graph_free(ks_backend *b, ks_graph *g) {
     if (!g) return;
     cudaGraphExecDestroy(g->exec);
+    if (g->tmpl) cudaGraphDestroy(g->tmpl);
     free(g);
 }
 
@@ -129,5 +170,6 @@ void cuda_graph_install(ks_backend *b) {
     b->graph_free = cu_graph_free;
     b->graph_begin_seg = cu_graph_begin_seg;
     b->graph_launch = cu_graph_launch;
+    b->graph_join = cu_graph_join;
     b->attn_stage = cuda_attn_stage; /* cuda_attn.cu: lists a recorded attention reads */
 }
