@@ -357,7 +357,10 @@ struct ks_backend {
      * address, queued on the stream, outside a recording. A recording's attention with
      * a->staged = slot + 1 reads the slot, and through it the lists, when it runs, so each replay
      * of a step stages its lists first, and the caller keeps the lists alive (stream-ordered)
-     * until the segment that reads them was launched. KS_ERR_UNSUPPORTED: these lists cannot be
+     * until the segment that reads them was launched. With row ranges (a->seg) the slot keeps
+     * the trailing range relative to the query position (a->qpos[0] + 1), so the same lists and
+     * ranges one step later, the trailing range moved by the step's row, need no staging again
+     * (core/decode.c's joined steps count on it). KS_ERR_UNSUPPORTED: these lists cannot be
      * staged (nothing queued). */
     ks_status (*attn_stage)(ks_backend *b, int slot, const ks_kv_layer *L, const ks_attn_args *a);
 

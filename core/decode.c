@@ -50,6 +50,8 @@ typedef struct ks_decode_state {
     ks_graph *joined;        /* the whole segments' recording as one graph (backend graph_join), for steps
                               * whose every layer is held (no handler runs); NULL = not joined yet */
     int join_failed;         /* graph_join refused these segments: held steps launch them one by one */
+    int32_t joined_pos;      /* the position of the last joined step (-1: none since the recording) */
+    unsigned long long joined_gen; /* the session's hold_gen at that step */
     int fails;               /* recordings that failed; no more graphs for the session after 2 */
     ks_devcheck *chk;        /* deferred checks of attend device lists (actions.c), or NULL */
 } ks_decode_state;
@@ -63,6 +65,7 @@ void ks_decode_drop_graph(ks_session *s) {
     d->g = NULL;
     d->joined = NULL;
     d->join_failed = 0;
+    d->joined_pos = -1;
     d->nseg = 0;
     d->ready = 0;
 }
@@ -107,6 +110,7 @@ static ks_decode_state *dec_state(ks_session *s) {
     }
     d->ring_p0 = d->ring_r + c->n_layers;
     for (int l = 0; l < 2 * c->n_layers; l++) d->ring_r[l] = -1;
+    d->joined_pos = -1;
     d->ring_cnt = (int *)(d->ring_idx + c->n_kv_heads);
     d->v = d->k + c->n_layers;
     d->pd = d->v + c->n_layers;
@@ -662,12 +666,35 @@ static ks_status decode_joined(ks_session *s, ks_decode_state *d, int32_t id, in
             return KS_ERR_UNSUPPORTED;
         }
     }
+    if (d->joined_pos >= 0 && d->joined_pos == pos - 1 && d->joined_gen == s->hold_gen) {
+        /* the step before was this joined graph under the same holds, each read in place (row
+         * ranges, ks_attn_args.seg): every layer's attend is that step's with one more row at
+         * the end, which the staged slot says already (attn_stage keeps the trailing range
+         * relative to the query position), and still fits (rows only grew): book the rows and
+         * launch, no host work per layer */
+        dec_book_rows(s, d, pos);
+        st = be->graph_run(be, d->joined, id, pos);
+        if (st) {
+            for (int j = 0; j < nl; j++) dec_unbook_row(s, j);
+            d->joined_pos = -1;
+            if (st == KS_ERR_UNSUPPORTED) ks_decode_drop_graph(s);
+            return st;
+        }
+        d->joined_pos = pos;
+        s->held_steps += nl;
+        d->seg_miss = 0;
+        s->graph_steps++;
+        s->joined_steps++;
+        return KS_OK;
+    }
+    d->joined_pos = -1;
     ks_actions *act = ks_calloc((size_t)nl, sizeof *act);
     if (!act) return KS_ERR_OOM;
-    int l = 0, held = 0;
+    int l = 0, held = 0, same = 1; /* same: the next step's staging would write what this one did */
     for (; l < nl; l++) {
         dec_book_layer(s, d, l, pos);
         if ((held = dec_layer_held(s, b, l, &pos, &id, &act[l])) <= 0) break;
+        if (ks_hold_moves(s, l) && !act[l].attend_seg) same = 0; /* a whole list with the rows at its end */
         int att = dec_acted(&act[l]);
         if (att != d->seg_att[l] || (att && !dec_stageable(s, &act[l]))) break;
         if (att && (st = dec_stage(s, b, l, pos, &act[l]))) {
@@ -683,7 +710,13 @@ static ks_status decode_joined(ks_session *s, ks_decode_state *d, int32_t id, in
         st = be->graph_run(be, d->joined, id, pos);
         if (st) for (int j = 0; j < nl; j++) dec_unbook_row(s, j); /* nothing ran */
         if (st == KS_ERR_UNSUPPORTED) ks_decode_drop_graph(s);
-        if (!st) { d->seg_miss = 0; s->graph_steps++; s->joined_steps++; }
+        if (!st) {
+            d->seg_miss = 0;
+            s->graph_steps++;
+            s->joined_steps++;
+            d->joined_pos = same ? pos : -1; /* the next step may take the fast path above */
+            d->joined_gen = s->hold_gen;
+        }
     } else if (!st) { /* segments 0 .. l one by one (l's row is booked), the rest as seg_replay */
         int j = 0;
         st = be->graph_run(be, d->seg[0], id, pos);

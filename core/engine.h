@@ -130,6 +130,7 @@ struct ks_session {
     struct ks_hold *hold;     /* hold.c: (n_layers) each layer's held decode attend (policy.h ks_action_hold),
                                  NULL until one; dropped by a prefill, a reset and a change of policy */
     int n_held;               /* layers with a hold */
+    unsigned long long hold_gen; /* bumped by every hold placed or dropped */
     long long held_steps;     /* layer steps whose attend a hold repeated (no event fired) since the reset */
 };
 

@@ -124,6 +124,8 @@ void ks_list_keep_free(ks_session *s);
 ks_status ks_hold_commit(ks_session *s, int layer, const ks_actions *act);
 int ks_hold_replay(ks_session *s, ks_event *ev);
 int ks_hold_on(const ks_session *s, int layer);
+/* Layer l's hold has a trailing range that moves with the rows. */
+int ks_hold_moves(const ks_session *s, int layer);
 int ks_holds_all(const ks_session *s);
 void ks_hold_free(ks_session *s);
 /* Where the session's deferred checks live (in the decode state, created here if needed; NULL:

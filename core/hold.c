@@ -37,6 +37,7 @@ void ks_hold_drop(ks_session *s, int layer) {
         if (h->copy) ((ks_backend *)h->be)->free((ks_backend *)h->be, h->copy); /* stream-ordered */
         memset(h, 0, sizeof *h);
         s->n_held--;
+        s->hold_gen++;
     }
 }
 
@@ -51,6 +52,8 @@ void ks_hold_free(ks_session *s) {
 int ks_holds_all(const ks_session *s) { return s->hold && s->n_held == s->m->cfg.n_layers; }
 
 int ks_hold_on(const ks_session *s, int layer) { return s->hold && s->hold[layer].on; }
+
+int ks_hold_moves(const ks_session *s, int layer) { return ks_hold_on(s, layer) && s->hold[layer].tail; }
 
 ks_status ks_hold_commit(ks_session *s, int layer, const ks_actions *a) {
     if (!a->hold) return KS_OK;
@@ -82,6 +85,7 @@ ks_status ks_hold_commit(ks_session *s, int layer, const ks_actions *a) {
     }
     h->on = 1;
     s->n_held++;
+    s->hold_gen++;
     return KS_OK;
 }
 

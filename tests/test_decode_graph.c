@@ -73,6 +73,8 @@ typedef struct lslot {
     int32_t *list[MAXH];
     int cnt[MAXH];
     int renumber, hkv;
+    int seg, b0, b1, arel, na; /* row ranges around the lists (attn_ranges): the trailing one at
+                                  (query position + 1 + arel), na rows, as CUDA's staging keeps it */
 } lslot;
 
 static struct {
@@ -123,9 +125,37 @@ static ks_status w_attn_in(ks_backend *b, const ks_layer_w *W, const ks_config *
     return rec_push(&o) ? KS_ERR_OOM : KS_OK;
 }
 
+/* The CPU attention over each KV head's [b0, b1) ++ idx[h] ++ [a0, a1) written out (the
+ * recorder takes row ranges, ks_attn_args.seg, as CUDA does; the CPU backend reads whole lists). */
+static ks_status attention_ranges(float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a,
+                                  const int32_t *const *idx, const int *n_idx, int b0, int b1, int a0, int a1) {
+    int32_t *w[MAXH] = {0};
+    int cnt[MAXH];
+    ks_status st = KS_OK;
+    for (int h = 0; h < L->n_kv_heads && !st; h++) {
+        cnt[h] = (b1 - b0) + n_idx[h] + (a1 - a0);
+        if (!(w[h] = malloc(sizeof(int32_t) * (cnt[h] + 1)))) { st = KS_ERR_OOM; break; }
+        int o = 0;
+        for (int j = b0; j < b1; j++) w[h][o++] = j;
+        memcpy(w[h] + o, idx[h], sizeof(int32_t) * n_idx[h]);
+        o += n_idx[h];
+        for (int j = a0; j < a1; j++) w[h][o++] = j;
+    }
+    ks_attn_args aa = *a;
+    aa.idx = (const int32_t *const *)w;
+    aa.n_idx = cnt;
+    aa.idx_dev = 0;
+    aa.seg = 0;
+    aa.staged = 0;
+    if (!st) st = R.cpu->attention(R.cpu, out, q, L, &aa);
+    for (int h = 0; h < L->n_kv_heads; h++) free(w[h]);
+    return st;
+}
+
 static ks_status w_attention(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a) {
     if (!R.rec) {
         if (a->staged) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: staged lists outside a recording");
+        if (a->seg) return attention_ranges(out, q, L, a, a->idx, a->n_idx, a->seg_b0, a->seg_b1, a->seg_a0, a->seg_a1);
         return R.cpu->attention(R.cpu, out, q, L, a);
     }
     if (a->n != 1 || L->n_kv_heads > MAXH) return refuse("attention of several rows");
@@ -190,6 +220,9 @@ static ks_status run_op(const rec_op *o) {
             aa.idx_dev = 0;
             aa.renumber = s->renumber;
             aa.staged = 0;
+            if (s->seg) /* the trailing range where this step's query is */
+                return attention_ranges(o->out, o->in, &V, &aa, aa.idx, aa.n_idx, s->b0, s->b1, pos + 1 + s->arel,
+                                        pos + 1 + s->arel + s->na);
         }
         return R.cpu->attention(R.cpu, o->out, o->in, &V, &aa);
     }
@@ -297,6 +330,11 @@ static ks_status w_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, con
     }
     s->hkv = L->n_kv_heads;
     s->renumber = a->renumber;
+    s->seg = a->seg;
+    if (a->seg) {
+        s->b0 = a->seg_b0, s->b1 = a->seg_b1;
+        s->arel = a->seg_a0 - (a->qpos[0] + 1), s->na = a->seg_a1 - a->seg_a0;
+    }
     R.stages++;
     return KS_OK;
 }
@@ -330,6 +368,7 @@ static ks_backend *recorder_create(void) {
     R.w.graph_launch = w_graph_launch;
     R.w.attn_stage = w_attn_stage;
     R.w.graph_join = w_graph_join;
+    R.w.attn_ranges = 1; /* row ranges around device lists, expanded here (w_attention) */
     R.w.destroy = NULL;
     return &R.w;
 }
@@ -464,6 +503,12 @@ KT_TEST(decode_graph_held_steps) {
     KT_CHECK(R.joins == 0 && R.joined_runs == 0, "one layer unheld: %ld joins, %ld joined runs", R.joins, R.joined_runs);
     COMPARE("holder", SEG_HOLDER, "hold=false", 120, 30, 26, 0);
     KT_CHECK(R.joins == 0, "nothing held: %ld joins", R.joins);
+    /* device lists (emulated) read in place around row ranges: after a joined step, the next
+     * one stages nothing (its slots say the same, the trailing range relative to the query) */
+    COMPARE("holder", SEG_HOLDER, "hold=true,_device=emulate", 120, 30, 26, 0);
+    KT_CHECK(R.joins == 1 && R.joined_runs >= 26 && R.stages <= 2 * 8,
+             "device lists: %ld joins, %ld joined runs, %ld lists staged (the recording's and the first joined step's: "
+             "at most 2 x 8 layers)", R.joins, R.joined_runs, R.stages);
 }
 
 /* the library's log, captured: INFO lines that name the decode graph */
