@@ -47,8 +47,9 @@ typedef struct ks_decode_state {
     int ring_list_n;
     const int32_t **ring_idx; /* (n_kv_heads) all ring_list */
     int *ring_cnt;           /* (n_kv_heads) */
-    ks_graph *joined;        /* the whole segments' recording as one graph (backend graph_join), for steps
-                              * whose every layer is held (no handler runs); NULL = not joined yet */
+    ks_graph *joined[2];     /* the segments' recording joined (backend graph_join) in two graphs, for
+                              * steps whose every layer is held (no handler runs): segments
+                              * [0, JOIN_HEAD) and the rest; NULL = not joined yet */
     int join_failed;         /* graph_join refused these segments: held steps launch them one by one */
     int32_t joined_pos;      /* the position of the last joined step (-1: none since the recording) */
     unsigned long long joined_gen; /* the session's hold_gen at that step */
@@ -61,9 +62,10 @@ void ks_decode_drop_graph(ks_session *s) {
     if (!d || (!d->g && !d->nseg)) return;
     if (d->g) s->be->graph_free(s->be, d->g);
     for (int i = 0; i < d->nseg; i++) s->be->graph_free(s->be, d->seg[i]);
-    if (d->joined) s->be->graph_free(s->be, d->joined);
+    for (int i = 0; i < 2; i++)
+        if (d->joined[i]) s->be->graph_free(s->be, d->joined[i]);
     d->g = NULL;
-    d->joined = NULL;
+    d->joined[0] = d->joined[1] = NULL;
     d->join_failed = 0;
     d->joined_pos = -1;
     d->nseg = 0;
@@ -643,22 +645,41 @@ static ks_status seg_replay(ks_session *s, ks_decode_state *d, int32_t id, int32
 }
 
 /* A replay whose every layer is held (policy.h ks_action_hold: no handler runs): every layer's
- * row booked and its held lists staged, then the segments joined into one graph (backend
- * graph_join, made on first use) in one launch: no gap between the segments, no host work
- * between them. A layer whose held attend does not replay as recorded (dropped, another kind,
+ * row booked and its held lists staged, then the segments joined into two graphs (backend
+ * graph_join, made on first use; JOIN_HEAD) in two launches: no gap between the segments inside
+ * either, no host work between them. A layer whose held attend does not replay as recorded (dropped, another kind,
  * not staged) launches the segments before it one by one and goes on as seg_replay from it.
  * KS_ERR_UNSUPPORTED: nothing was done (the backend cannot join them: said once). */
+/* Segments in the first of the two joined graphs. A graph's launch costs host time that grows
+ * with its kernels, and the device waits for all of it before the first kernel: a short first
+ * graph starts the device while the host launches the long second one behind it (one graph of
+ * every segment left ~200 us of idle before a 128K step's first kernel, bench/NOTES.md, issue 14
+ * session 24). */
+#define JOIN_HEAD 2
+
+/* The joined step: its first graph with graph_run (the step slot), the second behind it. */
+static ks_status joined_launch(ks_backend *be, ks_decode_state *d, int32_t id, int32_t pos) {
+    ks_status st = be->graph_run(be, d->joined[0], id, pos);
+    if (!st && d->joined[1]) st = be->graph_launch(be, d->joined[1]);
+    return st;
+}
+
 static ks_status decode_joined(ks_session *s, ks_decode_state *d, int32_t id, int32_t pos) {
     const ks_config *c = &s->m->cfg;
     const int nl = c->n_layers;
     ks_backend *be = s->be;
     ks_fwd_buf *b = &d->b;
     ks_status st = KS_OK;
-    if (!d->joined) {
+    if (!d->joined[0]) {
         if (d->join_failed) return KS_ERR_UNSUPPORTED;
-        if ((st = be->graph_join(be, d->seg, nl + 1, &d->joined))) {
+        int head = JOIN_HEAD > 0 && JOIN_HEAD < nl + 1 ? JOIN_HEAD : nl + 1;
+        st = be->graph_join(be, d->seg, head, &d->joined[0]);
+        if (!st && head < nl + 1) st = be->graph_join(be, d->seg + head, nl + 1 - head, &d->joined[1]);
+        if (st) {
             d->join_failed = 1;
-            d->joined = NULL;
+            for (int i = 0; i < 2; i++)
+                if (d->joined[i]) be->graph_free(be, d->joined[i]);
+            d->joined[0] = d->joined[1] = NULL;
             if (st != KS_ERR_UNSUPPORTED) return st;
             ks_logf(KS_LOG_INFO, "decode: held steps launch their %d recorded segments one by one (%s)", nl + 1,
                     ks_last_error());
@@ -673,7 +694,7 @@ static ks_status decode_joined(ks_session *s, ks_decode_state *d, int32_t id, in
          * relative to the query position), and still fits (rows only grew): book the rows and
          * launch, no host work per layer */
         dec_book_rows(s, d, pos);
-        st = be->graph_run(be, d->joined, id, pos);
+        st = joined_launch(be, d, id, pos);
         if (st) {
             for (int j = 0; j < nl; j++) dec_unbook_row(s, j);
             d->joined_pos = -1;
@@ -706,8 +727,8 @@ static ks_status decode_joined(ks_session *s, ks_decode_state *d, int32_t id, in
     }
     if (held < 0) st = KS_ERR_OOM;
     int last = KS_MIN(l, nl - 1); /* the last layer whose row is booked */
-    if (!st && l == nl) { /* the whole step in one launch */
-        st = be->graph_run(be, d->joined, id, pos);
+    if (!st && l == nl) { /* the whole step in two launches */
+        st = joined_launch(be, d, id, pos);
         if (st) for (int j = 0; j < nl; j++) dec_unbook_row(s, j); /* nothing ran */
         if (st == KS_ERR_UNSUPPORTED) ks_decode_drop_graph(s);
         if (!st) {
