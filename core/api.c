@@ -385,6 +385,8 @@ ks_status ks_session_logits(const ks_session *s, const float **logits, int *n) {
     if (n) *n = 0;
     if (!s || !logits) return ks_errorf(KS_ERR_ARG, "ks_session_logits: no %s", s ? "output pointer" : "session");
     if (s->n_past <= 0 || !s->logits) return ks_errorf(KS_ERR_ARG, "ks_session_logits: the session has not run yet");
+    ks_status st = ks_session_logits_fill((ks_session *)s); /* a greedy step left them on the device */
+    if (st) return st;
     *logits = s->logits;
     if (n) *n = s->m->cfg.vocab;
     return KS_OK;

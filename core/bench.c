@@ -164,7 +164,9 @@ ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks_bench_
         ks_sampler_init(&smp, 0, 1, 0);
         double t1 = ks_now();
         int graph0 = s->graph_steps;
-        for (int g = 0; g < o->gen && !st; g++) st = ks_session_decode(s, ks_sample(&smp, s->logits, c->vocab));
+        /* greedy: the argmax on the device where the backend has one (ks_session_decode_greedy) */
+        int32_t next = ks_sample(&smp, s->logits, c->vocab);
+        for (int g = 0; g < o->gen && !st; g++) st = ks_session_decode_greedy(s, next, &next);
         double tdr = ks_now() - t1;
         if (!st) {
             out->timed_steps += o->gen;

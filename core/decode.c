@@ -851,7 +851,8 @@ static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, 
 
 /* ================================================================ the call */
 
-ks_status ks_session_decode(ks_session *s, int32_t id) {
+/* ks_session_decode, and with next (non-NULL) ks_session_decode_greedy */
+static ks_status decode_one(ks_session *s, int32_t id, int32_t *next) {
     const ks_config *c = &s->m->cfg;
     ks_backend *be = s->be;
     if (id < 0 || id >= c->vocab) return ks_errorf(KS_ERR_ARG, "decode: token id %d out of range [0, %d)", id, c->vocab);
@@ -883,7 +884,19 @@ ks_status ks_session_decode(ks_session *s, int32_t id) {
         st = decode_body(s, d, &d->b, id, pos, d->lg);
         if (!st) d->ready++;
     }
-    if (!st) st = be->download(be, s->logits, d->lg, sizeof(float) * c->vocab);
+    if (!st && next && be->argmax_rows && !be->host_memory && be->graph_begin) {
+        /* the id alone comes back; the logits stay in d->lg (kept: a backend with graphs) */
+        st = be->argmax_rows(be, d->lg, 1, c->vocab, next);
+        s->logits_stale = !st;
+    } else if (!st) {
+        st = be->download(be, s->logits, d->lg, sizeof(float) * c->vocab);
+        s->logits_stale = 0;
+        if (!st && next) {
+            ks_sampler g;
+            ks_sampler_init(&g, 0, 1, 0);
+            *next = ks_sample(&g, s->logits, c->vocab);
+        }
+    }
     if (!st) st = ks_devcheck_sync(s); /* the step's device list checks, now that it has run */
     PROF(s, KS_PH_SYNC);
     if (!st) s->n_past++;
@@ -894,5 +907,21 @@ out:
     PROF(s, KS_PH_ALLOC);
     ks_prof_end(s);
     s->t_decode += ks_now() - t0;
+    return st;
+}
+
+ks_status ks_session_decode(ks_session *s, int32_t id) { return decode_one(s, id, NULL); }
+
+ks_status ks_session_decode_greedy(ks_session *s, int32_t id, int32_t *next) {
+    if (!next) return ks_errorf(KS_ERR_ARG, "decode: no place for the next id");
+    return decode_one(s, id, next);
+}
+
+ks_status ks_session_logits_fill(ks_session *s) {
+    if (!s->logits_stale) return KS_OK;
+    const ks_decode_state *d = s->dec;
+    if (!d || !d->lg) return ks_errorf(KS_ERR_INTERNAL, "decode: the step's logits are gone");
+    ks_status st = s->be->download(s->be, s->logits, d->lg, sizeof(float) * s->m->cfg.vocab);
+    if (!st) s->logits_stale = 0;
     return st;
 }

@@ -279,6 +279,7 @@ static ks_status step_rows(brow *R, int n, int32_t *next, ks_status *sts, char *
         ks_session *s = R[r].s;
         if (R[r].dead) continue;
         ks_status sr = KS_OK;
+        s->logits_stale = 0; /* a greedy row's logits are not downloaded (as documented), never an older step's */
         if (R[r].greedy) next[R[r].i] = am[r];
         else sr = be->download(be, s->logits, lg + (size_t)r * c->vocab, sizeof(float) * c->vocab);
         if (!sr) sr = ks_devcheck_sync(s); /* its device list checks, now that the step ran */

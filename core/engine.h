@@ -120,6 +120,7 @@ struct ks_session {
     int discard_kv;           /* the running prefill pass discards its KV rows (discard_kv action) */
     int graph_steps;          /* decode steps run as a recorded graph (ks_backend.graph_begin) */
     int joined_steps;         /* of those, steps whose every layer was held, run as one joined graph */
+    int logits_stale;         /* the last step's logits are on the device only (ks_session_decode_greedy) */
     struct ks_decode_state *dec; /* decode.c: one-row buffers kept between decode steps and the
                                     recorded decode step (backend graphs); NULL until a decode */
     struct ks_list_keep *lkeep;  /* actions.c: per layer, the engine's copy of the last device attend
@@ -141,6 +142,14 @@ struct ks_session {
 ks_status ks_session_prefill(ks_session *s, const int32_t *ids, int n);
 /* One decode step with token id at position n_past. Fills s->logits. */
 ks_status ks_session_decode(ks_session *s, int32_t id);
+/* The same, and *next = the step's greedy id (ks_sample's at temperature 0: the lowest index of
+ * the largest logit). On a device backend with argmax_rows (CUDA) the argmax runs on the device
+ * and only the id comes back: s->logits are not filled then (s->logits_stale), and
+ * ks_session_logits_fill downloads them on demand until the next step. ~512 KB less to download
+ * and no host scan of a 128K vocabulary a step (bench/NOTES.md, issue 14 session 24). */
+ks_status ks_session_decode_greedy(ks_session *s, int32_t id, int32_t *next);
+/* s->logits filled where a greedy step left them on the device (nothing to do otherwise). */
+ks_status ks_session_logits_fill(ks_session *s);
 /* One decode step for n sessions of ONE model at once (decode_batch.c): session s[i] takes token
  * ids[i] at its own position n_past, with its own policy, KV rows and logits, exactly as
  * ks_session_decode(s[i], ids[i]) would; the dense ops (q/k/v, o-projection, MLP) run over the

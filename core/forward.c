@@ -105,6 +105,7 @@ ks_status ks_head_logits(ks_session *s, ks_fwd_buf *b, int row) {
     PROF(s, KS_PH_ALLOC);
     ks_status st = ks_head_compute(s, b, row, 1, lg);
     if (!st) st = be->download(be, s->logits, lg, sizeof(float) * c->vocab);
+    if (!st) s->logits_stale = 0;
     if (!st) st = ks_devcheck_sync(s); /* the forward's device list checks, now that it has run */
     PROF(s, KS_PH_SYNC);
     be->free(be, lg);

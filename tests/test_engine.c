@@ -54,6 +54,36 @@ static ks_status run(ks_session *s, const ks_policy *p, const int32_t *ids, int 
 
 static ks_status h_nothing(void *ud, ks_event *ev) { (void)ud; (void)ev; return KS_OK; }
 
+/* ks_session_decode_greedy: the ids ks_sample gives on each step's logits, and the logits filled
+ * (the CPU has no device argmax: the CUDA path is tests/cuda/test_cuda.c "greedy on the device") */
+KT_TEST(engine_decode_greedy_gives_the_sampled_ids) {
+    fixture f;
+    KT_CHECK(fx_open(&f, 2) == 0, "tiny model: %s", ks_last_error());
+    const int V = f.m->cfg.vocab, steps = 6;
+    int32_t ids[12], gen[6], next;
+    float *last = malloc(sizeof(float) * V);
+    prompt(ids, 12);
+    KT_CHECK(last && run(f.s, NULL, ids, 12, steps, last, gen) == KS_OK, "%s", ks_last_error());
+    ks_session_reset(f.s);
+    ks_status st = ks_session_prefill(f.s, ids, 12);
+    ks_sampler smp;
+    ks_sampler_init(&smp, 0, 1, 0);
+    next = ks_sample(&smp, f.s->logits, V);
+    for (int t = 0; !st && t < steps; t++) {
+        KT_CHECK(next == gen[t], "step %d: id %d, the sampled run's %d", t, next, gen[t]);
+        st = ks_session_decode_greedy(f.s, next, &next);
+    }
+    KT_CHECK(st == KS_OK, "%s", ks_last_error());
+    const float *lg;
+    int n;
+    KT_CHECK(ks_session_logits(f.s, &lg, &n) == KS_OK && n == V && !memcmp(lg, last, sizeof(float) * V),
+             "the greedy run's last logits differ");
+    KT_CHECK(next == ks_sample(&smp, last, V), "the last next id is not the argmax of the last logits");
+    KT_CHECK(ks_session_decode_greedy(f.s, 1, NULL) == KS_ERR_ARG, "no place for the id: accepted");
+    free(last);
+    fx_close(&f);
+}
+
 KT_TEST(engine_noop_chunked_prerope_match_full) {
     fixture f;
     KT_CHECK(fx_open(&f, 3) == 0, "%s", ks_last_error());

@@ -1231,6 +1231,41 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
+/* ks_session_decode_greedy on the GPU: the argmax on the device gives the ids that ks_sample
+ * gives on the downloaded logits (two sessions of one model, the same steps), the logits stay on
+ * the device (logits_stale) until asked, and then are the plain run's, bit for bit. */
+static void greedy_on_device(const char *dir, const int32_t *ids, int n, int steps) {
+    const char *name = "e2e stories260K: greedy on the device (ks_session_decode_greedy)";
+    ks_model *m = NULL;
+    ks_session *sa = NULL, *sb = NULL;
+    ks_status st = ks_model_load(dir, GPU, 0, &m);
+    if (!st) st = ks_session_create(m, &sa);
+    if (!st) st = ks_session_create(m, &sb);
+    if (!st) st = ks_session_prefill(sa, ids, n);
+    if (!st) st = ks_session_prefill(sb, ids, n);
+    int same = 1, stale = 1, V = m ? m->cfg.vocab : 0;
+    ks_sampler g;
+    ks_sampler_init(&g, 0, 1, 0);
+    int32_t ta = st ? 0 : ks_sample(&g, sa->logits, V), tb = ta;
+    for (int t = 0; !st && t < steps; t++) {
+        if ((st = ks_session_decode(sa, ta)) || (st = ks_session_decode_greedy(sb, tb, &tb))) break;
+        ta = ks_sample(&g, sa->logits, V);
+        same = same && ta == tb;
+        stale = stale && sb->logits_stale;
+    }
+    const float *lg = NULL;
+    int nv = 0;
+    if (!st) st = ks_session_logits(sb, &lg, &nv);
+    if (st) result(0, name, "%s: %s", ks_status_name(st), ks_last_error());
+    else
+        result(same && stale && nv == V && !memcmp(lg, sa->logits, sizeof(float) * V) && !sb->logits_stale, name,
+               "ids %s over %d steps, logits left on the device %s, then filled %s", same ? "equal" : "DIFFER", steps,
+               stale ? "every step" : "NOT every step", lg && !memcmp(lg, sa->logits, sizeof(float) * V) ? "bit-equal" : "DIFFERENT");
+    ks_session_free(sa);
+    ks_session_free(sb);
+    ks_model_free(m);
+}
+
 /* Prefill `ids` on both backends, compare logits; then greedy-decode `steps` tokens on each
  * (each backend following its own argmax) and report agreement. */
 /* seed 0: load the folder's checkpoint; else random weights (ks_model_random) for its config.
@@ -1404,6 +1439,7 @@ static void test_e2e(const char *stories) {
     e2e("stories260K", stories, 0, 2e-2, ids, (int)n, 20, 0);
     e2e("stories260K +retain/attend policy", stories, 0, 2e-2, ids, (int)n, 20, 1);
     e2e("stories260K +policy, pre-RoPE keys", stories, 0, 2e-2, ids, (int)n, 20, 2);
+    greedy_on_device(stories, ids, (int)n, 24);
     free(ids);
 }
 
