@@ -78,6 +78,10 @@ ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks
     if (!gen) { free(plog); free(seen); return KS_ERR_OOM; }
     int ng = 0;
     size_t emitted = 0; /* bytes of decoded text already streamed */
+    /* greedy without a penalty: each step's id from the device's argmax where the backend has
+     * one (ks_session_decode_greedy; the logits stay there unless asked) */
+    const int greedy = p->temperature <= 0 && !penal;
+    int32_t next = -1;
     for (int t = 0; t < p->max_new; t++) {
         const float *lg = s->logits;
         if (penal) {
@@ -85,7 +89,7 @@ ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks
             ks_repeat_penalty(plog, seen, c->vocab, p->repeat_penalty);
             lg = plog;
         }
-        int32_t id = ks_sample(&smp, lg, c->vocab);
+        int32_t id = next >= 0 ? next : ks_sample(&smp, lg, c->vocab);
         if (penal && id >= 0 && id < c->vocab) seen[id] = 1;
         if ((size_t)ng == gcap) {
             int32_t *g2 = ks_realloc(gen, sizeof(int32_t) * gcap * 2);
@@ -133,7 +137,7 @@ ks_status ks_session_generate(ks_session *s, const int32_t *ids, int n, const ks
         if (eos) break;
         if (t + 1 == p->max_new) break;
         if ((st = ks_session_check_interrupt(s))) break;
-        if ((st = ks_session_decode(s, id))) break;
+        if ((st = greedy ? ks_session_decode_greedy(s, id, &next) : ks_session_decode(s, id))) break;
         s->n_decoded++;
     }
     if (!st) st = ks_ring_restore_all(s); /* a KV ring's rows in logical order for the kept reports */
