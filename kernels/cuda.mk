@@ -25,9 +25,12 @@ CFLAGS  += -DKS_HAVE_CUDA
 LIB_OBJ += $(CUDA_OBJ)
 LDLIBS  += $(CUDA_LDLIBS)
 
+# -MMD -MP: a .d file beside each object lists the headers it read (core/*.h too: a struct that
+# changes there, ks_backend's, must rebuild every kernel file that uses it); the Makefile
+# includes every .d under $(BUILD)
 $(BUILD)/kernels/%.o: kernels/%.cu $(CUDA_HDR)                  # compile one CUDA file
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $(CUDA_INC) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(CUDA_INC) -MMD -MP -c $< -o $@
 
 # The dev harness (test_wgmma, bench_kernels, bench_decode) links these files built again with
 # KS_KERNEL_DEV: the attention variants measured on the way to the shipped kernels (validated
@@ -39,7 +42,7 @@ CUDA_DEV_PROGS := test_wgmma bench_kernels bench_decode
 
 $(BUILD)/kernels-dev/%.o: kernels/%.cu $(CUDA_HDR)              # compile one CUDA file for the dev harness
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -DKS_KERNEL_DEV $(CUDA_INC) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -DKS_KERNEL_DEV $(CUDA_INC) -MMD -MP -c $< -o $@
 
 $(patsubst %,$(BUILD)/tests/cuda/%.o,$(CUDA_DEV_PROGS)): NVCCFLAGS += -DKS_KERNEL_DEV
 
@@ -50,7 +53,7 @@ $(BUILD)/tests/cuda/%.o: tests/cuda/%.c $(CUDA_HDR)              # compile a CUD
 
 $(BUILD)/tests/cuda/%.o: tests/cuda/%.cu $(CUDA_HDR)             # compile a CUDA test (CUDA)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $(CUDA_INC) -Itests -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(CUDA_INC) -Itests -MMD -MP -c $< -o $@
 
 # the parity test: every backend op vs the CPU backend, end to end on tiny models + stories260K
 $(BUILD)/test_cuda: $(BUILD)/tests/cuda/test_cuda.o $(BUILD)/tests/testutil.o $(CUDA_OBJ) $(BUILD)/libkvsieve.a
