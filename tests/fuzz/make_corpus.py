@@ -294,9 +294,10 @@ def main():
     FN = ['scores', 'pool1d', 'topk', 'sort', 'argsort', 'rank', 'unique', 'union', 'concat', 'arange', 'gather',
           'softmax', 'sum', 'mean', 'var', 'cosine', 'tensor', 'zeros', 'stack', 'rope', 'report', 'unhook', '_upload']
     TM = ['numel', 'tolist', 'item', 'slice', 'row', 'clone', 'float', 'int', 'reshape', 'size']
-    EM = ['restart', 'propagate', 'retain', 'attend', 'stop', 'discard_kv', 'report', 'kv_pos', 'kv_keys', 'kv_values']
+    EM = ['restart', 'propagate', 'retain', 'attend', 'stop', 'discard_kv', 'report', 'kv_pos', 'kv_keys', 'kv_values',
+          'release']
     EF = ['event', 'layer', 'pass', 'n', 'n_prompt', 'n_heads', 'n_kv_heads', 'head_dim', 'dim', 'n_layers', 'token',
-          'q', 'k', 'v', 'k_pre', 'hidden', 'pos', 'ids', 'orig', 'kv_rows', 'nope']
+          'q', 'k', 'v', 'k_pre', 'hidden', 'pos', 'ids', 'orig', 'kv_rows', 'nope', 'held_steps']
     K = [0, 1, 2, 3, -1, -2, 4, 5, 8, 16]
     S = ['', 'ab', 'rows', 'qpos', 'kpos', 'scale', 'causal', 'softmax', 'key_range', 'out', 'reduce', 'gqa', 'threads',
          'sorted', 'descending', 'ddof', 'renumber', 'none', 'sum', 'max', 'mean', 'avg', 'last', 'group', 'div', 'mod',
