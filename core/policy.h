@@ -200,10 +200,10 @@ ks_status ks_action_discard_kv(ks_event *ev);
  * (valid by construction; the engine keeps its memory: l->lend retained, else a copy) and the
  * ranges, a trailing range that ended at the layer's rows moving with them (the last
  * r[3] - r[2] rows at every step). It is a permission, not a promise: the event fires again at
- * that layer after ks_hold_drop (ks.release in Lua), a prefill, a reset or a change of policy,
+ * that layer after ks_hold_drop (ev:release in Lua), a prefill, a reset or a change of policy,
  * in batched steps, and where the repeated attend no longer fits the layer (then the hold is
  * dropped). A step whose every layer is held runs no handler at all, and on a backend with
- * graphs replays as one graph (core/decode.c). The session counts the layer steps so repeated
+ * graph_join replays its recorded segments joined (core/decode.c decode_joined). The session counts the layer steps so repeated
  * (ks_session_held_steps, session_api.h). KS_ERR_POLICY: not in DECODE_QKV, no device attend
  * asked first in this event, or a list that is not valid by construction. */
 ks_status ks_action_hold(ks_event *ev, const ks_dev_list *l, const int64_t r[4]);
