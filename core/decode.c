@@ -664,29 +664,44 @@ static ks_status joined_launch(ks_backend *be, ks_decode_state *d, int32_t id, i
     return st;
 }
 
+/* The recorded segments joined into d->joined (first use). KS_ERR_UNSUPPORTED: the backend
+ * cannot join them (said once; the held steps launch the segments one by one from then on). */
+static ks_status dec_join(ks_session *s, ks_decode_state *d) {
+    const int nl = s->m->cfg.n_layers;
+    ks_backend *be = s->be;
+    if (d->joined[0]) return KS_OK;
+    if (d->join_failed) return KS_ERR_UNSUPPORTED;
+    int head = JOIN_HEAD > 0 && JOIN_HEAD < nl + 1 ? JOIN_HEAD : nl + 1;
+    ks_status st = be->graph_join(be, d->seg, head, &d->joined[0]);
+    if (!st && head < nl + 1) st = be->graph_join(be, d->seg + head, nl + 1 - head, &d->joined[1]);
+    if (!st) return KS_OK;
+    d->join_failed = 1;
+    for (int i = 0; i < 2; i++)
+        if (d->joined[i]) be->graph_free(be, d->joined[i]);
+    d->joined[0] = d->joined[1] = NULL;
+    if (st != KS_ERR_UNSUPPORTED) return st;
+    ks_logf(KS_LOG_INFO, "decode: held steps launch their %d recorded segments one by one (%s)", nl + 1, ks_last_error());
+    ks_clear_error();
+    return KS_ERR_UNSUPPORTED;
+}
+
+/* A joined step launched at pos: counted, and remembered for the next step's fast path when its
+ * staged slots need nothing new (same) */
+static void joined_done(ks_session *s, ks_decode_state *d, int32_t pos, int same) {
+    d->seg_miss = 0;
+    s->graph_steps++;
+    s->joined_steps++;
+    d->joined_pos = same ? pos : -1;
+    d->joined_gen = s->hold_gen;
+}
+
 static ks_status decode_joined(ks_session *s, ks_decode_state *d, int32_t id, int32_t pos) {
     const ks_config *c = &s->m->cfg;
     const int nl = c->n_layers;
     ks_backend *be = s->be;
     ks_fwd_buf *b = &d->b;
-    ks_status st = KS_OK;
-    if (!d->joined[0]) {
-        if (d->join_failed) return KS_ERR_UNSUPPORTED;
-        int head = JOIN_HEAD > 0 && JOIN_HEAD < nl + 1 ? JOIN_HEAD : nl + 1;
-        st = be->graph_join(be, d->seg, head, &d->joined[0]);
-        if (!st && head < nl + 1) st = be->graph_join(be, d->seg + head, nl + 1 - head, &d->joined[1]);
-        if (st) {
-            d->join_failed = 1;
-            for (int i = 0; i < 2; i++)
-                if (d->joined[i]) be->graph_free(be, d->joined[i]);
-            d->joined[0] = d->joined[1] = NULL;
-            if (st != KS_ERR_UNSUPPORTED) return st;
-            ks_logf(KS_LOG_INFO, "decode: held steps launch their %d recorded segments one by one (%s)", nl + 1,
-                    ks_last_error());
-            ks_clear_error();
-            return KS_ERR_UNSUPPORTED;
-        }
-    }
+    ks_status st = dec_join(s, d);
+    if (st) return st;
     if (d->joined_pos >= 0 && d->joined_pos == pos - 1 && d->joined_gen == s->hold_gen) {
         /* the step before was this joined graph under the same holds, each read in place (row
          * ranges, ks_attn_args.seg): every layer's attend is that step's with one more row at
@@ -701,11 +716,8 @@ static ks_status decode_joined(ks_session *s, ks_decode_state *d, int32_t id, in
             if (st == KS_ERR_UNSUPPORTED) ks_decode_drop_graph(s);
             return st;
         }
-        d->joined_pos = pos;
         s->held_steps += nl;
-        d->seg_miss = 0;
-        s->graph_steps++;
-        s->joined_steps++;
+        joined_done(s, d, pos, 1);
         return KS_OK;
     }
     d->joined_pos = -1;
@@ -731,13 +743,7 @@ static ks_status decode_joined(ks_session *s, ks_decode_state *d, int32_t id, in
         st = joined_launch(be, d, id, pos);
         if (st) for (int j = 0; j < nl; j++) dec_unbook_row(s, j); /* nothing ran */
         if (st == KS_ERR_UNSUPPORTED) ks_decode_drop_graph(s);
-        if (!st) {
-            d->seg_miss = 0;
-            s->graph_steps++;
-            s->joined_steps++;
-            d->joined_pos = same ? pos : -1; /* the next step may take the fast path above */
-            d->joined_gen = s->hold_gen;
-        }
+        if (!st) joined_done(s, d, pos, same); /* the next step may take the fast path above */
     } else if (!st) { /* segments 0 .. l one by one (l's row is booked), the rest as seg_replay */
         int j = 0;
         st = be->graph_run(be, d->seg[0], id, pos);
