@@ -346,15 +346,13 @@ static int l_ev_attend(lua_State *L) {
         range_opt(L, 3, "after", r + 2);
     }
     int ranges = r[0] < r[1] || r[2] < r[3];
+    if (hold && e->ev->kind != KS_EV_DECODE_QKV) /* before the attend: the event asks nothing */
+        return ks_lua_errorf(L, "attend", "hold only in decode_qkv (asked in %s)", e->name);
     ks_dev_list dl;
     if (dev_list_arg(L, 2, e, "attend", 1, &dl)) {
-        if (hold && e->ev->kind != KS_EV_DECODE_QKV) /* before the attend: an event that asked nothing */
-            return ks_lua_errorf(L, "attend", "hold only in decode_qkv (asked in %s)", e->name);
         ACT("attend", ranges ? ks_action_attend_dev_ranges(e->ev, &dl, r, renumber) : ks_action_attend_dev(e->ev, &dl, renumber));
         if (hold) ACT("attend", ks_action_hold(e->ev, &dl, ranges ? r : NULL));
-    } else if (hold && e->ev->kind != KS_EV_DECODE_QKV)
-        return ks_lua_errorf(L, "attend", "hold only in decode_qkv (asked in %s)", e->name);
-    else if (ranges) { /* a host list: the whole list here, checked as any list */
+    } else if (ranges) { /* a host list: the whole list here, checked as any list */
         if (per_head(L, 2)) return ks_lua_errorf(L, "attend", "before / after take one list for every KV head");
         int k;
         const int32_t *idx = index_list(L, 2, "attend", &k);
