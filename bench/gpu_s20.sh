@@ -22,6 +22,8 @@
 #   quest    Quest (budget 4096) and full at 128K, each build of $V
 #   quest32  the same at 32K
 #   hit      TokenSelect's hit path (cache_theta -1) and full at 128K, each build of $V
+#   cache    TokenSelect's selection cache (theta 0.9 and -0.5) at 32K and 128K, and bench/ts_cache.lua, each build of $V
+#   masks    new test_cuda_prims --only masks (ge, where, the scores' skip) and its memcheck
 #   ts       TokenSelect (defaults), Quest and full at 32K and 128K, each build of $V
 #   memchk   compute-sanitizer memcheck over new test_cuda_prims --quick
 #   ncuqd    Quest's decode-only kernels at 128K under ncu (the first decode step), new only
@@ -35,6 +37,7 @@
 #   ts32t    the timeline of TokenSelect's decode at 32K alone (trace's first row), each build of $V
 #   ts128t   the same at 128K
 #   hit128t  the same for the hit path (cache_theta -1) at 128K
+#   ncusel   the selection kernels of bench_kernels --select under ncu (memory workload, warp states), new only
 #   ncuattn  the hit path's list attention (one call, TokenSelect cache_theta -1 at 32K) under ncu --set full: details and
 #            the 40 SASS lines with the most stall samples, new only
 #   tcuda    make test-cuda's programs and test-cuda-sanitize's memchecks, new only
@@ -99,6 +102,12 @@ tstrace() { # tstrace LABEL ARGS...: the timeline of TokenSelect's decode, each 
 step_ts32t() { tstrace ts32 --lengths 32768; }
 step_ts128t() { tstrace ts128 --lengths 131040; }
 step_hit128t() { tstrace hit128 --lengths 131040 --set tokenselect.cache_theta=-1; }
+step_ncusel() { # TokenSelect's selection kernels in bench_kernels --select (32K, then 128K) under ncu: speed of light,
+    # memory workload, warp states and launch shape, new only
+    timeout 280 ncu --clock-control none -k regex:"sc1_|tk_clu" --launch-count 8 --section SpeedOfLight --section LaunchStats \
+        --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis $R/new/bench_kernels --select 2>&1 |
+        grep -v "^==PROF==" | grep -vE "^ +(OPT|INF) |^          " > $O/ncu-sel.txt
+}
 step_ncuattn() {
     KVSIEVE_POLICY_PATH=$R/new/policies timeout 280 ncu --clock-control none -k regex:"attn_decode_tc" --launch-skip 44 --launch-count 1 \
         --set full --import-source yes -o $R/att $R/new/kvsieve $B --lengths 32768 --gen 4 --policy tokenselect \
@@ -199,6 +208,21 @@ row() { # row TAG ARGS...: each build of $V
 step_hit() { row 128K-hit --lengths 131040 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 >> $O/hit.txt; }
 step_quest() { row 128K-quest --lengths 131040 --gen 16 --policy none,quest --set quest.budget=4096 >> $O/quest.txt; }
 step_quest32() { row 32K-quest --lengths 32768 --gen 32 --policy none,quest --set quest.budget=4096 >> $O/quest.txt; }
+step_cache() { # TokenSelect's selection cache, cache_theta 0.9 (random weights: few hits) and -0.5 (nearly every
+    # step a hit decided by the cosine), with full, 32K and 128K, each build of $V; then bench/ts_cache.lua (the bundled
+    # model's real decode: hit rate and TPOT) on each build
+    ( row 32K-c9 --lengths 32768 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=0.9
+      row 32K-c-5 --lengths 32768 --gen 32 --policy tokenselect --set tokenselect.cache_theta=-0.5
+      row 128K-c9 --lengths 131040 --gen 16 --policy none,tokenselect --set tokenselect.cache_theta=0.9
+      row 128K-c-5 --lengths 131040 --gen 16 --policy tokenselect --set tokenselect.cache_theta=-0.5
+      for v in $V; do echo "== $v ts_cache.lua"; KVSIEVE_POLICY_PATH=$R/$v/policies timeout 120 $R/$v/kvsieve run bench/ts_cache.lua cuda; done
+    ) >> $O/cache.txt
+}
+step_masks() { # the mask primitives and the scores' skip against the CPU, and their memcheck (new)
+    ( tst test_cuda_prims --only masks; tst test_cuda_prims --quick --only scores
+      timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick --only masks 2>&1 | tail -3
+    ) >> $O/tests.txt
+}
 step_ts() { # TokenSelect (defaults), Quest and full: 32K (gen 32) and 128K (gen 16), each build of $V
     ( row 32K --lengths 32768 --gen 32 --policy none,tokenselect
       row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest --set quest.budget=4096 ) >> $O/ts.txt

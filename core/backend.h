@@ -131,7 +131,8 @@ typedef struct ks_backend_prims {
     ks_status (*pool1d)(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t kernel, ks_pool_mode mode,
                         float *out);
     ks_status (*topk)(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
-                      ks_topk_order order, int32_t *out_idx, float *out_val);
+                      ks_topk_order order, int32_t *out_idx, float *out_val,
+                      const float *skip); /* ks_cpu_topk_masked: NULL or one backend float */
     ks_status (*argsort)(ks_backend *b, const float *x, int64_t n, int descending, int32_t *out_idx);
     ks_status (*sort_f32)(ks_backend *b, const float *x, int64_t n, int descending, float *out);
     ks_status (*sort_i32)(ks_backend *b, const int32_t *x, int64_t n, int32_t *out);
@@ -162,6 +163,9 @@ typedef struct ks_backend_prims {
     ks_status (*page_rows)(ks_backend *b, const int32_t *pages, int64_t lists, int64_t k, int64_t page, int64_t n,
                            int64_t before_begin, int64_t before_end, int64_t after_begin, int64_t after_end, int32_t *out,
                            int64_t *err);
+    /* masks (core/prims.h): decisions made and followed where the data is */
+    ks_status (*ge)(ks_backend *b, const float *x, int64_t n, double thr, float *out);
+    ks_status (*where)(ks_backend *b, const float *mask, int64_t nm, const void *a, const void *bb, int64_t n, void *out);
 } ks_backend_prims;
 
 /* Bytes of a backend's own allocations (ks_backend.mem_stats). "fixed" is long-lived memory

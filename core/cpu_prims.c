@@ -25,8 +25,8 @@ static ks_status c_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n
 }
 static ks_status c_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
                         ks_topk_order order,
-                        int32_t *oi, float *ov) {
-    return ks_cpu_topk(x, rows, n, k, base, order, oi, ov);
+                        int32_t *oi, float *ov, const float *skip) {
+    return ks_cpu_topk_masked(skip, x, rows, n, k, base, order, oi, ov);
 }
 static ks_status c_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *oi) {
     return ks_cpu_argsort(x, n, desc, oi);
@@ -114,6 +114,10 @@ static ks_status c_cosine(ks_backend *b, const float *a, const float *bb, int64_
 static ks_status c_cosine_rows(ks_backend *b, const float *a, const float *bb, int64_t rows, int64_t d, float *out) {
     return ks_cpu_cosine_rows(a, bb, rows, d, out);
 }
+static ks_status c_ge(ks_backend *b, const float *x, int64_t n, double thr, float *out) { return ks_cpu_ge(x, n, thr, out); }
+static ks_status c_where(ks_backend *b, const float *mask, int64_t nm, const void *a, const void *bb, int64_t n, void *out) {
+    return ks_cpu_where(mask, nm, a, bb, n, out);
+}
 
 /* In the order of ks_backend_prims (backend.h); entries added there are added here at the end. */
 static const ks_backend_prims cpu_prims = {
@@ -140,6 +144,8 @@ static const ks_backend_prims cpu_prims = {
     .page_reduce = ks_cpu_page_reduce_entry, /* core/prims_page.c */
     .bound_scores = ks_cpu_bound_scores_entry,
     .page_rows = ks_cpu_page_rows_entry,
+    .ge = c_ge,
+    .where = c_where,
 };
 
 const ks_backend_prims *ks_cpu_prims(void) { return &cpu_prims; }

@@ -186,8 +186,9 @@ static void topk_row(const float *x, int64_t n, int64_t k, int64_t base, ks_topk
         for (int64_t j = 0; j < k; j++) oi[j] += (int32_t)base;
 }
 
-ks_status ks_cpu_topk(const float *x, int64_t rows, int64_t n, int64_t k, int64_t base, ks_topk_order order,
-                      int32_t *out_idx, float *out_val) {
+/* ks_cpu_topk's argument checks (the masked call checks what the unmasked would) */
+static ks_status topk_check(const float *x, int64_t rows, int64_t n, int64_t k, int64_t base, ks_topk_order order,
+                            int32_t *out_idx, int64_t *ktotal_out) {
     NEED_NONNEG("topk", "rows", rows);
     NEED_NONNEG("topk", "n", n);
     NEED_IDX_RANGE("topk", "n", n);
@@ -201,6 +202,28 @@ ks_status ks_cpu_topk(const float *x, int64_t rows, int64_t n, int64_t k, int64_
     if ((st = mul_size("topk", rows, n, &total)) || (st = mul_size("topk", rows, k, &ktotal))) return st;
     NEED_PTR("topk", "x", x, total);
     NEED_PTR("topk", "out_idx", out_idx, ktotal);
+    *ktotal_out = ktotal;
+    return KS_OK;
+}
+
+ks_status ks_cpu_topk_masked(const float *skip, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
+                             ks_topk_order order, int32_t *out_idx, float *out_val) {
+    if (!skip || *skip == 0.0f) return ks_cpu_topk(x, rows, n, k, base, order, out_idx, out_val);
+    int64_t ktotal;
+    ks_status st = topk_check(x, rows, n, k, base, order, out_idx, &ktotal);
+    if (st) return st;
+    for (int64_t e = 0; e < ktotal; e++) {
+        out_idx[e] = (int32_t)(base + e % k);
+        if (out_val) out_val[e] = 0.0f;
+    }
+    return KS_OK;
+}
+
+ks_status ks_cpu_topk(const float *x, int64_t rows, int64_t n, int64_t k, int64_t base, ks_topk_order order,
+                      int32_t *out_idx, float *out_val) {
+    int64_t ktotal;
+    ks_status st = topk_check(x, rows, n, k, base, order, out_idx, &ktotal);
+    if (st) return st;
     if (ktotal == 0) return KS_OK;
     uint32_t *kk = ks_malloc((size_t)k * 2 * sizeof *kk);
     int32_t *tv = ks_malloc((size_t)k * sizeof *tv);
@@ -605,5 +628,30 @@ ks_status ks_cpu_cosine_rows(const float *a, const float *b, int64_t rows, int64
     NEED_PTR("cosine", "b", b, total);
     NEED_PTR("cosine", "out", out, rows);
     for (int64_t r = 0; r < rows; r++) out[r] = cosine1(a + r * d, b + r * d, d);
+    return KS_OK;
+}
+
+/* ================================================================ masks */
+
+ks_status ks_cpu_ge(const float *x, int64_t n, double thr, float *out) {
+    NEED_NONNEG("ge", "n", n);
+    NEED_PTR("ge", "x", x, n);
+    NEED_PTR("ge", "out", out, n);
+    for (int64_t i = 0; i < n; i++) out[i] = (double)x[i] >= thr ? 1.0f : 0.0f; /* NaN compares false */
+    return KS_OK;
+}
+
+ks_status ks_cpu_where(const float *mask, int64_t nm, const void *a, const void *b, int64_t n, void *out) {
+    NEED_NONNEG("where", "n", n);
+    if (nm != 1 && nm != n)
+        return ks_errorf(KS_ERR_ARG, "where: the mask has %lld entries for %lld values (want 1 or %lld)", (long long)nm,
+                         (long long)n, (long long)n);
+    NEED_PTR("where", "mask", mask, nm);
+    NEED_PTR("where", "a", a, n);
+    NEED_PTR("where", "b", b, n);
+    NEED_PTR("where", "out", out, n);
+    const uint32_t *ua = a, *ub = b;
+    uint32_t *uo = out;
+    for (int64_t i = 0; i < n; i++) uo[i] = mask[nm == 1 ? 0 : i] != 0.0f ? ua[i] : ub[i];
     return KS_OK;
 }

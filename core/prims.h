@@ -88,6 +88,13 @@ typedef struct ks_scores_opts {
                                  * check it between tiles of query rows and, once it has passed,
                                  * stop with KS_ERR_INTERRUPTED (out is then undefined). A policy's
                                  * _seconds budget reaches a long call this way */
+    const float *skip;          /* default NULL. Else one float in the memory of the backend that
+                                 * runs the call (host memory here): when it is nonzero the call
+                                 * reads no query or key and out is all zeros. A branch on a
+                                 * decision the device made (ks_cpu_ge) without the host reading
+                                 * it: TokenSelect's selection cache skips its scores on a hit and
+                                 * keeps its list with ks_cpu_where. The arguments are checked
+                                 * either way */
 } ks_scores_opts;
 
 ks_scores_opts ks_scores_opts_default(void);
@@ -199,6 +206,12 @@ typedef enum ks_topk_order {
  * past the int32 range, unknown order. */
 ks_status ks_cpu_topk(const float *x, int64_t rows, int64_t n, int64_t k, int64_t base, ks_topk_order order,
                       int32_t *out_idx, float *out_val);
+/* ks_cpu_topk under a mask (a device decision's branch, ks_cpu_ge): skip NULL or *skip == 0 is
+ * ks_cpu_topk; *skip != 0 (NaN included) gives the top k of rows of zeros without reading x:
+ * every row base, base + 1, ..., base + k - 1 (a valid ascending list) and values 0. The
+ * arguments are checked either way. */
+ks_status ks_cpu_topk_masked(const float *skip, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
+                             ks_topk_order order, int32_t *out_idx, float *out_val);
 
 /* Stable argsort: out_idx // (n) a permutation of 0..n-1 that orders x ascending (descending = 0)
  * or descending (descending = 1); equal values keep ascending index order in both directions.
@@ -277,5 +290,22 @@ ks_status ks_cpu_var(const float *x, int64_t rows, int64_t cols, int axis, int64
 ks_status ks_cpu_cosine(const float *a, const float *b, int64_t n, float *out);
 /* Rowwise: out // (rows) = cosine(a[r, :], b[r, :]) for a, b // (rows, d). */
 ks_status ks_cpu_cosine_rows(const float *a, const float *b, int64_t rows, int64_t d, float *out);
+
+/* ================================================================ masks: decisions that stay on the device
+ *
+ * A mask is floats of 0 and 1. A policy that branches on a value it computed on a GPU makes the
+ * decision there (ks_cpu_ge), lets a costly primitive skip its work under it
+ * (ks_scores_opts.skip) and picks between two results by it (ks_cpu_where): no value goes to
+ * the host, so the step never waits. */
+
+/* out // (n) = 1 where (double)x[i] >= thr, else 0 (NaN: 0). The comparison of the float
+ * widened to double is the one Lua makes of the same float against the same number, so a
+ * decision taken here is the one a policy would take on the host. out may alias x. */
+ks_status ks_cpu_ge(const float *x, int64_t n, double thr, float *out);
+
+/* out // (n) 32-bit words = a[i] where mask[i % nm] != 0, else b[i] (nm = 1: one decision for
+ * all, or nm = n). Bits are copied (int32 lists or floats); a NaN mask word counts as nonzero.
+ * out may alias a or b. Errors: nm not 1 or n. */
+ks_status ks_cpu_where(const float *mask, int64_t nm, const void *a, const void *b, int64_t n, void *out);
 
 #endif /* KS_PRIMS_H */

@@ -231,6 +231,10 @@ ks_status ks_cpu_scores(const float *q, const int32_t *qpos, int64_t n_q_heads, 
         return ks_errorf(KS_ERR_ARG,
                          "scores: causal with implicit query positions needs m <= n (m = %lld, n = %lld); pass qpos",
                          (long long)m, (long long)n);
+    if (o->skip && *o->skip != 0.0f) { /* skipped (a device decision's CPU twin): zeros, nothing read */
+        if (rows > 0 && ncols > 0) memset(out, 0, sizeof(float) * (size_t)(rows * ncols));
+        return KS_OK;
+    }
 
     c.q = q;
     c.k = k;

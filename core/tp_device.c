@@ -543,8 +543,8 @@ static ks_status p_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n
 }
 static ks_status p_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
                         ks_topk_order order,
-                        int32_t *oi, float *ov) {
-    return P0(b)->topk(R0(TPC(b)), x, rows, n, k, base, order, oi, ov);
+                        int32_t *oi, float *ov, const float *skip) {
+    return P0(b)->topk(R0(TPC(b)), x, rows, n, k, base, order, oi, ov, skip);
 }
 static ks_status p_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *o) {
     return P0(b)->argsort(R0(TPC(b)), x, n, desc, o);
@@ -608,13 +608,19 @@ static ks_status p_page_rows(ks_backend *b, const int32_t *pages, int64_t lists,
                              int64_t bb, int64_t be, int64_t ab, int64_t ae, int32_t *o, int64_t *err) {
     return P0(b)->page_rows(R0(TPC(b)), pages, lists, k, page, n, bb, be, ab, ae, o, err);
 }
+static ks_status p_ge(ks_backend *b, const float *x, int64_t n, double thr, float *o) {
+    return P0(b)->ge(R0(TPC(b)), x, n, thr, o);
+}
+static ks_status p_where(ks_backend *b, const float *m, int64_t nm, const void *a, const void *bb, int64_t n, void *o) {
+    return P0(b)->where(R0(TPC(b)), m, nm, a, bb, n, o);
+}
 #undef R0
 #undef P0
 
 static const ks_backend_prims td_prims = {p_scores, p_pool1d, p_topk, p_argsort, p_sort_f32, p_sort_i32, p_rank,
                                           p_unique, p_union, p_concat_i32, p_concat_f32, p_arange, p_gather,
                                           p_gather_i32, p_softmax, p_sum, p_mean, p_var, p_cosine, p_cosine_rows,
-                                          p_page_reduce, p_bound_scores, p_page_rows};
+                                          p_page_reduce, p_bound_scores, p_page_rows, p_ge, p_where};
 
 static ks_status td_ceilings(ks_backend *b, double *gemm_tflops, double *copy_gbs) {
     tp_ctx *t = TPC(b);

@@ -19,9 +19,9 @@ static ks_status pr_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t 
 }
 static ks_status pr_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
                          ks_topk_order order,
-                         int32_t *oi, float *ov) {
+                         int32_t *oi, float *ov, const float *skip) {
     PRIM_CTX(b);
-    return ks_cuda_topk(c_->stream, &sc_, x, rows, n, k, base, order, oi, ov);
+    return ks_cuda_topk_skip(c_->stream, &sc_, x, rows, n, k, base, order, oi, ov, skip);
 }
 static ks_status pr_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *oi) {
     PRIM_CTX(b);
@@ -104,11 +104,17 @@ static ks_status pr_page_rows(ks_backend *b, const int32_t *pages, int64_t lists
                               int64_t bb, int64_t be, int64_t ab, int64_t ae, int32_t *out, int64_t *err) {
     return ks_cuda_page_rows(CTX(b)->stream, pages, lists, k, page, n, bb, be, ab, ae, out, err);
 }
+static ks_status pr_ge(ks_backend *b, const float *x, int64_t n, double thr, float *out) {
+    return ks_cuda_ge(CTX(b)->stream, x, n, thr, out);
+}
+static ks_status pr_where(ks_backend *b, const float *mask, int64_t nm, const void *a, const void *bb, int64_t n, void *out) {
+    return ks_cuda_where(CTX(b)->stream, mask, nm, a, bb, n, out);
+}
 static const ks_backend_prims cuda_prims = {
     pr_scores, pr_pool1d, pr_topk, pr_argsort, pr_sort_f32, pr_sort_i32, pr_rank, pr_unique, pr_union,
     pr_concat_i32, pr_concat_f32, pr_arange, pr_gather, pr_gather_i32, pr_softmax, pr_sum, pr_mean, pr_var,
     pr_cosine, pr_cosine_rows,
-    pr_page_reduce, pr_bound_scores, pr_page_rows,
+    pr_page_reduce, pr_bound_scores, pr_page_rows, pr_ge, pr_where,
 };
 #endif
 

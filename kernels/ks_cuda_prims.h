@@ -57,6 +57,10 @@ ks_status ks_cuda_pool1d(cudaStream_t s, const ks_cuda_scratch *sc, const float 
  * x (rows, n); out_idx (rows, k) int32; out_val (rows, k) or NULL. */
 ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, const float *x, int64_t rows, int64_t n, int64_t k,
                        int64_t base, ks_topk_order order, int32_t *out_idx, float *out_val);
+/* The same under a device mask (ks_cpu_topk_masked): *skip != 0 -> the top k of rows of zeros
+ * (base .. base + k - 1, values 0), x unread; skip NULL = ks_cuda_topk. */
+ks_status ks_cuda_topk_skip(cudaStream_t s, const ks_cuda_scratch *sc, const float *x, int64_t rows, int64_t n, int64_t k,
+                            int64_t base, ks_topk_order order, int32_t *out_idx, float *out_val, const float *skip);
 
 /* ks_cpu_argsort / ks_cpu_sort_f32 / ks_cpu_sort_i32 / ks_cpu_rank (stable radix sorts).
  * sort_f32 and sort_i32 may work in place (out == x). */
@@ -104,6 +108,13 @@ ks_status ks_cuda_var(cudaStream_t s, const float *x, int64_t rows, int64_t cols
 /* ks_cpu_cosine (out: one device float) and ks_cpu_cosine_rows (out (rows)). */
 ks_status ks_cuda_cosine(cudaStream_t s, const float *a, const float *b, int64_t n, float *out);
 ks_status ks_cuda_cosine_rows(cudaStream_t s, const float *a, const float *b, int64_t rows, int64_t d, float *out);
+
+/* ================================================================ masks */
+
+/* ks_cpu_ge and ks_cpu_where (core/prims.h), every pointer device memory (kernels/prim_ge.cu,
+ * kernels/prim_where.cu). */
+ks_status ks_cuda_ge(cudaStream_t s, const float *x, int64_t n, double thr, float *out);
+ks_status ks_cuda_where(cudaStream_t s, const float *mask, int64_t nm, const void *a, const void *b, int64_t n, void *out);
 
 #ifdef __cplusplus
 }

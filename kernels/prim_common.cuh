@@ -53,6 +53,7 @@ struct sc_plan {
     float scale;
     int causal, softmax, gqa_mod, heads;
     const float *rinv; /* NULL, or the queries' rotation (ks_scores_opts.q_rope_inv: d / 2 host floats) */
+    const float *skip; /* NULL, or ks_scores_opts.skip (one device float: nonzero = zeros out, nothing read) */
     float raf;
     int32_t rpos;
 };
@@ -74,6 +75,7 @@ static inline sc_plan sc_plan_of(const ks_scores_opts *o, int64_t m, int64_t n, 
     p.gqa_mod = o->gqa == KS_GQA_MOD;
     p.heads = (int)o->heads;
     p.rinv = o->q_rope_inv;
+    p.skip = o->skip;
     p.raf = o->q_rope_af;
     p.rpos = o->q_rope_pos;
     p.cb = p.softmax ? p.kb : KS_MAX(p.kb, p.ob);

@@ -34,10 +34,13 @@ struct sc_args {
     const float *M;   /* (hq, m) */
     const double *iZ; /* (hq, m) */
     float *acc;       /* (hq, oe - ob) */
+    const float *skip; /* NULL or one device float: nonzero = every pass returns at once (acc stays the zeros
+                        * of its clear, so out is zeros) */
 };
 
 template <bool BF16>
 __global__ void __launch_bounds__(SC_THREADS) scores_kernel(const sc_args a, int pass) {
+    if (a.skip && *a.skip != 0.0f) return; /* skipped: no key read (ks_scores_opts.skip) */
     extern __shared__ __align__(16) unsigned char smem[];
     const int TK = a.TK, d = (int)a.d, dp = d + 1;
     float *Ks = (float *)smem;                 /* (TK, d + 1) */
@@ -133,17 +136,18 @@ __global__ void __launch_bounds__(SC_THREADS) scores_kernel(const sc_args a, int
 }
 
 /* M (hq*m) = max over tiles; with pass 2 done, iZ = 1 / sum over tiles */
-__global__ void scores_rowmax_kernel(const float *__restrict__ pmax, int64_t rows, int64_t ntiles, float *__restrict__ M) {
+__global__ void scores_rowmax_kernel(const float *__restrict__ pmax, int64_t rows, int64_t ntiles, float *__restrict__ M,
+                                     const float *skip) {
     int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
+    if (r >= rows || (skip && *skip != 0.0f)) return; /* skipped: no partials were written */
     float mx = -INFINITY;
     for (int64_t t = 0; t < ntiles; t++) mx = max_nan(mx, pmax[r * ntiles + t]);
     M[r] = mx;
 }
 __global__ void scores_rowsum_kernel(const double *__restrict__ pz, int64_t rows, int64_t ntiles,
-                                     double *__restrict__ iZ) {
+                                     double *__restrict__ iZ, const float *skip) {
     int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
+    if (r >= rows || (skip && *skip != 0.0f)) return;
     double z = 0;
     for (int64_t t = 0; t < ntiles; t++) z += pz[r * ntiles + t];
     iZ[r] = 1.0 / z;
@@ -271,6 +275,7 @@ extern "C" ks_status ks_cuda_scores(cudaStream_t s, const ks_cuda_scratch *sc, c
     a.causal = pl.causal;
     a.softmax = pl.softmax;
     a.gqa_mod = pl.gqa_mod;
+    a.skip = pl.skip;
     a.TK = d <= 128 ? 64 : d <= 256 ? 32 : 16;
     const int64_t cb = pl.cb, ce = pl.ce, lo = pl.lo, hi = pl.hi;
     size_t smem = sizeof(float) * ((size_t)a.TK * (d + 1) + SC_QT * d + SC_QT * a.TK) + sizeof(double) * SC_THREADS +
@@ -295,11 +300,11 @@ extern "C" ks_status ks_cuda_scores(cudaStream_t s, const ks_cuda_scratch *sc, c
             a.r1 = ce;
             st = k_bf16 ? sc_launch<true>(s, a, SC_MAX, smem) : sc_launch<false>(s, a, SC_MAX, smem);
             if (st) return st;
-            scores_rowmax_kernel<<<ks_cdiv((size_t)hm, 128), 128, 0, s>>>(a.pmax, hm, a.ntiles, M);
+            scores_rowmax_kernel<<<ks_cdiv((size_t)hm, 128), 128, 0, s>>>(a.pmax, hm, a.ntiles, M, a.skip);
             KS_CU_LAUNCH("scores row max kernel");
             st = k_bf16 ? sc_launch<true>(s, a, SC_SUM, smem) : sc_launch<false>(s, a, SC_SUM, smem);
             if (st) return st;
-            scores_rowsum_kernel<<<ks_cdiv((size_t)hm, 128), 128, 0, s>>>(a.pz, hm, a.ntiles, iZ);
+            scores_rowsum_kernel<<<ks_cdiv((size_t)hm, 128), 128, 0, s>>>(a.pz, hm, a.ntiles, iZ, a.skip);
             KS_CU_LAUNCH("scores row sum kernel");
         }
         a.r0 = lo;

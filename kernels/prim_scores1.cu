@@ -65,6 +65,8 @@ struct sc1_args {
     double *iZ;           /* (H) */
     unsigned *done;       /* (Hkv + 2) blocks finished per KV head, then the grid barrier's two words: zero
                            * at the launch, zero again after it */
+    const float *skip;    /* NULL or one device float: nonzero = every block writes its share of zeros and
+                           * leaves (ks_scores_opts.skip: no key read, no counter touched) */
     int rope;             /* 1: the queries rotated at rpos as they are read (ks_scores_opts.q_rope_inv) */
     int32_t rpos;
     float raf;
@@ -182,6 +184,13 @@ template <int NKC>
 __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const sc1_args a, int64_t ob, int64_t ncols, int64_t lo,
                                                                           int64_t hi, int heads, float *__restrict__ out) {
     constexpr int NP = NKC / 2, ODD = NKC & 1; /* 32-dimension pairs of chunks; an odd last chunk */
+    if (a.skip && *a.skip != 0.0f) { /* the same decision in every block: zeros, and no barrier is reached */
+        const int64_t rows = heads == KS_HEADS_NONE ? a.hq : heads == KS_HEADS_GROUP_SUM ? a.hkv : 1;
+        const int64_t nthr = (int64_t)gridDim.x * gridDim.y * SC1_THREADS;
+        for (int64_t e = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * SC1_THREADS + threadIdx.x; e < rows * ncols; e += nthr)
+            out[e] = 0.0f;
+        return;
+    }
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float wm[SC1_WARPS][8];
     __shared__ double ws[SC1_WARPS][8];
@@ -425,6 +434,7 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
     a.causal = p.causal;
     a.softmax = p.softmax;
     a.gqa_mod = p.gqa_mod;
+    a.skip = p.skip;
     if (p.rinv) { /* d <= 128 here (ks_cuda_scores1_fits) */
         a.rope = 1;
         a.rpos = p.rpos;

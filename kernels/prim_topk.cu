@@ -89,7 +89,8 @@ static __device__ __forceinline__ void tk_count_bins(const float *__restrict__ x
  * block of the row then scans it from the top bin down, fixes the digit where the count reaches
  * `need`, and clears the histogram and the counter for the next pass. 256 threads. */
 __global__ void __launch_bounds__(256) tk_hist(const float *__restrict__ x, int64_t n, tk_state *st, int shift,
-                                               int bits, unsigned *ghist) {
+                                               int bits, unsigned *ghist, const float *skip) {
+    if (skip && *skip != 0.0f) return; /* skipped: tk_scatter writes the result of a row of zeros */
     typedef cub::BlockScan<unsigned, 256> scan_t;
     __shared__ unsigned h[TK_BINS];
     __shared__ typename scan_t::TempStorage tmp;
@@ -133,7 +134,8 @@ __global__ void __launch_bounds__(256) tk_hist(const float *__restrict__ x, int6
 /* Counts of keys > thr and == thr per chunk; the last block of the row turns them into
  * exclusive prefix sums (the chunks' output offsets) and clears the counter. */
 __global__ void __launch_bounds__(256) tk_count(const float *__restrict__ x, int64_t n, tk_state *st, int nch,
-                                                int2 *cnt) {
+                                                int2 *cnt, const float *skip) {
+    if (skip && *skip != 0.0f) return;
     typedef cub::BlockReduce<int, 256> red_t;
     typedef cub::BlockScan<int, 256> scan_t;
     __shared__ union {
@@ -177,10 +179,18 @@ __global__ void __launch_bounds__(256) tk_count(const float *__restrict__ x, int
 /* stable compaction: thread t of chunk c holds elements c*CHUNK + t*IPT .. + IPT (blocked) */
 __global__ void tk_scatter(const float *__restrict__ x, int64_t n, int64_t k, int64_t base, const tk_state *__restrict__ st,
                            int nch,
-                           const int2 *__restrict__ off, int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key) {
+                           const int2 *__restrict__ off, int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key,
+                           const float *skip) {
     typedef cub::BlockScan<int, 256> scan_t;
     __shared__ typename scan_t::TempStorage tmp;
     const int row = blockIdx.y, c = blockIdx.x;
+    if (skip && *skip != 0.0f) { /* the top k of a row of zeros: the first k indices, in order */
+        for (int64_t i = (int64_t)c * TK_CHUNK + threadIdx.x; i < KS_MIN(k, (int64_t)(c + 1) * TK_CHUNK); i += blockDim.x) {
+            out_idx[(int64_t)row * k + i] = (int32_t)(i + base);
+            if (out_key) out_key[(int64_t)row * k + i] = ~f32_key(0.0f);
+        }
+        return;
+    }
     const uint32_t thr = st[row].prefix;
     const int64_t need = st[row].need;
     const float *xr = x + (int64_t)row * n;
@@ -272,7 +282,15 @@ static __device__ __forceinline__ void tkq_red(const uint32_t *p, unsigned rank,
  * is the CPU's set in index order, whatever C; ibase is added to every index written. */
 template <int RM>
 __global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ x, int n, int k, int ibase,
-                                                       int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key) {
+                                                       int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key,
+                                                       const float *skip) {
+    if (skip && *skip != 0.0f) { /* the top k of a row of zeros, x unread; every block leaves before any barrier */
+        for (int i = (int)blockIdx.x * TKQ_THREADS + (int)threadIdx.x; i < k; i += (int)gridDim.x * TKQ_THREADS) {
+            out_idx[(int64_t)blockIdx.y * k + i] = ibase + i;
+            if (out_key) out_key[(int64_t)blockIdx.y * k + i] = ~f32_key(0.0f);
+        }
+        return;
+    }
     __shared__ __align__(16) uint32_t hist[TKQ_BINS * 32]; /* lane copies; the compaction's warp totals afterwards */
     __shared__ uint32_t xch[2][TKQ_BINS];                   /* a pass's bins over the cluster (alternating) */
     __shared__ uint32_t wt[TKQ_WARPS];                      /* the pick's warp totals */
@@ -522,7 +540,7 @@ static int tkq_cluster(int64_t rows, int64_t n) {
 
 /* Launch tk_clu for rows of n keys in clusters of C blocks (the instance for its rounds). */
 static cudaError_t tkq_launch(cudaStream_t s, int C, const float *x, int64_t rows, int64_t n, int64_t k,
-                              int64_t base, int32_t *out_idx, uint32_t *keys) {
+                              int64_t base, int32_t *out_idx, uint32_t *keys, const float *skip) {
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = (unsigned)C;
@@ -530,24 +548,31 @@ static cudaError_t tkq_launch(cudaStream_t s, int C, const float *x, int64_t row
     at[0].val.clusterDim.z = 1;
     const dim3 grid((unsigned)C, (unsigned)rows), block(TKQ_THREADS);
     switch (tkq_rounds(n, C)) {
-    case 1: return ks_launch_ex(tk_clu<1>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys);
-    case 2: return ks_launch_ex(tk_clu<2>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys);
-    case 4: return ks_launch_ex(tk_clu<4>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys);
-    case 8: return ks_launch_ex(tk_clu<8>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys);
-    case 16: return ks_launch_ex(tk_clu<16>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys);
+    case 1: return ks_launch_ex(tk_clu<1>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys, skip);
+    case 2: return ks_launch_ex(tk_clu<2>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys, skip);
+    case 4: return ks_launch_ex(tk_clu<4>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys, skip);
+    case 8: return ks_launch_ex(tk_clu<8>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys, skip);
+    case 16: return ks_launch_ex(tk_clu<16>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys, skip);
     default: return cudaErrorInvalidValue;
     }
 }
 
 __global__ void tk_values(const float *__restrict__ x, int64_t n, int64_t k, int64_t rows, int64_t base,
-                          const int32_t *__restrict__ idx, float *__restrict__ val) {
+                          const int32_t *__restrict__ idx, float *__restrict__ val, const float *skip) {
     int64_t total = rows * k, stride = (int64_t)gridDim.x * blockDim.x;
+    const bool zero = skip && *skip != 0.0f;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride)
-        val[e] = x[(e / k) * n + idx[e] - base];
+        val[e] = zero ? 0.0f : x[(e / k) * n + idx[e] - base];
 }
 
 extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, const float *x, int64_t rows, int64_t n,
                                   int64_t k, int64_t base, ks_topk_order order, int32_t *out_idx, float *out_val) {
+    return ks_cuda_topk_skip(s, sc, x, rows, n, k, base, order, out_idx, out_val, NULL);
+}
+
+extern "C" ks_status ks_cuda_topk_skip(cudaStream_t s, const ks_cuda_scratch *sc, const float *x, int64_t rows, int64_t n,
+                                       int64_t k, int64_t base, ks_topk_order order, int32_t *out_idx, float *out_val,
+                                       const float *skip) {
     P_NONNEG("topk", "rows", rows);
     P_NONNEG("topk", "n", n);
     P_IDX_RANGE("topk", "n", n);
@@ -578,7 +603,7 @@ extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, con
     }
     int C;
     if ((C = tkq_cluster(rows, n)) > 0) { /* one launch: a cluster a row, the row in its registers */
-        KS_CU(tkq_launch(s, C, x, rows, n, k, base, out_idx, keys), "topk kernel");
+        KS_CU(tkq_launch(s, C, x, rows, n, k, base, out_idx, keys, skip), "topk kernel");
     } else {
         tk_state *state;
         unsigned *hist;
@@ -594,13 +619,13 @@ extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, con
             unsigned bx = (unsigned)KS_MIN((int64_t)((n + 4095) / 4096), (int64_t)KS_MAX(1, 1024 / (int)KS_MIN(rows, 1024)));
             const int shifts[3] = {21, 10, 0}, bits[3] = {11, 11, 10};
             for (int p = 0; p < 3; p++) {
-                tk_hist<<<dim3(bx, (unsigned)rows), 256, 0, s>>>(x, n, state, shifts[p], bits[p], hist);
+                tk_hist<<<dim3(bx, (unsigned)rows), 256, 0, s>>>(x, n, state, shifts[p], bits[p], hist, skip);
                 KS_CU_LAUNCH("topk histogram kernel");
             }
         }
-        tk_count<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, state, nch, cnt);
+        tk_count<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, state, nch, cnt, skip);
         KS_CU_LAUNCH("topk count kernel");
-        tk_scatter<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, k, base, state, nch, cnt, out_idx, keys);
+        tk_scatter<<<dim3(nch, (unsigned)rows), 256, 0, s>>>(x, n, k, base, state, nch, cnt, out_idx, keys, skip);
         KS_CU_LAUNCH("topk scatter kernel");
     }
     if (keys) {
@@ -612,7 +637,7 @@ extern "C" ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, con
         }
     }
     if (out_val) {
-        tk_values<<<ks_grid1d((size_t)ktotal, 256), 256, 0, s>>>(x, n, k, rows, base, out_idx, out_val);
+        tk_values<<<ks_grid1d((size_t)ktotal, 256), 256, 0, s>>>(x, n, k, rows, base, out_idx, out_val, skip);
         KS_CU_LAUNCH("topk values kernel");
     }
     return KS_OK;

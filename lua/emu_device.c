@@ -105,6 +105,12 @@ static ks_status emu_rope(ks_backend *b, float *x, int n, int n_heads, const int
 
 static ks_status e_scores(ks_backend *b, const float *q, const int32_t *qpos, int64_t hq, int64_t m, const void *k, int k_bf16,
                           const int32_t *kpos, int64_t hkv, int64_t n, int64_t d, const ks_scores_opts *o, float *out) {
+    ks_scores_opts oc; /* skip is device memory (q_rope_inv host memory, as on a GPU) */
+    if (o && o->skip) {
+        oc = *o;
+        oc.skip = U(o->skip);
+        o = &oc;
+    }
     return CPU->scores(NULL, U(q), U(qpos), hq, m, U(k), k_bf16, U(kpos), hkv, n, d, o, U(out));
 }
 static ks_status e_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t kernel, ks_pool_mode mode, float *out) {
@@ -112,8 +118,8 @@ static ks_status e_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n
 }
 static ks_status e_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
                        ks_topk_order order, int32_t *oi,
-                        float *ov) {
-    return CPU->topk(NULL, U(x), rows, n, k, base, order, U(oi), U(ov));
+                        float *ov, const float *skip) {
+    return CPU->topk(NULL, U(x), rows, n, k, base, order, U(oi), U(ov), U(skip));
 }
 static ks_status e_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *oi) {
     return CPU->argsort(NULL, U(x), n, desc, U(oi));
@@ -177,13 +183,17 @@ static ks_status e_page_rows(ks_backend *b, const int32_t *pages, int64_t lists,
                              int64_t bb, int64_t be, int64_t ab, int64_t ae, int32_t *out, int64_t *err) {
     return CPU->page_rows(NULL, U(pages), lists, k, page, n, bb, be, ab, ae, U(out), U(err));
 }
+static ks_status e_ge(ks_backend *b, const float *x, int64_t n, double thr, float *out) { return CPU->ge(NULL, U(x), n, thr, U(out)); }
+static ks_status e_where(ks_backend *b, const float *mask, int64_t nm, const void *a, const void *bb, int64_t n, void *out) {
+    return CPU->where(NULL, U(mask), nm, U(a), U(bb), n, U(out));
+}
 
 static const ks_backend_prims emu_prims = {
     .scores = e_scores, .pool1d = e_pool1d, .topk = e_topk, .argsort = e_argsort, .sort_f32 = e_sort_f32,
     .sort_i32 = e_sort_i32, .rank = e_rank, .unique = e_unique, .union_ = e_union, .concat_i32 = e_concat_i32,
     .concat_f32 = e_concat_f32, .arange = e_arange, .gather = e_gather, .gather_i32 = e_gather_i32,
     .softmax = e_softmax, .sum = e_sum, .mean = e_mean, .var = e_var, .cosine = e_cosine, .cosine_rows = e_cosine_rows,
-    .page_reduce = e_page_reduce, .bound_scores = e_bound_scores, .page_rows = e_page_rows,
+    .page_reduce = e_page_reduce, .bound_scores = e_bound_scores, .page_rows = e_page_rows, .ge = e_ge, .where = e_where,
 };
 
 static ks_backend emu_backend = {

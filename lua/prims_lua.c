@@ -14,13 +14,17 @@
  *   ks.pool1d(x, kernel [, mode])  mode "avg" (default) | "max"; x (n) or (rows, n)
  *   ks.topk(x, k [, opts])         -> idx (i32), vals (f32); opts.sorted = "index" (default) | "value",
  *                                     opts.values = false: idx only (no values computed), opts.base = b:
- *                                     b added to every index (the rows of a slice starting at row b)
+ *                                     b added to every index (the rows of a slice starting at row b),
+ *                                     opts.skip = mask (one value, ks.ge's): nonzero -> the top k of
+ *                                     zeros (base .. base + k - 1, values 0), x unread
  *   ks.sort(x [, opts]) / ks.argsort(x [, opts])   opts.descending
  *   ks.rank(x)                     1 = highest, ties to the lower index
  *   ks.unique(x) ks.union(a, b) ks.concat(a, b, ...) ks.arange([start,] stop [, step])
  *   ks.gather(x, idx)              rows of x
  *   ks.softmax(x) ks.sum(x [, axis]) ks.mean(x [, axis]) ks.var(x [, axis [, {ddof=0}]])
  *   ks.cosine(a, b)                (d) -> number, (rows, d) -> (rows)
+ *   ks.ge(x, v)                    f32 mask: 1 where x >= v, else 0 (made where x is)
+ *   ks.where(mask, a, b)           a where the mask is nonzero, else b (one mask value or one each)
  *   ks._upload(t)                  a device copy on the running event's device (tests)
  */
 #include "prims_impl.h"
@@ -188,8 +192,9 @@ static int l_pool1d(lua_State *L) {
 static int l_topk(lua_State *L) {
     lua_settop(L, 3);
     const char *fn = "topk";
-    static const char *const allowed[] = {"sorted", "values", "base", NULL};
+    static const char *const allowed[] = {"sorted", "values", "base", "skip", NULL};
     int sx, values = 1;
+    const float *skip = NULL;
     lua_Integer base = 0;
     ks_tensor *t = ks_lp_arg(L, 1, KS_T_F32, fn, &sx);
     lua_Integer k = luaL_checkinteger(L, 2);
@@ -215,11 +220,18 @@ static int l_topk(lua_State *L) {
         return ks_lua_errorf(L, fn, "base %lld + n %lld leaves the int32 index range", (long long)base, (long long)n);
     ks_backend *be = ks_lp_where(&t, 1);
     const float *x = ks_lp_data(L, sx, t, be);
+    if (lua_istable(L, 3) && ks_lp_opt_get(L, 3, "skip") != LUA_TNIL) { /* stays on the stack until we return */
+        int ms;
+        ks_tensor *tm = ks_lp_arg(L, lua_gettop(L), KS_T_F32, fn, &ms);
+        if (tm->numel != 1)
+            return ks_lua_errorf(L, fn, "option skip: a mask of one value (ks.ge's), got %lld values", (long long)tm->numel);
+        skip = ks_lp_data(L, ms, tm, be);
+    }
     int64_t sh[2] = {rows, k};
     ks_tensor *idx = t->ndim == 1 ? ks_lp_out(L, be, KS_T_I32, 1, &sh[1]) : ks_lp_out(L, be, KS_T_I32, 2, sh);
     ks_tensor *val = !values ? NULL : t->ndim == 1 ? ks_lp_out(L, be, KS_T_F32, 1, &sh[1]) : ks_lp_out(L, be, KS_T_F32, 2, sh);
-    KS_LP_PRIM(fn, be, topk, x, rows, n, k, base, order, idx->data, val ? val->data : NULL);
-    if (order == KS_TOPK_BY_INDEX) /* each row ascending, unique, in [base, base + n) */
+    KS_LP_PRIM(fn, be, topk, x, rows, n, k, base, order, idx->data, val ? val->data : NULL, skip);
+    if (order == KS_TOPK_BY_INDEX) /* each row ascending, unique, in [base, base + n) (skipped: base ..) */
         ks_lt_mark_sorted(L, values ? -2 : -1, base, base + n);
     return values ? 2 : 1;
 }
@@ -557,6 +569,54 @@ static int l_cosine(lua_State *L) {
     return 1;
 }
 
+/* ks.ge(x, v): the f32 mask of x's shape, 1 where x >= v (the float widened to double: the
+ * comparison Lua makes of the same value), else 0, made where x is (a device decision stays
+ * there: no sync). */
+static int l_ge(lua_State *L) {
+    lua_settop(L, 2);
+    const char *fn = "ge";
+    int sx;
+    ks_tensor *t = ks_lp_arg(L, 1, KS_T_F32, fn, &sx);
+    if (lua_type(L, 2) != LUA_TNUMBER) return ks_lua_errorf(L, fn, "v must be a number, got %s", luaL_typename(L, 2));
+    const double v = lua_tonumber(L, 2);
+    ks_backend *be = ks_lp_where(&t, 1);
+    const float *x = ks_lp_data(L, sx, t, be);
+    ks_tensor *o = ks_lp_out(L, be, KS_T_F32, t->ndim, t->shape);
+    KS_LP_PRIM(fn, be, ge, x, t->numel, v, o->data);
+    return 1;
+}
+
+/* ks.where(mask, a, b): a where the mask is nonzero, else b; a and b tensors of one dtype (i32
+ * or f32) and shape, the mask f32 with one value (the whole of a or of b) or one per element.
+ * Runs where the data is. With one mask value and both lists valid by construction (topk,
+ * arange, ...), the result is too, over both ranges. */
+static int l_where(lua_State *L) {
+    lua_settop(L, 3);
+    const char *fn = "where";
+    int sm;
+    ks_tensor *tm = ks_lp_arg(L, 1, KS_T_F32, fn, &sm);
+    ks_tensor *ta = ks_lt_check(L, 2, fn), *tb = ks_lt_check(L, 3, fn);
+    if (ta->dtype != tb->dtype || (ta->dtype != KS_T_F32 && ta->dtype != KS_T_I32))
+        return ks_lua_errorf(L, fn, "a and b must be two f32 or two i32 tensors");
+    if (ta->bf16 || tb->bf16) return ks_lua_errorf(L, fn, "a and b cannot be bf16 views");
+    if (ta->ndim != tb->ndim || memcmp(ta->shape, tb->shape, sizeof(int64_t) * ta->ndim))
+        return ks_lua_errorf(L, fn, "a and b differ in shape");
+    if (tm->numel != 1 && tm->numel != ta->numel)
+        return ks_lua_errorf(L, fn, "the mask has %lld values for %lld elements (want 1 or %lld)", (long long)tm->numel,
+                             (long long)ta->numel, (long long)ta->numel);
+    ks_tensor *ts[3] = {tm, ta, tb};
+    ks_backend *be = ks_lp_where(ts, 3);
+    const float *m = ks_lp_data(L, sm, tm, be);
+    const void *a = ks_lp_data(L, 2, ta, be);
+    const void *b = ks_lp_data(L, 3, tb, be);
+    ks_tensor *o = ks_lp_out(L, be, ta->dtype, ta->ndim, ta->shape);
+    KS_LP_PRIM(fn, be, where, m, tm->numel, a, b, ta->numel, o->data);
+    int64_t alo, ahi, blo, bhi;
+    if (tm->numel == 1 && ks_lt_sorted(L, 2, &alo, &ahi) && ks_lt_sorted(L, 3, &blo, &bhi))
+        ks_lt_mark_sorted(L, -1, KS_MIN(alo, blo), KS_MAX(ahi, bhi));
+    return 1;
+}
+
 /* ks._upload(t): a device copy of t on the running event's device (the device the event's
  * views live on), or t itself when there is none. Tests and policies that want a table on
  * the device; an underscore name: not part of the stable API. */
@@ -596,6 +656,8 @@ static const luaL_Reg prims_registry[] = {
     {"mean", l_mean},
     {"var", l_var},
     {"cosine", l_cosine},
+    {"ge", l_ge},
+    {"where", l_where},
     {"page_reduce", ks_lp_page_reduce}, /* lua/prims_page.c */
     {"bound_scores", ks_lp_bound_scores},
     {"page_rows", ks_lp_page_rows},

@@ -26,11 +26,13 @@
  *   rope    p: every query row first rotated with the model's RoPE at position p, as ks.rope(q, p)
  *           rotates it (inside an event handler; ks_scores_opts.q_rope_inv): on a GPU in the
  *           kernel that reads the queries, so one launch instead of a copy, a rope and the scores
- *   threads 0 = automatic */
+ *   threads 0 = automatic
+ *   skip    a mask of one value (ks.ge's): nonzero -> no query or key is read and the result is
+ *           zeros (a branch on a decision made where the data is, with no sync) */
 int ks_lp_scores(lua_State *L) {
     lua_settop(L, 3);
     static const char *const allowed[] = {"rows", "qpos", "kpos", "scale", "causal", "softmax", "key_range",
-                                          "out", "reduce", "gqa", "rope", "threads", NULL};
+                                          "out", "reduce", "gqa", "rope", "threads", "skip", NULL};
     const char *fn = "scores";
     ks_tensor *q = ks_lt_check(L, 1, fn), *k = ks_lt_check(L, 2, fn);
     ks_lp_check_opts(L, 3, fn, allowed);
@@ -163,6 +165,13 @@ int ks_lp_scores(lua_State *L) {
         o.n_threads = (int)nt;
     }
     lua_pop(L, 1);
+    if (ks_lp_opt_get(L, 3, "skip") != LUA_TNIL) { /* stays on the stack until we return */
+        int ms;
+        ks_tensor *tm = ks_lp_arg(L, lua_gettop(L), KS_T_F32, fn, &ms);
+        if (tm->numel != 1)
+            return ks_lua_errorf(L, fn, "option skip: a mask of one value (ks.ge's), got %lld values", (long long)tm->numel);
+        o.skip = ks_lp_data(L, ms, tm, be);
+    }
 
     int64_t rows, cols;
     KS_LP_CORE(fn, ks_scores_out_shape(&o, H, Hkv, n, &rows, &cols));

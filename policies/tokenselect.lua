@@ -27,6 +27,11 @@
 -- selection (absolute row indices) is reused; otherwise the selection is recomputed and the
 -- selection and fingerprint are cached (the cached fingerprint changes only on a miss). The
 -- first sparse decode step of each layer always selects. Dense steps neither use nor fill it.
+-- The decision is made where the tensors are (without trace): ks.ge turns the cosine into a
+-- mask, ks.scores and ks.topk skip their work under it (a hit reads no key) and ks.where keeps
+-- the cached list and fingerprint by it, so on a GPU no step waits for the host; the hits are counted on
+-- the device and read once a token (the token event). With trace (which prints each cosine) the
+-- cosine is read and compared in Lua: the same decisions.
 --
 -- Parameters (defaults: the paper's / release's settings):
 --   n_init          128    leading rows always attended ("attention sinks")
@@ -49,7 +54,8 @@
 -- chunk is prefilled in one pass and treated as one chunk). It is not a parameter: the runtime
 -- reads prefill_chunk once, when the policy is loaded.
 -- Reports: "selections" (top-k computed), "cache_hits" and "cache_misses" (with the cache on;
--- misses include each layer's first sparse decode step). With cache_theta <= -1 (and no trace)
+-- misses include each layer's first sparse decode step; without trace the decisions made on the
+-- device are counted at each token event, so a caller of bare decode steps reads them with trace). With cache_theta <= -1 (and no trace)
 -- the attend is held (ev:attend's hold): the engine repeats it at the layer's later decode steps
 -- without calling decode_qkv, so a step whose every layer hits runs no Lua (one recorded graph on
 -- a GPU); those hits are the engine's ev.held_steps, added to cache_hits.
@@ -69,7 +75,7 @@ local ks = require "kvsieve"
 local state = {}
 
 local function _reset()
-  state = { pchunk = {}, dstep = {}, cache = {}, selections = 0, hits = 0, misses = 0, trace_at = {} }
+  state = { pchunk = {}, dstep = {}, cache = {}, selections = 0, hits = 0, misses = 0, trace_at = {}, decided = 0 }
 end
 _reset()
 
@@ -87,19 +93,19 @@ end
 -- Head soft vote over the candidate rows [lo, hi) of K (rows, Hkv, d), pooled if asked, and
 -- the sorted top-k rows (absolute indices). fp (H, d) is the rotated fingerprint, or with rpos
 -- the query row that ks.scores rotates at rpos itself (on a GPU inside the scores kernel).
-local function _select(ev, p, fp, K, lo, hi, step, rpos)
+local function _select(ev, p, fp, K, lo, hi, step, rpos, skip)
   local vote = ks.scores(fp, K, { scale = "none", softmax = true, key_range = { lo, hi }, out = { lo, hi },
-                                  reduce = "sum", gqa = p.gqa, rope = rpos })
+                                  reduce = "sum", gqa = p.gqa, rope = rpos, skip = skip })
   local pooled = vote
   if p.pool_kernel > 1 then pooled = ks.pool1d(vote, p.pool_kernel, "max") end
   -- the candidates' rows (sorted, ties to the lower row): vote column j is row lo + j
-  local top = ks.topk(pooled, p.k, { values = false, base = lo })
+  local top = ks.topk(pooled, p.k, { values = false, base = lo, skip = skip })
   if state.trace_at[step] then
     ev:report("v." .. step .. ".l" .. ev.layer, _list_str(vote))
     if pooled ~= vote then ev:report("pv." .. step .. ".l" .. ev.layer, _list_str(pooled)) end
   end
   state.selections = state.selections + 1
-  ev:report("selections", state.selections)
+  if not skip then ev:report("selections", state.selections) end
   return top
 end
 
@@ -175,9 +181,21 @@ return {
     _attend(ev, p, sel, N)
   end,
 
-  -- Once a token (generation): the hits that held steps made, counted by the engine.
+  -- Once a token (generation): the hits that held steps made, counted by the engine, and those the
+  -- device decided since the last token (one read: the step is over).
   token = function(ev, p)
-    if p.cache_theta ~= 0 and ev.held_steps > 0 then ev:report("cache_hits", state.hits + ev.held_steps) end
+    if p.cache_theta == 0 then return end
+    if state.hitc then
+      local h = math.tointeger(state.hitc:item())
+      state.hits, state.misses = state.hits + h, state.misses + state.decided - h
+      state.selections = state.selections - h   -- the skipped selections were counted as made
+      state.hitc, state.decided = nil, 0
+      ev:report("selections", state.selections)
+      ev:report("cache_misses", state.misses)
+      ev:report("cache_hits", state.hits + ev.held_steps)
+    elseif ev.held_steps > 0 then
+      ev:report("cache_hits", state.hits + ev.held_steps)
+    end
   end,
 
   -- One decode step at one layer; the new row is already in the layer (N rows).
@@ -203,6 +221,19 @@ return {
         sel = cached.sel
         state.hits = state.hits + 1
         what = "hit"
+      elseif cached and not p.trace and next(state.trace_at) == nil then
+        -- the decision stays where the data is: a mask of cosine >= cache_theta, the scores
+        -- skipped under it (a hit reads no keys) and the cached or the new list picked by it;
+        -- nothing is read back until the token event counts the hits
+        local hit = ks.ge(ks.cosine(flat:reshape(1, -1), cached.fp:reshape(1, -1)), p.cache_theta)
+        local top = _select(ev, p, fp:reshape(ev.n_heads, ev.head_dim), ev:kv_keys(), p.n_init, N - p.n_local, step,
+                            nil, hit)
+        sel = ks.where(hit, cached.sel, top)
+        state.cache[l] = { fp = ks.where(hit, cached.fp, flat), sel = sel }
+        state.hitc = state.hitc and state.hitc + hit or hit
+        state.decided = state.decided + 1
+        _attend(ev, p, sel, N)
+        return
       elseif cached then
         local cos = ks.cosine(flat, cached.fp)
         if cos >= p.cache_theta then

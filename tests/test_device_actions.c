@@ -396,8 +396,8 @@ KT_TEST(device_actions_errors_are_named) {
 
 /* TokenSelect's decode steps on the (emulated) device: the same ids, logits and kept rows as on
  * the host, and no download: the attend list (topk + shift + concat) stays on the device and is
- * valid by construction. With the selection cache on, the cosine is read on the host (the
- * policy compares it in Lua) and the cached tensors outlive their event: downloads, by design. */
+ * valid by construction. With the selection cache on, the decision stays on the device too (ks.ge,
+ * scores skipped, ks.where); traced, the cosine is read on the host (it is printed). */
 KT_TEST(device_actions_tokenselect_decode_without_download) {
     ks_lua_quiet = 1;
     ks_model *m;
@@ -412,9 +412,117 @@ KT_TEST(device_actions_tokenselect_decode_without_download) {
     KT_CHECK(same_run(&host, &emu), "emulated device and host differ");
     KT_CHECK(emu.allocs_decode > 0, "the decode steps made no device tensor");
     KT_CHECK(emu.downloads_decode == 0, "%ld downloads in 4 decode steps", emu.downloads_decode);
+    /* the selection cache: decided on the device (no trace), nothing read in a decode step; with
+     * trace the cosine is read each layer (it is printed) */
     run_policy(m, p, "cache_theta=0.5", "emulate", 1100, 4, &cache);
     KT_CHECK(cache.st == KS_OK, "%s", cache.err);
-    KT_CHECK(cache.downloads_decode > 0, "the cache's cosine was not read (did the cache run?)");
+    KT_CHECK(cache.downloads_decode == 0, "%ld downloads in 4 decode steps with the cache", cache.downloads_decode);
+    KT_CHECK(cache.allocs_decode > emu.allocs_decode, "the cache made no more device tensors (did it run?)");
+    run_policy(m, p, "cache_theta=0.5,trace=true", "emulate", 1100, 4, &cache);
+    KT_CHECK(cache.st == KS_OK, "%s", cache.err);
+    KT_CHECK(cache.downloads_decode > 0, "the traced cache's cosine was not read");
+    ks_policy_free(p);
+    ks_model_close(m);
+}
+
+/* One generation (ks_generate_ids, token events fired) of up to 12 tokens after an n-token prompt
+ * under TokenSelect with parameters "k=v,...": its ids, the cache's reports and the downloads. */
+typedef struct grun {
+    ks_status st;
+    char err[512];
+    int32_t ids[16];
+    int n_ids;
+    char hits[32], misses[32], sels[32];
+    long downloads;
+} grun;
+
+static void gen_policy(ks_model *m, ks_policy *p, const char *params, const char *mode, const int32_t *prompt, int n, grun *r) {
+    memset(r, 0, sizeof *r);
+    char kv[256];
+    snprintf(kv, sizeof kv, "%s", params);
+    for (char *save = NULL, *tok = strtok_r(kv, ",", &save); !r->st && tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) continue;
+        *eq = 0;
+        r->st = ks_policy_set(p, tok, eq + 1);
+    }
+    ks_session *s = NULL;
+    if (!r->st) r->st = ks_policy_set(p, "_device", mode);
+    if (!r->st) r->st = ks_session_create(m, &s);
+    if (!r->st) r->st = ks_session_set_policy(s, p);
+    ks_lpol_devstats d0, d1;
+    ks_lpol_dev_stats(p, &d0);
+    ks_generate_opts o;
+    ks_generate_opts_default(&o);
+    o.max_new_tokens = 12;
+    if (!r->st) r->st = ks_generate_ids(s, prompt, n, &o, NULL, NULL);
+    ks_lpol_dev_stats(p, &d1);
+    r->downloads = d1.downloads - d0.downloads;
+    if (r->st) snprintf(r->err, sizeof r->err, "%s", ks_last_error());
+    else {
+        const int32_t *ids = ks_result_ids(s, &r->n_ids);
+        r->n_ids = KS_MIN(r->n_ids, 16);
+        memcpy(r->ids, ids, sizeof(int32_t) * (size_t)r->n_ids);
+        const char *h = ks_policy_report(p, "cache_hits"), *ms = ks_policy_report(p, "cache_misses"),
+                   *sl = ks_policy_report(p, "selections");
+        snprintf(r->hits, sizeof r->hits, "%s", h ? h : "-");
+        snprintf(r->misses, sizeof r->misses, "%s", ms ? ms : "-");
+        snprintf(r->sels, sizeof r->sels, "%s", sl ? sl : "-");
+    }
+    ks_session_free(s);
+}
+
+/* The selection cache decided on the device (0 < cache_theta < 1, no trace): ks.ge's mask of the
+ * cosine, the scores skipped under it, ks.where keeping the cached list and fingerprint, the hits
+ * counted on the device and read once a token. Against the same thresholds traced (the cosine
+ * read and compared in Lua, each decision printed): the same generated ids and the same hits,
+ * misses and selections, on the host and on the emulated device; 0.5 both hits and misses here,
+ * and the device's run reads no more than a value a token. */
+KT_TEST(device_actions_tokenselect_cache_decided_on_the_device) {
+    ks_lua_quiet = 1;
+    ks_model *m;
+    KT_CHECK(ks_model_open("models/kvsieve-tiny", "cpu", &m) == KS_OK, "%s", ks_last_error());
+    ks_policy *p;
+    KT_CHECK(ks_policy_load(m, "tokenselect", &p) == KS_OK, "%s", ks_last_error());
+    enum { N = 1100 };
+    static int32_t prompt[N];
+    uint64_t x = 88172645463325252ull;
+    prompt[0] = m->cfg.bos;
+    for (int i = 1; i < N; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        prompt[i] = 3 + (int32_t)(x % (uint64_t)(m->cfg.vocab - 3));
+    }
+    static grun nocache; /* what the rest of the request reads on the emulated device */
+    gen_policy(m, p, "n_init=16,n_local=480,k=64,cache_theta=0,trace=false", "emulate", prompt, N, &nocache);
+    KT_CHECK(!nocache.st, "%s", nocache.err);
+    static const char *const th[] = {"0.9", "0.5"};
+    for (int t = 0; t < 2; t++) {
+        static grun traced, host, emu, emu_traced;
+        char pt[128], pn[128];
+        snprintf(pt, sizeof pt, "n_init=16,n_local=480,k=64,cache_theta=%s,trace=true", th[t]);
+        snprintf(pn, sizeof pn, "n_init=16,n_local=480,k=64,cache_theta=%s,trace=false", th[t]);
+        gen_policy(m, p, pt, "host", prompt, N, &traced);
+        gen_policy(m, p, pn, "host", prompt, N, &host);
+        gen_policy(m, p, pn, "emulate", prompt, N, &emu);
+        gen_policy(m, p, pt, "emulate", prompt, N, &emu_traced);
+        KT_CHECK(!traced.st && !host.st && !emu.st && !emu_traced.st, "theta %s: %s %s %s %s", th[t], traced.err, host.err,
+                 emu.err, emu_traced.err);
+        const grun *g[3] = {&host, &emu, &emu_traced};
+        for (int i = 0; i < 3; i++) {
+            KT_CHECK(g[i]->n_ids == traced.n_ids && !memcmp(g[i]->ids, traced.ids, sizeof(int32_t) * (size_t)traced.n_ids),
+                     "theta %s, run %d: other ids", th[t], i);
+            KT_CHECK(!strcmp(g[i]->hits, traced.hits) && !strcmp(g[i]->misses, traced.misses) && !strcmp(g[i]->sels, traced.sels),
+                     "theta %s, run %d: hits %s misses %s selections %s, traced %s %s %s", th[t], i, g[i]->hits,
+                     g[i]->misses, g[i]->sels, traced.hits, traced.misses, traced.sels);
+        }
+        const int L = m->cfg.n_layers, steps = traced.n_ids - 1;
+        KT_CHECK(atoi(traced.hits) + atoi(traced.misses) == steps * L, "theta %s: %s + %s decisions for %d steps of %d layers",
+                 th[t], traced.hits, traced.misses, steps, L);
+        if (t == 1) KT_CHECK(atoi(traced.hits) > 0 && atoi(traced.misses) > L, "theta 0.5: hits %s, misses %s", traced.hits, traced.misses);
+        KT_CHECK(emu.downloads <= nocache.downloads + traced.n_ids, "theta %s: %ld downloads for %d tokens (%ld without the cache)",
+                 th[t], emu.downloads, traced.n_ids, nocache.downloads);
+        KT_CHECK(emu_traced.downloads >= steps * L, "theta %s: traced, %ld downloads", th[t], emu_traced.downloads);
+    }
     ks_policy_free(p);
     ks_model_close(m);
 }
@@ -442,8 +550,9 @@ KT_TEST(device_actions_tokenselect_cache_always_hits) {
             const char *v = ks_policy_report(p, key);
             KT_CHECK(v && !strcmp(v, "hit"), "%s = %s, expected hit", key, v ? v : "(none)");
         }
-    /* a threshold no cosine reaches: the cosine is computed every step and never hits */
-    run_policy(m, p, "n_init=8,n_local=500,k=40,cache_theta=1.5,trace=false", "host", 1100, 4, &r9);
+    /* a threshold no cosine reaches: the cosine is computed every step and never hits (traced: the
+     * bare decode steps of run_policy fire no token event, where the device's decisions are counted) */
+    run_policy(m, p, "n_init=8,n_local=500,k=40,cache_theta=1.5,trace=true", "host", 1100, 4, &r9);
     KT_CHECK(r9.st == KS_OK, "%s", r9.err);
     hits = ks_policy_report(p, "cache_hits");
     KT_CHECK(hits && atoi(hits) == 0, "cache_theta 1.5: %s hits", hits ? hits : "(none)");

@@ -325,6 +325,80 @@ KT_TEST(prims_scores_gemfilter_tokenselect_recipes) {
     KT_CHECK(differ, "the h %% Hkv mapping should change the scores");
 }
 
+/* skip (a device decision's branch): a nonzero mask gives zeros and reads no query or key (NaN
+ * inputs leave no trace), a zero mask gives the bits of no mask, the arguments are checked either
+ * way; the NaN mask counts as nonzero */
+KT_TEST(prims_scores_skip) {
+    rng_seed(5);
+    const int64_t H = 4, Hkv = 2, n = 40, d = 16;
+    float q[4 * 16], k[2 * 40 * 16], ref[40], got[40], nanq[4 * 16];
+    fill(q, H * d, 1.0f);
+    fill(k, Hkv * n * d, 1.0f);
+    for (int i = 0; i < H * d; i++) nanq[i] = NAN;
+    ks_scores_opts o = ks_scores_opts_default();
+    o.scale_mode = KS_SCALE_ONE;
+    o.softmax = 1;
+    o.heads = KS_HEADS_SUM;
+    o.k_begin = o.out_begin = 4;
+    o.k_end = o.out_end = 30;
+    KT_CHECK(ks_cpu_scores(q, NULL, H, 1, k, NULL, Hkv, n, d, &o, ref) == KS_OK, "%s", ks_last_error());
+    float zero = 0.0f, one = 1.0f, nan = NAN;
+    o.skip = &zero;
+    KT_CHECK(ks_cpu_scores(q, NULL, H, 1, k, NULL, Hkv, n, d, &o, got) == KS_OK && !memcmp(got, ref, sizeof(float) * 26),
+             "a zero mask changed the scores");
+    const float *masks[2] = {&one, &nan};
+    for (int i = 0; i < 2; i++) {
+        for (int j = 0; j < 40; j++) got[j] = 7.0f;
+        o.skip = masks[i];
+        KT_CHECK(ks_cpu_scores(nanq, NULL, H, 1, k, NULL, Hkv, n, d, &o, got) == KS_OK, "%s", ks_last_error());
+        int zeros = 1;
+        for (int j = 0; j < 26; j++) zeros &= got[j] == 0.0f && !signbit(got[j]);
+        KT_CHECK(zeros && got[26] == 7.0f, "mask %d: skipped scores are not 26 zeros", i);
+    }
+    o.skip = &one;
+    o.k_end = 41;
+    KT_CHECK(ks_cpu_scores(q, NULL, H, 1, k, NULL, Hkv, n, d, &o, got) == KS_ERR_ARG, "a bad domain passed under skip");
+}
+
+/* ge and where: ge compares the float widened to double (0.1f >= 0.1 but not >= 0.10000001, where
+ * a float comparison would say yes), NaN is 0; where copies bits (a NaN payload, -0.0) by one mask
+ * value or one each, may write over a, and refuses a mask of another length */
+KT_TEST(prims_ge_where_masks) {
+    float x[6] = {0.1f, -1.0f, NAN, INFINITY, 2.0f, -0.0f}, m[6];
+    KT_CHECK(ks_cpu_ge(x, 6, 0.1, m) == KS_OK, "%s", ks_last_error());
+    const float want[6] = {1, 0, 0, 1, 1, 0};
+    KT_CHECK(!memcmp(m, want, sizeof want), "ge 0.1: %g %g %g %g %g %g", m[0], m[1], m[2], m[3], m[4], m[5]);
+    KT_CHECK(ks_cpu_ge(x, 6, 0.10000001, m) == KS_OK && m[0] == 0.0f && m[4] == 1.0f, "ge in double");
+    KT_CHECK(ks_cpu_ge(x, 6, -INFINITY, m) == KS_OK && m[2] == 0.0f && m[1] == 1.0f, "NaN is never >=");
+    KT_CHECK(ks_cpu_ge(x, 6, NAN, m) == KS_OK && m[0] == 0.0f && m[3] == 0.0f, "nothing is >= NaN");
+    uint32_t a[4] = {1, 0x7fc00123u, 0x80000000u, 4}, b[4] = {5, 6, 7, 8}, o[4];
+    float one = 1.0f, zero = 0.0f, per[4] = {0.0f, 1.0f, NAN, -0.0f};
+    KT_CHECK(ks_cpu_where(&one, 1, a, b, 4, o) == KS_OK && !memcmp(o, a, sizeof a), "where 1 -> a");
+    KT_CHECK(ks_cpu_where(&zero, 1, a, b, 4, o) == KS_OK && !memcmp(o, b, sizeof b), "where 0 -> b");
+    KT_CHECK(ks_cpu_where(per, 4, a, b, 4, o) == KS_OK && o[0] == 5 && o[1] == 0x7fc00123u && o[2] == 0x80000000u && o[3] == 8,
+             "where per element: %u %u %u %u", o[0], o[1], o[2], o[3]);
+    KT_CHECK(ks_cpu_where(&zero, 1, a, b, 4, a) == KS_OK && !memcmp(a, b, sizeof b), "where into a");
+    KT_CHECK(ks_cpu_where(per, 3, a, b, 4, o) == KS_ERR_ARG && strstr(ks_last_error(), "where: the mask has 3 entries for 4"),
+             "%s", ks_last_error());
+    KT_CHECK(ks_cpu_where(&one, 1, NULL, b, 4, o) == KS_ERR_ARG && strstr(ks_last_error(), "where: a is NULL"), "%s", ks_last_error());
+    KT_CHECK(ks_cpu_ge(x, -1, 0.0, m) == KS_ERR_ARG && strstr(ks_last_error(), "ge: n = -1"), "%s", ks_last_error());
+    KT_CHECK(ks_cpu_where(&one, 1, a, b, 0, o) == KS_OK, "empty where");
+    /* topk under a mask: the top k of zeros (base .. base + k - 1, values 0) without reading x
+     * (NaN rows here), checked arguments, and ks_cpu_topk's bits under a zero mask */
+    float xs[2 * 5] = {NAN, NAN, NAN, NAN, NAN, 1, 5, 2, 4, 3}, v[6], vr[6];
+    int32_t ix[6], ir[6];
+    KT_CHECK(ks_cpu_topk_masked(&one, xs, 2, 5, 3, 10, KS_TOPK_BY_VALUE, ix, v) == KS_OK, "%s", ks_last_error());
+    KT_CHECK(ix[0] == 10 && ix[2] == 12 && ix[3] == 10 && ix[5] == 12 && v[0] == 0 && v[5] == 0, "skipped topk: %d %d %d", ix[0],
+             ix[2], ix[5]);
+    KT_CHECK(ks_cpu_topk_masked(&zero, xs, 2, 5, 3, 10, KS_TOPK_BY_INDEX, ix, v) == KS_OK &&
+                 ks_cpu_topk(xs, 2, 5, 3, 10, KS_TOPK_BY_INDEX, ir, vr) == KS_OK && !memcmp(ix, ir, sizeof ix) &&
+                 !memcmp(v, vr, sizeof v),
+             "a zero mask changed topk");
+    KT_CHECK(ks_cpu_topk_masked(&one, xs, 2, 5, 6, 0, KS_TOPK_BY_INDEX, ix, NULL) == KS_ERR_ARG &&
+                 strstr(ks_last_error(), "topk: k = 6 > n = 5"),
+             "%s", ks_last_error());
+}
+
 /* q_rope_inv: the queries rotated first (rotate-half pairs, float32 angle pos * inv[k], cos and
  * sin times af, each product rounded; written out here from that definition) give the same bits
  * as scores of queries rotated by hand; token-major strided queries, two query rows; the bad
@@ -927,7 +1001,7 @@ KT_TEST(prims_cpu_table) {
     KT_CHECK(!memcmp(got, ref, sizeof ref), "softmax differs");
     KT_CHECK(P->var(NULL, x, ROWS, N, 1, 1, got) == KS_OK && ks_cpu_var(x, ROWS, N, 1, 1, ref) == KS_OK, "var");
     KT_CHECK(!memcmp(got, ref, sizeof(float) * ROWS), "var differs");
-    KT_CHECK(P->topk(NULL, x, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, gi, got) == KS_OK, "topk");
+    KT_CHECK(P->topk(NULL, x, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, gi, got, NULL) == KS_OK, "topk");
     KT_CHECK(ks_cpu_topk(x, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, ri, ref) == KS_OK, "cpu topk");
     KT_CHECK(!memcmp(gi, ri, sizeof(int32_t) * ROWS * 17) && !memcmp(got, ref, sizeof(float) * ROWS * 17), "topk differs");
     float c = 0, cref = 1;
@@ -1000,13 +1074,38 @@ KT_TEST(prims_emulated_device_table) {
     be->download(be, got, dy, sizeof(float) * N);
     KT_CHECK(!memcmp(got, ref, sizeof(float) * N), "sum differs");
     /* top-k and rank: identical indices */
-    KT_CHECK(P->topk(be, dx, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, di, dy) == KS_OK, "topk");
+    KT_CHECK(P->topk(be, dx, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, di, dy, NULL) == KS_OK, "topk");
     KT_CHECK(ks_cpu_topk(hx, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, ri, ref) == KS_OK, "cpu topk");
     be->download(be, gi, di, sizeof(int32_t) * ROWS * 17);
     KT_CHECK(!memcmp(gi, ri, sizeof(int32_t) * ROWS * 17), "topk differs");
     KT_CHECK(P->rank(be, dx, N, di) == KS_OK && ks_cpu_rank(hx, N, ri) == KS_OK, "rank");
     be->download(be, gi, di, sizeof(int32_t) * N);
     KT_CHECK(!memcmp(gi, ri, sizeof(int32_t) * N), "rank differs");
+    /* masks: ge and where on device memory, and a scores call skipped by a device mask */
+    float mk[2] = {0.0f, 1.0f}, gm[N];
+    float *dm = be->alloc(be, sizeof mk);
+    be->upload(be, dm, mk, sizeof mk);
+    KT_CHECK(P->ge(be, dx, N, 1.5, dy) == KS_OK && ks_cpu_ge(hx, N, 1.5, ref) == KS_OK, "ge");
+    be->download(be, gm, dy, sizeof(float) * N);
+    KT_CHECK(!memcmp(gm, ref, sizeof(float) * N), "ge differs");
+    KT_CHECK(P->where(be, dm + 1, 1, dx, dx + N, N, dy) == KS_OK, "where");
+    be->download(be, gm, dy, sizeof(float) * N);
+    KT_CHECK(!memcmp(gm, hx, sizeof(float) * N), "where (1) is not a");
+    ks_scores_opts so = ks_scores_opts_default();
+    so.heads = KS_HEADS_SUM;
+    so.skip = dm + 1;
+    for (int i = 0; i < 10; i++) gm[i] = 3.0f;
+    be->upload(be, dy, gm, sizeof(float) * 10);
+    KT_CHECK(P->scores(be, dx, NULL, 2, 1, dx + 8, 0, NULL, 1, 10, 4, &so, dy) == KS_OK, "skipped scores: %s", ks_last_error());
+    be->download(be, gm, dy, sizeof(float) * 10);
+    KT_CHECK(gm[0] == 0.0f && gm[9] == 0.0f, "skipped scores are not zeros");
+    so.skip = dm;
+    KT_CHECK(P->scores(be, dx, NULL, 2, 1, dx + 8, 0, NULL, 1, 10, 4, &so, dy) == KS_OK, "scores: %s", ks_last_error());
+    so.skip = NULL;
+    KT_CHECK(ks_cpu_scores(hx, NULL, 2, 1, hx + 8, NULL, 1, 10, 4, &so, ref) == KS_OK, "cpu scores");
+    be->download(be, gm, dy, sizeof(float) * 10);
+    KT_CHECK(!memcmp(gm, ref, sizeof(float) * 10), "scores under a zero device mask differ");
+    be->free(be, dm);
     /* cosine: the value goes to device memory */
     float c, cref;
     KT_CHECK(P->cosine(be, dx, dx + N, N, dy) == KS_OK && ks_cpu_cosine(hx, hx + N, N, &cref) == KS_OK, "cosine");

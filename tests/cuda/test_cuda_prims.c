@@ -297,6 +297,139 @@ static void test_scores(void) {
     cudaFree(d);
 }
 
+/* ================================================================ masks: ge, where, scores' skip */
+
+/* scores under a device mask (ks_scores_opts.skip): 0 gives the bits of no mask, 1 gives zeros
+ * over a poisoned output, and the one-row kernel's counters stay zero */
+static void run_skip(const char *label, int H, int Hkv, int m, int n, int d, int k_bf16, ks_scores_opts o) {
+    char name[200];
+    int64_t rows, cols;
+    ks_status st = ks_scores_out_shape(&o, H, Hkv, n, &rows, &cols);
+    snprintf(name, sizeof name, "scores skip %s H=%d/%d m=%d n=%d d=%d", label, H, Hkv, m, n, d);
+    CHECK_ST(st, name);
+    size_t qn = (size_t)H * m * d, kn = (size_t)Hkv * n * d;
+    float *q = malloc(sizeof(float) * qn), *k = malloc(sizeof(float) * kn), *a = malloc(sizeof(float) * rows * cols),
+          *b = malloc(sizeof(float) * rows * cols);
+    uint16_t *kb = malloc(2 * kn);
+    for (size_t i = 0; i < qn; i++) q[i] = frand() * 2;
+    for (size_t i = 0; i < kn; i++) { k[i] = frand() * 2; kb[i] = ks_f32_to_bf16(k[i]); }
+    float masks[2] = {0.0f, 1.0f};
+    float *dq = dup_dev(q, sizeof(float) * qn), *dm = dup_dev(masks, sizeof masks);
+    void *dk = k_bf16 ? dup_dev(kb, 2 * kn) : dup_dev(k, sizeof(float) * kn);
+    float *dout = dalloc(sizeof(float) * rows * cols);
+    st = ks_cuda_scores(S, &SC, dq, NULL, H, m, dk, k_bf16, NULL, Hkv, n, d, &o, dout);
+    int ok = !st && get(a, dout, sizeof(float) * rows * cols);
+    o.skip = dm;
+    poison_dev(dout, sizeof(float) * rows * cols);
+    if (ok) st = ks_cuda_scores(S, &SC, dq, NULL, H, m, dk, k_bf16, NULL, Hkv, n, d, &o, dout);
+    ok = ok && !st && get(b, dout, sizeof(float) * rows * cols);
+    int same = ok && !memcmp(a, b, sizeof(float) * rows * cols), zeros = 1;
+    o.skip = dm + 1;
+    poison_dev(dout, sizeof(float) * rows * cols);
+    if (ok) st = ks_cuda_scores(S, &SC, dq, NULL, H, m, dk, k_bf16, NULL, Hkv, n, d, &o, dout);
+    ok = ok && !st && get(b, dout, sizeof(float) * rows * cols);
+    for (int64_t i = 0; ok && i < rows * cols; i++) zeros &= b[i] == 0.0f && !signbit(b[i]);
+    int nz = 0;
+    if (ok && SC.counters) {
+        unsigned *hc = malloc(sizeof(unsigned) * SC.n_counters);
+        ok = get(hc, SC.counters, sizeof(unsigned) * SC.n_counters);
+        for (int i = 0; ok && i < SC.n_counters; i++) nz += hc[i] != 0;
+        free(hc);
+    }
+    if (st) result(0, name, "status %s: %s", ks_status_name(st), ks_last_error());
+    else result(ok && same && zeros && !nz, name, "mask 0 the same bits: %d, mask 1 zeros: %d, counters non-zero: %d", same, zeros, nz);
+    cudaFree(dq); cudaFree(dm); cudaFree(dk); cudaFree(dout);
+    free(q); free(k); free(kb); free(a); free(b);
+}
+
+static void test_masks(void) {
+    if (!want("masks")) return;
+    /* ge: the CPU's bits, special values included, at thresholds a float comparison would get wrong */
+    const int64_t n = g_quick ? 5000 : 300000;
+    float *x = malloc(sizeof(float) * n), *r = malloc(sizeof(float) * n), *g = malloc(sizeof(float) * n);
+    fill_kind(x, n, D_SPECIAL);
+    x[0] = 0.1f;
+    float *dx = dup_dev(x, sizeof(float) * n), *dout = dalloc(sizeof(float) * n);
+    const double thr[] = {0.1, 0.10000001, 0.0, -INFINITY, NAN};
+    for (int t = 0; t < 5; t++) {
+        char name[96];
+        snprintf(name, sizeof name, "ge n=%lld thr=%.9g", (long long)n, thr[t]);
+        ks_cpu_ge(x, n, thr[t], r);
+        poison_dev(dout, sizeof(float) * n);
+        ks_status st = ks_cuda_ge(S, dx, n, thr[t], dout);
+        int ok = !st && get(g, dout, sizeof(float) * n);
+        result(ok && !memcmp(g, r, sizeof(float) * n), name, "%s", st ? ks_last_error() : "");
+    }
+    /* where: one mask value and one each, floats and int32 bits, into a */
+    int32_t *ia = malloc(sizeof(int32_t) * n), *ib = malloc(sizeof(int32_t) * n), *ir = malloc(sizeof(int32_t) * n),
+            *ig = malloc(sizeof(int32_t) * n);
+    for (int64_t i = 0; i < n; i++) { ia[i] = (int32_t)rnd32(); ib[i] = (int32_t)rnd32(); }
+    int32_t *da = dup_dev(ia, sizeof(int32_t) * n), *db = dup_dev(ib, sizeof(int32_t) * n);
+    for (int c = 0; c < 3; c++) {
+        const int64_t nm = c == 2 ? n : 1;
+        const float one[1] = {c == 0 ? 1.0f : 0.0f};
+        const float *hm = c == 2 ? x : one;
+        float *dm = dup_dev(hm, sizeof(float) * nm);
+        ks_cpu_where(hm, nm, ia, ib, n, ir);
+        ks_status st = ks_cuda_where(S, dm, nm, da, db, n, c == 2 ? (void *)da : (void *)dout);
+        int ok = !st && get(ig, c == 2 ? (void *)da : (void *)dout, sizeof(int32_t) * n);
+        const char *names[3] = {"where mask 1", "where mask 0", "where per element (NaN nonzero), into a"};
+        result(ok && !memcmp(ig, ir, sizeof(int32_t) * n), names[c], "%s", st ? ks_last_error() : "");
+        cudaFree(dm);
+    }
+    ks_status st = ks_cuda_where(S, dx, 2, da, db, n, dout);
+    result(st == KS_ERR_ARG && strstr(ks_last_error(), "where: the mask has 2 entries"), "where refuses a mask of 2 values",
+           "%s", ks_last_error());
+    cudaFree(dx); cudaFree(dout); cudaFree(da); cudaFree(db);
+    free(x); free(r); free(g); free(ia); free(ib); free(ir); free(ig);
+    /* the scores' skip in each kernel: the one-row kernel (TokenSelect's vote, a per-head and a
+     * group-sum row) and the general kernel (several query rows, float keys) */
+    ks_scores_opts ts = ks_scores_opts_default();
+    ts.scale_mode = KS_SCALE_ONE;
+    ts.softmax = 1;
+    ts.heads = KS_HEADS_SUM;
+    ts.k_begin = ts.out_begin = 128;
+    ts.k_end = ts.out_end = (g_quick ? 4000 : 131072) - 512;
+    run_skip("one-row tokenselect", 32, 8, 1, g_quick ? 4000 : 131072, 128, 1, ts);
+    ks_scores_opts snap = ks_scores_opts_default();
+    snap.softmax = 1;
+    snap.causal = 1;
+    snap.heads = KS_HEADS_GROUP_SUM;
+    run_skip("one-row group-sum", 16, 4, 1, 2000, 64, 1, snap);
+    snap.heads = KS_HEADS_NONE;
+    run_skip("one-row per-head", 8, 2, 1, 900, 128, 1, snap);
+    run_skip("general m=6", 8, 2, 6, 1500, 64, 1, snap);
+    run_skip("general float keys", 32, 8, 1, 1200, 128, 0, ts.k_end < 1200 ? ts : snap);
+    /* top-k under a mask, on each path (one cluster launch; the multi-kernel rows past 262138 keys;
+     * by value through the sort): 1 -> the CPU's top k of zeros over NaN rows, 0 -> the CPU's top k */
+    const int64_t ns[3] = {130432, g_quick ? 300000 : 1000000, 5000};
+    const int64_t rows_of[3] = {1, 1, 3};
+    for (int c = 0; c < 3; c++) {
+        const int64_t nn = ns[c], R = rows_of[c], kk = 2048, tot = R * nn;
+        const ks_topk_order ord = c == 2 ? KS_TOPK_BY_VALUE : KS_TOPK_BY_INDEX;
+        float *hx = malloc(sizeof(float) * tot), *hv = malloc(sizeof(float) * R * kk), *rv = malloc(sizeof(float) * R * kk);
+        int32_t *hi = malloc(sizeof(int32_t) * R * kk), *ri = malloc(sizeof(int32_t) * R * kk);
+        fill_kind(hx, tot, D_TIES);
+        float mk[2] = {0.0f, 1.0f};
+        float *ddx = dup_dev(hx, sizeof(float) * tot), *dmk = dup_dev(mk, sizeof mk), *dv = dalloc(sizeof(float) * R * kk);
+        int32_t *di = dalloc(sizeof(int32_t) * R * kk);
+        for (int m = 0; m < 2; m++) {
+            char name[128];
+            snprintf(name, sizeof name, "topk skip %s, %lld x %lld keys, mask %d", c == 2 ? "by value" : "by index",
+                     (long long)R, (long long)nn, m);
+            if (m) for (int64_t i = 0; i < tot; i++) hx[i] = NAN; /* the CPU's masked call reads nothing either */
+            ks_cpu_topk_masked(&mk[m], hx, R, nn, kk, 3, ord, ri, rv);
+            poison_dev(di, sizeof(int32_t) * R * kk);
+            ks_status st2 = ks_cuda_topk_skip(S, &SC, ddx, R, nn, kk, 3, ord, di, dv, dmk + m);
+            int ok = !st2 && get(hi, di, sizeof(int32_t) * R * kk) && get(hv, dv, sizeof(float) * R * kk);
+            result(ok && !memcmp(hi, ri, sizeof(int32_t) * R * kk) && !memcmp(hv, rv, sizeof(float) * R * kk), name, "%s",
+                   st2 ? ks_last_error() : "");
+        }
+        cudaFree(ddx); cudaFree(dmk); cudaFree(dv); cudaFree(di);
+        free(hx); free(hv); free(rv); free(hi); free(ri);
+    }
+}
+
 /* ================================================================ pooling */
 
 static void test_pool(void) {
@@ -984,6 +1117,7 @@ int main(int argc, char **argv) {
     S = ks_cuda_backend_stream(gpu);
     SC = ks_cuda_backend_scratch(gpu);
     test_scores();
+    test_masks();
     test_pool();
     test_topk();
     test_order();

@@ -341,4 +341,48 @@ do
   expect_error("cosine: a and b differ in shape", function() return ks.cosine(ks.tensor(a, "f32"), ks.tensor({ 1 }, "f32")) end)
 end
 
+-- ---------------------------------------------------------------- masks: ge, where, scores' skip
+
+do
+  local x = ks.tensor({ 0.5, -1, 2, 0.25 }, "f32")
+  local g = ks.ge(x, 0.5)
+  assert(g.dtype == "f32")
+  check_eq(g:tolist(), { 1, 0, 1, 0 }, "ge")
+  -- the float widened to double, as Lua compares it: 0.1f >= 0.1 holds, >= 0.10000001 does not
+  local tenth = ks.tensor({ 0.1 }, "f32")
+  assert(ks.ge(tenth, 0.1):item(0) == 1 and (tenth:item(0) >= 0.1))
+  assert(ks.ge(tenth, 0.10000001):item(0) == 0 and not (tenth:item(0) >= 0.10000001))
+  check_eq(ks.ge({ { 1, 2 }, { 3, 4 } }, 2.5).shape, { 2, 2 }, "ge keeps the shape")
+  expect_error("ge: v must be a number, got string", function() return ks.ge(x, "1") end)
+  local a, b = ks.tensor({ 1, 5, 9 }), ks.tensor({ 2, 6, 7 })
+  check_eq(ks.where(ks.tensor({ 1 }, "f32"), a, b):tolist(), { 1, 5, 9 }, "where 1")
+  check_eq(ks.where(ks.tensor({ 0 }, "f32"), a, b):tolist(), { 2, 6, 7 }, "where 0")
+  check_eq(ks.where({ 1, 0, 1 }, a, b):tolist(), { 1, 6, 9 }, "where per element")
+  check_eq(ks.where(ks.ge(x, 0), x, -x):tolist(), { 0.5, 1, 2, 0.25 }, "where of floats")
+  expect_error("where: a and b must be two f32 or two i32 tensors", function() return ks.where({ 1 }, a, x:slice(0, 0, 3)) end)
+  expect_error("where: a and b differ in shape", function() return ks.where({ 1 }, a, ks.tensor({ 1, 2 })) end)
+  expect_error("where: the mask has 2 values for 3 elements (want 1 or 3)", function() return ks.where({ 1, 0 }, a, b) end)
+  -- a list valid by construction stays so under one mask value (ev:attend then checks bounds only)
+  local sel = ks.where(ks.tensor({ 0 }, "f32"), ks.topk(ks.tensor({ 3, 1, 2 }, "f32"), 2), ks.arange(4, 6))
+  check_eq(sel:tolist(), { 4, 5 }, "where of two lists")
+  -- scores skipped by a mask: zeros and no key read (NaN keys leave no trace); a zero mask changes nothing
+  local q, k = ks.tensor({ { 1, 0 }, { 0, 1 } }, "f32"), ks.tensor({ { { 1, 2 } }, { { 3, 4 } }, { { 0 / 0, 1 } } }, "f32")
+  local o = { scale = "none", reduce = "sum", out = { 0, 2 } }
+  local want = ks.scores(q, k, o):tolist()
+  o.skip = ks.tensor({ 0 }, "f32")
+  check_eq(ks.scores(q, k, o):tolist(), want, "scores under a zero mask")
+  o.skip = ks.ge(ks.tensor({ 1 }, "f32"), 1)
+  check_eq(ks.scores(q, k, o):tolist(), { 0, 0 }, "skipped scores")
+  o.skip = ks.tensor({ 1, 1 }, "f32")
+  expect_error("scores: option skip: a mask of one value (ks.ge's), got 2 values", function() return ks.scores(q, k, o) end)
+  o.skip = "yes"
+  expect_error("scores", function() return ks.scores(q, k, o) end)
+  -- top-k skipped: the top k of zeros (the first k rows from base), values 0, still a valid list
+  local v = ks.tensor({ 0 / 0, 3, 1, 2 }, "f32")
+  local i1, v1 = ks.topk(v, 2, { base = 7, skip = ks.tensor({ 1 }, "f32") })
+  check_eq(i1:tolist(), { 7, 8 }, "skipped topk"); check_eq(v1:tolist(), { 0, 0 }, "skipped topk values")
+  check_eq(ks.topk(v, 2, { skip = ks.tensor({ 0 }, "f32") }):tolist(), ks.topk(v, 2):tolist(), "topk under a zero mask")
+  expect_error("topk: option skip: a mask of one value (ks.ge's), got 2 values", function() return ks.topk(v, 2, { skip = { 1, 1 } }) end)
+end
+
 return "ok"
