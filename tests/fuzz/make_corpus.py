@@ -292,7 +292,8 @@ def main():
 
     # ---- lua_prims: header (8 bytes) + program parts (see fuzz_lua_prims.c)
     FN = ['scores', 'pool1d', 'topk', 'sort', 'argsort', 'rank', 'unique', 'union', 'concat', 'arange', 'gather',
-          'softmax', 'sum', 'mean', 'var', 'cosine', 'tensor', 'zeros', 'stack', 'rope', 'report', 'unhook', '_upload']
+          'softmax', 'sum', 'mean', 'var', 'cosine', 'tensor', 'zeros', 'stack', 'rope', 'report', 'unhook', '_upload',
+          'page_reduce', 'bound_scores', 'page_rows', 'ge', 'where']
     TM = ['numel', 'tolist', 'item', 'slice', 'row', 'clone', 'float', 'int', 'reshape', 'size']
     EM = ['restart', 'propagate', 'retain', 'attend', 'stop', 'discard_kv', 'report', 'kv_pos', 'kv_keys', 'kv_values',
           'release']
@@ -301,9 +302,12 @@ def main():
     K = [0, 1, 2, 3, -1, -2, 4, 5, 8, 16]
     S = ['', 'ab', 'rows', 'qpos', 'kpos', 'scale', 'causal', 'softmax', 'key_range', 'out', 'reduce', 'gqa', 'threads',
          'sorted', 'descending', 'ddof', 'renumber', 'none', 'sum', 'max', 'mean', 'avg', 'last', 'group', 'div', 'mod',
-         'index', 'value', 'rsqrt_d', 'sqrt_d', 'theta', 'max_pos', 'prefill_qkv', 'decode_qkv', 'token', 'x']
+         'index', 'value', 'rsqrt_d', 'sqrt_d', 'theta', 'max_pos', 'prefill_qkv', 'decode_qkv', 'token', 'x',
+         'pages', 'before', 'after', 'check', 'min', 'minmax', 'group_max', 'group_sum', 'rope', 'base', 'values', 'hold',
+         'skip']
     OPT = ['rows', 'qpos', 'kpos', 'scale', 'causal', 'softmax', 'key_range', 'out', 'reduce', 'gqa', 'threads', 'sorted',
-           'descending', 'ddof', 'renumber', 'theta', 'max_pos', 'bogus']
+           'descending', 'ddof', 'renumber', 'theta', 'max_pos', 'bogus', 'pages', 'before', 'after', 'check', 'rope',
+           'base', 'values', 'hold', 'skip']
     TOP = lambda k=0: 200 + k  # noqa: E731  the k-th latest value
 
     def field(f): return [11, EF.index(f)]
@@ -342,6 +346,11 @@ def main():
         + [0, 16] + [9, TOP(2), TOP(), 0] + const(0) + evm("kv_pos", TOP()) + meth("clone"),
         # ks.concat / stack with many arguments
         "many": const(1) + call("arange", TOP()) + [15, FN.index("concat"), TOP(), 80] + [15, FN.index("stack"), TOP(1), 40],
+        # masks: ge of a hidden row, where of it and its softmax, a one-value mask skipping scores and topk
+        "masks": field("hidden") + const(0) + meth("row", TOP(), recv=TOP(1)) + const(1) + call("ge", TOP(1), TOP())
+        + call("softmax", TOP(1)) + call("where", TOP(1), TOP(2), TOP()) + [4, 1, 104] + call("tensor", TOP())
+        + opts(("skip", TOP())) + const(2) + call("topk", TOP(5), TOP(), TOP(1)) + field("q") + field("k")
+        + [2, S.index("sum")] + opts(("reduce", TOP()), ("skip", TOP(6))) + call("scores", TOP(3), TOP(2), TOP()),
         # begin part: unhook + report, then an event
         "begin": s("decode_qkv") + call("unhook", TOP()) + s("ab") + const(1) + call("report", TOP(1), TOP())
         + [0xfe, 0xfe] + field("n") + call("arange", TOP()) + evm("propagate", TOP()),
@@ -352,6 +361,7 @@ def main():
         "snapkv": [1, 3, 5, 0, 7, 4, 0, 0], "streaming": [0, 1, 7, 0, 3, 7, 0, 3], "tensor": [2, 2, 2, 0, 1, 2, 0, 1],
         "event": [9, 3, 3, 1, 9, 0x0b, 2, 0], "sort": [0, 4, 4, 0, 5, 3, 0, 1], "stale": [1, 2, 3, 0, 2, 3, 0, 3 << 3],
         "hostile": [0, 0, 2, 0, 0, 0, 0, 0], "many": [4, 1, 1, 0, 0, 1, 0, 3], "begin": [2, 2, 3, 0, 0, 2, 0, 0],
+        "masks": [1, 3, 5, 0, 7, 4, 0, 0],
     }
     for name, prog in progs.items():
         for dev in (0, 1):
