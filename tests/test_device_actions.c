@@ -59,27 +59,38 @@ typedef struct run {
 /* Prefill n tokens of a fixed stream, then `steps` greedy decode steps, under policy `p` with
  * parameters "k=v,..." (and _device = mode). Downloads and device tensors made by the decode
  * steps alone go to r->downloads_decode / allocs_decode. */
-static void run_policy(ks_model *m, ks_policy *p, const char *params, const char *mode, int n, int steps, run *r) {
-    memset(r, 0, sizeof *r);
-    ks_session *s = NULL;
+/* Set the policy's parameters "k=v,..." and _device = mode. */
+static ks_status set_params(ks_policy *p, const char *params, const char *mode) {
     char kv[512];
     snprintf(kv, sizeof kv, "%s", params);
-    for (char *save = NULL, *tok = strtok_r(kv, ",", &save); !r->st && tok; tok = strtok_r(NULL, ",", &save)) {
+    ks_status st = KS_OK;
+    for (char *save = NULL, *tok = strtok_r(kv, ",", &save); !st && tok; tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
         if (!eq) continue;
         *eq = 0;
-        r->st = ks_policy_set(p, tok, eq + 1);
+        st = ks_policy_set(p, tok, eq + 1);
     }
-    if (!r->st) r->st = ks_policy_set(p, "_device", mode);
-    if (!r->st) r->st = ks_session_create(m, &s);
-    if (!r->st) r->st = ks_session_set_policy(s, p);
-    int32_t *prompt = malloc(sizeof(int32_t) * n);
+    return st ? st : ks_policy_set(p, "_device", mode);
+}
+
+/* The fixed prompt stream of these tests: BOS, then n - 1 xorshift tokens of the vocabulary. */
+static void fill_prompt(const ks_model *m, int32_t *prompt, int n) {
     uint64_t x = 88172645463325252ull;
     prompt[0] = m->cfg.bos;
     for (int i = 1; i < n; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         prompt[i] = 3 + (int32_t)(x % (uint64_t)(m->cfg.vocab - 3));
     }
+}
+
+static void run_policy(ks_model *m, ks_policy *p, const char *params, const char *mode, int n, int steps, run *r) {
+    memset(r, 0, sizeof *r);
+    ks_session *s = NULL;
+    r->st = set_params(p, params, mode);
+    if (!r->st) r->st = ks_session_create(m, &s);
+    if (!r->st) r->st = ks_session_set_policy(s, p);
+    int32_t *prompt = malloc(sizeof(int32_t) * n);
+    fill_prompt(m, prompt, n);
     if (!r->st) r->st = ks_session_prefill(s, prompt, n);
     free(prompt);
     ks_lpol_devstats d0, d1;
@@ -438,16 +449,8 @@ typedef struct grun {
 
 static void gen_policy(ks_model *m, ks_policy *p, const char *params, const char *mode, const int32_t *prompt, int n, grun *r) {
     memset(r, 0, sizeof *r);
-    char kv[256];
-    snprintf(kv, sizeof kv, "%s", params);
-    for (char *save = NULL, *tok = strtok_r(kv, ",", &save); !r->st && tok; tok = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(tok, '=');
-        if (!eq) continue;
-        *eq = 0;
-        r->st = ks_policy_set(p, tok, eq + 1);
-    }
     ks_session *s = NULL;
-    if (!r->st) r->st = ks_policy_set(p, "_device", mode);
+    r->st = set_params(p, params, mode);
     if (!r->st) r->st = ks_session_create(m, &s);
     if (!r->st) r->st = ks_session_set_policy(s, p);
     ks_lpol_devstats d0, d1;
@@ -486,12 +489,7 @@ KT_TEST(device_actions_tokenselect_cache_decided_on_the_device) {
     KT_CHECK(ks_policy_load(m, "tokenselect", &p) == KS_OK, "%s", ks_last_error());
     enum { N = 1100 };
     static int32_t prompt[N];
-    uint64_t x = 88172645463325252ull;
-    prompt[0] = m->cfg.bos;
-    for (int i = 1; i < N; i++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        prompt[i] = 3 + (int32_t)(x % (uint64_t)(m->cfg.vocab - 3));
-    }
+    fill_prompt(m, prompt, N);
     static grun nocache; /* what the rest of the request reads on the emulated device */
     gen_policy(m, p, "n_init=16,n_local=480,k=64,cache_theta=0,trace=false", "emulate", prompt, N, &nocache);
     KT_CHECK(!nocache.st, "%s", nocache.err);
