@@ -22,6 +22,8 @@
  *   3. Every block reads M_h and 1 / Z_h and takes a grid-strided share of the output columns:
  *      per head v_h = (float)(expf(L - M_h) / Z_h) (softmax) or L (raw), the head reduction in
  *      double in ascending head order, as on the CPU (sc1_vote_col).
+ * Under a nonzero mask (ks_scores_opts.skip, one device float) every block writes its share of
+ * the zero result and leaves before 1: no key read, no counter touched, no barrier reached.
  * The counters (Hkv per KV head, then the barrier's two) are the scratch's, zero at rest: each
  * kernel returns the words it used to zero. Until session 23, 3 was a second kernel: the same
  * arithmetic in the same order (the same bits), one launch less (bench/NOTES.md, issue 14

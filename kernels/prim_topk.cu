@@ -20,7 +20,12 @@
  * significant first, each counting only the keys that match the digits chosen so far; the last
  * block of a row scans the histogram from the top and fixes the digit, the state kept on the
  * device so nothing waits), a count of each chunk's keys > thr / == thr, and the scatter. Cost:
- * 4 passes over the row plus O(k log) for the value order. */
+ * 4 passes over the row plus O(k log) for the value order.
+ *
+ * Under a nonzero mask (ks_cuda_topk_skip; ks_cpu_topk_masked) every kernel of either path reads
+ * the mask first: tk_clu writes the top k of zeros (base .. base + k - 1, with their keys for the
+ * value sort) and leaves before its first cluster barrier, the histogram and count kernels leave
+ * at once, tk_scatter writes the same result per chunk and tk_values writes zeros. */
 #include "prim_common.cuh"
 
 #include <cub/cub.cuh>
