@@ -29,9 +29,9 @@
 -- first sparse decode step of each layer always selects. Dense steps neither use nor fill it.
 -- The decision is made where the tensors are (without trace): ks.ge turns the cosine into a
 -- mask, ks.scores and ks.topk skip their work under it (a hit reads no key) and ks.where keeps
--- the cached list and fingerprint by it, so on a GPU no step waits for the host; the hits are counted on
--- the device and read once a token (the token event). With trace (which prints each cosine) the
--- cosine is read and compared in Lua: the same decisions.
+-- the cached list and fingerprint by it, so on a GPU no step waits for the host; the hits are
+-- counted on the device and read once a token (the token event). With trace (which prints each
+-- cosine) the cosine is read and compared in Lua: the same decisions.
 --
 -- Parameters (defaults: the paper's / release's settings):
 --   n_init          128    leading rows always attended ("attention sinks")
@@ -55,10 +55,11 @@
 -- reads prefill_chunk once, when the policy is loaded.
 -- Reports: "selections" (top-k computed), "cache_hits" and "cache_misses" (with the cache on;
 -- misses include each layer's first sparse decode step; without trace the decisions made on the
--- device are counted at each token event, so a caller of bare decode steps reads them with trace). With cache_theta <= -1 (and no trace)
--- the attend is held (ev:attend's hold): the engine repeats it at the layer's later decode steps
--- without calling decode_qkv, so a step whose every layer hits runs no Lua (one recorded graph on
--- a GPU); those hits are the engine's ev.held_steps, added to cache_hits.
+-- device are counted at each token event, so a caller of bare decode steps reads them with
+-- trace). With cache_theta <= -1 (and no trace) the attend is held (ev:attend's hold): the
+-- engine repeats it at the layer's later decode steps without calling decode_qkv, so a step whose
+-- every layer hits runs no Lua (one recorded graph on a GPU); those hits are the engine's
+-- ev.held_steps, added to cache_hits.
 --
 -- Deliberate differences from the reference implementation:
 --   - GQA: the release scores query head h against KV head h % n_kv_heads; the model (and this
