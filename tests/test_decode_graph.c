@@ -18,7 +18,8 @@
  *   decode_graph_segments_noop      a handler that asks for nothing
  *   decode_graph_segments_actor     one that attends every 7th step and retains once (falls back,
  *                                   keeps the recording, re-records after the retain)
- *   decode_graph_staged_tokenselect_hit, decode_graph_staged_tokenselect, decode_graph_staged_quest
+ *   decode_graph_staged_tokenselect_hit, decode_graph_staged_tokenselect, decode_graph_staged_tokenselect_cache,
+ *   decode_graph_staged_quest
  *                                   TokenSelect (its hit path, its default) and Quest: their lists
  *                                   staged at every layer that attends
  *   decode_graph_recording_fails    a recording that calls an op the recorder refuses: the step
@@ -627,6 +628,13 @@ KT_TEST(decode_graph_join_refused) {
 
 KT_TEST(decode_graph_staged_tokenselect) {
     COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16", 30, 40, 30, 30 * 6);
+}
+
+/* the selection cache decided on the device (ks.ge, skipped scores and top-k, ks.where): the same
+ * launches whichever way a layer decides, so every replayed step stages its list and equals the
+ * plain one */
+KT_TEST(decode_graph_staged_tokenselect_cache) {
+    COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=0.5", 30, 40, 30, 30 * 6);
 }
 
 KT_TEST(decode_graph_staged_quest) {

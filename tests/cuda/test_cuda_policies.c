@@ -585,6 +585,8 @@ int main(int argc, char **argv) {
      * (pre-RoPE keys, rotated in the kernel; the hit path and the default), Quest (pages) */
     seg_case("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=-1", 30, 60, 50, 45);
     seg_case("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16", 30, 60, 50, 0);
+    /* its selection cache decided on the device (a mask, scores and top-k skipped, ks.where) */
+    seg_case("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=0.5", 30, 60, 50, 0);
     seg_case("models/kvsieve-tiny", "quest", NULL, "page=4,budget=32", 60, 60, 50, 0);
     /* held attends (device lists): every layer held (joined), one layer not, none */
     seg_case("models/kvsieve-tiny", "holder", SEG_HOLDER, "hold=true", 120, 60, 56, 50);
