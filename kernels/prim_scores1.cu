@@ -22,9 +22,18 @@
  *   3. Every block reads M_h and 1 / Z_h and takes a grid-strided share of the output columns:
  *      per head v_h = (float)(expf(L - M_h) / Z_h) (softmax) or L (raw), the head reduction in
  *      double in ascending head order, as on the CPU (sc1_vote_col).
+ * Resident logits (a.res; a head sum or mean, where they fit: SC1_RES_SMEM): in 1 each block
+ * writes its logits to its shared memory, (g, run) floats, instead of L, and 3 is two stages:
+ * each block sums the per-head values of its g heads for its own rows (double, ascending head,
+ * rounded to float: pv, (Hkv, w)); a second grid barrier; then every block a grid-strided share
+ * of the columns, the Hkv group sums added in double in ascending KV head order. Another order
+ * than the CPU's plain ascending sum (two roundings more, ~1e-7 relative, inside the tolerance
+ * below) and as fixed. It spares the 4 * H bytes a key of L written in the loop and read back
+ * after the barrier (at 128K keys 16 MB each way, the vote's L2 round trips: bench/NOTES.md, issue 14
+ * session 26); pv is 4 * Hkv bytes a key each way.
  * Under a nonzero mask (ks_scores_opts.skip, one device float) every block writes its share of
  * the zero result and leaves before 1: no key read, no counter touched, no barrier reached.
- * The counters (Hkv per KV head, then the barrier's two) are the scratch's, zero at rest: each
+ * The counters (Hkv per KV head, then each barrier's two) are the scratch's, zero at rest: each
  * kernel returns the words it used to zero. Until session 23, 3 was a second kernel: the same
  * arithmetic in the same order (the same bits), one launch less (bench/NOTES.md, issue 14
  * session 23). Code size matters here: the kernel runs its code once a launch, so instruction
@@ -48,6 +57,7 @@
 #define SC1_VOTE_BATCH 8 /* heads whose logits a column's thread loads at once */
 #define SC1_GMAX 8      /* query heads per KV head handled here */
 #define SC1_BLOCKS_SM 2 /* resident blocks a multiprocessor */
+#define SC1_RES_SMEM (100 * 1024) /* dynamic shared memory a block at most with resident logits (2 an SM) */
 
 struct sc1_args {
     const float *q;       /* (H, d) at q + h * qhs */
@@ -60,13 +70,18 @@ struct sc1_args {
     int iters;            /* loop steps a warp */
     float scale;
     int causal, softmax, gqa_mod;
-    float *L;             /* (H, w) */
+    float *L;             /* (H, w), or NULL with res */
+    int res;              /* 1: each block keeps its logits in shared memory (g, run) at byte ls_off, and the
+                           * head sum goes through pv (see the file's comment) */
+    int64_t run;          /* rows a block covers (SC1_WARPS * SC1_TR * iters) */
+    size_t ls_off;        /* dynamic shared memory offset of the resident logits */
+    float *pv;            /* (Hkv, w) with res: each KV head's group of heads summed (float) */
     float *pmax;          /* (H, nx) */
     double *psum;         /* (H, nx) */
     float *M;             /* (H) */
     double *iZ;           /* (H) */
-    unsigned *done;       /* (Hkv + 2) blocks finished per KV head, then the grid barrier's two words: zero
-                           * at the launch, zero again after it */
+    unsigned *done;       /* (Hkv + 4) blocks finished per KV head, then the two grid barriers' two words
+                           * each: zero at the launch, zero again after it */
     const float *skip;    /* NULL or one device float: nonzero = every block writes its share of zeros and
                            * leaves (ks_scores_opts.skip: no key read, no counter touched) */
     int rope;             /* 1: the queries rotated at rpos as they are read (ks_scores_opts.q_rope_inv) */
@@ -300,7 +315,10 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
                 bool vis = row < a.w;
                 if (vis && a.causal) vis = (a.kpos ? (int64_t)a.kpos[j] : j) <= lim;
                 l[q] = vis ? a.scale * acc[q >> 1][(q & 1) * 2 + p] : -INFINITY;
-                if (row < a.w) a.L[h * a.w + row] = l[q];
+                if (row < a.w) {
+                    if (a.res) ((float *)(smem + a.ls_off))[hh * a.run + (row - r0b)] = l[q];
+                    else a.L[h * a.w + row] = l[q];
+                }
             }
             if (!a.softmax) continue;
             float mx = l[0];
@@ -395,7 +413,40 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
         }
     __syncthreads();
     const int64_t nthr = (int64_t)gridDim.x * gridDim.y * SC1_THREADS;
-    for (int64_t x = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * SC1_THREADS + threadIdx.x; x < ncols; x += nthr)
+    const int64_t x0 = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * SC1_THREADS + threadIdx.x;
+    if (a.res) {
+        /* each block: its rows' group sums from its own logits, then every block a share of the
+         * columns: the Hkv group sums in ascending KV head order (a second barrier between) */
+        const float *Ls = (const float *)(smem + a.ls_off);
+        for (int64_t r = threadIdx.x; r < a.run && r0b + r < a.w; r += SC1_THREADS) {
+            const int64_t j = a.cb + r0b + r;
+            double sg = 0;
+            if (j >= lo && j < hi)
+                for (int t = 0; t < g; t++) {
+                    const float lg = Ls[t * a.run + r];
+                    const int64_t h = sc1_head(a, kv, t);
+                    sg += lg == -INFINITY ? 0.f : a.softmax ? (float)((double)expf(lg - mh[h]) * iz[h]) : lg;
+                }
+            a.pv[kv * a.w + r0b + r] = (float)sg;
+        }
+        sc1_grid_sync(a.done + a.hkv + 2, gridDim.x * gridDim.y);
+        for (int64_t x = x0; x < ncols; x += nthr) {
+            const int64_t j = ob + x, c = j - a.cb;
+            double sm = 0;
+            if (j >= lo && j < hi && c >= 0 && c < a.w)
+                for (int64_t r0 = 0; r0 < a.hkv; r0 += SC1_VOTE_BATCH) { /* the loads of a batch issued at once */
+                    float pg[SC1_VOTE_BATCH];
+#pragma unroll
+                    for (int e = 0; e < SC1_VOTE_BATCH; e++) pg[e] = r0 + e < a.hkv ? __ldcg(a.pv + (r0 + e) * a.w + c) : 0.f;
+#pragma unroll
+                    for (int e = 0; e < SC1_VOTE_BATCH; e++)
+                        if (r0 + e < a.hkv) sm += (double)pg[e];
+                }
+            out[x] = (float)(heads == KS_HEADS_MEAN ? sm / (double)a.hq : sm);
+        }
+        return;
+    }
+    for (int64_t x = x0; x < ncols; x += nthr)
         sc1_vote_col(a, iz, mh, ob, ncols, lo, hi, heads, out, x);
 }
 
@@ -465,7 +516,7 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
     case 7: kern = sc1_logits<7>; break;
     default: kern = sc1_logits<8>; break;
     }
-    const size_t sm = sc1_smem(d, n_q_heads);
+    size_t sm = sc1_smem(d, n_q_heads);
     KS_CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, SC1_THREADS, sm), "scores (one row) occupancy");
     const int64_t cap = (int64_t)n_sm * KS_MIN(occ, SC1_BLOCKS_SM); /* blocks that can be resident at once */
     if (n_kv_heads > cap) return KS_ERR_UNSUPPORTED; /* a block a KV head cannot all be resident: the general kernel */
@@ -474,7 +525,23 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
     if (a.w > 0) {
         a.iters = (int)KS_MAX((int64_t)1, (a.w + want * step - 1) / (want * step));
         a.nx = (a.w + step * a.iters - 1) / (step * a.iters); /* blocks per KV head */
-        P_SCRATCH(a.L, ss, sizeof(float) * n_q_heads * a.w, "scores");
+        a.run = step * a.iters;
+        /* the logits resident: for a head sum, where a block's (g, run) floats fit beside the rest
+         * at the same blocks a multiprocessor */
+        const size_t ls = sizeof(float) * (size_t)a.g * (size_t)a.run, sm_res = (sm + 15) / 16 * 16 + ls;
+        if ((p.heads == KS_HEADS_SUM || p.heads == KS_HEADS_MEAN) && sm_res <= SC1_RES_SMEM) {
+            int occ_res = 0;
+            cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_res);
+            if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_res, kern, SC1_THREADS, sm_res);
+            if (e != cudaSuccess) cudaGetLastError(); /* not taken: the logits go through global memory */
+            else if (KS_MIN(occ_res, SC1_BLOCKS_SM) >= KS_MIN(occ, SC1_BLOCKS_SM)) {
+                a.res = 1;
+                a.ls_off = (sm + 15) / 16 * 16;
+                sm = sm_res;
+            }
+        }
+        if (a.res) P_SCRATCH(a.pv, ss, sizeof(float) * n_kv_heads * a.w, "scores");
+        else P_SCRATCH(a.L, ss, sizeof(float) * n_q_heads * a.w, "scores");
         if (a.softmax) {
             P_SCRATCH(a.pmax, ss, sizeof(float) * n_q_heads * a.nx, "scores");
             P_SCRATCH(a.psum, ss, sizeof(double) * n_q_heads * a.nx, "scores");
@@ -484,11 +551,11 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
     } else {
         a.nx = KS_MIN(want, KS_MAX((int64_t)1, ncols / ((int64_t)SC1_THREADS * n_kv_heads))); /* the output columns alone */
     }
-    if (sc->counters && sc->n_counters >= n_kv_heads + 2) {
+    if (sc->counters && sc->n_counters >= n_kv_heads + 4) {
         a.done = sc->counters; /* zero at rest: no memset */
     } else {
-        P_SCRATCH(a.done, ss, sizeof(unsigned) * (n_kv_heads + 2), "scores");
-        KS_CU(cudaMemsetAsync(a.done, 0, sizeof(unsigned) * (n_kv_heads + 2), s), "scores (one row) counters");
+        P_SCRATCH(a.done, ss, sizeof(unsigned) * (n_kv_heads + 4), "scores");
+        KS_CU(cudaMemsetAsync(a.done, 0, sizeof(unsigned) * (n_kv_heads + 4), s), "scores (one row) counters");
     }
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];

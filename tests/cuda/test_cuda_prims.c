@@ -209,6 +209,11 @@ static void test_scores(void) {
         {"one-row g=8 d=64", 16, 2, 1, 1777, 64, 1, 1, 0, 0, ts},
         {"one-row g=2 d=96 kpos", 4, 2, 1, 900, 96, 0, 1, 1, 0, snap},
         {"one-row float32 keys (general kernel)", 32, 8, 1, 1500, 128, 0, 0, 0, 0, ts},
+        /* a head sum or mean keeps each block's logits in its shared memory where they fit
+         * (prim_scores1.cu, a.res); 900000 keys of one KV head at g = 8 do not (its logits go
+         * through global memory as for the other head reductions) */
+        {"one-row mean causal (resident logits)", 32, 8, 1, 5000, 128, 1, 1, 0, 0, mean},
+        {"one-row sum, 900000 keys (logits in global memory)", 8, 1, 1, 900000, 16, 0, 1, 0, 0, ts},
         /* d = 16 x odd: the register tiles' last chunk from an 8-byte load (sc1_dim) */
         {"one-row d=80 (five chunks)", 8, 2, 1, 1300, 80, 0, 1, 0, 0, ts},
         {"one-row d=16 (one chunk)", 4, 4, 1, 700, 16, 0, 1, 0, 0, ts},
