@@ -7,8 +7,8 @@
  * (CUB), so equal values stay in index order.
  *
  * Rows of up to 262138 keys (16 blocks of 16384, less the worst misalignment) take one launch
- * (tk_clu): a thread-block cluster a row, each block of 256 threads holding its slice of the row
- * as keys in registers (read once), four 8-bit radix passes with an early stop, the blocks'
+ * (tk_clu): a thread-block cluster a row, each block of 256 threads (1024 for one row of 64K keys
+ * or more: tkq_threads) holding its slice of the row as keys in registers (read once), four 8-bit radix passes with an early stop, the blocks'
  * histograms summed through distributed shared memory with one cluster barrier a pass, and the
  * compaction with the offsets of the blocks before. It replaced a block of 1024 threads a row
  * with the row in shared memory (rows up to 16384) and a cooperative launch with global
@@ -231,14 +231,16 @@ __global__ void tk_scatter(const float *__restrict__ x, int64_t n, int64_t k, in
 
 /* ---------------------------------------------------------------- a cluster of small blocks a row, the row in registers */
 
-#define TKQ_THREADS 256
-#define TKQ_WARPS (TKQ_THREADS / 32)
-#define TKQ_ROUNDS 16      /* groups of 4 keys a thread at most: 16384 keys a block */
+#define TKQ_THREADS 256   /* threads a block, and 1024 (TKQ_WIDE) for one long row */
+#define TKQ_WIDE 1024
+#define TKQ_WIDE_N 65536   /* a row of at least this many keys (and the only row) takes TKQ_WIDE blocks */
+#define TKQ_ROUNDS(T) (4096 / (T)) /* groups of 4 keys a thread at most: 16384 keys a block */
 #define TKQ_MAX_CLUSTER 16 /* blocks a row at most (above 8 where the device allows it) */
 #define TKQ_MAX_CLUSTER_ROWS 8 /* ... when there are several rows (a cluster of 16 needs a whole GPC) */
 #define TKQ_KEYS_CTA 512   /* keys a block aimed at: the cluster size is n / this, within those bounds */
 #define TKQ_WAVE 128       /* blocks of one call at most, where fewer blocks a cluster can keep it so */
 #define TKQ_BINS 256       /* 8-bit digits, 4 passes */
+#define TKQ_BWARPS (TKQ_BINS / 32) /* the warps whose threads own a bin each (thread t < TKQ_BINS: bin t) */
 
 /* 0x10000 if key > thr, 1 if key == thr, 0 if neither or i is not an index of the row */
 static __device__ __forceinline__ unsigned tkq_flags(uint32_t key, int i, int n, uint32_t thr) {
@@ -259,16 +261,16 @@ static __device__ __forceinline__ void tkq_red(const uint32_t *p, unsigned rank,
     asm volatile("red.shared::cluster.add.u32 [%0], %1;" ::"r"(r), "r"(v) : "memory");
 }
 
-/* Row blockIdx.y over a cluster of C = gridDim.x blocks of 256 threads (rank blockIdx.x). The
+/* Row blockIdx.y over a cluster of C = gridDim.x blocks of T threads (rank blockIdx.x). The
  * row's groups of 4 keys (group g = the elements 4g - pad .. 4g - pad + 3, pad the row's
  * misalignment in floats, so a whole group is one aligned float4) are split into C contiguous
- * slices of ceil(G / C) groups; thread t of block q holds the groups q * slice + t + 256 r,
- * r < R <= RM (the instance: 1, 2, 4, 8 or 16 rounds), as keys in its registers (read once;
+ * slices of ceil(G / C) groups; thread t of block q holds the groups q * slice + t + T r,
+ * r < R <= RM (the instance: 1, 2, 4, 8 or 16 rounds; T * RM <= 4096), as keys in its registers (read once;
  * slots outside the row or the slice hold key 0, the bottom of every pass, so they never move
  * the chosen digit, only the count of a bin below everything taken). Up to four radix passes over 8-bit digits, most significant first:
  * each thread counts its keys that match the digits fixed so far into 256 bins x 32 lane copies
  * (bin b, lane l at word 32b + l: a warp's atomics never meet, however clustered the keys); then
- * thread t sums bin t's 32 copies (8 16-byte loads in an order rotated by lane, so a quarter warp
+ * thread t < 256 (the first 8 warps) sums bin t's 32 copies (8 16-byte loads in an order rotated by lane, so a quarter warp
  * never shares a bank), clears them, and adds the total into word t of the pass's histogram in
  * every block of the cluster (distributed shared memory reductions, nothing waited for). One
  * cluster barrier later each block holds the row's histogram locally; thread t reads bin t and
@@ -285,12 +287,12 @@ static __device__ __forceinline__ void tkq_red(const uint32_t *p, unsigned rank,
  * after that barrier, so each leaves when done. Barriers: one at the start (arrive after the
  * clearing, wait before the first remote add), one a pass, one before the writes. The output
  * is the CPU's set in index order, whatever C; ibase is added to every index written. */
-template <int RM>
-__global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ x, int n, int k, int ibase,
+template <int RM, int T>
+__global__ void __launch_bounds__(T) tk_clu(const float *__restrict__ x, int n, int k, int ibase,
                                                        int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key,
                                                        const float *skip) {
     if (skip && *skip != 0.0f) { /* the top k of a row of zeros, x unread; every block leaves before any barrier */
-        for (int i = (int)blockIdx.x * TKQ_THREADS + (int)threadIdx.x; i < k; i += (int)gridDim.x * TKQ_THREADS) {
+        for (int i = (int)blockIdx.x * T + (int)threadIdx.x; i < k; i += (int)gridDim.x * T) {
             out_idx[(int64_t)blockIdx.y * k + i] = ibase + i;
             if (out_key) out_key[(int64_t)blockIdx.y * k + i] = ~f32_key(0.0f);
         }
@@ -298,7 +300,7 @@ __global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ 
     }
     __shared__ __align__(16) uint32_t hist[TKQ_BINS * 32]; /* lane copies; the compaction's warp totals afterwards */
     __shared__ uint32_t xch[2][TKQ_BINS];                   /* a pass's bins over the cluster (alternating) */
-    __shared__ uint32_t wt[TKQ_WARPS];                      /* the pick's warp totals */
+    __shared__ uint32_t wt[TKQ_BWARPS];                     /* the pick's warp totals */
     __shared__ uint32_t sel[3];                             /* the chosen bin, the keys above it, its count */
     __shared__ uint32_t offs[2];                            /* keys > thr and == thr in the blocks of lower rank */
     const int t = threadIdx.x, lane = t & 31, w = t >> 5, C = (int)gridDim.x, q = (int)blockIdx.x;
@@ -306,23 +308,23 @@ __global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ 
     const int pad = (int)(((uintptr_t)xr >> 2) & 3u);
     const int G = (n + pad + 3) >> 2, per = (G + C - 1) / C;
     const int g0 = KS_MIN(G, q * per), g1 = KS_MIN(G, g0 + per);
-    const int R = (g1 - g0 + TKQ_THREADS - 1) / TKQ_THREADS;
+    const int R = (g1 - g0 + T - 1) / T;
     const float4 *xa = (const float4 *)(xr - pad); /* aligned; only whole groups are read through it */
     float4 v[RM];
 #pragma unroll
     for (int r = 0; r < RM; r++) {
-        const int g = g0 + t + r * TKQ_THREADS, i0 = 4 * g - pad;
+        const int g = g0 + t + r * T, i0 = 4 * g - pad;
         v[r] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (r < R && g < g1 && i0 >= 0 && i0 + 4 <= n) v[r] = __ldg(xa + g);
     }
-    for (int i = t; i < TKQ_BINS * 32 / 4; i += TKQ_THREADS) ((uint4 *)hist)[i] = make_uint4(0u, 0u, 0u, 0u);
-    for (int i = t; i < 2 * TKQ_BINS; i += TKQ_THREADS) (&xch[0][0])[i] = 0u;
+    for (int i = t; i < TKQ_BINS * 32 / 4; i += T) ((uint4 *)hist)[i] = make_uint4(0u, 0u, 0u, 0u);
+    for (int i = t; i < 2 * TKQ_BINS; i += T) (&xch[0][0])[i] = 0u;
     if (t < 2) offs[t] = 0u;
     __cluster_barrier_arrive(); /* this block's histograms and offsets are clear (waited for below) */
     uint4 kv[RM];
 #pragma unroll
     for (int r = 0; r < RM; r++) {
-        const int g = g0 + t + r * TKQ_THREADS, i0 = 4 * g - pad;
+        const int g = g0 + t + r * T, i0 = 4 * g - pad;
         kv[r] = make_uint4(0u, 0u, 0u, 0u);
         if (r < R && g < g1) {
             if (i0 >= 0 && i0 + 4 <= n) {
@@ -353,15 +355,18 @@ __global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ 
                         if ((kk[c] & mask) == prefix) atomicAdd(&hist[((kk[c] >> shift) & 255u) * 32 + lane], 1u);
                 }
             __syncthreads();
-            uint4 *hb = (uint4 *)(hist + t * 32); /* bin t's 32 copies */
+            const bool bo = T == TKQ_BINS || t < TKQ_BINS; /* this thread owns bin t (warp-uniform) */
             unsigned bt = 0u;
+            if (bo) {
+                uint4 *hb = (uint4 *)(hist + t * 32); /* bin t's 32 copies */
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const uint4 h = hb[(j + lane) & 7];
-                bt += h.x + h.y + h.z + h.w;
+                for (int j = 0; j < 8; j++) {
+                    const uint4 h = hb[(j + lane) & 7];
+                    bt += h.x + h.y + h.z + h.w;
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++) hb[(j + lane) & 7] = make_uint4(0u, 0u, 0u, 0u);
             }
-#pragma unroll
-            for (int j = 0; j < 8; j++) hb[(j + lane) & 7] = make_uint4(0u, 0u, 0u, 0u);
             uint32_t *xb = xch[p & 1];
             if (!waited) {
                 __cluster_barrier_wait();
@@ -370,24 +375,29 @@ __global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ 
             if (bt)
                 for (int r = 0; r < C; r++) tkq_red(xb + t, (unsigned)r, bt);
             tkq_sync();
-            const unsigned gc = xb[t]; /* bin t's count over the cluster */
-            xb[t] = 0u;                /* clear for the pass after next */
-            unsigned s = gc;           /* the warp's bins t .. 32w + 31, summed */
+            unsigned gc = 0u, s = 0u;
+            if (bo) {
+                gc = xb[t]; /* bin t's count over the cluster */
+                xb[t] = 0u; /* clear for the pass after next */
+                s = gc;     /* the warp's bins t .. 32w + 31, summed */
 #pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                const unsigned y = __shfl_down_sync(0xffffffffu, s, d);
-                if (lane + d < 32) s += y;
+                for (int d = 1; d < 32; d <<= 1) {
+                    const unsigned y = __shfl_down_sync(0xffffffffu, s, d);
+                    if (lane + d < 32) s += y;
+                }
+                if (lane == 0) wt[w] = s;
             }
-            if (lane == 0) wt[w] = s;
             __syncthreads();
-            unsigned above = s - gc; /* keys in the bins above t */
+            if (bo) {
+                unsigned above = s - gc; /* keys in the bins above t */
 #pragma unroll
-            for (int u = 0; u < TKQ_WARPS; u++)
-                if (u > w) above += wt[u];
-            if (above < need && above + gc >= need) {
-                sel[0] = (uint32_t)t;
-                sel[1] = above;
-                sel[2] = gc;
+                for (int u = 0; u < TKQ_BWARPS; u++)
+                    if (u > w) above += wt[u];
+                if (above < need && above + gc >= need) {
+                    sel[0] = (uint32_t)t;
+                    sel[1] = above;
+                    sel[2] = gc;
+                }
             }
             __syncthreads();
             const uint32_t bin = sel[0], before = sel[1], cb = sel[2];
@@ -414,7 +424,7 @@ __global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ 
     for (int r = 0; r < RM; r++) {
         pk[r] = 0u;
         if (r >= R) continue;
-        const int g = g0 + t + r * TKQ_THREADS, i0 = 4 * g - pad;
+        const int g = g0 + t + r * T, i0 = 4 * g - pad;
         if (g < g1)
             pk[r] = tkq_flags(kv[r].x, i0, n, thr) + tkq_flags(kv[r].y, i0 + 1, n, thr) +
                     tkq_flags(kv[r].z, i0 + 2, n, thr) + tkq_flags(kv[r].w, i0 + 3, n, thr);
@@ -423,7 +433,7 @@ __global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ 
             const unsigned y = __shfl_up_sync(0xffffffffu, pk[r], d);
             if (lane >= d) pk[r] += y;
         }
-        if (lane == 31) hist[r * TKQ_WARPS + w] = pk[r];
+        if (lane == 31) hist[r * (T / 32) + w] = pk[r];
     }
     __syncthreads();
     unsigned base[RM], carry = 0u; /* this thread's warp's start in round r, within the block */
@@ -431,15 +441,15 @@ __global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ 
     for (int r = 0; r < RM; r++) {
         base[r] = 0u;
         if (r >= R) continue;
-        const unsigned wv = lane < TKQ_WARPS ? hist[r * TKQ_WARPS + lane] : 0u;
+        const unsigned wv = lane < T / 32 ? hist[r * (T / 32) + lane] : 0u;
         unsigned wi = wv;
 #pragma unroll
-        for (int d = 1; d < TKQ_WARPS; d <<= 1) {
+        for (int d = 1; d < T / 32; d <<= 1) {
             const unsigned y = __shfl_up_sync(0xffffffffu, wi, d);
             if (lane >= d) wi += y;
         }
         base[r] = carry + __shfl_sync(0xffffffffu, wi - wv, w);
-        carry += __shfl_sync(0xffffffffu, wi, TKQ_WARPS - 1);
+        carry += __shfl_sync(0xffffffffu, wi, T / 32 - 1);
     }
     if (w == 0 && lane > q && lane < C) { /* this block's totals go to the blocks after it */
         if (carry >> 16) tkq_red(&offs[0], (unsigned)lane, carry >> 16);
@@ -452,7 +462,7 @@ __global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ 
 #pragma unroll
     for (int r = 0; r < RM; r++) {
         if (r >= R) continue;
-        const int g = g0 + t + r * TKQ_THREADS, i0 = 4 * g - pad;
+        const int g = g0 + t + r * T, i0 = 4 * g - pad;
         if (g >= g1) continue;
         const uint32_t kk[4] = {kv[r].x, kv[r].y, kv[r].z, kv[r].w};
         unsigned f[4], own = 0u;
@@ -475,35 +485,49 @@ __global__ void __launch_bounds__(TKQ_THREADS) tk_clu(const float *__restrict__ 
     }
 }
 
-/* The rounds a thread of tk_clu holds for rows of n keys in clusters of C: the instance used
- * (1, 2, 4, 8 or 16 rounds of 4 keys; 0 if a block's slice is more than 16384 keys). Each
- * instance is as small as its rows need: the kernel's straight-line code runs once a launch,
- * so its length is paid in instruction fetches. */
-static int tkq_rounds(int64_t n, int C) {
-    const int64_t G = (n + 6) / 4, per = (G + C - 1) / C, r = (per + TKQ_THREADS - 1) / TKQ_THREADS;
-    return r <= 1 ? 1 : r <= 2 ? 2 : r <= 4 ? 4 : r <= 8 ? 8 : r <= 16 ? 16 : 0;
+/* Threads a block of tk_clu for `rows` rows of n keys: TKQ_WIDE for one row of at least
+ * TKQ_WIDE_N keys (a thread then counts a quarter of the keys in each pass: TokenSelect's 130432
+ * votes 15.5 -> 12.4 us a call on an H200, while 32128 took 9.7 -> 11.8 us with the wide blocks:
+ * bench/NOTES.md, issue 14 session 26), else TKQ_THREADS. */
+static int tkq_threads(int64_t rows, int64_t n) { return rows == 1 && n >= TKQ_WIDE_N ? TKQ_WIDE : TKQ_THREADS; }
+
+/* The rounds a thread of tk_clu holds for rows of n keys in clusters of C blocks of T threads:
+ * the instance used (1, 2, 4, 8 or 16 rounds of 4 keys, at most TKQ_ROUNDS(T); 0 if a block's
+ * slice is more than 16384 keys). Each instance is as small as its rows need: the kernel's
+ * straight-line code runs once a launch, so its length is paid in instruction fetches. */
+static int tkq_rounds(int64_t n, int C, int T) {
+    const int64_t G = (n + 6) / 4, per = (G + C - 1) / C, r = (per + T - 1) / T;
+    return r > TKQ_ROUNDS(T) ? 0 : r <= 1 ? 1 : r <= 2 ? 2 : r <= 4 ? 4 : r <= 8 ? 8 : 16;
 }
 
-template <int RM> static cudaError_t tkq_allow(int C) {
-    return C > 8 ? cudaFuncSetAttribute(tk_clu<RM>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) : cudaSuccess;
+template <int RM, int T> static cudaError_t tkq_allow(int C) {
+    return C > 8 ? cudaFuncSetAttribute(tk_clu<RM, T>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) : cudaSuccess;
 }
 
-/* Whether tk_clu runs C blocks a cluster on this device (asked once per device and C, on the
- * instance with the most registers; above 8 after allowing non-portable sizes on every
- * instance). A failed query is not remembered, so a later call asks again. */
-static bool tkq_runs(int dev, int C) {
-    static signed char ok[64][TKQ_MAX_CLUSTER + 1]; /* 0 unknown, 1 yes, -1 no */
-    if (!ok[dev][C]) {
+/* Whether tk_clu runs C blocks of T threads a cluster on this device (asked once per device, C
+ * and T, on the instance with the most registers; above 8 after allowing non-portable sizes on
+ * every instance). A failed query is not remembered, so a later call asks again. */
+static bool tkq_runs(int dev, int C, int T) {
+    static signed char ok[64][2][TKQ_MAX_CLUSTER + 1]; /* 0 unknown, 1 yes, -1 no */
+    const int wide = T == TKQ_WIDE;
+    if (!ok[dev][wide][C]) {
         int m = 0;
-        cudaError_t e = tkq_allow<1>(C);
-        if (e == cudaSuccess) e = tkq_allow<2>(C);
-        if (e == cudaSuccess) e = tkq_allow<4>(C);
-        if (e == cudaSuccess) e = tkq_allow<8>(C);
-        if (e == cudaSuccess) e = tkq_allow<16>(C);
+        cudaError_t e;
+        if (wide) {
+            e = tkq_allow<1, TKQ_WIDE>(C);
+            if (e == cudaSuccess) e = tkq_allow<2, TKQ_WIDE>(C);
+            if (e == cudaSuccess) e = tkq_allow<4, TKQ_WIDE>(C);
+        } else {
+            e = tkq_allow<1, TKQ_THREADS>(C);
+            if (e == cudaSuccess) e = tkq_allow<2, TKQ_THREADS>(C);
+            if (e == cudaSuccess) e = tkq_allow<4, TKQ_THREADS>(C);
+            if (e == cudaSuccess) e = tkq_allow<8, TKQ_THREADS>(C);
+            if (e == cudaSuccess) e = tkq_allow<16, TKQ_THREADS>(C);
+        }
         if (e == cudaSuccess) {
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3((unsigned)C, 1);
-            cfg.blockDim = dim3(TKQ_THREADS);
+            cfg.blockDim = dim3((unsigned)T);
             cudaLaunchAttribute at[1];
             at[0].id = cudaLaunchAttributeClusterDimension;
             at[0].val.clusterDim.x = (unsigned)C;
@@ -511,15 +535,16 @@ static bool tkq_runs(int dev, int C) {
             at[0].val.clusterDim.z = 1;
             cfg.attrs = at;
             cfg.numAttrs = 1;
-            e = cudaOccupancyMaxActiveClusters(&m, tk_clu<16>, &cfg);
+            e = wide ? cudaOccupancyMaxActiveClusters(&m, tk_clu<4, TKQ_WIDE>, &cfg)
+                     : cudaOccupancyMaxActiveClusters(&m, tk_clu<16, TKQ_THREADS>, &cfg);
         }
         if (e != cudaSuccess) {
             cudaGetLastError();
             return false;
         }
-        ok[dev][C] = m >= 1 ? 1 : -1;
+        ok[dev][wide][C] = m >= 1 ? 1 : -1;
     }
-    return ok[dev][C] > 0;
+    return ok[dev][wide][C] > 0;
 }
 
 /* Blocks a cluster for `rows` rows of n keys (0: the cluster kernel does not take them). At
@@ -530,7 +555,7 @@ static bool tkq_runs(int dev, int C) {
  * Measured choices (H100, bench/NOTES.md, "top-k on a cluster"): Quest's 8 x 8191 -> 8,
  * 8 x 2047 -> 4, TokenSelect's one row of 32K or 128K -> 16, 32 x 8191 -> 4. */
 static int tkq_cluster(int64_t rows, int64_t n) {
-    const int64_t G = (n + 6) / 4, cap = (int64_t)TKQ_THREADS * TKQ_ROUNDS; /* groups, <= 3 keys of padding */
+    const int64_t G = (n + 6) / 4, cap = 4096; /* groups a block at most (16384 keys), <= 3 keys of padding */
     const int cmin = (int)KS_MAX((int64_t)1, (G + cap - 1) / cap);
     if (cmin > TKQ_MAX_CLUSTER) return 0;
     int dev = 0;
@@ -539,11 +564,12 @@ static int tkq_cluster(int64_t rows, int64_t n) {
     int C = (int)KS_MAX((int64_t)cmin, KS_MIN((n + TKQ_KEYS_CTA - 1) / TKQ_KEYS_CTA, cap_c));
     while (C > cmin && rows * C > TKQ_WAVE) C--;
     for (; C >= cmin; C--)
-        if (tkq_runs(dev, C)) return C;
+        if (tkq_runs(dev, C, tkq_threads(rows, n))) return C;
     return 0;
 }
 
-/* Launch tk_clu for rows of n keys in clusters of C blocks (the instance for its rounds). */
+/* Launch tk_clu for rows of n keys in clusters of C blocks (the instance for its rounds and
+ * block size). */
 static cudaError_t tkq_launch(cudaStream_t s, int C, const float *x, int64_t rows, int64_t n, int64_t k,
                               int64_t base, int32_t *out_idx, uint32_t *keys, const float *skip) {
     cudaLaunchAttribute at[1];
@@ -551,15 +577,24 @@ static cudaError_t tkq_launch(cudaStream_t s, int C, const float *x, int64_t row
     at[0].val.clusterDim.x = (unsigned)C;
     at[0].val.clusterDim.y = 1;
     at[0].val.clusterDim.z = 1;
-    const dim3 grid((unsigned)C, (unsigned)rows), block(TKQ_THREADS);
-    switch (tkq_rounds(n, C)) {
-    case 1: return ks_launch_ex(tk_clu<1>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys, skip);
-    case 2: return ks_launch_ex(tk_clu<2>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys, skip);
-    case 4: return ks_launch_ex(tk_clu<4>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys, skip);
-    case 8: return ks_launch_ex(tk_clu<8>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys, skip);
-    case 16: return ks_launch_ex(tk_clu<16>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys, skip);
+    const int T = tkq_threads(rows, n);
+    const dim3 grid((unsigned)C, (unsigned)rows), block((unsigned)T);
+#define TKQ_GO(RM, TT) ks_launch_ex(tk_clu<RM, TT>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys, skip)
+    if (T == TKQ_WIDE) switch (tkq_rounds(n, C, T)) {
+        case 1: return TKQ_GO(1, TKQ_WIDE);
+        case 2: return TKQ_GO(2, TKQ_WIDE);
+        case 4: return TKQ_GO(4, TKQ_WIDE);
+        default: return cudaErrorInvalidValue;
+        }
+    switch (tkq_rounds(n, C, T)) {
+    case 1: return TKQ_GO(1, TKQ_THREADS);
+    case 2: return TKQ_GO(2, TKQ_THREADS);
+    case 4: return TKQ_GO(4, TKQ_THREADS);
+    case 8: return TKQ_GO(8, TKQ_THREADS);
+    case 16: return TKQ_GO(16, TKQ_THREADS);
     default: return cudaErrorInvalidValue;
     }
+#undef TKQ_GO
 }
 
 __global__ void tk_values(const float *__restrict__ x, int64_t n, int64_t k, int64_t rows, int64_t base,

@@ -548,6 +548,12 @@ static void test_topk(void) {
     run_topk(1, 30080, 2048, T_CLUSTER, KS_TOPK_BY_INDEX, 0);
     run_topk(1, 30080, 2048, D_RANDOM, KS_TOPK_BY_VALUE, 1);
     run_topk(1, 130432, 2048, T_CLUSTER, KS_TOPK_BY_INDEX, 0);
+    /* one row of 65536 keys or more takes blocks of 1024 threads (tkq_threads): at its first
+     * length, misaligned, with ties cut inside a block, special values and the value order */
+    run_topk(1, 65536, 2048, D_TIES, KS_TOPK_BY_INDEX, 1);
+    run_topk(1, 65537, 30000, D_SPECIAL, KS_TOPK_BY_VALUE, 1);
+    run_topk(1, 200001, 7, T_CLUSTER, KS_TOPK_BY_VALUE, 0);
+    run_topk_b(1, 130432, 2048, D_TIES, KS_TOPK_BY_INDEX, 1, 128);
     /* base (TokenSelect's candidates start at row n_init): the cluster kernel, the six kernels and
      * the value sort, each against the CPU with the same base */
     run_topk_b(1, 32128, 2048, D_RANDOM, KS_TOPK_BY_INDEX, 0, 128);
