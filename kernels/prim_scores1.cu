@@ -24,11 +24,13 @@
  *      double in ascending head order, as on the CPU (sc1_vote_col).
  * Resident logits (a.res; a head sum or mean, where they fit: SC1_RES_SMEM): in 1 each block
  * writes its logits to its shared memory, (g, run) floats, instead of L, and 3 is two stages:
- * each block sums the per-head values of its g heads for its own rows (double, ascending head,
- * rounded to float: pv, (Hkv, w)); a second grid barrier; then every block a grid-strided share
- * of the columns, the Hkv group sums added in double in ascending KV head order. Another order
- * than the CPU's plain ascending sum (two roundings more, ~1e-7 relative, inside the tolerance
- * below) and as fixed. It spares the 4 * H bytes a key of L written in the loop and read back
+ * each block sums the per-head values of its g heads for its own rows in float32 (v_h =
+ * expf(L - M_h) * (float)(1 / Z_h), ascending head: pv, (Hkv, w)); a second grid barrier; then
+ * every block a grid-strided share of the columns, the Hkv group sums added in double in
+ * ascending KV head order. Float32 arithmetic and another order than the CPU's double sum of
+ * (float)(expf * 1 / Z_h) (a few roundings of 2^-24 more, inside the tolerance below) and as
+ * fixed: the double form was bound by its float-double conversions (a quarter-rate
+ * instruction), 8.5 us a call at 128K keys on an H100 against ~2 in float. It spares the 4 * H bytes a key of L written in the loop and read back
  * after the barrier (at 128K keys 16 MB each way, the vote's L2 round trips: bench/NOTES.md, issue 14
  * session 26); pv is 4 * Hkv bytes a key each way.
  * Under a nonzero mask (ks_scores_opts.skip, one device float) every block writes its share of
@@ -418,16 +420,24 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
         /* each block: its rows' group sums from its own logits, then every block a share of the
          * columns: the Hkv group sums in ascending KV head order (a second barrier between) */
         const float *Ls = (const float *)(smem + a.ls_off);
+        float izf[SC1_GMAX], mhg[SC1_GMAX]; /* the group's heads: 1 / Z_h rounded to float, M_h */
+#pragma unroll
+        for (int t = 0; t < SC1_GMAX; t++) {
+            const int64_t h = t < g ? sc1_head(a, kv, t) : 0;
+            izf[t] = t < g && a.softmax ? (float)iz[h] : 0.f;
+            mhg[t] = t < g && a.softmax ? mh[h] : 0.f;
+        }
         for (int64_t r = threadIdx.x; r < a.run && r0b + r < a.w; r += SC1_THREADS) {
             const int64_t j = a.cb + r0b + r;
-            double sg = 0;
+            float sg = 0.f;
             if (j >= lo && j < hi)
-                for (int t = 0; t < g; t++) {
+#pragma unroll
+                for (int t = 0; t < SC1_GMAX; t++) {
+                    if (t >= g) break;
                     const float lg = Ls[t * a.run + r];
-                    const int64_t h = sc1_head(a, kv, t);
-                    sg += lg == -INFINITY ? 0.f : a.softmax ? (float)((double)expf(lg - mh[h]) * iz[h]) : lg;
+                    sg += lg == -INFINITY ? 0.f : a.softmax ? expf(lg - mhg[t]) * izf[t] : lg;
                 }
-            a.pv[kv * a.w + r0b + r] = (float)sg;
+            a.pv[kv * a.w + r0b + r] = sg;
         }
         sc1_grid_sync(a.done + a.hkv + 2, gridDim.x * gridDim.y);
         for (int64_t x = x0; x < ncols; x += nthr) {
