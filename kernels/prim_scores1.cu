@@ -28,11 +28,12 @@
  * expf(L - M_h) * (float)(1 / Z_h), ascending head: pv, (Hkv, w)); a second grid barrier; then
  * every block a grid-strided share of the columns, the Hkv group sums added in double in
  * ascending KV head order. Float32 arithmetic and another order than the CPU's double sum of
- * (float)(expf * 1 / Z_h) (a few roundings of 2^-24 more, inside the tolerance below) and as
- * fixed: the double form was bound by its float-double conversions (a quarter-rate
- * instruction), 8.5 us a call at 128K keys on an H100 against ~2 in float. It spares the 4 * H bytes a key of L written in the loop and read back
- * after the barrier (at 128K keys 16 MB each way, the vote's L2 round trips: bench/NOTES.md, issue 14
- * session 26); pv is 4 * Hkv bytes a key each way.
+ * (float)(expf * 1 / Z_h): a few roundings of 2^-24 more, inside the tolerance below, and as
+ * fixed. The double form was bound by its float-double conversions (a quarter-rate
+ * instruction): 8.5-9.2 us a call at 128K keys on an H100, 6.1-6.9 in float32. Resident logits
+ * spare the 4 * H bytes a key of L written in the loop and read back after the barrier (16 MB
+ * each way at 128K keys); pv is 4 * Hkv bytes a key each way (bench/NOTES.md, issue 14,
+ * session 26).
  * Under a nonzero mask (ks_scores_opts.skip, one device float) every block writes its share of
  * the zero result and leaves before 1: no key read, no counter touched, no barrier reached.
  * The counters (Hkv per KV head, then each barrier's two) are the scratch's, zero at rest: each

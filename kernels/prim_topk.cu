@@ -8,9 +8,10 @@
  *
  * Rows of up to 262138 keys (16 blocks of 16384, less the worst misalignment) take one launch
  * (tk_clu): a thread-block cluster a row, each block of 256 threads (1024 for one row of 64K keys
- * or more: tkq_threads) holding its slice of the row as keys in registers (read once), four 8-bit radix passes with an early stop, the blocks'
- * histograms summed through distributed shared memory with one cluster barrier a pass, and the
- * compaction with the offsets of the blocks before. It replaced a block of 1024 threads a row
+ * or more: tkq_threads) holding its slice of the row as keys in registers (read once), four 8-bit
+ * radix passes with an early stop, the blocks' histograms summed through distributed shared
+ * memory with one cluster barrier a pass, and the compaction with the offsets of the blocks
+ * before. It replaced a block of 1024 threads a row
  * with the row in shared memory (rows up to 16384) and a cooperative launch with global
  * barriers (longer rows): on an H100, Quest's 8 rows x 8191 pages 11.2-13.2 -> 8.2-10.0 us,
  * TokenSelect's one row of 32128 votes 20.9 -> 11.3 us and of 130432 22.8 -> 18.5 us, device time
@@ -265,13 +266,14 @@ static __device__ __forceinline__ void tkq_red(const uint32_t *p, unsigned rank,
  * row's groups of 4 keys (group g = the elements 4g - pad .. 4g - pad + 3, pad the row's
  * misalignment in floats, so a whole group is one aligned float4) are split into C contiguous
  * slices of ceil(G / C) groups; thread t of block q holds the groups q * slice + t + T r,
- * r < R <= RM (the instance: 1, 2, 4, 8 or 16 rounds; T * RM <= 4096), as keys in its registers (read once;
- * slots outside the row or the slice hold key 0, the bottom of every pass, so they never move
- * the chosen digit, only the count of a bin below everything taken). Up to four radix passes over 8-bit digits, most significant first:
- * each thread counts its keys that match the digits fixed so far into 256 bins x 32 lane copies
- * (bin b, lane l at word 32b + l: a warp's atomics never meet, however clustered the keys); then
- * thread t < 256 (the first 8 warps) sums bin t's 32 copies (8 16-byte loads in an order rotated by lane, so a quarter warp
- * never shares a bank), clears them, and adds the total into word t of the pass's histogram in
+ * r < R <= RM (the instance: 1, 2, 4, 8 or 16 rounds; T * RM <= 4096), as keys in its registers
+ * (read once; slots outside the row or the slice hold key 0, the bottom of every pass, so they
+ * never move the chosen digit, only the count of a bin below everything taken). Up to four radix
+ * passes over 8-bit digits, most significant first: each thread counts its keys that match the
+ * digits fixed so far into 256 bins x 32 lane copies (bin b, lane l at word 32b + l: a warp's
+ * atomics never meet, however clustered the keys); then thread t < 256 (the first 8 warps) sums
+ * bin t's 32 copies (8 16-byte loads in an order rotated by lane, so a quarter warp never shares
+ * a bank), clears them, and adds the total into word t of the pass's histogram in
  * every block of the cluster (distributed shared memory reductions, nothing waited for). One
  * cluster barrier later each block holds the row's histogram locally; thread t reads bin t and
  * clears it for the pass after next (the two histograms alternate; a block clears one before it
