@@ -542,7 +542,9 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
         const size_t ls = sizeof(float) * (size_t)a.g * (size_t)a.run, sm_res = (sm + 15) / 16 * 16 + ls;
         if ((p.heads == KS_HEADS_SUM || p.heads == KS_HEADS_MEAN) && sm_res <= SC1_RES_SMEM) {
             int occ_res = 0;
-            cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_res);
+            /* always the same cap (never a call's own size), so that two threads launching this
+             * kernel at once cannot lower it under each other's launch */
+            cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SC1_RES_SMEM);
             if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_res, kern, SC1_THREADS, sm_res);
             if (e != cudaSuccess) cudaGetLastError(); /* not taken: the logits go through global memory */
             else if (KS_MIN(occ_res, SC1_BLOCKS_SM) >= KS_MIN(occ, SC1_BLOCKS_SM)) {
