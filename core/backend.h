@@ -132,7 +132,9 @@ typedef struct ks_backend_prims {
                         float *out);
     ks_status (*topk)(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
                       ks_topk_order order, int32_t *out_idx, float *out_val,
-                      const float *skip); /* ks_cpu_topk_masked: NULL or one backend float */
+                      const float *skip, /* ks_cpu_topk_masked: NULL or one backend float */
+                      int64_t grow);     /* 0, or (one row, recording a handler: graph_begin_handler)
+                                          * n follows the layer's rows as ks_scores_opts.grow says */
     ks_status (*argsort)(ks_backend *b, const float *x, int64_t n, int descending, int32_t *out_idx);
     ks_status (*sort_f32)(ks_backend *b, const float *x, int64_t n, int descending, float *out);
     ks_status (*sort_i32)(ks_backend *b, const int32_t *x, int64_t n, int32_t *out);
@@ -349,6 +351,15 @@ struct ks_backend {
      * errors as graph_begin and graph_run. */
     ks_status (*graph_begin_seg)(ks_backend *b);
     ks_status (*graph_launch)(ks_backend *b, ks_graph *g);
+    /* A segment that records a decode handler's device work (optional; NULL = handlers are not
+     * recorded: policy.h ks_action_replay): begun as graph_begin_seg, with two differences while
+     * it records. Memory allocated belongs to the recording: it stays allocated (and its
+     * addresses valid for every launch) until both its user freed it and the graph was freed
+     * (graph_free). Primitives given a growth (ks_scores_opts.grow, topk's grow) read, when the
+     * graph runs, delta = the rows added since this recording (the step slot's delta less the
+     * one at this recording) and work on their recorded sizes + delta. The caller replays it
+     * only where delta <= that growth. */
+    ks_status (*graph_begin_handler)(ks_backend *b);
     /* ---- one graph of a step's segments (optional; NULL = none): *out runs segs[0 .. n) in
      * that order as one launch, through graph_run (which sets the step slot as it would for
      * segs[0]); freed with graph_free, the segments stay the caller's. For a step whose every

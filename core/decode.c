@@ -54,11 +54,34 @@ typedef struct ks_decode_state {
     int32_t joined_pos;      /* the position of the last joined step (-1: none since the recording) */
     unsigned long long joined_gen; /* the session's hold_gen at that step */
     int fails;               /* recordings that failed; no more graphs for the session after 2 */
+    /* recorded handlers (policy.h ks_action_replay; decode_record_handlers): hseg[l] the device
+     * work of layer l's decode handler, recorded between seg[l] and seg[l + 1] (nh of them, nl
+     * when whole), at position hpos, allowing hgrow rows of growth; rep[l]: layer l's last fired
+     * decode event declared replay; hjoined: seg[0], hseg[0], seg[1], ... joined as two graphs */
+    ks_graph **hseg;         /* (n_layers), in seg's allocation */
+    int nh;
+    int32_t hpos;
+    int64_t hgrow;
+    char *rep;               /* (n_layers), in seg_att's allocation */
+    int hfails;              /* handler recordings that failed; none tried after 2 */
+    ks_graph *hjoined[2];
+    int hjoin_failed;
     ks_devcheck *chk;        /* deferred checks of attend device lists (actions.c), or NULL */
 } ks_decode_state;
 
+/* Free the recorded handlers (the segments stay). */
+static void dec_drop_handlers(ks_session *s, ks_decode_state *d) {
+    for (int i = 0; i < 2; i++)
+        if (d->hjoined[i]) s->be->graph_free(s->be, d->hjoined[i]);
+    d->hjoined[0] = d->hjoined[1] = NULL;
+    d->hjoin_failed = 0;
+    for (int l = 0; l < d->nh; l++) s->be->graph_free(s->be, d->hseg[l]);
+    d->nh = 0;
+}
+
 void ks_decode_drop_graph(ks_session *s) {
     ks_decode_state *d = s->dec;
+    if (d) dec_drop_handlers(s, d);
     if (!d || (!d->g && !d->nseg)) return;
     if (d->g) s->be->graph_free(s->be, d->g);
     for (int i = 0; i < d->nseg; i++) s->be->graph_free(s->be, d->seg[i]);
@@ -103,14 +126,16 @@ static ks_decode_state *dec_state(ks_session *s) {
     d->ring_r = ks_malloc(sizeof(int) * 2 * (size_t)c->n_layers);
     d->ring_save = ks_calloc((size_t)c->n_layers * c->n_kv_heads, sizeof(int32_t));
     d->ring_idx = ks_calloc((size_t)c->n_kv_heads, sizeof(int32_t *) + sizeof(int));
-    d->seg = ks_calloc((size_t)c->n_layers + 1, sizeof(ks_graph *));
-    d->seg_att = ks_calloc((size_t)c->n_layers, 1);
+    d->seg = ks_calloc((size_t)2 * c->n_layers + 1, sizeof(ks_graph *));
+    d->seg_att = ks_calloc((size_t)2 * c->n_layers, 1);
     if (!d->k || !d->n0 || !d->ring_r || !d->ring_save || !d->ring_idx || !d->seg || !d->seg_att) {
         free(d->k); free(d->n0); free(d->ring_r); free(d->ring_save); free(d->ring_idx); free(d->seg); free(d->seg_att);
         free(d);
         return NULL;
     }
     d->ring_p0 = d->ring_r + c->n_layers;
+    d->hseg = d->seg + c->n_layers + 1;
+    d->rep = d->seg_att + c->n_layers;
     for (int l = 0; l < 2 * c->n_layers; l++) d->ring_r[l] = -1;
     d->joined_pos = -1;
     d->ring_cnt = (int *)(d->ring_idx + c->n_kv_heads);
@@ -348,23 +373,32 @@ static int dec_layer_held(ks_session *s, ks_fwd_buf *b, int l, int32_t *pos, int
 }
 
 /* Layer l's decode event, when the policy handles it (never on a ring): its actions into act
- * (attend in this attention, retain after it); a held attend without the event. */
-static ks_status dec_layer_event(ks_session *s, ks_fwd_buf *b, int l, int32_t *pos, int32_t *id, ks_actions *act) {
+ * (attend in this attention, retain after it); a held attend without the event. grow > 0:
+ * the handler's device work is being recorded (ks_event.grow). Notes in the decode state
+ * whether the event declared replay. */
+static ks_status dec_layer_fire(ks_session *s, ks_fwd_buf *b, int l, int32_t *pos, int32_t *id, ks_actions *act,
+                                int64_t grow) {
     const ks_policy *pol = s->policy;
+    if (s->dec) s->dec->rep[l] = 0;
     if (!pol || !pol->on[KS_EV_DECODE_QKV] || ks_ring_on(s)) return KS_OK;
-    int held = dec_layer_held(s, b, l, pos, id, act);
+    int held = grow ? 0 : dec_layer_held(s, b, l, pos, id, act);
     if (held) {
         PROF(s, KS_PH_POLICY);
         return held < 0 ? KS_ERR_OOM : KS_OK;
     }
     ks_event ev;
     dec_event_init(s, b, l, pos, id, &ev);
+    ev.grow = grow;
     ks_status st = ks_event_fire(s, &ev);
     PROF(s, KS_PH_POLICY);
     *act = ks_actions_take(&ev);
+    if (!st && s->dec) s->dec->rep[l] = (char)act->replay;
     if (!st && act->hold) st = ks_hold_commit(s, l, act);
     if (st) ks_actions_free(act, s->m->cfg.n_kv_heads);
     return st;
+}
+static ks_status dec_layer_event(ks_session *s, ks_fwd_buf *b, int l, int32_t *pos, int32_t *id, ks_actions *act) {
+    return dec_layer_fire(s, b, l, pos, id, act, 0);
 }
 
 /* Layer l's attention (with act), the retain it asked for, and the rest of the layer; frees
@@ -769,6 +803,164 @@ static ks_status decode_joined(ks_session *s, ks_decode_state *d, int32_t id, in
     return st;
 }
 
+/* ---------------------------------------------------------------- recorded handlers */
+
+/* Rows a handler recording may grow by before it is made anew: its growing results (a vote's
+ * columns) are allocated for them and its kernels split the grown counts, so more is memory and
+ * a larger split for nothing; one recording a HREC_GROW steps costs one step with Lua. */
+#define HREC_GROW 256
+
+static int dec_rep_all(const ks_session *s, const ks_decode_state *d) {
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        if (!d->rep[l]) return 0;
+    return 1;
+}
+
+/* A handler recording failed: counted (none tried after two), said once. */
+static void hrec_fail(ks_session *s, ks_decode_state *d, int l, const char *why) {
+    if (d->hfails++ == 0)
+        ks_logf(KS_LOG_INFO, "decode: layer %d's decode handler declared replay but cannot be recorded (%s); it runs "
+                "from Lua at every step", l, why);
+    else if (s->be->opts.verbose) ks_logf(KS_LOG_DEBUG, "decode handler not recorded: layer %d: %s", l, why);
+}
+
+/* A step whose every layer's handler declared replay at the step before (policy.h
+ * ks_action_replay), segments valid: run as seg_replay does, but each layer's handler fired
+ * inside a recording (graph_begin_handler, ks_event.grow) that is launched, then its lists
+ * staged and the next segment launched. Later steps replay the lot without Lua
+ * (decode_replayed). A layer whose handler did not declare replay, or asked for another kind of
+ * attention, ends the recording: the rest of the step as seg_replay from it. A recording that
+ * fails (a call the backend could not record: nothing of it ran) fires that layer's event again
+ * outside it. KS_ERR_UNSUPPORTED: nothing was done. */
+static ks_status decode_record_handlers(ks_session *s, ks_decode_state *d, int32_t id, int32_t pos) {
+    const ks_config *c = &s->m->cfg;
+    const int nl = c->n_layers;
+    ks_backend *be = s->be;
+    ks_fwd_buf *b = &d->b;
+    int64_t grow = HREC_GROW;
+    for (int l = 0; l < nl; l++) /* rows each layer can still take after this step's */
+        for (int h = 0; h < c->n_kv_heads; h++) grow = KS_MIN(grow, (int64_t)s->kv[l].capacity - s->kv[l].n[h] - 1);
+    if (grow < 1) return KS_ERR_UNSUPPORTED;
+    ks_status st = be->graph_run(be, d->seg[0], id, pos);
+    if (st == KS_ERR_UNSUPPORTED) { ks_decode_drop_graph(s); return st; }
+    if (st) return st;
+    for (int l = 0; l < nl; l++) {
+        dec_book_layer(s, d, l, pos);
+        ks_actions act = {0};
+        ks_graph *hg = NULL;
+        if ((st = be->graph_begin_handler(be))) {
+            hrec_fail(s, d, l, ks_last_error());
+            ks_clear_error();
+            dec_drop_handlers(s, d);
+            return seg_replay(s, d, id, pos, l, 1, NULL);
+        }
+        ks_status se = dec_layer_fire(s, b, l, &pos, &id, &act, grow);
+        char why[400];
+        snprintf(why, sizeof why, "%s", se ? ks_last_error() : "");
+        st = be->graph_end(be, &hg);
+        if (st) { /* not recorded, nothing of it ran: the event again, outside a recording */
+            ks_actions_free(&act, c->n_kv_heads);
+            hrec_fail(s, d, l, se ? why : ks_last_error());
+            ks_clear_error();
+            dec_drop_handlers(s, d);
+            if (st != KS_ERR_UNSUPPORTED) return st;
+            return seg_replay(s, d, id, pos, l, 1, NULL);
+        }
+        if (se) { /* the policy's own error */
+            be->graph_free(be, hg);
+            dec_drop_handlers(s, d);
+            return ks_errorf(se, "%s", why);
+        }
+        if ((st = be->graph_launch(be, hg))) {
+            be->graph_free(be, hg);
+            ks_actions_free(&act, c->n_kv_heads);
+            dec_drop_handlers(s, d);
+            return st;
+        }
+        d->hseg[d->nh++] = hg;
+        int att = dec_acted(&act);
+        if (!act.replay || att != d->seg_att[l] || (att && !dec_stageable(s, &act))) {
+            /* its work ran; this layer does not replay: no recording, the step goes on as
+             * seg_replay with the actions it asked for */
+            dec_drop_handlers(s, d);
+            return seg_replay(s, d, id, pos, l, 1, &act);
+        }
+        if (att && (st = dec_stage(s, b, l, pos, &act))) {
+            dec_drop_handlers(s, d);
+            if (st != KS_ERR_UNSUPPORTED) { ks_actions_free(&act, c->n_kv_heads); return st; }
+            ks_clear_error();
+            return decode_from(s, d, b, id, pos, d->lg, l, &act);
+        }
+        if ((st = be->graph_launch(be, d->seg[l + 1])) == KS_ERR_UNSUPPORTED) {
+            ks_clear_error();
+            ks_decode_drop_graph(s);
+            return decode_from(s, d, b, id, pos, d->lg, l, &act);
+        }
+        ks_actions_free(&act, c->n_kv_heads); /* stream-ordered: after the segment that reads the lists */
+        if (st) { dec_drop_handlers(s, d); return st; }
+    }
+    d->hpos = pos;
+    d->hgrow = grow;
+    d->seg_miss = 0;
+    s->graph_steps++;
+    return KS_OK;
+}
+
+/* A step of a session whose handlers are recorded (decode_record_handlers): every layer's row
+ * booked, then seg[0], hseg[0], seg[1], ..., seg[nl] launched (joined as two graphs where the
+ * backend can: JOIN_HEAD), no Lua and no host work per layer: each layer's staged slot still
+ * holds the recorded lists (their addresses the recording's own, the trailing range relative
+ * to the query). Past the growth the recording allows: dropped, KS_ERR_UNSUPPORTED (nothing
+ * done; the step fires the events and a later one records anew). */
+static ks_status decode_replayed(ks_session *s, ks_decode_state *d, int32_t id, int32_t pos) {
+    const int nl = s->m->cfg.n_layers;
+    ks_backend *be = s->be;
+    if (pos < d->hpos || pos - d->hpos > d->hgrow) {
+        dec_drop_handlers(s, d);
+        return KS_ERR_UNSUPPORTED;
+    }
+    ks_status st;
+    if (!d->hjoined[0] && !d->hjoin_failed && be->graph_join) {
+        ks_graph **all = ks_malloc(sizeof(ks_graph *) * (size_t)(2 * nl + 1));
+        if (!all) return KS_ERR_OOM;
+        for (int l = 0; l < nl; l++) { all[2 * l] = d->seg[l]; all[2 * l + 1] = d->hseg[l]; }
+        all[2 * nl] = d->seg[nl];
+        int head = JOIN_HEAD;
+        st = be->graph_join(be, all, head, &d->hjoined[0]);
+        if (!st) st = be->graph_join(be, all + head, 2 * nl + 1 - head, &d->hjoined[1]);
+        free(all);
+        if (st) {
+            for (int i = 0; i < 2; i++)
+                if (d->hjoined[i]) be->graph_free(be, d->hjoined[i]);
+            d->hjoined[0] = d->hjoined[1] = NULL;
+            d->hjoin_failed = 1;
+            if (st != KS_ERR_UNSUPPORTED) return st;
+            ks_clear_error();
+        }
+    }
+    dec_book_rows(s, d, pos);
+    if (d->hjoined[0]) {
+        st = be->graph_run(be, d->hjoined[0], id, pos);
+        if (!st) st = be->graph_launch(be, d->hjoined[1]);
+    } else {
+        st = be->graph_run(be, d->seg[0], id, pos);
+        for (int l = 0; !st && l < nl; l++) {
+            st = be->graph_launch(be, d->hseg[l]);
+            if (!st) st = be->graph_launch(be, d->seg[l + 1]);
+        }
+    }
+    if (st) { /* a stale recording (the backend's tables replaced): found before anything ran */
+        for (int l = 0; l < nl; l++) dec_unbook_row(s, l);
+        if (st == KS_ERR_UNSUPPORTED) ks_decode_drop_graph(s);
+        return st;
+    }
+    s->replayed_steps += nl;
+    d->seg_miss = 0;
+    s->graph_steps++;
+    if (d->hjoined[0]) s->joined_steps++;
+    return KS_OK;
+}
+
 /* A step whose decode-time handler runs between recorded segments (ks_backend.graph_begin_seg):
  * segment 0 is the embed and layer 0's q|k|v, segment l + 1 layer l's attention and the rest of
  * it with layer l + 1's q|k|v (the last: the final norm and lm_head). Between segments l and
@@ -788,7 +980,11 @@ static ks_status decode_segments(ks_session *s, ks_decode_state *d, int32_t id, 
     ks_fwd_buf *b = &d->b;
     ks_status st;
     if (d->nseg == nl + 1 && dec_graph_valid(s, d, pos)) {
+        if (d->nh == nl && (st = decode_replayed(s, d, id, pos)) != KS_ERR_UNSUPPORTED) return st;
         if (be->graph_join && ks_holds_all(s) && (st = decode_joined(s, d, id, pos)) != KS_ERR_UNSUPPORTED) return st;
+        if (!d->nh && be->graph_begin_handler && d->hfails < 2 && dec_rep_all(s, d) &&
+            (st = decode_record_handlers(s, d, id, pos)) != KS_ERR_UNSUPPORTED)
+            return st;
         st = be->graph_run(be, d->seg[0], id, pos);
         if (st == KS_ERR_UNSUPPORTED) { ks_decode_drop_graph(s); return st; }
         if (st) return st;

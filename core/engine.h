@@ -119,7 +119,7 @@ struct ks_session {
     ks_profile prof;          /* per-phase times (ks_profile_enable); on at creation with the backend's opts.profile */
     int discard_kv;           /* the running prefill pass discards its KV rows (discard_kv action) */
     int graph_steps;          /* decode steps run as a recorded graph (ks_backend.graph_begin) */
-    int joined_steps;         /* of those, steps whose every layer was held, run as one joined graph */
+    int joined_steps;         /* of those, steps run as joined graphs (every layer held, or every handler replayed) */
     int logits_stale;         /* the last step's logits are on the device only (ks_session_decode_greedy) */
     struct ks_decode_state *dec; /* decode.c: one-row buffers kept between decode steps and the
                                     recorded decode step (backend graphs); NULL until a decode */
@@ -133,6 +133,7 @@ struct ks_session {
     int n_held;               /* layers with a hold */
     unsigned long long hold_gen; /* bumped by every hold placed or dropped */
     long long held_steps;     /* layer steps whose attend a hold repeated (no event fired) since the reset */
+    long long replayed_steps; /* layer steps whose recorded handler replayed (no event fired) since the reset */
 };
 
 /* Sessions are made and freed by ks_session_create / ks_session_free (kvsieve.h; session.c). */

@@ -1,5 +1,6 @@
 /* hold.c — held attends (policy.h ks_action_hold): a decode-time attend that the engine repeats
- * at a layer's later decode steps without firing the layer's decode event. */
+ * at a layer's later decode steps without firing the layer's decode event; and the declaration
+ * of a replayable handler (ks_action_replay), whose recording core/decode.c keeps. */
 #include "forward.h"
 
 #include <stdlib.h>
@@ -168,5 +169,15 @@ ks_status ks_action_hold(ks_event *ev, const ks_dev_list *l, const int64_t r[4])
     ev->act.hold_list.lend = l->lend;
     if (r) memcpy(ev->act.hold_r, r, sizeof ev->act.hold_r);
     else memset(ev->act.hold_r, 0, sizeof ev->act.hold_r);
+    return KS_OK;
+}
+
+ks_status ks_action_replay(ks_event *ev) {
+    if (ev->kind != KS_EV_DECODE_QKV)
+        return ks_errorf(KS_ERR_POLICY, "attend: replay only in decode_qkv (asked in %s)", ks_event_name(ev->kind));
+    if (!ev->act.attend || !ev->act.attend_dev)
+        return ks_errorf(KS_ERR_POLICY, "attend (layer %d): replay follows a device-list attend (a list the policy's "
+                         "primitives made on the device)", ev->layer);
+    ev->act.replay = 1;
     return KS_OK;
 }

@@ -118,6 +118,8 @@ typedef struct ks_actions {
     ks_dev_list hold_list;                        /* with hold: the device list, or */
     int32_t *hold_idx; int hold_k;                /* the host list (owned here until the engine takes it) */
     int64_t hold_r[4];                            /* and the ranges the attend was given */
+    int replay;                                   /* the event's device work may be recorded and replayed
+                                                     (ks_action_replay) */
 } ks_actions;
 
 typedef struct ks_event {
@@ -140,6 +142,9 @@ typedef struct ks_event {
     int32_t token;           /* TOKEN: the sampled id */
     ks_session *sess;
     unsigned generation;     /* bumped after each event: views with an older one are stale */
+    int64_t grow;            /* DECODE_QKV while the engine records the handler's device work
+                              * (ks_action_replay): the rows the layer may gain at the recording's
+                              * replays (ks_scores_opts.grow); 0 otherwise */
     ks_actions act;
 } ks_event;
 
@@ -211,5 +216,19 @@ ks_status ks_action_hold(ks_event *ev, const ks_dev_list *l, const int64_t r[4])
  * [r[2], r[3]) (r NULL: idx alone): the engine keeps a copy of idx and builds the whole list
  * again at each held step. */
 ks_status ks_action_hold_host(ks_event *ev, const int32_t *idx, int k, const int64_t r[4]);
+
+/* Recorded handlers (issue 14: Lua once a step). After ks_action_attend_dev or
+ * ks_action_attend_dev_ranges in a DECODE_QKV event, ks_action_replay(ev) declares that the
+ * event's device work (the primitives it ran and the attend) is a function of the step's device
+ * inputs (q, k, v, the layer's rows) alone, every range that follows the layer's rows given
+ * relative to its end: on a backend with graph_begin_handler the engine may, once every layer
+ * declared it, record the handlers' work with the step (ev->grow > 0 then: the rows the layer
+ * may gain before the recording is made anew) and replay it at later steps without firing the
+ * event (core/decode.c decode_replayed), as long as the recording fits. Like a hold it is a
+ * permission: the event fires again after a change of policy, a prefill, a reset, past the
+ * growth the recording allowed, or where a recording fails. The session counts the layer steps
+ * so replayed (ks_session_replayed_steps). KS_ERR_POLICY: not in DECODE_QKV, no device attend
+ * asked first in this event. */
+ks_status ks_action_replay(ks_event *ev);
 
 #endif

@@ -95,6 +95,12 @@ typedef struct ks_scores_opts {
                                  * it: TokenSelect's selection cache skips its scores on a hit and
                                  * keeps its list with ks_cpu_where. The arguments are checked
                                  * either way */
+    int64_t grow;               /* default 0. > 0 on a backend recording a decode handler (backend.h
+                                 * graph_begin_handler; ignored elsewhere: a call that runs now
+                                 * has grown by 0): n, k_end and out_end (so the output's columns,
+                                 * laid out (rows, n_out + delta)) follow the layer's rows, each
+                                 * the recorded value + delta at a replay, delta <= grow the rows
+                                 * the step slot says were added since the recording */
 } ks_scores_opts;
 
 ks_scores_opts ks_scores_opts_default(void);

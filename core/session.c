@@ -43,6 +43,7 @@ void ks_session_reset(ks_session *s) {
     ks_decode_free(s);
     ks_hold_free(s);
     s->held_steps = 0;
+    s->replayed_steps = 0;
     ks_list_keep_free(s); /* tensor ids are unique only within one policy's state */
     for (int l = 0; l < s->m->cfg.n_layers; l++) ks_session_kv_clear(s, l);
     s->n_past = 0;

@@ -16,6 +16,7 @@ int ks_session_active_rows(const ks_session *s, int layer) { return s->prop_laye
 
 int ks_session_stopped_at(const ks_session *s) { return s->stopped_at; }
 long long ks_session_held_steps(const ks_session *s) { return s->held_steps; }
+long long ks_session_replayed_steps(const ks_session *s) { return s->replayed_steps; }
 
 volatile sig_atomic_t *ks_session_interrupt(const ks_session *s) { return s->interrupt; }
 

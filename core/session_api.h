@@ -46,6 +46,9 @@ void ks_hold_drop(ks_session *s, int layer);
 /* Layer steps whose attend a hold repeated without firing the event, since the last reset
  * (s->held_steps). */
 long long ks_session_held_steps(const ks_session *s);
+/* Layer steps whose recorded decode handler replayed without firing the event (policy.h
+ * ks_action_replay) since the session's last reset (s->replayed_steps). */
+long long ks_session_replayed_steps(const ks_session *s);
 
 /* ---------------------------------------------------------------- models */
 

@@ -543,8 +543,8 @@ static ks_status p_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n
 }
 static ks_status p_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
                         ks_topk_order order,
-                        int32_t *oi, float *ov, const float *skip) {
-    return P0(b)->topk(R0(TPC(b)), x, rows, n, k, base, order, oi, ov, skip);
+                        int32_t *oi, float *ov, const float *skip, int64_t grow) {
+    return P0(b)->topk(R0(TPC(b)), x, rows, n, k, base, order, oi, ov, skip, grow);
 }
 static ks_status p_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *o) {
     return P0(b)->argsort(R0(TPC(b)), x, n, desc, o);

@@ -39,8 +39,68 @@ static ks_status oom(size_t bytes, const char *what) {
 
 /* Stream-ordered scratch from the pool; on exhaustion the pool's cached memory is released
  * and the allocation retried once. */
+/* An allocation a decode handler's recording owns (cuda_ctx.rec_own): plain cudaMalloc (no
+ * stream-ordered node enters the graph), its address fixed for every replay. */
+static ks_status own_alloc(cuda_ctx *c, size_t bytes, const char *what, void **out) {
+    if (c->n_own == c->cap_own) {
+        int cap = c->cap_own ? 2 * c->cap_own : 64;
+        cu_owned *o = (cu_owned *)realloc(c->own, sizeof *o * (size_t)cap);
+        if (!o) return KS_ERR_OOM;
+        c->own = o;
+        c->cap_own = cap;
+    }
+    cudaError_t e = cudaMalloc(out, bytes);
+    if (e == cudaErrorMemoryAllocation) { cudaGetLastError(); *out = NULL; return oom(bytes, what); }
+    if (e != cudaSuccess) { *out = NULL; return ks_cuda_status(e, what); }
+    ks_status st = ks_memtrack_add(c->mem, *out, bytes, 0);
+    if (st) { cudaFree(*out); *out = NULL; return st; }
+    c->own[c->n_own].p = *out;
+    c->own[c->n_own].g = NULL;
+    c->own[c->n_own].user = 1;
+    c->own[c->n_own].pending = 1;
+    c->n_own++;
+    return KS_OK;
+}
+
+/* Release one hold on the owned allocation i (the user's, or the graph's: g != NULL); the
+ * memory goes when neither is left. */
+static void own_release(cuda_ctx *c, int i, int user) {
+    cu_owned *o = &c->own[i];
+    if (user) o->user = 0;
+    else o->g = NULL;
+    if (o->user || o->g || o->pending) return;
+    ks_memtrack_remove(c->mem, o->p);
+    cudaFree(o->p); /* waits for the device: no launch still reads it */
+    c->own[i] = c->own[--c->n_own];
+}
+
+void cuda_own_graph(cuda_ctx *c, struct ks_graph *g) {
+    for (int i = c->n_own - 1; i >= 0; i--) {
+        if (!c->own[i].pending) continue;
+        c->own[i].pending = 0;
+        if (g) c->own[i].g = g;
+        else if (!c->own[i].user) own_release(c, i, 1); /* no graph: its user freed it already */
+    }
+}
+
+void cuda_own_free_all(cuda_ctx *c) {
+    for (int i = 0; i < c->n_own; i++) {
+        ks_memtrack_remove(c->mem, c->own[i].p);
+        cudaFree(c->own[i].p);
+    }
+    free(c->own);
+    c->own = NULL;
+    c->n_own = c->cap_own = 0;
+}
+
+void cuda_own_graph_free(cuda_ctx *c, struct ks_graph *g) {
+    for (int i = c->n_own - 1; i >= 0; i--)
+        if (c->own[i].g == g) own_release(c, i, 0);
+}
+
 ks_status dev_alloc(cuda_ctx *c, size_t bytes, const char *what, void **out) {
     *out = NULL;
+    if (c->rec && c->rec_own) return own_alloc(c, bytes ? bytes : 16, what, out);
     if (c->rec) return rec_fail(c, what);
     if (!bytes) bytes = 16;
     cudaError_t e = cudaMallocFromPoolAsync(out, bytes, c->pool, c->stream);
@@ -58,6 +118,11 @@ ks_status dev_alloc(cuda_ctx *c, size_t bytes, const char *what, void **out) {
 }
 void dev_free(cuda_ctx *c, void *p) {
     if (!p) return;
+    for (int i = c->n_own - 1; i >= 0; i--)
+        if (c->own[i].p == p) {
+            if (c->own[i].user) own_release(c, i, 1);
+            return;
+        }
     ks_memtrack_remove(c->mem, p);
     cudaFreeAsync(p, c->stream);
 }
@@ -223,6 +288,7 @@ static void cu_destroy(ks_backend *b) {
         if (c->blas) cublasDestroy(c->blas);
         raw_free(c, c->blas_ws);
         raw_free(c, c->zc);
+        cuda_own_free_all(c); /* what handler recordings still owned */
         if (c->pin) cudaFreeHost(c->pin);
         if (c->pool) cudaMemPoolDestroy(c->pool);
         if (c->stream) cudaStreamDestroy(c->stream);

@@ -1,5 +1,5 @@
 /* cuda_graph.cu — the CUDA backend's decode-step graphs (graph_begin / graph_end / graph_run /
- * graph_free; cuda_backend_int.h). While a step is recorded (cuda_ctx.rec), the operations of the
+ * graph_free, segments, joins and decode handlers' recordings; cuda_backend_int.h). While a step is recorded (cuda_ctx.rec), the operations of the
  * other files record instead of run, and fail the recording (rec_fail) where a call could not
  * be replayed. */
 #include "cuda_backend_int.h"
@@ -61,11 +61,22 @@ static ks_status cu_graph_begin_seg(ks_backend *b) {
     return KS_OK;
 }
 
+/* A decode handler's segment (graph_begin_handler): as graph_begin_seg, with the memory it
+ * allocates its own (cuda_ctx.rec_own, cuda_ctx.cu own_alloc) and its primitives' growth read
+ * from the step slot (cuda_prims.cu). */
+static ks_status cu_graph_begin_handler(ks_backend *b) {
+    ks_status st = cu_graph_begin_seg(b);
+    if (!st) CTX(b)->rec_own = 1;
+    return st;
+}
+
 static ks_status cu_graph_end(ks_backend *b, ks_graph **out) {
     cuda_ctx *c = CTX(b);
     *out = NULL;
     if (!c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_end without graph_begin");
+    const int own = c->rec_own;
     c->rec = 0;
+    c->rec_own = 0;
     cudaGraph_t g = NULL;
     cudaError_t e = cudaStreamEndCapture(c->stream, &g);
     if (c->rec_failed || e || !g) {
@@ -74,20 +85,23 @@ static ks_status cu_graph_end(ks_backend *b, ks_graph **out) {
             cudaGetLastError();
             if (!c->rec_failed) ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph capture failed (%s)", cudaGetErrorString(e));
         }
+        if (own) cuda_own_graph(c, NULL);
         return KS_ERR_UNSUPPORTED;
     }
     ks_graph *kg = (ks_graph *)ks_calloc(1, sizeof *kg);
-    if (!kg) { cudaGraphDestroy(g); return KS_ERR_OOM; }
+    if (!kg) { cudaGraphDestroy(g); if (own) cuda_own_graph(c, NULL); return KS_ERR_OOM; }
     e = cudaGraphInstantiate(&kg->exec, g, 0);
     if (e) {
         cudaGraphDestroy(g);
         cudaGetLastError();
         free(kg);
+        if (own) cuda_own_graph(c, NULL);
         return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph instantiation failed (%s)", cudaGetErrorString(e));
     }
     kg->tmpl = g;
     kg->pos0 = c->h_step[1];
     kg->rc_gen = c->rc_gen;
+    if (own) cuda_own_graph(c, kg);
     *out = kg;
     return KS_OK;
 }
@@ -156,6 +170,7 @@ static void cu_graph_free(ks_backend *b, ks_graph *g) {
     if (!g) return;
     cudaGraphExecDestroy(g->exec);
     if (g->tmpl) cudaGraphDestroy(g->tmpl);
+    cuda_own_graph_free(CTX(b), g); /* a handler recording's memory, where its users freed it */
     free(g);
 }
 
@@ -171,5 +186,6 @@ void cuda_graph_install(ks_backend *b) {
     b->graph_begin_seg = cu_graph_begin_seg;
     b->graph_launch = cu_graph_launch;
     b->graph_join = cu_graph_join;
+    b->graph_begin_handler = cu_graph_begin_handler;
     b->attn_stage = cuda_attn_stage; /* cuda_attn.cu: lists a recorded attention reads */
 }

@@ -10,6 +10,12 @@ static ks_status pr_scores(ks_backend *b, const float *q, const int32_t *qpos, i
                            int k_bf16, const int32_t *kpos, int64_t hkv, int64_t n, int64_t d, const ks_scores_opts *o,
                            float *out) {
     PRIM_CTX(b);
+    if (o && o->grow > 0 && c_->rec && c_->rec_own) { /* a recorded handler's call: its sizes follow the layer's rows */
+        ks_status st = ks_cuda_scores_grow(c_->stream, &sc_, q, qpos, hq, m, k, k_bf16, kpos, hkv, n, d, o, out,
+                                           c_->d_step + 2, c_->h_step[2]);
+        if (st == KS_ERR_UNSUPPORTED) c_->rec_failed = 1;
+        return st;
+    }
     return ks_cuda_scores(c_->stream, &sc_, q, qpos, hq, m, k, k_bf16, kpos, hkv, n, d, o, out);
 }
 static ks_status pr_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t kernel, ks_pool_mode mode,
@@ -19,8 +25,15 @@ static ks_status pr_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t 
 }
 static ks_status pr_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
                          ks_topk_order order,
-                         int32_t *oi, float *ov, const float *skip) {
+                         int32_t *oi, float *ov, const float *skip, int64_t grow) {
     PRIM_CTX(b);
+    if (grow > 0 && c_->rec && c_->rec_own) { /* a recorded handler's row: n follows the layer's rows */
+        if (rows != 1) return rec_fail(c_, "a top-k of several growing rows");
+        ks_status st = ks_cuda_topk_grow(c_->stream, &sc_, x, n, k, base, order, oi, ov, skip, grow, c_->d_step + 2,
+                                         c_->h_step[2]);
+        if (st == KS_ERR_UNSUPPORTED) c_->rec_failed = 1;
+        return st;
+    }
     return ks_cuda_topk_skip(c_->stream, &sc_, x, rows, n, k, base, order, oi, ov, skip);
 }
 static ks_status pr_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *oi) {

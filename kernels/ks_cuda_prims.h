@@ -43,6 +43,15 @@ extern "C" {
 ks_status ks_cuda_scores(cudaStream_t s, const ks_cuda_scratch *sc, const float *q, const int32_t *qpos,
                          int64_t n_q_heads, int64_t m, const void *k, int k_bf16, const int32_t *kpos,
                          int64_t n_kv_heads, int64_t n, int64_t d, const ks_scores_opts *opts, float *out);
+/* The same for a call recorded in a decode handler's graph (opts->grow > 0): when it runs,
+ * delta = *gd - goff (gd: the step slot's delta word, device memory) rows were added since the
+ * recording, and n, k_end, out_end and out's columns are each the recorded value + delta (<=
+ * grow; out has room for them). Only the one-row kernel's shapes (prim_scores1.cu), no
+ * positions and no causal mask: KS_ERR_UNSUPPORTED (nothing queued) otherwise. */
+ks_status ks_cuda_scores_grow(cudaStream_t s, const ks_cuda_scratch *sc, const float *q, const int32_t *qpos,
+                              int64_t n_q_heads, int64_t m, const void *k, int k_bf16, const int32_t *kpos,
+                              int64_t n_kv_heads, int64_t n, int64_t d, const ks_scores_opts *opts, float *out,
+                              const int32_t *gd, int32_t goff);
 
 /* ================================================================ pooling */
 
@@ -61,6 +70,12 @@ ks_status ks_cuda_topk(cudaStream_t s, const ks_cuda_scratch *sc, const float *x
  * (base .. base + k - 1, values 0), x unread; skip NULL = ks_cuda_topk. */
 ks_status ks_cuda_topk_skip(cudaStream_t s, const ks_cuda_scratch *sc, const float *x, int64_t rows, int64_t n, int64_t k,
                             int64_t base, ks_topk_order order, int32_t *out_idx, float *out_val, const float *skip);
+/* The same for one row recorded in a decode handler's graph: when it runs the row holds n +
+ * (*gd - goff) keys (<= n + grow; gd the step slot's delta word). The cluster kernel only:
+ * KS_ERR_UNSUPPORTED (nothing queued) where it does not take n + grow keys. */
+ks_status ks_cuda_topk_grow(cudaStream_t s, const ks_cuda_scratch *sc, const float *x, int64_t n, int64_t k, int64_t base,
+                            ks_topk_order order, int32_t *out_idx, float *out_val, const float *skip, int64_t grow,
+                            const int32_t *gd, int32_t goff);
 
 /* ks_cpu_argsort / ks_cpu_sort_f32 / ks_cpu_sort_i32 / ks_cpu_rank (stable radix sorts).
  * sort_f32 and sort_i32 may work in place (out == x). */

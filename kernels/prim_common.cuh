@@ -56,6 +56,9 @@ struct sc_plan {
     const float *skip; /* NULL, or ks_scores_opts.skip (one device float: nonzero = zeros out, nothing read) */
     float raf;
     int32_t rpos;
+    const int32_t *gd; /* NULL, or a recorded handler's growth (ks_cuda_scores_grow): the step slot's delta, */
+    int32_t goff;      /* less goff, is the rows added since the recording (<= grow): ke, oe, ce and hi */
+    int64_t grow;      /* follow them (prim_scores1.cu only) */
 };
 static inline sc_plan sc_plan_of(const ks_scores_opts *o, int64_t m, int64_t n, int64_t d) {
     sc_plan p;
@@ -78,6 +81,9 @@ static inline sc_plan sc_plan_of(const ks_scores_opts *o, int64_t m, int64_t n, 
     p.skip = o->skip;
     p.raf = o->q_rope_af;
     p.rpos = o->q_rope_pos;
+    p.gd = NULL;
+    p.goff = 0;
+    p.grow = 0;
     p.cb = p.softmax ? p.kb : KS_MAX(p.kb, p.ob);
     p.ce = p.softmax ? p.ke : KS_MIN(p.ke, p.oe);
     if (p.ce < p.cb) p.ce = p.cb;

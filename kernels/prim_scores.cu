@@ -203,9 +203,30 @@ template <bool BF16> static ks_status sc_launch(cudaStream_t s, const sc_args &a
     return KS_OK;
 }
 
+static ks_status scores_impl(cudaStream_t s, const ks_cuda_scratch *sc, const float *q, const int32_t *qpos,
+                             int64_t n_q_heads, int64_t m, const void *k, int k_bf16, const int32_t *kpos,
+                             int64_t n_kv_heads, int64_t n, int64_t d, const ks_scores_opts *opts, float *out,
+                             const int32_t *gd, int32_t goff);
+
 extern "C" ks_status ks_cuda_scores(cudaStream_t s, const ks_cuda_scratch *sc, const float *q, const int32_t *qpos,
                                     int64_t n_q_heads, int64_t m, const void *k, int k_bf16, const int32_t *kpos,
                                     int64_t n_kv_heads, int64_t n, int64_t d, const ks_scores_opts *opts, float *out) {
+    return scores_impl(s, sc, q, qpos, n_q_heads, m, k, k_bf16, kpos, n_kv_heads, n, d, opts, out, NULL, 0);
+}
+
+extern "C" ks_status ks_cuda_scores_grow(cudaStream_t s, const ks_cuda_scratch *sc, const float *q, const int32_t *qpos,
+                                         int64_t n_q_heads, int64_t m, const void *k, int k_bf16, const int32_t *kpos,
+                                         int64_t n_kv_heads, int64_t n, int64_t d, const ks_scores_opts *opts, float *out,
+                                         const int32_t *gd, int32_t goff) {
+    if (!opts || opts->grow <= 0 || !gd) return ks_errorf(KS_ERR_ARG, "scores: a growing call needs a growth and a step slot");
+    if (opts->causal || qpos || kpos) return ks_errorf(KS_ERR_UNSUPPORTED, "scores: a growing call takes no positions");
+    return scores_impl(s, sc, q, qpos, n_q_heads, m, k, k_bf16, kpos, n_kv_heads, n, d, opts, out, gd, goff);
+}
+
+static ks_status scores_impl(cudaStream_t s, const ks_cuda_scratch *sc, const float *q, const int32_t *qpos,
+                             int64_t n_q_heads, int64_t m, const void *k, int k_bf16, const int32_t *kpos,
+                             int64_t n_kv_heads, int64_t n, int64_t d, const ks_scores_opts *opts, float *out,
+                             const int32_t *gd, int32_t goff) {
     ks_scores_opts def = ks_scores_opts_default();
     const ks_scores_opts *o = opts ? opts : &def;
     int64_t rows, ncols, tmp;
@@ -230,6 +251,16 @@ extern "C" ks_status ks_cuda_scores(cudaStream_t s, const ks_cuda_scratch *sc, c
     if (pl.rinv && (d % 2 || pl.rpos < 0 || !isfinite(pl.raf)))
         return ks_errorf(KS_ERR_ARG, "scores: query rotation at position %d, factor %g, d = %lld (a position >= 0, a finite "
                          "factor, an even d)", (int)pl.rpos, (double)pl.raf, (long long)d);
+    if (gd) { /* a recorded handler's growing call: the one-row kernel alone splits its rows on the device */
+        pl.gd = gd;
+        pl.goff = goff;
+        pl.grow = o->grow;
+        if (!ks_cuda_scores1_fits(n_q_heads, n_kv_heads, m, k, k_bf16, d, pl))
+            return ks_errorf(KS_ERR_UNSUPPORTED, "scores: a growing call needs the one-row kernel's shapes");
+        st = ks_cuda_scores1(s, sc, q, qpos, n_q_heads, k, kpos, n_kv_heads, n, d, pl, ncols, out);
+        if (st == KS_ERR_UNSUPPORTED) return ks_errorf(st, "scores: a growing call of these shapes");
+        return st;
+    }
     if (ks_cuda_scores1_fits(n_q_heads, n_kv_heads, m, k, k_bf16, d, pl)) {
         st = ks_cuda_scores1(s, sc, q, qpos, n_q_heads, k, kpos, n_kv_heads, n, d, pl, ncols, out);
         if (st != KS_ERR_UNSUPPORTED) return st; /* unsupported, with nothing queued: more KV heads than resident blocks */

@@ -70,6 +70,7 @@ struct sc1_args {
     int64_t hq, hkv, g, d, qhs, khs, krs, n;
     int64_t kb, ke, cb, w; /* key domain [kb, ke); logits computed for [cb, cb + w) */
     int64_t nx;           /* blocks per KV head (gridDim.x of sc1_logits) */
+    int64_t want;         /* the blocks per KV head the split aims at (a growing call splits W keys by it) */
     int iters;            /* loop steps a warp */
     float scale;
     int causal, softmax, gqa_mod;
@@ -87,6 +88,10 @@ struct sc1_args {
                            * each: zero at the launch, zero again after it */
     const float *skip;    /* NULL or one device float: nonzero = every block writes its share of zeros and
                            * leaves (ks_scores_opts.skip: no key read, no counter touched) */
+    const int32_t *gd;    /* NULL, or (a recorded handler, ks_scores_opts.grow) the step slot's delta: the call
+                           * covers w + (*gd - goff) keys, hi and ncols as much more (the split and the
+                           * scratch sized for the growth) */
+    int32_t goff;
     int rope;             /* 1: the queries rotated at rpos as they are read (ks_scores_opts.q_rope_inv) */
     int32_t rpos;
     float raf;
@@ -141,8 +146,8 @@ static __device__ __forceinline__ int sc1_dim(int kc, int gq, int nkc) {
 /* Output column x (key j = ob + x): the per-head values v_h = (float)(expf(L - M_h) / Z_h)
  * (softmax) or L (raw) and their reduction in double in ascending head order, as on the CPU.
  * The L loads of SC1_VOTE_BATCH heads are issued before any is used (L2 latency bounds this). */
-static __device__ __forceinline__ void sc1_vote_col(const sc1_args &a, const double *iz, const float *mh, int64_t ob,
-                                                    int64_t ncols, int64_t lo, int64_t hi, int heads,
+static __device__ __forceinline__ void sc1_vote_col(const sc1_args &a, int64_t W, const double *iz, const float *mh,
+                                                    int64_t ob, int64_t ncols, int64_t lo, int64_t hi, int heads,
                                                     float *__restrict__ out, int64_t x) {
     const int64_t j = ob + x;
     const bool in = j >= lo && j < hi;
@@ -153,7 +158,7 @@ static __device__ __forceinline__ void sc1_vote_col(const sc1_args &a, const dou
         for (int64_t h0 = 0; h0 < a.hq; h0 += SC1_VOTE_BATCH) {
             float lg[SC1_VOTE_BATCH];
 #pragma unroll
-            for (int e = 0; e < SC1_VOTE_BATCH; e++) lg[e] = in && h0 + e < a.hq ? __ldcg(lc + (h0 + e) * a.w) : -INFINITY;
+            for (int e = 0; e < SC1_VOTE_BATCH; e++) lg[e] = in && h0 + e < a.hq ? __ldcg(lc + (h0 + e) * W) : -INFINITY;
 #pragma unroll
             for (int e = 0; e < SC1_VOTE_BATCH; e++) {
                 const int64_t h = h0 + e;
@@ -201,9 +206,23 @@ static __host__ __device__ constexpr size_t sc1_frag_bytes(int nkc) { return siz
  * sum in double rescaled when the max grows, the tile's terms summed in float first. NKC: the
  * 16-dimension chunks of a row (d = 16 NKC <= 128). */
 template <int NKC>
-__global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const sc1_args a, int64_t ob, int64_t ncols, int64_t lo,
-                                                                          int64_t hi, int heads, float *__restrict__ out) {
+__global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const sc1_args a, int64_t ob, int64_t ncols0, int64_t lo,
+                                                                          int64_t hi0, int heads, float *__restrict__ out) {
     constexpr int NP = NKC / 2, ODD = NKC & 1; /* 32-dimension pairs of chunks; an odd last chunk */
+    /* the keys, reported columns and their end as recorded, plus the rows added since (a.gd) */
+    const int64_t dl = a.gd ? (int64_t)(*a.gd - a.goff) : 0;
+    const int64_t W = a.w + dl, ncols = ncols0 + dl, hi = hi0 + dl;
+    /* the split of the rows: the host's, or for a growing call the host's rule on the grown count
+     * (the split a plain call of W keys gets, so the same bits; blocks past it only meet the
+     * others at the barriers) */
+    int iters = a.iters;
+    int64_t nxk = a.nx, run = a.run;
+    if (a.gd && W > 0) {
+        const int64_t stp = (int64_t)SC1_WARPS * SC1_TR;
+        iters = (int)max((int64_t)1, (W + a.want * stp - 1) / (a.want * stp));
+        nxk = (W + stp * iters - 1) / (stp * iters);
+        run = stp * iters;
+    }
     if (a.skip && *a.skip != 0.0f) { /* the same decision in every block: zeros, and no barrier is reached */
         const int64_t rows = heads == KS_HEADS_NONE ? a.hq : heads == KS_HEADS_GROUP_SUM ? a.hkv : 1;
         const int64_t nthr = (int64_t)gridDim.x * gridDim.y * SC1_THREADS;
@@ -220,7 +239,7 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
     const int gq = lane & 3, rl = lane >> 2; /* lane group; the lane's rows rl, rl + 8 of a tile */
     uint2 *Bf = (uint2 *)smem; /* (3, nkc, 32) fragments */
     const int64_t kv = blockIdx.y;
-    const int64_t r0b = (int64_t)blockIdx.x * SC1_WARPS * SC1_TR * a.iters; /* the block's first row */
+    const int64_t r0b = (int64_t)blockIdx.x * SC1_WARPS * SC1_TR * iters; /* the block's first row */
     const unsigned char *kbase = (const unsigned char *)a.k + (size_t)(kv * a.khs + a.cb * a.krs) * 2;
     const size_t rbytes = (size_t)a.krs * 2;
     const int64_t lim = sc1_lim(a);
@@ -234,7 +253,7 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int64_t row = base + rl + 8 * h;
-            const bool in = t < a.iters && row < a.w;
+            const bool in = t < iters && row < W;
             const unsigned char *rp = kbase + (size_t)(in ? row : 0) * rbytes;
 #pragma unroll
             for (int pp = 0; pp < NP; pp++)
@@ -269,9 +288,9 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
 
     float pm[2] = {-INFINITY, -INFINITY}; /* per head this lane holds (2 (l % 4) + p) */
     double ps[2] = {0, 0};
-    for (int t = 0; t < a.iters; t++) {
+    for (int t = 0; t < iters; t++) {
         const int64_t base = base_of(t); /* offset in [0, w) */
-        if (base >= a.w) break;
+        if (base >= W) break;
         load(t + 1, nxt, ntl); /* the next tile in flight while this one is computed */
         float acc[SC1_MT][4];
 #pragma unroll
@@ -315,12 +334,12 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
 #pragma unroll
             for (int q = 0; q < 2 * SC1_MT; q++) { /* (mt, half) = (q >> 1, q & 1): row mt * 16 + lane / 4 + 8 half */
                 const int64_t row = base + (q >> 1) * 16 + (lane >> 2) + (q & 1) * 8, j = a.cb + row;
-                bool vis = row < a.w;
+                bool vis = row < W;
                 if (vis && a.causal) vis = (a.kpos ? (int64_t)a.kpos[j] : j) <= lim;
                 l[q] = vis ? a.scale * acc[q >> 1][(q & 1) * 2 + p] : -INFINITY;
-                if (row < a.w) {
-                    if (a.res) ((float *)(smem + a.ls_off))[hh * a.run + (row - r0b)] = l[q];
-                    else a.L[h * a.w + row] = l[q];
+                if (row < W) {
+                    if (a.res) ((float *)(smem + a.ls_off))[hh * run + (row - r0b)] = l[q];
+                    else a.L[h * W + row] = l[q];
                 }
             }
             if (!a.softmax) continue;
@@ -340,7 +359,7 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
             }
         }
     }
-    if (a.softmax && a.w > 0) {
+    if (a.softmax && W > 0 && (int64_t)blockIdx.x < nxk) {
         /* the block's partial per head: the max over the lanes holding it (l % 4 fixed: xor 4, 8,
          * 16) and over the warps, then the lanes' sums rescaled to it, each in a fixed order */
 #pragma unroll
@@ -377,7 +396,7 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
         }
         __threadfence();
         __syncthreads();
-        if (threadIdx.x == 0) last = atomicAdd(&a.done[kv], 1u) == (unsigned)(a.nx - 1);
+        if (threadIdx.x == 0) last = atomicAdd(&a.done[kv], 1u) == (unsigned)(nxk - 1);
         __syncthreads();
         if (last) {
             if (threadIdx.x == 0) a.done[kv] = 0; /* every block of this KV head has counted: zero at rest again */
@@ -388,7 +407,7 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
                 const int64_t h = sc1_head(a, kv, t);
                 float m = -INFINITY;
                 double sm = 0;
-                for (int64_t b = lane; b < a.nx; b += 32) sc1_merge(m, sm, __ldcg(a.pmax + h * a.nx + b), __ldcg(a.psum + h * a.nx + b));
+                for (int64_t b = lane; b < nxk; b += 32) sc1_merge(m, sm, __ldcg(a.pmax + h * a.nx + b), __ldcg(a.psum + h * a.nx + b));
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) {
                     float m2 = __shfl_xor_sync(0xffffffffu, m, o);
@@ -409,7 +428,7 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
     /* every block: M_h and 1 / Z_h of every head, then its share of the output columns */
     double *iz = (double *)(smem + sc1_frag_bytes(NKC)); /* (H) 1 / Z_h, then (H) M_h as float */
     float *mh = (float *)(iz + a.hq);
-    if (a.softmax && a.w > 0)
+    if (a.softmax && W > 0)
         for (int64_t h = threadIdx.x; h < a.hq; h += SC1_THREADS) {
             iz[h] = __ldcg(a.iZ + h);
             mh[h] = __ldcg(a.M + h);
@@ -428,27 +447,27 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
             izf[t] = t < g && a.softmax ? (float)iz[h] : 0.f;
             mhg[t] = t < g && a.softmax ? mh[h] : 0.f;
         }
-        for (int64_t r = threadIdx.x; r < a.run && r0b + r < a.w; r += SC1_THREADS) {
+        for (int64_t r = threadIdx.x; r < run && r0b + r < W; r += SC1_THREADS) {
             const int64_t j = a.cb + r0b + r;
             float sg = 0.f;
             if (j >= lo && j < hi)
 #pragma unroll
                 for (int t = 0; t < SC1_GMAX; t++) {
                     if (t >= g) break;
-                    const float lg = Ls[t * a.run + r];
+                    const float lg = Ls[t * run + r];
                     sg += lg == -INFINITY ? 0.f : a.softmax ? expf(lg - mhg[t]) * izf[t] : lg;
                 }
-            a.pv[kv * a.w + r0b + r] = sg;
+            a.pv[kv * W + r0b + r] = sg;
         }
         sc1_grid_sync(a.done + a.hkv + 2, gridDim.x * gridDim.y);
         for (int64_t x = x0; x < ncols; x += nthr) {
             const int64_t j = ob + x, c = j - a.cb;
             double sm = 0;
-            if (j >= lo && j < hi && c >= 0 && c < a.w)
+            if (j >= lo && j < hi && c >= 0 && c < W)
                 for (int64_t r0 = 0; r0 < a.hkv; r0 += SC1_VOTE_BATCH) { /* the loads of a batch issued at once */
                     float pg[SC1_VOTE_BATCH];
 #pragma unroll
-                    for (int e = 0; e < SC1_VOTE_BATCH; e++) pg[e] = r0 + e < a.hkv ? __ldcg(a.pv + (r0 + e) * a.w + c) : 0.f;
+                    for (int e = 0; e < SC1_VOTE_BATCH; e++) pg[e] = r0 + e < a.hkv ? __ldcg(a.pv + (r0 + e) * W + c) : 0.f;
 #pragma unroll
                     for (int e = 0; e < SC1_VOTE_BATCH; e++)
                         if (r0 + e < a.hkv) sm += (double)pg[e];
@@ -458,7 +477,7 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
         return;
     }
     for (int64_t x = x0; x < ncols; x += nthr)
-        sc1_vote_col(a, iz, mh, ob, ncols, lo, hi, heads, out, x);
+        sc1_vote_col(a, W, iz, mh, ob, ncols, lo, hi, heads, out, x);
 }
 
 /* the query fragments, then (g, d) rotated query rows (a rotation) or later (H) 1 / Z_h as double
@@ -508,6 +527,10 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
     const int64_t ob = p.ob, lo = p.lo, hi = p.hi;
     a.cb = p.cb;
     a.w = hi > lo ? p.ce - p.cb : 0; /* nothing reported: no logits needed */
+    if (p.gd && a.w == 0) return KS_ERR_UNSUPPORTED; /* a growing call reports from its recording on */
+    a.gd = p.gd;
+    a.goff = p.goff;
+    const int64_t wp = a.w + (p.gd ? p.grow : 0); /* the most keys a run of this launch covers */
 
     scratch_set ss(sc);
     /* one wave of at most SC1_BLOCKS_SM blocks a multiprocessor over all KV heads (all resident:
@@ -534,9 +557,11 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
     const int64_t step = (int64_t)SC1_WARPS * SC1_TR; /* rows a block's loop step */
     const int64_t want = KS_MAX((int64_t)1, cap / n_kv_heads);
     if (a.w > 0) {
-        a.iters = (int)KS_MAX((int64_t)1, (a.w + want * step - 1) / (want * step));
-        a.nx = (a.w + step * a.iters - 1) / (step * a.iters); /* blocks per KV head */
+        a.iters = (int)KS_MAX((int64_t)1, (wp + want * step - 1) / (want * step));
+        a.nx = (wp + step * a.iters - 1) / (step * a.iters); /* blocks per KV head */
+        if (a.gd) a.nx = want; /* a growing call: the most any count up to wp splits into (sc1_logits' split) */
         a.run = step * a.iters;
+        a.want = want;
         /* the logits resident: for a head sum, where a block's (g, run) floats fit beside the rest
          * at the same blocks a multiprocessor */
         const size_t ls = sizeof(float) * (size_t)a.g * (size_t)a.run, sm_res = (sm + 15) / 16 * 16 + ls;
@@ -553,8 +578,8 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
                 sm = sm_res;
             }
         }
-        if (a.res) P_SCRATCH(a.pv, ss, sizeof(float) * n_kv_heads * a.w, "scores");
-        else P_SCRATCH(a.L, ss, sizeof(float) * n_q_heads * a.w, "scores");
+        if (a.res) P_SCRATCH(a.pv, ss, sizeof(float) * n_kv_heads * wp, "scores");
+        else P_SCRATCH(a.L, ss, sizeof(float) * n_q_heads * wp, "scores");
         if (a.softmax) {
             P_SCRATCH(a.pmax, ss, sizeof(float) * n_q_heads * a.nx, "scores");
             P_SCRATCH(a.psum, ss, sizeof(double) * n_q_heads * a.nx, "scores");

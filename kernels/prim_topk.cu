@@ -292,7 +292,8 @@ static __device__ __forceinline__ void tkq_red(const uint32_t *p, unsigned rank,
 template <int RM, int T>
 __global__ void __launch_bounds__(T) tk_clu(const float *__restrict__ x, int n, int k, int ibase,
                                                        int32_t *__restrict__ out_idx, uint32_t *__restrict__ out_key,
-                                                       const float *skip) {
+                                                       const float *skip, const int32_t *gd, int goff) {
+    if (gd) n += *gd - goff; /* a recorded handler's row: the keys added since the recording (one row) */
     if (skip && *skip != 0.0f) { /* the top k of a row of zeros, x unread; every block leaves before any barrier */
         for (int i = (int)blockIdx.x * T + (int)threadIdx.x; i < k; i += (int)gridDim.x * T) {
             out_idx[(int64_t)blockIdx.y * k + i] = ibase + i;
@@ -572,23 +573,25 @@ static int tkq_cluster(int64_t rows, int64_t n) {
 
 /* Launch tk_clu for rows of n keys in clusters of C blocks (the instance for its rounds and
  * block size). */
-static cudaError_t tkq_launch(cudaStream_t s, int C, const float *x, int64_t rows, int64_t n, int64_t k,
-                              int64_t base, int32_t *out_idx, uint32_t *keys, const float *skip) {
+static cudaError_t tkq_launch(cudaStream_t s, int C, const float *x, int64_t rows, int64_t n, int64_t nmax, int64_t k,
+                              int64_t base, int32_t *out_idx, uint32_t *keys, const float *skip, const int32_t *gd,
+                              int goff) {
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = (unsigned)C;
     at[0].val.clusterDim.y = 1;
     at[0].val.clusterDim.z = 1;
-    const int T = tkq_threads(rows, n);
+    const int T = tkq_threads(rows, nmax);
     const dim3 grid((unsigned)C, (unsigned)rows), block((unsigned)T);
-#define TKQ_GO(RM, TT) ks_launch_ex(tk_clu<RM, TT>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys, skip)
-    if (T == TKQ_WIDE) switch (tkq_rounds(n, C, T)) {
+#define TKQ_GO(RM, TT) \
+    ks_launch_ex(tk_clu<RM, TT>, grid, block, 0, s, at, 1, x, (int)n, (int)k, (int)base, out_idx, keys, skip, gd, goff)
+    if (T == TKQ_WIDE) switch (tkq_rounds(nmax, C, T)) {
         case 1: return TKQ_GO(1, TKQ_WIDE);
         case 2: return TKQ_GO(2, TKQ_WIDE);
         case 4: return TKQ_GO(4, TKQ_WIDE);
         default: return cudaErrorInvalidValue;
         }
-    switch (tkq_rounds(n, C, T)) {
+    switch (tkq_rounds(nmax, C, T)) {
     case 1: return TKQ_GO(1, TKQ_THREADS);
     case 2: return TKQ_GO(2, TKQ_THREADS);
     case 4: return TKQ_GO(4, TKQ_THREADS);
@@ -645,7 +648,7 @@ extern "C" ks_status ks_cuda_topk_skip(cudaStream_t s, const ks_cuda_scratch *sc
     }
     int C;
     if ((C = tkq_cluster(rows, n)) > 0) { /* one launch: a cluster a row, the row in its registers */
-        KS_CU(tkq_launch(s, C, x, rows, n, k, base, out_idx, keys, skip), "topk kernel");
+        KS_CU(tkq_launch(s, C, x, rows, n, n, k, base, out_idx, keys, skip, NULL, 0), "topk kernel");
     } else {
         tk_state *state;
         unsigned *hist;
@@ -682,5 +685,26 @@ extern "C" ks_status ks_cuda_topk_skip(cudaStream_t s, const ks_cuda_scratch *sc
         tk_values<<<ks_grid1d((size_t)ktotal, 256), 256, 0, s>>>(x, n, k, rows, base, out_idx, out_val, skip);
         KS_CU_LAUNCH("topk values kernel");
     }
+    return KS_OK;
+}
+
+extern "C" ks_status ks_cuda_topk_grow(cudaStream_t s, const ks_cuda_scratch *sc, const float *x, int64_t n, int64_t k,
+                                       int64_t base, ks_topk_order order, int32_t *out_idx, float *out_val,
+                                       const float *skip, int64_t grow, const int32_t *gd, int32_t goff) {
+    if (grow < 1 || !gd) return ks_errorf(KS_ERR_ARG, "topk: a growing row needs a growth and a step slot");
+    P_NONNEG("topk", "n", n);
+    P_IDX_RANGE("topk", "n", n + grow);
+    P_NONNEG("topk", "k", k);
+    if (k > n) return ks_errorf(KS_ERR_ARG, "topk: k = %lld > n = %lld", (long long)k, (long long)n);
+    if (base < 0 || base > (int64_t)INT32_MAX + 1 - (n + grow))
+        return ks_errorf(KS_ERR_ARG, "topk: base %lld + n %lld leaves the int32 index range", (long long)base, (long long)(n + grow));
+    P_PTR("topk", "x", x, n);
+    P_PTR("topk", "out_idx", out_idx, k);
+    if (order != KS_TOPK_BY_INDEX || out_val || k < 1)
+        return ks_errorf(KS_ERR_UNSUPPORTED, "topk: a growing row gives its indices in index order, without values");
+    const int C = tkq_cluster(1, n + grow);
+    if (C <= 0) return ks_errorf(KS_ERR_UNSUPPORTED, "topk: a growing row of %lld keys", (long long)(n + grow));
+    (void)sc;
+    KS_CU(tkq_launch(s, C, x, 1, n, n + grow, k, base, out_idx, NULL, skip, gd, (int)goff), "topk kernel (growing row)");
     return KS_OK;
 }

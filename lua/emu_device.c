@@ -118,8 +118,8 @@ static ks_status e_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n
 }
 static ks_status e_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base,
                        ks_topk_order order, int32_t *oi,
-                        float *ov, const float *skip) {
-    return CPU->topk(NULL, U(x), rows, n, k, base, order, U(oi), U(ov), U(skip));
+                        float *ov, const float *skip, int64_t grow) {
+    return CPU->topk(NULL, U(x), rows, n, k, base, order, U(oi), U(ov), U(skip), grow);
 }
 static ks_status e_argsort(ks_backend *b, const float *x, int64_t n, int desc, int32_t *oi) {
     return CPU->argsort(NULL, U(x), n, desc, U(oi));

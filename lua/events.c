@@ -138,9 +138,13 @@ static int l_ev_index(lua_State *L) {
         }
     } else if (!strcmp(k, "held_steps")) {
         lua_pushinteger(L, ev->sess ? (lua_Integer)ks_session_held_steps(ev->sess) : 0);
+    } else if (!strcmp(k, "replayed_steps")) {
+        lua_pushinteger(L, ev->sess ? (lua_Integer)ks_session_replayed_steps(ev->sess) : 0);
+    } else if (!strcmp(k, "recording")) {
+        lua_pushboolean(L, ev->grow > 0);
     } else return ks_lua_errorf(L, "event", "no field or method '%s' (fields: event, layer, pass, n, n_prompt, n_heads, "
                                             "n_kv_heads, head_dim, dim, n_layers, q, k, v, k_pre, hidden, pos, ids, orig, "
-                                            "kv_rows, token, held_steps)", k);
+                                            "kv_rows, token, held_steps, replayed_steps, recording)", k);
     return 1;
 }
 
@@ -318,14 +322,16 @@ static void range_opt(lua_State *L, int opts, const char *name, int64_t *r) {
     lua_pop(L, 1);
 }
 
-/* ev:attend(list [, {renumber = bool, before = {b0, b1}, after = {a0, a1}, hold = bool}]): with
- * before / after, the rows [b0, b1) ++ list ++ [a0, a1), as one list (a device list is read in
- * place around the ranges where the backend can: ks_action_attend_dev_ranges); hold: the engine
- * may repeat it at this layer's later decode steps without calling the handler
- * (ks_action_hold; a device list valid by construction) */
+/* ev:attend(list [, {renumber = bool, before = {b0, b1}, after = {a0, a1}, hold = bool,
+ * replay = bool}]): with before / after, the rows [b0, b1) ++ list ++ [a0, a1), as one list (a
+ * device list is read in place around the ranges where the backend can:
+ * ks_action_attend_dev_ranges); hold: the engine may repeat it at this layer's later decode steps
+ * without calling the handler (ks_action_hold; a device list valid by construction); replay: the
+ * handler's device work may be recorded and replayed without calling it (ks_action_replay; with
+ * a device list: a host list is attended as asked, nothing to record) */
 static int l_ev_attend(lua_State *L) {
     l_event *e = check_event(L, 1, "attend");
-    int renumber = 0, hold = 0;
+    int renumber = 0, hold = 0, replay = 0;
     int64_t r[4] = {0, 0, 0, 0};
     if (!lua_isnoneornil(L, 3)) {
         luaL_checktype(L, 3, LUA_TTABLE);
@@ -333,15 +339,18 @@ static int l_ev_attend(lua_State *L) {
         while (lua_next(L, 3)) {
             lua_pop(L, 1);
             const char *o = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-            if (!o || (strcmp(o, "renumber") && strcmp(o, "before") && strcmp(o, "after") && strcmp(o, "hold")))
-                return ks_lua_errorf(L, "attend", "unknown option '%s' (options: renumber, before, after, hold)",
+            if (!o || (strcmp(o, "renumber") && strcmp(o, "before") && strcmp(o, "after") && strcmp(o, "hold") &&
+                       strcmp(o, "replay")))
+                return ks_lua_errorf(L, "attend", "unknown option '%s' (options: renumber, before, after, hold, replay)",
                                      luaL_tolstring(L, -1, NULL));
         }
         lua_getfield(L, 3, "renumber");
         renumber = lua_toboolean(L, -1);
         lua_getfield(L, 3, "hold");
         hold = lua_toboolean(L, -1);
-        lua_pop(L, 2);
+        lua_getfield(L, 3, "replay");
+        replay = lua_toboolean(L, -1);
+        lua_pop(L, 3);
         range_opt(L, 3, "before", r);
         range_opt(L, 3, "after", r + 2);
     }
@@ -352,6 +361,7 @@ static int l_ev_attend(lua_State *L) {
     if (dev_list_arg(L, 2, e, "attend", 1, &dl)) {
         ACT("attend", ranges ? ks_action_attend_dev_ranges(e->ev, &dl, r, renumber) : ks_action_attend_dev(e->ev, &dl, renumber));
         if (hold) ACT("attend", ks_action_hold(e->ev, &dl, ranges ? r : NULL));
+        if (replay) ACT("attend", ks_action_replay(e->ev));
     } else if (ranges) { /* a host list: the whole list here, checked as any list */
         if (per_head(L, 2)) return ks_lua_errorf(L, "attend", "before / after take one list for every KV head");
         int k;
@@ -439,6 +449,7 @@ static int kv_tensor(lua_State *L, int values) {
     int64_t shape[3] = {kv_n(kv, 0), e->ev->n_kv_heads, d}, stride[3] = {d, cap * d, 1};
     if (!shape[0]) base = NULL;
     push_view(L, e->ev, KS_T_F32, 3, shape, stride, base, 0, bf16);
+    if (!values && e->ev->grow > 0) ks_lt_test(L, -1)->grow = e->ev->grow; /* its rows follow the layer's */
     return 1;
 }
 static int l_ev_kv_keys(lua_State *L) { return kv_tensor(L, 0); }

@@ -164,6 +164,11 @@ typedef struct ks_tensor {
     uint64_t id;                       /* owned device tensors: a number no other tensor of this state
                                         * had (its data never changes: ks_dev_list.serial) */
     struct ks_lend *lend;              /* owned device tensors lent to the engine (ks_lt_lend), or NULL */
+    int64_t grow;                      /* > 0: its last dimension follows the layer's rows at the replays of
+                                        * a recorded handler (policy.h ks_event.grow): ev:kv_keys() while
+                                        * the engine records, and ks.scores results over such keys with
+                                        * end-relative ranges; only ks.scores and ks.topk read it (others
+                                        * refuse it); the allocation has room for this many more columns */
 } ks_tensor;
 
 /* A new owned contiguous tensor on the stack (data uninitialised unless zero). Raises on

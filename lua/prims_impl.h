@@ -32,6 +32,9 @@ const char *ks_lp_opt_str(lua_State *L, int idx, const char *key, const char *de
 /* A {begin, end} option, 0-based half-open, negative values from n; checked within [0, n].
  * Returns 0 when absent. */
 int ks_lp_opt_range(lua_State *L, int idx, const char *key, int64_t n, int64_t *b, int64_t *e, const char *fn);
+/* The same, *rel: bit 0 set when begin was given negative (from n), bit 1 when end was. */
+int ks_lp_opt_range_rel(lua_State *L, int idx, const char *key, int64_t n, int64_t *b, int64_t *e, int *rel,
+                        const char *fn);
 
 /* ---------------------------------------------------------------- placement */
 
@@ -49,6 +52,10 @@ ks_tensor *ks_lp_arg(lua_State *L, int arg, ks_tdtype dt, const char *fn, int *s
 const void *ks_lp_data(lua_State *L, int slot, ks_tensor *t, ks_backend *be);
 /* A new owned output tensor on be (NULL = host), pushed. */
 ks_tensor *ks_lp_out(lua_State *L, ks_backend *be, ks_tdtype dt, int ndim, const int64_t *shape);
+/* The same with room for `grow` more columns a row (grow > 0 on a device: a result whose columns
+ * follow the layer's rows in a recorded handler, ks_tensor.grow; its rows are laid out (rows,
+ * cols + delta) at a replay); grow <= 0 or the host: ks_lp_out. */
+ks_tensor *ks_lp_out_grow(lua_State *L, ks_backend *be, ks_tdtype dt, int ndim, const int64_t *shape, int64_t grow);
 /* An 8-byte word a primitive writes a result into (a count, gather's error word, a float):
  * on a device a new device tensor (pushed; with `set`, set to the 8 bytes at host first), on
  * the host `host` itself (nothing pushed). */

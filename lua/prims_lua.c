@@ -85,6 +85,13 @@ const char *ks_lp_opt_str(lua_State *L, int idx, const char *key, const char *de
 }
 
 int ks_lp_opt_range(lua_State *L, int idx, const char *key, int64_t n, int64_t *b, int64_t *e, const char *fn) {
+    int rel;
+    return ks_lp_opt_range_rel(L, idx, key, n, b, e, &rel, fn);
+}
+
+int ks_lp_opt_range_rel(lua_State *L, int idx, const char *key, int64_t n, int64_t *b, int64_t *e, int *rel,
+                        const char *fn) {
+    *rel = 0;
     int t = ks_lp_opt_get(L, idx, key);
     if (t == LUA_TNIL) { lua_pop(L, 1); return 0; }
     if (t != LUA_TTABLE || lua_rawlen(L, -1) != 2) ks_lua_errorf(L, fn, "option %s must be {begin, end}", key);
@@ -93,6 +100,7 @@ int ks_lp_opt_range(lua_State *L, int idx, const char *key, int64_t n, int64_t *
     if (!lua_isinteger(L, -2) || !lua_isinteger(L, -1)) ks_lua_errorf(L, fn, "option %s must hold two integers", key);
     *b = lua_tointeger(L, -2);
     *e = lua_tointeger(L, -1);
+    *rel = (*b < 0) | (*e < 0) << 1;
     if (*b < 0) *b += n;
     if (*e < 0) *e += n;
     lua_pop(L, 3);
@@ -131,6 +139,24 @@ const void *ks_lp_data(lua_State *L, int slot, ks_tensor *t, ks_backend *be) {
 
 ks_tensor *ks_lp_out(lua_State *L, ks_backend *be, ks_tdtype dt, int ndim, const int64_t *shape) {
     return be ? ks_lt_dnew(L, be, dt, ndim, shape) : ks_lt_new(L, dt, ndim, shape, 0);
+}
+
+ks_tensor *ks_lp_out_grow(lua_State *L, ks_backend *be, ks_tdtype dt, int ndim, const int64_t *shape, int64_t grow) {
+    if (grow <= 0 || !be || ndim < 1) return ks_lp_out(L, be, dt, ndim, shape);
+    int64_t big[KS_TENSOR_MAXDIM];
+    memcpy(big, shape, sizeof(int64_t) * (size_t)ndim);
+    big[ndim - 1] += grow; /* (rows, cols + grow): a replay's (rows, cols + delta) fits */
+    ks_tensor *t = ks_lt_dnew(L, be, dt, ndim, big);
+    int64_t st = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        t->shape[i] = shape[i];
+        t->stride[i] = st;
+        st *= shape[i] ? shape[i] : 1;
+    }
+    t->numel = 1;
+    for (int i = 0; i < ndim; i++) t->numel *= shape[i];
+    t->grow = grow;
+    return t;
 }
 
 void *ks_lp_word(lua_State *L, ks_backend *be, void *host, int set) {
@@ -227,10 +253,13 @@ static int l_topk(lua_State *L) {
             return ks_lua_errorf(L, fn, "option skip: a mask of one value (ks.ge's), got %lld values", (long long)tm->numel);
         skip = ks_lp_data(L, ms, tm, be);
     }
+    if (t->grow && (be != t->be || rows != 1 || !ks_lt_is_contig(t)))
+        return ks_lua_errorf(L, fn, "a row that follows the layer's rows (a recorded handler's) must be one contiguous "
+                             "row where it is");
     int64_t sh[2] = {rows, k};
     ks_tensor *idx = t->ndim == 1 ? ks_lp_out(L, be, KS_T_I32, 1, &sh[1]) : ks_lp_out(L, be, KS_T_I32, 2, sh);
     ks_tensor *val = !values ? NULL : t->ndim == 1 ? ks_lp_out(L, be, KS_T_F32, 1, &sh[1]) : ks_lp_out(L, be, KS_T_F32, 2, sh);
-    KS_LP_PRIM(fn, be, topk, x, rows, n, k, base, order, idx->data, val ? val->data : NULL, skip);
+    KS_LP_PRIM(fn, be, topk, x, rows, n, k, base, order, idx->data, val ? val->data : NULL, skip, t->grow);
     if (order == KS_TOPK_BY_INDEX) /* each row ascending, unique, in [base, base + n) (skipped: base ..) */
         ks_lt_mark_sorted(L, values ? -2 : -1, base, base + n);
     return values ? 2 : 1;

@@ -28,7 +28,10 @@
  *           kernel that reads the queries, so one launch instead of a copy, a rope and the scores
  *   threads 0 = automatic
  *   skip    a mask of one value (ks.ge's): nonzero -> no query or key is read and the result is
- *           zeros (a branch on a decision made where the data is, with no sync) */
+ *           zeros (a branch on a decision made where the data is, with no sync)
+ * Keys that follow the layer's rows (ev:kv_keys() while the engine records the handler:
+ * ks_tensor.grow) take the ends of key_range and out from the end (negative, or absent) and no
+ * kpos, qpos or causal; the result then follows them too (ks_scores_opts.grow). */
 int ks_lp_scores(lua_State *L) {
     lua_settop(L, 3);
     static const char *const allowed[] = {"rows", "qpos", "kpos", "scale", "causal", "softmax", "key_range",
@@ -46,6 +49,9 @@ int ks_lp_scores(lua_State *L) {
     /* where it runs; an input on the other side is copied (contiguous) and read through that copy */
     ks_tensor *both[2] = {q, k};
     ks_backend *be = ks_lp_where(both, 2);
+    const int64_t k0grow = k->grow;
+    if (k0grow && (k->be != be || q->be != be))
+        return ks_lua_errorf(L, fn, "in a recorded handler the keys and queries must both be on the device");
     ks_tensor qh = *q, kh = *k;
     if (be ? q->be != be : q->be != NULL) {
         qh.data = (void *)ks_lp_data(L, 1, q, be);
@@ -138,8 +144,19 @@ int ks_lp_scores(lua_State *L) {
     } else if (t != LUA_TNIL) return ks_lua_errorf(L, fn, "option scale: \"sqrt_d\", \"none\" or a number");
     lua_pop(L, 1);
     int64_t b, e;
-    if (ks_lp_opt_range(L, 3, "key_range", n, &b, &e, fn)) { o.k_begin = b; o.k_end = e; }
-    if (ks_lp_opt_range(L, 3, "out", n, &b, &e, fn)) { o.out_begin = b; o.out_end = e; }
+    int krel = 2, orel = 2; /* absent: the end is n, which follows the rows */
+    if (ks_lp_opt_range_rel(L, 3, "key_range", n, &b, &e, &krel, fn)) { o.k_begin = b; o.k_end = e; }
+    if (ks_lp_opt_range_rel(L, 3, "out", n, &b, &e, &orel, fn)) { o.out_begin = b; o.out_end = e; }
+    if (k0grow) {
+        /* keys whose rows follow the layer's in a recorded handler: every number that follows them
+         * must say so (ends given from the end, begins fixed), and nothing else may depend on n */
+        if (krel != 2 || orel != 2)
+            return ks_lua_errorf(L, fn, "in a recorded handler the ends of key_range and out follow the layer's rows: give "
+                                 "them from the end (negative) and their begins from the start");
+        if (tk || tq || o.causal)
+            return ks_lua_errorf(L, fn, "in a recorded handler kpos, qpos and causal cannot follow the layer's rows");
+        o.grow = k0grow;
+    }
     const char *red = ks_lp_opt_str(L, 3, "reduce", "none", fn);
     if (!strcmp(red, "none")) o.heads = KS_HEADS_NONE;
     else if (!strcmp(red, "group")) o.heads = KS_HEADS_GROUP_SUM;
@@ -177,7 +194,8 @@ int ks_lp_scores(lua_State *L) {
     KS_LP_CORE(fn, ks_scores_out_shape(&o, H, Hkv, n, &rows, &cols));
     int64_t shape[2] = {rows, cols};
     int reduce_all = o.heads == KS_HEADS_SUM || o.heads == KS_HEADS_MEAN;
-    ks_tensor *out = reduce_all ? ks_lp_out(L, be, KS_T_F32, 1, &cols) : ks_lp_out(L, be, KS_T_F32, 2, shape);
+    ks_tensor *out = reduce_all ? ks_lp_out_grow(L, be, KS_T_F32, 1, &cols, o.grow)
+                                : ks_lp_out_grow(L, be, KS_T_F32, 2, shape, o.grow);
     /* A sandboxed call's _seconds budget reaches the host scores' own loop, which no Lua hook
      * sees: it stops between tiles of query rows once the call's deadline has passed. */
     ks_lctx *lc = ks_lua_ctx(L);

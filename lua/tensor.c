@@ -161,6 +161,9 @@ ks_tensor *ks_lt_check(lua_State *L, int arg, const char *fn) {
             ks_lua_errorf(L, fn, "tensor view used after its event ended (it came from %s; keep a copy with :clone())",
                           t->origin ? t->origin : "?");
     }
+    if (t->grow && strcmp(fn, "scores") && strcmp(fn, "topk")) /* its length is the recording's, not a replay's */
+        ks_lua_errorf(L, fn, "argument %d follows the layer's rows in a recorded handler (ev:kv_keys() or a ks.scores "
+                      "result over it): only ks.scores and ks.topk take it", arg);
     return t;
 }
 

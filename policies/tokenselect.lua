@@ -59,7 +59,11 @@
 -- trace). With cache_theta <= -1 (and no trace) the attend is held (ev:attend's hold): the
 -- engine repeats it at the layer's later decode steps without calling decode_qkv, so a step whose
 -- every layer hits runs no Lua (one recorded graph on a GPU); those hits are the engine's
--- ev.held_steps, added to cache_hits.
+-- ev.held_steps, added to cache_hits. Without the cache (and without trace or pooling) a decode
+-- step's attend declares replay (ev:attend's replay): its candidates are given relative to the
+-- layer's end, so on a GPU the engine records the step's handlers once and replays them at the
+-- following steps without calling decode_qkv (one Lua call a step, the token event's);
+-- ev.replayed_steps counts those layer steps, added to "selections".
 --
 -- Deliberate differences from the reference implementation:
 --   - GQA: the release scores query head h against KV head h % n_kv_heads; the model (and this
@@ -115,8 +119,8 @@ end
 -- around it are read where they are (no list is built where the backend reads ranges itself).
 -- hold: the engine may repeat this attend (the trailing rows moving with the layer's rows) at
 -- the layer's later decode steps without calling decode_qkv (the hit path: nothing to decide).
-local function _attend(ev, p, sel, N, hold)
-  ev:attend(sel, { renumber = true, before = { 0, p.n_init }, after = { N - p.n_local, N }, hold = hold })
+local function _attend(ev, p, sel, N, hold, replay)
+  ev:attend(sel, { renumber = true, before = { 0, p.n_init }, after = { N - p.n_local, N }, hold = hold, replay = replay })
 end
 
 local function _check(p)
@@ -185,7 +189,12 @@ return {
   -- Once a token (generation): the hits that held steps made, counted by the engine, and those the
   -- device decided since the last token (one read: the step is over).
   token = function(ev, p)
-    if p.cache_theta == 0 then return end
+    if p.cache_theta == 0 then
+      -- the selections the replayed handlers made (their steps ran no Lua)
+      local r = ev.replayed_steps
+      if r > 0 then ev:report("selections", state.selections + r) end
+      return
+    end
     if state.hitc then
       local h = math.tointeger(state.hitc:item())
       state.hits, state.misses = state.hits + h, state.misses + state.decided - h
@@ -262,8 +271,16 @@ return {
         return
       end
     else
-      -- the fingerprint: the one query row rotated at n_local, which ks.scores does as it reads it
-      sel = _select(ev, p, ev.q:reshape(ev.n_heads, ev.head_dim), ev:kv_keys(), p.n_init, N - p.n_local, step, p.n_local)
+      -- the fingerprint: the one query row rotated at n_local, which ks.scores does as it reads it;
+      -- the candidates end n_local rows before the layer's end (given from the end: at a replay of
+      -- a recorded step they follow the rows)
+      sel = _select(ev, p, ev.q:reshape(ev.n_heads, ev.head_dim), ev:kv_keys(), p.n_init, -p.n_local, step, p.n_local)
+      if not p.trace and next(state.trace_at) == nil and p.pool_kernel <= 1 then
+        -- a function of the step's query and keys alone: the engine may record it and replay it
+        -- at later steps without calling this handler (ev.replayed_steps counts those)
+        _attend(ev, p, sel, N, nil, true)
+        return
+      end
     end
     if p.trace then ev:report(step .. ".l" .. l, _list_str(sel)) end
     _attend(ev, p, sel, N)

@@ -1001,7 +1001,7 @@ KT_TEST(prims_cpu_table) {
     KT_CHECK(!memcmp(got, ref, sizeof ref), "softmax differs");
     KT_CHECK(P->var(NULL, x, ROWS, N, 1, 1, got) == KS_OK && ks_cpu_var(x, ROWS, N, 1, 1, ref) == KS_OK, "var");
     KT_CHECK(!memcmp(got, ref, sizeof(float) * ROWS), "var differs");
-    KT_CHECK(P->topk(NULL, x, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, gi, got, NULL) == KS_OK, "topk");
+    KT_CHECK(P->topk(NULL, x, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, gi, got, NULL, 0) == KS_OK, "topk");
     KT_CHECK(ks_cpu_topk(x, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, ri, ref) == KS_OK, "cpu topk");
     KT_CHECK(!memcmp(gi, ri, sizeof(int32_t) * ROWS * 17) && !memcmp(got, ref, sizeof(float) * ROWS * 17), "topk differs");
     float c = 0, cref = 1;
@@ -1074,7 +1074,7 @@ KT_TEST(prims_emulated_device_table) {
     be->download(be, got, dy, sizeof(float) * N);
     KT_CHECK(!memcmp(got, ref, sizeof(float) * N), "sum differs");
     /* top-k and rank: identical indices */
-    KT_CHECK(P->topk(be, dx, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, di, dy, NULL) == KS_OK, "topk");
+    KT_CHECK(P->topk(be, dx, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, di, dy, NULL, 0) == KS_OK, "topk");
     KT_CHECK(ks_cpu_topk(hx, ROWS, N, 17, 0, KS_TOPK_BY_VALUE, ri, ref) == KS_OK, "cpu topk");
     be->download(be, gi, di, sizeof(int32_t) * ROWS * 17);
     KT_CHECK(!memcmp(gi, ri, sizeof(int32_t) * ROWS * 17), "topk differs");

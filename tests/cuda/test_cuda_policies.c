@@ -414,6 +414,7 @@ static const char *SEG_READER =
     "  end }\n";
 typedef struct seg_run {
     int n, graph_steps, joined_steps;
+    long long replayed; /* layer steps whose recorded handler replayed (policy.h ks_action_replay) */
     float *lg;
     char rep[64];
 } seg_run;
@@ -443,6 +444,7 @@ static int seg_run_one(ks_model *m, const char *name, const char *src, const cha
     snprintf(r->rep, sizeof r->rep, "%s", rep ? rep : "-");
     if (s) r->graph_steps = s->graph_steps;
     if (s) r->joined_steps = s->joined_steps;
+    if (s) r->replayed = ks_session_replayed_steps(s);
     if (st) printf("         %s: %s\n", name, ks_last_error());
     ks_session_free(s);
     ks_policy_free(p);
@@ -450,9 +452,11 @@ static int seg_run_one(ks_model *m, const char *name, const char *src, const cha
 }
 
 /* min_graph: the fewest replayed steps the graph run must show; min_joined: of those, run as one
- * joined graph (every layer's attend held: core/decode.c decode_joined) */
-static void seg_case(const char *dir, const char *pname, const char *src, const char *params, int n, int steps,
-                     int min_graph, int min_joined) {
+ * joined graph (every layer's attend held: core/decode.c decode_joined, or every handler
+ * recorded: decode_replayed); min_rep: the fewest layer steps whose recorded handler replayed
+ * (0: none expected) */
+static void seg_case_rep(const char *dir, const char *pname, const char *src, const char *params, int n, int steps,
+                         int min_graph, int min_joined, long long min_rep) {
     char name[200];
     snprintf(name, sizeof name, "%s decode handler in segments: %s%s%s, prompt %d, %d steps", dir, pname, params ? " " : "",
              params ? params : "", n, steps);
@@ -471,12 +475,15 @@ static void seg_case(const char *dir, const char *pname, const char *src, const 
         int am, first;
         float d = ring_diff(&(ring_run){.lg = g.lg}, &(ring_run){.lg = pl.lg}, steps, vocab, &am, &first);
         int ok = first == steps && !strcmp(g.rep, pl.rep) && g.graph_steps >= min_graph && pl.graph_steps == 0 &&
-                 mg->be->graph_begin_seg != NULL && g.joined_steps >= min_joined && (min_joined || !g.joined_steps);
+                 mg->be->graph_begin_seg != NULL && g.joined_steps >= min_joined && (min_joined || !g.joined_steps) &&
+                 g.replayed >= min_rep && (min_rep || !g.replayed) && !pl.replayed;
         result(ok, name,
                "graph vs plain: logits bit-equal %s (first difference at step %d, max |dlogit| %.3g, argmax %d/%d); "
-               "report q1 %s / %s; replayed steps %d of %d (at least %d; plain %d), joined %d (at least %d%s)",
+               "report q1 %s / %s; replayed steps %d of %d (at least %d; plain %d), joined %d (at least %d%s); "
+               "recorded handlers replayed %lld layer steps (at least %lld%s)",
                first == steps ? "yes" : "NO", first, d, am, steps, g.rep, pl.rep, g.graph_steps, steps, min_graph,
-               pl.graph_steps, g.joined_steps, min_joined, min_joined ? "" : ", none expected");
+               pl.graph_steps, g.joined_steps, min_joined, min_joined ? "" : ", none expected", g.replayed, min_rep,
+               min_rep ? "" : ", none expected");
     }
     free(pl.lg);
     free(g.lg);
@@ -484,6 +491,11 @@ static void seg_case(const char *dir, const char *pname, const char *src, const 
     free(ids);
     ks_model_close(mg);
     ks_model_close(mp);
+}
+
+static void seg_case(const char *dir, const char *pname, const char *src, const char *params, int n, int steps,
+                     int min_graph, int min_joined) {
+    seg_case_rep(dir, pname, src, params, n, steps, min_graph, min_joined, 0);
 }
 
 static int open_pair(const char *dir, ks_model **gpu, ks_model **cpu) {
@@ -584,7 +596,9 @@ int main(int argc, char **argv) {
     /* attend-only device lists at every layer, staged for the recorded attention: TokenSelect
      * (pre-RoPE keys, rotated in the kernel; the hit path and the default), Quest (pages) */
     seg_case("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=-1", 30, 60, 50, 45);
-    seg_case("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16", 30, 60, 50, 0);
+    /* its default declares replay: recorded with the step once sparse, then replayed without Lua */
+    seg_case_rep("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16", 30, 60, 50, 40, 40 * 8);
+    seg_case_rep("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16,trace=true", 30, 60, 50, 0, 0);
     /* its selection cache decided on the device (a mask, scores and top-k skipped, ks.where) */
     seg_case("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=0.5", 30, 60, 50, 0);
     seg_case("models/kvsieve-tiny", "quest", NULL, "page=4,budget=32", 60, 60, 50, 0);

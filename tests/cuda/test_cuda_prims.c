@@ -3,7 +3,8 @@
  * and signed zeros included where the order rules matter. Index results (top-k, argsort, rank,
  * unique) must equal the CPU's exactly; floats within float rounding (pooling exactly).
  * The page primitives (kernels/ks_cuda_page.h) must equal core/prims_page.c bit for bit.
- * Also times top-k of 1M floats. Usage: test_cuda_prims [--quick] [--only NAME].
+ * The growing calls of recorded decode handlers (grow) against both. Also times top-k of 1M
+ * floats. Usage: test_cuda_prims [--quick] [--only NAME].
  * Prints "N passed, N failed"; exits 1 on failure. */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -1117,6 +1118,83 @@ static void test_stage(void) {
     result(st == KS_ERR_ARG, "list_stage: NULL descriptor refused", "%s", ks_last_error());
 }
 
+
+/* ================================================================ growing calls (recorded handlers)
+ * ks_cuda_scores_grow and ks_cuda_topk_grow as a recorded decode handler launches them
+ * (policy.h ks_action_replay): made for n_rec keys of a KV cache of capacity cap, run with the
+ * step slot's delta word saying delta rows were added since (word = goff + delta). Each against
+ * the CPU on n_rec + delta keys (the key domain's and the output's ends moved by delta), and the
+ * vote against the plain GPU call on n_rec + delta keys bit for bit: a growing call splits its
+ * grown count as a plain call of that count does, so a replay computes what a plain step would. */
+static void run_grow(const char *label, int H, int Hkv, int d, int cap, int n_rec, int n_init, int n_local, int k,
+                     int grow, const int *deltas, int nd) {
+    const int64_t g0 = 7; /* the slot's delta at the recording */
+    uint16_t *kb = malloc(2 * (size_t)Hkv * cap * d);
+    float *kf = malloc(sizeof(float) * (size_t)Hkv * cap * d), *q = malloc(sizeof(float) * (size_t)H * d);
+    for (size_t i = 0; i < (size_t)Hkv * cap * d; i++) { kb[i] = ks_f32_to_bf16(frand() * 2); kf[i] = ks_bf16_to_f32(kb[i]); }
+    for (int i = 0; i < H * d; i++) q[i] = frand() * 2;
+    static float rinv[64];
+    for (int i = 0; i < d / 2; i++) rinv[i] = powf(500000.0f, -(float)i / (float)(d / 2));
+    ks_scores_opts o = ks_scores_opts_default();
+    o.scale_mode = KS_SCALE_ONE;
+    o.softmax = 1;
+    o.heads = KS_HEADS_SUM;
+    o.k_head_stride = (int64_t)cap * d;
+    o.k_row_stride = d;
+    o.q_rope_inv = rinv;
+    o.q_rope_pos = n_local;
+    o.q_rope_af = 1.0f;
+    o.k_begin = o.out_begin = n_init;
+    o.k_end = o.out_end = n_rec - n_local;
+    o.grow = grow;
+    const int64_t w_rec = n_rec - n_local - n_init, wmax = w_rec + grow;
+    float *dq = dup_dev(q, sizeof(float) * H * d);
+    void *dk = dup_dev(kb, 2 * (size_t)Hkv * cap * d);
+    int32_t *slot = dalloc(sizeof(int32_t)), *di = dalloc(sizeof(int32_t) * k);
+    float *dv = dalloc(sizeof(float) * wmax), *dp = dalloc(sizeof(float) * wmax);
+    float *ref = malloc(sizeof(float) * wmax), *got = malloc(sizeof(float) * wmax), *pl = malloc(sizeof(float) * wmax);
+    int32_t *ri = malloc(sizeof(int32_t) * k), *gi = malloc(sizeof(int32_t) * k);
+    for (int t = 0; t < nd; t++) {
+        const int delta = deltas[t];
+        const int64_t n = n_rec + delta, w = w_rec + delta;
+        char name[200];
+        snprintf(name, sizeof name, "grow %s H=%d/%d d=%d: recorded at %d keys (grow %d), run at +%d", label, H, Hkv, d, n_rec,
+                 grow, delta);
+        int32_t word = (int32_t)(g0 + delta);
+        cudaMemcpy(slot, &word, sizeof word, cudaMemcpyHostToDevice);
+        cudaDeviceSynchronize();
+        poison_dev(dv, sizeof(float) * wmax);
+        ks_status st = ks_cuda_scores_grow(S, &SC, dq, NULL, H, 1, dk, 1, NULL, Hkv, n_rec, d, &o, dv, slot, (int32_t)g0);
+        if (!st) st = ks_cuda_topk_grow(S, &SC, dv, w_rec, k, n_init, KS_TOPK_BY_INDEX, di, NULL, NULL, grow, slot, (int32_t)g0);
+        ks_scores_opts op = o; /* the plain call on n keys: the CPU's and the GPU's */
+        op.grow = 0;
+        op.k_end = op.out_end = n - n_local;
+        if (!st) st = ks_cuda_scores(S, &SC, dq, NULL, H, 1, dk, 1, NULL, Hkv, n, d, &op, dp);
+        ks_status sc = ks_cpu_scores(q, NULL, H, 1, kf, NULL, Hkv, n, d, &op, ref);
+        if (!sc) sc = ks_cpu_topk(ref, 1, w, k, n_init, KS_TOPK_BY_INDEX, ri, NULL);
+        if (st || sc) { result(0, name, "status %s / %s: %s", ks_status_name(st), ks_status_name(sc), ks_last_error()); continue; }
+        if (!get(got, dv, sizeof(float) * w) || !get(pl, dp, sizeof(float) * w) || !get(gi, di, sizeof(int32_t) * k)) {
+            result(0, name, "download failed");
+            continue;
+        }
+        double e = float_diff(got, ref, w, 0);
+        int same = !memcmp(got, pl, sizeof(float) * w), idx = !memcmp(gi, ri, sizeof(int32_t) * k);
+        result(e < 2e-5 && same && idx, name, "vote relerr %.2e against the CPU over %lld columns, %s the plain call's bits; "
+               "top-%d %s the CPU's", e, (long long)w, same ? "equal to" : "NOT", k, idx ? "equal to" : "DIFFERS from");
+    }
+    cudaFree(dq); cudaFree(dk); cudaFree(slot); cudaFree(di); cudaFree(dv); cudaFree(dp);
+    free(kb); free(kf); free(q); free(ref); free(got); free(pl); free(ri); free(gi);
+}
+
+static void test_grow(void) {
+    if (!want("grow")) return;
+    static const int big[] = {0, 1, 200, 256}, small[] = {0, 3, 64, 130, 256};
+    /* TokenSelect's shapes (Llama-3.1-8B: 32 / 8 heads, d 128; n_init 128, n_local 512, k 2048) */
+    run_grow("tokenselect", 32, 8, 128, g_quick ? 40000 : 131072 + 300, g_quick ? 33000 : 131040, 128, 512, 2048, 256, big, 4);
+    /* few candidates: the split grows from one block a KV head to several */
+    run_grow("small", 8, 2, 64, 600, 40, 4, 16, 16, 256, small, 5);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
@@ -1137,6 +1215,7 @@ int main(int argc, char **argv) {
     test_page();
     test_bound();
     test_stage();
+    test_grow();
     cudaStreamSynchronize(S);
     ks_backend_free(gpu);
     printf("%d passed, %d failed\n", g_pass, g_fail);
