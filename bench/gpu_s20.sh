@@ -44,6 +44,8 @@
 #   scores   new test_cuda_prims --only scores and its memcheck (--quick)
 #   final32  issue 14's table, its 8K and 32K rows, each build of $V
 #   final128 its 128K rows, each build of $V
+#   rec      session 27's recorded handlers: test_cuda_prims --only grow, the policies' decode handler cases, TokenSelect
+#            and full at 32K and 128K (each build of $V), one logged run of new
 # Usage: bash bench/gpu_s20.sh STEP...
 TAG=${TAG:-s20}; PK=${PK:-.data/$TAG/pk.tar.xz}
 . bench/gpu_pack_env.sh
@@ -243,6 +245,13 @@ step_final32() { # issue 14's table, 8K and 32K rows: every row base then new (e
 step_final128() { # issue 14's table, 128K rows
     ( row 128K --lengths 131040 --gen 16 --policy none,tokenselect,quest,gemfilter,fastkv --set quest.budget=4096
       row 128K-hit --lengths 131040 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 ) >> $O/final.txt
+}
+step_rec() { # session 27: the recorded handlers' kernels and policy runs (new), then TokenSelect beside full at 32K and
+    # 128K, each build of $V, and one run of new with its log (whether the handlers recorded, and why not)
+    ( tst test_cuda_prims --only grow; tst test_cuda_policies --only "decode handler" ) >> $O/tests.txt
+    ( row 32K --lengths 32768 --gen 32 --policy none,tokenselect
+      row 128K --lengths 131040 --gen 16 --policy none,tokenselect ) >> $O/rec.txt
+    KVSIEVE_POLICY_PATH=$R/new/policies timeout 200 $R/new/kvsieve $B --lengths 32768 --gen 8 --policy tokenselect > $O/rec-log.txt 2>&1
 }
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R

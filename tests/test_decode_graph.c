@@ -30,10 +30,15 @@
  *   decode_graph_held_steps         held attends (policy.h ks_action_hold): a step whose every
  *                                   layer is held is the segments joined into one graph
  *                                   (graph_join); one unheld layer or none held: no join
- *   decode_graph_join_refused       a backend that cannot join: said once, segments launched */
+ *   decode_graph_join_refused       a backend that cannot join: said once, segments launched
+ *   decode_graph_recorded_tokenselect  recorded handlers (policy.h ks_action_replay): TokenSelect's default
+ *                                   recorded with the step on the emulated device and replayed without Lua;
+ *                                   not with trace, nor on a recorder that cannot record handlers
+ *   decode_graph_recorded_regrows   a decode longer than a recording's growth: recorded anew */
 #include "engine.h"
 #include "forward.h"
 #include "ktest.h"
+#include "ks_lua.h"
 #include "kvsieve.h"
 #include "model.h"
 #include "seg_policies.h"
@@ -47,7 +52,23 @@
 
 /* ================================================================ the recorder */
 
-enum { OP_EMBED, OP_ATTN_IN, OP_ATTENTION, OP_ATTN_OUT, OP_MLP, OP_HEAD };
+enum { OP_EMBED, OP_ATTN_IN, OP_ATTENTION, OP_ATTN_OUT, OP_MLP, OP_HEAD, OP_SCORES, OP_TOPK };
+
+/* A recorded handler's primitive call (OP_SCORES, OP_TOPK: on the emulated device, whose table
+ * the recorder wraps while it lives): its arguments, the rotation's table copied, and the step
+ * slot's delta at the recording (the growth at a run is the slot's delta less it). */
+typedef struct prim_op {
+    ks_scores_opts so;
+    float rinv[256];
+    const float *q, *x, *skip;
+    const int32_t *qpos, *kpos;
+    const void *k;
+    int k_bf16, order;
+    int64_t hq, m, hkv, n, d, rows, k_top, base, grow;
+    float *out, *ov;
+    int32_t *oi;
+    int32_t goff;
+} prim_op;
 
 typedef struct rec_op {
     int kind;
@@ -61,6 +82,7 @@ typedef struct rec_op {
     int n, dim, rotate, row;
     int cnt[MAXH];      /* attn_in: the rows before the append; attention: the rows it reads */
     ks_attn_args aa;    /* attention: qpos, idx and n_idx replaced at the run */
+    prim_op pr;         /* OP_SCORES, OP_TOPK */
 } rec_op;
 
 struct ks_graph {
@@ -72,6 +94,9 @@ struct ks_graph {
 
 typedef struct lslot {
     int32_t *list[MAXH];
+    const int32_t *at[MAXH]; /* device lists (idx_dev): read where they are when the attention runs, as
+                                CUDA's staged slot does (a recorded handler rewrites them at every replay) */
+    int inplace;
     int cnt[MAXH];
     int renumber, hkv;
     int seg, b0, b1, arel, na; /* row ranges around the lists (attn_ranges): the trailing one at
@@ -82,6 +107,7 @@ static struct {
     ks_backend w;     /* the wrapper the model runs on */
     ks_backend *cpu;  /* the real backend */
     int rec, failed, refuse_head, refuse_stage, refuse_join;
+    int own;          /* recording a decode handler (graph_begin_handler): allocations are the recording's */
     ks_graph *cur;
     int32_t id, pos, delta; /* the step slot */
     lslot slot[64];
@@ -188,11 +214,154 @@ static ks_status w_head(ks_backend *b, const ks_weight *norm, const ks_weight *l
 }
 
 /* memory calls while recording fail it, as a stream-ordered allocation fails a CUDA capture */
+static void own_add(ks_backend *be, void *p);
+static int own_user_free(void *p);
 static void *w_alloc(ks_backend *b, size_t n) {
-    if (R.rec) { refuse("an allocation"); return NULL; }
-    return R.cpu->alloc(R.cpu, n);
+    if (R.rec && !R.own) { refuse("an allocation"); return NULL; }
+    void *p = R.cpu->alloc(R.cpu, n);
+    if (p && R.rec) own_add(b, p); /* a handler's recording owns what it allocates */
+    return p;
 }
-static void w_free(ks_backend *b, void *p) { R.cpu->free(R.cpu, p); }
+static void w_free(ks_backend *b, void *p) {
+    if (p && own_user_free(p)) return;
+    R.cpu->free(R.cpu, p);
+}
+
+/* ---------------------------------------------------------------- recorded handlers
+ * The emulated device's primitive table and memory calls wrapped (lua/emu_device.c; the policy
+ * runs with _device = emulate): outside a handler's recording they run; inside it
+ * (graph_begin_handler) scores and top-k are recorded with their growth and every other
+ * primitive fails the recording, as a call CUDA could not capture would. Memory allocated while
+ * a handler records belongs to the recording (kept until both its user freed it and its graph
+ * was freed), as on CUDA. At a run a growing call covers its recorded sizes + (the slot's delta
+ * less the one at its recording), the meaning of ks_scores_opts.grow. */
+static const ks_backend_prims *EMU_P;
+static ks_backend_prims W_PRIMS;
+static void *(*emu_alloc0)(ks_backend *, size_t);
+static void (*emu_free0)(ks_backend *, void *);
+static struct owned {
+    void *p;
+    ks_backend *be;
+    ks_graph *g;
+    int user, pending;
+} OWN[4096];
+static int n_own;
+
+static void own_add(ks_backend *be, void *p) {
+    if (n_own == (int)(sizeof OWN / sizeof OWN[0])) { R.failed = 1; return; }
+    OWN[n_own++] = (struct owned){.p = p, .be = be, .user = 1, .pending = 1};
+}
+static void own_really_free(struct owned *o) {
+    if (o->be == ks_lua_emu_backend()) emu_free0(o->be, o->p);
+    else R.cpu->free(R.cpu, o->p);
+}
+static void own_drop(int i) {
+    if (OWN[i].user || OWN[i].g || OWN[i].pending) return;
+    own_really_free(&OWN[i]);
+    OWN[i] = OWN[--n_own];
+}
+/* 1 when p is owned by a recording (its user's free then only says so) */
+static int own_user_free(void *p) {
+    for (int i = n_own - 1; i >= 0; i--)
+        if (OWN[i].p == p) {
+            OWN[i].user = 0;
+            own_drop(i);
+            return 1;
+        }
+    return 0;
+}
+static void own_graph(ks_graph *g) { /* the recording that just ended (g NULL: it failed) */
+    for (int i = n_own - 1; i >= 0; i--)
+        if (OWN[i].pending) {
+            OWN[i].pending = 0;
+            OWN[i].g = g;
+            own_drop(i);
+        }
+}
+static void own_graph_free(ks_graph *g) {
+    for (int i = n_own - 1; i >= 0; i--)
+        if (OWN[i].g == g) {
+            OWN[i].g = NULL;
+            own_drop(i);
+        }
+}
+
+static void *h_alloc(ks_backend *b, size_t n) {
+    void *p = emu_alloc0(b, n);
+    if (p && R.rec && R.own) own_add(b, p);
+    return p;
+}
+static void h_free(ks_backend *b, void *p) {
+    if (p && own_user_free(p)) return;
+    emu_free0(b, p);
+}
+
+static ks_status run_prim(const prim_op *o, int kind) {
+    ks_backend *emu = ks_lua_emu_backend();
+    const int64_t dl = o->grow > 0 ? R.delta - o->goff : 0;
+    if (kind == OP_TOPK) return EMU_P->topk(emu, o->x, o->rows, o->n + dl, o->k_top, o->base, (ks_topk_order)o->order, o->oi,
+                                            o->ov, o->skip, 0);
+    ks_scores_opts so = o->so;
+    if (so.q_rope_inv) so.q_rope_inv = o->rinv;
+    so.grow = 0;
+    if (dl && so.k_end != KS_END) so.k_end += dl;
+    if (dl && so.out_end != KS_END) so.out_end += dl;
+    return EMU_P->scores(emu, o->q, o->qpos, o->hq, o->m, o->k, o->k_bf16, o->kpos, o->hkv, o->n + dl, o->d, &so, o->out);
+}
+
+static ks_status h_scores(ks_backend *b, const float *q, const int32_t *qpos, int64_t hq, int64_t m, const void *k, int k_bf16,
+                          const int32_t *kpos, int64_t hkv, int64_t n, int64_t d, const ks_scores_opts *o, float *out) {
+    if (!(R.rec && R.own)) return EMU_P->scores(b, q, qpos, hq, m, k, k_bf16, kpos, hkv, n, d, o, out);
+    if (!o || (o->q_rope_inv && d / 2 > 256)) return refuse("these scores");
+    rec_op op = {.kind = OP_SCORES};
+    op.pr = (prim_op){.so = *o, .q = q, .qpos = qpos, .kpos = kpos, .k = k, .k_bf16 = k_bf16, .hq = hq, .m = m, .hkv = hkv,
+                      .n = n, .d = d, .out = out, .grow = o->grow, .goff = R.delta};
+    if (o->q_rope_inv) memcpy(op.pr.rinv, o->q_rope_inv, sizeof(float) * (size_t)(d / 2));
+    return rec_push(&op) ? KS_ERR_OOM : KS_OK;
+}
+static ks_status h_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t k, int64_t base, ks_topk_order order,
+                        int32_t *oi, float *ov, const float *skip, int64_t grow) {
+    if (!(R.rec && R.own)) return EMU_P->topk(b, x, rows, n, k, base, order, oi, ov, skip, grow);
+    if (grow > 0 && rows != 1) return refuse("a top-k of several growing rows");
+    rec_op op = {.kind = OP_TOPK};
+    op.pr = (prim_op){.x = x, .rows = rows, .n = n, .k_top = k, .base = base, .order = (int)order, .oi = oi, .ov = ov,
+                      .skip = skip, .grow = grow, .goff = R.delta};
+    return rec_push(&op) ? KS_ERR_OOM : KS_OK;
+}
+/* every other primitive fails a handler's recording (the TokenSelect default uses none) */
+static ks_status h_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t kernel, ks_pool_mode mode, float *out) {
+    if (R.rec && R.own) return refuse("pool1d");
+    return EMU_P->pool1d(b, x, rows, n, kernel, mode, out);
+}
+static ks_status h_concat_i32(ks_backend *b, const int32_t *a, int64_t na, const int32_t *bb, int64_t nb, int32_t *out) {
+    if (R.rec && R.own) return refuse("concat");
+    return EMU_P->concat_i32(b, a, na, bb, nb, out);
+}
+
+static void emu_wrap(void) {
+    ks_backend *e = ks_lua_emu_backend();
+    if (e->prims == &W_PRIMS) return;
+    EMU_P = e->prims;
+    W_PRIMS = *EMU_P;
+    W_PRIMS.scores = h_scores;
+    W_PRIMS.topk = h_topk;
+    W_PRIMS.pool1d = h_pool1d;
+    W_PRIMS.concat_i32 = h_concat_i32;
+    e->prims = &W_PRIMS;
+    emu_alloc0 = e->alloc;
+    emu_free0 = e->free;
+    e->alloc = h_alloc;
+    e->free = h_free;
+}
+static void emu_unwrap(void) {
+    ks_backend *e = ks_lua_emu_backend();
+    if (e->prims != &W_PRIMS) return;
+    for (int i = 0; i < n_own; i++) own_really_free(&OWN[i]); /* none should be left */
+    n_own = 0;
+    e->prims = EMU_P;
+    e->alloc = emu_alloc0;
+    e->free = emu_free0;
+}
 
 /* one recorded op with the slot's values */
 static ks_status run_op(const rec_op *o) {
@@ -216,7 +385,7 @@ static ks_status run_op(const rec_op *o) {
         aa.rope_max_pos = pos;
         if (aa.staged) { /* the lists the step staged last */
             const lslot *s = &R.slot[aa.staged - 1];
-            aa.idx = (const int32_t *const *)s->list;
+            aa.idx = s->inplace ? (const int32_t *const *)s->at : (const int32_t *const *)s->list;
             aa.n_idx = s->cnt;
             aa.idx_dev = 0;
             aa.renumber = s->renumber;
@@ -230,6 +399,7 @@ static ks_status run_op(const rec_op *o) {
     case OP_ATTN_OUT: return R.cpu->attn_out(R.cpu, o->W, o->c, o->a, o->n);
     case OP_MLP: return R.cpu->mlp(R.cpu, o->W, o->c, o->a, o->n);
     case OP_HEAD: return R.cpu->head(R.cpu, o->w0, o->w1, o->c, o->a, o->row, o->n, o->out);
+    case OP_SCORES: case OP_TOPK: return run_prim(&o->pr, o->kind);
     }
     return KS_ERR_INTERNAL;
 }
@@ -261,8 +431,14 @@ static ks_status w_graph_begin_seg(ks_backend *b) {
     R.failed = 0;
     return KS_OK;
 }
+static ks_status w_graph_begin_handler(ks_backend *b) {
+    ks_status st = w_graph_begin_seg(b);
+    if (!st) R.own = 1;
+    return st;
+}
 static void w_graph_free(ks_backend *b, ks_graph *g) {
     if (!g) return;
+    own_graph_free(g);
     free(g->ops);
     free(g);
 }
@@ -270,12 +446,16 @@ static ks_status w_graph_end(ks_backend *b, ks_graph **out) {
     *out = NULL;
     if (!R.rec) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: graph_end without graph_begin");
     R.rec = 0;
+    int own = R.own;
+    R.own = 0;
     ks_graph *g = R.cur;
     R.cur = NULL;
     if (R.failed) { /* the refused call's message stands, as on CUDA */
+        if (own) own_graph(NULL);
         w_graph_free(b, g);
         return KS_ERR_UNSUPPORTED;
     }
+    if (own) own_graph(g);
     *out = g;
     return KS_OK;
 }
@@ -321,8 +501,10 @@ static ks_status w_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, con
     if (slot < 0 || slot >= 64 || a->n != 1 || !a->idx || L->n_kv_heads > MAXH)
         return ks_errorf(KS_ERR_UNSUPPORTED, "graph-cpu: these lists cannot be staged");
     lslot *s = &R.slot[slot];
+    s->inplace = a->idx_dev;
     for (int h = 0; h < L->n_kv_heads; h++) {
         if (a->n_idx[h] > L->n[h]) return ks_errorf(KS_ERR_ARG, "graph-cpu: %d indices for %d rows", a->n_idx[h], L->n[h]);
+        s->at[h] = a->idx[h];
         int32_t *p = realloc(s->list[h], sizeof(int32_t) * (a->n_idx[h] + 1));
         if (!p) return KS_ERR_OOM;
         memcpy(p, a->idx[h], sizeof(int32_t) * a->n_idx[h]);
@@ -344,10 +526,12 @@ static ks_status w_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, con
  * in the same order). */
 static int g_refuse_stage; /* the next recorder refuses attn_stage */
 static int g_refuse_join;  /* ... graph_join */
+static int g_no_handlers;  /* ... has no graph_begin_handler */
 static ks_backend *recorder_create(void) {
     memset(&R, 0, sizeof R);
     R.refuse_stage = g_refuse_stage;
     R.refuse_join = g_refuse_join;
+    emu_wrap();
     ks_backend_opts o = ks_backend_opts_default();
     o.n_threads = 1;
     if (ks_cpu_backend_create(&o, &R.cpu)) return NULL;
@@ -369,11 +553,13 @@ static ks_backend *recorder_create(void) {
     R.w.graph_launch = w_graph_launch;
     R.w.attn_stage = w_attn_stage;
     R.w.graph_join = w_graph_join;
+    R.w.graph_begin_handler = g_no_handlers ? NULL : w_graph_begin_handler;
     R.w.attn_ranges = 1; /* row ranges around device lists, expanded here (w_attention) */
     R.w.destroy = NULL;
     return &R.w;
 }
 static void recorder_free(void) {
+    emu_unwrap();
     for (int i = 0; i < 64; i++)
         for (int h = 0; h < MAXH; h++) free(R.slot[i].list[h]);
     ks_backend_free(R.cpu);
@@ -383,6 +569,7 @@ static void recorder_free(void) {
 
 typedef struct drun {
     int steps, graph_steps;
+    long long replayed; /* layer steps whose recorded handler replayed */
     int32_t ids[128];
     float *lg; /* (steps, vocab) */
 } drun;
@@ -414,10 +601,13 @@ static ks_status drun_one(ks_model *m, const char *name, const char *src, const 
     }
     if (st) snprintf(err, errn, "%s: %s", name ? name : "none", ks_last_error());
     if (s) r->graph_steps = s->graph_steps;
+    if (s) r->replayed = ks_session_replayed_steps(s);
     ks_session_free(s);
     ks_policy_free(p);
     return st;
 }
+
+static long long g_replayed; /* the recorder's run in the last compare: layer steps of replayed handlers */
 
 /* The same policy on the plain CPU backend and on the recorder: logits bit-equal at every step,
  * at least min_graph steps replayed and min_stages lists staged. 0, or -1 with the reason in msg. */
@@ -450,8 +640,10 @@ static int compare(const char *name, const char *src, const char *params, int n,
                  a.graph_steps);
         goto out;
     }
-    snprintf(msg, msgn, "%s %s: %d of %d steps replayed, %ld lists staged (at least %ld)", nm, pm, b.graph_steps, steps,
-             R.stages, min_stages);
+    g_replayed = b.replayed;
+    if (a.replayed) { snprintf(msg, msgn, "%s %s: the plain run replayed %lld handlers", nm, pm, a.replayed); goto out; }
+    snprintf(msg, msgn, "%s %s: %d of %d steps replayed, %ld lists staged (at least %ld), %lld layer steps of recorded "
+             "handlers", nm, pm, b.graph_steps, steps, R.stages, min_stages, b.replayed);
     if (R.stages < min_stages) goto out;
     rc = 0;
 out:
@@ -639,4 +831,34 @@ KT_TEST(decode_graph_staged_tokenselect_cache) {
 
 KT_TEST(decode_graph_staged_quest) {
     COMPARE("quest", NULL, "page=4,budget=32", 60, 40, 36, 36 * 5);
+}
+
+/* TokenSelect's default declares replay (policy.h ks_action_replay): once every layer's handler
+ * did, the next step records the handlers' work with the step (graph_begin_handler: scores and
+ * top-k on the emulated device, recorded with their growth) and the steps after it replay the
+ * lot without firing decode_qkv (no Lua), the vote and the top-k rewritten in place at every
+ * replay over the rows the layer has then (the candidates end n_local rows before the layer's
+ * end). Logits bit-equal to plain CPU steps at every step. Then: with trace (no replay
+ * declared) nothing is recorded; on a recorder without graph_begin_handler the handler runs
+ * between segments at every step as before; past the growth a recording allows (the tiny
+ * model's cache leaves little room) it is recorded anew. */
+KT_TEST(decode_graph_recorded_tokenselect) {
+    COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16,_device=emulate", 30, 40, 30, 8);
+    KT_CHECK(g_replayed >= 25 * 8, "%lld layer steps of recorded handlers replayed (at least 25 x 8)", g_replayed);
+    KT_CHECK(R.joins >= 2 && R.joined_runs >= 25, "%ld joins, %ld joined runs", R.joins, R.joined_runs);
+    KT_CHECK(ks_lua_emu_live() == 0, "%ld emulated device blocks left", ks_lua_emu_live());
+    COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16,_device=emulate,trace=true", 30, 40, 30, 30 * 6);
+    KT_CHECK(g_replayed == 0, "with trace: %lld replayed", g_replayed);
+    g_no_handlers = 1;
+    char msg[1200];
+    int rc = compare("tokenselect", NULL, "n_init=4,n_local=16,k=16,_device=emulate", 30, 40, 30, 30 * 6, msg, sizeof msg);
+    g_no_handlers = 0;
+    KT_CHECK(rc == 0 && g_replayed == 0, "no graph_begin_handler: %s", msg);
+}
+
+/* A long decode on a cache with room: past HREC_GROW rows (core/decode.c) the recording is made
+ * anew, the replays on both sides of it bit-equal to plain steps. */
+KT_TEST(decode_graph_recorded_regrows) {
+    COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16,_device=emulate", 30, 120, 100, 8);
+    KT_CHECK(g_replayed >= 100 * 8, "%lld layer steps of recorded handlers replayed (at least 100 x 8)", g_replayed);
 }
