@@ -361,7 +361,9 @@ static int l_ev_attend(lua_State *L) {
     if (dev_list_arg(L, 2, e, "attend", 1, &dl)) {
         ACT("attend", ranges ? ks_action_attend_dev_ranges(e->ev, &dl, r, renumber) : ks_action_attend_dev(e->ev, &dl, renumber));
         if (hold) ACT("attend", ks_action_hold(e->ev, &dl, ranges ? r : NULL));
-        if (replay) ACT("attend", ks_action_replay(e->ev));
+        /* a list built with its ranges (a backend that does not read ranges itself) fixes the
+         * trailing range's rows: not replayable, attended as asked */
+        if (replay && (!ranges || e->ev->act.attend_seg)) ACT("attend", ks_action_replay(e->ev));
     } else if (ranges) { /* a host list: the whole list here, checked as any list */
         if (per_head(L, 2)) return ks_lua_errorf(L, "attend", "before / after take one list for every KV head");
         int k;

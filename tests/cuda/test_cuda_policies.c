@@ -403,7 +403,9 @@ static void ring_graph_case(const char *dir, int budget, int sinks, int n, int s
  * (plain launches). Checked: the logits bit for bit at every step (the kernels are the same;
  * the contexts stay under the split-KV change at 128 keys), the reports equal, and how many steps
  * replayed: a handler that never acts replays every step but the first two (a plain step, then
- * the recording); one that acts at some steps replays the others. */
+ * the recording); one that acts at some steps replays the others. TokenSelect's default declares
+ * replay (policy.h ks_action_replay): its handlers are recorded with the step once sparse and
+ * replayed without Lua (their scores and top-k growing with the rows), still bit-equal. */
 static const char *SEG_READER =
     "local ks = require 'kvsieve'\n"
     "local step = 0\n"
