@@ -64,16 +64,16 @@ typedef struct ks_decode_state {
     int64_t hgrow;
     char *rep;               /* (n_layers), in seg_att's allocation */
     int hfails;              /* handler recordings that failed; none tried after 2 */
-    ks_graph *hjoined[2];
+    ks_graph *hjoined[3];    /* HJOIN_CUT */
     int hjoin_failed;
     ks_devcheck *chk;        /* deferred checks of attend device lists (actions.c), or NULL */
 } ks_decode_state;
 
 /* Free the recorded handlers (the segments stay). */
 static void dec_drop_handlers(ks_session *s, ks_decode_state *d) {
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         if (d->hjoined[i]) s->be->graph_free(s->be, d->hjoined[i]);
-    d->hjoined[0] = d->hjoined[1] = NULL;
+    d->hjoined[0] = d->hjoined[1] = d->hjoined[2] = NULL;
     d->hjoin_failed = 0;
     for (int l = 0; l < d->nh; l++) s->be->graph_free(s->be, d->hseg[l]);
     d->nh = 0;
@@ -830,8 +830,9 @@ static void hrec_fail(ks_session *s, ks_decode_state *d, int l, const char *why)
  * staged and the next segment launched. Later steps replay the lot without Lua
  * (decode_replayed). A layer whose handler did not declare replay, or asked for another kind of
  * attention, ends the recording: the rest of the step as seg_replay from it. A recording that
- * fails (a call the backend could not record: nothing of it ran) fires that layer's event again
- * outside it. KS_ERR_UNSUPPORTED: nothing was done. */
+ * fails (a call the backend could not record, or an error the handler met while recorded:
+ * nothing of it ran) fires that layer's event again outside it (a policy's own error then shows
+ * as it would have). KS_ERR_UNSUPPORTED: nothing was done. */
 static ks_status decode_record_handlers(ks_session *s, ks_decode_state *d, int32_t id, int32_t pos) {
     const ks_config *c = &s->m->cfg;
     const int nl = c->n_layers;
@@ -858,18 +859,18 @@ static ks_status decode_record_handlers(ks_session *s, ks_decode_state *d, int32
         char why[400];
         snprintf(why, sizeof why, "%s", se ? ks_last_error() : "");
         st = be->graph_end(be, &hg);
-        if (st) { /* not recorded, nothing of it ran: the event again, outside a recording */
+        if (st || se) {
+            /* not recorded (a call the backend could not record, or one the runtime refuses while
+             * recording: nothing of it ran): the event again, outside a recording, where a
+             * policy's own error shows as it would have */
+            if (hg) be->graph_free(be, hg);
             ks_actions_free(&act, c->n_kv_heads);
             hrec_fail(s, d, l, se ? why : ks_last_error());
             ks_clear_error();
             dec_drop_handlers(s, d);
-            if (st != KS_ERR_UNSUPPORTED) return st;
+            if (st && st != KS_ERR_UNSUPPORTED) return st;
+            if (se == KS_ERR_OOM || se == KS_ERR_INTERRUPTED) return se;
             return seg_replay(s, d, id, pos, l, 1, NULL);
-        }
-        if (se) { /* the policy's own error */
-            be->graph_free(be, hg);
-            dec_drop_handlers(s, d);
-            return ks_errorf(se, "%s", why);
         }
         if ((st = be->graph_launch(be, hg))) {
             be->graph_free(be, hg);
@@ -906,9 +907,17 @@ static ks_status decode_record_handlers(ks_session *s, ks_decode_state *d, int32
     return KS_OK;
 }
 
+/* Where the replayed step's 2 n_layers + 1 graphs are cut into three joined ones: the host's
+ * launch of a graph costs time that grows with its nodes (~4.5 us a segment on an H200) while the
+ * device waits for a graph's launch to end before its first kernel; so a first graph of one
+ * segment (embed, layer 0's q|k|v) starts the device at once, a second of two layers runs while
+ * the host launches the long last one. With two graphs cut at JOIN_HEAD the device waited ~280 us
+ * for the second's launch at every step (bench/NOTES.md, session 27). */
+static const int HJOIN_CUT[2] = {1, 6};
+
 /* A step of a session whose handlers are recorded (decode_record_handlers): every layer's row
- * booked, then seg[0], hseg[0], seg[1], ..., seg[nl] launched (joined as two graphs where the
- * backend can: JOIN_HEAD), no Lua and no host work per layer: each layer's staged slot still
+ * booked, then seg[0], hseg[0], seg[1], ..., seg[nl] launched (joined as three graphs where the
+ * backend can: HJOIN_CUT), no Lua and no host work per layer: each layer's staged slot still
  * holds the recorded lists (their addresses the recording's own, the trailing range relative
  * to the query). Past the growth the recording allows: dropped, KS_ERR_UNSUPPORTED (nothing
  * done; the step fires the events and a later one records anew). */
@@ -925,14 +934,16 @@ static ks_status decode_replayed(ks_session *s, ks_decode_state *d, int32_t id, 
         if (!all) return KS_ERR_OOM;
         for (int l = 0; l < nl; l++) { all[2 * l] = d->seg[l]; all[2 * l + 1] = d->hseg[l]; }
         all[2 * nl] = d->seg[nl];
-        int head = JOIN_HEAD;
-        st = be->graph_join(be, all, head, &d->hjoined[0]);
-        if (!st) st = be->graph_join(be, all + head, 2 * nl + 1 - head, &d->hjoined[1]);
+        const int total = 2 * nl + 1;
+        int cut[4] = {0, KS_MIN(HJOIN_CUT[0], total), KS_MIN(HJOIN_CUT[1], total), total}, k = 0;
+        st = KS_OK;
+        for (int i = 0; !st && i < 3; i++)
+            if (cut[i + 1] > cut[i]) st = be->graph_join(be, all + cut[i], cut[i + 1] - cut[i], &d->hjoined[k++]);
         free(all);
         if (st) {
-            for (int i = 0; i < 2; i++)
+            for (int i = 0; i < 3; i++)
                 if (d->hjoined[i]) be->graph_free(be, d->hjoined[i]);
-            d->hjoined[0] = d->hjoined[1] = NULL;
+            d->hjoined[0] = d->hjoined[1] = d->hjoined[2] = NULL;
             d->hjoin_failed = 1;
             if (st != KS_ERR_UNSUPPORTED) return st;
             ks_clear_error();
@@ -941,7 +952,7 @@ static ks_status decode_replayed(ks_session *s, ks_decode_state *d, int32_t id, 
     dec_book_rows(s, d, pos);
     if (d->hjoined[0]) {
         st = be->graph_run(be, d->hjoined[0], id, pos);
-        if (!st) st = be->graph_launch(be, d->hjoined[1]);
+        for (int i = 1; !st && i < 3 && d->hjoined[i]; i++) st = be->graph_launch(be, d->hjoined[i]);
     } else {
         st = be->graph_run(be, d->seg[0], id, pos);
         for (int l = 0; !st && l < nl; l++) {

@@ -52,12 +52,11 @@ typedef struct cu_lslot {
     int seg;           /* the last staging had row ranges around its lists (desc's seg words) */
 } cu_lslot;
 
-/* An allocation a decode handler's recording owns (cuda_ctx.own; cuda_ctx.cu own_alloc). */
+/* A block of decode handlers' recordings (cuda_ctx.own; cuda_ctx.cu own_alloc). */
 typedef struct cu_owned {
     void *p;
-    struct ks_graph *g;  /* its recording, NULL before graph_end or after graph_free */
-    int user;            /* its user has not freed it yet */
-    int pending;         /* made by the recording that runs now (its graph not known yet) */
+    size_t bytes;
+    int user;            /* held by its user (else free for a later recording's allocation) */
 } cu_owned;
 
 typedef struct cuda_ctx {
@@ -92,12 +91,12 @@ typedef struct cuda_ctx {
     unsigned rc_gen;       /* bumped when a table is replaced (graphs that read the old one are stale) */
     /* decode-step graphs (graph_begin .. graph_end): while `rec`, calls record instead of run */
     int rec, rec_failed;
-    /* rec_own: the recording is a decode handler's (graph_begin_handler): allocations are plain
-     * cudaMalloc memory that the recording owns (own[], their graph set at graph_end), freed
-     * once both their user freed them and their graph was freed */
+    /* rec_own: the recording is a decode handler's (graph_begin_handler): allocations are
+     * blocks of own[] (cuda_ctx.cu own_alloc), reused by later recordings once their users free
+     * them, returned to the device when own_graphs (live graphs that may launch them) is 0 */
     int rec_own;
     cu_owned *own;
-    int n_own, cap_own;
+    int n_own, cap_own, own_graphs;
     int32_t *h_step;       /* pinned {id, pos, delta, pos, 0} (KS_CUDA_STEP_WORDS; cuda_graph.cu): written by
                               graph_run, copied by the graph's first node */
     int32_t *d_step;       /* device copy the recorded kernels read */
@@ -145,10 +144,9 @@ ks_status raw_alloc(cuda_ctx *c, size_t bytes, const char *what, void **out);
 void raw_free(cuda_ctx *c, void *p);
 /* A device copy of a host array; free with dev_free after the kernels that read it are queued. */
 ks_status upload_tmp(cuda_ctx *c, const void *src, size_t bytes, const char *what, void **out);
-/* The allocations of the handler recording that just ended go to graph g (NULL: it failed, they
- * go with their users); and those of g when it is freed (cuda_graph.cu). */
-void cuda_own_graph(cuda_ctx *c, struct ks_graph *g);
-void cuda_own_graph_free(cuda_ctx *c, struct ks_graph *g);
+/* d = +1 / -1: a graph that may launch handlers' blocks was made / freed (cuda_graph.cu); at 0
+ * the blocks no user holds go back to the device. cuda_own_free_all: every block (destroy). */
+void cuda_own_graphs(cuda_ctx *c, int d);
 void cuda_own_free_all(cuda_ctx *c);
 
 /* ---- cuda_kv.cu: used by the fused q|k|v projection (cuda_dense.cu) */

@@ -39,9 +39,22 @@ static ks_status oom(size_t bytes, const char *what) {
 
 /* Stream-ordered scratch from the pool; on exhaustion the pool's cached memory is released
  * and the allocation retried once. */
-/* An allocation a decode handler's recording owns (cuda_ctx.rec_own): plain cudaMalloc (no
- * stream-ordered node enters the graph), its address fixed for every replay. */
+/* Memory of decode handlers' recordings (cuda_ctx.rec_own; cuda_backend_int.h cu_owned): plain
+ * cudaMalloc blocks whose addresses stay fixed for every replay. A block its user freed is
+ * taken again by a later allocation of a recording (the smallest that fits): the recordings
+ * replay in the order they were made, on one stream, so a reuse is as safe as a stream-ordered
+ * pool's, and a step's handlers share one layer's worth of memory instead of one each. Blocks go
+ * back to the device once no recording that may use them is left (cuda_own_graphs). */
 static ks_status own_alloc(cuda_ctx *c, size_t bytes, const char *what, void **out) {
+    bytes = (bytes + 255) & ~(size_t)255;
+    int best = -1;
+    for (int i = 0; i < c->n_own; i++)
+        if (!c->own[i].user && c->own[i].bytes >= bytes && (best < 0 || c->own[i].bytes < c->own[best].bytes)) best = i;
+    if (best >= 0) {
+        c->own[best].user = 1;
+        *out = c->own[best].p;
+        return KS_OK;
+    }
     if (c->n_own == c->cap_own) {
         int cap = c->cap_own ? 2 * c->cap_own : 64;
         cu_owned *o = (cu_owned *)realloc(c->own, sizeof *o * (size_t)cap);
@@ -54,32 +67,25 @@ static ks_status own_alloc(cuda_ctx *c, size_t bytes, const char *what, void **o
     if (e != cudaSuccess) { *out = NULL; return ks_cuda_status(e, what); }
     ks_status st = ks_memtrack_add(c->mem, *out, bytes, 0);
     if (st) { cudaFree(*out); *out = NULL; return st; }
-    c->own[c->n_own].p = *out;
-    c->own[c->n_own].g = NULL;
-    c->own[c->n_own].user = 1;
-    c->own[c->n_own].pending = 1;
-    c->n_own++;
+    c->own[c->n_own++] = (cu_owned){*out, bytes, 1};
     return KS_OK;
 }
 
-/* Release one hold on the owned allocation i (the user's, or the graph's: g != NULL); the
- * memory goes when neither is left. */
-static void own_release(cuda_ctx *c, int i, int user) {
-    cu_owned *o = &c->own[i];
-    if (user) o->user = 0;
-    else o->g = NULL;
-    if (o->user || o->g || o->pending) return;
-    ks_memtrack_remove(c->mem, o->p);
-    cudaFree(o->p); /* waits for the device: no launch still reads it */
-    c->own[i] = c->own[--c->n_own];
+/* The blocks no user holds, back to the device (no recording can launch them any more). */
+static void own_trim(cuda_ctx *c) {
+    for (int i = c->n_own - 1; i >= 0; i--)
+        if (!c->own[i].user) {
+            ks_memtrack_remove(c->mem, c->own[i].p);
+            cudaFree(c->own[i].p); /* waits for the device: nothing still reads it */
+            c->own[i] = c->own[--c->n_own];
+        }
 }
 
-void cuda_own_graph(cuda_ctx *c, struct ks_graph *g) {
-    for (int i = c->n_own - 1; i >= 0; i--) {
-        if (!c->own[i].pending) continue;
-        c->own[i].pending = 0;
-        if (g) c->own[i].g = g;
-        else if (!c->own[i].user) own_release(c, i, 1); /* no graph: its user freed it already */
+void cuda_own_graphs(cuda_ctx *c, int d) {
+    c->own_graphs += d;
+    if (c->own_graphs <= 0 && !c->rec_own) {
+        c->own_graphs = 0;
+        own_trim(c);
     }
 }
 
@@ -91,11 +97,6 @@ void cuda_own_free_all(cuda_ctx *c) {
     free(c->own);
     c->own = NULL;
     c->n_own = c->cap_own = 0;
-}
-
-void cuda_own_graph_free(cuda_ctx *c, struct ks_graph *g) {
-    for (int i = c->n_own - 1; i >= 0; i--)
-        if (c->own[i].g == g) own_release(c, i, 0);
 }
 
 ks_status dev_alloc(cuda_ctx *c, size_t bytes, const char *what, void **out) {
@@ -119,8 +120,9 @@ ks_status dev_alloc(cuda_ctx *c, size_t bytes, const char *what, void **out) {
 void dev_free(cuda_ctx *c, void *p) {
     if (!p) return;
     for (int i = c->n_own - 1; i >= 0; i--)
-        if (c->own[i].p == p) {
-            if (c->own[i].user) own_release(c, i, 1);
+        if (c->own[i].p == p) { /* free for a later recording; back to the device when none can use it */
+            c->own[i].user = 0;
+            if (!c->own_graphs && !c->rec_own) own_trim(c);
             return;
         }
     ks_memtrack_remove(c->mem, p);

@@ -11,6 +11,7 @@ struct ks_graph {
     cudaGraph_t tmpl;      /* the recorded graph, kept for graph_join (its child graphs) */
     int32_t pos0;          /* position at graph_begin */
     unsigned rc_gen;
+    int owns;              /* may launch handlers' blocks (a handler's recording, or a join of one) */
 };
 
 /* Recording: the stream is captured (relaxed mode: nothing else on the host is restricted);
@@ -62,8 +63,8 @@ static ks_status cu_graph_begin_seg(ks_backend *b) {
 }
 
 /* A decode handler's segment (graph_begin_handler): as graph_begin_seg, with the memory it
- * allocates its own (cuda_ctx.rec_own, cuda_ctx.cu own_alloc) and its primitives' growth read
- * from the step slot (cuda_prims.cu). */
+ * allocates from the handlers' blocks (cuda_ctx.rec_own, cuda_ctx.cu own_alloc: fixed addresses
+ * for every replay) and its primitives' growth read from the step slot (cuda_prims.cu). */
 static ks_status cu_graph_begin_handler(ks_backend *b) {
     ks_status st = cu_graph_begin_seg(b);
     if (!st) CTX(b)->rec_own = 1;
@@ -85,23 +86,26 @@ static ks_status cu_graph_end(ks_backend *b, ks_graph **out) {
             cudaGetLastError();
             if (!c->rec_failed) ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph capture failed (%s)", cudaGetErrorString(e));
         }
-        if (own) cuda_own_graph(c, NULL);
+        if (own) cuda_own_graphs(c, 0);
         return KS_ERR_UNSUPPORTED;
     }
     ks_graph *kg = (ks_graph *)ks_calloc(1, sizeof *kg);
-    if (!kg) { cudaGraphDestroy(g); if (own) cuda_own_graph(c, NULL); return KS_ERR_OOM; }
+    if (!kg) { cudaGraphDestroy(g); if (own) cuda_own_graphs(c, 0); return KS_ERR_OOM; }
     e = cudaGraphInstantiate(&kg->exec, g, 0);
     if (e) {
         cudaGraphDestroy(g);
         cudaGetLastError();
         free(kg);
-        if (own) cuda_own_graph(c, NULL);
+        if (own) cuda_own_graphs(c, 0);
         return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: decode graph instantiation failed (%s)", cudaGetErrorString(e));
     }
     kg->tmpl = g;
     kg->pos0 = c->h_step[1];
     kg->rc_gen = c->rc_gen;
-    if (own) cuda_own_graph(c, kg);
+    if (own) {
+        kg->owns = 1;
+        cuda_own_graphs(c, 1);
+    }
     *out = kg;
     return KS_OK;
 }
@@ -140,6 +144,8 @@ static ks_status cu_graph_join(ks_backend *b, ks_graph *const *segs, int n, ks_g
     cudaGraphDestroy(g); /* the executable holds what it needs; a joined graph is never joined again */
     kg->pos0 = segs[0]->pos0;
     kg->rc_gen = segs[0]->rc_gen;
+    for (int i = 0; i < n && !kg->owns; i++) kg->owns = segs[i]->owns;
+    if (kg->owns) cuda_own_graphs(c, 1);
     *out = kg;
     return KS_OK;
 }
@@ -170,7 +176,7 @@ static void cu_graph_free(ks_backend *b, ks_graph *g) {
     if (!g) return;
     cudaGraphExecDestroy(g->exec);
     if (g->tmpl) cudaGraphDestroy(g->tmpl);
-    cuda_own_graph_free(CTX(b), g); /* a handler recording's memory, where its users freed it */
+    if (g->owns) cuda_own_graphs(CTX(b), -1); /* the last: handlers' blocks no user holds go back */
     free(g);
 }
 

@@ -70,7 +70,7 @@ struct sc1_args {
     int64_t hq, hkv, g, d, qhs, khs, krs, n;
     int64_t kb, ke, cb, w; /* key domain [kb, ke); logits computed for [cb, cb + w) */
     int64_t nx;           /* blocks per KV head (gridDim.x of sc1_logits) */
-    int64_t want;         /* the blocks per KV head the split aims at (a growing call splits W keys by it) */
+    int64_t wl;           /* the most keys a launch covers (w, or w + the growth): rows it may load */
     int iters;            /* loop steps a warp */
     float scale;
     int causal, softmax, gqa_mod;
@@ -212,17 +212,11 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
     /* the keys, reported columns and their end as recorded, plus the rows added since (a.gd) */
     const int64_t dl = a.gd ? (int64_t)(*a.gd - a.goff) : 0;
     const int64_t W = a.w + dl, ncols = ncols0 + dl, hi = hi0 + dl;
-    /* the split of the rows: the host's, or for a growing call the host's rule on the grown count
-     * (the split a plain call of W keys gets, so the same bits; blocks past it only meet the
-     * others at the barriers) */
-    int iters = a.iters;
-    int64_t nxk = a.nx, run = a.run;
-    if (a.gd && W > 0) {
-        const int64_t stp = (int64_t)SC1_WARPS * SC1_TR;
-        iters = (int)max((int64_t)1, (W + a.want * stp - 1) / (a.want * stp));
-        nxk = (W + stp * iters - 1) / (stp * iters);
-        run = stp * iters;
-    }
+    /* the split of the rows is the host's, made for the most keys (a.wl): the rows a block
+     * covers are a plain call's of W keys wherever both take the same loop count, and a block
+     * past W adds an empty partial (no change to any sum): the same bits */
+    const int iters = a.iters;
+    const int64_t nxk = a.nx, run = a.run;
     if (a.skip && *a.skip != 0.0f) { /* the same decision in every block: zeros, and no barrier is reached */
         const int64_t rows = heads == KS_HEADS_NONE ? a.hq : heads == KS_HEADS_GROUP_SUM ? a.hkv : 1;
         const int64_t nthr = (int64_t)gridDim.x * gridDim.y * SC1_THREADS;
@@ -253,7 +247,7 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int64_t row = base + rl + 8 * h;
-            const bool in = t < iters && row < W;
+            const bool in = t < iters && row < a.wl; /* rows up to wl exist: loads need not wait for W */
             const unsigned char *rp = kbase + (size_t)(in ? row : 0) * rbytes;
 #pragma unroll
             for (int pp = 0; pp < NP; pp++)
@@ -359,7 +353,7 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
             }
         }
     }
-    if (a.softmax && W > 0 && (int64_t)blockIdx.x < nxk) {
+    if (a.softmax && W > 0) {
         /* the block's partial per head: the max over the lanes holding it (l % 4 fixed: xor 4, 8,
          * 16) and over the warps, then the lanes' sums rescaled to it, each in a fixed order */
 #pragma unroll
@@ -559,9 +553,8 @@ ks_status ks_cuda_scores1(cudaStream_t s, const ks_cuda_scratch *sc, const float
     if (a.w > 0) {
         a.iters = (int)KS_MAX((int64_t)1, (wp + want * step - 1) / (want * step));
         a.nx = (wp + step * a.iters - 1) / (step * a.iters); /* blocks per KV head */
-        if (a.gd) a.nx = want; /* a growing call: the most any count up to wp splits into (sc1_logits' split) */
         a.run = step * a.iters;
-        a.want = want;
+        a.wl = wp;
         /* the logits resident: for a head sum, where a block's (g, run) floats fit beside the rest
          * at the same blocks a multiprocessor */
         const size_t ls = sizeof(float) * (size_t)a.g * (size_t)a.run, sm_res = (sm + 15) / 16 * 16 + ls;

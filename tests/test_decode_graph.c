@@ -34,7 +34,10 @@
  *   decode_graph_recorded_tokenselect  recorded handlers (policy.h ks_action_replay): TokenSelect's default
  *                                   recorded with the step on the emulated device and replayed without Lua;
  *                                   not with trace, nor on a recorder that cannot record handlers
- *   decode_graph_recorded_regrows   a decode longer than a recording's growth: recorded anew */
+ *   decode_graph_recorded_regrows   a decode longer than a recording's growth: recorded anew
+ *   decode_graph_recorded_own_policy  a policy written in the test that declares replay: replayed
+ *   decode_graph_recorded_refused   what a recording refuses (a pooled vote, an absolute end): said once,
+ *                                   the handler run outside it, steps right */
 #include "engine.h"
 #include "forward.h"
 #include "ktest.h"
@@ -861,4 +864,46 @@ KT_TEST(decode_graph_recorded_tokenselect) {
 KT_TEST(decode_graph_recorded_regrows) {
     COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16,_device=emulate", 30, 120, 100, 8);
     KT_CHECK(g_replayed >= 100 * 8, "%lld layer steps of recorded handlers replayed (at least 100 x 8)", g_replayed);
+}
+
+/* A policy written here (not one of policies/) that declares replay: its own vote over the
+ * candidates [2, N - 8), top-8, attended with the first 2 and last 8 rows. mode "ok": recorded
+ * and replayed as TokenSelect is; "pool": it max-pools the vote, which a recording refuses
+ * (only ks.scores and ks.topk take a row that follows the layer's rows); "abs": it gives the
+ * candidates' end as an absolute row, which a recording refuses too. A refused recording is said
+ * once (KS_LOG_INFO, naming the layer and why), the handler runs again outside it, every step is
+ * still right, and after two refusals the session stops trying. */
+static const char *REPLAYER =
+    "local ks = require 'kvsieve'\n"
+    "return { name = 'replayer', params = { mode = 'ok' },\n"
+    "  decode_qkv = function(ev, p)\n"
+    "    local N = ev.kv_rows[1]\n"
+    "    if N < 40 then return end\n"
+    "    local hi = p.mode == 'abs' and N - 8 or -8\n"
+    "    local v = ks.scores(ev.q:reshape(ev.n_heads, ev.head_dim), ev:kv_keys(), { softmax = true, key_range = { 2, hi },\n"
+    "                        out = { 2, hi }, reduce = 'sum' })\n"
+    "    if p.mode == 'pool' then v = ks.pool1d(v, 3, 'max') end\n"
+    "    ev:attend(ks.topk(v, 8, { values = false, base = 2 }), { before = { 0, 2 }, after = { N - 8, N }, replay = true })\n"
+    "  end }\n";
+
+KT_TEST(decode_graph_recorded_own_policy) {
+    COMPARE("replayer", REPLAYER, "mode=ok,_device=emulate", 30, 40, 30, 8);
+    KT_CHECK(g_replayed >= 20 * 8, "%lld layer steps of recorded handlers replayed (at least 20 x 8)", g_replayed);
+}
+
+KT_TEST(decode_graph_recorded_refused) {
+    static const char *modes[] = {"mode=pool,_device=emulate", "mode=abs,_device=emulate"};
+    static const char *why[] = {"only ks.scores and ks.topk take it", "give them from the end"};
+    for (int i = 0; i < 2; i++) {
+        g_said = 0;
+        g_said_what = "declared replay but cannot be recorded";
+        ks_set_log(capture_log, NULL);
+        char msg[1200];
+        int rc = compare("replayer", REPLAYER, modes[i], 30, 40, 30, 8, msg, sizeof msg);
+        ks_set_log(NULL, NULL);
+        g_said_what = NULL;
+        KT_CHECK(rc == 0 && g_replayed == 0, "%s: %s (replayed %lld)", modes[i], msg, g_replayed);
+        KT_CHECK(g_said == 1 && strstr(g_said_msg, "layer 0") && strstr(g_said_msg, why[i]), "%s: said %d times: %s", modes[i],
+                 g_said, g_said_msg);
+    }
 }
