@@ -44,6 +44,8 @@
 #   scores   new test_cuda_prims --only scores and its memcheck (--quick)
 #   final32  issue 14's table, its 8K and 32K rows, each build of $V
 #   final128 its 128K rows, each build of $V
+#   t27      session 27's GPU tests: test_cuda_prims, test_cuda_policies, test_cuda (also --no-graphs), test_attn_list,
+#            test_attn_decode_batch, memchecks of test_cuda_prims --quick, the policies' decode cases, test_cuda --quick
 #   rec      session 27's recorded handlers: test_cuda_prims --only grow, the policies' decode handler cases, TokenSelect
 #            and full at 32K and 128K (each build of $V), one logged run of new
 # Usage: bash bench/gpu_s20.sh STEP...
@@ -252,6 +254,12 @@ step_rec() { # session 27: the recorded handlers' kernels and policy runs (new),
     ( row 32K --lengths 32768 --gen 32 --policy none,tokenselect
       row 128K --lengths 131040 --gen 16 --policy none,tokenselect ) >> $O/rec.txt
     KVSIEVE_POLICY_PATH=$R/new/policies timeout 200 $R/new/kvsieve $B --lengths 32768 --gen 8 --policy tokenselect > $O/rec-log.txt 2>&1
+}
+step_t27() { # session 27's GPU tests of the final build: the programs its changes reach, and memchecks of the new paths
+    ( tst test_cuda_prims; tst test_cuda_policies --stories .data/stories260K; tst test_cuda; tst test_cuda --quick --no-graphs
+      tst test_attn_list --quick; tst test_attn_decode_batch
+      for t in "test_cuda_prims --quick" "test_cuda_policies --quick --only decode" "test_cuda --quick"; do echo "== memcheck $t"
+          timeout 280 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/$t 2>&1 | tail -2; done ) >> $O/tests.txt
 }
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R
