@@ -45,7 +45,8 @@
 #   final32  issue 14's table, its 8K and 32K rows, each build of $V
 #   final128 its 128K rows, each build of $V
 #   t27      session 27's GPU tests: test_cuda_prims, test_cuda_policies, test_cuda (also --no-graphs), test_attn_list,
-#            test_attn_decode_batch, memchecks of test_cuda_prims --quick, the policies' decode cases, test_cuda --quick
+#            test_attn_decode_batch, memchecks of test_cuda_prims --quick (grow, scores, topk) and of the TokenSelect
+#            segment cases of test_cuda_policies
 #   rec      session 27's recorded handlers: test_cuda_prims --only grow, the policies' decode handler cases, TokenSelect
 #            and full at 32K and 128K (each build of $V), one logged run of new
 # Usage: bash bench/gpu_s20.sh STEP...
@@ -258,8 +259,11 @@ step_rec() { # session 27: the recorded handlers' kernels and policy runs (new),
 step_t27() { # session 27's GPU tests of the final build: the programs its changes reach, and memchecks of the new paths
     ( tst test_cuda_prims; tst test_cuda_policies --stories .data/stories260K; tst test_cuda; tst test_cuda --quick --no-graphs
       tst test_attn_list --quick; tst test_attn_decode_batch
-      for t in "test_cuda_prims --quick" "test_cuda_policies --quick --only decode" "test_cuda --quick"; do echo "== memcheck $t"
-          timeout 280 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/$t 2>&1 | tail -2; done ) >> $O/tests.txt
+      for t in "test_cuda_prims --quick --only grow" "test_cuda_prims --quick --only scores" "test_cuda_prims --quick --only topk"; do
+          echo "== memcheck $t"; timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/$t 2>&1 | tail -2; done
+      echo "== memcheck test_cuda_policies --quick --only segments: tokenselect"
+      timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_policies --quick --only "segments: tokenselect" 2>&1 | tail -4
+    ) >> $O/tests.txt
 }
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R
