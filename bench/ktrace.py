@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """ktrace.py -- sum the decode steps of a bench/ktrace.c timeline.
 
-Usage: ktrace.py TRACE.csv [--steps S] [--skip K]
+Usage: ktrace.py TRACE.csv [--steps S] [--skip K] [--walls] [--seq N]
 A decode step starts at an embedding kernel (one a step); the last S steps of the file are taken
 (K of them dropped from the front: the first steps record graphs). For each kernel (its
 unmangled base name), per step: launches, device time, and the idle time of the device just
 before it (the gap from the previous record's end), then the step's wall time (embed to embed),
-its busy time and its idle time. Only the standard library."""
+its busy time and its idle time. --walls: also every step's wall time (embed to embed) in the
+file's order; --seq N: also the first N records of the last whole step, each with its duration
+and the idle gap before it. Only the standard library."""
 import re
 import sys
 
@@ -53,6 +55,14 @@ def main():
             t[2] += g
             busy += e - s
             idle += g
+    if "--walls" in args:
+        walls = [(rec[emb[i + 1]][0] - rec[emb[i]][0]) / 1e3 for i in range(len(emb) - 1)]
+        print("step walls (us): " + " ".join("%.0f" % w for w in walls))
+    if "--seq" in args:
+        a, b = starts[-2], starts[-1]
+        for i in range(a, min(b, a + int(args[args.index("--seq") + 1]))):
+            s, e, _, n = rec[i]
+            print("%-28s dur %8.1f gap %7.1f" % (n[:28], (e - s) / 1e3, (s - rec[i - 1][1]) / 1e3))
     ns = len(use)
     print("%d decode steps: wall %.1f us a step, kernels %.1f us, idle before launches %.1f us" %
           (ns, wall / ns / 1e3, busy / ns / 1e3, idle / ns / 1e3))
