@@ -635,6 +635,32 @@ static int dec_seg_prepare(ks_session *s, ks_decode_state *d, int32_t pos) {
     return 1;
 }
 
+/* Layer l's lists (act's, an attend of kind att: dec_acted) staged and segment l + 1 launched
+ * behind them; act freed after the launch (stream-ordered: the segment reads the lists in place).
+ * Where the lists cannot be staged or the recording went stale, the rest of the step runs plain
+ * from layer l's attention with act (*plain = 1). */
+static ks_status dec_stage_next(ks_session *s, ks_decode_state *d, int32_t id, int32_t pos, int l, int att,
+                                ks_actions *act, int *plain) {
+    const ks_config *c = &s->m->cfg;
+    ks_fwd_buf *b = &d->b;
+    ks_status st;
+    *plain = 0;
+    if (att && (st = dec_stage(s, b, l, pos, act))) {
+        if (st != KS_ERR_UNSUPPORTED) { ks_actions_free(act, c->n_kv_heads); return st; }
+        ks_clear_error();
+        *plain = 1;
+        return decode_from(s, d, b, id, pos, d->lg, l, act);
+    }
+    if ((st = s->be->graph_launch(s->be, d->seg[l + 1])) == KS_ERR_UNSUPPORTED) {
+        ks_clear_error();
+        ks_decode_drop_graph(s);
+        *plain = 1;
+        return decode_from(s, d, b, id, pos, d->lg, l, act);
+    }
+    ks_actions_free(act, c->n_kv_heads);
+    return st;
+}
+
 /* The replay of a step recorded in segments from layer l0 on, segments 0 .. l0 launched (the
  * first with graph_run): each layer's row booked (l0's already when booked), its handler run (or
  * its held attend taken; pre: l0's actions, taken already), its lists staged and the next segment
@@ -643,7 +669,6 @@ static int dec_seg_prepare(ks_session *s, ks_decode_state *d, int32_t pos) {
 static ks_status seg_replay(ks_session *s, ks_decode_state *d, int32_t id, int32_t pos, int l0, int booked,
                             ks_actions *pre) {
     const ks_config *c = &s->m->cfg;
-    ks_backend *be = s->be;
     ks_fwd_buf *b = &d->b;
     ks_status st;
     for (int l = l0; l < c->n_layers; l++) {
@@ -660,18 +685,9 @@ static ks_status seg_replay(ks_session *s, ks_decode_state *d, int32_t id, int32
             if (++d->seg_miss >= 2) ks_decode_drop_graph(s);
             return decode_from(s, d, b, id, pos, d->lg, l, &act);
         }
-        if (att && (st = dec_stage(s, b, l, pos, &act))) {
-            if (st != KS_ERR_UNSUPPORTED) { ks_actions_free(&act, c->n_kv_heads); return st; }
-            ks_clear_error();
-            return decode_from(s, d, b, id, pos, d->lg, l, &act);
-        }
-        if ((st = be->graph_launch(be, d->seg[l + 1])) == KS_ERR_UNSUPPORTED) {
-            ks_clear_error();
-            ks_decode_drop_graph(s);
-            return decode_from(s, d, b, id, pos, d->lg, l, &act);
-        }
-        ks_actions_free(&act, c->n_kv_heads); /* stream-ordered: after the segment that reads the lists in place */
-        if (st) return st;
+        int plain;
+        st = dec_stage_next(s, d, id, pos, l, att, &act, &plain);
+        if (plain || st) return st;
     }
     d->seg_miss = 0;
     s->graph_steps++;
@@ -886,19 +902,9 @@ static ks_status decode_record_handlers(ks_session *s, ks_decode_state *d, int32
             dec_drop_handlers(s, d);
             return seg_replay(s, d, id, pos, l, 1, &act);
         }
-        if (att && (st = dec_stage(s, b, l, pos, &act))) {
-            dec_drop_handlers(s, d);
-            if (st != KS_ERR_UNSUPPORTED) { ks_actions_free(&act, c->n_kv_heads); return st; }
-            ks_clear_error();
-            return decode_from(s, d, b, id, pos, d->lg, l, &act);
-        }
-        if ((st = be->graph_launch(be, d->seg[l + 1])) == KS_ERR_UNSUPPORTED) {
-            ks_clear_error();
-            ks_decode_drop_graph(s);
-            return decode_from(s, d, b, id, pos, d->lg, l, &act);
-        }
-        ks_actions_free(&act, c->n_kv_heads); /* stream-ordered: after the segment that reads the lists */
-        if (st) { dec_drop_handlers(s, d); return st; }
+        int plain;
+        st = dec_stage_next(s, d, id, pos, l, att, &act, &plain);
+        if (plain || st) { dec_drop_handlers(s, d); return st; }
     }
     d->hpos = pos;
     d->hgrow = grow;
