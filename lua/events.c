@@ -423,6 +423,7 @@ static int l_ev_kv_pos(lua_State *L) {
     const ks_kv_layer *kv = e->ev->kv;
     int64_t n = kv_n(kv, h);
     push_view(L, e->ev, KS_T_I32, 1, &n, NULL, n ? kv->pos + (size_t)h * kv->capacity : NULL, 1, 0);
+    if (e->ev->grow > 0) ks_lt_test(L, -1)->grow = e->ev->grow; /* follows the layer's rows: a recording refuses it */
     return 1;
 }
 
@@ -443,6 +444,7 @@ static int kv_tensor(lua_State *L, int values) {
         int h = kv_head_arg(L, e, 2, fn);
         int64_t shape[3] = {kv_n(kv, h), 1, d}, stride[3] = {d, cap * d, 1};
         push_view(L, e->ev, KS_T_F32, 3, shape, stride, shape[0] ? base + (size_t)h * cap * d * es : NULL, 0, bf16);
+        if (e->ev->grow > 0) ks_lt_test(L, -1)->grow = e->ev->grow; /* its rows follow the layer's */
         return 1;
     }
     for (int h = 1; h < e->ev->n_kv_heads; h++)
@@ -451,7 +453,7 @@ static int kv_tensor(lua_State *L, int values) {
     int64_t shape[3] = {kv_n(kv, 0), e->ev->n_kv_heads, d}, stride[3] = {d, cap * d, 1};
     if (!shape[0]) base = NULL;
     push_view(L, e->ev, KS_T_F32, 3, shape, stride, base, 0, bf16);
-    if (!values && e->ev->grow > 0) ks_lt_test(L, -1)->grow = e->ev->grow; /* its rows follow the layer's */
+    if (e->ev->grow > 0) ks_lt_test(L, -1)->grow = e->ev->grow; /* its rows follow the layer's */
     return 1;
 }
 static int l_ev_kv_keys(lua_State *L) { return kv_tensor(L, 0); }

@@ -870,7 +870,8 @@ KT_TEST(decode_graph_recorded_regrows) {
  * candidates [2, N - 8), top-8, attended with the first 2 and last 8 rows. mode "ok": recorded
  * and replayed as TokenSelect is; "pool": it max-pools the vote, which a recording refuses
  * (only ks.scores and ks.topk take a row that follows the layer's rows); "abs": it gives the
- * candidates' end as an absolute row, which a recording refuses too. A refused recording is said
+ * candidates' end as an absolute row, which a recording refuses too; "pos": it reads the rows'
+ * positions on the host (ev:kv_pos), which follow the rows as well. A refused recording is said
  * once (KS_LOG_INFO, naming the layer and why), the handler runs again outside it, every step is
  * still right, and after two refusals the session stops trying. */
 static const char *REPLAYER =
@@ -883,6 +884,7 @@ static const char *REPLAYER =
     "    local v = ks.scores(ev.q:reshape(ev.n_heads, ev.head_dim), ev:kv_keys(), { softmax = true, key_range = { 2, hi },\n"
     "                        out = { 2, hi }, reduce = 'sum' })\n"
     "    if p.mode == 'pool' then v = ks.pool1d(v, 3, 'max') end\n"
+    "    if p.mode == 'pos' and ev:kv_pos(0):tolist()[N] < 0 then error('bad positions') end\n"
     "    ev:attend(ks.topk(v, 8, { values = false, base = 2 }), { before = { 0, 2 }, after = { N - 8, N }, replay = true })\n"
     "  end }\n";
 
@@ -892,9 +894,9 @@ KT_TEST(decode_graph_recorded_own_policy) {
 }
 
 KT_TEST(decode_graph_recorded_refused) {
-    static const char *modes[] = {"mode=pool,_device=emulate", "mode=abs,_device=emulate"};
-    static const char *why[] = {"only ks.scores and ks.topk take it", "give them from the end"};
-    for (int i = 0; i < 2; i++) {
+    static const char *modes[] = {"mode=pool,_device=emulate", "mode=abs,_device=emulate", "mode=pos,_device=emulate"};
+    static const char *why[] = {"only ks.scores and ks.topk take it", "give them from the end", "only ks.scores and ks.topk take it"};
+    for (int i = 0; i < 3; i++) {
         g_said = 0;
         g_said_what = "declared replay but cannot be recorded";
         ks_set_log(capture_log, NULL);
