@@ -898,7 +898,10 @@ static ks_status decode_record_handlers(ks_session *s, ks_decode_state *d, int32
         int att = dec_acted(&act);
         if (!act.replay || att != d->seg_att[l] || (att && !dec_stageable(s, &act))) {
             /* its work ran; this layer does not replay: no recording, the step goes on as
-             * seg_replay with the actions it asked for */
+             * seg_replay with the actions it asked for (counted as a failure: a policy that
+             * declares replay at some steps only is not recorded anew at every step) */
+            d->hfails++;
+            if (s->be->opts.verbose) ks_logf(KS_LOG_DEBUG, "decode handler not recorded: layer %d did not declare replay", l);
             dec_drop_handlers(s, d);
             return seg_replay(s, d, id, pos, l, 1, &act);
         }
