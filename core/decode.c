@@ -57,7 +57,7 @@ typedef struct ks_decode_state {
     /* recorded handlers (policy.h ks_action_replay; decode_record_handlers): hseg[l] the device
      * work of layer l's decode handler, recorded between seg[l] and seg[l + 1] (nh of them, nl
      * when whole), at position hpos, allowing hgrow rows of growth; rep[l]: layer l's last fired
-     * decode event declared replay; hjoined: seg[0], hseg[0], seg[1], ... joined as two graphs */
+     * decode event declared replay; hjoined: seg[0], hseg[0], seg[1], ... joined as three graphs */
     ks_graph **hseg;         /* (n_layers), in seg's allocation */
     int nh;
     int32_t hpos;

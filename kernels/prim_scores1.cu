@@ -34,6 +34,12 @@
  * spare the 4 * H bytes a key of L written in the loop and read back after the barrier (16 MB
  * each way at 128K keys); pv is 4 * Hkv bytes a key each way (bench/NOTES.md, issue 14,
  * session 26).
+ * A growing call (ks_cuda_scores_grow, a recorded decode handler's: a.gd) adds the step slot's
+ * delta (less the one at the recording) to w, hi and ncols where it starts; the host splits the
+ * rows for the most keys the recording allows (a.wl, which also bounds the loads, so they need not
+ * wait for the delta): where a plain call of the grown count takes the same loop count, a block's
+ * rows are that call's, the blocks past them add empty softmax partials, and the bits are the
+ * same (tests/cuda/test_cuda_prims.c, grow).
  * Under a nonzero mask (ks_scores_opts.skip, one device float) every block writes its share of
  * the zero result and leaves before 1: no key read, no counter touched, no barrier reached.
  * The counters (Hkv per KV head, then each barrier's two) are the scratch's, zero at rest: each

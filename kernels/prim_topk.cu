@@ -26,7 +26,13 @@
  * Under a nonzero mask (ks_cuda_topk_skip; ks_cpu_topk_masked) every kernel of either path reads
  * the mask first: tk_clu writes the top k of zeros (base .. base + k - 1, with their keys for the
  * value sort) and leaves before its first cluster barrier, the histogram and count kernels leave
- * at once, tk_scatter writes the same result per chunk and tk_values writes zeros. */
+ * at once, tk_scatter writes the same result per chunk and tk_values writes zeros.
+ *
+ * A growing row (ks_cuda_topk_grow, a recorded decode handler's: policy.h ks_action_replay) takes
+ * tk_clu alone, its cluster, block and rounds chosen for the most keys the recording allows; the
+ * kernel adds the step slot's delta (less the one at the recording) to n where it starts. The set
+ * does not depend on the cluster's size, so a replay selects what a plain call over the grown row
+ * would. */
 #include "prim_common.cuh"
 
 #include <cub/cub.cuh>
