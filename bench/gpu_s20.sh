@@ -47,6 +47,9 @@
 #   t27      session 27's GPU tests: test_cuda_prims, test_cuda_policies, test_cuda (also --no-graphs), test_attn_list,
 #            test_attn_decode_batch, memchecks of test_cuda_prims --quick (grow, scores, topk) and of the TokenSelect
 #            segment cases of test_cuda_policies
+#   s28      session 28's scores kernel (resident logits, tiles taken as they come): test_cuda_prims --only scores and
+#            --only grow, test_cuda_policies, memcheck and racecheck of the scores cases (--quick), bench_kernels --select
+#            (each build of $V, two rounds), then TokenSelect beside full at 32K and 128K (each build of $V)
 #   rec      session 27's recorded handlers: test_cuda_prims --only grow, the policies' decode handler cases, TokenSelect
 #            and full at 32K and 128K (each build of $V), one logged run of new
 # Usage: bash bench/gpu_s20.sh STEP...
@@ -255,6 +258,15 @@ step_rec() { # session 27: the recorded handlers' kernels and policy runs (new),
     ( row 32K --lengths 32768 --gen 32 --policy none,tokenselect
       row 128K --lengths 131040 --gen 16 --policy none,tokenselect ) >> $O/rec.txt
     KVSIEVE_POLICY_PATH=$R/new/policies timeout 200 $R/new/kvsieve $B --lengths 32768 --gen 8 --policy tokenselect > $O/rec-log.txt 2>&1
+}
+step_s28() { # session 28: the scores kernel's resident path against the CPU, its memchecks, its time, TokenSelect's TPOT
+    ( tst test_cuda_prims --only scores; tst test_cuda_prims --only grow; tst test_cuda_policies --stories .data/stories260K
+      for t in memcheck racecheck synccheck; do echo "== $t test_cuda_prims --quick --only scores"
+          timeout 200 compute-sanitizer --tool $t --error-exitcode 1 $R/new/test_cuda_prims --quick --only scores 2>&1 | tail -2; done
+    ) >> $O/tests.txt
+    for r in 1 2; do for v in $V; do echo "== $v round $r"; timeout 200 $R/$v/bench_kernels --select 2>&1 | tail -n 30; done; done >> $O/ks.txt
+    ( row 32K --lengths 32768 --gen 32 --policy none,tokenselect
+      row 128K --lengths 131040 --gen 32 --policy none,tokenselect ) >> $O/s28.txt
 }
 step_t27() { # session 27's GPU tests of the final build: the programs its changes reach, and memchecks of the new paths
     ( tst test_cuda_prims; tst test_cuda_policies --stories .data/stories260K; tst test_cuda; tst test_cuda --quick --no-graphs
