@@ -252,7 +252,9 @@ static int dev_list_arg(lua_State *L, int arg, const l_event *e, const char *fn,
     out->rows = t->ndim == 2 ? (int)t->shape[0] : 1;
     out->k = t->ndim == 2 ? (int)t->shape[1] : (int)t->numel;
     out->checked = ks_lt_sorted(L, arg, &out->lo, &out->hi);
-    /* an owned tensor read where it is: its contents are known by its id (read-only data) */
+    /* an owned tensor read where it is: its contents are known by its id (read-only data); one
+     * written in place gets a new id each time, so the engine never takes it for a list it kept */
+    if (!pushed && t->dev_owned && d == t->dev_owned && ks_lt_mut(t)) t->id = ++ks_lua_ctx(L)->next_id;
     out->serial = !pushed && t->dev_owned && d == t->dev_owned ? t->id : 0;
     out->lend = out->serial ? ks_lt_lend(t) : NULL;
     return 1;

@@ -126,8 +126,9 @@ typedef enum ks_tdtype { KS_T_ANY = -1 /* arguments: keep / infer */, KS_T_F32 =
  * they outweigh the device ones: then the device ones are downloaded and it runs on the host).
  * Element access and host-only consumers (item, tolist, tostring, arithmetic other than f32
  * a + b, dtype conversion, actions taking index tensors) download lazily: one contiguous host
- * copy per tensor, kept (tensors are read-only, so it never goes stale) and counted in the
- * policy's Lua memory. Owned device memory is counted separately (ks_lctx.dev_used against
+ * copy per tensor, kept (tensors are read-only, so it never goes stale; the one exception, a
+ * tensor written in place by an `into` option, is read again at each use: ks_tensor.mut) and
+ * counted in the policy's Lua memory. Owned device memory is counted separately (ks_lctx.dev_used against
  * dev_limit: the reserved parameter _device_mb) and freed by the garbage collector.
  * Lifetime: when a handler returns, the state is collected (garbage device tensors are freed)
  * and every device tensor still reachable (a policy keeping a selection, a fingerprint or page
@@ -169,7 +170,17 @@ typedef struct ks_tensor {
                                         * the engine records, and ks.scores results over such keys with
                                         * end-relative ranges; only ks.scores and ks.topk read it (others
                                         * refuse it); the allocation has room for this many more columns */
+    int mut;                           /* written in place (ks.where / ks.add's `into`): no longer read-only.
+                                        * Its host copy and its views' are read again at each use (a
+                                        * recorded handler's replay writes it without the host knowing),
+                                        * it has no marks but those its last write gave, and an action
+                                        * that takes it gets a new id (ks_dev_list.serial) each time */
+    struct ks_tensor *base;            /* a view: the tensor whose memory it reads (kept alive through the
+                                        * view's uservalue), NULL for owned tensors and copies */
 } ks_tensor;
+
+/* 1 when t, or the tensor it views, was written in place (ks_tensor.mut). */
+static inline int ks_lt_mut(const ks_tensor *t) { return t->mut || (t->base && t->base->mut); }
 
 /* A new owned contiguous tensor on the stack (data uninitialised unless zero). Raises on
  * memory errors. */
@@ -184,6 +195,8 @@ ks_tensor *ks_lt_check(lua_State *L, int arg, const char *fn);
 /* Is the value at idx a tensor? (no checks) */
 ks_tensor *ks_lt_test(lua_State *L, int idx);
 int ks_lt_is_contig(const ks_tensor *t);
+/* 1 when t owns its memory (ks_lt_new / ks_lt_dnew, not a view): what an `into` option takes. */
+int ks_lt_owned(const ks_tensor *t);
 /* Contiguous data of tensor at arg: t->data if contiguous, else a contiguous copy pushed on
  * the stack (*pushed = 1). */
 void *ks_lt_contig(lua_State *L, int arg, ks_tensor *t, int *pushed);

@@ -24,7 +24,9 @@
  *   ks.softmax(x) ks.sum(x [, axis]) ks.mean(x [, axis]) ks.var(x [, axis [, {ddof=0}]])
  *   ks.cosine(a, b)                (d) -> number, (rows, d) -> (rows)
  *   ks.ge(x, v)                    f32 mask: 1 where x >= v, else 0 (made where x is)
- *   ks.where(mask, a, b)           a where the mask is nonzero, else b (one mask value or one each)
+ *   ks.where(mask, a, b [, opts])  a where the mask is nonzero, else b (one mask value or one each);
+ *                                  opts.into = t: written into t (owned, one dtype and size), in place
+ *   ks.add(a, b [, opts])          a + b of f32 tensors (opts.into as where's)
  *   ks._upload(t)                  a device copy on the running event's device (tests)
  */
 #include "prims_impl.h"
@@ -615,14 +617,46 @@ static int l_ge(lua_State *L) {
     return 1;
 }
 
-/* ks.where(mask, a, b): a where the mask is nonzero, else b; a and b tensors of one dtype (i32
- * or f32) and shape, the mask f32 with one value (the whole of a or of b) or one per element.
- * Runs where the data is. With one mask value and both lists valid by construction (topk,
- * arange, ...), the result is too, over both ranges. */
+/* opts.into of the options table at idx (nil or absent: NULL): the tensor a result of dtype dt and
+ * n elements is written into instead of a new one, in place. It must own its memory (not a
+ * view: an engine buffer is never written), hold dtype dt and n elements, and the work runs
+ * where it is; it is then written in place for good (ks_tensor.mut), its mark dropped. Pushed,
+ * its stack slot in *slot. */
+static ks_tensor *opt_into(lua_State *L, int idx, ks_tdtype dt, int64_t n, const char *fn, int *slot) {
+    if (lua_isnoneornil(L, idx)) return NULL;
+    if (ks_lp_opt_get(L, idx, "into") == LUA_TNIL) { lua_pop(L, 1); return NULL; }
+    ks_tensor *t = ks_lt_test(L, -1);
+    if (!t) {
+        ks_lua_errorf(L, fn, "option into must be a tensor, got %s", luaL_typename(L, -1));
+        return NULL;
+    }
+    *slot = lua_gettop(L);
+    ks_lt_check(L, *slot, fn);
+    if (!ks_lt_owned(t))
+        ks_lua_errorf(L, fn, "option into must own its memory (a result of a primitive, ks.tensor or :clone()), not a view");
+    if (t->dtype != dt || t->numel != n)
+        ks_lua_errorf(L, fn, "option into holds %lld %s elements; the result is %lld %s elements", (long long)t->numel,
+                      t->dtype == KS_T_I32 ? "i32" : "f32", (long long)n, dt == KS_T_I32 ? "i32" : "f32");
+    return t;
+}
+
+/* After a write into the tensor at slot: written in place for good, its mark dropped. */
+static void into_written(lua_State *L, int slot, ks_tensor *t) {
+    t->mut = 1;
+    ks_lt_unmark(L, slot);
+}
+
+/* ks.where(mask, a, b [, {into = t}]): a where the mask is nonzero, else b; a and b tensors of
+ * one dtype (i32 or f32) and shape, the mask f32 with one value (the whole of a or of b) or one
+ * per element. Runs where the data is (where `into` is, when given: the result is written there
+ * and `into` returned; it may be a or b). With one mask value and both lists valid by
+ * construction (topk, arange, ...), the result is too, over both ranges. */
 static int l_where(lua_State *L) {
-    lua_settop(L, 3);
+    lua_settop(L, 4);
     const char *fn = "where";
-    int sm;
+    static const char *const allowed[] = {"into", NULL};
+    ks_lp_check_opts(L, 4, fn, allowed);
+    int sm, si = 0;
     ks_tensor *tm = ks_lp_arg(L, 1, KS_T_F32, fn, &sm);
     ks_tensor *ta = ks_lt_check(L, 2, fn), *tb = ks_lt_check(L, 3, fn);
     if (ta->dtype != tb->dtype || (ta->dtype != KS_T_F32 && ta->dtype != KS_T_I32))
@@ -633,16 +667,55 @@ static int l_where(lua_State *L) {
     if (tm->numel != 1 && tm->numel != ta->numel)
         return ks_lua_errorf(L, fn, "the mask has %lld values for %lld elements (want 1 or %lld)", (long long)tm->numel,
                              (long long)ta->numel, (long long)ta->numel);
+    ks_tensor *into = opt_into(L, 4, ta->dtype, ta->numel, fn, &si);
+    int64_t alo, ahi, blo, bhi;
+    const int marked = tm->numel == 1 && ks_lt_sorted(L, 2, &alo, &ahi) && ks_lt_sorted(L, 3, &blo, &bhi);
     ks_tensor *ts[3] = {tm, ta, tb};
-    ks_backend *be = ks_lp_where(ts, 3);
+    ks_backend *be = into ? into->be : ks_lp_where(ts, 3);
     const float *m = ks_lp_data(L, sm, tm, be);
     const void *a = ks_lp_data(L, 2, ta, be);
     const void *b = ks_lp_data(L, 3, tb, be);
-    ks_tensor *o = ks_lp_out(L, be, ta->dtype, ta->ndim, ta->shape);
+    ks_tensor *o = into;
+    if (into) lua_pushvalue(L, si);
+    else o = ks_lp_out(L, be, ta->dtype, ta->ndim, ta->shape);
     KS_LP_PRIM(fn, be, where, m, tm->numel, a, b, ta->numel, o->data);
-    int64_t alo, ahi, blo, bhi;
-    if (tm->numel == 1 && ks_lt_sorted(L, 2, &alo, &ahi) && ks_lt_sorted(L, 3, &blo, &bhi))
-        ks_lt_mark_sorted(L, -1, KS_MIN(alo, blo), KS_MAX(ahi, bhi));
+    if (into) into_written(L, -1, into);
+    if (marked) ks_lt_mark_sorted(L, -1, KS_MIN(alo, blo), KS_MAX(ahi, bhi));
+    return 1;
+}
+
+/* ks.add(a, b [, {into = t}]): a + b of two f32 tensors of one shape, each element rounded once
+ * from the double sum (the float `a + b` gives); with `into`, written there where it is (it may
+ * be a or b) and returned. On a device: the column sums of [a; b] (concat, then sum over axis 0
+ * in double: the same float), nothing read back. */
+static int l_add(lua_State *L) {
+    lua_settop(L, 3);
+    const char *fn = "add";
+    static const char *const allowed[] = {"into", NULL};
+    ks_lp_check_opts(L, 3, fn, allowed);
+    int sa, sb, si = 0;
+    ks_tensor *ta = ks_lp_arg(L, 1, KS_T_F32, fn, &sa), *tb = ks_lp_arg(L, 2, KS_T_F32, fn, &sb);
+    if (ta->ndim != tb->ndim || memcmp(ta->shape, tb->shape, sizeof(int64_t) * ta->ndim))
+        return ks_lua_errorf(L, fn, "a and b differ in shape");
+    ks_tensor *into = opt_into(L, 3, KS_T_F32, ta->numel, fn, &si);
+    ks_tensor *ts[2] = {ta, tb};
+    ks_backend *be = into ? into->be : ks_lp_where(ts, 2);
+    const float *a = ks_lp_data(L, sa, ta, be);
+    const float *b = ks_lp_data(L, sb, tb, be);
+    const int64_t two = 2 * ta->numel;
+    float *tmp = NULL;
+    if (be) tmp = ks_lt_dnew(L, be, KS_T_F32, 1, &two)->data;
+    ks_tensor *o = into;
+    if (into) lua_pushvalue(L, si);
+    else o = ks_lp_out(L, be, KS_T_F32, ta->ndim, ta->shape);
+    if (be) {
+        KS_LP_CORE(fn, be->prims->concat_f32(be, a, ta->numel, b, tb->numel, tmp));
+        KS_LP_CORE(fn, be->prims->sum(be, tmp, 2, ta->numel, 0, o->data));
+    } else {
+        float *y = o->data;
+        for (int64_t i = 0; i < ta->numel; i++) y[i] = (float)((double)a[i] + (double)b[i]);
+    }
+    if (into) into_written(L, -1, into);
     return 1;
 }
 
@@ -687,6 +760,7 @@ static const luaL_Reg prims_registry[] = {
     {"cosine", l_cosine},
     {"ge", l_ge},
     {"where", l_where},
+    {"add", l_add},
     {"page_reduce", ks_lp_page_reduce}, /* lua/prims_page.c */
     {"bound_scores", ks_lp_bound_scores},
     {"page_rows", ks_lp_page_rows},

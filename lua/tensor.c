@@ -137,6 +137,11 @@ ks_tensor *ks_lt_view(lua_State *L, ks_tdtype dt, int ndim, const int64_t *shape
     return t;
 }
 
+int ks_lt_owned(const ks_tensor *t) {
+    if (t->be) return t->dev_owned && t->data == t->dev_owned && !t->bf16;
+    return t->data == (const char *)t + HDR_SIZE;
+}
+
 ks_tensor *ks_lt_test(lua_State *L, int idx) { return luaL_testudata(L, idx, KS_TENSOR_MT); }
 
 ks_tensor *ks_lt_check(lua_State *L, int arg, const char *fn) {

@@ -216,6 +216,10 @@ static void dev_to_host(lua_State *L, ks_tensor *t, void *dst) {
 
 const void *ks_lt_host(lua_State *L, ks_tensor *t) {
     if (!t->be && ks_lt_is_contig(t)) return t->data;
+    if (t->host && ks_lt_mut(t)) { /* written in place since (perhaps by a replay): read again */
+        if (t->be) dev_to_host(L, t, t->host);
+        else ks_lt_copy_contig(t, t->host);
+    }
     if (t->host) return t->host;
     size_t bytes = (size_t)t->numel * 4;
     void *h = state_alloc(L, bytes, "tensor");
@@ -299,7 +303,7 @@ void ks_lt_dev_drop(lua_State *L) {
         dev_unlink(t);
         if (t->scope) continue;
         dev_release(t, c);
-        if (t->host) { /* it was downloaded already: keep that copy */
+        if (t->host && !ks_lt_mut(t)) { /* it was downloaded already: keep that copy (not one written since) */
             t->be = NULL;
             t->bf16 = 0;
             t->data = t->host;
@@ -318,7 +322,8 @@ void ks_lt_dev_drop(lua_State *L) {
 /* ---------------------------------------------------------------- lists valid by construction */
 
 /* The marks live in a weak-keyed registry table (tensor -> lo << 32 | (uint32)hi): tensors are
- * read-only, so a mark stays true for the tensor's life; views and copies carry none. */
+ * read-only, so a mark stays true for the tensor's life, except for one written in place (an
+ * `into` option), whose write sets or drops its mark; views and copies carry none. */
 static const char sorted_key = 0;
 
 static void sorted_table(lua_State *L) {
@@ -340,6 +345,16 @@ void ks_lt_mark_sorted(lua_State *L, int idx, int64_t lo, int64_t hi) {
     sorted_table(L);
     lua_pushvalue(L, idx);
     lua_pushinteger(L, (lua_Integer)((uint64_t)(int64_t)lo << 32 | (uint32_t)(int32_t)hi));
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+}
+
+void ks_lt_unmark(lua_State *L, int idx) {
+    if (!ks_lt_test(L, idx)) return;
+    idx = lua_absindex(L, idx);
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &sorted_key) != LUA_TTABLE) { lua_pop(L, 1); return; }
+    lua_pushvalue(L, idx);
+    lua_pushnil(L);
     lua_rawset(L, -3);
     lua_pop(L, 1);
 }

@@ -74,6 +74,8 @@ void ks_lt_clone_at(lua_State *L, int arg, ks_tensor *t);
  * order and uniqueness and check only the bounds. ks_lt_sorted: 1 and the bounds when the
  * tensor at idx is marked. (Used by lua/prims_lua.c and lua/events.c too.) */
 void ks_lt_mark_sorted(lua_State *L, int idx, int64_t lo, int64_t hi);
+/* Drop the tensor at idx's mark (it was written in place: ks_tensor.mut). */
+void ks_lt_unmark(lua_State *L, int idx);
 int ks_lt_sorted(lua_State *L, int idx, int64_t *lo, int64_t *hi);
 
 /* __gc of every tensor: unlinks a device tensor and frees its device memory and host copy. */

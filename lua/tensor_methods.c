@@ -57,7 +57,7 @@ static int l_t_item(lua_State *L) {
     ks_tensor *t = ks_lt_check(L, 1, "item");
     ks_tensor h;
     /* device tensors: through the host copy when it exists or is small, else one element */
-    if (t->be && (t->host || t->numel <= 4096)) { h = ks_lt_rd(L, t); t = &h; }
+    if (t->be && ((t->host && !ks_lt_mut(t)) || t->numel <= 4096)) { h = ks_lt_rd(L, t); t = &h; }
     int64_t off = 0;
     if (lua_gettop(L) >= 2) { /* item(i, j, ...) : one element, 0-based */
         int nidx = lua_gettop(L) - 1;
@@ -98,6 +98,7 @@ static int l_t_slice(lua_State *L) {
                          : ks_lt_view(L, t->dtype, t->ndim, shape, t->stride, data, 0, 1);
     v->scope = t->scope;
     v->serial = t->serial;
+    v->base = t->base ? t->base : t; /* the memory it reads */
     v->origin = t->origin;
     v->origin_layer = t->origin_layer;
     return 1;
@@ -115,6 +116,7 @@ static int l_t_row(lua_State *L) {
                          : ks_lt_view(L, t->dtype, t->ndim - 1, t->shape + 1, t->stride + 1, data, 0, 1);
     v->scope = t->scope;
     v->serial = t->serial;
+    v->base = t->base ? t->base : t;
     v->origin = t->origin;
     v->origin_layer = t->origin_layer;
     return 1;
@@ -201,6 +203,7 @@ static int l_t_reshape(lua_State *L) {
                          : ks_lt_view(L, t->dtype, nd, shape, NULL, data, 0, owner);
     v->scope = t->scope;
     v->serial = t->serial;
+    v->base = pushed ? NULL : t->base ? t->base : t; /* a copy reads its own memory */
     v->origin = t->origin;
     v->origin_layer = t->origin_layer;
     return 1;
@@ -273,7 +276,7 @@ static int l_t_tostring(lua_State *L) {
     if (t->be && !t->lost && !ks_lt_view_stale(t)) {
         /* a device tensor: its host copy if there is one, else a few elements read one by one */
         h = *t;
-        if (t->host) {
+        if (t->host && !ks_lt_mut(t)) {
             h.data = t->host;
             h.be = NULL;
             int64_t s = 1;

@@ -80,7 +80,8 @@ local ks = require "kvsieve"
 local state = {}
 
 local function _reset()
-  state = { pchunk = {}, dstep = {}, cache = {}, selections = 0, hits = 0, misses = 0, trace_at = {}, decided = 0 }
+  state = { pchunk = {}, dstep = {}, cache = {}, selections = 0, hits = 0, misses = 0, trace_at = {}, decided = 0,
+            hits_read = 0, replays_read = 0 }
 end
 _reset()
 
@@ -196,10 +197,16 @@ return {
       return
     end
     if state.hitc then
-      local h = math.tointeger(state.hitc:item())
-      state.hits, state.misses = state.hits + h, state.misses + state.decided - h
-      state.selections = state.selections - h   -- the skipped selections were counted as made
-      state.hitc, state.decided = nil, 0
+      -- the hits counted on the device since the start (a float: exact to 2^24), and the layer
+      -- steps decided there: by this handler, or by its replays (ev.replayed_steps)
+      local total, r = math.tointeger(state.hitc:item()), ev.replayed_steps
+      local h, replayed = total - state.hits_read, r - state.replays_read
+      state.hits_read, state.replays_read = total, r
+      local decided = state.decided + replayed
+      state.hits, state.misses = state.hits + h, state.misses + decided - h
+      -- the replays' selections were not counted; the skipped ones were counted as made
+      state.selections = state.selections + replayed - h
+      state.decided = 0
       ev:report("selections", state.selections)
       ev:report("cache_misses", state.misses)
       ev:report("cache_hits", state.hits + ev.held_steps)
@@ -233,16 +240,20 @@ return {
         what = "hit"
       elseif cached and not p.trace and next(state.trace_at) == nil then
         -- the decision stays where the data is: a mask of cosine >= cache_theta, the scores
-        -- skipped under it (a hit reads no keys) and the cached or the new list picked by it;
-        -- nothing is read back until the token event counts the hits
+        -- skipped under it (a hit reads no keys) and the cached or the new list picked by it,
+        -- written over the cached one in place (as is the fingerprint, and the hits added to one
+        -- counter); nothing is read back until the token event counts the hits. The candidates
+        -- end n_local rows before the layer's end, given from the end: so the step's work is a
+        -- function of its query, its keys and the tensors it writes in place, and the engine may
+        -- record it and replay it at later steps without calling this handler (ev.replayed_steps)
         local hit = ks.ge(ks.cosine(flat:reshape(1, -1), cached.fp:reshape(1, -1)), p.cache_theta)
-        local top = _select(ev, p, fp:reshape(ev.n_heads, ev.head_dim), ev:kv_keys(), p.n_init, N - p.n_local, step,
+        local top = _select(ev, p, fp:reshape(ev.n_heads, ev.head_dim), ev:kv_keys(), p.n_init, -p.n_local, step,
                             nil, hit)
-        sel = ks.where(hit, cached.sel, top)
-        state.cache[l] = { fp = ks.where(hit, cached.fp, flat), sel = sel }
-        state.hitc = state.hitc and state.hitc + hit or hit
+        ks.where(hit, cached.sel, top, { into = cached.sel })
+        ks.where(hit, cached.fp, flat, { into = cached.fp })
+        if state.hitc then ks.add(state.hitc, hit, { into = state.hitc }) else state.hitc = hit:clone() end
         state.decided = state.decided + 1
-        _attend(ev, p, sel, N)
+        _attend(ev, p, cached.sel, N, nil, p.pool_kernel <= 1)
         return
       elseif cached then
         local cos = ks.cosine(flat, cached.fp)
@@ -258,7 +269,7 @@ return {
       end
       if not sel then
         sel = _select(ev, p, fp:reshape(ev.n_heads, ev.head_dim), ev:kv_keys(), p.n_init, N - p.n_local, step)
-        state.cache[l] = { fp = flat, sel = sel }
+        state.cache[l] = { fp = flat:clone(), sel = sel }   -- owned: later steps may write them in place
         state.misses = state.misses + 1
       end
       ev:report("cache_hits", state.hits + ev.held_steps)
