@@ -34,6 +34,8 @@
  *   decode_graph_recorded_tokenselect  recorded handlers (policy.h ks_action_replay): TokenSelect's default
  *                                   recorded with the step on the emulated device and replayed without Lua;
  *                                   not with trace, nor on a recorder that cannot record handlers
+ *   decode_graph_recorded_tokenselect_cache  its selection cache decided on the device, recorded too:
+ *                                   replayed without Lua, hits and misses as plain steps count them
  *   decode_graph_recorded_regrows   a decode longer than a recording's growth: recorded anew
  *   decode_graph_recorded_own_policy  a policy written in the test that declares replay: replayed
  *   decode_graph_recorded_refused   what a recording refuses (a pooled vote, an absolute end): said once,
@@ -55,7 +57,21 @@
 
 /* ================================================================ the recorder */
 
-enum { OP_EMBED, OP_ATTN_IN, OP_ATTENTION, OP_ATTN_OUT, OP_MLP, OP_HEAD, OP_SCORES, OP_TOPK };
+enum { OP_EMBED, OP_ATTN_IN, OP_ATTENTION, OP_ATTN_OUT, OP_MLP, OP_HEAD, OP_SCORES, OP_TOPK, OP_CALL };
+
+/* A recorded handler's fixed-size call on the emulated device (OP_CALL: TokenSelect's selection
+ * cache): its entry and arguments, run again as they were at every replay. */
+enum { C_COPY, C_ROPE, C_COSINE, C_COSINE_ROWS, C_GE, C_WHERE, C_CONCAT_F32, C_SUM };
+typedef struct call_op {
+    int fn;
+    const void *x, *y, *m;
+    void *out;
+    int64_t n, n2, rows, cols;
+    double thr;
+    int axis, nh, max_pos;
+    int32_t pos;
+    ks_rope rope;
+} call_op;
 
 /* A recorded handler's primitive call (OP_SCORES, OP_TOPK: on the emulated device, whose table
  * the recorder wraps while it lives): its arguments, the rotation's table copied, and the step
@@ -86,6 +102,7 @@ typedef struct rec_op {
     int cnt[MAXH];      /* attn_in: the rows before the append; attention: the rows it reads */
     ks_attn_args aa;    /* attention: qpos, idx and n_idx replaced at the run */
     prim_op pr;         /* OP_SCORES, OP_TOPK */
+    call_op call;       /* OP_CALL */
 } rec_op;
 
 struct ks_graph {
@@ -233,8 +250,10 @@ static void w_free(ks_backend *b, void *p) {
 /* ---------------------------------------------------------------- recorded handlers
  * The emulated device's primitive table and memory calls wrapped (lua/emu_device.c; the policy
  * runs with _device = emulate): outside a handler's recording they run; inside it
- * (graph_begin_handler) scores and top-k are recorded with their growth and every other
- * primitive fails the recording, as a call CUDA could not capture would. Memory allocated while
+ * (graph_begin_handler) scores and top-k are recorded with their growth, the fixed-size calls
+ * of TokenSelect's selection cache (copy, a one-row rotation, cosine, ge, where, f32 concat,
+ * sum) as they are, and pool1d and i32 concat fail the recording, as a call CUDA could not
+ * capture would. Memory allocated while
  * a handler records belongs to the recording (kept until both its user freed it and its graph
  * was freed), as on CUDA. At a run a growing call covers its recorded sizes + (the slot's delta
  * less the one at its recording), the meaning of ks_scores_opts.grow. */
@@ -331,7 +350,66 @@ static ks_status h_topk(ks_backend *b, const float *x, int64_t rows, int64_t n, 
                       .skip = skip, .grow = grow, .goff = R.delta};
     return rec_push(&op) ? KS_ERR_OOM : KS_OK;
 }
-/* every other primitive fails a handler's recording (the TokenSelect default uses none) */
+/* the fixed-size calls of TokenSelect's selection cache (its fingerprint's rotation, the cosine,
+ * the mask, the writes in place, the hit counter's sum): recorded, run again at every replay */
+static ks_status (*emu_copy0)(ks_backend *, void *, const void *, size_t);
+static ks_status (*emu_rope0)(ks_backend *, float *, int, int, const int32_t *, const ks_rope *, int);
+
+static ks_status run_call(const call_op *o) {
+    ks_backend *emu = ks_lua_emu_backend();
+    switch (o->fn) {
+    case C_COPY: return emu_copy0(emu, o->out, o->x, (size_t)o->n);
+    case C_ROPE: return emu_rope0(emu, o->out, 1, o->nh, &o->pos, &o->rope, o->max_pos);
+    case C_COSINE: return EMU_P->cosine(emu, o->x, o->y, o->n, o->out);
+    case C_COSINE_ROWS: return EMU_P->cosine_rows(emu, o->x, o->y, o->rows, o->n, o->out);
+    case C_GE: return EMU_P->ge(emu, o->x, o->n, o->thr, o->out);
+    case C_WHERE: return EMU_P->where(emu, o->m, o->n2, o->x, o->y, o->n, o->out);
+    case C_CONCAT_F32: return EMU_P->concat_f32(emu, o->x, o->n, o->y, o->n2, o->out);
+    case C_SUM: return EMU_P->sum(emu, o->x, o->rows, o->cols, o->axis, o->out);
+    }
+    return KS_ERR_INTERNAL;
+}
+static ks_status rec_call(const call_op *c) {
+    rec_op op = {.kind = OP_CALL, .call = *c};
+    return rec_push(&op) ? KS_ERR_OOM : KS_OK;
+}
+#define REC_OR_RUN(...) \
+    do { if (R.rec && R.own) return rec_call(&(call_op){__VA_ARGS__}); } while (0)
+static ks_status h_copy(ks_backend *b, void *dst, const void *src, size_t n) {
+    REC_OR_RUN(.fn = C_COPY, .out = dst, .x = src, .n = (int64_t)n);
+    return emu_copy0(b, dst, src, n);
+}
+static ks_status h_rope(ks_backend *b, float *x, int n, int nh, const int32_t *pos, const ks_rope *r, int max_pos) {
+    if (R.rec && R.own && n != 1) return refuse("a rotation of several rows");
+    REC_OR_RUN(.fn = C_ROPE, .out = x, .nh = nh, .pos = pos[0], .rope = *r, .max_pos = max_pos);
+    return emu_rope0(b, x, n, nh, pos, r, max_pos);
+}
+static ks_status h_cosine(ks_backend *b, const float *a, const float *bb, int64_t n, float *out) {
+    REC_OR_RUN(.fn = C_COSINE, .x = a, .y = bb, .n = n, .out = out);
+    return EMU_P->cosine(b, a, bb, n, out);
+}
+static ks_status h_cosine_rows(ks_backend *b, const float *a, const float *bb, int64_t rows, int64_t d, float *out) {
+    REC_OR_RUN(.fn = C_COSINE_ROWS, .x = a, .y = bb, .rows = rows, .n = d, .out = out);
+    return EMU_P->cosine_rows(b, a, bb, rows, d, out);
+}
+static ks_status h_ge(ks_backend *b, const float *x, int64_t n, double thr, float *out) {
+    REC_OR_RUN(.fn = C_GE, .x = x, .n = n, .thr = thr, .out = out);
+    return EMU_P->ge(b, x, n, thr, out);
+}
+static ks_status h_where(ks_backend *b, const float *mask, int64_t nm, const void *a, const void *bb, int64_t n, void *out) {
+    REC_OR_RUN(.fn = C_WHERE, .m = mask, .n2 = nm, .x = a, .y = bb, .n = n, .out = out);
+    return EMU_P->where(b, mask, nm, a, bb, n, out);
+}
+static ks_status h_concat_f32(ks_backend *b, const float *a, int64_t na, const float *bb, int64_t nb, float *out) {
+    REC_OR_RUN(.fn = C_CONCAT_F32, .x = a, .n = na, .y = bb, .n2 = nb, .out = out);
+    return EMU_P->concat_f32(b, a, na, bb, nb, out);
+}
+static ks_status h_sum(ks_backend *b, const float *x, int64_t rows, int64_t cols, int axis, float *out) {
+    REC_OR_RUN(.fn = C_SUM, .x = x, .rows = rows, .cols = cols, .axis = axis, .out = out);
+    return EMU_P->sum(b, x, rows, cols, axis, out);
+}
+/* pool1d and i32 concat fail a handler's recording (a pooled vote follows the rows; the
+ * runtime refuses it before it gets here, this is the backend's side) */
 static ks_status h_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t kernel, ks_pool_mode mode, float *out) {
     if (R.rec && R.own) return refuse("pool1d");
     return EMU_P->pool1d(b, x, rows, n, kernel, mode, out);
@@ -350,11 +428,21 @@ static void emu_wrap(void) {
     W_PRIMS.topk = h_topk;
     W_PRIMS.pool1d = h_pool1d;
     W_PRIMS.concat_i32 = h_concat_i32;
+    W_PRIMS.cosine = h_cosine;
+    W_PRIMS.cosine_rows = h_cosine_rows;
+    W_PRIMS.ge = h_ge;
+    W_PRIMS.where = h_where;
+    W_PRIMS.concat_f32 = h_concat_f32;
+    W_PRIMS.sum = h_sum;
     e->prims = &W_PRIMS;
     emu_alloc0 = e->alloc;
     emu_free0 = e->free;
+    emu_copy0 = e->copy;
+    emu_rope0 = e->rope;
     e->alloc = h_alloc;
     e->free = h_free;
+    e->copy = h_copy;
+    e->rope = h_rope;
 }
 static void emu_unwrap(void) {
     ks_backend *e = ks_lua_emu_backend();
@@ -364,6 +452,8 @@ static void emu_unwrap(void) {
     e->prims = EMU_P;
     e->alloc = emu_alloc0;
     e->free = emu_free0;
+    e->copy = emu_copy0;
+    e->rope = emu_rope0;
 }
 
 /* one recorded op with the slot's values */
@@ -403,6 +493,7 @@ static ks_status run_op(const rec_op *o) {
     case OP_MLP: return R.cpu->mlp(R.cpu, o->W, o->c, o->a, o->n);
     case OP_HEAD: return R.cpu->head(R.cpu, o->w0, o->w1, o->c, o->a, o->row, o->n, o->out);
     case OP_SCORES: case OP_TOPK: return run_prim(&o->pr, o->kind);
+    case OP_CALL: return run_call(&o->call);
     }
     return KS_ERR_INTERNAL;
 }
@@ -575,10 +666,14 @@ typedef struct drun {
     long long replayed; /* layer steps whose recorded handler replayed */
     int32_t ids[128];
     float *lg; /* (steps, vocab) */
+    char rep[3][32]; /* the policy's reports REPS at the end ("" where none) */
 } drun;
 
+static const char *const REPS[3] = {"selections", "cache_hits", "cache_misses"};
+
 /* prompt (n) then `steps` steps of greedy decoding (force: those ids instead) on model m with the
- * policy `name` (src: its source; NULL: none) and params "k=v,..." */
+ * policy `name` (src: its source; NULL: none) and params "k=v,...", the token event fired before
+ * each step and once after the last, as ks_generate fires it */
 static ks_status drun_one(ks_model *m, const char *name, const char *src, const char *params, int n, int steps,
                           const int32_t *force, drun *r, char *err, size_t errn) {
     memset(r, 0, sizeof *r);
@@ -596,21 +691,35 @@ static ks_status drun_one(ks_model *m, const char *name, const char *src, const 
     if (!st) st = ks_session_prefill(s, prompt, n);
     ks_sampler g;
     ks_sampler_init(&g, 0, 1, 0);
-    for (int t = 0; !st && t < steps; t++) {
-        r->ids[t] = force ? force[t] : ks_sample(&g, s->logits, vocab);
-        st = ks_session_decode(s, r->ids[t]);
+    for (int t = 0; !st && t <= steps; t++) {
+        int32_t id = t == steps ? 0 : force ? force[t] : ks_sample(&g, s->logits, vocab);
+        if (s->policy && s->policy->on[KS_EV_TOKEN]) { /* as ks_generate fires it: the policy counts then */
+            ks_event ev;
+            ks_event_init(s, &ev, KS_EV_TOKEN, -1, 0, 1);
+            ev.token = id;
+            st = ks_event_fire(s, &ev);
+            ks_actions_free(&ev.act, ev.n_kv_heads);
+        }
+        if (st || t == steps) break;
+        r->ids[t] = id;
+        st = ks_session_decode(s, id);
         if (!st) memcpy(r->lg + (size_t)t * vocab, s->logits, sizeof(float) * vocab);
         r->steps = t + 1;
     }
     if (st) snprintf(err, errn, "%s: %s", name ? name : "none", ks_last_error());
     if (s) r->graph_steps = s->graph_steps;
     if (s) r->replayed = ks_session_replayed_steps(s);
+    for (int i = 0; p && i < 3; i++) {
+        const char *v = ks_policy_report(p, REPS[i]);
+        snprintf(r->rep[i], sizeof r->rep[i], "%s", v ? v : "");
+    }
     ks_session_free(s);
     ks_policy_free(p);
     return st;
 }
 
 static long long g_replayed; /* the recorder's run in the last compare: layer steps of replayed handlers */
+static char g_rep[3][32];    /* and its reports REPS */
 
 /* The same policy on the plain CPU backend and on the recorder: logits bit-equal at every step,
  * at least min_graph steps replayed and min_stages lists staged. 0, or -1 with the reason in msg. */
@@ -643,7 +752,13 @@ static int compare(const char *name, const char *src, const char *params, int n,
                  a.graph_steps);
         goto out;
     }
+    for (int i = 0; i < 3; i++)
+        if (strcmp(a.rep[i], b.rep[i])) {
+            snprintf(msg, msgn, "%s %s: report %s \"%s\", plain steps' \"%s\"", nm, pm, REPS[i], b.rep[i], a.rep[i]);
+            goto out;
+        }
     g_replayed = b.replayed;
+    memcpy(g_rep, b.rep, sizeof g_rep);
     if (a.replayed) { snprintf(msg, msgn, "%s %s: the plain run replayed %lld handlers", nm, pm, a.replayed); goto out; }
     snprintf(msg, msgn, "%s %s: %d of %d steps replayed, %ld lists staged (at least %ld), %lld layer steps of recorded "
              "handlers", nm, pm, b.graph_steps, steps, R.stages, min_stages, b.replayed);
@@ -857,6 +972,24 @@ KT_TEST(decode_graph_recorded_tokenselect) {
     int rc = compare("tokenselect", NULL, "n_init=4,n_local=16,k=16,_device=emulate", 30, 40, 30, 30 * 6, msg, sizeof msg);
     g_no_handlers = 0;
     KT_CHECK(rc == 0 && g_replayed == 0, "no graph_begin_handler: %s", msg);
+}
+
+/* TokenSelect's selection cache decided on the device (0 < cache_theta, no trace): its list, its
+ * fingerprint and its hit counter written in place (ks.where / ks.add's into), the candidates
+ * given from the layer's end, so it declares replay too: recorded with the cosine, the mask, the
+ * scores and top-k skipped under it and the writes, then replayed without Lua, each replay
+ * deciding hit or miss on the device. Logits bit-equal to plain steps, and the reported hits,
+ * misses and selections equal to theirs (the token event reads the counter and adds the
+ * replayed layer steps). theta 0.5 hits and misses on the tiny model; 2 never hits. */
+KT_TEST(decode_graph_recorded_tokenselect_cache) {
+    COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=0.5,_device=emulate", 30, 40, 30, 8);
+    KT_CHECK(g_replayed >= 25 * 8, "theta 0.5: %lld layer steps of recorded handlers replayed (at least 25 x 8)", g_replayed);
+    KT_CHECK(atoi(g_rep[1]) >= 20 && atoi(g_rep[2]) >= 20, "theta 0.5: %s hits, %s misses (both at least 20)", g_rep[1],
+             g_rep[2]);
+    KT_CHECK(ks_lua_emu_live() == 0, "%ld emulated device blocks left", ks_lua_emu_live());
+    COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=2,_device=emulate", 30, 40, 30, 8);
+    KT_CHECK(g_replayed >= 25 * 8, "theta 2: %lld layer steps of recorded handlers replayed (at least 25 x 8)", g_replayed);
+    KT_CHECK(!strcmp(g_rep[1], "0") && atoi(g_rep[2]) >= 25 * 8, "theta 2: %s hits, %s misses", g_rep[1], g_rep[2]);
 }
 
 /* A long decode on a cache with room: past HREC_GROW rows (core/decode.c) the recording is made
