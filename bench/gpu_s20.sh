@@ -50,6 +50,8 @@
 #   s28      session 28's scores kernel (resident logits, tiles taken as they come): test_cuda_prims --only scores and
 #            --only grow, test_cuda_policies, memcheck and racecheck of the scores cases (--quick), bench_kernels --select
 #            (each build of $V, two rounds), then TokenSelect beside full at 32K and 128K (each build of $V)
+#   s29      session 29's recorded selection cache: test_cuda_policies --only "decode handler", memcheck of its
+#            cache_theta=0.5 case, then the cache step
 #   rec      session 27's recorded handlers: test_cuda_prims --only grow, the policies' decode handler cases, TokenSelect
 #            and full at 32K and 128K (each build of $V), one logged run of new
 # Usage: bash bench/gpu_s20.sh STEP...
@@ -276,6 +278,14 @@ step_t27() { # session 27's GPU tests of the final build: the programs its chang
       echo "== memcheck test_cuda_policies --quick --only segments: tokenselect"
       timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_policies --quick --only "segments: tokenselect" 2>&1 | tail -4
     ) >> $O/tests.txt
+}
+step_s29() { # session 29: TokenSelect's device-decided selection cache recorded and replayed: the policies' decode
+    # handler cases (new), memcheck of the cache case, then the cache step (each build of $V)
+    ( tst test_cuda_policies --only "decode handler"
+      echo "== memcheck test_cuda_policies --quick --only cache_theta=0.5"
+      timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_policies --quick --only "cache_theta=0.5" 2>&1 | tail -4
+    ) >> $O/tests.txt
+    step_cache
 }
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R

@@ -418,7 +418,7 @@ typedef struct seg_run {
     int n, graph_steps, joined_steps;
     long long replayed; /* layer steps whose recorded handler replayed (policy.h ks_action_replay) */
     float *lg;
-    char rep[64];
+    char rep[160];
 } seg_run;
 
 static int seg_run_one(ks_model *m, const char *name, const char *src, const char *params, const int32_t *prompt, int n,
@@ -435,15 +435,28 @@ static int seg_run_one(ks_model *m, const char *name, const char *src, const cha
     if (!st) st = ks_session_prefill(s, prompt, n);
     ks_sampler g;
     ks_sampler_init(&g, 0, 1, 0);
-    for (int t = 0; !st && t < steps; t++) {
-        int32_t id = force ? force[t] : ks_sample(&g, s->logits, vocab);
+    for (int t = 0; !st && t <= steps; t++) {
+        int32_t id = t == steps ? 0 : force ? force[t] : ks_sample(&g, s->logits, vocab);
+        if (s->policy && s->policy->on[KS_EV_TOKEN]) { /* as ks_generate fires it: the policy counts then */
+            ks_event ev;
+            ks_event_init(s, &ev, KS_EV_TOKEN, -1, 0, 1);
+            ev.token = id;
+            st = ks_event_fire(s, &ev);
+            ks_actions_free(&ev.act, ev.n_kv_heads);
+        }
+        if (st || t == steps) break;
         if (ids_out) ids_out[t] = id;
         st = ks_session_decode(s, id);
         if (!st) memcpy(r->lg + (size_t)t * vocab, s->logits, sizeof(float) * vocab);
         r->n = t + 1;
     }
-    const char *rep = p ? ks_policy_report(p, "q1") : NULL;
-    snprintf(r->rep, sizeof r->rep, "%s", rep ? rep : "-");
+    /* the reports compared with plain launches: the reader's q1, TokenSelect's counts */
+    static const char *const keys[] = {"q1", "selections", "cache_hits", "cache_misses"};
+    for (int i = 0; i < 4; i++) {
+        const char *rep = p ? ks_policy_report(p, keys[i]) : NULL;
+        size_t at = strlen(r->rep);
+        snprintf(r->rep + at, sizeof r->rep - at, "%s%s=%s", i ? " " : "", keys[i], rep ? rep : "-");
+    }
     if (s) r->graph_steps = s->graph_steps;
     if (s) r->joined_steps = s->joined_steps;
     if (s) r->replayed = ks_session_replayed_steps(s);
@@ -481,7 +494,7 @@ static void seg_case_rep(const char *dir, const char *pname, const char *src, co
                  g.replayed >= min_rep && (min_rep || !g.replayed) && !pl.replayed;
         result(ok, name,
                "graph vs plain: logits bit-equal %s (first difference at step %d, max |dlogit| %.3g, argmax %d/%d); "
-               "report q1 %s / %s; replayed steps %d of %d (at least %d; plain %d), joined %d (at least %d%s); "
+               "reports %s / %s; replayed steps %d of %d (at least %d; plain %d), joined %d (at least %d%s); "
                "recorded handlers replayed %lld layer steps (at least %lld%s)",
                first == steps ? "yes" : "NO", first, d, am, steps, g.rep, pl.rep, g.graph_steps, steps, min_graph,
                pl.graph_steps, g.joined_steps, min_joined, min_joined ? "" : ", none expected", g.replayed, min_rep,
@@ -601,8 +614,11 @@ int main(int argc, char **argv) {
     /* its default declares replay: recorded with the step once sparse, then replayed without Lua */
     seg_case_rep("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16", 30, 60, 50, 40, 40 * 8);
     seg_case_rep("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16,trace=true", 30, 60, 50, 0, 0);
-    /* its selection cache decided on the device (a mask, scores and top-k skipped, ks.where) */
-    seg_case("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=0.5", 30, 60, 50, 0);
+    /* its selection cache decided on the device (a mask, scores and top-k skipped, ks.where and
+     * ks.add into the cached list, fingerprint and hit counter): recorded and replayed too, the
+     * hits and misses counted as plain launches count them */
+    seg_case_rep("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=0.5", 30, 60, 50, 40,
+                 40 * 8);
     seg_case("models/kvsieve-tiny", "quest", NULL, "page=4,budget=32", 60, 60, 50, 0);
     /* held attends (device lists): every layer held (joined), one layer not, none */
     seg_case("models/kvsieve-tiny", "holder", SEG_HOLDER, "hold=true", 120, 60, 56, 50);
