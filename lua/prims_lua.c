@@ -631,7 +631,9 @@ static ks_tensor *opt_into(lua_State *L, int idx, ks_tdtype dt, int64_t n, const
         return NULL;
     }
     *slot = lua_gettop(L);
-    ks_lt_check(L, *slot, fn);
+    if (t->closed) ks_lua_errorf(L, fn, "option into: tensor used after it was closed");
+    if (t->lost) ks_lua_errorf(L, fn, "option into: device tensor lost: the handler that made it failed");
+    if (t->grow) ks_lua_errorf(L, fn, "option into follows the layer's rows in a recorded handler: only ks.scores and ks.topk write it");
     if (!ks_lt_owned(t))
         ks_lua_errorf(L, fn, "option into must own its memory (a result of a primitive, ks.tensor or :clone()), not a view");
     if (t->dtype != dt || t->numel != n)

@@ -293,7 +293,7 @@ def main():
     # ---- lua_prims: header (8 bytes) + program parts (see fuzz_lua_prims.c)
     FN = ['scores', 'pool1d', 'topk', 'sort', 'argsort', 'rank', 'unique', 'union', 'concat', 'arange', 'gather',
           'softmax', 'sum', 'mean', 'var', 'cosine', 'tensor', 'zeros', 'stack', 'rope', 'report', 'unhook', '_upload',
-          'page_reduce', 'bound_scores', 'page_rows', 'ge', 'where']
+          'page_reduce', 'bound_scores', 'page_rows', 'ge', 'where', 'add']
     TM = ['numel', 'tolist', 'item', 'slice', 'row', 'clone', 'float', 'int', 'reshape', 'size']
     EM = ['restart', 'propagate', 'retain', 'attend', 'stop', 'discard_kv', 'report', 'kv_pos', 'kv_keys', 'kv_values',
           'release']
@@ -304,10 +304,10 @@ def main():
          'sorted', 'descending', 'ddof', 'renumber', 'none', 'sum', 'max', 'mean', 'avg', 'last', 'group', 'div', 'mod',
          'index', 'value', 'rsqrt_d', 'sqrt_d', 'theta', 'max_pos', 'prefill_qkv', 'decode_qkv', 'token', 'x',
          'pages', 'before', 'after', 'check', 'min', 'minmax', 'group_max', 'group_sum', 'rope', 'base', 'values', 'hold',
-         'skip']
+         'skip', 'into']
     OPT = ['rows', 'qpos', 'kpos', 'scale', 'causal', 'softmax', 'key_range', 'out', 'reduce', 'gqa', 'threads', 'sorted',
            'descending', 'ddof', 'renumber', 'theta', 'max_pos', 'bogus', 'pages', 'before', 'after', 'check', 'rope',
-           'base', 'values', 'hold', 'skip']
+           'base', 'values', 'hold', 'skip', 'into']
     TOP = lambda k=0: 200 + k  # noqa: E731  the k-th latest value
 
     def field(f): return [11, EF.index(f)]
@@ -351,6 +351,11 @@ def main():
         + call("softmax", TOP(1)) + call("where", TOP(1), TOP(2), TOP()) + [4, 1, 104] + call("tensor", TOP())
         + opts(("skip", TOP())) + const(2) + call("topk", TOP(5), TOP(), TOP(1)) + field("q") + field("k")
         + [2, S.index("sum")] + opts(("reduce", TOP()), ("skip", TOP(6))) + call("scores", TOP(3), TOP(2), TOP()),
+        # in place: a hidden row cloned, where and add into it (and into a view of it, refused), read again
+        "into": field("hidden") + const(0) + meth("row", TOP(), recv=TOP(1)) + meth("clone") + const(1)
+        + call("ge", TOP(1), TOP()) + opts(("into", TOP(1))) + call("where", TOP(1), TOP(2), TOP(3), TOP())
+        + call("add", TOP(3), TOP(3), TOP(1)) + meth("tolist", recv=TOP(4)) + opts(("into", TOP(5)))
+        + call("add", TOP(6), TOP(6), TOP()) + meth("item", TOP(8), recv=TOP(6)),
         # begin part: unhook + report, then an event
         "begin": s("decode_qkv") + call("unhook", TOP()) + s("ab") + const(1) + call("report", TOP(1), TOP())
         + [0xfe, 0xfe] + field("n") + call("arange", TOP()) + evm("propagate", TOP()),
@@ -361,7 +366,7 @@ def main():
         "snapkv": [1, 3, 5, 0, 7, 4, 0, 0], "streaming": [0, 1, 7, 0, 3, 7, 0, 3], "tensor": [2, 2, 2, 0, 1, 2, 0, 1],
         "event": [9, 3, 3, 1, 9, 0x0b, 2, 0], "sort": [0, 4, 4, 0, 5, 3, 0, 1], "stale": [1, 2, 3, 0, 2, 3, 0, 3 << 3],
         "hostile": [0, 0, 2, 0, 0, 0, 0, 0], "many": [4, 1, 1, 0, 0, 1, 0, 3], "begin": [2, 2, 3, 0, 0, 2, 0, 0],
-        "masks": [1, 3, 5, 0, 7, 4, 0, 0],
+        "masks": [1, 3, 5, 0, 7, 4, 0, 0], "into": [1, 3, 5, 0, 7, 4, 0, 0],
     }
     for name, prog in progs.items():
         for dev in (0, 1):

@@ -385,4 +385,41 @@ do
   expect_error("topk: option skip: a mask of one value (ks.ge's), got 2 values", function() return ks.topk(v, 2, { skip = { 1, 1 } }) end)
 end
 
+-- ---------------------------------------------------------------- in place: where's and add's into
+
+do
+  local a, b = ks.tensor({ 1, 5, 9 }), ks.tensor({ 2, 6, 7 })
+  local t = a:clone()
+  assert(ks.where({ 0, 1, 0 }, t, b, { into = t }) == t, "where into returns the tensor written")
+  check_eq(t:tolist(), { 2, 5, 7 }, "where into (per element, t as a)")
+  ks.where({ 1 }, a, t, { into = t })
+  check_eq(t:tolist(), { 1, 5, 9 }, "where into (t as b)")
+  -- a view of the written tensor reads what was written, strided or not
+  local f = ks.tensor({ { 1, 2 }, { 3, 4 } }, "f32")
+  local col = f:slice(1, 1, 2)
+  local c0 = col:tolist()
+  assert(c0[1][1] == 2 and c0[2][1] == 4, "a strided view before")
+  ks.add(f, { { 10, 10 }, { 10, 10 } }, { into = f })
+  local c1 = col:tolist()
+  assert(c1[1][1] == 12 and c1[2][1] == 14, "the strided view after add into: " .. c1[1][1] .. ", " .. c1[2][1])
+  check_eq(ks.add({ 0.1 }, { 0.2 }):tolist(), (ks.tensor({ 0.1 }, "f32") + ks.tensor({ 0.2 }, "f32")):tolist(), "add == a + b")
+  local n = ks.tensor({ 0 }, "f32")
+  for _ = 1, 5 do ks.add(n, ks.ge({ 0.95 }, 0.9), { into = n }) end
+  assert(n:item(0) == 5, "a counter kept in place: " .. n:item(0))
+  -- a list valid by construction: one mask value keeps the union of both ranges
+  local l = ks.topk(ks.tensor({ 3, 1, 2 }, "f32"), 2)
+  ks.where({ 0 }, l, ks.arange(4, 6), { into = l })
+  check_eq(l:tolist(), { 4, 5 }, "a list written in place")
+  expect_error("where: option into must own its memory", function() return ks.where({ 1 }, a, b, { into = a:slice(0, 0, 3) }) end)
+  expect_error("add: option into must own its memory", function() return ks.add(f, f, { into = f:reshape(-1):reshape(2, 2) }) end)
+  expect_error("where: option into holds 4 f32 elements; the result is 3 i32 elements", function() return ks.where({ 1 }, a, b, { into = f }) end)
+  expect_error("add: option into holds 3 i32 elements; the result is 4 f32 elements", function() return ks.add(f, f, { into = a }) end)
+  expect_error("where: option into must be a tensor, got number", function() return ks.where({ 1 }, a, b, { into = 5 }) end)
+  expect_error("add: unknown option 'onto' (options: into)", function() return ks.add(f, f, { onto = f }) end)
+  expect_error("add: a and b differ in shape", function() return ks.add({ 1, 2 }, { 1 }) end)
+  local closed
+  do local c <close> = a:clone(); closed = c end
+  expect_error("where: option into: tensor used after it was closed", function() return ks.where({ 1 }, a, b, { into = closed }) end)
+end
+
 return "ok"
