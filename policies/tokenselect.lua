@@ -59,11 +59,13 @@
 -- trace). With cache_theta <= -1 (and no trace) the attend is held (ev:attend's hold): the
 -- engine repeats it at the layer's later decode steps without calling decode_qkv, so a step whose
 -- every layer hits runs no Lua (one recorded graph on a GPU); those hits are the engine's
--- ev.held_steps, added to cache_hits. Without the cache (and without trace or pooling) a decode
--- step's attend declares replay (ev:attend's replay): its candidates are given relative to the
--- layer's end, so on a GPU the engine records the step's handlers once and replays them at the
--- following steps without calling decode_qkv (one Lua call a step, the token event's);
--- ev.replayed_steps counts those layer steps, added to "selections".
+-- ev.held_steps, added to cache_hits. Without trace or pooling a decode step's attend declares
+-- replay (ev:attend's replay): its candidates are given relative to the layer's end, and the
+-- selection cache's state (the cached list, the fingerprint, the hit counter) is written in place
+-- (ks.where / ks.add's into), so on a GPU the engine records the step's handlers once and replays
+-- them at the following steps without calling decode_qkv (one Lua call a step, the token
+-- event's); ev.replayed_steps counts those layer steps, added to "selections" (with the cache,
+-- to its decisions: the token event reads the device's hit counter once).
 --
 -- Deliberate differences from the reference implementation:
 --   - GQA: the release scores query head h against KV head h % n_kv_heads; the model (and this
