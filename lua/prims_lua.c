@@ -642,7 +642,8 @@ static ks_tensor *opt_into(lua_State *L, int idx, ks_tdtype dt, int64_t n, const
     return t;
 }
 
-/* After a write into the tensor at slot: written in place for good, its mark dropped. */
+/* Before a write into the tensor at slot: written in place for good (even if the write fails
+ * half way), its mark dropped. */
 static void into_written(lua_State *L, int slot, ks_tensor *t) {
     t->mut = 1;
     ks_lt_unmark(L, slot);
@@ -678,10 +679,11 @@ static int l_where(lua_State *L) {
     const void *a = ks_lp_data(L, 2, ta, be);
     const void *b = ks_lp_data(L, 3, tb, be);
     ks_tensor *o = into;
-    if (into) lua_pushvalue(L, si);
-    else o = ks_lp_out(L, be, ta->dtype, ta->ndim, ta->shape);
+    if (into) {
+        lua_pushvalue(L, si);
+        into_written(L, -1, into);
+    } else o = ks_lp_out(L, be, ta->dtype, ta->ndim, ta->shape);
     KS_LP_PRIM(fn, be, where, m, tm->numel, a, b, ta->numel, o->data);
-    if (into) into_written(L, -1, into);
     if (marked) ks_lt_mark_sorted(L, -1, KS_MIN(alo, blo), KS_MAX(ahi, bhi));
     return 1;
 }
@@ -708,8 +710,10 @@ static int l_add(lua_State *L) {
     float *tmp = NULL;
     if (be) tmp = ks_lt_dnew(L, be, KS_T_F32, 1, &two)->data;
     ks_tensor *o = into;
-    if (into) lua_pushvalue(L, si);
-    else o = ks_lp_out(L, be, KS_T_F32, ta->ndim, ta->shape);
+    if (into) {
+        lua_pushvalue(L, si);
+        into_written(L, -1, into);
+    } else o = ks_lp_out(L, be, KS_T_F32, ta->ndim, ta->shape);
     if (be) {
         KS_LP_CORE(fn, be->prims->concat_f32(be, a, ta->numel, b, tb->numel, tmp));
         KS_LP_CORE(fn, be->prims->sum(be, tmp, 2, ta->numel, 0, o->data));
@@ -717,7 +721,6 @@ static int l_add(lua_State *L) {
         float *y = o->data;
         for (int64_t i = 0; i < ta->numel; i++) y[i] = (float)((double)a[i] + (double)b[i]);
     }
-    if (into) into_written(L, -1, into);
     return 1;
 }
 
