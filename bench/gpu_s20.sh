@@ -50,6 +50,8 @@
 #   s28      session 28's scores kernel (resident logits, tiles taken as they come): test_cuda_prims --only scores and
 #            --only grow, test_cuda_policies, memcheck and racecheck of the scores cases (--quick), bench_kernels --select
 #            (each build of $V, two rounds), then TokenSelect beside full at 32K and 128K (each build of $V)
+#   t29      session 29's GPU tests: test_cuda_policies (with stories260K), test_cuda_prims --only masks, memcheck of the
+#            TokenSelect segment cases of test_cuda_policies
 #   s29      session 29's recorded selection cache: test_cuda_policies --only "decode handler", memcheck of its
 #            cache_theta=0.5 case, then the cache step
 #   rec      session 27's recorded handlers: test_cuda_prims --only grow, the policies' decode handler cases, TokenSelect
@@ -286,6 +288,13 @@ step_s29() { # session 29: TokenSelect's device-decided selection cache recorded
       timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_policies --quick --only "cache_theta=0.5" 2>&1 | tail -4
     ) >> $O/tests.txt
     step_cache
+}
+step_t29() { # session 29's GPU tests of the final build: the policies against the CPU (the selection cache's device path
+    # included), the mask primitives, memcheck of the TokenSelect segment cases (the recorded cache among them)
+    ( tst test_cuda_policies --stories .data/stories260K; tst test_cuda_prims --only masks
+      echo "== memcheck test_cuda_policies --quick --only segments: tokenselect"
+      timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_policies --quick --only "segments: tokenselect" 2>&1 | tail -4
+    ) >> $O/tests.txt
 }
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R
