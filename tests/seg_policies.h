@@ -1,11 +1,13 @@
 /* seg_policies.h — Lua policies for the tests of decode steps recorded in segments, shared by
  * the CPU test (tests/test_decode_graph.c) and the CUDA one (tests/cuda/test_cuda_policies.c), so
- * that both check the same handler. */
+ * that both check the same handler, and the helpers both runs use. */
 #ifndef KS_TEST_SEG_POLICIES_H
 #define KS_TEST_SEG_POLICIES_H
 
 #include <stdio.h>
 #include <string.h>
+#include "engine.h"
+#include "forward.h"
 #include "kvsieve.h"
 
 /* attends to all rows but the first at layer 1 of every 7th step (steps 3, 10, ...), and at step
@@ -63,6 +65,19 @@ static inline ks_status seg_set_params(ks_policy *p, const char *params) {
         *eq = 0;
         st = ks_policy_set(p, tok, eq + 1);
     }
+    return st;
+}
+
+/* Fire the token event of id on session s as ks_generate fires it, before the step that decodes
+ * id (a policy counts its device decisions there: TokenSelect's selection cache); KS_OK where
+ * the policy has no token handler. */
+static inline ks_status seg_fire_token(ks_session *s, int32_t id) {
+    if (!s->policy || !s->policy->on[KS_EV_TOKEN]) return KS_OK;
+    ks_event ev;
+    ks_event_init(s, &ev, KS_EV_TOKEN, -1, 0, 1);
+    ev.token = id;
+    ks_status st = ks_event_fire(s, &ev);
+    ks_actions_free(&ev.act, ev.n_kv_heads); /* none is legal here */
     return st;
 }
 

@@ -693,13 +693,7 @@ static ks_status drun_one(ks_model *m, const char *name, const char *src, const 
     ks_sampler_init(&g, 0, 1, 0);
     for (int t = 0; !st && t <= steps; t++) {
         int32_t id = t == steps ? 0 : force ? force[t] : ks_sample(&g, s->logits, vocab);
-        if (s->policy && s->policy->on[KS_EV_TOKEN]) { /* as ks_generate fires it: the policy counts then */
-            ks_event ev;
-            ks_event_init(s, &ev, KS_EV_TOKEN, -1, 0, 1);
-            ev.token = id;
-            st = ks_event_fire(s, &ev);
-            ks_actions_free(&ev.act, ev.n_kv_heads);
-        }
+        st = seg_fire_token(s, id); /* as ks_generate fires it: the policy counts then */
         if (st || t == steps) break;
         r->ids[t] = id;
         st = ks_session_decode(s, id);
