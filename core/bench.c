@@ -164,6 +164,7 @@ ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks_bench_
         ks_sampler_init(&smp, 0, 1, 0);
         double t1 = ks_now();
         int graph0 = s->graph_steps;
+        long long rep0 = ks_session_replayed_steps(s);
         /* greedy: the argmax on the device where the backend has one (ks_session_decode_greedy) */
         int32_t next = ks_sample(&smp, s->logits, c->vocab);
         for (int g = 0; g < o->gen && !st; g++) st = ks_session_decode_greedy(s, next, &next);
@@ -171,6 +172,7 @@ ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks_bench_
         if (!st) {
             out->timed_steps += o->gen;
             out->graph_steps += s->graph_steps - graph0;
+            out->replayed_steps += (long)(ks_session_replayed_steps(s) - rep0);
         }
         td = fmin(td, tdr);
         if (!st) { out->prefill_s[out->runs] = t; out->decode_s[out->runs] = tdr; out->runs++; }

@@ -492,6 +492,8 @@ typedef struct ks_bench_result {
     long graph_steps;           /* how many of them replayed a recorded graph (the whole step, or
                                  * its segments around a decode handler); 0 on a backend without
                                  * graphs (the CPU) or with them off */
+    long replayed_steps;        /* layer steps of them whose recorded decode handler replayed without
+                                 * calling the policy (ks_session_replayed_steps) */
 } ks_bench_result;
 
 /* Measure prompt ids[0..n) on session s (its policy included): one untimed warm-up prefill of

@@ -409,8 +409,9 @@ int ks_cli_bench(int argc, char **argv) {
             json_num(jf, r->r.linear_gflops);
             fputs(", \"sgemm_gflops\": ", jf);
             json_num(jf, r->r.gemm_gflops);
-            fprintf(jf, ", \"kv_rows_per_head\": %zu, \"decode_steps\": %ld, \"graph_steps\": %ld",
-                    r->r.kv_rows / ((size_t)c.n_layers * c.n_kv_heads), r->r.timed_steps, r->r.graph_steps);
+            fprintf(jf, ", \"kv_rows_per_head\": %zu, \"decode_steps\": %ld, \"graph_steps\": %ld, \"replayed_layer_steps\": %ld",
+                    r->r.kv_rows / ((size_t)c.n_layers * c.n_kv_heads), r->r.timed_steps, r->r.graph_steps,
+                    r->r.replayed_steps);
             if (has_mem) {
                 fputs(", \"peak_gib\": ", jf);
                 json_num(jf, GIB(r->r.memory.peak));

@@ -912,6 +912,39 @@ KT_TEST(decode_graph_bench_counts_replays) {
     KT_CHECK(st == KS_OK, "%s", ks_last_error());
     KT_CHECK(rt == 20 && rg >= 16 && rg <= 20, "recorder: %ld of %ld timed steps replayed", rg, rt);
     KT_CHECK(pt == 20 && pg == 0, "plain CPU: %ld of %ld timed steps replayed", pg, pt);
+    /* TokenSelect's recorded handlers (its default and its selection cache on the emulated
+     * device): the layer steps they replayed, counted; none on the plain CPU */
+    static const char *const ts[] = {"n_init=4,n_local=16,k=4,_device=emulate",
+                                     "n_init=4,n_local=16,k=4,cache_theta=0.5,_device=emulate"};
+    for (int i = 0; i < 2; i++) {
+        long rep[2] = {-1, -1};
+        for (int side = 0; side < 2; side++) {
+            ks_backend *b2 = side ? NULL : recorder_create();
+            ks_backend *c2 = NULL;
+            ks_model *m2 = NULL;
+            ks_policy *p = NULL;
+            ks_session *s2 = NULL;
+            if (side) KT_CHECK(!ks_cpu_backend_create(&o, &c2), "cpu");
+            st = ks_model_load(TINY, side ? c2 : b2, 0, &m2);
+            if (!st) st = ks_policy_load(m2, "tokenselect", &p);
+            if (!st) st = seg_set_params(p, ts[i]);
+            if (!st) st = ks_session_create(m2, &s2);
+            if (!st) st = ks_session_set_policy(s2, p);
+            ks_bench_result r2;
+            memset(&r2, 0, sizeof r2);
+            if (!st) st = ks_bench_run(s2, ids, 24, &bo, NULL, &r2);
+            rep[side] = r2.replayed_steps;
+            ks_bench_result_free(&r2);
+            ks_session_free(s2);
+            ks_policy_free(p);
+            ks_model_free(m2);
+            ks_backend_free(c2);
+            if (!side) recorder_free();
+            KT_CHECK(st == KS_OK, "%s: %s", ts[i], ks_last_error());
+        }
+        KT_CHECK(rep[0] >= 8 * 8 && rep[1] == 0, "%s: %ld layer steps replayed on the recorder (at least 64), %ld on the CPU",
+                 ts[i], rep[0], rep[1]);
+    }
 }
 
 /* a backend that cannot join the segments: said once, the held steps launch them one by one */
