@@ -955,6 +955,8 @@ static ks_status decode_replayed(ks_session *s, ks_decode_state *d, int32_t id, 
             d->hjoined[0] = d->hjoined[1] = d->hjoined[2] = NULL;
             d->hjoin_failed = 1;
             if (st != KS_ERR_UNSUPPORTED) return st;
+            ks_logf(KS_LOG_INFO, "decode: replayed steps launch their %d recorded segments and handlers one by one (%s)",
+                    total, ks_last_error());
             ks_clear_error();
         }
     }
