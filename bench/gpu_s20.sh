@@ -54,6 +54,11 @@
 #            TokenSelect segment cases of test_cuda_policies
 #   s29      session 29's recorded selection cache: test_cuda_policies --only "decode handler", memcheck of its
 #            cache_theta=0.5 case, then the cache step
+#   s30      session 30's recorded Quest (a page tail followed on the device): test_attn_list --quick (page_case),
+#            test_cuda_policies --only "segments: quest", their memchecks, then q30
+#   t30      session 30's GPU tests: test_cuda_policies (with stories260K), test_attn_list --quick, test_cuda_prims
+#            --only stage, test_cuda --quick, memcheck of the segment cases of test_cuda_policies
+#   q30      Quest and full at 128K (--gen 16, the table's, and --gen 32) and at 32K, each build of $V
 #   rec      session 27's recorded handlers: test_cuda_prims --only grow, the policies' decode handler cases, TokenSelect
 #            and full at 32K and 128K (each build of $V), one logged run of new
 # Usage: bash bench/gpu_s20.sh STEP...
@@ -295,6 +300,28 @@ step_t29() { # session 29's GPU tests of the final build: the policies against t
       echo "== memcheck test_cuda_policies --quick --only segments: tokenselect"
       timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_policies --quick --only "segments: tokenselect" 2>&1 | tail -4
     ) >> $O/tests.txt
+}
+step_s30() { # session 30: Quest's handlers recorded within its current page
+    ( tst test_attn_list --quick; tst test_cuda_policies --only "segments: quest"
+      echo "== memcheck test_attn_list --quick"
+      timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_attn_list --quick 2>&1 | tail -3
+      echo "== memcheck test_cuda_policies --quick --only segments: quest"
+      timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_policies --quick --only "segments: quest" 2>&1 | tail -3
+    ) >> $O/tests.txt
+    step_q30
+}
+step_t30() { # session 30's GPU tests of the final build: the policies against the CPU (stories260K too), the
+    # attention over lists (page tails), the staging, test_cuda --quick, memchecks of the Quest and TokenSelect segment cases
+    ( tst test_cuda_policies --stories .data/stories260K; tst test_attn_list --quick; tst test_cuda_prims --only stage
+      tst test_cuda --quick
+      echo "== memcheck test_cuda_policies --quick --only segments:"
+      timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_policies --quick --only "segments:" 2>&1 | tail -3
+    ) >> $O/tests.txt
+}
+step_q30() { # session 30: one round of Quest beside full (128K --gen 16 and 32, 32K), each build of $V
+    ( row 128K-g16 --lengths 131040 --gen 16 --policy none,quest --set quest.budget=4096
+      row 128K-g32 --lengths 131040 --gen 32 --policy none,quest --set quest.budget=4096
+      row 32K --lengths 32768 --gen 32 --policy none,quest --set quest.budget=4096 ) >> $O/quest.txt
 }
 for s in "$@"; do echo "== step $s $(date +%T)"; step_$s; done
 rm -rf $R

@@ -3,6 +3,8 @@
  * every kernel, memcpy and memset (graph-launched ones too) and writes them, one line each, to
  * the file KTRACE_OUT names (default ktrace.csv) when the program exits:
  *   K|C|S,start_ns,end_ns,stream,graph_node,name      (C: memcpy, its kind as the name; S: memset)
+ *   R,start_ns,end_ns,thread,0,name                    (a CUDA runtime call of the host: the time the
+ *                                                       host spent in it, on the same clock)
  * The device machine has ncu but no nsys; ncu serialises kernels and so cannot show the gaps
  * between them, which is what a decode step's launches cost. bench/ktrace.py sums a run's
  * decode steps from this file. Build (CUDA 13; not part of `make`):
@@ -37,6 +39,12 @@ static void CUPTIAPI buf_complete(CUcontext ctx, uint32_t stream, uint8_t *buf, 
             const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)r;
             fprintf(g_out, "C,%llu,%llu,%u,%u,memcpy%u_%llu\n", (unsigned long long)m->start, (unsigned long long)m->end,
                     m->streamId, m->graphNodeId ? 1u : 0u, (unsigned)m->copyKind, (unsigned long long)m->bytes);
+        } else if (r->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+            const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)r;
+            const char *name = NULL;
+            if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS || !name) name = "?";
+            fprintf(g_out, "R,%llu,%llu,%u,0,%s\n", (unsigned long long)a->start, (unsigned long long)a->end,
+                    (unsigned)a->threadId, name);
         } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
             const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)r;
             fprintf(g_out, "S,%llu,%llu,%u,%u,memset_%llu\n", (unsigned long long)m->start, (unsigned long long)m->end,
@@ -62,7 +70,8 @@ int InitializeInjection(void) {
     if (cuptiActivityRegisterCallbacks(buf_request, buf_complete) != CUPTI_SUCCESS ||
         cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS ||
         cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS ||
-        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET) != CUPTI_SUCCESS) {
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET) != CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME) != CUPTI_SUCCESS) {
         fprintf(stderr, "ktrace: CUPTI refused the activity records\n");
         return 0;
     }

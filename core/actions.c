@@ -346,7 +346,7 @@ ks_status ks_action_attend_dev_ranges(ks_event *ev, const ks_dev_list *l, const 
                          "[%lld, %lld) are not ascending inside the %d rows of every KV head", e, ev->layer, (long long)b0,
                          (long long)b1, (long long)l->lo, (long long)l->hi, (long long)a0, (long long)a1, rows);
     ks_backend *be = (ks_backend *)ev->be;
-    if (be->attn_ranges && l->rows == 1) { /* read in place: the list alone is copied */
+    if (be->attn_ranges && (l->rows == 1 || l->rows == H)) { /* read in place: the list alone is copied */
         ks_status st = ks_action_attend_dev(ev, l, renumber);
         if (st) return st;
         ev->act.attend_seg = 1;
@@ -365,6 +365,29 @@ ks_status ks_action_attend_dev_ranges(ks_event *ev, const ks_dev_list *l, const 
     if (!st) st = ks_action_attend_dev(ev, &whole, renumber);
     be->free(be, buf); /* stream-ordered: after the action's copy of it */
     return st;
+}
+
+ks_status ks_action_attend_page(ks_event *ev, int page) {
+    if (ev->kind != KS_EV_DECODE_QKV) return illegal(ev, "attend");
+    if (page < 1) return ks_errorf(KS_ERR_POLICY, "attend (layer %d): a page of %d rows", ev->layer, page);
+    const ks_actions *a = &ev->act;
+    if (!a->attend || !a->attend_dev)
+        return ks_errorf(KS_ERR_POLICY, "attend (layer %d): page follows a device-list attend with a trailing range",
+                         ev->layer);
+    int N = ev->kv && ev->kv->n ? ev->kv->n[0] : 0;
+    for (int h = 1; ev->kv && ev->kv->n && h < ev->n_kv_heads; h++)
+        if (ev->kv->n[h] != N)
+            return ks_errorf(KS_ERR_POLICY, "attend (layer %d): page with KV heads of different rows (%d and %d)", ev->layer,
+                             N, ev->kv->n[h]);
+    int64_t p0 = N > 0 ? (int64_t)(N - 1) / page * page : 0;
+    /* a built list (a backend that does not read ranges) holds the page's rows as they are now:
+     * nothing to follow, and such a backend does not replay */
+    int32_t a0 = a->attend_seg ? a->seg_a0 : (int32_t)p0, a1 = a->attend_seg ? a->seg_a1 : N;
+    if (N < 1 || a0 != p0 || a1 != N)
+        return ks_errorf(KS_ERR_POLICY, "attend (layer %d): the trailing range [%d, %d) is not the current page of %d rows "
+                         "[%lld, %d)", ev->layer, a0, a1, page, (long long)p0, N);
+    if (a->attend_seg) ev->act.seg_page = page;
+    return KS_OK;
 }
 
 ks_status ks_action_attend_dev(ks_event *ev, const ks_dev_list *l, int renumber) {

@@ -111,6 +111,13 @@ typedef struct ks_attn_args {
                                     seg_a1): the list the engine would otherwise build with
                                     page_rows, read in place (renumbered slots run over all three) */
     int32_t seg_b0, seg_b1, seg_a0, seg_a1;
+    int32_t seg_page;            /* with seg, one decode row: 0, or P >= 1: the trailing range is the
+                                    current page of P rows, seg_a0 = (seg_a1 - 1) / P * P and seg_a1
+                                    the layer's rows (Quest's newest page). A staged slot keeps it so:
+                                    at a replay the trailing range is the page of that step's newest
+                                    row, its length (1 .. P) and the lists' counts following it; the
+                                    split count is chosen for the longest (P rows), plain or staged,
+                                    so both give the same bits */
     uint64_t idx_gen;            /* device lists: 0, or an id of their contents, unique on this backend
                                     (ks_backend.list_gen): the same id again means the same lists at the
                                     same addresses (a hint: the CUDA backend reads lists in place and
@@ -363,8 +370,11 @@ struct ks_backend {
     /* ---- one graph of a step's segments (optional; NULL = none): *out runs segs[0 .. n) in
      * that order as one launch, through graph_run (which sets the step slot as it would for
      * segs[0]); freed with graph_free, the segments stay the caller's. For a step whose every
-     * layer's attend is held (no host work between the segments: core/decode.c). The same
-     * errors as graph_end; KS_ERR_UNSUPPORTED (message set) where these cannot be joined. */
+     * layer's attend is held (no host work between the segments: core/decode.c). *out on entry:
+     * NULL, or an earlier join the caller gives up (it is the backend's from then on, whatever
+     * the result): the backend may make the new join by updating it (CUDA: where the graphs
+     * differ only in their kernels' arguments, much cheaper than a new one), else frees it. The
+     * same errors as graph_end; KS_ERR_UNSUPPORTED (message set) where these cannot be joined. */
     ks_status (*graph_join)(ks_backend *b, ks_graph *const *segs, int n, ks_graph **out);
     /* Lists for a recorded attention (optional; NULL = a step whose handler attends is not
      * recorded): point slot `slot`'s fixed descriptor at the one-row attend lists of `a` (device

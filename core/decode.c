@@ -62,18 +62,25 @@ typedef struct ks_decode_state {
     int nh;
     int32_t hpos;
     int64_t hgrow;
+    int hlim;                /* hgrow is a handler's (ks_action_replay_within): past it the declarations
+                                are stale too, so the events fire before anything is recorded anew */
     char *rep;               /* (n_layers), in seg_att's allocation */
     int hfails;              /* handler recordings that failed; none tried after 2 */
     ks_graph *hjoined[3];    /* HJOIN_CUT */
+    ks_graph *hjold[3];      /* the joins of a recording dropped at its handlers' limit (hlim), given to
+                                the next join to update (graph_join's *out) */
     int hjoin_failed;
     ks_devcheck *chk;        /* deferred checks of attend device lists (actions.c), or NULL */
 } ks_decode_state;
 
 /* Free the recorded handlers (the segments stay). */
 static void dec_drop_handlers(ks_session *s, ks_decode_state *d) {
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
         if (d->hjoined[i]) s->be->graph_free(s->be, d->hjoined[i]);
+        if (d->hjold[i]) s->be->graph_free(s->be, d->hjold[i]);
+    }
     d->hjoined[0] = d->hjoined[1] = d->hjoined[2] = NULL;
+    d->hjold[0] = d->hjold[1] = d->hjold[2] = NULL;
     d->hjoin_failed = 0;
     for (int l = 0; l < d->nh; l++) s->be->graph_free(s->be, d->hseg[l]);
     d->nh = 0;
@@ -392,7 +399,8 @@ static ks_status dec_layer_fire(ks_session *s, ks_fwd_buf *b, int l, int32_t *po
     ks_status st = ks_event_fire(s, &ev);
     PROF(s, KS_PH_POLICY);
     *act = ks_actions_take(&ev);
-    if (!st && s->dec) s->dec->rep[l] = (char)act->replay;
+    /* a declaration valid for one more row only would make a recording that never replays */
+    if (!st && s->dec) s->dec->rep[l] = (char)(act->replay && act->replay_rows != 1);
     if (!st && act->hold) st = ks_hold_commit(s, l, act);
     if (st) ks_actions_free(act, s->m->cfg.n_kv_heads);
     return st;
@@ -858,6 +866,7 @@ static ks_status decode_record_handlers(ks_session *s, ks_decode_state *d, int32
     for (int l = 0; l < nl; l++) /* rows each layer can still take after this step's */
         for (int h = 0; h < c->n_kv_heads; h++) grow = KS_MIN(grow, (int64_t)s->kv[l].capacity - s->kv[l].n[h] - 1);
     if (grow < 1) return KS_ERR_UNSUPPORTED;
+    int64_t lim = grow; /* the growth the recording allows: grow, or less where a handler said so */
     ks_status st = be->graph_run(be, d->seg[0], id, pos);
     if (st == KS_ERR_UNSUPPORTED) { ks_decode_drop_graph(s); return st; }
     if (st) return st;
@@ -905,12 +914,14 @@ static ks_status decode_record_handlers(ks_session *s, ks_decode_state *d, int32
             dec_drop_handlers(s, d);
             return seg_replay(s, d, id, pos, l, 1, &act);
         }
+        if (act.replay_rows > 0) lim = KS_MIN(lim, act.replay_rows); /* ks_action_replay_within */
         int plain;
         st = dec_stage_next(s, d, id, pos, l, att, &act, &plain);
         if (plain || st) { dec_drop_handlers(s, d); return st; }
     }
     d->hpos = pos;
-    d->hgrow = grow;
+    d->hgrow = lim;
+    d->hlim = lim < grow;
     d->seg_miss = 0;
     s->graph_steps++;
     return KS_OK;
@@ -934,7 +945,14 @@ static ks_status decode_replayed(ks_session *s, ks_decode_state *d, int32_t id, 
     const int nl = s->m->cfg.n_layers;
     ks_backend *be = s->be;
     if (pos < d->hpos || pos - d->hpos > d->hgrow) {
+        ks_graph *keep[3] = {NULL, NULL, NULL};
+        if (d->hlim) { /* a handler's own limit: fire the events first, and keep the joins to update */
+            memset(d->rep, 0, (size_t)nl);
+            memcpy(keep, d->hjoined, sizeof keep);
+            memset(d->hjoined, 0, sizeof d->hjoined);
+        }
         dec_drop_handlers(s, d);
+        memcpy(d->hjold, keep, sizeof keep);
         return KS_ERR_UNSUPPORTED;
     }
     ks_status st;
@@ -947,7 +965,11 @@ static ks_status decode_replayed(ks_session *s, ks_decode_state *d, int32_t id, 
         int cut[4] = {0, KS_MIN(HJOIN_CUT[0], total), KS_MIN(HJOIN_CUT[1], total), total}, k = 0;
         st = KS_OK;
         for (int i = 0; !st && i < 3; i++)
-            if (cut[i + 1] > cut[i]) st = be->graph_join(be, all + cut[i], cut[i + 1] - cut[i], &d->hjoined[k++]);
+            if (cut[i + 1] > cut[i]) {
+                d->hjoined[k] = d->hjold[i]; /* the backend's from here: updated into the new join, or freed */
+                d->hjold[i] = NULL;
+                st = be->graph_join(be, all + cut[i], cut[i + 1] - cut[i], &d->hjoined[k++]);
+            }
         free(all);
         if (st) {
             for (int i = 0; i < 3; i++)

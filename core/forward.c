@@ -67,6 +67,7 @@ ks_attn_args ks_layer_attn_args(const ks_session *s, const ks_fwd_buf *b, int n,
             aa.seg = 1;
             aa.seg_b0 = act->seg_b0; aa.seg_b1 = act->seg_b1;
             aa.seg_a0 = act->seg_a0; aa.seg_a1 = act->seg_a1;
+            aa.seg_page = act->seg_page;
         }
     }
     return aa;

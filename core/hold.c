@@ -174,10 +174,21 @@ ks_status ks_action_hold(ks_event *ev, const ks_dev_list *l, const int64_t r[4])
 
 ks_status ks_action_replay(ks_event *ev) {
     if (ev->kind != KS_EV_DECODE_QKV)
-        return ks_errorf(KS_ERR_POLICY, "attend: replay only in decode_qkv (asked in %s)", ks_event_name(ev->kind));
-    if (!ev->act.attend || !ev->act.attend_dev)
-        return ks_errorf(KS_ERR_POLICY, "attend (layer %d): replay follows a device-list attend (a list the policy's "
-                         "primitives made on the device)", ev->layer);
+        return ks_errorf(KS_ERR_POLICY, "replay only in decode_qkv (asked in %s)", ks_event_name(ev->kind));
+    const ks_actions *a = &ev->act;
+    int other = a->restart || a->propagate || a->retain || a->stop || a->discard_kv || (a->renumber && !a->attend);
+    if (other || (a->attend && !a->attend_dev))
+        return ks_errorf(KS_ERR_POLICY, "replay (layer %d): only a device-list attend (a list the policy's primitives "
+                         "made on the device), or nothing, can be recorded", ev->layer);
     ev->act.replay = 1;
+    ev->act.replay_rows = 0;
     return KS_OK;
+}
+
+ks_status ks_action_replay_within(ks_event *ev, int64_t rows) {
+    if (rows < 1)
+        return ks_errorf(KS_ERR_POLICY, "replay (layer %d): within %lld rows: must be at least 1", ev->layer, (long long)rows);
+    ks_status st = ks_action_replay(ev);
+    if (!st) ev->act.replay_rows = rows;
+    return st;
 }

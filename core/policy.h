@@ -108,6 +108,8 @@ typedef struct ks_actions {
     int attend_seg;                               /* attend_dev lists with row ranges around them (the
                                                      backend's attn_ranges): ks_attn_args.seg */
     int32_t seg_b0, seg_b1, seg_a0, seg_a1;       /* with attend_seg */
+    int32_t seg_page;                             /* with attend_seg: 0, or the trailing range is the current
+                                                     page of seg_page rows (ks_action_attend_page) */
     void *attend_dbuf, *retain_dbuf, *prop_dbuf;  /* backend copies of device lists, or NULL */
     ks_lend *attend_lend;                         /* a list read where it is (held; released by ks_actions_free) */
     int retain_rows, retain_k, retain_checked;    /* retain_dbuf: (retain_rows, retain_k), checked by construction */
@@ -120,6 +122,9 @@ typedef struct ks_actions {
     int64_t hold_r[4];                            /* and the ranges the attend was given */
     int replay;                                   /* the event's device work may be recorded and replayed
                                                      (ks_action_replay) */
+    int64_t replay_rows;                          /* with replay: 0, or the most rows the layer may gain
+                                                     after this event's before the work is stale
+                                                     (ks_action_replay_within) */
 } ks_actions;
 
 typedef struct ks_event {
@@ -193,6 +198,13 @@ ks_status ks_action_attend_dev(ks_event *ev, const ks_dev_list *l, int renumber)
  * is ks_action_attend_dev of that whole list (the list page_rows builds with pages of one row);
  * a backend with attn_ranges reads the ranges in place instead of a built list. */
 ks_status ks_action_attend_dev_ranges(ks_event *ev, const ks_dev_list *l, const int64_t r[4], int renumber);
+/* After ks_action_attend_dev_ranges in a DECODE_QKV event: its trailing range [r[2], r[3]) is the
+ * current page of `page` rows, r[2] = (N - 1) / page * page and r[3] = N (N the layer's rows, the
+ * new row included), and stays so when the attend is replayed (ks_action_replay): at a later step
+ * the range is that step's current page, [(N' - 1) / page * page, N'), not the same rows moved (a
+ * Quest step attends its newest, partial page). KS_ERR_POLICY: not in DECODE_QKV, no ranged
+ * device attend before, page < 1, or a trailing range that is not that page. */
+ks_status ks_action_attend_page(ks_event *ev, int page);
 ks_status ks_action_retain_dev(ks_event *ev, const ks_dev_list *l);
 ks_status ks_action_propagate_dev(ks_event *ev, const ks_dev_list *l);
 ks_status ks_action_stop(ks_event *ev);
@@ -227,8 +239,15 @@ ks_status ks_action_hold_host(ks_event *ev, const int32_t *idx, int k, const int
  * event (core/decode.c decode_replayed), as long as the recording fits. Like a hold it is a
  * permission: the event fires again after a change of policy, a prefill, a reset, past the
  * growth the recording allowed, or where a recording fails. The session counts the layer steps
- * so replayed (ks_session_replayed_steps). KS_ERR_POLICY: not in DECODE_QKV, no device attend
- * asked first in this event. */
+ * so replayed (ks_session_replayed_steps). A handler that asked for nothing may declare it too
+ * (what it ran is recorded; the layer attends to every row). KS_ERR_POLICY: not in DECODE_QKV,
+ * or an action other than a device-list attend asked first in this event. */
 ks_status ks_action_replay(ks_event *ev);
+/* ks_action_replay, the work valid only while the layer gains at most `rows` (>= 1) rows after
+ * this event's: a recording made at this event is replayed at most `rows` steps (Quest: until its
+ * current page is full, after which a new page joins the candidates and its summaries change).
+ * A handler that asks for nothing (a layer it leaves dense) may declare either: its recorded work
+ * is what it ran, nothing to attend. KS_ERR_POLICY as ks_action_replay, or rows < 1. */
+ks_status ks_action_replay_within(ks_event *ev, int64_t rows);
 
 #endif

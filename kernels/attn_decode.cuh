@@ -46,7 +46,10 @@ typedef struct ks_cuda_attn_params {
      * around each head's list (ks_attn_args.seg): key t < nb is row b0 + t, then the list's
      * entries, then the last na keys are rows a0, a0 + 1, ... (the counts include all three).
      * By value: seg_b0, seg_nb, seg_a0, seg_na; a recorded launch reads seg_dev (DEVICE
-     * {b0, nb, arel, na}, a0 = qpos + 1 + arel when it runs) instead. Zeros / NULL: no ranges. */
+     * {b0, nb, arel, na, page}, a0 = qpos + 1 + arel when it runs; page > 0: a page tail, its end
+     * e = qpos + 1 + arel, a0 = (e - 1) / page * page, na = e - a0, and each head's count nk[h]
+     * (staged with the staging step's na) grown by the difference) instead. Zeros / NULL: no
+     * ranges. */
     int seg_b0, seg_nb, seg_a0, seg_na;
     const int32_t *seg_dev;
 } ks_cuda_attn_params;

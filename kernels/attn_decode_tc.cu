@@ -123,7 +123,28 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     float *sML = (float *)(smem + 16 * D * 2 + TC_WARPS * tc_wregion<D, RM, NS>()); /* (warps, 16, 2) */
     __shared__ int s_tab_rows; /* RM 2: rows of a table that matches this call (0: compute) */
 
-    const int nkh = bv.on ? bv.nk[kv] + (bv.dyn ? bv.dyn[1] : 0) : p.nk[kv];
+    /* row ranges around the list (p.seg_*): keys [0, snb) are rows sb0.., keys [nkh - sna, nkh)
+     * rows sa0.., the keys between the list's entries. A staged page tail (seg_dev[4] = P > 0) is
+     * the page of the row before its end: its length and the head's count follow the step */
+    int sb0 = 0, snb = 0, sa0 = 0, sna = 0, grown = 0;
+    if constexpr (RG) {
+        sb0 = p.seg_b0, snb = p.seg_nb, sa0 = p.seg_a0, sna = p.seg_na;
+        if (!bv.on && p.seg_dev) {
+            sb0 = p.seg_dev[0];
+            snb = p.seg_dev[1];
+            sna = p.seg_dev[3];
+            const int pg = p.seg_dev[4];
+            if (pg > 0) {
+                const int end = p.qpos[0] + 1 + p.seg_dev[2];
+                sa0 = (end - 1) / pg * pg;
+                grown = (end - sa0) - sna; /* the staged count held the staging step's tail */
+                sna = end - sa0;
+            } else {
+                sa0 = p.qpos[0] + 1 + p.seg_dev[2];
+            }
+        }
+    }
+    const int nkh = bv.on ? bv.nk[kv] + (bv.dyn ? bv.dyn[1] : 0) : p.nk[kv] + grown;
     const int qpos1 = bv.dyn ? bv.dyn[0] : bv.qpos;
     const int quantum = TC_WARPS * TC_KT;
     int per = (nkh + n_splits - 1) / n_splits;
@@ -131,18 +152,6 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     const int tb = split * per, te = min(nkh, tb + per);
     const int32_t *ib = p.idx_at ? *p.idx_at : p.idx; /* a recorded step's lists: where the slot says now */
     const int32_t *ix = ib ? ib + (bv.on ? bv.off[kv] : p.idx_off[kv]) : nullptr;
-    /* row ranges around the list (p.seg_*): keys [0, snb) are rows sb0.., keys [nkh - sna, nkh)
-     * rows sa0.., the keys between the list's entries */
-    int sb0 = 0, snb = 0, sa0 = 0, sna = 0;
-    if constexpr (RG) {
-        sb0 = p.seg_b0, snb = p.seg_nb, sa0 = p.seg_a0, sna = p.seg_na;
-        if (!bv.on && p.seg_dev) {
-            sb0 = p.seg_dev[0];
-            snb = p.seg_dev[1];
-            sa0 = p.qpos[0] + 1 + p.seg_dev[2];
-            sna = p.seg_dev[3];
-        }
-    }
     const int sl1 = nkh - sna; /* first key of the trailing range */
     auto row_of = [&](int t) {
         if constexpr (RG) return t < snb ? sb0 + t : t >= sl1 ? sa0 + (t - sl1) : ix[t - snb];

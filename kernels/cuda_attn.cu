@@ -106,12 +106,16 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
         if (!dbase || a->idx[h] < dbase) dbase = a->idx[h];
     int max_nk = 0;
     const int around = a->seg ? (a->seg_b1 - a->seg_b0) + (a->seg_a1 - a->seg_a0) : 0; /* rows of the ranges */
+    const int page = a->seg ? a->seg_page : 0;
+    if (page < 0 || (page && a->seg_a1 - a->seg_a0 > page))
+        return ks_errorf(KS_ERR_ARG, "attention: a trailing range of %d rows as a page of %d", a->seg_a1 - a->seg_a0, page);
     for (int h = 0; h < Hkv; h++) {
         if (a->n_idx[h] < 0 || a->n_idx[h] + around > L->n[h])
             return ks_errorf(KS_ERR_ARG, "attention: %d indices for KV head %d of %d rows", a->n_idx[h] + around, h, L->n[h]);
         if (a->idx[h] - dbase > INT32_MAX - a->n_idx[h])
             return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: attend lists spread over more than 2^31 entries");
-        max_nk = KS_MAX(max_nk, a->n_idx[h] + around);
+        /* a page tail: the split count is the longest page's (the by-value call's choice too) */
+        max_nk = KS_MAX(max_nk, a->n_idx[h] + around + (page ? page - (a->seg_a1 - a->seg_a0) : 0));
     }
     if (slot >= c->n_lslot) {
         cu_lslot *ns = (cu_lslot *)realloc(c->lslot, sizeof *ns * (size_t)(slot + 1));
@@ -128,7 +132,8 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
         (st = raw_alloc(c, sizeof(int32_t) * KS_CUDA_LSLOT_WORDS, "staged list descriptor", (void **)&ls->desc)))
         return st;
     /* the words this staging wants; the trailing range is kept relative to the query position,
-     * so TokenSelect's stay the same from step to step */
+     * so TokenSelect's stay the same from step to step (a page tail: its end, the kernel takes
+     * the page of the row before it) */
     int32_t w[KS_CUDA_LSLOT_WORDS];
     memset(w, 0, sizeof w);
     const int nb = a->seg ? a->seg_b1 - a->seg_b0 : 0, na = a->seg ? a->seg_a1 - a->seg_a0 : 0;
@@ -139,8 +144,9 @@ ks_status cuda_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, const k
     if (a->seg) {
         w[2 * KS_CUDA_LSLOT_HEADS] = a->seg_b0;
         w[2 * KS_CUDA_LSLOT_HEADS + 1] = nb;
-        w[2 * KS_CUDA_LSLOT_HEADS + 2] = a->seg_a0 - (a->qpos[0] + 1);
+        w[2 * KS_CUDA_LSLOT_HEADS + 2] = (page ? a->seg_a1 : a->seg_a0) - (a->qpos[0] + 1);
         w[2 * KS_CUDA_LSLOT_HEADS + 3] = na;
+        w[2 * KS_CUDA_LSLOT_HEADS + 4] = page;
     }
     memcpy(w + KS_CUDA_LSLOT_PTR, &dbase, sizeof dbase);
     const int same = ls->hkv == Hkv && !memcmp(ls->hdesc, w, sizeof w);
@@ -196,29 +202,32 @@ static ks_status attn_staged(cuda_ctx *c, float *out, const float *q, const ks_k
 
 static ks_status cu_attention(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a);
 
-/* a->seg's row ranges written out around its list (one list shared by every head, as
- * ks_action_attend_dev_ranges keeps them) with page_rows, then the attention over that whole
- * list: the paths that do not read ranges themselves (prefill-sized calls, shapes the one-row
- * tensor-core kernel does not take) */
+/* a->seg's row ranges written out around its lists (one list shared by every head, or one per
+ * head laid out one after the other, as ks_action_attend_dev_ranges keeps them) with page_rows,
+ * then the attention over those whole lists: the paths that do not read ranges themselves
+ * (prefill-sized calls, shapes the one-row tensor-core kernel does not take) */
 static ks_status attn_unranged(ks_backend *b, float *out, const float *q, const ks_kv_layer *L, const ks_attn_args *a) {
     cuda_ctx *c = CTX(b);
     const int Hkv = L->n_kv_heads, k = a->n_idx[0];
+    const int shared = a->idx[Hkv - 1] == a->idx[0];
     int rows = INT32_MAX;
     for (int h = 0; h < Hkv; h++) {
-        if (a->idx[h] != a->idx[0] || a->n_idx[h] != k)
-            return ks_errorf(KS_ERR_INTERNAL, "attention: row ranges around lists that differ between KV heads");
+        if (a->n_idx[h] != k || a->idx[h] != a->idx[0] + (shared ? 0 : (size_t)h * k))
+            return ks_errorf(KS_ERR_INTERNAL, "attention: row ranges around lists that are neither shared nor one per head "
+                             "in one block");
         rows = KS_MIN(rows, L->n[h] + (a->n > 1 ? a->n : 0));
     }
+    const int lists = shared ? 1 : Hkv;
     const int64_t w = (int64_t)(a->seg_b1 - a->seg_b0) + k + (a->seg_a1 - a->seg_a0);
     void *buf = NULL;
     const int32_t **ix = (const int32_t **)calloc((size_t)Hkv, sizeof *ix);
     int *cnt = (int *)calloc((size_t)Hkv, sizeof *cnt);
-    ks_status st = ix && cnt ? dev_alloc(c, sizeof(int32_t) * (size_t)w, "attention list", &buf) : KS_ERR_OOM;
+    ks_status st = ix && cnt ? dev_alloc(c, sizeof(int32_t) * (size_t)(lists * w), "attention list", &buf) : KS_ERR_OOM;
     if (!st)
-        st = ks_cuda_page_rows(c->stream, a->idx[0], 1, k, 1, rows, a->seg_b0, a->seg_b1, a->seg_a0, a->seg_a1,
+        st = ks_cuda_page_rows(c->stream, a->idx[0], lists, k, 1, rows, a->seg_b0, a->seg_b1, a->seg_a0, a->seg_a1,
                                (int32_t *)buf, NULL);
     if (!st) {
-        for (int h = 0; h < Hkv; h++) { ix[h] = (const int32_t *)buf; cnt[h] = (int)w; }
+        for (int h = 0; h < Hkv; h++) { ix[h] = (const int32_t *)buf + (shared ? 0 : (size_t)h * w); cnt[h] = (int)w; }
         ks_attn_args a2 = *a;
         a2.seg = 0;
         a2.idx = ix;
@@ -285,18 +294,22 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
         const int32_t *dbase = NULL; /* the allocation holding the lists: the lowest of them */
         for (int h = 0; a->idx && h < Hkv; h++)
             if (!dbase || a->idx[h] < dbase) dbase = a->idx[h];
+        int grow_to = 0; /* a page tail: the split count is chosen for its longest (ks_attn_args.seg_page) */
         if (a->seg) { /* rows [b0, b1) ++ list ++ [a0, a1), read in place */
             p.seg_b0 = a->seg_b0;
             p.seg_nb = a->seg_b1 - a->seg_b0;
             p.seg_a0 = a->seg_a0;
             p.seg_na = a->seg_a1 - a->seg_a0;
+            if (a->seg_page < 0 || (a->seg_page && p.seg_na > a->seg_page))
+                return ks_errorf(KS_ERR_ARG, "attention: a trailing range of %d rows as a page of %d", p.seg_na, a->seg_page);
+            if (a->seg_page) grow_to = a->seg_page - p.seg_na;
         }
         for (int h = 0; h < Hkv; h++) {
             nk[h] = a->idx ? p.seg_nb + a->n_idx[h] + p.seg_na : L->n[h];
             if (nk[h] < 0 || nk[h] > L->n[h])
                 return ks_errorf(KS_ERR_ARG, "attention: %d indices for KV head %d of %d rows", nk[h], h, L->n[h]);
             off[h] = dbase ? (int)(a->idx[h] - dbase) : 0;
-            p.max_nk = KS_MAX(p.max_nk, nk[h]);
+            p.max_nk = KS_MAX(p.max_nk, nk[h] + grow_to);
         }
         p.idx = dbase;
         p.renumber = p.q_renumber = a->idx && a->renumber;

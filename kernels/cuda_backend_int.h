@@ -43,7 +43,7 @@ struct ks_weight {
  * until that attention ran, and the descriptor holds their address. */
 typedef struct cu_lslot {
     int32_t *desc;     /* device: (2, KS_CUDA_LSLOT_HEADS) counts (row ranges included), then offsets from
-                          the lists' base, then KS_CUDA_LSLOT_SEG words {b0, nb, arel, na}:
+                          the lists' base, then KS_CUDA_LSLOT_SEG words {b0, nb, arel, na, page, 0}:
                           ks_cuda_attn_params.seg_dev, then the base address (two words at KS_CUDA_LSLOT_PTR,
                           8-byte aligned): ks_cuda_attn_params.idx_at */
     int32_t *hdesc;    /* host copy of the descriptor last written (ks_cuda_list_stage's arguments) */
@@ -120,7 +120,8 @@ typedef struct cuda_ctx {
 } cuda_ctx;
 
 #define KS_CUDA_LSLOT_HEADS 64      /* KV heads a staged list slot holds (KS_CUDA_ATTN_BYVAL_HEADS) */
-#define KS_CUDA_LSLOT_SEG 4         /* words of a slot's row ranges (ks_attn_args.seg) after the counts and offsets */
+#define KS_CUDA_LSLOT_SEG 6         /* words of a slot's row ranges (ks_attn_args.seg) after the counts and offsets:
+                                       {b0, nb, arel, na, page, 0} (ks_cuda_attn_params.seg_dev) */
 #define KS_CUDA_LSLOT_PTR (2 * KS_CUDA_LSLOT_HEADS + KS_CUDA_LSLOT_SEG) /* the lists' base address (2 words) */
 #define KS_CUDA_LSLOT_WORDS (KS_CUDA_LSLOT_PTR + 2)
 

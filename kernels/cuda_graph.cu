@@ -113,14 +113,19 @@ static ks_status cu_graph_end(ks_backend *b, ks_graph **out) {
 /* The segments as one graph: each a child graph node (a copy of its recording), each depending
  * on the one before, so the step runs as one launch; the kernels of consecutive segments follow
  * each other as inside one recording, without the gap of a graph launch between them. */
+static void cu_graph_free(ks_backend *b, ks_graph *g);
+
 static ks_status cu_graph_join(ks_backend *b, ks_graph *const *segs, int n, ks_graph **out) {
     cuda_ctx *c = CTX(b);
+    ks_graph *old = *out; /* an earlier join the caller gives up: updated in place where it can be */
     *out = NULL;
-    if (c->rec) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_join while recording");
-    if (n < 1) return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_join of no segment");
+    if (c->rec) { cu_graph_free(b, old); return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_join while recording"); }
+    if (n < 1) { cu_graph_free(b, old); return ks_errorf(KS_ERR_INTERNAL, "cuda: graph_join of no segment"); }
     for (int i = 0; i < n; i++)
-        if (!segs[i] || !segs[i]->tmpl || segs[i]->rc_gen != segs[0]->rc_gen)
+        if (!segs[i] || !segs[i]->tmpl || segs[i]->rc_gen != segs[0]->rc_gen) {
+            cu_graph_free(b, old);
             return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: segment %d cannot be joined (no recording, or another device table)", i);
+        }
     cudaGraph_t g = NULL;
     cudaGraphNode_t prev = NULL;
     cudaError_t e = cudaGraphCreate(&g, 0);
@@ -129,6 +134,23 @@ static ks_status cu_graph_join(ks_backend *b, ks_graph *const *segs, int n, ks_g
         e = cudaGraphAddChildGraphNode(&node, g, prev ? &prev : NULL, prev ? 1 : 0, segs[i]->tmpl);
         prev = node;
     }
+    if (!e && old && old->rc_gen == segs[0]->rc_gen) {
+        /* the same chain of segments with other handlers' recordings (a policy recorded anew, its
+         * kernels the same, their arguments not): an update costs a fraction of an instantiation */
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(old->exec, g, &info) == cudaSuccess) {
+            cudaGraphDestroy(g);
+            int owns = 0;
+            for (int i = 0; i < n && !owns; i++) owns = segs[i]->owns;
+            if (owns != old->owns) cuda_own_graphs(c, owns ? 1 : -1);
+            old->owns = owns;
+            old->pos0 = segs[0]->pos0;
+            *out = old;
+            return KS_OK;
+        }
+        cudaGetLastError(); /* another shape of graph: a new instantiation */
+    }
+    cu_graph_free(b, old);
     ks_graph *kg = NULL;
     if (!e && !(kg = (ks_graph *)ks_calloc(1, sizeof *kg))) {
         if (g) cudaGraphDestroy(g);

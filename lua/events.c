@@ -324,16 +324,34 @@ static void range_opt(lua_State *L, int opts, const char *name, int64_t *r) {
     lua_pop(L, 1);
 }
 
-/* ev:attend(list [, {renumber = bool, before = {b0, b1}, after = {a0, a1}, hold = bool,
- * replay = bool}]): with before / after, the rows [b0, b1) ++ list ++ [a0, a1), as one list (a
- * device list is read in place around the ranges where the backend can:
- * ks_action_attend_dev_ranges); hold: the engine may repeat it at this layer's later decode steps
- * without calling the handler (ks_action_hold; a device list valid by construction); replay: the
- * handler's device work may be recorded and replayed without calling it (ks_action_replay; with
- * a device list: a host list is attended as asked, nothing to record) */
+/* opts.replay: false / nil 0, true -1 (no limit of the handler's), or an integer n >= 1 (rows) */
+static int64_t replay_opt(lua_State *L, int idx, const char *fn) {
+    if (lua_isnoneornil(L, idx) || (lua_isboolean(L, idx) && !lua_toboolean(L, idx))) return 0;
+    if (lua_isboolean(L, idx)) return -1;
+    int ok;
+    lua_Integer n = lua_tointegerx(L, idx, &ok);
+    if (!ok || n < 1) ks_lua_errorf(L, fn, "replay must be true, false or a number of rows >= 1, got %s", luaL_tolstring(L, idx, NULL));
+    return (int64_t)n;
+}
+
+static ks_status replay_act(ks_event *ev, int64_t rp) {
+    return rp > 0 ? ks_action_replay_within(ev, rp) : ks_action_replay(ev);
+}
+
+/* ev:attend(list [, {renumber = bool, before = {b0, b1}, after = {a0, a1}, page = P, hold = bool,
+ * replay = bool | rows}]): with before / after, the rows [b0, b1) ++ list ++ [a0, a1), as one
+ * list (a device list, one for every KV head or one per head, is read in place around the ranges
+ * where the backend can: ks_action_attend_dev_ranges); page: after is the current page of P rows,
+ * {(N - 1) // P * P, N}, and stays that page at replayed steps (ks_action_attend_page; a device
+ * list); hold: the engine may repeat it at this layer's later decode steps without calling the
+ * handler (ks_action_hold; a device list valid by construction); replay: the handler's device
+ * work may be recorded and replayed without calling it (ks_action_replay; with a device list: a
+ * host list is attended as asked, nothing to record), a number: for at most that many more rows
+ * (ks_action_replay_within) */
 static int l_ev_attend(lua_State *L) {
     l_event *e = check_event(L, 1, "attend");
-    int renumber = 0, hold = 0, replay = 0;
+    int renumber = 0, hold = 0;
+    int64_t replay = 0, page = 0;
     int64_t r[4] = {0, 0, 0, 0};
     if (!lua_isnoneornil(L, 3)) {
         luaL_checktype(L, 3, LUA_TTABLE);
@@ -342,8 +360,8 @@ static int l_ev_attend(lua_State *L) {
             lua_pop(L, 1);
             const char *o = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
             if (!o || (strcmp(o, "renumber") && strcmp(o, "before") && strcmp(o, "after") && strcmp(o, "hold") &&
-                       strcmp(o, "replay")))
-                return ks_lua_errorf(L, "attend", "unknown option '%s' (options: renumber, before, after, hold, replay)",
+                       strcmp(o, "replay") && strcmp(o, "page")))
+                return ks_lua_errorf(L, "attend", "unknown option '%s' (options: renumber, before, after, page, hold, replay)",
                                      luaL_tolstring(L, -1, NULL));
         }
         lua_getfield(L, 3, "renumber");
@@ -351,23 +369,59 @@ static int l_ev_attend(lua_State *L) {
         lua_getfield(L, 3, "hold");
         hold = lua_toboolean(L, -1);
         lua_getfield(L, 3, "replay");
-        replay = lua_toboolean(L, -1);
-        lua_pop(L, 3);
+        replay = replay_opt(L, -1, "attend");
+        lua_getfield(L, 3, "page");
+        if (!lua_isnil(L, -1)) {
+            int ok;
+            page = (int64_t)lua_tointegerx(L, -1, &ok);
+            if (!ok || page < 1 || page > INT32_MAX)
+                return ks_lua_errorf(L, "attend", "option page must be a number of rows >= 1, got %s", luaL_tolstring(L, -1, NULL));
+        }
+        lua_pop(L, 4);
         range_opt(L, 3, "before", r);
         range_opt(L, 3, "after", r + 2);
     }
     int ranges = r[0] < r[1] || r[2] < r[3];
     if (hold && e->ev->kind != KS_EV_DECODE_QKV) /* before the attend: the event asks nothing */
         return ks_lua_errorf(L, "attend", "hold only in decode_qkv (asked in %s)", e->name);
+    if (page && (r[2] == r[3] || hold))
+        return ks_lua_errorf(L, "attend", "page needs an after range and no hold (a held range moves with the rows)");
+    if (page) { /* after must be the current page (every kind of list; the engine checks a device one again) */
+        const ks_kv_layer *kv = e->ev->kind == KS_EV_DECODE_QKV ? e->ev->kv : NULL;
+        int64_t N = kv && kv->n ? kv->n[0] : 0, p0 = N > 0 ? (N - 1) / page * page : 0;
+        if (!kv) return ks_lua_errorf(L, "attend", "page only in decode_qkv (asked in %s)", e->name);
+        if (r[2] != p0 || r[3] != N)
+            return ks_lua_errorf(L, "attend", "after = {%lld, %lld} is not the current page of %lld rows {%lld, %lld}",
+                                 (long long)r[2], (long long)r[3], (long long)page, (long long)p0, (long long)N);
+    }
     ks_dev_list dl;
     if (dev_list_arg(L, 2, e, "attend", 1, &dl)) {
         ACT("attend", ranges ? ks_action_attend_dev_ranges(e->ev, &dl, r, renumber) : ks_action_attend_dev(e->ev, &dl, renumber));
+        if (page) ACT("attend", ks_action_attend_page(e->ev, (int)page));
         if (hold) ACT("attend", ks_action_hold(e->ev, &dl, ranges ? r : NULL));
         /* a list built with its ranges (a backend that does not read ranges itself) fixes the
          * trailing range's rows: not replayable, attended as asked */
-        if (replay && (!ranges || e->ev->act.attend_seg)) ACT("attend", ks_action_replay(e->ev));
+        if (replay && (!ranges || e->ev->act.attend_seg)) ACT("attend", replay_act(e->ev, replay));
+    } else if (ranges && per_head(L, 2)) { /* host lists, one per head: each whole list here */
+        if (hold) return ks_lua_errorf(L, "attend", "hold takes one list for every KV head");
+        const int32_t **idx;
+        int *cnt, Hkv = e->ev->n_kv_heads;
+        head_lists(L, 2, "attend", Hkv, &idx, &cnt);
+        const int32_t **all = lua_newuserdatauv(L, sizeof(*all) * (size_t)(Hkv ? Hkv : 1), 0);
+        int *nall = lua_newuserdatauv(L, sizeof(int) * (size_t)(Hkv ? Hkv : 1), 0);
+        for (int h = 0; h < Hkv; h++) {
+            int64_t w = (r[1] - r[0]) + cnt[h] + (r[3] - r[2]);
+            if (w > INT32_MAX) return ks_lua_errorf(L, "attend", "a list of %lld rows is too long", (long long)w);
+            int32_t *hl = lua_newuserdatauv(L, sizeof(int32_t) * (size_t)(w ? w : 1), 0); /* kept on the stack */
+            int64_t o = 0;
+            for (int64_t j = r[0]; j < r[1]; j++) hl[o++] = (int32_t)j;
+            for (int j = 0; j < cnt[h]; j++) hl[o++] = idx[h][j];
+            for (int64_t j = r[2]; j < r[3]; j++) hl[o++] = (int32_t)j;
+            all[h] = hl;
+            nall[h] = (int)w;
+        }
+        ACT("attend", ks_action_attend_heads(e->ev, all, nall, renumber));
     } else if (ranges) { /* a host list: the whole list here, checked as any list */
-        if (per_head(L, 2)) return ks_lua_errorf(L, "attend", "before / after take one list for every KV head");
         int k;
         const int32_t *idx = index_list(L, 2, "attend", &k);
         int64_t w = (r[1] - r[0]) + k + (r[3] - r[2]);
@@ -391,6 +445,16 @@ static int l_ev_attend(lua_State *L) {
         ACT("attend", ks_action_attend(e->ev, idx, k, renumber));
         if (hold) ACT("attend", ks_action_hold_host(e->ev, idx, k, NULL));
     }
+    return 0;
+}
+
+/* ev:replay([rows]): a decode handler that asks for nothing (a layer it leaves dense) declares
+ * its work replayable as ev:attend's replay option does (ks_action_replay; rows: within that many
+ * more rows, ks_action_replay_within) */
+static int l_ev_replay(lua_State *L) {
+    l_event *e = check_event(L, 1, "replay");
+    int64_t rp = lua_isnoneornil(L, 2) ? -1 : replay_opt(L, 2, "replay");
+    if (rp) ACT("replay", replay_act(e->ev, rp));
     return 0;
 }
 
@@ -685,8 +749,8 @@ void ks_policy_module_open(lua_State *L, int sandboxed) {
 static void event_mt(lua_State *L) {
     if (luaL_newmetatable(L, KS_EVENT_MT)) {
         static const luaL_Reg methods[] = {{"restart", l_ev_restart}, {"propagate", l_ev_propagate}, {"retain", l_ev_retain},
-                                           {"attend", l_ev_attend},   {"stop", l_ev_stop}, {"discard_kv", l_ev_discard_kv},           {"report", l_ev_report},
-                                           {"release", l_ev_release},
+                                           {"attend", l_ev_attend},   {"stop", l_ev_stop},           {"discard_kv", l_ev_discard_kv},
+                                           {"report", l_ev_report},   {"release", l_ev_release},     {"replay", l_ev_replay},
                                            {"kv_pos", l_ev_kv_pos},   {"kv_keys", l_ev_kv_keys},     {"kv_values", l_ev_kv_values},
                                            {NULL, NULL}};
         luaL_newlib(L, methods);

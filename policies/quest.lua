@@ -20,11 +20,19 @@
 --      are combined by their max (gqa = "max": the page's bound on the best logit any head of
 --      the group can reach; "sum": their sum).
 --   5. Per KV head, the top K - 1 candidates (ks.topk, ties to the lower page), expanded to their
---      rows, then the current page's rows [last * P, N) (ks.page_rows): ev:attend with one list
---      per KV head, at the rows' own positions (no renumbering). Nothing is evicted: the cache
---      keeps every row and the next step chooses again. On a GPU the step stays on the device:
---      top-k's pages and page_rows' rows are valid by construction, so ev:attend takes them
---      without a download (with trace = true, reporting the pages downloads them).
+--      rows (ks.page_rows), then the current page's rows [last * P, N) (ev:attend's after range,
+--      page = P): ev:attend with one list per KV head, at the rows' own positions (no
+--      renumbering). Nothing is evicted: the cache keeps every row and the next step chooses
+--      again. On a GPU the step stays on the device: top-k's pages and page_rows' rows are valid
+--      by construction, so ev:attend takes them without a download (with trace = true, reporting
+--      the pages downloads them).
+--   Recorded steps: until the current page is full, a step's work is the same function of the
+--   device's q and keys (no page joins the candidates, no summary changes), so each layer
+--   declares replay within the rows left in the page (ev:attend's replay = rows; the dense layers
+--   ev:replay(rows)): the engine may record a step's handlers and replay them without Lua until
+--   the page fills, the attended tail following the page ([last * P, N) at each replayed step).
+--   The step after a page fills runs Lua (a page joins the summaries), the next one records.
+--   The token event adds the replayed layer steps to "selections" (ev.replayed_steps).
 -- The prefill attends to everything (Quest accelerates decoding; the paper's prefill is dense).
 --
 -- Choices (the paper is written for multi-head attention; the points it leaves open):
@@ -66,7 +74,7 @@ local ks = require "kvsieve"
 local state = {}
 
 local function _reset()
-  state = { dstep = {}, sum = {}, selections = 0, dense = 0 }
+  state = { dstep = {}, sum = {}, selections = 0, dense = 0, replays_read = 0 }
 end
 _reset()
 
@@ -128,10 +136,18 @@ return {
     local l = ev.layer
     local s = state.dstep[l] or 0
     state.dstep[l] = s + 1
-    if l < p.dense_layers then return end
     local N, P = ev.kv_rows[1], p.page
     local last = (N - 1) // P             -- the current page: always attended
     local K = p.budget // P               -- pages attended, the current one included
+    -- rows the current page can still take: this step's work holds until then (a recording of it
+    -- replays that many steps); not with trace (it reports from the host) or recomputed summaries
+    local within = (last + 1) * P - N
+    local replay = not p.trace and p.summaries ~= "recompute" and K > 1 and within >= 1 and
+                   p.budget < N and K - 1 < last and within
+    if l < p.dense_layers then
+      if replay then ev:replay(replay) end
+      return
+    end
     if p.budget >= N or K - 1 >= last then
       state.dense = state.dense + 1
       ev:report("dense_steps", state.dense)
@@ -144,16 +160,37 @@ return {
       if p.trace then ev:report("d" .. s .. ".l" .. l, "") end
     else
       local keys = ev:kv_keys()           -- (N, Hkv, d), after RoPE
-      local box = p.summaries == "box" or (p.summaries == "auto" and keys.storage == "bf16")
+      -- the cache's storage, read at the first selection (a recorded step may not read the keys'
+      -- fields: they follow the rows there)
+      if state.box == nil then state.box = p.summaries == "box" or (p.summaries == "auto" and keys.storage == "bf16") end
+      local box = state.box
       local lo, hi = _summaries(ev, p, keys, last, box)
       local opts = { reduce = p.gqa == "max" and "group_max" or "group_sum" }
       local bound = box and ks.bound_scores(ev.q, lo, opts) or ks.bound_scores(ev.q, lo, hi, opts)
       local top = ks.topk(bound, K - 1, { values = false }) -- (Hkv, K - 1) pages, ascending; ties to the lower page
-      rows = ks.page_rows(top, P, N, { after = { last * P, N } }) -- valid by construction: no check, no wait
       if p.trace then ev:report("d" .. s .. ".l" .. l, _trace_pages(top)) end
+      -- (Hkv, (K - 1) P) rows of the chosen pages, valid by construction in [0, last P): no check,
+      -- no wait; the current page is the attend's trailing range
+      rows = ks.page_rows(top, P, last * P)
+      state.selections = state.selections + 1
+      ev:report("selections", state.selections)
+      ev:attend(rows, { after = { last * P, N }, page = P, replay = replay })
+      return
     end
     state.selections = state.selections + 1
     ev:report("selections", state.selections)
     ev:attend(rows)
+  end,
+
+  -- The selections of the replayed layer steps (they ran no Lua): every layer of a replayed step
+  -- replays, the dense ones included.
+  token = function(ev, p)
+    local r = ev.replayed_steps
+    if r > state.replays_read then
+      local steps = (r - state.replays_read) // ev.n_layers
+      state.replays_read = r
+      state.selections = state.selections + steps * (ev.n_layers - math.min(p.dense_layers, ev.n_layers))
+      ev:report("selections", state.selections)
+    end
   end,
 }

@@ -40,7 +40,15 @@ do
     local ev = { layer = layer, kv_rows = { 9 }, n_kv_heads = 1, head_dim = 2,
                  q = ks.tensor({ { { 1, 0 }, { 0, 1 } } }, "f32"), reports = {} }
     function ev:kv_keys() return keys end
-    function ev:attend(rows) self.attended = rows:tolist() end
+    function ev:attend(rows, o) -- the whole list, as the engine reads it: rows ++ the after range
+      local t = rows:tolist()
+      local per = type(t[1]) == "table" and t or { t }
+      for _, list in ipairs(per) do
+        for r = (o and o.after or { 0, 0 })[1], (o and o.after or { 0, 0 })[2] - 1 do list[#list + 1] = r end
+      end
+      self.attended = type(t[1]) == "table" and per or per[1]
+    end
+    function ev:replay() end
     function ev:report(k, v) self.reports[k] = v end
     return ev
   end

@@ -31,6 +31,8 @@
  *                                   layer is held is the segments joined into one graph
  *                                   (graph_join); one unheld layer or none held: no join
  *   decode_graph_join_refused       a backend that cannot join: said once, segments launched
+ *   decode_graph_recorded_quest     Quest recorded within its current page (ks_action_replay_within,
+ *                                   ks_attn_args.seg_page): replayed until the page fills
  *   decode_graph_recorded_tokenselect  recorded handlers (policy.h ks_action_replay): TokenSelect's default
  *                                   recorded with the step on the emulated device and replayed without Lua;
  *                                   not with trace, nor on a recorder that cannot record handlers
@@ -61,12 +63,12 @@ enum { OP_EMBED, OP_ATTN_IN, OP_ATTENTION, OP_ATTN_OUT, OP_MLP, OP_HEAD, OP_SCOR
 
 /* A recorded handler's fixed-size call on the emulated device (OP_CALL: TokenSelect's selection
  * cache): its entry and arguments, run again as they were at every replay. */
-enum { C_COPY, C_ROPE, C_COSINE, C_COSINE_ROWS, C_GE, C_WHERE, C_CONCAT_F32, C_SUM };
+enum { C_COPY, C_ROPE, C_COSINE, C_COSINE_ROWS, C_GE, C_WHERE, C_CONCAT_F32, C_SUM, C_BOUND, C_PAGE_ROWS };
 typedef struct call_op {
     int fn;
-    const void *x, *y, *m;
+    const void *x, *y, *m, *z;
     void *out;
-    int64_t n, n2, rows, cols;
+    int64_t n, n2, rows, cols, hq, hkv, d, page, r[4];
     double thr;
     int axis, nh, max_pos;
     int32_t pos;
@@ -120,7 +122,9 @@ typedef struct lslot {
     int cnt[MAXH];
     int renumber, hkv;
     int seg, b0, b1, arel, na; /* row ranges around the lists (attn_ranges): the trailing one at
-                                  (query position + 1 + arel), na rows, as CUDA's staging keeps it */
+                                  (query position + 1 + arel), na rows, as CUDA's staging keeps it; */
+    int page;                  /* with page > 0 (seg_page): the page of the row before (query position
+                                  + 1 + arel), its end */
 } lslot;
 
 static struct {
@@ -132,6 +136,7 @@ static struct {
     int32_t id, pos, delta; /* the step slot */
     lslot slot[64];
     long runs, launches, stages, joins, joined_runs;
+    long rejoins; /* joins that were given an earlier join to update (graph_join's *out) */
 } R;
 
 static int rec_push(const rec_op *o) {
@@ -366,6 +371,10 @@ static ks_status run_call(const call_op *o) {
     case C_WHERE: return EMU_P->where(emu, o->m, o->n2, o->x, o->y, o->n, o->out);
     case C_CONCAT_F32: return EMU_P->concat_f32(emu, o->x, o->n, o->y, o->n2, o->out);
     case C_SUM: return EMU_P->sum(emu, o->x, o->rows, o->cols, o->axis, o->out);
+    case C_BOUND:
+        return EMU_P->bound_scores(emu, o->x, o->hq, o->y, o->m, o->z, o->n, o->hkv, o->d, (ks_bound_reduce)o->axis, o->out);
+    case C_PAGE_ROWS:
+        return EMU_P->page_rows(emu, o->x, o->rows, o->cols, o->page, o->n, o->r[0], o->r[1], o->r[2], o->r[3], o->out, NULL);
     }
     return KS_ERR_INTERNAL;
 }
@@ -408,6 +417,20 @@ static ks_status h_sum(ks_backend *b, const float *x, int64_t rows, int64_t cols
     REC_OR_RUN(.fn = C_SUM, .x = x, .rows = rows, .cols = cols, .axis = axis, .out = out);
     return EMU_P->sum(b, x, rows, cols, axis, out);
 }
+/* Quest's bound and its chosen pages' rows (valid by construction: no error word) */
+static ks_status h_bound(ks_backend *b, const float *q, int64_t hq, const float *lo, const float *hi, const uint32_t *box,
+                         int64_t n, int64_t hkv, int64_t d, ks_bound_reduce red, float *out) {
+    REC_OR_RUN(.fn = C_BOUND, .x = q, .hq = hq, .y = lo, .m = hi, .z = box, .n = n, .hkv = hkv, .d = d, .axis = (int)red,
+               .out = out);
+    return EMU_P->bound_scores(b, q, hq, lo, hi, box, n, hkv, d, red, out);
+}
+static ks_status h_page_rows(ks_backend *b, const int32_t *pages, int64_t lists, int64_t k, int64_t page, int64_t n,
+                             int64_t bb, int64_t be, int64_t ab, int64_t ae, int32_t *out, int64_t *err) {
+    if (R.rec && R.own && err) return refuse("page_rows with an error word");
+    REC_OR_RUN(.fn = C_PAGE_ROWS, .x = pages, .rows = lists, .cols = k, .page = page, .n = n, .r = {bb, be, ab, ae},
+               .out = out);
+    return EMU_P->page_rows(b, pages, lists, k, page, n, bb, be, ab, ae, out, err);
+}
 /* pool1d and i32 concat fail a handler's recording (a pooled vote follows the rows; the
  * runtime refuses it before it gets here, this is the backend's side) */
 static ks_status h_pool1d(ks_backend *b, const float *x, int64_t rows, int64_t n, int64_t kernel, ks_pool_mode mode, float *out) {
@@ -434,6 +457,8 @@ static void emu_wrap(void) {
     W_PRIMS.where = h_where;
     W_PRIMS.concat_f32 = h_concat_f32;
     W_PRIMS.sum = h_sum;
+    W_PRIMS.bound_scores = h_bound;
+    W_PRIMS.page_rows = h_page_rows;
     e->prims = &W_PRIMS;
     emu_alloc0 = e->alloc;
     emu_free0 = e->free;
@@ -483,6 +508,10 @@ static ks_status run_op(const rec_op *o) {
             aa.idx_dev = 0;
             aa.renumber = s->renumber;
             aa.staged = 0;
+            if (s->seg && s->page) { /* the current page of this step's query */
+                const int end = pos + 1 + s->arel, a0 = (end - 1) / s->page * s->page;
+                return attention_ranges(o->out, o->in, &V, &aa, aa.idx, aa.n_idx, s->b0, s->b1, a0, end);
+            }
             if (s->seg) /* the trailing range where this step's query is */
                 return attention_ranges(o->out, o->in, &V, &aa, aa.idx, aa.n_idx, s->b0, s->b1, pos + 1 + s->arel,
                                         pos + 1 + s->arel + s->na);
@@ -567,6 +596,10 @@ static ks_status w_graph_launch(ks_backend *b, ks_graph *g) {
 }
 /* The segments' ops in order as one graph (run by graph_run, as CUDA's joined graph is). */
 static ks_status w_graph_join(ks_backend *b, ks_graph *const *segs, int n, ks_graph **out) {
+    if (*out) { /* an earlier join given up (the backend's now): made anew here, counted */
+        w_graph_free(b, *out);
+        R.rejoins++;
+    }
     *out = NULL;
     if (R.rec) return ks_errorf(KS_ERR_INTERNAL, "graph-cpu: graph_join while recording");
     if (R.refuse_join) return ks_errorf(KS_ERR_UNSUPPORTED, "graph-cpu refuses to join segments (the test's choice)");
@@ -610,7 +643,8 @@ static ks_status w_attn_stage(ks_backend *b, int slot, const ks_kv_layer *L, con
     s->seg = a->seg;
     if (a->seg) {
         s->b0 = a->seg_b0, s->b1 = a->seg_b1;
-        s->arel = a->seg_a0 - (a->qpos[0] + 1), s->na = a->seg_a1 - a->seg_a0;
+        s->arel = (a->seg_page ? a->seg_a1 : a->seg_a0) - (a->qpos[0] + 1), s->na = a->seg_a1 - a->seg_a0;
+        s->page = a->seg_page;
     }
     R.stages++;
     return KS_OK;
@@ -713,6 +747,7 @@ static ks_status drun_one(ks_model *m, const char *name, const char *src, const 
 }
 
 static long long g_replayed; /* the recorder's run in the last compare: layer steps of replayed handlers */
+static long g_rejoins;       /* and its joins given an earlier one to update */
 static char g_rep[3][32];    /* and its reports REPS */
 
 /* The same policy on the plain CPU backend and on the recorder: logits bit-equal at every step,
@@ -752,6 +787,7 @@ static int compare(const char *name, const char *src, const char *params, int n,
             goto out;
         }
     g_replayed = b.replayed;
+    g_rejoins = R.rejoins;
     memcpy(g_rep, b.rep, sizeof g_rep);
     if (a.replayed) { snprintf(msg, msgn, "%s %s: the plain run replayed %lld handlers", nm, pm, a.replayed); goto out; }
     snprintf(msg, msgn, "%s %s: %d of %d steps replayed, %ld lists staged (at least %ld), %lld layer steps of recorded "
@@ -976,6 +1012,20 @@ KT_TEST(decode_graph_staged_tokenselect_cache) {
 
 KT_TEST(decode_graph_staged_quest) {
     COMPARE("quest", NULL, "page=4,budget=32", 60, 40, 36, 36 * 5);
+}
+
+/* Quest declares replay within the rows its current page can still take (ks_action_replay_within;
+ * the dense layers through ev:replay): the step after a plain one records, the steps after it
+ * replay until the page is full (page 8: 1 plain, 1 recorded and 6 replayed steps a page), the
+ * attended tail following the page (ks_attn_args.seg_page). Logits bit-equal to plain CPU steps
+ * at every step, "selections" equal (the token event adds the replayed layer steps). */
+KT_TEST(decode_graph_recorded_quest) {
+    COMPARE("quest", NULL, "page=8,budget=32,_device=emulate", 60, 40, 36, 8);
+    /* 40 steps from 61 rows: 27 replayed here (8 layers each); a page's 8 steps hold 6 replays */
+    KT_CHECK(g_replayed >= 25 * 8, "%lld layer steps of recorded handlers replayed (at least 25 x 8)", g_replayed);
+    /* each page's recording joined by updating the last page's joins (three graphs each) */
+    KT_CHECK(g_rejoins >= 3 * 3, "%ld joins made from an earlier one (at least 3 pages x 3)", g_rejoins);
+    KT_CHECK(ks_lua_emu_live() == 0, "%ld emulated device blocks left", ks_lua_emu_live());
 }
 
 /* TokenSelect's default declares replay (policy.h ks_action_replay): once every layer's handler

@@ -360,6 +360,12 @@ static const char *bad_policy =
     "    elseif c == 'ranges_past' then ev:attend(ks.topk(up({1.0, 1.0}), 2) + 5, { after = { 9, n + 1 } })\n"
     "    elseif c == 'ranges_form' then ev:attend(ks.topk(up({1.0, 1.0}), 2) + 5, { before = { 3 } })\n"
     "    elseif c == 'ranges_host_overlap' then ev:attend({ 1, 2 }, { before = { 0, 2 } })\n"
+    "    elseif c == 'page_wrong' then ev:attend(ks.topk(up({1.0, 1.0}), 2), { after = { n - 3, n }, page = 8 })\n"
+    "    elseif c == 'page_no_after' then ev:attend(ks.topk(up({1.0, 1.0}), 2), { page = 8 })\n"
+    "    elseif c == 'page_zero' then ev:attend(ks.topk(up({1.0, 1.0}), 2), { after = { 40, n }, page = 0 })\n"
+    "    elseif c == 'page_held' then ev:attend(ks.topk(up({1.0, 1.0}), 2), { after = { 40, n }, page = 8, hold = true })\n"
+    "    elseif c == 'replay_zero' then ev:attend(ks.topk(up({1.0, 1.0}), 2), { replay = 0 })\n"
+    "    elseif c == 'replay_retain' then ev:retain(ks.topk(up({1.0, 1.0, 1.0}), 2)) ev:replay()\n"
     "    end\n"
     "  end }\n";
 
@@ -382,6 +388,12 @@ KT_TEST(device_actions_errors_are_named) {
                         "inside the 41 rows"},
         {"ranges_form", "attend: option before must be {begin, end}"},
         {"ranges_host_overlap", "attend in decode_qkv (layer 1)"},
+        {"page_wrong", "attend: after = {38, 41} is not the current page of 8 rows {40, 41}"},
+        {"page_no_after", "attend: page needs an after range and no hold"},
+        {"page_zero", "attend: option page must be a number of rows >= 1, got 0"},
+        {"page_held", "attend: page needs an after range and no hold"},
+        {"replay_zero", "attend: replay must be true, false or a number of rows >= 1, got 0"},
+        {"replay_retain", "replay (layer 1): only a device-list attend"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ks_policy *p;

@@ -15,7 +15,8 @@
  *          rotated key; the splits the backend now takes for a list, ks_cuda_attn_decode_tc_list_splits,
  *          so the same summation order);
  *   host   with lists: the backend's host-list path (which still gathers) equals it bit for bit.
- * Row ranges (ks_attn_args.seg) around a device list against the whole list: ranges_case.
+ * Row ranges (ks_attn_args.seg) around a device list against the whole list: ranges_case; a
+ * page tail (seg_page) staged once and run as it grows: page_case.
  * Shapes: g = 1..8, head_dim 64 and 128, lists of 0..4096 rows out of 8K..128K, renumbered or at
  * the stored positions (with gaps), shared lists and per-head lists of different lengths, a
  * window, pre-RoPE and already-rotated rows, a list-less pre-RoPE row. Refusals: a list longer
@@ -529,6 +530,115 @@ static void ranges_case(int Hkv, int g, int d, int N, int nb, int k, int na, int
     free(whole); free(q); free(oc); free(pos);
 }
 
+/* A page tail (ks_attn_args.seg_page, Quest's current page): per-head lists of k rows below the
+ * page ++ the rows [(N - 1) / P * P, N), at the stored positions. The descriptor is staged once, at
+ * N0 rows (a recording's slot: counts with the tail's na0, {0, 0, arel, na0, P}), then the
+ * recorded entry runs it at N = N0 + delta rows (the step's query position from device memory)
+ * for every delta to the page's end and one row past it (the next page, one row): each run
+ * bit-identical to the backend's by-value attention with seg_page at that N (the same split count:
+ * chosen for a full page), and within the tensor-core tolerance of the CPU over the whole lists. */
+static void page_case(int Hkv, int g, int d, int N0, int k, int P) {
+    int H = Hkv * g, p0 = (N0 - 1) / P * P, Nmax = p0 + P + 1;
+    char name[160];
+    int32_t *pos = malloc(sizeof(int32_t) * (Nmax + 1));
+    for (int i = 0; i <= Nmax; i++) pos[i] = i;
+    ks_kv_layer G, C;
+    kv_fill(&G, &C, Hkv, d, Nmax, pos);
+    size_t qn = (size_t)H * d;
+    float *q = malloc(sizeof(float) * qn), *oc = malloc(sizeof(float) * qn);
+    for (size_t i = 0; i < qn; i++) q[i] = frand() * 2.0f;
+    int32_t *lists = malloc(sizeof(int32_t) * (size_t)Hkv * k);
+    for (int h = 0; h < Hkv; h++) pick_sorted(lists + (size_t)h * k, k, p0);
+    int32_t *dl = gpu_up(lists, sizeof(int32_t) * (size_t)Hkv * k);
+    float *dq = gpu_up(q, sizeof(float) * qn), *dout = gpu_up(NULL, sizeof(float) * qn);
+    const int32_t **dm = calloc(Hkv, sizeof *dm), **hw = calloc(Hkv, sizeof *hw);
+    int *nm = calloc(Hkv, sizeof *nm), *nw = calloc(Hkv, sizeof *nw);
+    int32_t *whole = malloc(sizeof(int32_t) * (size_t)Hkv * (k + P + 1));
+    /* the staged descriptor at N0: counts, offsets, then the seg words, then the query position */
+    const int na0 = N0 - p0;
+    int32_t hd[2 * 64 + 6 + 1];
+    for (int h = 0; h < Hkv; h++) { hd[h] = k + na0; hd[Hkv + h] = h * k; }
+    int32_t seg0[6] = {0, 0, N0 - N0 /* a1 - (qpos + 1), qpos = N - 1 */, na0, P, 0};
+    memcpy(hd + 2 * Hkv, seg0, sizeof seg0);
+    ks_cuda_attn_params p;
+    memset(&p, 0, sizeof p);
+    p.out = dout; p.q = dq; p.k = G.k; p.v = G.v; p.kpos = (const int32_t *)G.pos_dev;
+    p.n = 1; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = d; p.capacity = G.capacity;
+    p.scale = 1.0f / sqrtf((float)d);
+    p.max_nk = k + P; /* a full page: the split count the backend takes for a page tail */
+    int splits;
+    size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, ks_cuda_backend_sm_count(GPU), &splits);
+    void *ws = wsb ? GPU->alloc(GPU, wsb) : NULL;
+    for (int N = N0; N <= Nmax; N++) {
+        int32_t qpos = N - 1, a0 = (N - 1) / P * P;
+        snprintf(name, sizeof name, "page tail g=%d Hkv=%d d=%d P=%d: staged at %d rows, run at %d ([%d, %d))", g, Hkv, d, P,
+                 N0, N, a0, N);
+        int nv[64];
+        for (int h = 0; h < Hkv; h++) nv[h] = N;
+        ks_kv_layer GN = G, CN = C;
+        GN.n = nv; CN.n = nv;
+        for (int h = 0; h < Hkv; h++) {
+            int32_t *w = whole + (size_t)h * (k + P + 1);
+            memcpy(w, lists + (size_t)h * k, sizeof(int32_t) * k);
+            for (int r = a0; r < N; r++) w[k + r - a0] = r;
+            hw[h] = w; nw[h] = k + N - a0;
+            dm[h] = dl + (size_t)h * k; nm[h] = k;
+        }
+        ks_attn_args a = {.n = 1, .n_heads = H, .qpos = &qpos, .scale = p.scale};
+        a.idx = hw; a.n_idx = nw;
+        if (CPU->attention(CPU, oc, q, &CN, &a)) die("cpu attention");
+        ks_attn_args ar = a;
+        ar.idx = dm; ar.n_idx = nm; ar.idx_dev = 1;
+        ar.seg = 1; ar.seg_a0 = a0; ar.seg_a1 = N; ar.seg_page = P;
+        gpu_nan(dout, qn);
+        ks_status st = GPU->attention(GPU, dout, dq, &GN, &ar);
+        if (!st) st = GPU->sync(GPU);
+        float *ob = st ? NULL : gpu_get(dout, qn);
+        /* the staged run: the query position of this step, the rest as staged at N0 */
+        hd[2 * Hkv + 6] = qpos;
+        int32_t *dd = gpu_up(hd, sizeof hd);
+        p.idx = dl; p.nk = dd; p.idx_off = dd + Hkv; p.seg_dev = dd + 2 * Hkv; p.qpos = dd + 2 * Hkv + 6;
+        gpu_nan(dout, qn);
+        if (!st) st = ks_cuda_attn_decode_tc_rec(ks_cuda_backend_stream(GPU), &p, NULL, NULL, NULL, splits, ws);
+        if (!st) st = GPU->sync(GPU);
+        if (st) result(0, name, "%s", ks_last_error());
+        else {
+            float *os = gpu_get(dout, qn);
+            double e = relerr(ob, oc, qn);
+            int same = !memcmp(os, ob, sizeof(float) * qn);
+            result(same && e < 1e-2, name, "staged run bit-identical to the by-value call: %s; cpu relerr %.2e",
+                   same ? "yes" : "no", e);
+            free(os);
+        }
+        if (N == N0) { /* the per-head lists written out with their tail (a path that does not read ranges) */
+            ks_cuda_backend_set_attn_path(GPU, KS_CUDA_ATTN_FLASH);
+            gpu_nan(dout, qn);
+            ks_status s2 = GPU->attention(GPU, dout, dq, &GN, &ar);
+            if (!s2) s2 = GPU->sync(GPU);
+            ks_cuda_backend_set_attn_path(GPU, KS_CUDA_ATTN_AUTO);
+            snprintf(name, sizeof name, "page tail g=%d Hkv=%d d=%d P=%d at %d rows: per-head lists written out (prefill kernel)",
+                     g, Hkv, d, P, N);
+            if (s2) result(0, name, "%s", ks_last_error());
+            else {
+                float *ow = gpu_get(dout, qn);
+                double e = relerr(ow, oc, qn);
+                result(e < 1e-2, name, "cpu relerr %.2e", e);
+                free(ow);
+            }
+        }
+        free(ob);
+        GPU->free(GPU, dd);
+    }
+    if (ws) GPU->free(GPU, ws);
+    GPU->free(GPU, dq);
+    GPU->free(GPU, dout);
+    GPU->free(GPU, dl);
+    GPU->kv_free(GPU, &G);
+    CPU->kv_free(CPU, &C);
+    free(dm); free(hw); free(nm); free(nw); free(whole); free(lists);
+    free(q); free(oc); free(pos);
+}
+
 /* The rope table against the CPU twin (core/cpu_backend.c's rotation: cos / sin of the float32
  * angle pos * inv_freq, times attn_factor): every (c, s) within 1e-6 of that product computed in
  * double (|c|, |s| <= 1.25 here: sincosf's 2 ulp plus one rounding is ~4e-7; a wrong layout or
@@ -849,6 +959,8 @@ int main(int argc, char **argv) {
         ranges_case(2, 2, 64, 5000, 3, 700, 17, 1);
         ranges_case(2, 4, 128, 3000, 10, 1, 0, 0);          /* rotated rows, no trailing range */
         ranges_case(1, 8, 128, 3000, 0, 40, 33, 1);         /* no leading range */
+        page_case(8, 4, 128, 32770, 4080, 16);              /* Quest at the 8B shape (budget 4096) */
+        page_case(2, 2, 64, 1003, 40, 8);                   /* fewer splits: the tail's length counts */
         table_values();
         refusals();
     }

@@ -613,7 +613,12 @@ int main(int argc, char **argv) {
      * hits and misses counted as plain launches count them */
     seg_case_rep("models/kvsieve-tiny", "tokenselect", NULL, "n_init=4,n_local=16,k=16,cache_theta=0.5", 30, 60, 50, 40,
                  40 * 8);
-    seg_case("models/kvsieve-tiny", "quest", NULL, "page=4,budget=32", 60, 60, 50, 0);
+    /* Quest declares replay within its current page: a plain step after each page fills, a
+     * recording, then replays (the page tail followed on the device) until the page is full:
+     * pages of 4 hold 2 replayed steps, pages of 8 hold 6 */
+    seg_case_rep("models/kvsieve-tiny", "quest", NULL, "page=4,budget=32", 60, 60, 50, 25, 25 * 8);
+    seg_case_rep("models/kvsieve-tiny", "quest", NULL, "page=8,budget=64", 60, 60, 50, 35, 35 * 8);
+    seg_case_rep("models/kvsieve-tiny", "quest", NULL, "page=8,budget=64,trace=true", 60, 60, 50, 0, 0);
     /* held attends (device lists): every layer held (joined), one layer not, none */
     seg_case("models/kvsieve-tiny", "holder", SEG_HOLDER, "hold=true", 120, 60, 56, 50);
     seg_case("models/kvsieve-tiny", "holder", SEG_HOLDER, "hold=true,free_layer=2", 120, 60, 56, 0);
