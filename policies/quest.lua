@@ -34,6 +34,9 @@
 --   The step after a page fills runs Lua (a page joins the summaries), the next one records.
 --   The token event adds the replayed layer steps to "selections" (ev.replayed_steps).
 -- The prefill attends to everything (Quest accelerates decoding; the paper's prefill is dense).
+-- Kept summaries are made as the prefill ends each layer (prefill_layer_end: the prompt's complete
+-- pages, as the reference builds its page metadata while it prefills), so the first decode step
+-- summarises at most the pages completed since.
 --
 -- Choices (the paper is written for multi-head attention; the points it leaves open):
 --   - Selection per KV head, the group's query heads combined by the max of their bounds (gqa):
@@ -129,6 +132,18 @@ return {
       error("summaries must be \"auto\", \"box\", \"keep\" or \"recompute\", got \"" .. tostring(p.summaries) .. "\"", 0)
     end
     _reset()
+  end,
+
+  -- The prompt's complete pages summarised as each layer's keys are final (kept summaries only,
+  -- and only where a decode step would select: a prompt longer than the budget).
+  prefill_layer_end = function(ev, p)
+    if p.summaries == "recompute" or ev.layer < p.dense_layers or p.budget // p.page < 2 then return end
+    local N = ev.kv_rows[1]
+    local last = (N - 1) // p.page
+    if p.budget >= N or p.budget // p.page - 1 >= last then return end
+    local keys = ev:kv_keys()
+    if state.box == nil then state.box = p.summaries == "box" or (p.summaries == "auto" and keys.storage == "bf16") end
+    _summaries(ev, p, keys, last, state.box)
   end,
 
   -- One decode step at one layer; the new row is already in the layer (N rows).
