@@ -9,7 +9,9 @@
  *   hold_counts_and_release                       one layer unheld: it sees held_steps and
  *                                                 releases the others, which are asked again
  *   hold_dropped_by_a_prefill_and_a_reset
- *   hold_errors_are_named */
+ *   hold_errors_are_named
+ *   replay_actions_errors_are_named   ks_action_replay / _within / ks_action_attend_page from a C
+ *                                     policy: bad calls named, right ones recorded */
 #include "engine.h"
 #include "forward.h"
 #include "ks_lua.h"
@@ -226,6 +228,89 @@ KT_TEST(hold_errors_are_named) {
         const char *err = ks_last_error();
         KT_CHECK(st == KS_ERR_POLICY, "%s: status %d (%s)", cases[i].c, st, err);
         KT_CHECK(strstr(err, cases[i].want) != NULL, "%s: message '%s' lacks '%s'", cases[i].c, err, cases[i].want);
+        ks_session_free(s);
+        ks_policy_free(p);
+    }
+    ks_model_close(m);
+}
+
+/* ---------------------------------------------------------------- replay and page actions */
+
+/* The core actions of recorded handlers, called from a C policy's decode handler (layer 1 of the
+ * first decode step) on the CPU backend: each bad call is KS_ERR_POLICY with a message naming it,
+ * and the calls that are right succeed (policy.h ks_action_replay, ks_action_replay_within,
+ * ks_action_attend_page). */
+typedef struct rcase {
+    int c, done;           /* done: the handler ran its case */
+    ks_status st;
+    char err[400];
+    int replay;
+    int64_t rows;
+} rcase;
+
+static ks_status replay_case(void *user, ks_event *ev) {
+    rcase *r = user;
+    if (ev->layer != 1 || r->done) return KS_OK;
+    ks_status st = KS_OK;
+    int32_t idx[2] = {0, 1};
+    switch (r->c) {
+    case 0: st = ks_action_replay_within(ev, 0); break;                  /* no row to replay */
+    case 1: st = ks_action_attend_page(ev, 4); break;                    /* page without an attend */
+    case 2: st = ks_action_attend(ev, idx, 2, 0);                        /* a host list */
+            if (!st) st = ks_action_replay(ev);
+            break;
+    case 3: st = ks_action_attend(ev, idx, 2, 0);                        /* page of a host list */
+            if (!st) st = ks_action_attend_page(ev, 4);
+            break;
+    case 4: st = ks_action_replay(ev);                                   /* nothing asked: right */
+            r->replay = ev->act.replay;
+            r->rows = ev->act.replay_rows;
+            break;
+    case 5: st = ks_action_replay_within(ev, 9);                         /* right, 9 rows */
+            r->replay = ev->act.replay;
+            r->rows = ev->act.replay_rows;
+            break;
+    case 6: st = ks_action_attend_page(ev, 0); break;                    /* a page of no rows */
+    }
+    r->done = 1;
+    r->st = st;
+    snprintf(r->err, sizeof r->err, "%s", st ? ks_last_error() : "");
+    return st;
+}
+
+KT_TEST(replay_actions_errors_are_named) {
+    ks_model *m;
+    KT_CHECK(ks_model_open(TINY, "cpu", &m) == KS_OK, "%s", ks_last_error());
+    static const char *want[] = {
+        "replay (layer 1): within 0 rows: must be at least 1",
+        "attend (layer 1): page follows a device-list attend with a trailing range",
+        "replay (layer 1): only a device-list attend",
+        "attend (layer 1): page follows a device-list attend with a trailing range",
+        NULL,
+        NULL,
+        "attend (layer 1): a page of 0 rows",
+    };
+    for (int c = 0; c < (int)(sizeof want / sizeof want[0]); c++) {
+        rcase r = {.c = c};
+        ks_policy_handlers h = {.name = "replay_case", .user = &r, .decode_qkv = replay_case};
+        ks_policy *p = NULL;
+        ks_session *s = NULL;
+        ks_status st = ks_policy_create_c(&h, &p);
+        if (!st) st = ks_session_create(m, &s);
+        if (!st) st = ks_session_set_policy(s, p);
+        int32_t prompt[40];
+        prompt_of(m, prompt, 40);
+        if (!st) st = ks_session_prefill(s, prompt, 40);
+        if (!st) st = ks_session_decode(s, 7);
+        if (want[c]) {
+            KT_CHECK(st == KS_ERR_POLICY && r.done && r.st == KS_ERR_POLICY, "case %d: status %d, the action's %d (%s)", c, st, r.st,
+                     r.err);
+            KT_CHECK(strstr(r.err, want[c]) != NULL, "case %d: message '%s' lacks '%s'", c, r.err, want[c]);
+        } else {
+            KT_CHECK(st == KS_OK && r.done && r.st == KS_OK, "case %d: status %d, the action's %d (%s)", c, st, r.st, r.err);
+            KT_CHECK(r.replay == 1 && r.rows == (c == 5 ? 9 : 0), "case %d: replay %d within %lld rows", c, r.replay,
+                     (long long)r.rows);
+        }
         ks_session_free(s);
         ks_policy_free(p);
     }
