@@ -840,6 +840,8 @@ static int dec_rep_all(const ks_session *s, const ks_decode_state *d) {
     return 1;
 }
 
+static ks_status dec_hjoin(ks_session *s, ks_decode_state *d); /* below, with HJOIN_CUT */
+
 /* A handler recording failed: counted (none tried after two), said once. */
 static void hrec_fail(ks_session *s, ks_decode_state *d, int l, const char *why) {
     if (d->hfails++ == 0)
@@ -924,6 +926,12 @@ static ks_status decode_record_handlers(ks_session *s, ks_decode_state *d, int32
     d->hlim = lim < grow;
     d->seg_miss = 0;
     s->graph_steps++;
+    /* the join while the device runs this step; one that fails here is tried again (and its
+     * error said) at the first replay */
+    if (dec_hjoin(s, d)) {
+        ks_clear_error();
+        d->hjoin_failed = 0;
+    }
     return KS_OK;
 }
 
@@ -934,6 +942,43 @@ static ks_status decode_record_handlers(ks_session *s, ks_decode_state *d, int32
  * the host launches the long last one. With two graphs cut at JOIN_HEAD the device waited ~280 us
  * for the second's launch at every step (bench/NOTES.md, session 27). */
 static const int HJOIN_CUT[2] = {1, 6};
+
+/* The recorded step's 2 n_layers + 1 graphs joined as three (HJOIN_CUT), once a recording is
+ * whole; a join the backend refuses is said once and the replays launch the graphs one by one.
+ * Called at the end of the recording step, after its last launch: the join's host work (an
+ * instantiation, ~1.8 ms at 128K on an H200) runs while the device still works through that
+ * step, instead of before the first replay's launch (bench/NOTES.md, issue 14, session 31);
+ * the first replay joins where the recording did not. */
+static ks_status dec_hjoin(ks_session *s, ks_decode_state *d) {
+    const int nl = s->m->cfg.n_layers;
+    ks_backend *be = s->be;
+    if (d->hjoined[0] || d->hjoin_failed || !be->graph_join || d->nh != nl) return KS_OK;
+    ks_graph **all = ks_malloc(sizeof(ks_graph *) * (size_t)(2 * nl + 1));
+    if (!all) return KS_ERR_OOM;
+    for (int l = 0; l < nl; l++) { all[2 * l] = d->seg[l]; all[2 * l + 1] = d->hseg[l]; }
+    all[2 * nl] = d->seg[nl];
+    const int total = 2 * nl + 1;
+    int cut[4] = {0, KS_MIN(HJOIN_CUT[0], total), KS_MIN(HJOIN_CUT[1], total), total}, k = 0;
+    ks_status st = KS_OK;
+    for (int i = 0; !st && i < 3; i++)
+        if (cut[i + 1] > cut[i]) {
+            d->hjoined[k] = d->hjold[i]; /* the backend's from here: updated into the new join, or freed */
+            d->hjold[i] = NULL;
+            st = be->graph_join(be, all + cut[i], cut[i + 1] - cut[i], &d->hjoined[k++]);
+        }
+    free(all);
+    if (st) {
+        for (int i = 0; i < 3; i++)
+            if (d->hjoined[i]) be->graph_free(be, d->hjoined[i]);
+        d->hjoined[0] = d->hjoined[1] = d->hjoined[2] = NULL;
+        d->hjoin_failed = 1;
+        if (st != KS_ERR_UNSUPPORTED) return st;
+        ks_logf(KS_LOG_INFO, "decode: replayed steps launch their %d recorded segments and handlers one by one (%s)",
+                total, ks_last_error());
+        ks_clear_error();
+    }
+    return KS_OK;
+}
 
 /* A step of a session whose handlers are recorded (decode_record_handlers): every layer's row
  * booked, then seg[0], hseg[0], seg[1], ..., seg[nl] launched (joined as three graphs where the
@@ -955,33 +1000,8 @@ static ks_status decode_replayed(ks_session *s, ks_decode_state *d, int32_t id, 
         memcpy(d->hjold, keep, sizeof keep);
         return KS_ERR_UNSUPPORTED;
     }
-    ks_status st;
-    if (!d->hjoined[0] && !d->hjoin_failed && be->graph_join) {
-        ks_graph **all = ks_malloc(sizeof(ks_graph *) * (size_t)(2 * nl + 1));
-        if (!all) return KS_ERR_OOM;
-        for (int l = 0; l < nl; l++) { all[2 * l] = d->seg[l]; all[2 * l + 1] = d->hseg[l]; }
-        all[2 * nl] = d->seg[nl];
-        const int total = 2 * nl + 1;
-        int cut[4] = {0, KS_MIN(HJOIN_CUT[0], total), KS_MIN(HJOIN_CUT[1], total), total}, k = 0;
-        st = KS_OK;
-        for (int i = 0; !st && i < 3; i++)
-            if (cut[i + 1] > cut[i]) {
-                d->hjoined[k] = d->hjold[i]; /* the backend's from here: updated into the new join, or freed */
-                d->hjold[i] = NULL;
-                st = be->graph_join(be, all + cut[i], cut[i + 1] - cut[i], &d->hjoined[k++]);
-            }
-        free(all);
-        if (st) {
-            for (int i = 0; i < 3; i++)
-                if (d->hjoined[i]) be->graph_free(be, d->hjoined[i]);
-            d->hjoined[0] = d->hjoined[1] = d->hjoined[2] = NULL;
-            d->hjoin_failed = 1;
-            if (st != KS_ERR_UNSUPPORTED) return st;
-            ks_logf(KS_LOG_INFO, "decode: replayed steps launch their %d recorded segments and handlers one by one (%s)",
-                    total, ks_last_error());
-            ks_clear_error();
-        }
-    }
+    ks_status st = dec_hjoin(s, d);
+    if (st) return st;
     dec_book_rows(s, d, pos);
     if (d->hjoined[0]) {
         st = be->graph_run(be, d->hjoined[0], id, pos);

@@ -115,6 +115,13 @@ static ks_status cu_graph_end(ks_backend *b, ks_graph **out) {
  * each other as inside one recording, without the gap of a graph launch between them. */
 static void cu_graph_free(ks_backend *b, ks_graph *g);
 
+/* A join's work uploaded to the device now, in stream order behind the work queued (the decode
+ * step that made it, core/decode.c dec_hjoin), so that its first launch does not pay it; one
+ * that fails is left to that launch. */
+static void join_upload(cuda_ctx *c, ks_graph *g) {
+    if (cudaGraphUpload(g->exec, c->stream) != cudaSuccess) cudaGetLastError();
+}
+
 static ks_status cu_graph_join(ks_backend *b, ks_graph *const *segs, int n, ks_graph **out) {
     cuda_ctx *c = CTX(b);
     ks_graph *old = *out; /* an earlier join the caller gives up: updated in place where it can be */
@@ -145,6 +152,7 @@ static ks_status cu_graph_join(ks_backend *b, ks_graph *const *segs, int n, ks_g
             if (owns != old->owns) cuda_own_graphs(c, owns ? 1 : -1);
             old->owns = owns;
             old->pos0 = segs[0]->pos0;
+            join_upload(c, old);
             *out = old;
             return KS_OK;
         }
@@ -168,6 +176,7 @@ static ks_status cu_graph_join(ks_backend *b, ks_graph *const *segs, int n, ks_g
     kg->rc_gen = segs[0]->rc_gen;
     for (int i = 0; i < n && !kg->owns; i++) kg->owns = segs[i]->owns;
     if (kg->owns) cuda_own_graphs(c, 1);
+    join_upload(c, kg);
     *out = kg;
     return KS_OK;
 }

@@ -698,6 +698,7 @@ static void recorder_free(void) {
 typedef struct drun {
     int steps, graph_steps;
     long long replayed; /* layer steps whose recorded handler replayed */
+    long joins_unreplayed; /* the recorder's joins made by the end of the last step before any replay */
     int32_t ids[128];
     float *lg; /* (steps, vocab) */
     char rep[3][32]; /* the policy's reports REPS at the end ("" where none) */
@@ -732,6 +733,7 @@ static ks_status drun_one(ks_model *m, const char *name, const char *src, const 
         r->ids[t] = id;
         st = ks_session_decode(s, id);
         if (!st) memcpy(r->lg + (size_t)t * vocab, s->logits, sizeof(float) * vocab);
+        if (!st && !ks_session_replayed_steps(s)) r->joins_unreplayed = R.joins;
         r->steps = t + 1;
     }
     if (st) snprintf(err, errn, "%s: %s", name ? name : "none", ks_last_error());
@@ -748,6 +750,7 @@ static ks_status drun_one(ks_model *m, const char *name, const char *src, const 
 
 static long long g_replayed; /* the recorder's run in the last compare: layer steps of replayed handlers */
 static long g_rejoins;       /* and its joins given an earlier one to update */
+static long g_joins_unreplayed; /* and its joins made before the first replay (by the recording step) */
 static char g_rep[3][32];    /* and its reports REPS */
 
 /* The same policy on the plain CPU backend and on the recorder: logits bit-equal at every step,
@@ -788,6 +791,7 @@ static int compare(const char *name, const char *src, const char *params, int n,
         }
     g_replayed = b.replayed;
     g_rejoins = R.rejoins;
+    g_joins_unreplayed = b.joins_unreplayed;
     memcpy(g_rep, b.rep, sizeof g_rep);
     if (a.replayed) { snprintf(msg, msgn, "%s %s: the plain run replayed %lld handlers", nm, pm, a.replayed); goto out; }
     snprintf(msg, msgn, "%s %s: %d of %d steps replayed, %ld lists staged (at least %ld), %lld layer steps of recorded "
@@ -1041,6 +1045,9 @@ KT_TEST(decode_graph_recorded_tokenselect) {
     COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16,_device=emulate", 30, 40, 30, 8);
     KT_CHECK(g_replayed >= 25 * 8, "%lld layer steps of recorded handlers replayed (at least 25 x 8)", g_replayed);
     KT_CHECK(R.joins >= 2 && R.joined_runs >= 25, "%ld joins, %ld joined runs", R.joins, R.joined_runs);
+    /* the recording step joins its graphs after its last launch (while a device would still run
+     * it), so the first replay launches the joins at once */
+    KT_CHECK(g_joins_unreplayed == 3, "%ld joins made before the first replay (3: the recording step's)", g_joins_unreplayed);
     KT_CHECK(ks_lua_emu_live() == 0, "%ld emulated device blocks left", ks_lua_emu_live());
     COMPARE("tokenselect", NULL, "n_init=4,n_local=16,k=16,_device=emulate,trace=true", 30, 40, 30, 30 * 6);
     KT_CHECK(g_replayed == 0, "with trace: %lld replayed", g_replayed);
