@@ -61,6 +61,12 @@
 #   q30      Quest and full at 128K (--gen 16, the table's, and --gen 32) and at 32K, each build of $V
 #   rec      session 27's recorded handlers: test_cuda_prims --only grow, the policies' decode handler cases, TokenSelect
 #            and full at 32K and 128K (each build of $V), one logged run of new
+#   s31      session 31's scores kernel (the partials combined in two passes, the group sums' exp) and the join at the
+#            recording step: test_cuda_prims --only scores and --only grow, test_cuda_policies, memcheck of the scores
+#            cases (--quick), bench_kernels --select (each build of $V, two rounds), then every decode step's wall of
+#            TokenSelect at 128K (--gen 16, each build of $V), then the same runs of new with CUDA_MODULE_LOADING=EAGER,
+#            and of full attention with and without it
+#   s31t     s31's tests alone
 # Usage: bash bench/gpu_s20.sh STEP...
 TAG=${TAG:-s20}; PK=${PK:-.data/$TAG/pk.tar.xz}
 . bench/gpu_pack_env.sh
@@ -170,6 +176,32 @@ step_tcuda() {
           timeout 280 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/$t 2>&1 | tail -2; done ) >> $O/tests.txt
 }
 step_prims() { tst test_cuda_prims >> $O/tests.txt; }
+step_s31t() { # session 31's GPU tests of the scores kernel: see s31
+    ( tst test_cuda_prims --only scores; tst test_cuda_prims --only grow; tst test_cuda_policies --stories .data/stories260K
+      timeout 250 compute-sanitizer --tool memcheck --error-exitcode 1 $R/new/test_cuda_prims --quick --only scores 2>&1 | tail -3
+    ) >> $O/tests.txt
+}
+step_s31() { # session 31: see the list above
+    step_s31t
+    step_ks
+    for v in $V; do
+        echo "== $v"
+        CUDA_INJECTION64_PATH=$R/ktrace.so KTRACE_OUT=$O/w-$v.csv KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 $R/$v/kvsieve $B \
+            --lengths 131040 --gen 16 --policy tokenselect 2>&1 | grep -E '^[a-z]+ +[0-9]+ '
+        python3 bench/ktrace.py $O/w-$v.csv --steps 8 --skip 2 --walls | head -3
+        rm -f $O/w-$v.csv
+    done >> $O/walls.txt 2>&1
+    # the first decode step's cost: the same runs of new with every kernel loaded at start
+    # (CUDA_MODULE_LOADING=EAGER), and full attention's with and without it
+    for c in "ts-eager:EAGER:tokenselect" "full:LAZY:none" "full-eager:EAGER:none"; do
+        n=${c%%:*}; m=${c#*:}; pol=${m#*:}; m=${m%%:*}
+        echo "== $n"
+        CUDA_MODULE_LOADING=$m CUDA_INJECTION64_PATH=$R/ktrace.so KTRACE_OUT=$O/w-$n.csv KVSIEVE_POLICY_PATH=$R/new/policies \
+            timeout 250 $R/new/kvsieve $B --lengths 131040 --gen 16 --policy $pol 2>&1 | grep -E '^[a-z]+ +[0-9]+ '
+        python3 bench/ktrace.py $O/w-$n.csv --steps 8 --skip 2 --walls | head -3
+        rm -f $O/w-$n.csv
+    done >> $O/walls.txt 2>&1
+}
 step_pol() { tst test_cuda_policies --stories .data/stories260K >> $O/tests.txt; }
 step_kq() { for r in 1 2; do for v in $V; do echo "== $v round $r"; timeout 200 $R/$v/bench_kernels --quest 2>&1 | grep quest; done; done >> $O/kq.txt; }
 step_ncut() { # the top-k kernels of bench_kernels --quest and --select under ncu, each build of $V

@@ -17,19 +17,23 @@
  *      limit is -inf). With a softmax each lane keeps an online partial for each of the two
  *      heads it holds (max, double sum of expf), each block writes its partial per head (pmax,
  *      psum), and the last block of each KV head to finish (an atomic counter) combines the
- *      partials in a fixed order into M_h and 1 / Z_h (Z_h = sum psum * exp(pmax - M_h)).
+ *      partials in a fixed order into M_h (their maxima's max) and then 1 / Z_h (Z_h = sum psum *
+ *      exp(pmax - M_h), the terms independent of each other).
  *   2. A grid barrier (sc1_grid_sync).
  *   3. Every block reads M_h and 1 / Z_h and takes a grid-strided share of the output columns:
  *      per head v_h = (float)(expf(L - M_h) / Z_h) (softmax) or L (raw), the head reduction in
  *      double in ascending head order, as on the CPU (sc1_vote_col).
  * Resident logits (a.res; a head sum or mean, where they fit: SC1_RES_SMEM): in 1 each block
- * writes its logits to its shared memory, (g, run) floats, instead of L, and 3 is two stages:
+ * writes its logits to its shared memory, (g, run) floats, instead of L, no block combines the
+ * partials before 2 (no counter, no wait on it), every block combines those of its own KV head's
+ * g heads after 2 (the same bits in each), and 3 is two stages:
  * each block sums the per-head values of its g heads for its own rows in float32 (v_h =
- * expf(L - M_h) * (float)(1 / Z_h), ascending head: pv, (Hkv, w)); a second grid barrier; then
+ * e^(L - M_h) * (float)(1 / Z_h) with the e^ of sc1_exp, ascending head: pv, (Hkv, w)); a
+ * second grid barrier; then
  * every block a grid-strided share of the columns, the Hkv group sums added in double in
  * ascending KV head order. Float32 arithmetic and another order than the CPU's double sum of
- * (float)(expf * 1 / Z_h): a few roundings of 2^-24 more, inside the tolerance below, and as
- * fixed. The double form was bound by its float-double conversions (a quarter-rate
+ * (float)(expf * 1 / Z_h): a few roundings of 2^-24 more and ex2.approx's error (~2^-22),
+ * inside the tolerance below, and as fixed. The double form was bound by its float-double conversions (a quarter-rate
  * instruction): 8.5-9.2 us a call at 128K keys on an H100, 6.1-6.9 in float32. Resident logits
  * spare the 4 * H bytes a key of L written in the loop and read back after the barrier (16 MB
  * each way at 128K keys); pv is 4 * Hkv bytes a key each way (bench/NOTES.md, issue 14,
@@ -115,13 +119,52 @@ static __device__ __forceinline__ int64_t sc1_head(const sc1_args &a, int64_t kv
     return a.gqa_mod ? kv + (int64_t)t * a.hkv : kv * a.g + t;
 }
 
-/* (m, s) <- the softmax partial (m, s) combined with (m2, s2); -inf maxima carry nothing */
-static __device__ __forceinline__ void sc1_merge(float &m, double &s, float m2, double s2) {
-    if (m2 == -INFINITY) return;
-    if (m == -INFINITY) { m = m2; s = s2; return; }
-    float mn = max_nan(m, m2);
-    s = s * exp((double)m - (double)mn) + s2 * exp((double)m2 - (double)mn);
-    m = mn;
+/* e^x for x <= 0 from the multiprocessor's ex2.approx.f32 (subnormal results kept, unlike
+ * __expf's .ftz): within ~2^-22 relative of expf plus x's rounding times log2(e), a few ulps
+ * for the exponents the vote's top-k looks at, inside the CPU comparison's 2e-5; equal inputs
+ * give equal bits, so exact ties stay ties. The group sums' accurate expf bounded that stage
+ * (bench/NOTES.md, issue 14, session 31). */
+static __device__ __forceinline__ float sc1_exp(float x) {
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f));
+    return y;
+}
+
+/* Head h's softmax over the whole row from the blocks' nx partials (pmax, psum), by the warp
+ * that calls it: M_h the max of the partials' maxima, then Z_h = sum psum * exp(pmax - M_h),
+ * each lane its partials (lane-strided) and the lanes in a fixed butterfly (a + b == b + a:
+ * every lane ends with the same bits, and every caller with the same inputs too). No exp waits
+ * for another: the merge tree before chained ten double exps (bench/NOTES.md, issue 14,
+ * session 31). */
+static __device__ __forceinline__ void sc1_combine(const sc1_args &a, int64_t h, int64_t nxk, int lane, float &M, double &Z) {
+    constexpr int PR = 4; /* partials a lane keeps in registers (nx <= 128); more are read again */
+    float pmr[PR];
+    double psr[PR];
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PR; i++) {
+        const int64_t b = lane + 32 * i;
+        pmr[i] = b < nxk ? __ldcg(a.pmax + h * a.nx + b) : -INFINITY;
+        psr[i] = b < nxk ? __ldcg(a.psum + h * a.nx + b) : 0.0;
+        m = max_nan(m, pmr[i]);
+    }
+    for (int64_t b = lane + 32 * PR; b < nxk; b += 32) m = max_nan(m, __ldcg(a.pmax + h * a.nx + b));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+    double sm = 0;
+    if (m != -INFINITY) {
+#pragma unroll
+        for (int i = 0; i < PR; i++)
+            if (pmr[i] != -INFINITY) sm += psr[i] * exp((double)pmr[i] - (double)m);
+        for (int64_t b = lane + 32 * PR; b < nxk; b += 32) {
+            const float pm = __ldcg(a.pmax + h * a.nx + b);
+            if (pm != -INFINITY) sm += __ldcg(a.psum + h * a.nx + b) * exp((double)pm - (double)m);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sm += __shfl_xor_sync(0xffffffffu, sm, o);
+    M = m;
+    Z = sm;
 }
 
 /* The query block as mma B fragments (k16 x n8, "col"): for chunk kc of 16 dimensions, split
@@ -394,31 +437,25 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
             a.pmax[h * a.nx + blockIdx.x] = bm[t];
             a.psum[h * a.nx + blockIdx.x] = sm;
         }
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) last = atomicAdd(&a.done[kv], 1u) == (unsigned)(nxk - 1);
-        __syncthreads();
-        if (last) {
-            if (threadIdx.x == 0) a.done[kv] = 0; /* every block of this KV head has counted: zero at rest again */
+        if (!a.res) {
+            /* the columns' vote needs every head's M_h and 1 / Z_h: the last block of each KV head
+             * to finish (an atomic counter) combines that head group's partials for all */
             __threadfence();
-            /* the last block of this KV head: warp t combines head t's nx partials, lane-strided,
-             * then the lanes in a fixed tree (the same order on every run) */
-            for (int t = warp; t < g; t += SC1_WARPS) {
-                const int64_t h = sc1_head(a, kv, t);
-                float m = -INFINITY;
-                double sm = 0;
-                for (int64_t b = lane; b < nxk; b += 32) sc1_merge(m, sm, __ldcg(a.pmax + h * a.nx + b), __ldcg(a.psum + h * a.nx + b));
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) {
-                    float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-                    double s2 = __shfl_xor_sync(0xffffffffu, sm, o);
-                    /* merge in lane order so both partners compute the same value */
-                    if (lane & o) { float mm = m2; double ss = s2; sc1_merge(mm, ss, m, sm); m = mm; sm = ss; }
-                    else sc1_merge(m, sm, m2, s2);
-                }
-                if (lane == 0) {
-                    a.M[h] = m;
-                    a.iZ[h] = 1.0 / sm;
+            __syncthreads();
+            if (threadIdx.x == 0) last = atomicAdd(&a.done[kv], 1u) == (unsigned)(nxk - 1);
+            __syncthreads();
+            if (last) {
+                if (threadIdx.x == 0) a.done[kv] = 0; /* every block of this KV head has counted: zero at rest again */
+                __threadfence();
+                for (int t = warp; t < g; t += SC1_WARPS) {
+                    const int64_t h = sc1_head(a, kv, t);
+                    float m;
+                    double sm;
+                    sc1_combine(a, h, nxk, lane, m, sm);
+                    if (lane == 0) {
+                        a.M[h] = m;
+                        a.iZ[h] = 1.0 / sm;
+                    }
                 }
             }
         }
@@ -428,11 +465,25 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
     /* every block: M_h and 1 / Z_h of every head, then its share of the output columns */
     double *iz = (double *)(smem + sc1_frag_bytes(NKC)); /* (H) 1 / Z_h, then (H) M_h as float */
     float *mh = (float *)(iz + a.hq);
-    if (a.softmax && W > 0)
-        for (int64_t h = threadIdx.x; h < a.hq; h += SC1_THREADS) {
-            iz[h] = __ldcg(a.iZ + h);
-            mh[h] = __ldcg(a.M + h);
+    if (a.softmax && W > 0) {
+        if (a.res) { /* only this KV head's g heads: each block combines their partials itself (the
+                      * same bits in every block), indexed t = 0..g-1 */
+            if (warp < g) {
+                float m;
+                double sm;
+                sc1_combine(a, sc1_head(a, kv, warp), nxk, lane, m, sm);
+                if (lane == 0) {
+                    iz[warp] = 1.0 / sm;
+                    mh[warp] = m;
+                }
+            }
+        } else {
+            for (int64_t h = threadIdx.x; h < a.hq; h += SC1_THREADS) {
+                iz[h] = __ldcg(a.iZ + h);
+                mh[h] = __ldcg(a.M + h);
+            }
         }
+    }
     __syncthreads();
     const int64_t nthr = (int64_t)gridDim.x * gridDim.y * SC1_THREADS;
     const int64_t x0 = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * SC1_THREADS + threadIdx.x;
@@ -443,9 +494,8 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
         float izf[SC1_GMAX], mhg[SC1_GMAX]; /* the group's heads: 1 / Z_h rounded to float, M_h */
 #pragma unroll
         for (int t = 0; t < SC1_GMAX; t++) {
-            const int64_t h = t < g ? sc1_head(a, kv, t) : 0;
-            izf[t] = t < g && a.softmax ? (float)iz[h] : 0.f;
-            mhg[t] = t < g && a.softmax ? mh[h] : 0.f;
+            izf[t] = t < g && a.softmax ? (float)iz[t] : 0.f;
+            mhg[t] = t < g && a.softmax ? mh[t] : 0.f;
         }
         for (int64_t r = threadIdx.x; r < run && r0b + r < W; r += SC1_THREADS) {
             const int64_t j = a.cb + r0b + r;
@@ -455,7 +505,7 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
                 for (int t = 0; t < SC1_GMAX; t++) {
                     if (t >= g) break;
                     const float lg = Ls[t * run + r];
-                    sg += lg == -INFINITY ? 0.f : a.softmax ? expf(lg - mhg[t]) * izf[t] : lg;
+                    sg += lg == -INFINITY ? 0.f : a.softmax ? sc1_exp(lg - mhg[t]) * izf[t] : lg;
                 }
             a.pv[kv * W + r0b + r] = sg;
         }
