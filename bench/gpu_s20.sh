@@ -67,6 +67,8 @@
 #            TokenSelect at 128K (--gen 16, each build of $V), then the same runs of new with CUDA_MODULE_LOADING=EAGER,
 #            and of full attention with and without it
 #   s31t     s31's tests alone
+#   s31r     full attention at 8K and 32K (--gen 8), then TokenSelect beside full at 32K (--gen 32) and 128K (--gen 16),
+#            each two rounds of each build of $V (the spread of issue 14's rows across runs)
 # Usage: bash bench/gpu_s20.sh STEP...
 TAG=${TAG:-s20}; PK=${PK:-.data/$TAG/pk.tar.xz}
 . bench/gpu_pack_env.sh
@@ -201,6 +203,16 @@ step_s31() { # session 31: see the list above
         python3 bench/ktrace.py $O/w-$n.csv --steps 8 --skip 2 --walls | head -3
         rm -f $O/w-$n.csv
     done >> $O/walls.txt 2>&1
+}
+step_s31r() { # see s31r above
+    for r in 1 2; do
+        ( row "8K-r$r" --lengths 8192 --gen 8 --policy none
+          row "32K-full-r$r" --lengths 32768 --gen 8 --policy none ) >> $O/reg.txt
+    done
+    for r in 1 2; do
+        ( row "32K-r$r" --lengths 32768 --gen 32 --policy none,tokenselect
+          row "128K-r$r" --lengths 131040 --gen 16 --policy none,tokenselect ) >> $O/ts.txt
+    done
 }
 step_pol() { tst test_cuda_policies --stories .data/stories260K >> $O/tests.txt; }
 step_kq() { for r in 1 2; do for v in $V; do echo "== $v round $r"; timeout 200 $R/$v/bench_kernels --quest 2>&1 | grep quest; done; done >> $O/kq.txt; }
