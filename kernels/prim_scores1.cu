@@ -46,12 +46,12 @@
  * same (tests/cuda/test_cuda_prims.c, grow).
  * Under a nonzero mask (ks_scores_opts.skip, one device float) every block writes its share of
  * the zero result and leaves before 1: no key read, no counter touched, no barrier reached.
- * The counters (Hkv per KV head, then each barrier's two) are the scratch's, zero at rest: each
- * kernel returns the words it used to zero. Until session 23, 3 was a second kernel: the same
- * arithmetic in the same order (the same bits), one launch less (bench/NOTES.md, issue 14
- * session 23). Code size matters here: the kernel runs its code once a launch, so instruction
- * fetches are paid by every block (one call site of the rotation; the vote in batches of 8,
- * where 16 measured slower).
+ * The counters (Hkv per KV head, then the barriers' arrivals and the blocks that left) are the
+ * scratch's, zero at rest: each kernel returns the words it used to zero. Until session 23, 3
+ * was a second kernel: the same arithmetic in the same order (the same bits), one launch less
+ * (bench/NOTES.md, issue 14 session 23). Code size matters here: the kernel runs its code once
+ * a launch, so instruction fetches are paid by every block (one call site of the rotation; the
+ * vote in batches of 8, where 16 measured slower).
  * Bytes: the keys once, L (4 * H bytes a key: 1/16 of the bf16 keys at g = 4, d = 128) written
  * once and read once. Shapes: bf16 keys, d % 16 == 0, d <= 128, g <= 8, rows 16-byte aligned
  * (others go to prim_scores.cu's general kernel). Against the CPU the logits differ by float32
@@ -94,8 +94,9 @@ struct sc1_args {
     double *psum;         /* (H, nx) */
     float *M;             /* (H) */
     double *iZ;           /* (H) */
-    unsigned *done;       /* (Hkv + 4) blocks finished per KV head, then the two grid barriers' two words
-                           * each: zero at the launch, zero again after it */
+    unsigned *done;       /* (Hkv + 4) blocks finished per KV head, then the grid barriers' arrivals and the
+                           * blocks that left (two words; two more unused): zero at the launch, zero
+                           * again after it */
     const float *skip;    /* NULL or one device float: nonzero = every block writes its share of zeros and
                            * leaves (ks_scores_opts.skip: no key read, no counter touched) */
     const int32_t *gd;    /* NULL, or (a recorded handler, ks_scores_opts.grow) the step slot's delta: the call
@@ -222,23 +223,37 @@ static __device__ __forceinline__ void sc1_vote_col(const sc1_args &a, int64_t W
     }
 }
 
-/* Every block of the grid arrives before any goes on (the launch is cooperative: all blocks are
- * resident). c[0] counts arrivals, c[1] departures; the last to depart returns both to zero, so
- * the words are zero at rest (ks_cuda_scratch.counters). Writes before it are visible after it
- * to every block (fences on both sides; the readers load through L2, __ldcg). */
-static __device__ __forceinline__ void sc1_grid_sync(unsigned *c, unsigned nb) {
+/* The k-th grid barrier of a launch (k = 1, 2): every block of the grid arrives before any goes
+ * on (the launch is cooperative: all blocks are resident). c[0] counts the launch's arrivals
+ * (one a block a barrier, never reset in between): thread 0 adds its block's with a release and
+ * polls with acquire loads until k nb have come. Writes before it are visible after it to every
+ * block (the readers load through L2, __ldcg). sc1_leave returns the words to zero. One add a
+ * block a barrier and no sleep in the poll: 1.34 us a barrier on an H100 at 264 blocks, against
+ * 1.94 us for the arrive / depart pair with fences and 64 ns sleeps it replaced (bench/NOTES.md,
+ * issue 14, session 32, bench/results/s32/gridbar). */
+static __device__ __forceinline__ void sc1_grid_sync(unsigned *c, unsigned nb, unsigned k) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(c, 1u);
-        while (*(volatile unsigned *)c < nb) __nanosleep(64);
-        __threadfence();
-        if (atomicAdd(c + 1, 1u) == nb - 1) { /* everyone has left the wait: reset */
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
+        unsigned v;
+        do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
+        while (v < k * nb);
+    }
+    __syncthreads();
+}
+
+/* A block that passed its last barrier leaves: c[1] counts them, and the last one returns c[0]
+ * and c[1] to zero (no block polls any more), so the words are zero at rest
+ * (ks_cuda_scratch.counters). */
+static __device__ __forceinline__ void sc1_leave(unsigned *c, unsigned nb) {
+    if (threadIdx.x == 0) {
+        unsigned o;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(o) : "l"(c + 1) : "memory");
+        if (o == nb - 1) {
             c[0] = 0;
             c[1] = 0;
         }
     }
-    __syncthreads();
 }
 
 static __host__ __device__ constexpr size_t sc1_frag_bytes(int nkc) { return sizeof(uint2) * 3 * (size_t)nkc * 32; }
@@ -460,7 +475,7 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
             }
         }
     }
-    sc1_grid_sync(a.done + a.hkv, gridDim.x * gridDim.y);
+    sc1_grid_sync(a.done + a.hkv, gridDim.x * gridDim.y, 1);
 
     /* every block: M_h and 1 / Z_h of every head, then its share of the output columns */
     double *iz = (double *)(smem + sc1_frag_bytes(NKC)); /* (H) 1 / Z_h, then (H) M_h as float */
@@ -509,7 +524,7 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
                 }
             a.pv[kv * W + r0b + r] = sg;
         }
-        sc1_grid_sync(a.done + a.hkv + 2, gridDim.x * gridDim.y);
+        sc1_grid_sync(a.done + a.hkv, gridDim.x * gridDim.y, 2);
         for (int64_t x = x0; x < ncols; x += nthr) {
             const int64_t j = ob + x, c = j - a.cb;
             double sm = 0;
@@ -524,10 +539,12 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
                 }
             out[x] = (float)(heads == KS_HEADS_MEAN ? sm / (double)a.hq : sm);
         }
+        sc1_leave(a.done + a.hkv, gridDim.x * gridDim.y);
         return;
     }
     for (int64_t x = x0; x < ncols; x += nthr)
         sc1_vote_col(a, W, iz, mh, ob, ncols, lo, hi, heads, out, x);
+    sc1_leave(a.done + a.hkv, gridDim.x * gridDim.y);
 }
 
 /* the query fragments, then (g, d) rotated query rows (a rotation) or later (H) 1 / Z_h as double
