@@ -8,7 +8,11 @@
  * index list and / or row ranges: LST) the warp first looks up the rows of its next TC_RB tiles
  * at once (four independent index loads a lane, into shared memory), so no tile's copies wait on
  * an index load, and NS is TC_LIST_STAGES: a list's few tiles a warp are all in flight (Quest's
- * 4096-row lists: 13.1 -> 10.7 us a call, bench/NOTES.md, issue 14 session 22). At the end
+ * 4096-row lists: 13.1 -> 10.7 us a call, bench/NOTES.md, issue 14 session 22). A list's tiles
+ * are staged unswizzled with a 16-byte pad a row (tc_kp), so each lane's copies of a tile go
+ * to fixed offsets with no per-chunk index arithmetic (the swizzled copy loop took ~630
+ * instructions a warp a tile, ncu), and the tile's table rows (RM 2) are one contiguous run (TokenSelect's list attention 15.9 -> 14.1 us
+ * a call on the H100, bench/NOTES.md, issue 14 session 33). At the end
  * the four warps' (max, sum, O) are merged in shared memory and the block writes either the
  * final rows or an unnormalised partial for attn_combine (attn_decode.cu).
  *
@@ -18,7 +22,10 @@
  * partner ch + NCH / 2 (ch = lane % (NCH / 2) for every row it takes, so its 8 frequencies stay
  * in registers), 32 sincosf a lane per 16-key tile at d = 128, each (key, frequency) once. The
  * tile then holds exactly the rows ks_cuda_attn_gather would have written, and the loop below
- * is the same as without ROPE. The rotation is the costly part (sincosf, each with its branch to
+ * is the same as without ROPE. With a table over a renumbered list (RM 2) a tile whose 16 slots
+ * all lie inside the table reads its (c, s) from the staged table rows; any other tile goes
+ * through tc_rot_tile (sincosf, the same bits), out of line so that the loop's code stays
+ * small (the instruction cache was the first stall of the inlined version, ncu, session 33). The rotation is the costly part (sincosf, each with its branch to
  * the slow path, back to back in a lane), so the ROPE kernels stay at the registers of 3 blocks
  * an SM (__launch_bounds__) and a call over a list takes more splits than one block an SM
  * (ks_cuda_attn_decode_tc_list_splits): more resident warps to hide it. */
@@ -44,14 +51,18 @@
 
 /* RM, how the kernel treats pre-RoPE inputs: 0 none (rows already rotated), 1 rotated with
  * sincosf, 2 rotated with the (cos, sin) table of kernels/rope_table.cuh where it applies */
-/* bytes of one warp's region: NS stages x (K, V tiles) + key positions + the rows of TC_RB tiles
- * (+ RM 2: stages x the tile's table rows, KT x D / 4 float4s) */
-template <int D, int RM, int NS> static __host__ __device__ constexpr size_t tc_wregion() {
-    return (size_t)NS * (2 * TC_KT * D * 2) + NS * TC_KT * 4 + TC_RB * TC_KT * 4 +
+/* bf16 elements from one staged K or V row to the next: D over the cache rows (16-byte chunks
+ * XOR-swizzled, swz), D + 8 over a list (rows unswizzled, so a lane's copies land at fixed
+ * offsets: the 16-byte pad puts the 8 rows an ldmatrix reads on distinct banks) */
+template <int D, bool LST> static __host__ __device__ constexpr int tc_kp() { return LST ? D + 8 : D; }
+/* bytes of one warp's region (a multiple of 16): NS stages x (K, V tiles) + key positions + the
+ * rows of TC_RB tiles (+ RM 2: stages x the tile's table rows, KT x D / 4 float4s) */
+template <int D, int RM, int NS, bool LST> static __host__ __device__ constexpr size_t tc_wregion() {
+    return (size_t)NS * (2 * TC_KT * tc_kp<D, LST>() * 2) + NS * TC_KT * 4 + TC_RB * TC_KT * 4 +
            (RM == 2 ? (size_t)NS * TC_KT * D * 4 : 0);
 }
-template <int D, int RM, int NS> static constexpr size_t tc_smem() {
-    return (size_t)16 * D * 2 + TC_WARPS * tc_wregion<D, RM, NS>() + TC_WARPS * 16 * 2 * 4;
+template <int D, int RM, int NS, bool LST> static constexpr size_t tc_smem() {
+    return (size_t)16 * D * 2 + TC_WARPS * tc_wregion<D, RM, NS, LST>() + TC_WARPS * 16 * 2 * 4;
 }
 
 /* one query row's key counts, list offsets and position by value (ks_cuda_attn_decode_tc1,
@@ -95,6 +106,26 @@ static __device__ __forceinline__ void rot8_cs(uint32_t *x, uint32_t *y, const f
     }
 }
 
+/* RM 2 over a list: a staged tile whose positions lie past the table's rows, rotated with sincosf
+ * (the same bits as the table: rope_table.cuh); out of line, so the table's loop stays compact */
+template <int D, int KP>
+static __device__ __noinline__ void tc_rot_tile(bf16 *tk, const int *kp, const float *inv_freq, float af, int lane) {
+    constexpr int HCH = D / 16;
+    const int rch = lane % HCH;
+    float fr[8];
+#pragma unroll
+    for (int c = 0; c < 8; c++) fr[c] = inv_freq[rch * 8 + c];
+    for (int e = lane; e < TC_KT * HCH; e += 32) {
+        const int r = e / HCH;
+        uint4 *lo = reinterpret_cast<uint4 *>(tk + r * KP + rch * 8);
+        uint4 *hi = reinterpret_cast<uint4 *>(tk + r * KP + (rch + HCH) * 8);
+        uint4 a = *lo, b = *hi;
+        rot8(&a.x, &b.x, kp[r], fr, af);
+        *lo = a;
+        *hi = b;
+    }
+}
+
 /* RG: row ranges around the lists (ks_cuda_attn_params.seg_*): their own instances, since the
  * index arithmetic of every tile costs the calls without ranges ~3% of a 32K decode step (H100) */
 template <int D, int RM, bool RG, bool LST, int NS>
@@ -108,19 +139,24 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     ks_pdl_trigger();
     ks_pdl_wait();
     extern __shared__ __align__(128) unsigned char smem[];
-    constexpr int NCH = D / 8, KS = D / 16, DT = D / 8;
+    constexpr int NCH = D / 8, KS = D / 16, DT = D / 8, KP = tc_kp<D, LST>();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, tig = lane & 3;
     const int H = p.n_heads, g = H / p.n_kv_heads, M = p.n * g;
     const int kv = blockIdx.y, split = blockIdx.x;
     bf16 *sQ = (bf16 *)smem;                                                  /* (16, D) */
-    unsigned char *wr = smem + 16 * D * 2 + (size_t)warp * tc_wregion<D, RM, NS>(); /* this warp's region */
-    bf16 *wK = (bf16 *)wr;                                                    /* stages x (KT, D) */
-    bf16 *wV = wK + NS * TC_KT * D;                                           /* stages x (KT, D) */
-    int *wP = (int *)(wV + NS * TC_KT * D);                                   /* stages x KT */
+    unsigned char *wr = smem + 16 * D * 2 + (size_t)warp * tc_wregion<D, RM, NS, LST>(); /* this warp's region */
+    bf16 *wK = (bf16 *)wr;                                                    /* stages x (KT, KP) */
+    bf16 *wV = wK + NS * TC_KT * KP;                                          /* stages x (KT, KP) */
+    int *wP = (int *)(wV + NS * TC_KT * KP);                                  /* stages x KT */
     int *wR = wP + NS * TC_KT;                                                /* (RB, KT) rows of tiles */
     float4 *wT = (float4 *)(wR + TC_RB * TC_KT);                              /* RM 2: stages x (KT, D / 4) */
-    float *sML = (float *)(smem + 16 * D * 2 + TC_WARPS * tc_wregion<D, RM, NS>()); /* (warps, 16, 2) */
+    float *sML = (float *)(smem + 16 * D * 2 + TC_WARPS * tc_wregion<D, RM, NS, LST>()); /* (warps, 16, 2) */
+    /* a staged K / V tile's 16-byte chunk ch of row r (elements from the stage's start) */
+    auto kix = [](int r, int ch) {
+        if constexpr (LST) return r * KP + ch * 8;
+        else return swz<D>(r, ch);
+    };
     __shared__ int s_tab_rows; /* RM 2: rows of a table that matches this call (0: compute) */
 
     /* row ranges around the list (p.seg_*): keys [0, snb) are rows sb0.., keys [nkh - sna, nkh)
@@ -260,32 +296,63 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         const int st = u % NS, t0 = tb + (warp + TC_WARPS * u) * TC_KT;
         const int *rw = wR + (u % TC_RB) * TC_KT;
         rows(u);
-        bf16 *dk = wK + st * TC_KT * D, *dv = wV + st * TC_KT * D;
-        for (int e = lane; e < TC_KT * NCH; e += 32) {
-            int r = e / NCH, ch = e - r * NCH;
-            int t = t0 + r;
-            bool ok = t < te;
-            int j = !ok ? 0 : LST ? rw[r] : t;
-            size_t off = (size_t)j * D + ch * 8;
-            cp_async16(dk + swz<D>(r, ch), Kh + off, ok ? 16 : 0);
-            cp_async16(dv + swz<D>(r, ch), Vh + off, ok ? 16 : 0);
-        }
-        if (lane < TC_KT) {
-            int t = t0 + lane;
-            bool ok = t < te;
-            int j = !ok ? 0 : LST ? rw[lane] : t;
-            if (Ph) cp_async4(wP + st * TC_KT + lane, Ph + j, ok ? 4 : 0);
-            else wP[st * TC_KT + lane] = p.renumber ? t : j;
-        }
-        if constexpr (RM == 2) { /* renumbered: key t sits at position t, the table's row t */
-            if (tab_rows > 0) {
-                constexpr int RW = D / 4; /* float4s a table row */
-                const float4 *tb4 = (const float4 *)rp.r.tab + KS_CUDA_ROPE_TAB_HDR;
-                float4 *dt = wT + st * TC_KT * RW;
-                for (int e = lane; e < TC_KT * RW; e += 32) {
-                    const int r = e / RW, t = t0 + r;
-                    const bool ok = t < te && t < tab_rows;
-                    cp_async16(dt + e, tb4 + (size_t)(ok ? t : 0) * RW + (e - r * RW), ok ? 16 : 0);
+        bf16 *dk = wK + st * TC_KT * KP, *dv = wV + st * TC_KT * KP;
+        if constexpr (LST) {
+            /* a list's rows: 16-byte cp.async copies, lane l taking chunk l % NCH of rows
+             * l / NCH + (32 / NCH) i (the destinations fixed offsets), the table's 16 rows as one
+             * contiguous run (key t sits at row t) */
+            constexpr int RP = 32 / NCH;
+            const int ch = lane % NCH;
+#pragma unroll
+            for (int i = 0; i < TC_KT / RP; i++) {
+                const int r = i * RP + lane / NCH;
+                const bool ok = t0 + r < te;
+                const size_t off = (size_t)(ok ? rw[r] : 0) * D + ch * 8;
+                cp_async16(dk + r * KP + ch * 8, Kh + off, ok ? 16 : 0);
+                cp_async16(dv + r * KP + ch * 8, Vh + off, ok ? 16 : 0);
+            }
+            if constexpr (RM == 2) {
+                if (tab_rows > 0 && t0 + TC_KT <= tab_rows) {
+                    const float4 *src = (const float4 *)rp.r.tab + KS_CUDA_ROPE_TAB_HDR + (size_t)t0 * (D / 4) + lane;
+                    float4 *dst = wT + st * TC_KT * (D / 4) + lane;
+#pragma unroll
+                    for (int i = 0; i < TC_KT * (D / 4) / 32; i++) cp_async16(dst + 32 * i, src + 32 * i, 16);
+                }
+            }
+            if (lane < TC_KT) {
+                int t = t0 + lane;
+                bool ok = t < te;
+                int j = !ok ? 0 : rw[lane];
+                if (Ph) cp_async4(wP + st * TC_KT + lane, Ph + j, ok ? 4 : 0);
+                else wP[st * TC_KT + lane] = p.renumber ? t : j;
+            }
+        } else { /* the cache rows: 16-byte cp.async copies into the swizzled tile */
+            for (int e = lane; e < TC_KT * NCH; e += 32) {
+                int r = e / NCH, ch = e - r * NCH;
+                int t = t0 + r;
+                bool ok = t < te;
+                int j = ok ? t : 0;
+                size_t off = (size_t)j * D + ch * 8;
+                cp_async16(dk + swz<D>(r, ch), Kh + off, ok ? 16 : 0);
+                cp_async16(dv + swz<D>(r, ch), Vh + off, ok ? 16 : 0);
+            }
+            if (lane < TC_KT) {
+                int t = t0 + lane;
+                bool ok = t < te;
+                int j = ok ? t : 0;
+                if (Ph) cp_async4(wP + st * TC_KT + lane, Ph + j, ok ? 4 : 0);
+                else wP[st * TC_KT + lane] = p.renumber ? t : j;
+            }
+            if constexpr (RM == 2) { /* renumbered: key t sits at position t, the table's row t */
+                if (tab_rows > 0) {
+                    constexpr int RW = D / 4; /* float4s a table row */
+                    const float4 *tb4 = (const float4 *)rp.r.tab + KS_CUDA_ROPE_TAB_HDR;
+                    float4 *dt = wT + st * TC_KT * RW;
+                    for (int e = lane; e < TC_KT * RW; e += 32) {
+                        const int r = e / RW, t = t0 + r;
+                        const bool ok = t < te && t < tab_rows;
+                        cp_async16(dt + e, tb4 + (size_t)(ok ? t : 0) * RW + (e - r * RW), ok ? 16 : 0);
+                    }
                 }
             }
         }
@@ -308,15 +375,35 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         cp_async_commit();
         cp_async_wait<NS - 1>();
         __syncwarp();
-        const bf16 *cK = wK + st * TC_KT * D, *cV = wV + st * TC_KT * D;
+        const bf16 *cK = wK + st * TC_KT * KP, *cV = wV + st * TC_KT * KP;
         const int *kp = wP + st * TC_KT;
-        if constexpr (ROPE) { /* rotate the staged keys in place (rows past the end are zeros) */
-            bf16 *tk = wK + st * TC_KT * D;
+        if constexpr (ROPE && RM == 2 && LST) { /* renumbered: key t at the table's row t, decided a tile */
+            bf16 *tk = wK + st * TC_KT * KP;
+            if (tab_rows > 0 && t0 + TC_KT <= tab_rows) {
+                const float4 *ct = wT + st * TC_KT * (D / 4) + rch;
+#pragma unroll
+                for (int e = lane; e < TC_KT * HCH; e += 32) {
+                    const int r = e / HCH;
+                    uint4 *lo = reinterpret_cast<uint4 *>(tk + kix(r, rch));
+                    uint4 *hi = reinterpret_cast<uint4 *>(tk + kix(r, rch + HCH));
+                    uint4 a = *lo, b = *hi;
+                    const float4 *cs = ct + r * (D / 4);
+                    const float4 f4[4] = {cs[0], cs[HCH], cs[2 * HCH], cs[3 * HCH]};
+                    rot8_cs(&a.x, &b.x, f4);
+                    *lo = a;
+                    *hi = b;
+                }
+            } else {
+                tc_rot_tile<D, KP>(tk, kp, rp.r.inv_freq, rp.r.attn_factor, lane);
+            }
+            __syncwarp();
+        } else if constexpr (ROPE) { /* rotate the staged keys in place (rows past the end are zeros) */
+            bf16 *tk = wK + st * TC_KT * KP;
 #pragma unroll
             for (int e = lane; e < TC_KT * HCH; e += 32) {
                 const int r = e / HCH;
-                uint4 *lo = reinterpret_cast<uint4 *>(tk + swz<D>(r, rch));
-                uint4 *hi = reinterpret_cast<uint4 *>(tk + swz<D>(r, rch + HCH));
+                uint4 *lo = reinterpret_cast<uint4 *>(tk + kix(r, rch));
+                uint4 *hi = reinterpret_cast<uint4 *>(tk + kix(r, rch + HCH));
                 uint4 a = *lo, b = *hi;
                 if constexpr (RM == 2) {
                     if (kp[r] < tab_rows) { /* the table's (c, s): same bits as computing them */
@@ -342,7 +429,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         for (int ks = 0; ks < KS; ks++) {
             uint32_t b[4];
             int r = (lane & 7) + (lane >> 4) * 8, ch = ks * 2 + ((lane >> 3) & 1);
-            ldsm_x4(b, cK + swz<D>(r, ch));
+            ldsm_x4(b, cK + kix(r, ch));
             mma16816(s[0], qf[ks], b[0], b[1]);
             mma16816(s[1], qf[ks], b[2], b[3]);
         }
@@ -387,7 +474,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         for (int dp = 0; dp < DT / 2; dp++) {
             uint32_t b[4];
             int r = (lane & 7) + ((lane >> 3) & 1) * 8, ch = dp * 2 + (lane >> 4);
-            ldsm_x4_t(b, cV + swz<D>(r, ch));
+            ldsm_x4_t(b, cV + kix(r, ch));
             mma16816(o[2 * dp], a, b[0], b[1]);
             mma16816(o[2 * dp + 1], a, b[2], b[3]);
         }
@@ -426,7 +513,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
                 if (mw[w] == -INFINITY) continue;
                 float f = fast_exp2(mw[w] - mx);
                 L += sML[(w * 16 + r) * 2 + 1] * f;
-                O += ((const float *)(smem + 16 * D * 2 + (size_t)w * tc_wregion<D, RM, NS>()))[r * (D + 4) + c] * f;
+                O += ((const float *)(smem + 16 * D * 2 + (size_t)w * tc_wregion<D, RM, NS, LST>()))[r * (D + 4) + c] * f;
             }
         }
         int i = r / g, h = kv * g + (r - i * g);
@@ -475,18 +562,19 @@ extern "C" int ks_cuda_attn_decode_tc_list_splits(const ks_cuda_attn_params *p, 
 template <int D, int RM, bool RG, bool LST, int NS>
 static ks_status tc_launch_ns(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, float *acc, float *ml,
                               const tc_byval &bv, const tc_rope<RM> &rp) {
-    static_assert(tc_smem<D, RM, NS>() <= 227 * 1024, "the shared memory of one block");
+    static_assert(tc_smem<D, RM, NS, LST>() <= 227 * 1024, "the shared memory of one block");
+    static_assert(tc_wregion<D, RM, NS, LST>() % 16 == 0, "16-byte copies into every warp's region");
     static unsigned attr = 0; /* bit g: set on GPU g (the attribute is per device function) */
     int dev = 0;
     cudaGetDevice(&dev);
     if (!(attr >> (dev & 31) & 1u)) {
         KS_CU(cudaFuncSetAttribute(attn_decode_tc_kernel<D, RM, RG, LST, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)tc_smem<D, RM, NS>()),
+                                   (int)tc_smem<D, RM, NS, LST>()),
               "attention (decode, tensor cores) shared memory");
         attr |= 1u << (dev & 31);
     }
     dim3 grid(n_splits, p->n_kv_heads);
-    KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D, RM, RG, LST, NS>, grid, dim3(TC_WARPS * 32), tc_smem<D, RM, NS>(), s, p->pdl,
+    KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D, RM, RG, LST, NS>, grid, dim3(TC_WARPS * 32), tc_smem<D, RM, NS, LST>(), s, p->pdl,
                         *p, n_splits, p->scale * 1.4426950408889634f, acc, ml, bv, rp),
           "attention (decode, tensor cores) kernel");
     return KS_OK;
