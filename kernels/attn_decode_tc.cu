@@ -11,10 +11,11 @@
  * 4096-row lists: 13.1 -> 10.7 us a call, bench/NOTES.md, issue 14 session 22). A list's tiles
  * are staged unswizzled with a 16-byte pad a row (tc_kp), so each lane's copies of a tile go
  * to fixed offsets with no per-chunk index arithmetic (the swizzled copy loop took ~630
- * instructions a warp a tile, ncu), and the tile's table rows (RM 2) are one contiguous run (TokenSelect's list attention 15.9 -> 14.1 us
- * a call on the H100, bench/NOTES.md, issue 14 session 33). At the end
- * the four warps' (max, sum, O) are merged in shared memory and the block writes either the
- * final rows or an unnormalised partial for attn_combine (attn_decode.cu).
+ * instructions a warp a tile, ncu), and the tile's table rows (RM 2) are one contiguous run:
+ * TokenSelect's list attention 15.9 / 16.2 -> 14.0 / 14.1 us a call at 32K / 128K on the H100
+ * (bench/NOTES.md, issue 14 session 33). At the end the four warps' (max, sum, O) are merged
+ * in shared memory and the block writes either the final rows or an unnormalised partial for
+ * attn_combine (attn_decode.cu).
  *
  * ROPE (pre-RoPE q and keys): the prologue rotates each query row in float32 before rounding it
  * to bf16, and each warp rotates its staged key tile in shared memory in place, once its copies
@@ -25,9 +26,10 @@
  * is the same as without ROPE. With a table over a renumbered list (RM 2) a tile whose 16 slots
  * all lie inside the table reads its (c, s) from the staged table rows; any other tile goes
  * through tc_rot_tile (sincosf, the same bits), out of line so that the loop's code stays
- * small (the instruction cache was the first stall of the inlined version, ncu, session 33). The rotation is the costly part (sincosf, each with its branch to
- * the slow path, back to back in a lane), so the ROPE kernels stay at the registers of 3 blocks
- * an SM (__launch_bounds__) and a call over a list takes more splits than one block an SM
+ * small (the instruction cache was the first stall of the inlined version, ncu, session 33).
+ * The rotation is the costly part (sincosf, each with its branch to the slow path, back to back
+ * in a lane), so the ROPE kernels stay at the registers of 3 blocks an SM (__launch_bounds__)
+ * and a call over a list takes more splits than one block an SM
  * (ks_cuda_attn_decode_tc_list_splits): more resident warps to hide it. */
 #include "common.cuh"
 #include "attn_decode_tc.cuh"
