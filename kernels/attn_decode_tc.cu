@@ -108,24 +108,35 @@ static __device__ __forceinline__ void rot8_cs(uint32_t *x, uint32_t *y, const f
     }
 }
 
+/* Rotate a staged key tile tk in place: lane takes 16-byte chunk rch = lane % (D / 16) of the
+ * first half of each row r it visits and its rotate-half partner, rot(r, x, y) rotating the 8
+ * columns (4 x 2 bf16) in x with their partners in y; at(r, ch) is chunk ch of row r's offset. */
+template <int D, typename At, typename Rot>
+static __device__ __forceinline__ void tc_rot_rows(bf16 *tk, int lane, At at, Rot rot) {
+    constexpr int HCH = D / 16;
+    const int rch = lane % HCH;
+#pragma unroll
+    for (int e = lane; e < TC_KT * HCH; e += 32) {
+        const int r = e / HCH;
+        uint4 *lo = reinterpret_cast<uint4 *>(tk + at(r, rch));
+        uint4 *hi = reinterpret_cast<uint4 *>(tk + at(r, rch + HCH));
+        uint4 a = *lo, b = *hi;
+        rot(r, &a.x, &b.x);
+        *lo = a;
+        *hi = b;
+    }
+}
+
 /* RM 2 over a list: a staged tile whose positions lie past the table's rows, rotated with sincosf
  * (the same bits as the table: rope_table.cuh); out of line, so the table's loop stays compact */
 template <int D, int KP>
 static __device__ __noinline__ void tc_rot_tile(bf16 *tk, const int *kp, const float *inv_freq, float af, int lane) {
-    constexpr int HCH = D / 16;
-    const int rch = lane % HCH;
+    const int rch = lane % (D / 16);
     float fr[8];
 #pragma unroll
     for (int c = 0; c < 8; c++) fr[c] = inv_freq[rch * 8 + c];
-    for (int e = lane; e < TC_KT * HCH; e += 32) {
-        const int r = e / HCH;
-        uint4 *lo = reinterpret_cast<uint4 *>(tk + r * KP + rch * 8);
-        uint4 *hi = reinterpret_cast<uint4 *>(tk + r * KP + (rch + HCH) * 8);
-        uint4 a = *lo, b = *hi;
-        rot8(&a.x, &b.x, kp[r], fr, af);
-        *lo = a;
-        *hi = b;
-    }
+    tc_rot_rows<D>(tk, lane, [](int r, int ch) { return r * KP + ch * 8; },
+                   [&](int r, uint32_t *x, uint32_t *y) { rot8(x, y, kp[r], fr, af); });
 }
 
 /* RG: row ranges around the lists (ks_cuda_attn_params.seg_*): their own instances, since the
@@ -383,44 +394,30 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
             bf16 *tk = wK + st * TC_KT * KP;
             if (tab_rows > 0 && t0 + TC_KT <= tab_rows) {
                 const float4 *ct = wT + st * TC_KT * (D / 4) + rch;
-#pragma unroll
-                for (int e = lane; e < TC_KT * HCH; e += 32) {
-                    const int r = e / HCH;
-                    uint4 *lo = reinterpret_cast<uint4 *>(tk + kix(r, rch));
-                    uint4 *hi = reinterpret_cast<uint4 *>(tk + kix(r, rch + HCH));
-                    uint4 a = *lo, b = *hi;
+                tc_rot_rows<D>(tk, lane, kix, [&](int r, uint32_t *x, uint32_t *y) {
                     const float4 *cs = ct + r * (D / 4);
                     const float4 f4[4] = {cs[0], cs[HCH], cs[2 * HCH], cs[3 * HCH]};
-                    rot8_cs(&a.x, &b.x, f4);
-                    *lo = a;
-                    *hi = b;
-                }
+                    rot8_cs(x, y, f4);
+                });
             } else {
                 tc_rot_tile<D, KP>(tk, kp, rp.r.inv_freq, rp.r.attn_factor, lane);
             }
             __syncwarp();
         } else if constexpr (ROPE) { /* rotate the staged keys in place (rows past the end are zeros) */
             bf16 *tk = wK + st * TC_KT * KP;
-#pragma unroll
-            for (int e = lane; e < TC_KT * HCH; e += 32) {
-                const int r = e / HCH;
-                uint4 *lo = reinterpret_cast<uint4 *>(tk + kix(r, rch));
-                uint4 *hi = reinterpret_cast<uint4 *>(tk + kix(r, rch + HCH));
-                uint4 a = *lo, b = *hi;
+            tc_rot_rows<D>(tk, lane, kix, [&](int r, uint32_t *x, uint32_t *y) {
                 if constexpr (RM == 2) {
                     if (kp[r] < tab_rows) { /* the table's (c, s): same bits as computing them */
                         const float4 *cs = wT + st * TC_KT * (D / 4) + r * (D / 4) + rch;
                         const float4 f4[4] = {cs[0], cs[HCH], cs[2 * HCH], cs[3 * HCH]};
-                        rot8_cs(&a.x, &b.x, f4);
+                        rot8_cs(x, y, f4);
                     } else {
-                        rot8(&a.x, &b.x, kp[r], fr, rp.r.attn_factor);
+                        rot8(x, y, kp[r], fr, rp.r.attn_factor);
                     }
                 } else {
-                    rot8(&a.x, &b.x, kp[r], fr, rp.r.attn_factor);
+                    rot8(x, y, kp[r], fr, rp.r.attn_factor);
                 }
-                *lo = a;
-                *hi = b;
-            }
+            });
             __syncwarp();
         }
 
