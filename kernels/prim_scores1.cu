@@ -319,24 +319,40 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
             if (ODD) tl[h] = in ? __ldcs((const uint2 *)(rp + 64 * NP + 8 * gq)) : make_uint2(0u, 0u);
         }
     };
-    load(0, cur, ctl);
-    /* a rotation (a.rope): the group's g query rows rotated once into shared memory, a (row,
-     * pair) a thread, before the fragments are cut from them (the region the vote uses later) */
+    /* the group's g query rows into shared memory, rotated (a.rope) or as they are, a rotate-half
+     * pair (k, k + d / 2) a thread in turn, before the fragments are cut from them (the region the
+     * vote uses later). Their loads are issued before the first tile's: behind those 2 KB a warp
+     * they waited ~3 us for the memory system (the prologue 5.8 us of a 32K call, bench/NOTES.md,
+     * issue 14, session 34) */
+    constexpr int QPT = (SC1_GMAX * 64 + SC1_THREADS - 1) / SC1_THREADS; /* pairs a thread at most (d <= 128) */
     float *qrot = (float *)(smem + sc1_frag_bytes(NKC)); /* (g, d) */
-    if (a.rope) {
-        const int d = (int)a.d, half = d / 2;
-        for (int e = threadIdx.x; e < g * half; e += SC1_THREADS) {
-            const int n = e / half, k = e - n * half;
-            const float *qr = a.q + sc1_head(a, kv, n) * a.qhs;
-            ks_rope_rot(qr[k], qr[k + half], a.rpos, a.rinv[k], a.raf, &qrot[n * d + k], &qrot[n * d + k + half]);
-        }
-        __syncthreads();
+    const int qd = (int)a.d, qhalf = qd / 2;
+    float qa[QPT], qb[QPT];
+#pragma unroll
+    for (int i = 0; i < QPT; i++) {
+        const int e = (int)threadIdx.x + SC1_THREADS * i, n = e / qhalf, k = e - n * qhalf;
+        const float *qr = a.q + sc1_head(a, kv, e < g * qhalf ? n : 0) * a.qhs;
+        qa[i] = e < g * qhalf ? qr[k] : 0.f;
+        qb[i] = e < g * qhalf ? qr[k + qhalf] : 0.f;
     }
+    load(0, cur, ctl);
+#pragma unroll
+    for (int i = 0; i < QPT; i++) {
+        const int e = (int)threadIdx.x + SC1_THREADS * i, n = e / qhalf, k = e - n * qhalf;
+        if (e >= g * qhalf) break;
+        if (a.rope) {
+            ks_rope_rot(qa[i], qb[i], a.rpos, a.rinv[k], a.raf, &qrot[n * qd + k], &qrot[n * qd + k + qhalf]);
+        } else {
+            qrot[n * qd + k] = qa[i];
+            qrot[n * qd + k + qhalf] = qb[i];
+        }
+    }
+    __syncthreads();
     for (int e = threadIdx.x; e < 3 * nkc * 32; e += SC1_THREADS) {
         const int sp = e / (nkc * 32), kc = (e / 32) % nkc, l = e % 32, n = l / 4, c = sc1_dim(kc, l % 4, nkc);
         uint2 v = make_uint2(0u, 0u);
         if (n < g) {
-            const float *qr = a.rope ? qrot + n * a.d : a.q + sc1_head(a, kv, n) * a.qhs;
+            const float *qr = qrot + n * qd;
             v.x = sc1_split(qr[c], qr[c + 1], sp);
             v.y = sc1_split(qr[c + 2], qr[c + 3], sp);
         }
