@@ -1,0 +1,12 @@
+# session 34: q2 = q1 + the first two tiles' loads before the prologue (q2.diff): its GPU tests, timelines beside base34 and q1
+. bench/gpu_pack_env.sh
+export LD_LIBRARY_PATH=/usr/local/cuda/lib:$LD_LIBRARY_PATH
+cp -r $R/q2 $R/new
+{ tst test_cuda_prims --only scores; tst test_cuda_prims --only grow; } > $O/tests.txt 2>&1
+for c in "ts32:--lengths 32768 --policy tokenselect" "ts128:--lengths 131040 --policy tokenselect"; do for v in base34 q1 q2 base34 q2; do
+  n=${c%%:*}; a=${c#*:}
+  echo "== $v $n"
+  KVSIEVE_POLICY_PATH=$R/$v/policies CUDA_INJECTION64_PATH=$R/ktrace.so KTRACE_OUT=$R/t.csv timeout 200 $R/$v/kvsieve bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --repeat 1 $a --gen 12 2>&1 | grep -E '^[a-z]+ +[0-9]+ |kvsieve:'
+  python3 bench/ktrace.py $R/t.csv --steps 8 --skip 2 2>&1 | head -9; rm -f $R/t.csv
+done; done > $O/trace.txt 2>&1
+cat $O/tests.txt; grep -E "==|wall|sc1_logits" $O/trace.txt
