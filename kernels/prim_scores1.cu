@@ -12,8 +12,9 @@
  *      taken in sc1_dim's order. The tile meets the g <= 8 query heads of that KV head on the
  *      tensor cores (mma m16n8k16, bf16 keys exactly; each query split into three bf16 parts
  *      hi + mid + lo that carry its 24 bits, accumulated in float32), so every key leaves DRAM
- *      once and the arithmetic is nearly free (a query rotation, ks_scores_opts.q_rope_inv: the
- *      g rows rotated once into shared memory, then cut into fragments). Writes L (H, w) float32 (a key past the causal
+ *      once and the arithmetic is nearly free (the g query rows loaded before the first tile,
+ *      rotated where asked (ks_scores_opts.q_rope_inv) or as they are into shared memory, then
+ *      cut into fragments). Writes L (H, w) float32 (a key past the causal
  *      limit is -inf). With a softmax each lane keeps an online partial for each of the two
  *      heads it holds (max, double sum of expf), each block writes its partial per head (pmax,
  *      psum), and the last block of each KV head to finish (an atomic counter) combines the
