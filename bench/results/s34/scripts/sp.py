@@ -1,4 +1,5 @@
-# sp.py STAMPS.txt.xz: the scores kernel's phase stamps (sc1phases.diff) summarised per call (session 34, x5, x6)
+# sp.py STAMPS.txt.xz [--prologue]: the scores kernel's phase stamps (sc1phases.diff; with --prologue q1ph2.diff's
+# finer prologue stamps) summarised per call (session 34, x5, x6, x7)
 import sys, collections, statistics as st
 calls = collections.defaultdict(list)
 import lzma
@@ -8,6 +9,8 @@ for line in lzma.open(sys.argv[1], 'rt'):
     c = int(f[1]); t0 = int(f[5]); offs = [int(x) for x in f[6:14]]
     calls[c].append([t0] + [t0 + o for o in offs])
 names = ['start', 'prologue', 'loop', 'partial', 'bar1', 'combine', 'groupsums', 'bar2', 'end']
+if '--prologue' in sys.argv:
+    names = ['start', 'qissued', 'k0issued', 'rotated', 'syncA', 'frags', 'syncB', 'loop', 'end']
 rows = []
 for c, bl in sorted(calls.items()):
     s0 = min(b[0] for b in bl)
