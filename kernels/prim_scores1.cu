@@ -322,9 +322,9 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
     };
     /* the group's g query rows into shared memory, rotated (a.rope) or as they are, a rotate-half
      * pair (k, k + d / 2) a thread in turn, before the fragments are cut from them (the region the
-     * vote uses later). Their loads are issued before the first tile's: behind those 2 KB a warp
-     * they waited ~3 us for the memory system (the prologue 5.8 us of a 32K call, bench/NOTES.md,
-     * issue 14, session 34) */
+     * vote uses later). Their loads are issued before the first tile's 4 KB a warp, which they
+     * waited behind before (a 32K call's prologue 5.8 -> 5.3 us; the query still comes back ~2.6
+     * us after its loads leave: bench/NOTES.md, issue 14, session 34) */
     constexpr int QPT = (SC1_GMAX * 64 + SC1_THREADS - 1) / SC1_THREADS; /* pairs a thread at most (d <= 128) */
     float *qrot = (float *)(smem + sc1_frag_bytes(NKC)); /* (g, d) */
     const int qd = (int)a.d, qhalf = qd / 2;
