@@ -69,6 +69,7 @@
 #define SC1_MT (SC1_TR / 16) /* m16 tiles of a staged tile */
 #define SC1_THREADS (SC1_WARPS * 32)
 #define SC1_VOTE_BATCH 8 /* heads whose logits a column's thread loads at once */
+#define SC1_GS_BATCH 4  /* heads whose resident logits a row's group sum loads at once */
 #define SC1_GMAX 8      /* query heads per KV head handled here */
 #define SC1_BLOCKS_SM 2 /* resident blocks a multiprocessor */
 #define SC1_RES_SMEM (100 * 1024) /* dynamic shared memory a block at most with resident logits (2 an SM) */
@@ -130,6 +131,12 @@ static __device__ __forceinline__ float sc1_exp(float x) {
     float y;
     asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f));
     return y;
+}
+
+/* A head's term of a group sum (resident logits): 0 for a masked key (-inf), else e^(L - M_h) *
+ * (float)(1 / Z_h) (softmax) or L (raw). */
+static __device__ __forceinline__ float sc1_gv(float lg, float mh, float izf, int softmax) {
+    return lg == -INFINITY ? 0.f : softmax ? sc1_exp(lg - mh) * izf : lg;
 }
 
 /* Head h's softmax over the whole row from the blocks' nx partials (pmax, psum), by the warp
@@ -529,32 +536,78 @@ __global__ void __launch_bounds__(SC1_THREADS, SC1_BLOCKS_SM) sc1_logits(const s
             izf[t] = t < g && a.softmax ? (float)iz[t] : 0.f;
             mhg[t] = t < g && a.softmax ? mh[t] : 0.f;
         }
-        for (int64_t r = threadIdx.x; r < run && r0b + r < W; r += SC1_THREADS) {
-            const int64_t j = a.cb + r0b + r;
-            float sg = 0.f;
-            if (j >= lo && j < hi)
+        /* two rows a thread at a time and four heads at once, every load issued before any is
+         * used (the head-by-head form waited for each head's load and exponential in turn: one
+         * dependent chain a row). Where every M_h of the group is finite (so Z_h >= 1), a masked
+         * key's term e^(-inf - M_h) * (1 / Z_h) is already +0 and a head past g adds e^(-inf) * 0
+         * = +0, so the terms need no test; otherwise (and for raw logits) each is tested as
+         * before. The same sums in the same order: the same bits. */
+        const int64_t rend = KS_MIN(run, W - r0b);
+        bool fin = a.softmax != 0;
 #pragma unroll
-                for (int t = 0; t < SC1_GMAX; t++) {
-                    if (t >= g) break;
-                    const float lg = Ls[t * run + r];
-                    sg += lg == -INFINITY ? 0.f : a.softmax ? sc1_exp(lg - mhg[t]) * izf[t] : lg;
+        for (int t = 0; t < SC1_GMAX; t++)
+            if (t < g) fin = fin && isfinite(mhg[t]);
+        if (fin) {
+            for (int64_t r = threadIdx.x; r < rend; r += 2 * SC1_THREADS) {
+                const int64_t r1 = r + SC1_THREADS, j0 = a.cb + r0b + r, j1 = j0 + SC1_THREADS;
+                const bool in0 = j0 >= lo && j0 < hi, in1 = r1 < rend && j1 >= lo && j1 < hi;
+                float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+                for (int t0 = 0; t0 < SC1_GMAX; t0 += SC1_GS_BATCH) {
+                    if (t0 >= g) break;
+                    float l0[SC1_GS_BATCH], l1[SC1_GS_BATCH];
+#pragma unroll
+                    for (int e = 0; e < SC1_GS_BATCH; e++) {
+                        const bool h = t0 + e < g;
+                        l0[e] = h && in0 ? Ls[(t0 + e) * run + r] : -INFINITY;
+                        l1[e] = h && in1 ? Ls[(t0 + e) * run + r1] : -INFINITY;
+                    }
+#pragma unroll
+                    for (int e = 0; e < SC1_GS_BATCH; e++) {
+                        s0 += __fmul_rn(sc1_exp(l0[e] - mhg[t0 + e]), izf[t0 + e]); /* not fused into the add: */
+                        s1 += __fmul_rn(sc1_exp(l1[e] - mhg[t0 + e]), izf[t0 + e]); /* the same rounding as before */
+                    }
                 }
-            a.pv[kv * W + r0b + r] = sg;
+                a.pv[kv * W + r0b + r] = s0;
+                if (r1 < rend) a.pv[kv * W + r0b + r1] = s1;
+            }
+        } else {
+            for (int64_t r = threadIdx.x; r < rend; r += SC1_THREADS) {
+                const int64_t j = a.cb + r0b + r;
+                float sg = 0.f;
+                if (j >= lo && j < hi)
+#pragma unroll
+                    for (int t = 0; t < SC1_GMAX; t++) {
+                        if (t >= g) break;
+                        sg += sc1_gv(Ls[t * run + r], mhg[t], izf[t], a.softmax);
+                    }
+                a.pv[kv * W + r0b + r] = sg;
+            }
         }
         sc1_grid_sync(a.done + a.hkv, gridDim.x * gridDim.y, 2);
-        for (int64_t x = x0; x < ncols; x += nthr) {
-            const int64_t j = ob + x, c = j - a.cb;
-            double sm = 0;
-            if (j >= lo && j < hi && c >= 0 && c < W)
-                for (int64_t r0 = 0; r0 < a.hkv; r0 += SC1_VOTE_BATCH) { /* the loads of a batch issued at once */
-                    float pg[SC1_VOTE_BATCH];
+        /* two columns a thread at a time, the loads of both batches issued at once */
+        for (int64_t x = x0; x < ncols; x += 2 * nthr) {
+            const int64_t x1 = x + nthr, j0 = ob + x, j1 = ob + x1, c0 = j0 - a.cb, c1 = j1 - a.cb;
+            const bool ok0 = j0 >= lo && j0 < hi && c0 >= 0 && c0 < W;
+            const bool ok1 = x1 < ncols && j1 >= lo && j1 < hi && c1 >= 0 && c1 < W;
+            double s0 = 0, s1 = 0;
+            for (int64_t r0 = 0; r0 < a.hkv; r0 += SC1_VOTE_BATCH) {
+                float p0[SC1_VOTE_BATCH], p1[SC1_VOTE_BATCH];
 #pragma unroll
-                    for (int e = 0; e < SC1_VOTE_BATCH; e++) pg[e] = r0 + e < a.hkv ? __ldcg(a.pv + (r0 + e) * W + c) : 0.f;
-#pragma unroll
-                    for (int e = 0; e < SC1_VOTE_BATCH; e++)
-                        if (r0 + e < a.hkv) sm += (double)pg[e];
+                for (int e = 0; e < SC1_VOTE_BATCH; e++) {
+                    const bool h = r0 + e < a.hkv;
+                    p0[e] = h && ok0 ? __ldcg(a.pv + (r0 + e) * W + c0) : 0.f;
+                    p1[e] = h && ok1 ? __ldcg(a.pv + (r0 + e) * W + c1) : 0.f;
                 }
-            out[x] = (float)(heads == KS_HEADS_MEAN ? sm / (double)a.hq : sm);
+#pragma unroll
+                for (int e = 0; e < SC1_VOTE_BATCH; e++)
+                    if (r0 + e < a.hkv) {
+                        s0 += (double)p0[e];
+                        s1 += (double)p1[e];
+                    }
+            }
+            out[x] = (float)(heads == KS_HEADS_MEAN ? s0 / (double)a.hq : s0);
+            if (x1 < ncols) out[x1] = (float)(heads == KS_HEADS_MEAN ? s1 / (double)a.hq : s1);
         }
         sc1_leave(a.done + a.hkv, gridDim.x * gridDim.y);
         return;
