@@ -134,9 +134,10 @@ static __device__ __forceinline__ float sc1_exp(float x) {
 }
 
 /* A head's term of a group sum (resident logits): 0 for a masked key (-inf), else e^(L - M_h) *
- * (float)(1 / Z_h) (softmax) or L (raw). */
+ * (float)(1 / Z_h) (softmax) or L (raw); the product is rounded before the caller adds it (never
+ * fused into the add). */
 static __device__ __forceinline__ float sc1_gv(float lg, float mh, float izf, int softmax) {
-    return lg == -INFINITY ? 0.f : softmax ? sc1_exp(lg - mh) * izf : lg;
+    return lg == -INFINITY ? 0.f : softmax ? __fmul_rn(sc1_exp(lg - mh), izf) : lg;
 }
 
 /* Head h's softmax over the whole row from the blocks' nx partials (pmax, psum), by the warp
