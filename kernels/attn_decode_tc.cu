@@ -148,9 +148,16 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
                       const __grid_constant__ tc_rope<RM> rp) {
     constexpr bool ROPE = RM != 0;
     static_assert(LST || (!RG && NS == 2), "row ranges come with a list; the cache rows take 2 stages");
-    /* PDL (pdl.cuh): q, the cache and the lists come from earlier kernels, out / ws are written */
+    /* PDL (pdl.cuh): q, the cache and the lists come from earlier kernels, out / ws are written.
+     * Over a list the kernel waits later, after its query rows (ks_cuda_attn_decode_tc_waits_late):
+     * it is never launched with the attribute (tc_launch_ns), and a joined step (cuda_graph.cu)
+     * gives it a programmatic edge only behind a decode handler's last kernel, which writes
+     * policy memory alone (no view of the engine's q or cache is ever a primitive's output);
+     * the counts, row ranges and position come from the staged descriptor and the step slot
+     * (written before the step and by its first node) and the rope table is built once. So the
+     * block sets up and rotates its query while the policy's top-k runs. */
     ks_pdl_trigger();
-    ks_pdl_wait();
+    if constexpr (!LST) ks_pdl_wait();
     extern __shared__ __align__(128) unsigned char smem[];
     constexpr int NCH = D / 8, KS = D / 16, DT = D / 8, KP = tc_kp<D, LST>();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -199,6 +206,22 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     int per = (nkh + n_splits - 1) / n_splits;
     per = (per + quantum - 1) / quantum * quantum;
     const int tb = split * per, te = min(nkh, tb + per);
+    if constexpr (RM == 2) { /* the table applies to renumbered lists whose rope it holds, bit for bit */
+        if (warp == TC_WARPS - 1) { /* every header word loaded at once: one round trip, not four */
+            const float *hd = (const float *)rp.r.tab;
+            const bool on = hd != nullptr && p.renumber;
+            uint32_t w[D / 64], x[3] = {0, 0, 0};
+#pragma unroll
+            for (int j = 0; j < D / 64; j++) w[j] = on ? __float_as_uint(hd[lane + 32 * j]) : 0u;
+            if (on && lane == 0) x[0] = __float_as_uint(hd[64]), x[1] = __float_as_uint(hd[65]), x[2] = __float_as_uint(hd[66]);
+            bool ok = on;
+#pragma unroll
+            for (int j = 0; j < D / 64; j++) ok = ok && w[j] == __float_as_uint(rp.r.inv_freq[lane + 32 * j]);
+            if (lane == 0) ok = ok && x[0] == __float_as_uint(rp.r.attn_factor) && (int)x[1] == D / 2;
+            ok = __all_sync(0xffffffffu, ok);
+            if (lane == 0) s_tab_rows = ok ? (int)x[2] : 0;
+        }
+    }
     const int32_t *ib = p.idx_at ? *p.idx_at : p.idx; /* a recorded step's lists: where the slot says now */
     const int32_t *ix = ib ? ib + (bv.on ? bv.off[kv] : p.idx_off[kv]) : nullptr;
     const int sl1 = nkh - sna; /* first key of the trailing range */
@@ -258,22 +281,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
 #pragma unroll
         for (int c = 0; c < 8; c++) fr[c] = rp.r.inv_freq[rch * 8 + c];
     }
-    if constexpr (RM == 2) { /* the table applies to renumbered lists whose rope it holds, bit for bit */
-        if (warp == TC_WARPS - 1) { /* every header word loaded at once: one round trip, not four */
-            const float *hd = (const float *)rp.r.tab;
-            const bool on = hd != nullptr && p.renumber;
-            uint32_t w[D / 64], x[3] = {0, 0, 0};
-#pragma unroll
-            for (int j = 0; j < D / 64; j++) w[j] = on ? __float_as_uint(hd[lane + 32 * j]) : 0u;
-            if (on && lane == 0) x[0] = __float_as_uint(hd[64]), x[1] = __float_as_uint(hd[65]), x[2] = __float_as_uint(hd[66]);
-            bool ok = on;
-#pragma unroll
-            for (int j = 0; j < D / 64; j++) ok = ok && w[j] == __float_as_uint(rp.r.inv_freq[lane + 32 * j]);
-            if (lane == 0) ok = ok && x[0] == __float_as_uint(rp.r.attn_factor) && (int)x[1] == D / 2;
-            ok = __all_sync(0xffffffffu, ok);
-            if (lane == 0) s_tab_rows = ok ? (int)x[2] : 0;
-        }
-    }
+    if constexpr (LST) ks_pdl_wait(); /* the lists (the policy's kernels wrote them) from here */
     __syncthreads();
     uint32_t qf[KS][4];
 #pragma unroll
@@ -573,7 +581,7 @@ static ks_status tc_launch_ns(cudaStream_t s, const ks_cuda_attn_params *p, int 
         attr |= 1u << (dev & 31);
     }
     dim3 grid(n_splits, p->n_kv_heads);
-    KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D, RM, RG, LST, NS>, grid, dim3(TC_WARPS * 32), tc_smem<D, RM, NS, LST>(), s, p->pdl,
+    KS_CU(ks_pdl_launch(attn_decode_tc_kernel<D, RM, RG, LST, NS>, grid, dim3(TC_WARPS * 32), tc_smem<D, RM, NS, LST>(), s, p->pdl && !LST,
                         *p, n_splits, p->scale * 1.4426950408889634f, acc, ml, bv, rp),
           "attention (decode, tensor cores) kernel");
     return KS_OK;
@@ -591,6 +599,18 @@ static ks_status tc_launch(cudaStream_t s, const ks_cuda_attn_params *p, int n_s
     if (rg) return tc_launch_ns<D, RM, true, true, NL>(s, p, n_splits, acc, ml, bv, rp);
     if (lists) return tc_launch_ns<D, RM, false, true, NL>(s, p, n_splits, acc, ml, bv, rp);
     return tc_launch_ns<D, RM, false, false, 2>(s, p, n_splits, acc, ml, bv, rp);
+}
+
+/* every instance of one head_dim and rotation mode over a list (tc_launch's) */
+template <int D, int RM> static bool tc_list_kernel(const void *f) {
+    constexpr int NL = RM == 1 ? 2 : RM == 2 && TC_LIST_STAGES > 3 ? 3 : TC_LIST_STAGES;
+    return f == (const void *)attn_decode_tc_kernel<D, RM, true, true, NL> ||
+           f == (const void *)attn_decode_tc_kernel<D, RM, false, true, NL>;
+}
+
+extern "C" int ks_cuda_attn_decode_tc_waits_late(const void *func) {
+    return func && (tc_list_kernel<128, 0>(func) || tc_list_kernel<128, 1>(func) || tc_list_kernel<128, 2>(func) ||
+                    tc_list_kernel<64, 0>(func) || tc_list_kernel<64, 1>(func) || tc_list_kernel<64, 2>(func));
 }
 
 /* rope: NULL, or the table the kernel rotates pre-RoPE q and keys with */

@@ -36,6 +36,13 @@ int ks_cuda_attn_decode_tc_list_splits(const ks_cuda_attn_params *p, int n_sm, i
 
 ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws);
 
+/* 1 when func (a kernel node's function, cudaKernelNodeParams.func) is one of this file's
+ * kernels over a list, which read the query, the staged descriptor, the step slot and the rope
+ * table before griddepcontrol.wait (kernels/pdl.cuh) and the lists after it: a joined decode
+ * step (cuda_graph.cu) may start one behind a decode handler's last kernel (which never writes
+ * the query) through a programmatic edge. Never launched with the PDL attribute itself. */
+int ks_cuda_attn_decode_tc_waits_late(const void *func);
+
 /* The same for one query row over the cache rows themselves (p->n == 1, no index list, no
  * renumbering, n_kv_heads <= KS_CUDA_ATTN_BYVAL_HEADS) with each KV head's key count nk_host
  * (n_kv_heads, HOST) and the query position passed by value: p->nk and p->qpos are not read

@@ -91,6 +91,7 @@ typedef struct cuda_ctx {
     unsigned rc_gen;       /* bumped when a table is replaced (graphs that read the old one are stale) */
     /* decode-step graphs (graph_begin .. graph_end): while `rec`, calls record instead of run */
     int rec, rec_failed;
+    int prog_edges;        /* programmatic edges the joins made (cuda_graph.cu graph_inline; tests) */
     /* rec_own: the recording is a decode handler's (graph_begin_handler): allocations are
      * blocks of own[] (cuda_ctx.cu own_alloc), reused by later recordings once their users free
      * them, returned to the device when own_graphs (live graphs that may launch them) is 0 */

@@ -5,6 +5,7 @@
 #include "cuda_backend_int.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 struct ks_graph {
     cudaGraphExec_t exec;
@@ -12,6 +13,7 @@ struct ks_graph {
     int32_t pos0;          /* position at graph_begin */
     unsigned rc_gen;
     int owns;              /* may launch handlers' blocks (a handler's recording, or a join of one) */
+    int handler;           /* a decode handler's recording (graph_begin_handler) */
 };
 
 /* Recording: the stream is captured (relaxed mode: nothing else on the host is restricted);
@@ -103,16 +105,18 @@ static ks_status cu_graph_end(ks_backend *b, ks_graph **out) {
     kg->pos0 = c->h_step[1];
     kg->rc_gen = c->rc_gen;
     if (own) {
-        kg->owns = 1;
+        kg->owns = kg->handler = 1;
         cuda_own_graphs(c, 1);
     }
     *out = kg;
     return KS_OK;
 }
 
-/* The segments as one graph: each a child graph node (a copy of its recording), each depending
- * on the one before, so the step runs as one launch; the kernels of consecutive segments follow
- * each other as inside one recording, without the gap of a graph launch between them. */
+/* The segments as one graph, so the step runs as one launch and the kernels of consecutive
+ * segments follow each other as inside one recording: their nodes copied into it
+ * (graph_inline), each segment behind the one before, with a programmatic edge where a list
+ * attention follows a decode handler's last kernel; where a segment holds a node graph_inline
+ * does not copy, each segment a child graph node instead. */
 static void cu_graph_free(ks_backend *b, ks_graph *g);
 
 /* A join's work uploaded to the device now, in stream order behind the work queued (the decode
@@ -120,6 +124,115 @@ static void cu_graph_free(ks_backend *b, ks_graph *g);
  * that fails is left to that launch. */
 static void join_upload(cuda_ctx *c, ks_graph *g) {
     if (cudaGraphUpload(g->exec, c->stream) != cudaSuccess) cudaGetLastError();
+}
+
+/* src's nodes and edges copied into g (kernel nodes with their launch attributes, copies,
+ * memsets, empty nodes; each edge with its data), each root of src behind all n_prev nodes prev;
+ * *leaves (malloc'd, *n_leaves) gets the copies of src's leaves. A root kernel that waits late
+ * (ks_cuda_attn_decode_tc_waits_late) behind a single kernel leaf gets a programmatic edge from
+ * that kernel's launch completion: its blocks start once the kernel before has started them all,
+ * and wait (griddepcontrol.wait) for its end only where they read what it may have written.
+ * *n_prog counts those edges. Another kind of node is cudaErrorNotSupported. */
+static cudaError_t graph_inline(cudaGraph_t g, cudaGraph_t src, const cudaGraphNode_t *prev, size_t n_prev,
+                                int after_handler, cudaGraphNode_t **leaves, size_t *n_leaves, int *n_prog) {
+    size_t n = 0, ne = 0;
+    *leaves = NULL;
+    *n_leaves = 0;
+    cudaError_t e = cudaGraphGetNodes(src, NULL, &n);
+    if (!e) e = cudaGraphGetEdges(src, NULL, NULL, NULL, &ne);
+    if (e) return e;
+    cudaGraphNode_t *nd = (cudaGraphNode_t *)calloc(2 * n + 1, sizeof *nd), *cp = nd ? nd + n : NULL;
+    cudaGraphNode_t *from = (cudaGraphNode_t *)calloc(2 * ne + 1, sizeof *from), *to = from ? from + ne : NULL;
+    cudaGraphEdgeData *ed = (cudaGraphEdgeData *)calloc(ne + 1, sizeof *ed);
+    char *in = (char *)calloc(2 * n + 1, 1), *outd = in ? in + n : NULL; /* node i has an incoming / outgoing edge */
+    const void **fn = (const void **)calloc(n + 1, sizeof *fn);                /* a kernel node's function */
+    *leaves = (cudaGraphNode_t *)calloc(n + 1, sizeof **leaves);
+    if (!nd || !from || !ed || !in || !fn || !*leaves) e = cudaErrorMemoryAllocation;
+    if (!e && n) e = cudaGraphGetNodes(src, nd, &n); /* (an empty recording: a handler that queued nothing) */
+    if (!e && ne) e = cudaGraphGetEdges(src, from, to, ed, &ne);
+    for (size_t i = 0; !e && i < n; i++) {
+        cudaGraphNodeType t;
+        if ((e = cudaGraphNodeGetType(nd[i], &t))) break;
+        if (t == cudaGraphNodeTypeKernel) {
+            cudaKernelNodeParams kp;
+            if (!(e = cudaGraphKernelNodeGetParams(nd[i], &kp)) && !(e = cudaGraphAddKernelNode(&cp[i], g, NULL, 0, &kp)))
+                e = cudaGraphKernelNodeCopyAttributes(cp[i], nd[i]);
+            fn[i] = kp.func;
+        } else if (t == cudaGraphNodeTypeMemcpy) {
+            cudaMemcpy3DParms mp;
+            if (!(e = cudaGraphMemcpyNodeGetParams(nd[i], &mp))) e = cudaGraphAddMemcpyNode(&cp[i], g, NULL, 0, &mp);
+        } else if (t == cudaGraphNodeTypeMemset) {
+            cudaMemsetParams ms;
+            if (!(e = cudaGraphMemsetNodeGetParams(nd[i], &ms))) e = cudaGraphAddMemsetNode(&cp[i], g, NULL, 0, &ms);
+        } else if (t == cudaGraphNodeTypeEmpty) {
+            e = cudaGraphAddEmptyNode(&cp[i], g, NULL, 0);
+        } else {
+            e = cudaErrorNotSupported;
+        }
+    }
+    for (size_t j = 0; !e && j < ne; j++) {
+        size_t a = n, c = n;
+        for (size_t i = 0; i < n; i++) { /* a segment holds tens of nodes: a scan is enough */
+            if (nd[i] == from[j]) a = i;
+            if (nd[i] == to[j]) c = i;
+        }
+        if (a == n || c == n) { e = cudaErrorInvalidValue; break; }
+        outd[a] = in[c] = 1;
+        e = cudaGraphAddDependencies(g, &cp[a], &cp[c], &ed[j], 1);
+    }
+    int prev_kernel = 0;
+    if (!e && n_prev == 1) {
+        cudaGraphNodeType t;
+        prev_kernel = !cudaGraphNodeGetType(prev[0], &t) && t == cudaGraphNodeTypeKernel;
+    }
+    for (size_t i = 0; !e && i < n; i++) {
+        if (!in[i] && n_prev) {
+            if (prev_kernel && after_handler && ks_cuda_attn_decode_tc_waits_late(fn[i])) {
+                cudaGraphEdgeData pe;
+                memset(&pe, 0, sizeof pe);
+                pe.type = cudaGraphDependencyTypeProgrammatic;
+                pe.from_port = cudaGraphKernelNodePortLaunchCompletion;
+                e = cudaGraphAddDependencies(g, &prev[0], &cp[i], &pe, 1);
+                if (!e) (*n_prog)++;
+            } else {
+                for (size_t j = 0; !e && j < n_prev; j++) e = cudaGraphAddDependencies(g, &prev[j], &cp[i], NULL, 1);
+            }
+        }
+        if (!outd[i]) (*leaves)[(*n_leaves)++] = cp[i];
+    }
+    free(nd);
+    free(from);
+    free(ed);
+    free(in);
+    free(fn);
+    return e;
+}
+
+/* The segments' nodes in one graph (graph_inline), each segment behind the leaves of the one
+ * before (an empty recording passes its predecessor on): no child graph boundary between them,
+ * and a list attention that waits late starts while the policy's last kernel (TokenSelect's
+ * top-k) runs: ~2.5 us a call sooner at its end, TokenSelect's TPOT -0.04 ms at 32K and -0.07 ms
+ * at 128K on an H100 (bench/NOTES.md, issue 14, session 36). */
+static cudaError_t graph_flat(cudaGraph_t g, ks_graph *const *segs, int n, int *n_prog) {
+    cudaGraphNode_t *prev = NULL;
+    size_t n_prev = 0;
+    cudaError_t e = cudaSuccess;
+    int after_handler = 0; /* the last segment with nodes was a decode handler's recording */
+    for (int i = 0; !e && i < n; i++) {
+        cudaGraphNode_t *lv = NULL;
+        size_t nl = 0;
+        e = graph_inline(g, segs[i]->tmpl, prev, n_prev, after_handler, &lv, &nl, n_prog);
+        if (!e && nl == 0) { /* an empty recording: the next one follows the one before it */
+            free(lv);
+            continue;
+        }
+        free(prev);
+        prev = lv;
+        n_prev = nl;
+        after_handler = segs[i]->handler;
+    }
+    free(prev);
+    return e;
 }
 
 static ks_status cu_graph_join(ks_backend *b, ks_graph *const *segs, int n, ks_graph **out) {
@@ -134,13 +247,22 @@ static ks_status cu_graph_join(ks_backend *b, ks_graph *const *segs, int n, ks_g
             return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: segment %d cannot be joined (no recording, or another device table)", i);
         }
     cudaGraph_t g = NULL;
-    cudaGraphNode_t prev = NULL;
+    int n_prog = 0;
     cudaError_t e = cudaGraphCreate(&g, 0);
-    for (int i = 0; !e && i < n; i++) {
-        cudaGraphNode_t node;
-        e = cudaGraphAddChildGraphNode(&node, g, prev ? &prev : NULL, prev ? 1 : 0, segs[i]->tmpl);
-        prev = node;
+    if (!e && graph_flat(g, segs, n, &n_prog)) { /* a node it does not copy: the segments as child graphs */
+        cudaGetLastError();
+        cudaGraphDestroy(g);
+        g = NULL;
+        n_prog = 0;
+        e = cudaGraphCreate(&g, 0);
+        cudaGraphNode_t prev = NULL;
+        for (int i = 0; !e && i < n; i++) {
+            cudaGraphNode_t node;
+            e = cudaGraphAddChildGraphNode(&node, g, prev ? &prev : NULL, prev ? 1 : 0, segs[i]->tmpl);
+            prev = node;
+        }
     }
+    c->prog_edges += n_prog;
     if (!e && old && old->rc_gen == segs[0]->rc_gen) {
         /* the same chain of segments with other handlers' recordings (a policy recorded anew, its
          * kernels the same, their arguments not): an update costs a fraction of an instantiation */
@@ -225,4 +347,8 @@ void cuda_graph_install(ks_backend *b) {
     b->graph_join = cu_graph_join;
     b->graph_begin_handler = cu_graph_begin_handler;
     b->attn_stage = cuda_attn_stage; /* cuda_attn.cu: lists a recorded attention reads */
+}
+
+extern "C" int ks_cuda_backend_prog_edges(ks_backend *b) {
+    return CTX(b)->prog_edges;
 }

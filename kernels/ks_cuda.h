@@ -76,6 +76,9 @@ void ks_cuda_backend_set_attn_path(struct ks_backend *b, ks_cuda_attn_path path)
 /* Prefill attention launches of backend b with kernel k since it was created (tests: which
  * kernel the planner chose under b's options). */
 long ks_cuda_backend_prefill_calls(struct ks_backend *b, ks_cuda_prefill_kernel k);
+/* Programmatic edges backend b's decode-step joins made since it was created: a list attention
+ * started behind a decode handler's last kernel (kernels/cuda_graph.cu graph_inline; tests). */
+int ks_cuda_backend_prog_edges(struct ks_backend *b);
 
 #ifdef __cplusplus
 }
