@@ -113,10 +113,11 @@ static ks_status cu_graph_end(ks_backend *b, ks_graph **out) {
 }
 
 /* The segments as one graph, so the step runs as one launch and the kernels of consecutive
- * segments follow each other as inside one recording: their nodes copied into it
- * (graph_inline), each segment behind the one before, with a programmatic edge where a list
- * attention follows a decode handler's last kernel; where a segment holds a node graph_inline
- * does not copy, each segment a child graph node instead. */
+ * segments follow each other as inside one recording. Where a decode handler's recording is
+ * among them, their nodes are copied into it (graph_inline), each segment behind the one before,
+ * with a programmatic edge where a list attention follows a handler's last kernel; otherwise
+ * (held steps), or where a segment holds a node graph_inline does not copy, each segment is a
+ * child graph node. */
 static void cu_graph_free(ks_backend *b, ks_graph *g);
 
 /* A join's work uploaded to the device now, in stream order behind the work queued (the decode
@@ -247,14 +248,20 @@ static ks_status cu_graph_join(ks_backend *b, ks_graph *const *segs, int n, ks_g
             return ks_errorf(KS_ERR_UNSUPPORTED, "cuda: segment %d cannot be joined (no recording, or another device table)", i);
         }
     cudaGraph_t g = NULL;
-    int n_prog = 0;
+    int n_prog = 0, handlers = 0;
+    for (int i = 0; i < n; i++) handlers += segs[i]->handler;
     cudaError_t e = cudaGraphCreate(&g, 0);
-    if (!e && graph_flat(g, segs, n, &n_prog)) { /* a node it does not copy: the segments as child graphs */
-        cudaGetLastError();
-        cudaGraphDestroy(g);
-        g = NULL;
-        n_prog = 0;
-        e = cudaGraphCreate(&g, 0);
+    /* flat where an edge may be made (a handler's recording among the segments); child graphs
+     * for the rest (held steps), or where a segment holds a node graph_inline does not copy */
+    const int flat = !e && handlers && !graph_flat(g, segs, n, &n_prog);
+    if (!e && !flat) {
+        if (handlers) { /* the copy failed part way: start again */
+            cudaGetLastError();
+            cudaGraphDestroy(g);
+            g = NULL;
+            n_prog = 0;
+            e = cudaGraphCreate(&g, 0);
+        }
         cudaGraphNode_t prev = NULL;
         for (int i = 0; !e && i < n; i++) {
             cudaGraphNode_t node;
