@@ -52,6 +52,12 @@ typedef struct ks_cuda_attn_params {
      * ranges. */
     int seg_b0, seg_nb, seg_a0, seg_na;
     const int32_t *seg_dev;
+    /* tensor-core decode over a list: NULL, or the weights the step reads next (the layer's
+     * o-projection, pf_bytes of them): each block prefetches its share into L2 before it waits for
+     * its lists (ks_cuda_attn_decode_tc_waits_late), while the DRAM idles under the policy's
+     * top-k. Only a hint: no result depends on it. */
+    const void *pf;
+    size_t pf_bytes;
 } ks_cuda_attn_params;
 
 /* Work decomposition for p on a device with n_sm multiprocessors: *n_splits and the

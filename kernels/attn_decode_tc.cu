@@ -49,6 +49,9 @@
 /* stages a warp keeps in flight: 2 over the cache rows (one block an SM streams them best), more
  * over a list, whose rows come from anywhere and whose few tiles a warp should all be loading at
  * once (bench/NOTES.md, issue 14 session 22) */
+/* bytes of one L2 bulk prefetch of the next weights (ks_cuda_attn_params.pf): pieces of 256 KB were
+ * served, one of 2 MB dropped (bench/NOTES.md, issue 14 session 32) */
+#define TC_PF_PIECE ((size_t)128 * 1024)
 #define TC_LIST_STAGES 3 /* 2 and 4 within 2% of it (session 22, bench/results/s22/alist-h200) */
 
 /* RM, how the kernel treats pre-RoPE inputs: 0 none (rows already rotated), 1 rotated with
@@ -158,6 +161,17 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
      * block sets up and rotates its query while the policy's top-k runs. */
     ks_pdl_trigger();
     if constexpr (!LST) ks_pdl_wait();
+    if constexpr (LST) { /* the next weights into L2 (p.pf): thread 0, this block's share in 128 KB pieces */
+        if (p.pf && threadIdx.x == 0) {
+            const size_t nb = (size_t)n_splits * gridDim.y, tot = p.pf_bytes & ~(size_t)15;
+            const size_t per = (tot / nb + 15) & ~(size_t)15, b0 = ((size_t)blockIdx.y * n_splits + blockIdx.x) * per;
+            const size_t b1 = b0 + per < tot ? b0 + per : tot;
+            for (size_t o = b0; o < b1; o += TC_PF_PIECE) {
+                const unsigned sz = (unsigned)(b1 - o < TC_PF_PIECE ? b1 - o : TC_PF_PIECE);
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)p.pf + o), "r"(sz) : "memory");
+            }
+        }
+    }
     extern __shared__ __align__(128) unsigned char smem[];
     constexpr int NCH = D / 8, KS = D / 16, DT = D / 8, KP = tc_kp<D, LST>();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

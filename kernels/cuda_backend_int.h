@@ -59,6 +59,16 @@ typedef struct cu_owned {
     int user;            /* held by its user (else free for a later recording's allocation) */
 } cu_owned;
 
+/* The o-projection a KV layer's one-row attn_in read last (cuda_layer.cu), which a recorded
+ * attention over staged lists of that layer prefetches into L2 while it waits for the policy's
+ * top-k (ks_cuda_attn_params.pf): found by the layer, a small open-addressed table. */
+#define KS_CUDA_WNEXT 256
+typedef struct cu_wnext {
+    const ks_kv_layer *L;
+    const void *w;
+    size_t bytes;
+} cu_wnext;
+
 typedef struct cuda_ctx {
     int device, n_sm;
     cudaStream_t stream;
@@ -118,6 +128,7 @@ typedef struct cuda_ctx {
      * attention over lists reads when it runs; (n_lslot) */
     cu_lslot *lslot;
     int n_lslot;
+    cu_wnext wnext[KS_CUDA_WNEXT]; /* per KV layer: its o-projection (see cu_wnext) */
 } cuda_ctx;
 
 #define KS_CUDA_LSLOT_HEADS 64      /* KV heads a staged list slot holds (KS_CUDA_ATTN_BYVAL_HEADS) */
@@ -131,6 +142,26 @@ typedef struct cuda_ctx {
 #define KS_CUDA_COUNTERS 256        /* arrival counters of the primitives (cuda_ctx.zc) */
 
 static inline cuda_ctx *CTX(ks_backend *b) { return (cuda_ctx *)b->ctx; }
+
+/* cu_wnext: the slot of layer L (its own, or the free one where it would go; NULL when the
+ * table is full), then note its o-projection (a bf16 matrix) / read it back (NULL if none) */
+static inline cu_wnext *cu_wnext_slot(cuda_ctx *c, const ks_kv_layer *L) {
+    size_t h = (size_t)(((uintptr_t)L >> 4) * 0x9e3779b97f4a7c15ull >> 56) % KS_CUDA_WNEXT;
+    for (int i = 0; i < KS_CUDA_WNEXT; i++, h = (h + 1) % KS_CUDA_WNEXT)
+        if (c->wnext[h].L == L || !c->wnext[h].L) return &c->wnext[h];
+    return NULL;
+}
+static inline void cu_wnext_note(cuda_ctx *c, const ks_kv_layer *L, const ks_weight *wo) {
+    cu_wnext *e = cu_wnext_slot(c, L);
+    if (!e || !wo || wo->type != KS_CUDA_BF16 || ((uintptr_t)wo->data & 15)) return;
+    e->L = L;
+    e->w = wo->data;
+    e->bytes = (size_t)wo->rows * (size_t)wo->cols * 2;
+}
+static inline const cu_wnext *cu_wnext_of(cuda_ctx *c, const ks_kv_layer *L) {
+    const cu_wnext *e = cu_wnext_slot(c, L);
+    return e && e->L == L ? e : NULL;
+}
 
 /* ---- cuda_ctx.cu: allocation and staging */
 

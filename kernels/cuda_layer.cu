@@ -28,6 +28,7 @@ static ks_status cu_attn_in(ks_backend *b, const ks_layer_w *W, const ks_config 
     cuda_ctx *c = CTX(b);
     int D = cf->dim, H = cf->n_heads, Hkv = cf->n_kv_heads, hd = cf->head_dim;
     const ks_rope *r = rotate ? &cf->rope : NULL;
+    if (n == 1 && L) cu_wnext_note(c, L, W->wo);
     if (fused_rows(c, n)) /* the new cache row (rotated or pre-RoPE: r NULL) written by the projection */
         return ks_cuda_dense_qkv(b, L, a->q, a->k, a->v, a->x, W->attn_norm, cf->eps, a->xn, W->wq, W->wk, W->wv, W->bq,
                                  W->bk, W->bv, n, D, H, Hkv, hd, pos, r, max_pos);
