@@ -627,6 +627,34 @@ extern "C" int ks_cuda_attn_decode_tc_waits_late(const void *func) {
                     tc_list_kernel<64, 0>(func) || tc_list_kernel<64, 1>(func) || tc_list_kernel<64, 2>(func));
 }
 
+/* the list kernels' arguments: (p, n_splits, sl2, ws_acc, ws_ml, bv, rp) */
+#define TC_NARGS 7
+
+extern "C" cudaError_t ks_cuda_attn_decode_tc_node_k(cudaGraphNode_t node, const void **k) {
+    cudaKernelNodeParams kp;
+    cudaError_t e = cudaGraphKernelNodeGetParams(node, &kp);
+    if (e) return e;
+    if (!ks_cuda_attn_decode_tc_waits_late(kp.func) || !kp.kernelParams) return cudaErrorInvalidValue;
+    *k = ((const ks_cuda_attn_params *)kp.kernelParams[0])->k;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t ks_cuda_attn_decode_tc_node_pf(cudaGraphNode_t node, const void *w, size_t bytes) {
+    cudaKernelNodeParams kp;
+    cudaError_t e = cudaGraphKernelNodeGetParams(node, &kp);
+    if (e) return e;
+    if (!ks_cuda_attn_decode_tc_waits_late(kp.func) || !kp.kernelParams) return cudaErrorInvalidValue;
+    ks_cuda_attn_params p = *(const ks_cuda_attn_params *)kp.kernelParams[0];
+    p.pf = ((uintptr_t)w & 15) ? NULL : w;
+    p.pf_bytes = bytes;
+    void *args[TC_NARGS];
+    for (int i = 0; i < TC_NARGS; i++) args[i] = kp.kernelParams[i];
+    args[0] = &p;
+    kp.kernelParams = args;
+    kp.extra = NULL;
+    return cudaGraphKernelNodeSetParams(node, &kp); /* the argument values are copied */
+}
+
 /* rope: NULL, or the table the kernel rotates pre-RoPE q and keys with */
 static ks_status tc_run(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws, const tc_byval &bv,
                         const ks_cuda_attn_rope *rope) {

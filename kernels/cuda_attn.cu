@@ -194,13 +194,6 @@ static ks_status attn_staged(cuda_ctx *c, float *out, const float *q, const ks_k
     }
     if (!p.splits) p.splits = ks_cuda_attn_decode_tc_list_splits(&p, c->n_sm, list_rope_mode(a, p.renumber, L->head_dim));
     if (!ks_cuda_attn_decode_tc_supported(&p)) return rec_fail(c, "attention over staged lists of this shape");
-    /* its blocks wait for the policy's top-k (a programmatic edge where a handler's kernels come
-     * before: cuda_graph.cu), so they prefetch the layer's o-projection meanwhile */
-    const cu_wnext *wn = cu_wnext_of(c, L);
-    if (wn) {
-        p.pf = wn->w;
-        p.pf_bytes = wn->bytes;
-    }
     int splits;
     size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
     if (wsb > GRAPH_WS) return rec_fail(c, "attention with a split workspace this large");

@@ -59,12 +59,13 @@ typedef struct cu_owned {
     int user;            /* held by its user (else free for a later recording's allocation) */
 } cu_owned;
 
-/* The o-projection a KV layer's one-row attn_in read last (cuda_layer.cu), which a recorded
- * attention over staged lists of that layer prefetches into L2 while it waits for the policy's
- * top-k (ks_cuda_attn_params.pf): found by the layer, a small open-addressed table. */
+/* The o-projection a KV layer's one-row attn_in read last (cuda_layer.cu), found by the layer's
+ * key storage (ks_kv_layer.k) in a small open-addressed table: a joined decode step's list
+ * attention behind a policy's top-k prefetches it into L2 while it waits (cuda_graph.cu,
+ * ks_cuda_attn_params.pf). */
 #define KS_CUDA_WNEXT 256
 typedef struct cu_wnext {
-    const ks_kv_layer *L;
+    const void *k;
     const void *w;
     size_t bytes;
 } cu_wnext;
@@ -102,6 +103,7 @@ typedef struct cuda_ctx {
     /* decode-step graphs (graph_begin .. graph_end): while `rec`, calls record instead of run */
     int rec, rec_failed;
     int prog_edges;        /* programmatic edges the joins made (cuda_graph.cu graph_inline; tests) */
+    int pf_nodes;          /* of their list attentions, those given a prefetch (ks_cuda_attn_params.pf; tests) */
     /* rec_own: the recording is a decode handler's (graph_begin_handler): allocations are
      * blocks of own[] (cuda_ctx.cu own_alloc), reused by later recordings once their users free
      * them, returned to the device when own_graphs (live graphs that may launch them) is 0 */
@@ -143,24 +145,25 @@ typedef struct cuda_ctx {
 
 static inline cuda_ctx *CTX(ks_backend *b) { return (cuda_ctx *)b->ctx; }
 
-/* cu_wnext: the slot of layer L (its own, or the free one where it would go; NULL when the
- * table is full), then note its o-projection (a bf16 matrix) / read it back (NULL if none) */
-static inline cu_wnext *cu_wnext_slot(cuda_ctx *c, const ks_kv_layer *L) {
-    size_t h = (size_t)(((uintptr_t)L >> 4) * 0x9e3779b97f4a7c15ull >> 56) % KS_CUDA_WNEXT;
+/* cu_wnext: the slot of the layer whose keys are at k (its own, or the free one where it would
+ * go; NULL when the table is full), then note its o-projection (a bf16 matrix) / read it back
+ * (NULL if none) */
+static inline cu_wnext *cu_wnext_slot(cuda_ctx *c, const void *k) {
+    size_t h = (size_t)(((uintptr_t)k >> 4) * 0x9e3779b97f4a7c15ull >> 56) % KS_CUDA_WNEXT;
     for (int i = 0; i < KS_CUDA_WNEXT; i++, h = (h + 1) % KS_CUDA_WNEXT)
-        if (c->wnext[h].L == L || !c->wnext[h].L) return &c->wnext[h];
+        if (c->wnext[h].k == k || !c->wnext[h].k) return &c->wnext[h];
     return NULL;
 }
 static inline void cu_wnext_note(cuda_ctx *c, const ks_kv_layer *L, const ks_weight *wo) {
-    cu_wnext *e = cu_wnext_slot(c, L);
+    cu_wnext *e = L->k ? cu_wnext_slot(c, L->k) : NULL;
     if (!e || !wo || wo->type != KS_CUDA_BF16 || ((uintptr_t)wo->data & 15)) return;
-    e->L = L;
+    e->k = L->k;
     e->w = wo->data;
     e->bytes = (size_t)wo->rows * (size_t)wo->cols * 2;
 }
-static inline const cu_wnext *cu_wnext_of(cuda_ctx *c, const ks_kv_layer *L) {
-    const cu_wnext *e = cu_wnext_slot(c, L);
-    return e && e->L == L ? e : NULL;
+static inline const cu_wnext *cu_wnext_of(cuda_ctx *c, const void *k) {
+    const cu_wnext *e = k ? cu_wnext_slot(c, k) : NULL;
+    return e && e->k == k ? e : NULL;
 }
 
 /* ---- cuda_ctx.cu: allocation and staging */

@@ -134,7 +134,7 @@ static void join_upload(cuda_ctx *c, ks_graph *g) {
  * that kernel's launch completion: its blocks start once the kernel before has started them all,
  * and wait (griddepcontrol.wait) for its end only where they read what it may have written.
  * *n_prog counts those edges. Another kind of node is cudaErrorNotSupported. */
-static cudaError_t graph_inline(cudaGraph_t g, cudaGraph_t src, const cudaGraphNode_t *prev, size_t n_prev,
+static cudaError_t graph_inline(cuda_ctx *c, cudaGraph_t g, cudaGraph_t src, const cudaGraphNode_t *prev, size_t n_prev,
                                 int after_handler, cudaGraphNode_t **leaves, size_t *n_leaves, int *n_prog) {
     size_t n = 0, ne = 0;
     *leaves = NULL;
@@ -195,6 +195,13 @@ static cudaError_t graph_inline(cudaGraph_t g, cudaGraph_t src, const cudaGraphN
                 pe.from_port = cudaGraphKernelNodePortLaunchCompletion;
                 e = cudaGraphAddDependencies(g, &prev[0], &cp[i], &pe, 1);
                 if (!e) (*n_prog)++;
+                /* its blocks wait for the top-k: they prefetch the layer's o-projection meanwhile
+                 * (a hint: where it cannot be set the node stays as it was) */
+                const void *k = NULL;
+                const cu_wnext *wn = NULL;
+                if (!e && !ks_cuda_attn_decode_tc_node_k(cp[i], &k)) wn = cu_wnext_of(c, k);
+                if (wn && !ks_cuda_attn_decode_tc_node_pf(cp[i], wn->w, wn->bytes)) c->pf_nodes++;
+                cudaGetLastError();
             } else {
                 for (size_t j = 0; !e && j < n_prev; j++) e = cudaGraphAddDependencies(g, &prev[j], &cp[i], NULL, 1);
             }
@@ -214,7 +221,7 @@ static cudaError_t graph_inline(cudaGraph_t g, cudaGraph_t src, const cudaGraphN
  * and a list attention that waits late starts while the policy's last kernel (TokenSelect's
  * top-k) runs: ~2.5 us a call sooner at its end, TokenSelect's TPOT -0.04 ms at 32K and -0.07 ms
  * at 128K on an H100 (bench/NOTES.md, issue 14, session 36). */
-static cudaError_t graph_flat(cudaGraph_t g, ks_graph *const *segs, int n, int *n_prog) {
+static cudaError_t graph_flat(cuda_ctx *c, cudaGraph_t g, ks_graph *const *segs, int n, int *n_prog) {
     cudaGraphNode_t *prev = NULL;
     size_t n_prev = 0;
     cudaError_t e = cudaSuccess;
@@ -222,7 +229,7 @@ static cudaError_t graph_flat(cudaGraph_t g, ks_graph *const *segs, int n, int *
     for (int i = 0; !e && i < n; i++) {
         cudaGraphNode_t *lv = NULL;
         size_t nl = 0;
-        e = graph_inline(g, segs[i]->tmpl, prev, n_prev, after_handler, &lv, &nl, n_prog);
+        e = graph_inline(c, g, segs[i]->tmpl, prev, n_prev, after_handler, &lv, &nl, n_prog);
         if (!e && nl == 0) { /* an empty recording: the next one follows the one before it */
             free(lv);
             continue;
@@ -253,7 +260,7 @@ static ks_status cu_graph_join(ks_backend *b, ks_graph *const *segs, int n, ks_g
     cudaError_t e = cudaGraphCreate(&g, 0);
     /* flat where an edge may be made (a handler's recording among the segments); child graphs
      * for the rest (held steps), or where a segment holds a node graph_inline does not copy */
-    const int flat = !e && handlers && !graph_flat(g, segs, n, &n_prog);
+    const int flat = !e && handlers && !graph_flat(c, g, segs, n, &n_prog);
     if (!e && !flat) {
         if (handlers) { /* the copy failed part way: start again */
             cudaGetLastError();
@@ -358,4 +365,8 @@ void cuda_graph_install(ks_backend *b) {
 
 extern "C" int ks_cuda_backend_prog_edges(ks_backend *b) {
     return CTX(b)->prog_edges;
+}
+
+extern "C" int ks_cuda_backend_prefetch_nodes(ks_backend *b) {
+    return CTX(b)->pf_nodes;
 }

@@ -79,6 +79,9 @@ long ks_cuda_backend_prefill_calls(struct ks_backend *b, ks_cuda_prefill_kernel 
 /* Programmatic edges backend b's decode-step joins made since it was created: a list attention
  * started behind a decode handler's last kernel (kernels/cuda_graph.cu graph_inline; tests). */
 int ks_cuda_backend_prog_edges(struct ks_backend *b);
+/* Of those list attentions, the ones given the layer's o-projection to prefetch into L2 while
+ * they wait (ks_cuda_attn_params.pf; tests). */
+int ks_cuda_backend_prefetch_nodes(struct ks_backend *b);
 
 #ifdef __cplusplus
 }

@@ -418,6 +418,7 @@ static const char *SEG_READER =
 typedef struct seg_run {
     int n, graph_steps, joined_steps;
     int prog; /* programmatic edges the backend's joins made (kernels/cuda_graph.cu graph_inline) */
+    int pf;   /* of their list attentions, those given the o-projection's prefetch */
     long long replayed; /* layer steps whose recorded handler replayed (policy.h ks_action_replay) */
     float *lg;
     char rep[160];
@@ -456,7 +457,10 @@ static int seg_run_one(ks_model *m, const char *name, const char *src, const cha
     if (s) r->graph_steps = s->graph_steps;
     if (s) r->joined_steps = s->joined_steps;
     if (s) r->replayed = ks_session_replayed_steps(s);
-    if (m->be->graph_begin_seg) r->prog = ks_cuda_backend_prog_edges(m->be);
+    if (m->be->graph_begin_seg) {
+        r->prog = ks_cuda_backend_prog_edges(m->be);
+        r->pf = ks_cuda_backend_prefetch_nodes(m->be);
+    }
     if (st) printf("         %s: %s\n", name, ks_last_error());
     ks_session_free(s);
     ks_policy_free(p);
@@ -488,14 +492,15 @@ static void seg_case_rep(const char *dir, const char *pname, const char *src, co
         float d = ring_diff(&(ring_run){.lg = g.lg}, &(ring_run){.lg = pl.lg}, steps, vocab, &am, &first);
         int ok = first == steps && !strcmp(g.rep, pl.rep) && g.graph_steps >= min_graph && pl.graph_steps == 0 &&
                  mg->be->graph_begin_seg != NULL && g.joined_steps >= min_joined && (min_joined || !g.joined_steps) &&
-                 g.replayed >= min_rep && (min_rep || !g.replayed) && !pl.replayed && (min_rep ? g.prog > 0 : !g.prog);
+                 g.replayed >= min_rep && (min_rep || !g.replayed) && !pl.replayed && (min_rep ? g.prog > 0 : !g.prog) && g.pf == g.prog;
         result(ok, name,
                "graph vs plain: logits bit-equal %s (first difference at step %d, max |dlogit| %.3g, argmax %d/%d); "
                "reports %s / %s; replayed steps %d of %d (at least %d; plain %d), joined %d (at least %d%s); "
-               "recorded handlers replayed %lld layer steps (at least %lld%s), programmatic edges %d (%s)",
+               "recorded handlers replayed %lld layer steps (at least %lld%s), programmatic edges %d (%s), "
+               "with the o-projection's prefetch %d (as many expected)",
                first == steps ? "yes" : "NO", first, d, am, steps, g.rep, pl.rep, g.graph_steps, steps, min_graph,
                pl.graph_steps, g.joined_steps, min_joined, min_joined ? "" : ", none expected", g.replayed, min_rep,
-               min_rep ? "" : ", none expected", g.prog, min_rep ? "some expected" : "none expected");
+               min_rep ? "" : ", none expected", g.prog, min_rep ? "some expected" : "none expected", g.pf);
     }
     free(pl.lg);
     free(g.lg);
