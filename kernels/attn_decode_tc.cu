@@ -30,7 +30,14 @@
  * The rotation is the costly part (sincosf, each with its branch to the slow path, back to back
  * in a lane), so the ROPE kernels stay at the registers of 3 blocks an SM (__launch_bounds__)
  * and a call over a list takes more splits than one block an SM
- * (ks_cuda_attn_decode_tc_list_splits): more resident warps to hide it. */
+ * (ks_cuda_attn_decode_tc_list_splits): more resident warps to hide it.
+ *
+ * PREFETCH (p.pf, list instances): before anything else thread 0 of each block issues L2 bulk
+ * prefetches of its share of p.pf_bytes (TC_PF_PIECE at a time). A joined decode step sets it
+ * (ks_cuda_attn_decode_tc_node_pf) where the blocks start behind a policy's top-k and wait for it
+ * with the DRAM idle: the layer's o-projection, which the gemv after this attention then reads
+ * from L2 (TokenSelect's TPOT on an H100 -0.05 ms at 32K, -0.1 ms at 128K: bench/NOTES.md, issue
+ * 14, session 37). */
 #include "common.cuh"
 #include "attn_decode_tc.cuh"
 #include "mma.cuh"

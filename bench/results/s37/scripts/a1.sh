@@ -1,0 +1,20 @@
+# session 37, a1: base37 (main before the session) beside v1 (a renumbered list over the rope table with one
+# 16-key tile a warp: one stage, 3 blocks an SM, the splits to match). test_attn_list on v1, timelines of
+# TokenSelect at 32K, then TPOT rounds beside full attention, alternating: three at 32K, two at 128K.
+. bench/gpu_pack_env.sh
+tst test_attn_list > $O/tests.txt 2>&1; cat $O/tests.txt
+B="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --repeat 1"
+for v in base37 v1; do
+  echo "== $v ts32 timeline"
+  KVSIEVE_POLICY_PATH=$R/$v/policies CUDA_INJECTION64_PATH=$R/ktrace.so KTRACE_OUT=$R/t.csv timeout 200 $R/$v/kvsieve $B --lengths 32768 --policy tokenselect --gen 12 2>&1 | grep -E '^[a-z]+ +[0-9]+ |kvsieve:' | head -4
+  python3 bench/ktrace.py $R/t.csv --steps 8 --skip 2 2>&1 | head -9; rm -f $R/t.csv
+done > $O/trace.txt 2>&1
+cat $O/trace.txt
+for r in 1 2 3; do for v in base37 v1; do echo "== $v 32K round $r"
+  KVSIEVE_POLICY_PATH=$R/$v/policies timeout 150 $R/$v/kvsieve $B --lengths 32768 --policy none,tokenselect --gen 32 2>&1 | grep -E '^[a-z]+ +[0-9]+ |kvsieve:'
+done; done > $O/r32.txt 2>&1
+cat $O/r32.txt
+for r in 1 2; do for v in base37 v1; do echo "== $v 128K round $r"
+  KVSIEVE_POLICY_PATH=$R/$v/policies timeout 150 $R/$v/kvsieve $B --lengths 131040 --policy none,tokenselect --gen 16 2>&1 | grep -E '^[a-z]+ +[0-9]+ |kvsieve:'
+done; done > $O/r128.txt 2>&1
+cat $O/r128.txt
