@@ -1,17 +1,17 @@
-# session 38, b3: base38 beside b2 (b2's build: one tile a list warp, a combine of 16 warps) and new (b2 + list blocks
+# session 38, b3: base38 beside new (b2 + list blocks
 # of row ranges alone not waiting for the top-k + tk_clu without its compaction barrier). GPU tests of new
 # (test_cuda_prims --only topk, test_attn_list, test_cuda_policies without stories260K), timelines of TokenSelect at
 # 32K, TPOT rounds beside full attention, alternating: three at 32K, two at 128K.
 . bench/gpu_pack_env.sh
 { tst test_cuda_prims --only topk; tst test_attn_list; tst test_cuda_policies; } > $O/tests.txt 2>&1; cat $O/tests.txt
 B="bench --random-weights bench/configs/llama-3.1-8b.json --backend cuda --repeat 1"
-for v in base b2 new; do
+for v in base new; do
   echo "== $v tokenselect 32K timeline"
   KVSIEVE_POLICY_PATH=$R/$v/policies CUDA_INJECTION64_PATH=$R/ktrace.so KTRACE_OUT=$R/t.csv timeout 200 $R/$v/kvsieve $B --lengths 32768 --policy tokenselect --gen 12 2>&1 | grep -E '^[a-z]+ +[0-9]+ |kvsieve:' | head -4
   python3 bench/ktrace.py $R/t.csv --steps 8 --skip 2 2>&1 | head -9; rm -f $R/t.csv
 done > $O/trace.txt 2>&1
 cat $O/trace.txt
-for r in 1 2 3; do for v in base b2 new; do echo "== $v 32K round $r"
+for r in 1 2 3; do for v in base new; do echo "== $v 32K round $r"
   KVSIEVE_POLICY_PATH=$R/$v/policies timeout 150 $R/$v/kvsieve $B --lengths 32768 --policy none,tokenselect --gen 32 2>&1 | grep -E '^[a-z]+ +[0-9]+ |kvsieve:'
 done; done > $O/r32.txt 2>&1
 cat $O/r32.txt
