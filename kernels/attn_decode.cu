@@ -270,46 +270,113 @@ attn_decode_kernel(ks_cuda_attn_params p, ad_shape sh, int n_splits, float *__re
 }
 
 /* out row (i, h) = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M); zeros when nothing was visible.
- * A block a row: the row's (m, l) pairs and their weights e^(m_s - M) go to shared memory in one
- * parallel pass, then each column's partials are loaded eight at a time before they are summed,
- * so no thread waits on one load per split (the serial version spent ~10 us on 16 splits: ncu,
- * bench/NOTES.md "combine"). Sums run over s ascending, as before. */
-#define CMB_UNROLL 8
-__global__ void attn_combine_kernel(float *__restrict__ out, const float *__restrict__ ws_acc,
-                                    const float *__restrict__ ws_ml, int n_splits, int d) {
+ * A block of CMB_WARPS warps a row; warp w takes the splits s = w, w + W, ... and lane l the
+ * column groups l, l + 32, ... (4 columns a group where head_dim % 4 == 0, else 1). Its first CMB_LD splits' columns are loaded at the start beside
+ * the (m, l) pairs, before M is known, so a row of up to W * CMB_LD splits (64) and 128 columns
+ * costs one round trip to L2 (42 splits at 32K on an H100: the serial merge 5.6 us a call, 4 warps
+ * with their loads behind M 4.4, this 2.7, the wait for the attention included: bench/NOTES.md,
+ * issue 14, sessions 37-38). M: each thread the
+ * max of its splits (s = t, t + T, ...), then the block's (a max is exact in any order). The
+ * weights e^(m_s - M) go to shared memory; L: each thread its splits' l_s e^(m_s - M), the block's
+ * partials added in a fixed tree (warp butterfly, then the warps in order). A split with nothing
+ * visible (m_s = -inf) adds nothing, whatever its columns hold. The warps' column sums are added in
+ * warp order. Every order is fixed: the same bits at every launch. */
+#define CMB_WARPS 16
+#define CMB_T (CMB_WARPS * 32)
+#define CMB_LD 4 /* splits a lane's loads cover at once */
+/* VW columns of one split, loaded as one float4 (VW 4: head_dim % 4 == 0) or one float (VW 1) */
+template <int VW> struct cmb_v {
+    float x[VW];
+};
+template <int VW> static __device__ __forceinline__ cmb_v<VW> cmb_ld(const float *p) {
+    cmb_v<VW> r;
+    if constexpr (VW == 4) {
+        const float4 f = *reinterpret_cast<const float4 *>(p);
+        r.x[0] = f.x, r.x[1] = f.y, r.x[2] = f.z, r.x[3] = f.w;
+    } else {
+        r.x[0] = *p;
+    }
+    return r;
+}
+template <int VW> static __device__ __forceinline__ cmb_v<VW> cmb_zero() {
+    cmb_v<VW> r;
+#pragma unroll
+    for (int i = 0; i < VW; i++) r.x[i] = 0.f;
+    return r;
+}
+template <int VW>
+__global__ void __launch_bounds__(CMB_T) attn_combine_kernel(float *__restrict__ out, const float *__restrict__ ws_acc,
+                                                              const float *__restrict__ ws_ml, int n_splits, int d) {
     ks_pdl_trigger(); /* PDL (pdl.cuh): the partials come from the kernel before */
     ks_pdl_wait();
-    extern __shared__ float cmb[]; /* m (n_splits), l (n_splits), weight (n_splits) */
-    float *sm = cmb, *sl = cmb + n_splits, *se = cmb + 2 * n_splits;
+    extern __shared__ float4 cmb4[]; /* weight (n_splits, padded to 4), then the warps' column sums (CMB_WARPS, d) */
+    float *se = reinterpret_cast<float *>(cmb4), *ws = se + ((n_splits + 3) & ~3);
+    __shared__ float red[CMB_WARPS];
+    const int t = threadIdx.x, lane = t & 31, w = t >> 5;
     const size_t rh = blockIdx.x;
     const float *ml = ws_ml + rh * n_splits * 2;
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
-        sm[s] = ml[2 * s];
-        sl[s] = ml[2 * s + 1];
+    const int dv = d / VW; /* column groups */
+    const float *acc = ws_acc + rh * n_splits * d; /* (n_splits, d) */
+    cmb_v<VW> a0[CMB_LD]; /* the first pass's columns (group lane, s = w + j W), in flight during M and L */
+#pragma unroll
+    for (int j = 0; j < CMB_LD; j++) {
+        const int s = w + j * CMB_WARPS;
+        a0[j] = lane < dv && s < n_splits ? cmb_ld<VW>(acc + (size_t)s * d + lane * VW) : cmb_zero<VW>();
     }
+    float mx = -INFINITY;
+    for (int s = t; s < n_splits; s += CMB_T) mx = fmaxf(mx, ml[2 * s]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) red[w] = mx;
     __syncthreads();
-    float M = -INFINITY;
-    for (int s = 0; s < n_splits; s++) M = fmaxf(M, sm[s]);
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) se[s] = sm[s] != -INFINITY ? expf(sm[s] - M) : 0.f;
-    __syncthreads();
+    float M = red[0];
+#pragma unroll
+    for (int i = 1; i < CMB_WARPS; i++) M = fmaxf(M, red[i]);
+    __syncthreads(); /* red is reused for L */
+    float lp = 0.f;
+    for (int s = t; s < n_splits; s += CMB_T) {
+        const float m = ml[2 * s];
+        const float e = m != -INFINITY ? expf(m - M) : 0.f;
+        se[s] = e;
+        if (m != -INFINITY) lp += ml[2 * s + 1] * e;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) lp += __shfl_xor_sync(0xffffffffu, lp, o);
+    if (lane == 0) red[w] = lp;
+    __syncthreads(); /* red and se complete */
     float L = 0.f;
     if (M != -INFINITY)
-        for (int s = 0; s < n_splits; s++)
-            if (sm[s] != -INFINITY) L += sl[s] * se[s];
+#pragma unroll
+        for (int i = 0; i < CMB_WARPS; i++) L += red[i];
     const float inv = L > 0.f ? 1.0f / L : 0.f;
-    const float *acc = ws_acc + rh * n_splits * d;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        float o = 0.f;
-        if (L > 0.f)
-            for (int s0 = 0; s0 < n_splits; s0 += CMB_UNROLL) {
-                float a[CMB_UNROLL];
+    for (int cv = lane; cv < dv; cv += 32) {
+        cmb_v<VW> o = cmb_zero<VW>();
+        for (int s0 = w; s0 < n_splits; s0 += CMB_WARPS * CMB_LD) {
+            const bool first = cv == lane && s0 == w;
+            cmb_v<VW> a[CMB_LD];
+            float e[CMB_LD];
 #pragma unroll
-                for (int j = 0; j < CMB_UNROLL; j++) a[j] = s0 + j < n_splits ? acc[(size_t)(s0 + j) * d + c] : 0.f;
-#pragma unroll
-                for (int j = 0; j < CMB_UNROLL; j++)
-                    if (s0 + j < n_splits && sm[s0 + j] != -INFINITY) o += a[j] * se[s0 + j];
+            for (int j = 0; j < CMB_LD; j++) {
+                const int s = s0 + j * CMB_WARPS;
+                e[j] = s < n_splits ? se[s] : 0.f;
+                a[j] = first ? a0[j] : s < n_splits ? cmb_ld<VW>(acc + (size_t)s * d + cv * VW) : cmb_zero<VW>();
             }
-        out[rh * d + c] = o * inv;
+#pragma unroll
+            for (int j = 0; j < CMB_LD; j++)
+                if (e[j] != 0.f) {
+#pragma unroll
+                    for (int i = 0; i < VW; i++) o.x[i] += a[j].x[i] * e[j];
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < VW; i++) ws[w * d + cv * VW + i] = o.x[i];
+    }
+    __syncthreads();
+    for (int c = t; c < d; c += CMB_T) {
+        float o = 0.f;
+#pragma unroll
+        for (int i = 0; i < CMB_WARPS; i++) o += ws[i * d + c];
+        out[rh * d + c] = L > 0.f ? o * inv : 0.f;
     }
 }
 
@@ -318,9 +385,18 @@ extern "C" ks_status ks_cuda_attn_combine(cudaStream_t s, float *out, const floa
     if (!rows) return KS_OK;
     if (n_splits < 1 || n_splits > 4096)
         return ks_errorf(KS_ERR_INTERNAL, "attention combine: %d splits (1..4096)", n_splits);
-    KS_CU(ks_pdl_launch(attn_combine_kernel, dim3((unsigned)rows), dim3(128), sizeof(float) * 3 * (size_t)n_splits, s, pdl,
-                        out, ws_acc, ws_ml, n_splits, head_dim),
-          "attention combine kernel");
+    const size_t sm = sizeof(float) * ((size_t)((n_splits + 3) & ~3) + (size_t)CMB_WARPS * head_dim);
+    if (sm > 47 * 1024) /* with red[]: within the 48 KB a block takes without opting in */
+        return ks_errorf(KS_ERR_INTERNAL, "attention combine: %d splits x head_dim %d need %zu bytes of shared memory",
+                         n_splits, head_dim, sm);
+    if (head_dim % 4)
+        KS_CU(ks_pdl_launch(attn_combine_kernel<1>, dim3((unsigned)rows), dim3(CMB_T), sm, s, pdl, out, ws_acc, ws_ml,
+                            n_splits, head_dim),
+              "attention combine kernel");
+    else
+        KS_CU(ks_pdl_launch(attn_combine_kernel<4>, dim3((unsigned)rows), dim3(CMB_T), sm, s, pdl, out, ws_acc, ws_ml,
+                            n_splits, head_dim),
+              "attention combine kernel");
     return KS_OK;
 }
 

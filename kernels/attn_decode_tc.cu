@@ -37,7 +37,14 @@
  * (ks_cuda_attn_decode_tc_node_pf) where the blocks start behind a policy's top-k and wait for it
  * with the DRAM idle: the layer's o-projection, which the gemv after this attention then reads
  * from L2 (TokenSelect's TPOT on an H100 -0.05 ms at 32K, -0.1 ms at 128K: bench/NOTES.md, issue
- * 14, session 37). */
+ * 14, session 37).
+ *
+ * ONE TILE A WARP (RM 2 lists, NS 1): a renumbered list over the rope table takes as many splits
+ * as its 64-row quanta where three blocks an SM hold them all (ks_cuda_attn_decode_tc_list_splits),
+ * so every warp computes one tile and all of them at once (TokenSelect's 2688 rows at 32K: 42
+ * splits a KV head; the list attention -1.5 to -2 us a call on an H100, bench/NOTES.md, issue 14,
+ * session 38). A block whose keys all lie in the row ranges reads no list and skips
+ * griddepcontrol.wait: behind a policy's top-k it computes while the top-k runs. */
 #include "common.cuh"
 #include "attn_decode_tc.cuh"
 #include "mma.cuh"
@@ -152,7 +159,7 @@ static __device__ __noinline__ void tc_rot_tile(bf16 *tk, const int *kp, const f
 /* RG: row ranges around the lists (ks_cuda_attn_params.seg_*): their own instances, since the
  * index arithmetic of every tile costs the calls without ranges ~3% of a 32K decode step (H100) */
 template <int D, int RM, bool RG, bool LST, int NS>
-__global__ void __launch_bounds__(TC_WARPS * 32, RM == 1 ? 3 : RM == 2 ? 1 : 0)
+__global__ void __launch_bounds__(TC_WARPS * 32, RM == 1 || (RM == 2 && LST && NS == 1) ? 3 : RM == 2 ? 1 : 0)
 attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, float *__restrict__ ws_acc,
                       float *__restrict__ ws_ml, const __grid_constant__ tc_byval bv,
                       const __grid_constant__ tc_rope<RM> rp) {
@@ -302,7 +309,12 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
 #pragma unroll
         for (int c = 0; c < 8; c++) fr[c] = rp.r.inv_freq[rch * 8 + c];
     }
-    if constexpr (LST) ks_pdl_wait(); /* the lists (the policy's kernels wrote them) from here */
+    /* the lists (the policy's kernels wrote them) from here; a block whose keys all lie in the row
+     * ranges reads no list and does not wait: behind a policy's top-k it computes while the top-k
+     * runs (TokenSelect's leading and trailing rows) */
+    if constexpr (LST) {
+        if (!RG || !(te <= snb || tb >= sl1)) ks_pdl_wait();
+    }
     __syncthreads();
     uint32_t qf[KS][4];
 #pragma unroll
@@ -581,9 +593,13 @@ extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p,
 }
 
 extern "C" int ks_cuda_attn_decode_tc_list_splits(const ks_cuda_attn_params *p, int n_sm, int rope) {
-    if (rope != 1 || p->n_kv_heads < 1) return 0;
-    int blocks = KS_MAX(1, 3 * (n_sm > 0 ? n_sm : 132) / (2 * p->n_kv_heads)); /* 1.5 blocks an SM */
+    if ((rope != 1 && rope != 2) || p->n_kv_heads < 1) return 0;
     int tiles = (p->max_nk + TC_WARPS * TC_KT - 1) / (TC_WARPS * TC_KT);
+    if (rope == 2) { /* a tile a warp where 3 blocks an SM hold them all (TC_TAB1), else the automatic choice */
+        int slots = 3 * (n_sm > 0 ? n_sm : 132) / p->n_kv_heads;
+        return tiles <= slots ? KS_MAX(1, tiles) : 0;
+    }
+    int blocks = KS_MAX(1, 3 * (n_sm > 0 ? n_sm : 132) / (2 * p->n_kv_heads)); /* 1.5 blocks an SM */
     return KS_MAX(1, KS_MIN(blocks, tiles));
 }
 
@@ -617,6 +633,12 @@ static ks_status tc_launch(cudaStream_t s, const ks_cuda_attn_params *p, int n_s
     const bool rg = bv.on ? p->seg_nb > 0 || p->seg_na > 0 : p->seg_dev != nullptr;
     const bool lists = p->idx || p->idx_at;
     if (rg && !lists) return ks_errorf(KS_ERR_ARG, "attention (decode, tensor cores): row ranges without a list");
+    /* RM 2 with at most one tile a warp: one stage, 3 blocks an SM */
+    if constexpr (RM == 2) {
+        if ((rg || lists) && (int64_t)n_splits * TC_WARPS * TC_KT >= (int64_t)p->max_nk)
+            return rg ? tc_launch_ns<D, RM, true, true, 1>(s, p, n_splits, acc, ml, bv, rp)
+                      : tc_launch_ns<D, RM, false, true, 1>(s, p, n_splits, acc, ml, bv, rp);
+    }
     if (rg) return tc_launch_ns<D, RM, true, true, NL>(s, p, n_splits, acc, ml, bv, rp);
     if (lists) return tc_launch_ns<D, RM, false, true, NL>(s, p, n_splits, acc, ml, bv, rp);
     return tc_launch_ns<D, RM, false, false, 2>(s, p, n_splits, acc, ml, bv, rp);
@@ -626,7 +648,9 @@ static ks_status tc_launch(cudaStream_t s, const ks_cuda_attn_params *p, int n_s
 template <int D, int RM> static bool tc_list_kernel(const void *f) {
     constexpr int NL = RM == 1 ? 2 : RM == 2 && TC_LIST_STAGES > 3 ? 3 : TC_LIST_STAGES;
     return f == (const void *)attn_decode_tc_kernel<D, RM, true, true, NL> ||
-           f == (const void *)attn_decode_tc_kernel<D, RM, false, true, NL>;
+           f == (const void *)attn_decode_tc_kernel<D, RM, false, true, NL> ||
+           (RM == 2 && (f == (const void *)attn_decode_tc_kernel<D, 2, true, true, 1> ||
+                        f == (const void *)attn_decode_tc_kernel<D, 2, false, true, 1>));
 }
 
 extern "C" int ks_cuda_attn_decode_tc_waits_late(const void *func) {
