@@ -595,7 +595,7 @@ extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p,
 extern "C" int ks_cuda_attn_decode_tc_list_splits(const ks_cuda_attn_params *p, int n_sm, int rope) {
     if ((rope != 1 && rope != 2) || p->n_kv_heads < 1) return 0;
     int tiles = (p->max_nk + TC_WARPS * TC_KT - 1) / (TC_WARPS * TC_KT);
-    if (rope == 2) { /* a tile a warp where 3 blocks an SM hold them all (TC_TAB1), else the automatic choice */
+    if (rope == 2) { /* a tile a warp where 3 blocks an SM hold them all (tc_launch's NS 1), else the automatic choice */
         int slots = 3 * (n_sm > 0 ? n_sm : 132) / p->n_kv_heads;
         return tiles <= slots ? KS_MAX(1, tiles) : 0;
     }

@@ -28,10 +28,12 @@ size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p, int n_sm, 
 /* The splits to ask for (ks_cuda_attn_params.splits) for one decode row over pre-RoPE rows
  * (rope 1: the kernel rotates them with sincosf): 1.5 blocks an SM (24 at 8 KV heads on 132 SMs),
  * at most one 16-key tile a warp, where the rotation's sincosf want more resident warps than the
- * one block an SM that streams a cache best; 0 (the automatic choice) without rope (0) or with a
- * rope table (2: ks_cuda_attn_rope.tab, one block an SM). Measured on an H200 for 2688 rows at
- * 8 KV heads (bench/NOTES.md, fusedattn): rotating 27.0 / 24.9 / 25.6 / 26.0 us at 16 / 24 / 33 /
- * 42 splits, without the rotation 14.8 / 16.5 / 17.3 / 21.1 us. */
+ * one block an SM that streams a cache best; 0 (the automatic choice) without rope (0). With a
+ * rope table (2: ks_cuda_attn_rope.tab) one split a 64-row quantum, so every warp computes one
+ * tile in one stage at 3 blocks an SM, where 3 blocks an SM hold them all (42 splits a KV head for
+ * TokenSelect's 2688 rows at 8 KV heads on 132 SMs; session 38), else 0. Measured on an H200 for
+ * 2688 rows at 8 KV heads (bench/NOTES.md, fusedattn): rotating 27.0 / 24.9 / 25.6 / 26.0 us at 16 /
+ * 24 / 33 / 42 splits, without the rotation 14.8 / 16.5 / 17.3 / 21.1 us (before the table). */
 int ks_cuda_attn_decode_tc_list_splits(const ks_cuda_attn_params *p, int n_sm, int rope);
 
 ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_params *p, int n_splits, void *ws);
