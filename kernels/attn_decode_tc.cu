@@ -37,7 +37,11 @@
  * (ks_cuda_attn_decode_tc_node_pf) where the blocks start behind a policy's top-k and wait for it
  * with the DRAM idle: the layer's o-projection, which the gemv after this attention then reads
  * from L2 (TokenSelect's TPOT on an H100 -0.05 ms at 32K, -0.1 ms at 128K: bench/NOTES.md, issue
- * 14, session 37).
+ * 14, session 37). A list's K and V rows are read once, so their copies carry an L2 evict-first
+ * policy, and more of the prefetched lines outlive them: under ncu the gemv reads 19.9-20.7 MB
+ * of the matrix's 33.5 from DRAM, against 22.0-24.8 without the policy, and TokenSelect's TPOT at
+ * 128K falls ~0.2 ms (session 39). Keeping the prefetch itself at evict-last lost more than it
+ * kept (session 39).
  *
  * ONE TILE A WARP (RM 2 lists, NS 1): a renumbered list over the rope table takes as many splits
  * as its 64-row quanta where three blocks an SM hold them all (ks_cuda_attn_decode_tc_list_splits),
@@ -357,13 +361,15 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
              * contiguous run (key t sits at row t) */
             constexpr int RP = 32 / NCH;
             const int ch = lane % NCH;
+            uint64_t pol; /* read once: evict first, before the next weights prefetched into L2 (p.pf) */
+            asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
 #pragma unroll
             for (int i = 0; i < TC_KT / RP; i++) {
                 const int r = i * RP + lane / NCH;
                 const bool ok = t0 + r < te;
                 const size_t off = (size_t)(ok ? rw[r] : 0) * D + ch * 8;
-                cp_async16(dk + r * KP + ch * 8, Kh + off, ok ? 16 : 0);
-                cp_async16(dv + r * KP + ch * 8, Vh + off, ok ? 16 : 0);
+                cp_async16_pol(dk + r * KP + ch * 8, Kh + off, ok ? 16 : 0, pol);
+                cp_async16_pol(dv + r * KP + ch * 8, Vh + off, ok ? 16 : 0, pol);
             }
             if constexpr (RM == 2) {
                 if (tab_rows > 0 && t0 + TC_KT <= tab_rows) {

@@ -11,6 +11,11 @@ static __device__ __forceinline__ unsigned smem_u32(const void *p) { return (uns
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
 }
+/* cp_async16 with an L2 cache policy (createpolicy), e.g. evict-first for rows read once */
+static __device__ __forceinline__ void cp_async16_pol(void *dst, const void *src, int src_bytes, uint64_t pol) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(src_bytes), "l"(pol));
+}
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int src_bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
 }
