@@ -69,6 +69,7 @@ void ks_bench_result_free(ks_bench_result *r) {
     if (!r) return;
     free(r->prefill_s);
     free(r->decode_s);
+    free(r->step_p50_s);
     free(r->profile_text);
     memset(r, 0, sizeof *r);
 }
@@ -115,6 +116,17 @@ static char *profile_text(const ks_profile *p, const char *title) {
     return buf;
 }
 
+static int cmp_dbl(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+/* The median of v[0 .. n) (sorted in place); NaN for n == 0 */
+static double median(double *v, int n) {
+    if (n <= 0) return NAN;
+    qsort(v, (size_t)n, sizeof *v, cmp_dbl);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks_bench_opts *o, const char *title,
                        ks_bench_result *out) {
     if (!out) return ks_errorf(KS_ERR_ARG, "bench: NULL result");
@@ -132,7 +144,13 @@ ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks_bench_
         if (ids[i] < 0 || ids[i] >= c->vocab) return ks_errorf(KS_ERR_ARG, "bench: id %d at %d is outside the vocabulary", ids[i], i);
     out->prefill_s = ks_calloc((size_t)o->repeat, sizeof *out->prefill_s);
     out->decode_s = ks_calloc((size_t)o->repeat, sizeof *out->decode_s);
-    if (!out->prefill_s || !out->decode_s) { ks_bench_result_free(out); return KS_ERR_OOM; }
+    out->step_p50_s = ks_calloc((size_t)o->repeat, sizeof *out->step_p50_s);
+    double *step = ks_calloc((size_t)KS_MAX(o->gen, 1), sizeof *step); /* (gen) one run's step times */
+    if (!out->prefill_s || !out->decode_s || !out->step_p50_s || !step) {
+        free(step);
+        ks_bench_result_free(out);
+        return KS_ERR_OOM;
+    }
     ks_backend *be = s->m->be;
     int profile = s->prof.on;
     /* warm-up on a short prompt, then the timed runs; the memory peak and the profile cover the
@@ -167,7 +185,13 @@ ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks_bench_
         long long rep0 = ks_session_replayed_steps(s);
         /* greedy: the argmax on the device where the backend has one (ks_session_decode_greedy) */
         int32_t next = ks_sample(&smp, s->logits, c->vocab);
-        for (int g = 0; g < o->gen && !st; g++) st = ks_session_decode_greedy(s, next, &next);
+        double ts = t1;
+        for (int g = 0; g < o->gen && !st; g++) {
+            st = ks_session_decode_greedy(s, next, &next);
+            double te = ks_now();
+            step[g] = te - ts;
+            ts = te;
+        }
         double tdr = ks_now() - t1;
         if (!st) {
             out->timed_steps += o->gen;
@@ -175,12 +199,21 @@ ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks_bench_
             out->replayed_steps += (long)(ks_session_replayed_steps(s) - rep0);
         }
         td = fmin(td, tdr);
-        if (!st) { out->prefill_s[out->runs] = t; out->decode_s[out->runs] = tdr; out->runs++; }
+        if (!st) {
+            out->prefill_s[out->runs] = t;
+            out->decode_s[out->runs] = tdr;
+            out->step_p50_s[out->runs] = median(step, o->gen);
+            out->runs++;
+        }
         kv_rows = 0;
         for (int l = 0; l < c->n_layers; l++) kv_rows += ks_session_kv_rows(s, l);
     }
+    free(step);
     out->best_prefill_s = tp;
     out->best_decode_s = td;
+    out->best_step_p50_s = NAN;
+    for (int r = 0; r < out->runs; r++)
+        if (isnan(out->best_step_p50_s) || out->step_p50_s[r] < out->best_step_p50_s) out->best_step_p50_s = out->step_p50_s[r];
     out->prefill_flop = pf_flop;
     out->kv_rows = kv_rows;
     if (st) { ks_profile_reset(s); return st; }

@@ -494,6 +494,12 @@ typedef struct ks_bench_result {
                                  * graphs (the CPU) or with them off */
     long replayed_steps;        /* layer steps of them whose recorded decode handler replayed without
                                  * calling the policy (ks_session_replayed_steps) */
+    double *step_p50_s;         /* (runs) the median of each run's gen decode steps, each timed on its
+                                 * own (ks_session_decode_greedy returns with the step's token): the
+                                 * steady state, where decode_s / gen also spreads the first steps'
+                                 * one-time work (a plain step, a graph's recording) over the run;
+                                 * NaN with gen 0 */
+    double best_step_p50_s;     /* the smallest of them */
 } ks_bench_result;
 
 /* Measure prompt ids[0..n) on session s (its policy included): one untimed warm-up prefill of

@@ -3,7 +3,9 @@
  * of the backend's own memory per row (ks_model_memory_stats), and with --profile (or
  * KS_PROFILE=1) a per-phase table per row after the rows. --json FILE writes every figure of
  * every row, with the spread over the --repeat runs (min / median / max of TTFT, prefill
- * tokens/s, TPOT and decode tokens/s); the table shows the best run, as before. The measuring
+ * tokens/s, TPOT, decode tokens/s and the median decode step); the table shows the best run, as
+ * before. TPOT is a run's decode time over its steps, so it includes the first steps' one-time
+ * work (a plain step, a graph's recording); step_ms, the median step, is the steady state. The measuring
  * is the library's (kvsieve.h: ks_bench_run, core/bench.c); this file chooses and prints. */
 #include "cli.h"
 #include "env_opts.h"
@@ -60,7 +62,7 @@ static void json_spread(FILE *f, const char *key, spread s) {
 typedef struct bench_row {
     char policy[64];
     int tokens;
-    spread ttft, prefill_tps, tpot_ms, decode_tps; /* over the repeats */
+    spread ttft, prefill_tps, tpot_ms, decode_tps, step_ms; /* over the repeats (step_ms: each run's median step) */
     ks_bench_result r;  /* the library's measurements (owned: ks_bench_result_free) */
 } bench_row;
 
@@ -250,8 +252,8 @@ int ks_cli_bench(int argc, char **argv) {
     if (has_mem) printf("backend memory after loading: %.2f GiB (weights and workspaces)\n", GIB(ms0.cur));
     if (profile)
         printf("profiling on: linear_GF/s from the profile's matmul phases, TTFT/TPOT include the profiler's marks\n");
-    printf("%-12s %8s %10s %12s %12s %11s %8s %10s %9s %9s %7s\n", "policy", "tokens", "TTFT_s", "prefill_t/s", "linear_GF/s",
-           "sgemm_GF/s", "linear%", "TPOT_ms", "KV_rows", "peak_GiB", "graph%");
+    printf("%-12s %8s %10s %12s %12s %11s %8s %10s %9s %9s %7s %8s\n", "policy", "tokens", "TTFT_s", "prefill_t/s",
+           "linear_GF/s", "sgemm_GF/s", "linear%", "TPOT_ms", "KV_rows", "peak_GiB", "graph%", "step_ms");
     int rc = 0, n_rows = 0, cap_rows = 0;
     bench_row *rows = NULL;
     char *plist = strdup(policies);
@@ -317,38 +319,49 @@ int ks_cli_bench(int argc, char **argv) {
             int n_rep = res->runs;
             /* the spread over the repeats: TTFT and TPOT directly, the rates from each run's time */
             double *rate = calloc((size_t)n_rep + 1, sizeof *rate), *tpot = calloc((size_t)n_rep + 1, sizeof *tpot),
-                   *drate = calloc((size_t)n_rep + 1, sizeof *drate), *tps = calloc((size_t)n_rep + 1, sizeof *tps);
-            spread s_ttft = {NAN, NAN, NAN}, s_rate = s_ttft, s_tpot = s_ttft, s_drate = s_ttft;
-            if (rate && tpot && drate && tps) {
+                   *drate = calloc((size_t)n_rep + 1, sizeof *drate), *tps = calloc((size_t)n_rep + 1, sizeof *tps),
+                   *stp = calloc((size_t)n_rep + 1, sizeof *stp);
+            spread s_ttft = {NAN, NAN, NAN}, s_rate = s_ttft, s_tpot = s_ttft, s_drate = s_ttft, s_step = s_ttft;
+            if (rate && tpot && drate && tps && stp) {
                 for (int k = 0; k < n_rep; k++) {
                     const double *tds = res->decode_s;
                     tps[k] = res->prefill_s[k];
                     rate[k] = L / res->prefill_s[k];
                     tpot[k] = gen > 0 ? 1e3 * tds[k] / gen : NAN;
                     drate[k] = gen > 0 && tds[k] > 0 ? gen / tds[k] : NAN;
+                    stp[k] = 1e3 * res->step_p50_s[k];
                 }
                 s_rate = spread_of(rate, n_rep);
-                if (gen > 0) { s_tpot = spread_of(tpot, n_rep); s_drate = spread_of(drate, n_rep); }
+                if (gen > 0) {
+                    s_tpot = spread_of(tpot, n_rep);
+                    s_drate = spread_of(drate, n_rep);
+                    s_step = spread_of(stp, n_rep);
+                }
                 s_ttft = spread_of(tps, n_rep);
             }
-            free(rate); free(tpot); free(drate); free(tps);
+            free(rate); free(tpot); free(drate); free(tps); free(stp);
             double tp = res->best_prefill_s, td = res->best_decode_s, lin_gf = res->linear_gflops, ceil = res->gemm_gflops;
             /* a figure the backend did not measure (the CUDA matmul rates without --profile, the
              * CPU GEMM ceiling on CUDA) prints as "-", not nan */
-            char f_lin[32], f_ceil[32], f_pct[32], f_peak[32], f_graph[32];
+            char f_lin[32], f_ceil[32], f_pct[32], f_peak[32], f_graph[32], f_step[32];
             fmt_or_dash(f_lin, sizeof f_lin, "%12.1f", lin_gf);
             fmt_or_dash(f_ceil, sizeof f_ceil, "%11.1f", ceil);
             fmt_or_dash(f_pct, sizeof f_pct, "%7.0f%%", 100 * lin_gf / ceil);
             fmt_or_dash(f_peak, sizeof f_peak, "%9.2f", has_mem ? GIB(res->memory.peak) : NAN);
             /* the timed decode steps that replayed a recorded graph ("-": no decode steps) */
             fmt_or_dash(f_graph, sizeof f_graph, "%6.0f%%", res->timed_steps > 0 ? 100.0 * res->graph_steps / res->timed_steps : NAN);
-            printf("%-12s %8d %10.3f %12.1f %12s %11s %8s %10.2f %9zu %9s %7s\n", pn, L, tp, L / tp, f_lin, f_ceil, f_pct,
-                   gen > 0 ? 1e3 * td / gen : 0.0, res->kv_rows / ((size_t)c.n_layers * c.n_kv_heads), f_peak, f_graph);
+            /* the steady state: the median decode step of the best run (TPOT spreads the first
+             * steps' one-time work over the run) */
+            fmt_or_dash(f_step, sizeof f_step, "%8.2f", gen > 0 ? 1e3 * res->best_step_p50_s : NAN);
+            printf("%-12s %8d %10.3f %12.1f %12s %11s %8s %10.2f %9zu %9s %7s %8s\n", pn, L, tp, L / tp, f_lin, f_ceil, f_pct,
+                   gen > 0 ? 1e3 * td / gen : 0.0, res->kv_rows / ((size_t)c.n_layers * c.n_kv_heads), f_peak, f_graph,
+                   f_step);
             fflush(stdout);
             br->ttft = s_ttft;
             br->prefill_tps = s_rate;
             br->tpot_ms = s_tpot;
             br->decode_tps = s_drate;
+            br->step_ms = s_step;
         }
         ks_session_set_policy(s, NULL);
         ks_policy_free(pol);
@@ -405,6 +418,8 @@ int ks_cli_bench(int argc, char **argv) {
             json_spread(jf, "tpot_ms", r->tpot_ms);
             fputs(", ", jf);
             json_spread(jf, "decode_tok_s", r->decode_tps);
+            fputs(", ", jf);
+            json_spread(jf, "step_p50_ms", r->step_ms);
             fputs(", \"linear_gflops\": ", jf);
             json_num(jf, r->r.linear_gflops);
             fputs(", \"sgemm_gflops\": ", jf);

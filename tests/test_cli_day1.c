@@ -393,15 +393,19 @@ KT_TEST(bench_json_has_every_row_and_the_spread) {
              "header");
     const ks_json *rows = ks_json_get(j, "rows");
     KT_CHECK(rows && rows->len == 2, "two rows");
-    static const char *spreads[] = {"ttft_s", "prefill_tok_s", "tpot_ms", "decode_tok_s"};
+    static const char *spreads[] = {"ttft_s", "prefill_tok_s", "tpot_ms", "decode_tok_s", "step_p50_ms"};
     for (size_t i = 0; i < rows->len; i++) {
         const ks_json *r = &rows->items[i];
         KT_CHECK(ks_json_int(r, "tokens", -1) == (i ? 64 : 32) && !strcmp(ks_json_str(r, "policy", "?"), "none"), "row %zu", i);
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 5; k++) {
             const ks_json *s = ks_json_get(r, spreads[k]);
             double lo = ks_json_num(s, "min", NAN), md = ks_json_num(s, "median", NAN), hi = ks_json_num(s, "max", NAN);
             KT_CHECK(lo > 0 && lo <= md && md <= hi, "row %zu %s: min %g median %g max %g", i, spreads[k], lo, md, hi);
         }
+        /* two steps: a run's median step is their mean, inside its decode time over 2 (TPOT) */
+        double st_lo = ks_json_num(ks_json_get(r, "step_p50_ms"), "min", NAN);
+        double tp_lo = ks_json_num(ks_json_get(r, "tpot_ms"), "min", NAN);
+        KT_CHECK(st_lo <= tp_lo, "row %zu: fastest median step %g ms above the fastest TPOT %g ms", i, st_lo, tp_lo);
         KT_CHECK(ks_json_num(r, "kv_rows_per_head", -1) >= 32, "row %zu kv rows", i);
     }
     ks_json_free(j);
