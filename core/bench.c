@@ -153,11 +153,19 @@ ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks_bench_
     }
     ks_backend *be = s->m->be;
     int profile = s->prof.on;
-    /* warm-up on a short prompt, then the timed runs; the memory peak and the profile cover the
-     * timed runs */
+    /* warm-up on a short prompt, with its first decode steps where the row decodes (a plain step
+     * and a recorded one: the process's first launches load their kernels, which would otherwise
+     * land in the first row's timed steps), then the timed runs; the memory peak and the profile
+     * cover the timed runs */
     ks_session_reset(s);
-    ks_session_prefill(s, ids, KS_MIN(n, 16));
+    if (!ks_session_prefill(s, ids, KS_MIN(n, 16)) && o->gen > 0) {
+        ks_sampler wsm;
+        ks_sampler_init(&wsm, 0, 1, 0);
+        int32_t wid = ks_sample(&wsm, s->logits, c->vocab);
+        for (int g = 0; g < 3 && !ks_session_decode_greedy(s, wid, &wid); g++) {}
+    }
     ks_session_reset(s);
+    ks_clear_error();
     ks_mem_stats ms = {0};
     if (be->mem_stats) be->mem_stats(be, &ms, 1);
     ks_profile_reset(s);

@@ -503,7 +503,9 @@ typedef struct ks_bench_result {
 } ks_bench_result;
 
 /* Measure prompt ids[0..n) on session s (its policy included): one untimed warm-up prefill of
- * min(n, 16) tokens, then opts.repeat times: a fresh prefill of the n ids, timed, and gen greedy
+ * min(n, 16) tokens and, with gen > 0, three greedy decode steps after it (the first launches'
+ * one-time work, such as the backend loading its kernels, stays out of the timed steps), then
+ * opts.repeat times: a fresh prefill of the n ids, timed, and gen greedy
  * decode steps, timed. The memory peak and the profile cover the timed runs only; the profile
  * counters are reset first. n + gen beyond the model's context, bad options or NULL pointers are
  * KS_ERR_ARG; an engine failure stops the runs with its status (*out then holds what finished

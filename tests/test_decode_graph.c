@@ -917,7 +917,7 @@ KT_TEST(decode_graph_says_why_once) {
 
 /* ks_bench_run counts the timed decode steps and those that replayed a recorded graph (the
  * bench's graph% column): on the recorder all but the first two steps of each run (a plain step,
- * then the recording), on the plain CPU backend none. */
+ * then the recording), on the plain CPU backend none; its warm-up decodes three steps untimed. */
 KT_TEST(decode_graph_bench_counts_replays) {
     ks_backend *wb = recorder_create();
     ks_backend_opts o = ks_backend_opts_default();
@@ -940,7 +940,7 @@ KT_TEST(decode_graph_bench_counts_replays) {
     if (!st) st = ks_bench_run(sr, ids, 24, &bo, NULL, &rr);
     if (!st) st = ks_session_create(plain, &sp);
     if (!st) st = ks_bench_run(sp, ids, 24, &bo, NULL, &rp);
-    long rt = rr.timed_steps, rg = rr.graph_steps, pt = rp.timed_steps, pg = rp.graph_steps;
+    long rt = rr.timed_steps, rg = rr.graph_steps, pt = rp.timed_steps, pg = rp.graph_steps, runs = R.runs;
     ks_bench_result_free(&rr);
     ks_bench_result_free(&rp);
     ks_session_free(sr);
@@ -951,6 +951,8 @@ KT_TEST(decode_graph_bench_counts_replays) {
     recorder_free();
     KT_CHECK(st == KS_OK, "%s", ks_last_error());
     KT_CHECK(rt == 20 && rg >= 16 && rg <= 20, "recorder: %ld of %ld timed steps replayed", rg, rt);
+    /* the warm-up's three untimed decode steps: a plain one, the recording, a replay */
+    KT_CHECK(runs == rg + 2, "recorder: %ld graph runs, %ld of them timed (the warm-up's 2 untimed)", runs, rg);
     KT_CHECK(pt == 20 && pg == 0, "plain CPU: %ld of %ld timed steps replayed", pg, pt);
     /* TokenSelect's recorded handlers (its default and its selection cache on the emulated
      * device): the layer steps they replayed, counted; none on the plain CPU */
