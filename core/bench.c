@@ -153,8 +153,8 @@ ks_status ks_bench_run(ks_session *s, const int32_t *ids, int n, const ks_bench_
     }
     ks_backend *be = s->m->be;
     int profile = s->prof.on;
-    /* warm-up on a short prompt, with its first decode steps where the row decodes (a plain step
-     * and a recorded one: the process's first launches load their kernels, which would otherwise
+    /* warm-up on a short prompt and, where the row decodes, three decode steps (a plain one, the
+     * recording, a replay: the process's first launches load their kernels, which would otherwise
      * land in the first row's timed steps), then the timed runs; the memory peak and the profile
      * cover the timed runs */
     ks_session_reset(s);
