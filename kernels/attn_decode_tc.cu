@@ -582,10 +582,11 @@ extern "C" int ks_cuda_attn_decode_tc_supported(const ks_cuda_attn_params *p) {
            (long long)p->n * (p->n_heads / p->n_kv_heads) <= 16;
 }
 
-extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p, int n_sm, int *n_splits) {
-    /* one block per SM: more blocks per SM streamed the cache more slowly (tests/cuda/bench_decode.cu,
-     * bench/NOTES.md) */
-    size_t target = (size_t)(n_sm > 0 ? n_sm : 132);
+extern "C" size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p, int wave, int *n_splits) {
+    /* one wave of blocks, the caller's: one an SM streamed the cache best in session 9's
+     * tests/cuda/bench_decode.cu, two an SM in an H200's decode step of session 41
+     * (cuda_ctx.attn_bps; bench/NOTES.md) */
+    size_t target = (size_t)(wave > 0 ? wave : 132);
     int splits = (int)(target / p->n_kv_heads); /* floor: a partial second wave would double the time */
     int most = (p->max_nk + 2 * TC_WARPS * TC_KT - 1) / (2 * TC_WARPS * TC_KT); /* >= 2 tiles per warp */
     splits = KS_MAX(1, KS_MIN(splits, most));

@@ -22,8 +22,9 @@ extern "C" {
 /* 1 when the kernel takes p: head_dim 64 or 128, n * (n_heads / n_kv_heads) <= 16, bf16 keys. */
 int ks_cuda_attn_decode_tc_supported(const ks_cuda_attn_params *p);
 
-/* *n_splits and workspace bytes (0 when n_splits == 1) on a GPU of n_sm multiprocessors. */
-size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p, int n_sm, int *n_splits);
+/* *n_splits and workspace bytes (0 when n_splits == 1) for a wave of `wave` blocks (the
+ * multiprocessors times the blocks each runs at once: cuda_ctx.attn_bps over the cache rows). */
+size_t ks_cuda_attn_decode_tc_workspace(const ks_cuda_attn_params *p, int wave, int *n_splits);
 
 /* The splits to ask for (ks_cuda_attn_params.splits) for one decode row over pre-RoPE rows
  * (rope 1: the kernel rotates them with sincosf): 1.5 blocks an SM (24 at 8 KV heads on 132 SMs),

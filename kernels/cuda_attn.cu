@@ -266,7 +266,7 @@ static ks_status cu_attention(ks_backend *b, float *out, const float *q, const k
                 return ks_cuda_status(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)H * d, c->stream), "attention");
             int splits;
             void *ws = NULL;
-            size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm, &splits);
+            size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, c->n_sm * c->attn_bps, &splits);
             if (c->rec) { /* key counts and position from the step slot, the graphs' own workspace */
                 if (wsb > GRAPH_WS) return rec_fail(c, "attention with a split workspace this large");
                 /* a step that wrote its row inside the layer (a KV ring: the newest row is not the

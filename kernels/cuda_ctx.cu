@@ -340,6 +340,14 @@ extern "C" ks_status ks_cuda_backend_create(const ks_backend_opts *opts, ks_back
         st = ks_cuda_status(e, "device attributes");
         goto fail;
     }
+    {
+        int mclk = 0, bus = 0; /* kHz (double data rate), bits; an attribute the device lacks leaves 1 block */
+        if (cudaDeviceGetAttribute(&mclk, cudaDevAttrMemoryClockRate, device) ||
+            cudaDeviceGetAttribute(&bus, cudaDevAttrGlobalMemoryBusWidth, device))
+            cudaGetLastError();
+        const double rate = 2.0 * 1e3 * mclk * (bus / 8.0); /* bytes a second at peak */
+        c->attn_bps = c->n_sm > 0 && rate / c->n_sm >= 30e9 ? 2 : 1;
+    }
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking))) { st = ks_cuda_status(e, "stream"); goto fail; }
     {
         cudaMemPoolProps pp;
