@@ -44,6 +44,9 @@
 #   scores   new test_cuda_prims --only scores and its memcheck (--quick)
 #   final32  issue 14's table, its 8K and 32K rows, each build of $V
 #   final128 its 128K rows, each build of $V
+#   splits   full attention's decode split over the cache rows: KS_CUDA_TC_SPLITS 0 (automatic: two blocks an SM where
+#            the memory's peak rate is >= 30 GB/s an SM, else one), 16 and 33, interleaved, three rounds at 128K and
+#            at 32K, each build of $V (session 41 measured it on an H200; an H100's choice is unmeasured)
 #   t27      session 27's GPU tests: test_cuda_prims, test_cuda_policies, test_cuda (also --no-graphs), test_attn_list,
 #            test_attn_decode_batch, memchecks of test_cuda_prims --quick (grow, scores, topk) and of the TokenSelect
 #            segment cases of test_cuda_policies
@@ -265,6 +268,11 @@ row() { # row TAG ARGS...: each build of $V
         KVSIEVE_POLICY_PATH=$R/$v/policies timeout 250 $R/$v/kvsieve $B "$@" 2>&1 |
             grep -E "^[a-z.]+ +[0-9]+ +[0-9.]+ |kvsieve:" | sed "s/^/$t $v: /"
     done
+}
+step_splits() {
+    for r in 1 2 3; do for L in 131040 32768; do for sp in 0 16 33; do
+        KS_CUDA_TC_SPLITS=$sp row "$L-splits$sp-r$r" --lengths $L --gen $([ $L = 32768 ] && echo 32 || echo 16) --policy none
+    done; done; done >> $O/splits.txt
 }
 step_hit() { row 128K-hit --lengths 131040 --gen 32 --policy none,tokenselect --set tokenselect.cache_theta=-1 >> $O/hit.txt; }
 step_quest() { row 128K-quest --lengths 131040 --gen 16 --policy none,quest --set quest.budget=4096 >> $O/quest.txt; }
