@@ -81,10 +81,10 @@ typedef struct cuda_ctx {
     int sm_major;          /* compute capability (major): the prefill planner's architecture family */
     int attn_bps;          /* blocks a multiprocessor of the split-KV decode attention over the cache rows: 2
                             * where the memory's peak rate is >= 30 GB/s a multiprocessor (an H200: 37), else
-                            * 1 (an H100: 25). With one block an SM the blocks' two stages a warp hold too
-                            * few bytes in flight for the H200's rate: two made full attention's steady
-                            * step 1.1-1.5% faster at 32K and 128K keys on an H200 (bench/NOTES.md, issue
-                            * 14 session 41); one was measured best on an H100 (session 9) */
+                            * 1 (an H100: 25). Two made full attention's steady step 0.7-1.5% faster at
+                            * 32K and 128K keys on an H200 (bench/NOTES.md, issue 14 session 41; likely
+                            * more bytes in flight for its rate, not measured); one was measured best on an
+                            * H100 (session 9) */
     ks_backend_opts o;     /* this backend's options (kernel choices, PDL, splits; ks_backend.opts too) */
     ks_cuda_attn_path attn_path; /* tests: ks_cuda_backend_set_attn_path */
     long prefill_calls[3]; /* prefill attention launches per ks_cuda_prefill_kernel (tests) */
