@@ -263,8 +263,12 @@ template <> struct bw_piece<true> {
  * and lane u * G + h halves box u's partials of head h in the fixed order, so a bound is one
  * lane's sum (no shuffle tree). Term max(q lo, q hi): with q, lo and hi finite it is
  * q * max(lo, hi) for q > 0 and q * min(lo, hi) otherwise (both products exact; where q is +-0
- * the term is +-0, and a partial is never -0, so either zero adds the same): one fma. A lane
- * with an inf / NaN among its values takes bound_term, the CPU's rule, term for term. GP: the
+ * the term is +-0, and a partial is never -0, so either zero adds the same): one fma, q > 0
+ * tested on the double's high word (one 32-bit compare: a double made from a float is > 0 exactly
+ * where that word is). A lane with an inf / NaN among the U boxes' values (or its query's) takes
+ * bound_term, the CPU's rule, term for term for the whole batch (the same terms where the values
+ * are finite); the check comes first and branch-free, so the U boxes' sums are straight-line code
+ * (-7% a call at 128K on an H200, bench/NOTES.md, issue 14 session 42). GP: the
  * group size rounded up to a power of two (padded heads have q = 0 and are not written); NC:
  * pieces a lane (d <= 128 NC); GP * NC <= 8 (the query registers). Packed boxes are half the
  * bytes a box, so twice as many are loaded together (U) by half as many warps a block, which
@@ -313,20 +317,22 @@ __global__ void __launch_bounds__(BW_WARPS(BOX) * 32, BW_BLOCKS_SM(BOX))
     bw_piece<BOX> pc[U][NC];
     BW_LOAD(jw, pc)
     for (int64_t j0 = jw; j0 < n; j0 += U * wpk) {
+        bool fin = qfin;
 #pragma unroll
-        for (int b = 0; b < U; b++) {
-            double s[GP];
-#pragma unroll
-            for (int h = 0; h < GP; h++) s[h] = 0;
-            bool ok = qfin;
+        for (int b = 0; b < U; b++)
 #pragma unroll
             for (int m = 0; m < NC; m++) {
                 float l4[4], u4[4];
                 pc[b][m].ends(l4, u4);
 #pragma unroll
-                for (int e = 0; e < 4; e++) ok = ok && isfinite(l4[e]) && isfinite(u4[e]);
+                for (int e = 0; e < 4; e++) fin = fin & isfinite(l4[e]) & isfinite(u4[e]);
             }
-            if (ok) {
+        if (fin) {
+#pragma unroll
+            for (int b = 0; b < U; b++) {
+                double s[GP];
+#pragma unroll
+                for (int h = 0; h < GP; h++) s[h] = 0;
 #pragma unroll
                 for (int m = 0; m < NC; m++) {
                     float l4[4], u4[4];
@@ -336,10 +342,18 @@ __global__ void __launch_bounds__(BW_WARPS(BOX) * 32, BW_BLOCKS_SM(BOX))
                         const double mx = (double)fmaxf(l4[e], u4[e]), mn = (double)fminf(l4[e], u4[e]);
 #pragma unroll
                         for (int h = 0; h < GP; h++)
-                            s[h] = fma(qd[h][m][e], __double_as_longlong(qd[h][m][e]) > 0 ? mx : mn, s[h]);
+                            s[h] = fma(qd[h][m][e], __double2hiint(qd[h][m][e]) > 0 ? mx : mn, s[h]);
                     }
                 }
-            } else {
+#pragma unroll
+                for (int h = 0; h < GP; h++) red[wi][b * GP + h][lane] = s[h];
+            }
+        } else {
+#pragma unroll
+            for (int b = 0; b < U; b++) {
+                double s[GP];
+#pragma unroll
+                for (int h = 0; h < GP; h++) s[h] = 0;
 #pragma unroll
                 for (int m = 0; m < NC; m++) {
                     float l4[4], u4[4];
@@ -349,9 +363,9 @@ __global__ void __launch_bounds__(BW_WARPS(BOX) * 32, BW_BLOCKS_SM(BOX))
 #pragma unroll
                         for (int h = 0; h < GP; h++) s[h] += bound_term((float)qd[h][m][e], l4[e], u4[e]);
                 }
-            }
 #pragma unroll
-            for (int h = 0; h < GP; h++) red[wi][b * GP + h][lane] = s[h];
+                for (int h = 0; h < GP; h++) red[wi][b * GP + h][lane] = s[h];
+            }
         }
         __syncwarp();
         /* lane r = b * GP + h: box b's bound of head h, its 32 partials halved in the fixed order */
