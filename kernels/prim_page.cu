@@ -265,10 +265,10 @@ template <> struct bw_piece<true> {
  * q * max(lo, hi) for q > 0 and q * min(lo, hi) otherwise (both products exact; where q is +-0
  * the term is +-0, and a partial is never -0, so either zero adds the same): one fma, q > 0
  * tested on the double's high word (one 32-bit compare: a double made from a float is > 0 exactly
- * where that word is). A lane with an inf / NaN among the U boxes' values (or its query's) takes
- * bound_term, the CPU's rule, term for term for the whole batch (the same terms where the values
- * are finite); the check comes first and branch-free, so the U boxes' sums are straight-line code
- * (-7% a call at 128K on an H200, bench/NOTES.md, issue 14 session 42). GP: the
+ * where that word is). A lane with an inf / NaN among a chunk's values (CB boxes; or among its
+ * query's) takes bound_term, the CPU's rule, term for term for the chunk (the same terms where the
+ * values are finite); the check comes first and branch-free, so with CB = U the batch's sums are
+ * straight-line code (-7% a call at 128K on an H200, bench/NOTES.md, issue 14 session 42). GP: the
  * group size rounded up to a power of two (padded heads have q = 0 and are not written); NC:
  * pieces a lane (d <= 128 NC); GP * NC <= 8 (the query registers). Packed boxes are half the
  * bytes a box, so twice as many are loaded together (U) by half as many warps a block, which
@@ -284,6 +284,10 @@ __global__ void __launch_bounds__(BW_WARPS(BOX) * 32, BW_BLOCKS_SM(BOX))
                       const uint32_t *__restrict__ box, int64_t n, int hkv, int g, int d, int64_t wpk, int reduce,
                       float *__restrict__ out) {
     constexpr int U = BW_U(GP, BOX), WARPS = BW_WARPS(BOX);
+    /* boxes checked and summed together: the whole batch at the shape measured (packed boxes, GP
+     * 4, d <= 128: -7% a call, bench/NOTES.md, issue 14 session 42); a box at a time elsewhere
+     * (the batch's straight-line sums spill at several other shapes) */
+    constexpr int CB = BOX && GP == 4 && NC == 1 ? U : 1;
     __shared__ double red[WARPS][U * GP][BW_PS];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, d4 = d >> 2;
     const int64_t w = (int64_t)blockIdx.x * WARPS + wi;
@@ -317,54 +321,57 @@ __global__ void __launch_bounds__(BW_WARPS(BOX) * 32, BW_BLOCKS_SM(BOX))
     bw_piece<BOX> pc[U][NC];
     BW_LOAD(jw, pc)
     for (int64_t j0 = jw; j0 < n; j0 += U * wpk) {
-        bool fin = qfin;
 #pragma unroll
-        for (int b = 0; b < U; b++)
+        for (int b0 = 0; b0 < U; b0 += CB) { /* CB boxes checked, then summed, together */
+            bool fin = qfin;
 #pragma unroll
-            for (int m = 0; m < NC; m++) {
-                float l4[4], u4[4];
-                pc[b][m].ends(l4, u4);
-#pragma unroll
-                for (int e = 0; e < 4; e++) fin = fin & isfinite(l4[e]) & isfinite(u4[e]);
-            }
-        if (fin) {
-#pragma unroll
-            for (int b = 0; b < U; b++) {
-                double s[GP];
-#pragma unroll
-                for (int h = 0; h < GP; h++) s[h] = 0;
+            for (int b = b0; b < b0 + CB; b++)
 #pragma unroll
                 for (int m = 0; m < NC; m++) {
                     float l4[4], u4[4];
                     pc[b][m].ends(l4, u4);
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const double mx = (double)fmaxf(l4[e], u4[e]), mn = (double)fminf(l4[e], u4[e]);
+                    for (int e = 0; e < 4; e++) fin = fin & isfinite(l4[e]) & isfinite(u4[e]);
+                }
+            if (fin) {
 #pragma unroll
-                        for (int h = 0; h < GP; h++)
-                            s[h] = fma(qd[h][m][e], __double2hiint(qd[h][m][e]) > 0 ? mx : mn, s[h]);
+                for (int b = b0; b < b0 + CB; b++) {
+                    double s[GP];
+#pragma unroll
+                    for (int h = 0; h < GP; h++) s[h] = 0;
+#pragma unroll
+                    for (int m = 0; m < NC; m++) {
+                        float l4[4], u4[4];
+                        pc[b][m].ends(l4, u4);
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const double mx = (double)fmaxf(l4[e], u4[e]), mn = (double)fminf(l4[e], u4[e]);
+#pragma unroll
+                            for (int h = 0; h < GP; h++)
+                                s[h] = fma(qd[h][m][e], __double2hiint(qd[h][m][e]) > 0 ? mx : mn, s[h]);
+                        }
                     }
+#pragma unroll
+                    for (int h = 0; h < GP; h++) red[wi][b * GP + h][lane] = s[h];
                 }
+            } else {
 #pragma unroll
-                for (int h = 0; h < GP; h++) red[wi][b * GP + h][lane] = s[h];
-            }
-        } else {
+                for (int b = b0; b < b0 + CB; b++) {
+                    double s[GP];
 #pragma unroll
-            for (int b = 0; b < U; b++) {
-                double s[GP];
+                    for (int h = 0; h < GP; h++) s[h] = 0;
 #pragma unroll
-                for (int h = 0; h < GP; h++) s[h] = 0;
+                    for (int m = 0; m < NC; m++) {
+                        float l4[4], u4[4];
+                        pc[b][m].ends(l4, u4);
 #pragma unroll
-                for (int m = 0; m < NC; m++) {
-                    float l4[4], u4[4];
-                    pc[b][m].ends(l4, u4);
+                        for (int e = 0; e < 4; e++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
+                            for (int h = 0; h < GP; h++) s[h] += bound_term((float)qd[h][m][e], l4[e], u4[e]);
+                    }
 #pragma unroll
-                        for (int h = 0; h < GP; h++) s[h] += bound_term((float)qd[h][m][e], l4[e], u4[e]);
+                    for (int h = 0; h < GP; h++) red[wi][b * GP + h][lane] = s[h];
                 }
-#pragma unroll
-                for (int h = 0; h < GP; h++) red[wi][b * GP + h][lane] = s[h];
             }
         }
         __syncwarp();
