@@ -333,45 +333,36 @@ __global__ void __launch_bounds__(BW_WARPS(BOX) * 32, BW_BLOCKS_SM(BOX))
 #pragma unroll
                     for (int e = 0; e < 4; e++) fin = fin & isfinite(l4[e]) & isfinite(u4[e]);
                 }
+            /* box b's partials of the GP heads into red, term(s, m, e, lo, hi) adding each term */
+            auto box_sums = [&](int b, auto term) {
+                double s[GP];
+#pragma unroll
+                for (int h = 0; h < GP; h++) s[h] = 0;
+#pragma unroll
+                for (int m = 0; m < NC; m++) {
+                    float l4[4], u4[4];
+                    pc[b][m].ends(l4, u4);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) term(s, m, e, l4[e], u4[e]);
+                }
+#pragma unroll
+                for (int h = 0; h < GP; h++) red[wi][b * GP + h][lane] = s[h];
+            };
             if (fin) {
 #pragma unroll
-                for (int b = b0; b < b0 + CB; b++) {
-                    double s[GP];
+                for (int b = b0; b < b0 + CB; b++)
+                    box_sums(b, [&](double *s, int m, int e, float l, float u) {
+                        const double mx = (double)fmaxf(l, u), mn = (double)fminf(l, u);
 #pragma unroll
-                    for (int h = 0; h < GP; h++) s[h] = 0;
-#pragma unroll
-                    for (int m = 0; m < NC; m++) {
-                        float l4[4], u4[4];
-                        pc[b][m].ends(l4, u4);
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const double mx = (double)fmaxf(l4[e], u4[e]), mn = (double)fminf(l4[e], u4[e]);
-#pragma unroll
-                            for (int h = 0; h < GP; h++)
-                                s[h] = fma(qd[h][m][e], __double2hiint(qd[h][m][e]) > 0 ? mx : mn, s[h]);
-                        }
-                    }
-#pragma unroll
-                    for (int h = 0; h < GP; h++) red[wi][b * GP + h][lane] = s[h];
-                }
+                        for (int h = 0; h < GP; h++) s[h] = fma(qd[h][m][e], __double2hiint(qd[h][m][e]) > 0 ? mx : mn, s[h]);
+                    });
             } else {
 #pragma unroll
-                for (int b = b0; b < b0 + CB; b++) {
-                    double s[GP];
+                for (int b = b0; b < b0 + CB; b++)
+                    box_sums(b, [&](double *s, int m, int e, float l, float u) {
 #pragma unroll
-                    for (int h = 0; h < GP; h++) s[h] = 0;
-#pragma unroll
-                    for (int m = 0; m < NC; m++) {
-                        float l4[4], u4[4];
-                        pc[b][m].ends(l4, u4);
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-#pragma unroll
-                            for (int h = 0; h < GP; h++) s[h] += bound_term((float)qd[h][m][e], l4[e], u4[e]);
-                    }
-#pragma unroll
-                    for (int h = 0; h < GP; h++) red[wi][b * GP + h][lane] = s[h];
-                }
+                        for (int h = 0; h < GP; h++) s[h] += bound_term((float)qd[h][m][e], l, u);
+                    });
             }
         }
         __syncwarp();
