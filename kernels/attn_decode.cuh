@@ -58,6 +58,12 @@ typedef struct ks_cuda_attn_params {
      * top-k. Only a hint: no result depends on it. */
     const void *pf;
     size_t pf_bytes;
+    /* tensor-core decode over a list: 1 where its blocks start behind a decode handler's last
+     * kernel through a programmatic edge (set on the graph node: ks_cuda_attn_decode_tc_node_edge),
+     * so they stage the query while they wait for the lists and look up their first rows after;
+     * 0: they look up their first rows and issue those copies before staging the query. The same
+     * results either way. */
+    int behind;
 } ks_cuda_attn_params;
 
 /* Work decomposition for p on a device with n_sm multiprocessors: *n_splits and the

@@ -34,7 +34,7 @@
  *
  * PREFETCH (p.pf, list instances): before anything else thread 0 of each block issues L2 bulk
  * prefetches of its share of p.pf_bytes (TC_PF_PIECE at a time). A joined decode step sets it
- * (ks_cuda_attn_decode_tc_node_pf) where the blocks start behind a policy's top-k and wait for it
+ * (ks_cuda_attn_decode_tc_node_edge) where the blocks start behind a policy's top-k and wait for it
  * with the DRAM idle: the layer's o-projection, which the gemv after this attention then reads
  * from L2 (TokenSelect's TPOT on an H100 -0.05 ms at 32K, -0.1 ms at 128K: bench/NOTES.md, issue
  * 14, session 37). A list's K and V rows are read once, so their copies carry an L2 evict-first
@@ -265,73 +265,10 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     const bf16 *Vh = (const bf16 *)p.v + (size_t)kv * p.capacity * D;
     const int32_t *Ph = (p.kpos && !p.renumber) ? p.kpos + (size_t)kv * p.capacity : nullptr;
 
-    /* ---- Q rows (bf16, swizzled; rows >= M are zeros) and this thread's two row positions */
-    auto row_pos = [&](int i) { return p.q_renumber ? nkh - p.n + i : bv.on ? qpos1 : p.qpos[i]; };
-    if constexpr (!ROPE) {
-        for (int e = tid; e < 16 * NCH; e += TC_WARPS * 32) {
-            int r = e / NCH, ch = e - r * NCH;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (r < M) {
-                int i = r / g, hh = r - i * g;
-                const float4 *src = reinterpret_cast<const float4 *>(p.q + ((size_t)i * H + kv * g + hh) * D + ch * 8);
-                float4 a = src[0], b = src[1];
-                v.x = pack_bf16(a.x, a.y);
-                v.y = pack_bf16(a.z, a.w);
-                v.z = pack_bf16(b.x, b.y);
-                v.w = pack_bf16(b.z, b.w);
-            }
-            *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch)) = v;
-        }
-    } else {
-        /* the M real rows, a rotate-half pair (k, k + D / 2) a thread in turn (M * D / 2 pairs over
-         * the block's threads: every warp takes its share), rotated in float32, then bf16 (the
-         * same rounding as pack_bf16); rows M..15 are zeros */
-        for (int e = tid; e < M * (D / 2); e += TC_WARPS * 32) {
-            const int r = e / (D / 2), k = e - r * (D / 2), i = r / g, hh = r - i * g;
-            const float *src = p.q + ((size_t)i * H + kv * g + hh) * D;
-            float y0, y1;
-            ks_rope_rot(src[k], src[k + D / 2], row_pos(i), rp.r.inv_freq[k], rp.r.attn_factor, &y0, &y1);
-            sQ[swz<D>(r, k / 8) + (k & 7)] = __float2bfloat16_rn(y0);
-            sQ[swz<D>(r, k / 8 + NCH / 2) + (k & 7)] = __float2bfloat16_rn(y1);
-        }
-        for (int e = tid; e < (16 - M) * NCH; e += TC_WARPS * 32) {
-            const int r = M + e / NCH, ch = e - (r - M) * NCH;
-            *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch)) = make_uint4(0, 0, 0, 0);
-        }
-    }
-    int qp[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        int r = gq + 8 * hf;
-        qp[hf] = r >= M ? INT_MIN : row_pos(r / g);
-    }
-    /* ROPE: this lane's chunk of the first half of a key row and its 8 frequencies */
-    constexpr int HCH = NCH / 2;
-    const int rch = lane % HCH;
-    float fr[ROPE ? 8 : 1];
-    if constexpr (ROPE) {
-#pragma unroll
-        for (int c = 0; c < 8; c++) fr[c] = rp.r.inv_freq[rch * 8 + c];
-    }
-    /* the lists (the policy's kernels wrote them) from here; a block whose keys all lie in the row
-     * ranges reads no list and does not wait: behind a policy's top-k it computes while the top-k
-     * runs (TokenSelect's leading and trailing rows) */
-    if constexpr (LST) {
-        if (!RG || !(te <= snb || tb >= sl1)) ks_pdl_wait();
-    }
-    __syncthreads();
-    uint32_t qf[KS][4];
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-        int r = (lane & 7) + ((lane >> 3) & 1) * 8, ch = ks * 2 + (lane >> 4);
-        ldsm_x4(qf[ks], sQ + swz<D>(r, ch));
-    }
-
     /* ---- this warp's tiles u = 0..nt-1: keys t0 = tb + (warp + TC_WARPS * u) * KT. Over a list
      * (an index list or row ranges) the rows of TC_RB tiles are looked up at once into wR (four
      * independent loads a lane), so a tile's copies start without waiting on its index load; NS - 1
      * tiles are in flight while one is computed. */
-    const int tab_rows = RM == 2 ? s_tab_rows : 0;
     constexpr int TW = TC_WARPS * TC_KT;
     const int nt = te - tb - warp * TC_KT > 0 ? (te - tb - warp * TC_KT + TW - 1) / TW : 0;
     int rbat = -1; /* the batch of tiles whose rows wR holds */
@@ -350,15 +287,14 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         for (int i = 0; i < TC_RB * TC_KT / 32; i++) wR[lane + 32 * i] = j[i];
         __syncwarp();
     };
-    auto load = [&](int u) {
-        const int st = u % NS, t0 = tb + (warp + TC_WARPS * u) * TC_KT;
-        const int *rw = wR + (u % TC_RB) * TC_KT;
-        rows(u);
-        bf16 *dk = wK + st * TC_KT * KP, *dv = wV + st * TC_KT * KP;
+    /* a list tile's K and V rows and their positions (LST): 16-byte cp.async copies, lane l taking
+     * chunk l % NCH of rows l / NCH + (32 / NCH) i (the destinations fixed offsets) */
+    auto load_kv = [&](int u) {
         if constexpr (LST) {
-            /* a list's rows: 16-byte cp.async copies, lane l taking chunk l % NCH of rows
-             * l / NCH + (32 / NCH) i (the destinations fixed offsets), the table's 16 rows as one
-             * contiguous run (key t sits at row t) */
+            const int st = u % NS, t0 = tb + (warp + TC_WARPS * u) * TC_KT;
+            const int *rw = wR + (u % TC_RB) * TC_KT;
+            rows(u);
+            bf16 *dk = wK + st * TC_KT * KP, *dv = wV + st * TC_KT * KP;
             constexpr int RP = 32 / NCH;
             const int ch = lane % NCH;
             uint64_t pol; /* read once: evict first, before the next weights prefetched into L2 (p.pf) */
@@ -371,6 +307,102 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
                 cp_async16_pol(dk + r * KP + ch * 8, Kh + off, ok ? 16 : 0, pol);
                 cp_async16_pol(dv + r * KP + ch * 8, Vh + off, ok ? 16 : 0, pol);
             }
+            if (lane < TC_KT) {
+                int t = t0 + lane;
+                bool ok = t < te;
+                int j = !ok ? 0 : rw[lane];
+                if (Ph) cp_async4(wP + st * TC_KT + lane, Ph + j, ok ? 4 : 0);
+                else wP[st * TC_KT + lane] = p.renumber ? t : j;
+            }
+        }
+    };
+    /* Over a list the first tiles' rows (NE: tile 0, or the NS - 1 tiles of the prologue) are looked
+     * up and their K and V copies issued by list_first. A block that reads a list waits for it first
+     * (the policy's kernels wrote it); a block whose keys all lie in the row ranges reads no list and
+     * does not wait: behind a policy's top-k it computes while the top-k runs (TokenSelect's leading
+     * and trailing rows). Where the blocks start behind a decode handler's last kernel (p.behind)
+     * they stage the query first and meanwhile wait; elsewhere (the held steps of TokenSelect's
+     * selection cache, plain launches) nothing precedes them that they wait for, and they issue the
+     * copies before staging the query, which needs none of them: its loads and rotation overlap the
+     * rows' round trips (~1 us a call sooner, the hit path at 128K on an H200: bench/NOTES.md, issue
+     * 14 session 43). Their rope table rows (RM 2) follow once the table's header is checked. */
+    constexpr int NE = NS > 1 ? NS - 1 : 1;
+    const bool first_early = LST && !p.behind;
+    auto list_first = [&]() {
+        if constexpr (LST) {
+            if (!RG || !(te <= snb || tb >= sl1)) ks_pdl_wait();
+#pragma unroll
+            for (int u = 0; u < NE; u++)
+                if (u < nt) load_kv(u);
+        }
+    };
+    auto row_pos = [&](int i) { return p.q_renumber ? nkh - p.n + i : bv.on ? qpos1 : p.qpos[i]; };
+    for (int pass = 0; pass < 2; pass++) { /* one copy of each: list_first before or after the query */
+        if (pass == (first_early ? 0 : 1)) list_first();
+        if (pass == 1) break;
+        /* ---- Q rows (bf16, swizzled; rows >= M are zeros) */
+        if constexpr (!ROPE) {
+            for (int e = tid; e < 16 * NCH; e += TC_WARPS * 32) {
+                int r = e / NCH, ch = e - r * NCH;
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (r < M) {
+                    int i = r / g, hh = r - i * g;
+                    const float4 *src = reinterpret_cast<const float4 *>(p.q + ((size_t)i * H + kv * g + hh) * D + ch * 8);
+                    float4 a = src[0], b = src[1];
+                    v.x = pack_bf16(a.x, a.y);
+                    v.y = pack_bf16(a.z, a.w);
+                    v.z = pack_bf16(b.x, b.y);
+                    v.w = pack_bf16(b.z, b.w);
+                }
+                *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch)) = v;
+            }
+        } else {
+            /* the M real rows, a rotate-half pair (k, k + D / 2) a thread in turn (M * D / 2 pairs over
+             * the block's threads: every warp takes its share), rotated in float32, then bf16 (the
+             * same rounding as pack_bf16); rows M..15 are zeros */
+            for (int e = tid; e < M * (D / 2); e += TC_WARPS * 32) {
+                const int r = e / (D / 2), k = e - r * (D / 2), i = r / g, hh = r - i * g;
+                const float *src = p.q + ((size_t)i * H + kv * g + hh) * D;
+                float y0, y1;
+                ks_rope_rot(src[k], src[k + D / 2], row_pos(i), rp.r.inv_freq[k], rp.r.attn_factor, &y0, &y1);
+                sQ[swz<D>(r, k / 8) + (k & 7)] = __float2bfloat16_rn(y0);
+                sQ[swz<D>(r, k / 8 + NCH / 2) + (k & 7)] = __float2bfloat16_rn(y1);
+            }
+            for (int e = tid; e < (16 - M) * NCH; e += TC_WARPS * 32) {
+                const int r = M + e / NCH, ch = e - (r - M) * NCH;
+                *reinterpret_cast<uint4 *>(sQ + swz<D>(r, ch)) = make_uint4(0, 0, 0, 0);
+            }
+        }
+    }
+    int qp[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        int r = gq + 8 * hf;
+        qp[hf] = r >= M ? INT_MIN : row_pos(r / g);
+    }
+    /* ROPE: this lane's chunk of the first half of a key row and its 8 frequencies */
+    constexpr int HCH = NCH / 2;
+    const int rch = lane % HCH;
+    float fr[ROPE ? 8 : 1];
+    if constexpr (ROPE) {
+#pragma unroll
+        for (int c = 0; c < 8; c++) fr[c] = rp.r.inv_freq[rch * 8 + c];
+    }
+    __syncthreads();
+    uint32_t qf[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        int r = (lane & 7) + ((lane >> 3) & 1) * 8, ch = ks * 2 + (lane >> 4);
+        ldsm_x4(qf[ks], sQ + swz<D>(r, ch));
+    }
+
+    const int tab_rows = RM == 2 ? s_tab_rows : 0;
+    auto load = [&](int u) {
+        const int st = u % NS, t0 = tb + (warp + TC_WARPS * u) * TC_KT;
+        bf16 *dk = wK + st * TC_KT * KP, *dv = wV + st * TC_KT * KP;
+        if constexpr (LST) {
+            if (u >= NE) load_kv(u); /* the first NE tiles' rows went with list_first */
+            /* the table's 16 rows as one contiguous run (key t sits at row t) */
             if constexpr (RM == 2) {
                 if (tab_rows > 0 && t0 + TC_KT <= tab_rows) {
                     const float4 *src = (const float4 *)rp.r.tab + KS_CUDA_ROPE_TAB_HDR + (size_t)t0 * (D / 4) + lane;
@@ -378,13 +410,6 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
 #pragma unroll
                     for (int i = 0; i < TC_KT * (D / 4) / 32; i++) cp_async16(dst + 32 * i, src + 32 * i, 16);
                 }
-            }
-            if (lane < TC_KT) {
-                int t = t0 + lane;
-                bool ok = t < te;
-                int j = !ok ? 0 : rw[lane];
-                if (Ph) cp_async4(wP + st * TC_KT + lane, Ph + j, ok ? 4 : 0);
-                else wP[st * TC_KT + lane] = p.renumber ? t : j;
             }
         } else { /* the cache rows: 16-byte cp.async copies into the swizzled tile */
             for (int e = lane; e < TC_KT * NCH; e += 32) {
@@ -677,14 +702,15 @@ extern "C" cudaError_t ks_cuda_attn_decode_tc_node_k(cudaGraphNode_t node, const
     return cudaSuccess;
 }
 
-extern "C" cudaError_t ks_cuda_attn_decode_tc_node_pf(cudaGraphNode_t node, const void *w, size_t bytes) {
+extern "C" cudaError_t ks_cuda_attn_decode_tc_node_edge(cudaGraphNode_t node, const void *w, size_t bytes) {
     cudaKernelNodeParams kp;
     cudaError_t e = cudaGraphKernelNodeGetParams(node, &kp);
     if (e) return e;
     if (!ks_cuda_attn_decode_tc_waits_late(kp.func) || !kp.kernelParams) return cudaErrorInvalidValue;
     ks_cuda_attn_params p = *(const ks_cuda_attn_params *)kp.kernelParams[0];
+    p.behind = 1;
     p.pf = ((uintptr_t)w & 15) ? NULL : w;
-    p.pf_bytes = bytes;
+    p.pf_bytes = p.pf ? bytes : 0;
     void *args[TC_NARGS];
     for (int i = 0; i < TC_NARGS; i++) args[i] = kp.kernelParams[i];
     args[0] = &p;

@@ -47,12 +47,13 @@ ks_status ks_cuda_attn_decode_tc(cudaStream_t s, const ks_cuda_attn_params *p, i
 int ks_cuda_attn_decode_tc_waits_late(const void *func);
 
 /* A graph's kernel node of one of those kernels (waits_late on its function): the key rows it
- * reads (its params' k: the layer's cache), and its params' prefetch (ks_cuda_attn_params.pf)
- * set to w, bytes. The join calls them where it gives the node a programmatic edge: only there
- * do its blocks wait for the policy's top-k, and the DRAM idles meanwhile. cudaErrorInvalidValue
- * for a node of another kernel. */
+ * reads (its params' k: the layer's cache), and its params marked as behind a programmatic edge
+ * (ks_cuda_attn_params.behind) with their prefetch (.pf) set to w, bytes (w NULL: none). The
+ * join calls them where it gives the node a programmatic edge: only there do its blocks wait for
+ * the policy's top-k, and the DRAM idles meanwhile. cudaErrorInvalidValue for a node of another
+ * kernel. */
 cudaError_t ks_cuda_attn_decode_tc_node_k(cudaGraphNode_t node, const void **k);
-cudaError_t ks_cuda_attn_decode_tc_node_pf(cudaGraphNode_t node, const void *w, size_t bytes);
+cudaError_t ks_cuda_attn_decode_tc_node_edge(cudaGraphNode_t node, const void *w, size_t bytes);
 
 /* The same for one query row over the cache rows themselves (p->n == 1, no index list, no
  * renumbering, n_kv_heads <= KS_CUDA_ATTN_BYVAL_HEADS) with each KV head's key count nk_host

@@ -195,12 +195,13 @@ static cudaError_t graph_inline(cuda_ctx *c, cudaGraph_t g, cudaGraph_t src, con
                 pe.from_port = cudaGraphKernelNodePortLaunchCompletion;
                 e = cudaGraphAddDependencies(g, &prev[0], &cp[i], &pe, 1);
                 if (!e) (*n_prog)++;
-                /* its blocks wait for the top-k: they prefetch the layer's o-projection meanwhile
-                 * (a hint: where it cannot be set the node stays as it was) */
+                /* its blocks wait for the top-k: they stage the query and prefetch the layer's
+                 * o-projection meanwhile (hints: where they cannot be set the node stays as it was) */
                 const void *k = NULL;
                 const cu_wnext *wn = NULL;
                 if (!e && !ks_cuda_attn_decode_tc_node_k(cp[i], &k)) wn = cu_wnext_of(c, k);
-                if (wn && !ks_cuda_attn_decode_tc_node_pf(cp[i], wn->w, wn->bytes)) c->pf_nodes++;
+                if (!e && !ks_cuda_attn_decode_tc_node_edge(cp[i], wn ? wn->w : NULL, wn ? wn->bytes : 0) && wn)
+                    c->pf_nodes++;
                 cudaGetLastError();
             } else {
                 for (size_t j = 0; !e && j < n_prev; j++) e = cudaGraphAddDependencies(g, &prev[j], &cp[i], NULL, 1);
