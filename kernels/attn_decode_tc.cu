@@ -324,7 +324,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
      * they stage the query first and meanwhile wait; elsewhere (the held steps of TokenSelect's
      * selection cache, plain launches) nothing precedes them that they wait for, and they issue the
      * copies before staging the query, which needs none of them: its loads and rotation overlap the
-     * rows' round trips (~1 us a call sooner, the hit path at 128K on an H200: bench/NOTES.md, issue
+     * rows' round trips (its last block ~0.85 us sooner a call, the hit path at 128K on an H200: bench/NOTES.md, issue
      * 14 session 43). Their rope table rows (RM 2) follow once the table's header is checked. */
     constexpr int NE = NS > 1 ? NS - 1 : 1;
     const bool first_early = LST && !p.behind;
