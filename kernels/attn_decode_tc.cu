@@ -209,7 +209,15 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         if constexpr (LST) return r * KP + ch * 8;
         else return swz<D>(r, ch);
     };
-    __shared__ int s_tab_rows; /* RM 2: rows of a table that matches this call (0: compute) */
+    /* RM 2: the rope table's header words, loaded by every warp at its start (checked in tab_check) */
+    uint32_t hw[D / 64], hx[3] = {0u, 0u, 0u};
+    if constexpr (RM == 2) {
+        const float *hd = (const float *)rp.r.tab;
+        const bool on = hd != nullptr && p.renumber;
+#pragma unroll
+        for (int j = 0; j < D / 64; j++) hw[j] = on ? __float_as_uint(hd[lane + 32 * j]) : 0u;
+        if (on && lane == 0) hx[0] = __float_as_uint(hd[64]), hx[1] = __float_as_uint(hd[65]), hx[2] = __float_as_uint(hd[66]);
+    }
 
     /* row ranges around the list (p.seg_*): keys [0, snb) are rows sb0.., keys [nkh - sna, nkh)
      * rows sa0.., the keys between the list's entries. A staged page tail (seg_dev[4] = P > 0) is
@@ -238,22 +246,24 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     int per = (nkh + n_splits - 1) / n_splits;
     per = (per + quantum - 1) / quantum * quantum;
     const int tb = split * per, te = min(nkh, tb + per);
-    if constexpr (RM == 2) { /* the table applies to renumbered lists whose rope it holds, bit for bit */
-        if (warp == TC_WARPS - 1) { /* every header word loaded at once: one round trip, not four */
-            const float *hd = (const float *)rp.r.tab;
-            const bool on = hd != nullptr && p.renumber;
-            uint32_t w[D / 64], x[3] = {0, 0, 0};
+    /* RM 2: the rows of a table that holds this call's rope, bit for bit (0: compute), each warp
+     * checking the header words itself where it first needs the table (before its first tiles'
+     * table rows: in list_first behind a handler, else before the loop), so no block barrier stands
+     * before those copies */
+    int tab_rows = 0;
+    bool tab_done = RM != 2;
+    auto tab_check = [&]() {
+        if constexpr (RM == 2) {
+            if (tab_done) return;
+            tab_done = true;
+            bool ok = rp.r.tab != nullptr && p.renumber;
 #pragma unroll
-            for (int j = 0; j < D / 64; j++) w[j] = on ? __float_as_uint(hd[lane + 32 * j]) : 0u;
-            if (on && lane == 0) x[0] = __float_as_uint(hd[64]), x[1] = __float_as_uint(hd[65]), x[2] = __float_as_uint(hd[66]);
-            bool ok = on;
-#pragma unroll
-            for (int j = 0; j < D / 64; j++) ok = ok && w[j] == __float_as_uint(rp.r.inv_freq[lane + 32 * j]);
-            if (lane == 0) ok = ok && x[0] == __float_as_uint(rp.r.attn_factor) && (int)x[1] == D / 2;
+            for (int j = 0; j < D / 64; j++) ok = ok && hw[j] == __float_as_uint(rp.r.inv_freq[lane + 32 * j]);
+            if (lane == 0) ok = ok && hx[0] == __float_as_uint(rp.r.attn_factor) && (int)hx[1] == D / 2;
             ok = __all_sync(0xffffffffu, ok);
-            if (lane == 0) s_tab_rows = ok ? (int)x[2] : 0;
+            tab_rows = __shfl_sync(0xffffffffu, ok ? (int)hx[2] : 0, 0);
         }
-    }
+    };
     const int32_t *ib = p.idx_at ? *p.idx_at : p.idx; /* a recorded step's lists: where the slot says now */
     const int32_t *ix = ib ? ib + (bv.on ? bv.off[kv] : p.idx_off[kv]) : nullptr;
     const int sl1 = nkh - sna; /* first key of the trailing range */
@@ -316,6 +326,19 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
             }
         }
     };
+    /* a list tile's rope table rows (RM 2, where the table holds the tile's 16 positions): one contiguous
+     * run, key t at row t */
+    auto load_tab = [&](int u) {
+        if constexpr (LST && RM == 2) {
+            const int st = u % NS, t0 = tb + (warp + TC_WARPS * u) * TC_KT;
+            if (tab_rows > 0 && t0 + TC_KT <= tab_rows) {
+                const float4 *src = (const float4 *)rp.r.tab + KS_CUDA_ROPE_TAB_HDR + (size_t)t0 * (D / 4) + lane;
+                float4 *dst = wT + st * TC_KT * (D / 4) + lane;
+#pragma unroll
+                for (int i = 0; i < TC_KT * (D / 4) / 32; i++) cp_async16(dst + 32 * i, src + 32 * i, 16);
+            }
+        }
+    };
     /* Over a list the first tiles' rows (NE: tile 0, or the NS - 1 tiles of the prologue) are looked
      * up and their K and V copies issued by list_first. A block that reads a list waits for it first
      * (the policy's kernels wrote it); a block whose keys all lie in the row ranges reads no list and
@@ -325,11 +348,21 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
      * selection cache, plain launches) nothing precedes them that they wait for, and they issue the
      * copies before staging the query, which needs none of them: its loads and rotation overlap the
      * rows' round trips (its last block ~0.85 us sooner a call, the hit path at 128K on an H200: bench/NOTES.md, issue
-     * 14 session 43). Their rope table rows (RM 2) follow once the table's header is checked. */
+     * 14 session 43). Their rope table rows (RM 2: 8 KB a tile, as much as its K and V rows, from L2)
+     * go out behind a handler before the wait, while the L2 idles under the top-k (TokenSelect's
+     * step -0.04 ms at 32K and -0.05 at 128K, Quest's -0.1 to -0.25 at 128K on an H200: issue 14
+     * session 44); elsewhere after the block's barrier, as the first tile's compute needs them: issued
+     * with the K and V copies there, they queued the query's loads behind them (+0.5 us a call). */
     constexpr int NE = NS > 1 ? NS - 1 : 1;
     const bool first_early = LST && !p.behind;
     auto list_first = [&]() {
         if constexpr (LST) {
+            if (p.behind) { /* the first tiles' table rows while the DRAM idles under the top-k */
+                tab_check();
+#pragma unroll
+                for (int u = 0; u < NE; u++)
+                    if (u < nt) load_tab(u);
+            }
             if (!RG || !(te <= snb || tb >= sl1)) ks_pdl_wait();
 #pragma unroll
             for (int u = 0; u < NE; u++)
@@ -395,22 +428,14 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         int r = (lane & 7) + ((lane >> 3) & 1) * 8, ch = ks * 2 + (lane >> 4);
         ldsm_x4(qf[ks], sQ + swz<D>(r, ch));
     }
+    tab_check(); /* (where it has not run yet: list_first runs it behind a handler) */
 
-    const int tab_rows = RM == 2 ? s_tab_rows : 0;
     auto load = [&](int u) {
         const int st = u % NS, t0 = tb + (warp + TC_WARPS * u) * TC_KT;
         bf16 *dk = wK + st * TC_KT * KP, *dv = wV + st * TC_KT * KP;
         if constexpr (LST) {
-            if (u >= NE) load_kv(u); /* the first NE tiles' rows went with list_first */
-            /* the table's 16 rows as one contiguous run (key t sits at row t) */
-            if constexpr (RM == 2) {
-                if (tab_rows > 0 && t0 + TC_KT <= tab_rows) {
-                    const float4 *src = (const float4 *)rp.r.tab + KS_CUDA_ROPE_TAB_HDR + (size_t)t0 * (D / 4) + lane;
-                    float4 *dst = wT + st * TC_KT * (D / 4) + lane;
-#pragma unroll
-                    for (int i = 0; i < TC_KT * (D / 4) / 32; i++) cp_async16(dst + 32 * i, src + 32 * i, 16);
-                }
-            }
+            if (u >= NE) load_kv(u); /* the first NE tiles' rows went with list_first, */
+            if (u >= NE || !p.behind) load_tab(u); /* and their table rows where behind a handler */
         } else { /* the cache rows: 16-byte cp.async copies into the swizzled tile */
             for (int e = lane; e < TC_KT * NCH; e += 32) {
                 int r = e / NCH, ch = e - r * NCH;

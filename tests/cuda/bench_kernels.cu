@@ -19,6 +19,10 @@
 #include "common.cuh"
 #include "ks_cuda.h"
 #include "ks_cuda_page.h"
+#include "rope_table.cuh"
+#ifdef KS_PH
+extern "C" void ks_ph_read(unsigned long long *h);
+#endif
 
 static int g_quick;
 static cudaStream_t S;
@@ -472,12 +476,124 @@ static void bench_quest(int ctx) {
     cudaFree(Kc); cudaFree(q); cudaFree(lo); cudaFree(hi); cudaFree(bound); cudaFree(top); cudaFree(rows);
 }
 
+/* The list attention of TokenSelect's held steps at ctx keys (the hit path, cache_theta = -1), as
+ * a recorded step launches it (ks_cuda_attn_decode_tc_rec over a staged descriptor: counts, offsets,
+ * the row ranges and the query position read from device memory, renumbered pre-RoPE rows rotated
+ * from the rope table): 128 leading rows, a list of 2048, 512 trailing rows a KV head. The list's rows
+ * are (a) 2048 random rows of the middle, a list a head, eight lists in turn (88 MB: past the L2);
+ * (b) 2048 consecutive rows a head, eight such runs in turn; (c) one random list every call (its
+ * 11 MB of rows stay in L2); (d) as (a), the combine launched for programmatic dependent launch. The
+ * combine is part of each call. */
+static void bench_list(int ctx) {
+    const int Hkv = 8, H = 32, d = 128, nb = 128, na = 512, k = 2048, NL = 8;
+    cache c = make_cache(Hkv, ctx, d, 90);
+    float *q = drand_f32((size_t)H * d, 91, 1.f), *out = (float *)dmalloc((size_t)H * d * 4);
+    ks_cuda_attn_rope rope;
+    memset(&rope, 0, sizeof rope);
+    for (int i = 0; i < d / 2; i++) rope.inv_freq[i] = powf(500000.f, -2.f * i / d);
+    rope.attn_factor = 1.f;
+    void *tab = dmalloc(ks_cuda_rope_table_bytes(KS_CUDA_ROPE_TAB_ROWS, d));
+    KS(ks_cuda_rope_table(S, tab, KS_CUDA_ROPE_TAB_ROWS, d, rope.inv_freq, rope.attn_factor));
+    rope.tab = tab;
+    uint64_t rs = 12345;
+    auto rnd = [&] { rs = rs * 6364136223846793005ull + 1442695040888963407ull; return (uint32_t)(rs >> 33); };
+    /* lists: (variant, turn) -> Hkv lists of k rows in [nb, ctx - na) */
+    std::vector<int32_t *> lists[2];
+    for (int v = 0; v < 2; v++)
+        for (int t = 0; t < NL; t++) {
+            std::vector<int32_t> idx;
+            for (int h = 0; h < Hkv; h++) {
+                std::vector<int32_t> r;
+                if (v == 0) {
+                    std::vector<char> taken(ctx, 0);
+                    while ((int)r.size() < k) {
+                        int j = nb + (int)(rnd() % (uint32_t)(ctx - na - nb));
+                        if (!taken[j]) { taken[j] = 1; r.push_back(j); }
+                    }
+                    std::sort(r.begin(), r.end());
+                } else {
+                    int b0 = nb + t * ((ctx - na - nb - k) / NL);
+                    for (int i = 0; i < k; i++) r.push_back(b0 + i);
+                }
+                idx.insert(idx.end(), r.begin(), r.end());
+            }
+            lists[v].push_back(dints(idx));
+        }
+    /* the staged descriptor: counts, offsets, {b0, nb, arel, na, page, 0} */
+    std::vector<int32_t> desc;
+    for (int h = 0; h < Hkv; h++) desc.push_back(nb + k + na);
+    for (int h = 0; h < Hkv; h++) desc.push_back(h * k);
+    desc.push_back(0); desc.push_back(nb); desc.push_back(-na); desc.push_back(na); desc.push_back(0); desc.push_back(0);
+    int32_t *ddesc = dints(desc);
+    std::vector<int32_t> qp(1, ctx - 1);
+    int32_t *dq = dints(qp);
+    const int32_t **at = (const int32_t **)dmalloc(sizeof(void *) * 2 * NL);
+    std::vector<const int32_t *> hat;
+    for (int v = 0; v < 2; v++)
+        for (int t = 0; t < NL; t++) hat.push_back(lists[v][t]);
+    CK(cudaMemcpy(at, hat.data(), sizeof(void *) * 2 * NL, cudaMemcpyHostToDevice));
+    ks_cuda_attn_params p;
+    memset(&p, 0, sizeof p);
+    p.out = out; p.q = q; p.k = c.k; p.v = c.v; p.kpos = c.pos; p.qpos = dq;
+    p.nk = ddesc; p.idx_off = ddesc + Hkv; p.seg_dev = ddesc + 2 * Hkv;
+    p.n = 1; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = d; p.capacity = ctx; p.max_nk = nb + k + na;
+    p.scale = 1.0f / sqrtf((float)d); p.renumber = p.q_renumber = 1;
+    int nsm;
+    CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
+    p.splits = ks_cuda_attn_decode_tc_list_splits(&p, nsm, 2);
+    int splits;
+    size_t wsb = ks_cuda_attn_decode_tc_workspace(&p, nsm, &splits);
+    void *ws = wsb ? dmalloc(wsb) : NULL;
+    const double bytes = (double)Hkv * (nb + k + na) * d * 2 * 2;
+    const char *what[4] = {"random x8", "consecutive x8", "random x1, in L2", "random x8, combine PDL"};
+    for (int v = 0; v < 4; v++) {
+        int turn = 0;
+        double ms = graph_ms([&] {
+            ks_cuda_attn_params pp = p;
+            pp.pdl = v == 3;
+            pp.idx_at = at + (v == 1 ? NL : 0) + (v == 2 ? 0 : turn++ % NL);
+            KS(ks_cuda_attn_decode_tc_rec(S, &pp, NULL, NULL, &rope, splits, ws));
+        });
+        char name[128];
+        snprintf(name, sizeof name, "held list attn ctx=%d %s (%d splits), graph (a call)", ctx, what[v], splits);
+        report(name, ms, bytes / (ms * 1e-3) / 1e9, "GB/s");
+#ifdef KS_PH
+        { /* the last call's stamps: us from its first block's start, median [min, max] over blocks */
+            static unsigned long long hb[1024][10];
+            ks_ph_read(&hb[0][0]);
+            const int nbk = splits * Hkv;
+            unsigned long long t0 = ~0ull;
+            for (int b = 0; b < nbk; b++) t0 = std::min(t0, hb[b][0]);
+            const char *pn[10] = {"start", "desc read", "rows looked up, copies issued", "query staged", "barrier", "tile 0 landed", "loop end", "end", "", "query loaded"};
+            const int order[9] = {0, 1, 2, 9, 3, 4, 5, 6, 7};
+            for (int w = 0; w < 2; w++) {
+                for (int oi = 0; oi < 9; oi++) {
+                    const int k2 = order[oi];
+                    std::vector<double> x;
+                    for (int b = 0; b < nbk; b++)
+                        if ((int)hb[b][8] == w && hb[b][k2]) x.push_back((hb[b][k2] - t0) / 1000.0);
+                    if (x.empty()) continue;
+                    std::sort(x.begin(), x.end());
+                    printf("  PH %s %-30s %7.2f [%7.2f %7.2f] (%d blocks)\n", w ? "list  " : "ranges", pn[k2], x[x.size() / 2], x[0], x.back(), (int)x.size());
+                }
+            }
+        }
+#endif
+    }
+    if (ws) cudaFree(ws);
+    for (int v = 0; v < 2; v++)
+        for (auto x : lists[v]) cudaFree(x);
+    cudaFree((void *)at); cudaFree(ddesc); cudaFree(dq); cudaFree(tab); cudaFree(q); cudaFree(out);
+    free_cache(c);
+}
+
 int main(int argc, char **argv) {
-    int only_select = 0, only_quest = 0;
+    int only_select = 0, only_quest = 0, only_list = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
         if (!strcmp(argv[i], "--select")) only_select = 1;
         if (!strcmp(argv[i], "--quest")) only_quest = 1;
+        if (!strcmp(argv[i], "--list")) only_list = 1;
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -489,6 +605,12 @@ int main(int argc, char **argv) {
     cublasSetStream(h, S);
     printf("%-64s %13s %10s %-8s %6s\n", "kernel", "median", "rate", "", "of ceil");
     bench_ceilings(h);
+    if (only_list) {
+        bench_list(32768);
+        bench_list(131072);
+        cublasDestroy(h);
+        return 0;
+    }
     if (only_select || only_quest) {
         if (only_select) {
             bench_select(32768);

@@ -428,16 +428,21 @@ static void run_case(const lcase *c) {
              * half the slots (the rest computed), one built for another attn_factor (the kernel
              * must see the header differ and compute): all the same bits as computing */
             static const char *tv[3] = {"every slot", "half the slots", "another rope's"};
-            for (int v = 0; v < 3 && !st; v++) {
+            for (int vb = 0; vb < 6 && !st; vb++) { /* each table twice: blocks as in a held step, then as
+                                                      * behind a handler (p.behind: the first tiles' table
+                                                      * rows before the wait) */
+                const int v = vb / 2;
                 int rows = v == 1 ? (p.max_nk + 1) / 2 : p.max_nk;
                 void *tab = table_up(&rope, a.rope_max_pos, d, rows, v == 2 ? 0.5f : 0.0f);
                 rr.tab = tab;
+                p.behind = vb % 2;
                 gpu_nan(dout, qn);
                 ks_status s2 = ks_cuda_attn_decode_tc_rec(ks_cuda_backend_stream(GPU), &p, NULL, NULL, &rr, splits, ws);
                 if (!s2) s2 = GPU->sync(GPU);
+                p.behind = 0;
                 rr.tab = NULL;
                 GPU->free(GPU, tab);
-                snprintf(sub, sizeof sub, "%s: recorded, %s rope table", name, tv[v]);
+                snprintf(sub, sizeof sub, "%s: recorded, %s rope table%s", name, tv[v], vb % 2 ? ", as behind a handler" : "");
                 if (s2) { result(0, sub, "%s", ks_last_error()); continue; }
                 float *ot = gpu_get(dout, qn);
                 result(!memcmp(ot, og, sizeof(float) * qn), sub, "bit-identical to the by-value launch: %s (relerr %.2e)",
