@@ -1182,6 +1182,20 @@ static void run_grow(const char *label, int H, int Hkv, int d, int cap, int n_re
         result(e < 2e-5 && same && idx, name, "vote relerr %.2e against the CPU over %lld columns, %s the plain call's bits; "
                "top-%d %s the CPU's", e, (long long)w, same ? "equal to" : "NOT", k, idx ? "equal to" : "DIFFERS from");
     }
+    { /* under the mask (a selection cache's hit): the top k of zeros, base .. base + k - 1, whatever
+       * the row holds (poisoned) */
+        char name[200];
+        snprintf(name, sizeof name, "grow %s H=%d/%d d=%d: top-%d under a set mask", label, H, Hkv, d, k);
+        const float one = 1.0f;
+        float *dskip = dup_dev(&one, sizeof one);
+        poison_dev(dv, sizeof(float) * wmax);
+        ks_status st = ks_cuda_topk_grow(S, &SC, dv, w_rec, k, n_init, KS_TOPK_BY_INDEX, di, NULL, dskip, grow, slot, (int32_t)g0);
+        int ok = !st && get(gi, di, sizeof(int32_t) * k), bad = -1;
+        for (int i = 0; ok && i < k && bad < 0; i++)
+            if (gi[i] != n_init + i) bad = i;
+        result(ok && bad < 0, name, "%s", st ? ks_last_error() : !ok ? "download failed" : bad < 0 ? "base .. base + k - 1" : "a wrong index");
+        cudaFree(dskip);
+    }
     cudaFree(dq); cudaFree(dk); cudaFree(slot); cudaFree(di); cudaFree(dv); cudaFree(dp);
     free(kb); free(kf); free(q); free(ref); free(got); free(pl); free(ri); free(gi);
 }
