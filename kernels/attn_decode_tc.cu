@@ -357,7 +357,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
     const bool first_early = LST && !p.behind;
     auto list_first = [&]() {
         if constexpr (LST) {
-            if (p.behind) { /* the first tiles' table rows while the DRAM idles under the top-k */
+            if (p.behind) { /* the first tiles' table rows while the L2 idles under the top-k */
                 tab_check();
 #pragma unroll
                 for (int u = 0; u < NE; u++)
