@@ -351,25 +351,47 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
      * 14 session 43). Their rope table rows (RM 2: 8 KB a tile, as much as its K and V rows, from L2)
      * go out behind a handler before the wait, while the L2 idles under the top-k (TokenSelect's
      * step -0.04 ms at 32K and -0.05 at 128K, Quest's -0.1 to -0.25 at 128K on an H200: issue 14
-     * session 44); elsewhere after the block's barrier, as the first tile's compute needs them: issued
-     * with the K and V copies there, they queued the query's loads behind them (+0.5 us a call). */
+     * session 44); elsewhere right after the K and V copies, before the query is rotated and staged
+     * (they went after the block's barrier until session 45: the hit path's step -0.02 to -0.07 ms on
+     * an H200). A load a warp issues after 8 KB of copies comes back after them, so the order matters:
+     * the query's pairs are loaded first (below), then the list's rows are looked up and their copies
+     * issued, then the table rows; issued before the lookups, the table rows queued them (+0.8 us a
+     * call, session 44). */
     constexpr int NE = NS > 1 ? NS - 1 : 1;
     const bool first_early = LST && !p.behind;
     auto list_first = [&]() {
         if constexpr (LST) {
-            if (p.behind) { /* the first tiles' table rows while the L2 idles under the top-k */
-                tab_check();
+            for (int o = 0; o < 2; o++) { /* behind a handler the table rows first, else the K and V copies */
+                if (o == (p.behind ? 0 : 1)) {
+                    tab_check();
 #pragma unroll
-                for (int u = 0; u < NE; u++)
-                    if (u < nt) load_tab(u);
+                    for (int u = 0; u < NE; u++)
+                        if (u < nt) load_tab(u);
+                } else {
+                    if (!RG || !(te <= snb || tb >= sl1)) ks_pdl_wait();
+#pragma unroll
+                    for (int u = 0; u < NE; u++)
+                        if (u < nt) load_kv(u);
+                }
             }
-            if (!RG || !(te <= snb || tb >= sl1)) ks_pdl_wait();
-#pragma unroll
-            for (int u = 0; u < NE; u++)
-                if (u < nt) load_kv(u);
         }
     };
     auto row_pos = [&](int i) { return p.q_renumber ? nkh - p.n + i : bv.on ? qpos1 : p.qpos[i]; };
+    /* ROPE: the query's first QH pairs this thread rotates (all of them for a decode step's M = g <= 4
+     * at d = 128, <= 8 at d = 64), loaded before anything is copied: a load issued after a warp's
+     * copies comes back after them */
+    constexpr int QH = 2;
+    float qx0[ROPE ? QH : 1], qx1[ROPE ? QH : 1];
+    if constexpr (ROPE) {
+#pragma unroll
+        for (int j = 0; j < QH; j++) {
+            const int e = tid + j * TC_WARPS * 32, r = e / (D / 2), k = e - r * (D / 2), i = r / g, hh = r - i * g;
+            const bool in = e < M * (D / 2);
+            const float *src = p.q + ((size_t)(in ? i : 0) * H + kv * g + (in ? hh : 0)) * D;
+            qx0[j] = in ? src[k] : 0.f;
+            qx1[j] = in ? src[k + D / 2] : 0.f;
+        }
+    }
     for (int pass = 0; pass < 2; pass++) { /* one copy of each: list_first before or after the query */
         if (pass == (first_early ? 0 : 1)) list_first();
         if (pass == 1) break;
@@ -393,11 +415,22 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
             /* the M real rows, a rotate-half pair (k, k + D / 2) a thread in turn (M * D / 2 pairs over
              * the block's threads: every warp takes its share), rotated in float32, then bf16 (the
              * same rounding as pack_bf16); rows M..15 are zeros */
-            for (int e = tid; e < M * (D / 2); e += TC_WARPS * 32) {
+            for (int e = tid, j = 0; e < M * (D / 2); e += TC_WARPS * 32, j++) {
                 const int r = e / (D / 2), k = e - r * (D / 2), i = r / g, hh = r - i * g;
-                const float *src = p.q + ((size_t)i * H + kv * g + hh) * D;
+                float x0, x1;
+                if (j < QH) { /* (selected, so that the array stays in registers) */
+                    x0 = qx0[0];
+                    x1 = qx1[0];
+#pragma unroll
+                    for (int u = 1; u < QH; u++)
+                        if (j == u) x0 = qx0[u], x1 = qx1[u];
+                } else {
+                    const float *src = p.q + ((size_t)i * H + kv * g + hh) * D;
+                    x0 = src[k];
+                    x1 = src[k + D / 2];
+                }
                 float y0, y1;
-                ks_rope_rot(src[k], src[k + D / 2], row_pos(i), rp.r.inv_freq[k], rp.r.attn_factor, &y0, &y1);
+                ks_rope_rot(x0, x1, row_pos(i), rp.r.inv_freq[k], rp.r.attn_factor, &y0, &y1);
                 sQ[swz<D>(r, k / 8) + (k & 7)] = __float2bfloat16_rn(y0);
                 sQ[swz<D>(r, k / 8 + NCH / 2) + (k & 7)] = __float2bfloat16_rn(y1);
             }
@@ -435,7 +468,7 @@ attn_decode_tc_kernel(const ks_cuda_attn_params p, int n_splits, float sl2, floa
         bf16 *dk = wK + st * TC_KT * KP, *dv = wV + st * TC_KT * KP;
         if constexpr (LST) {
             if (u >= NE) load_kv(u); /* the first NE tiles' rows went with list_first, */
-            if (u >= NE || !p.behind) load_tab(u); /* and their table rows where behind a handler */
+            if (u >= NE) load_tab(u); /* and their table rows */
         } else { /* the cache rows: 16-byte cp.async copies into the swizzled tile */
             for (int e = lane; e < TC_KT * NCH; e += 32) {
                 int r = e / NCH, ch = e - r * NCH;
